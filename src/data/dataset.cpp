@@ -1,0 +1,109 @@
+#include "data/dataset.h"
+
+#include <sys/stat.h>
+
+#include <fmt/format.h>
+
+#include "data/token_file.h"
+#include "util/files.h"
+
+namespace noloco {
+
+namespace {
+
+bool file_exists(const std::string& p) {
+  struct stat st {};
+  return ::stat(p.c_str(), &st) == 0;
+}
+
+bool ends_with(const std::string& s, const std::string& suffix) {
+  return s.size() >= suffix.size() && s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
+}
+
+torch::Tensor to_tensor(const std::vector<int32_t>& ids) {
+  auto t = torch::empty({int64_t(ids.size())}, torch::kInt64);
+  auto* p = t.data_ptr<int64_t>();
+  for (size_t i = 0; i < ids.size(); ++i) p[i] = ids[i];
+  return t;
+}
+
+torch::Tensor to_tensor(const std::vector<uint16_t>& ids) {
+  return to_tensor(std::vector<int32_t>(ids.begin(), ids.end()));
+}
+
+std::unique_ptr<Tokenizer> build_tokenizer(const TrainConfig& c, const std::string& text) {
+  if (c.tokenizer == "char") return make_char_tokenizer(text);
+  if (c.tokenizer == "bpe") return train_bpe_tokenizer(c.data, c.vocab_size);
+  return load_sentencepiece(c.tokenizer);
+}
+
+uint64_t splitmix64(uint64_t x) {
+  x += 0x9e3779b97f4a7c15ull;
+  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
+  x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
+  return x ^ (x >> 31);
+}
+
+}  // namespace
+
+Corpus load_corpus(const TrainConfig& c, const std::string& run_dir) {
+  Corpus corpus;
+  const bool saved = !run_dir.empty() && file_exists(run_dir + "/tokenizer.json");
+  torch::Tensor all;
+  if (ends_with(c.data, ".bin")) {
+    const auto tokens = read_token_file(c.data);
+    if (saved) {
+      corpus.tokenizer = load_tokenizer(run_dir);
+    } else if (c.tokenizer == "char" || c.tokenizer == "bpe") {
+      corpus.tokenizer = make_id_tokenizer(c.vocab_size);
+    } else {
+      corpus.tokenizer = load_sentencepiece(c.tokenizer);
+    }
+    all = to_tensor(tokens);
+  } else {
+    const auto text = read_file(c.data);
+    if (text.empty()) throw std::invalid_argument(fmt::format("data file '{}' is empty", c.data));
+    corpus.tokenizer = saved ? load_tokenizer(run_dir) : build_tokenizer(c, text);
+    all = to_tensor(corpus.tokenizer->encode(text));
+  }
+  if (!saved && !run_dir.empty()) corpus.tokenizer->save(run_dir);
+  const int64_t vocab = corpus.tokenizer->vocab_size();
+  if (all.numel() > 0 && all.max().item<int64_t>() >= vocab)
+    throw std::invalid_argument(fmt::format("'{}' holds token id {} outside the vocabulary of {}", c.data,
+                                            all.max().item<int64_t>(), vocab));
+  if (!c.val_data.empty()) {
+    corpus.train = all;
+    corpus.val = to_tensor(read_token_file(c.val_data));
+  } else {
+    const int64_t n_val = int64_t(double(all.numel()) * c.val_fraction);
+    corpus.train = all.narrow(0, 0, all.numel() - n_val);
+    corpus.val = all.narrow(0, all.numel() - n_val, n_val);
+  }
+  const int64_t need = c.arch.context + 1;
+  if (corpus.train.numel() < need || corpus.val.numel() < need)
+    throw std::invalid_argument(fmt::format(
+        "corpus '{}' is too short: {} training and {} validation tokens, but one block needs {}", c.data,
+        corpus.train.numel(), corpus.val.numel(), need));
+  return corpus;
+}
+
+WindowSampler::WindowSampler(torch::Tensor tokens, int64_t context, uint64_t seed)
+    : tokens_(std::move(tokens)), context_(context), seed_(seed) {}
+
+Batch WindowSampler::sample(uint64_t index, int64_t first, int64_t count) const {
+  const uint64_t starts = uint64_t(tokens_.numel() - context_);  // valid window starts
+  auto inputs = torch::empty({count, context_}, torch::kInt64);
+  auto targets = torch::empty({count, context_}, torch::kInt64);
+  const auto* src = tokens_.data_ptr<int64_t>();
+  auto* x = inputs.data_ptr<int64_t>();
+  auto* y = targets.data_ptr<int64_t>();
+  for (int64_t r = 0; r < count; ++r) {
+    const uint64_t key = splitmix64(splitmix64(seed_ ^ splitmix64(index)) + uint64_t(first + r));
+    const uint64_t start = key % starts;
+    std::copy(src + start, src + start + context_, x + r * context_);
+    std::copy(src + start + 1, src + start + 1 + context_, y + r * context_);
+  }
+  return {inputs, targets};
+}
+
+}  // namespace noloco

@@ -1,0 +1,219 @@
+#include "data/tokenizer.h"
+
+#include <array>
+#include <cstdlib>
+#include <stdexcept>
+
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+#include <dlfcn.h>
+#include <unistd.h>
+
+#include "data/spm_module.h"
+
+#include "util/files.h"
+
+namespace noloco {
+
+namespace {
+
+class CharTokenizer : public Tokenizer {
+ public:
+  explicit CharTokenizer(std::string chars) : chars_(std::move(chars)) {
+    index_.fill(-1);
+    for (size_t i = 0; i < chars_.size(); ++i) index_[uint8_t(chars_[i])] = int32_t(i);
+  }
+  std::string kind() const override { return "char"; }
+  int64_t vocab_size() const override { return int64_t(chars_.size()); }
+  std::vector<int32_t> encode(const std::string& text) const override {
+    std::vector<int32_t> ids;
+    ids.reserve(text.size());
+    for (char c : text) {
+      int32_t id = index_[uint8_t(c)];
+      if (id < 0)
+        throw std::invalid_argument(fmt::format("character 0x{:02x} is not in the vocabulary", uint8_t(c)));
+      ids.push_back(id);
+    }
+    return ids;
+  }
+  std::string decode(const std::vector<int32_t>& ids) const override {
+    std::string s;
+    for (auto id : ids) s.push_back(id >= 0 && id < int32_t(chars_.size()) ? chars_[size_t(id)] : '?');
+    return s;
+  }
+  void save(const std::string& dir) const override {
+    // Store as byte values: the vocabulary need not be valid UTF-8.
+    std::vector<int> bytes(chars_.begin(), chars_.end());
+    for (auto& b : bytes) b = uint8_t(b);
+    write_json_atomic(dir + "/tokenizer.json", {{"type", "char"}, {"bytes", bytes}});
+  }
+
+ private:
+  std::string chars_;
+  std::array<int32_t, 256> index_{};
+};
+
+// Resolves the sentencepiece module once (see spm_module.h for why it is a module).
+struct SpmApi {
+  decltype(&noloco_spm_train) train;
+  decltype(&noloco_spm_load) load;
+  decltype(&noloco_spm_free) free;
+  decltype(&noloco_spm_encode) encode;
+  decltype(&noloco_spm_decode) decode;
+  decltype(&noloco_spm_piece_size) piece_size;
+
+  static const SpmApi& get() {
+    static const SpmApi api = open();
+    return api;
+  }
+
+ private:
+  static SpmApi open() {
+    std::string path;
+    if (const char* env = std::getenv("NOLOCO_SPM_MODULE")) {
+      path = env;
+    } else {
+      char exe[4096];
+      const ssize_t n = ::readlink("/proc/self/exe", exe, sizeof exe - 1);
+      std::string dir = n > 0 ? std::string(exe, size_t(n)) : std::string("./x");
+      path = dir.substr(0, dir.rfind('/')) + "/libnoloco_spm.so";
+    }
+    void* h = ::dlopen(path.c_str(), RTLD_NOW | RTLD_LOCAL | RTLD_DEEPBIND);
+    if (!h) throw std::runtime_error(fmt::format("cannot load the sentencepiece module: {}", ::dlerror()));
+    SpmApi api{};
+    auto sym = [&](const char* name) {
+      void* f = ::dlsym(h, name);
+      if (!f) throw std::runtime_error(fmt::format("{} lacks {}", path, name));
+      return f;
+    };
+    api.train = reinterpret_cast<decltype(api.train)>(sym("noloco_spm_train"));
+    api.load = reinterpret_cast<decltype(api.load)>(sym("noloco_spm_load"));
+    api.free = reinterpret_cast<decltype(api.free)>(sym("noloco_spm_free"));
+    api.encode = reinterpret_cast<decltype(api.encode)>(sym("noloco_spm_encode"));
+    api.decode = reinterpret_cast<decltype(api.decode)>(sym("noloco_spm_decode"));
+    api.piece_size = reinterpret_cast<decltype(api.piece_size)>(sym("noloco_spm_piece_size"));
+    return api;
+  }
+};
+
+class SentencePieceTokenizer : public Tokenizer {
+ public:
+  explicit SentencePieceTokenizer(std::string serialized) : serialized_(std::move(serialized)) {
+    std::string error;
+    sp_ = SpmApi::get().load(&serialized_, &error);
+    if (!sp_) throw std::runtime_error("invalid sentencepiece model: " + error);
+    vocab_ = SpmApi::get().piece_size(sp_);
+  }
+  ~SentencePieceTokenizer() override { SpmApi::get().free(sp_); }
+  SentencePieceTokenizer(const SentencePieceTokenizer&) = delete;
+  SentencePieceTokenizer& operator=(const SentencePieceTokenizer&) = delete;
+  std::string kind() const override { return "sentencepiece"; }
+  int64_t vocab_size() const override { return vocab_; }
+  std::vector<int32_t> encode(const std::string& text) const override {
+    std::vector<int> ids;
+    std::string error;
+    if (SpmApi::get().encode(sp_, &text, &ids, &error) != 0)
+      throw std::invalid_argument("sentencepiece encode: " + error);
+    return {ids.begin(), ids.end()};
+  }
+  std::string decode(const std::vector<int32_t>& ids) const override {
+    std::vector<int> v;
+    for (auto id : ids) v.push_back(id >= 0 && id < vocab_ ? id : 0);
+    std::string out, error;
+    if (SpmApi::get().decode(sp_, &v, &out, &error) != 0) throw std::runtime_error("sentencepiece decode: " + error);
+    return out;
+  }
+  void save(const std::string& dir) const override {
+    write_file_atomic(dir + "/tokenizer.model", serialized_);
+    write_json_atomic(dir + "/tokenizer.json", {{"type", "sentencepiece"}, {"model", "tokenizer.model"}});
+  }
+
+ private:
+  std::string serialized_;
+  void* sp_ = nullptr;
+  int64_t vocab_ = 0;
+};
+
+class IdTokenizer : public Tokenizer {
+ public:
+  explicit IdTokenizer(int64_t vocab) : vocab_(vocab) {}
+  std::string kind() const override { return "ids"; }
+  int64_t vocab_size() const override { return vocab_; }
+  std::vector<int32_t> encode(const std::string& text) const override {
+    std::vector<int32_t> ids;
+    size_t pos = 0;
+    while (pos < text.size()) {
+      size_t used = 0;
+      long v = 0;
+      try {
+        v = std::stol(text.substr(pos), &used);
+      } catch (const std::exception&) {
+        throw std::invalid_argument("prompt must be space-separated token ids without a tokenizer");
+      }
+      if (v < 0 || v >= vocab_) throw std::invalid_argument(fmt::format("token id {} out of range", v));
+      ids.push_back(int32_t(v));
+      pos += used;
+      while (pos < text.size() && text[pos] == ' ') ++pos;
+    }
+    return ids;
+  }
+  std::string decode(const std::vector<int32_t>& ids) const override {
+    std::string s;
+    for (auto id : ids) s += fmt::format("{} ", id);
+    return s;
+  }
+  void save(const std::string& dir) const override {
+    write_json_atomic(dir + "/tokenizer.json", {{"type", "ids"}, {"vocab_size", vocab_}});
+  }
+
+ private:
+  int64_t vocab_;
+};
+
+}  // namespace
+
+std::unique_ptr<Tokenizer> make_char_tokenizer(const std::string& text) {
+  std::array<bool, 256> seen{};
+  for (char c : text) seen[uint8_t(c)] = true;
+  std::string chars;
+  for (int c = 0; c < 256; ++c)
+    if (seen[size_t(c)]) chars.push_back(char(c));
+  if (chars.empty()) throw std::invalid_argument("cannot build a vocabulary from empty text");
+  return std::make_unique<CharTokenizer>(chars);
+}
+
+std::unique_ptr<Tokenizer> train_bpe_tokenizer(const std::string& text_path, int64_t vocab_size) {
+  std::string serialized, error;
+  const std::string args = fmt::format(
+      "--input={} --model_type=bpe --vocab_size={} --character_coverage=1.0 "
+      "--byte_fallback=true --split_digits=true --num_threads=2 --minloglevel=2 "
+      "--remove_extra_whitespaces=false --normalization_rule_name=identity",
+      text_path, vocab_size);
+  if (SpmApi::get().train(&args, &serialized, &error) != 0)
+    throw std::runtime_error("training the BPE tokenizer failed: " + error);
+  return std::make_unique<SentencePieceTokenizer>(serialized);
+}
+
+std::unique_ptr<Tokenizer> load_sentencepiece(const std::string& model_path) {
+  return std::make_unique<SentencePieceTokenizer>(read_file(model_path));
+}
+
+std::unique_ptr<Tokenizer> make_id_tokenizer(int64_t vocab_size) {
+  if (vocab_size <= 0) throw std::invalid_argument("vocab_size must be set for pre-tokenized data");
+  return std::make_unique<IdTokenizer>(vocab_size);
+}
+
+std::unique_ptr<Tokenizer> load_tokenizer(const std::string& dir) {
+  const auto j = read_json(dir + "/tokenizer.json");
+  const auto type = j.value("type", "");
+  if (type == "char") {
+    std::string chars;
+    for (auto& b : j.at("bytes")) chars.push_back(char(b.get<int>()));
+    return std::make_unique<CharTokenizer>(chars);
+  }
+  if (type == "sentencepiece") return load_sentencepiece(dir + "/" + j.at("model").get<std::string>());
+  if (type == "ids") return make_id_tokenizer(j.at("vocab_size").get<int64_t>());
+  throw std::runtime_error(fmt::format("{}/tokenizer.json: unknown tokenizer type '{}'", dir, type));
+}
+
+}  // namespace noloco

@@ -1,0 +1,43 @@
+// Shape of a Llama model; torch-free so configs and checkpoints can use it cheaply.
+#pragma once
+#include <cstdint>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include <nlohmann/json_fwd.hpp>
+
+namespace noloco {
+
+struct ModelConfig {
+  int64_t vocab_size = 0;  // set from the tokenizer when 0
+  int64_t hidden = 128;
+  int64_t layers = 4;
+  int64_t heads = 4;
+  int64_t intermediate = 0;  // 0: Llama's rule, about 8/3 · hidden rounded up to 64
+  int64_t context = 64;
+  double rope_theta = 10000.0;
+  double norm_eps = 1e-5;
+
+  int64_t head_dim() const { return hidden / heads; }
+  int64_t intermediate_size() const;
+  // Hugging Face parameter names and shapes, in registration order.
+  std::vector<std::pair<std::string, std::vector<int64_t>>> parameter_shapes() const;
+  int64_t num_params() const;
+  // Training FLOPs per token (forward + backward), as in the PaLM appendix:
+  // 6·N for the matmuls plus 6·layers·T·hidden for attention scores.
+  double train_flops_per_token() const;
+  // Throws std::invalid_argument naming the first bad field.
+  void validate() const;
+
+  nlohmann::json to_json() const;
+  static ModelConfig from_json(const nlohmann::json& j);
+  // Hugging Face LlamaConfig (config.json) for export.
+  nlohmann::json to_hf_json() const;
+};
+
+// "tiny" (Shakespeare), and the paper's "125m", "1.3b", "6.8b".
+// Throws std::invalid_argument for an unknown name.
+ModelConfig model_preset(const std::string& name);
+
+}  // namespace noloco

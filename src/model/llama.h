@@ -1,0 +1,82 @@
+// Decoder-only Llama with the math and parameter names of Hugging Face's
+// LlamaForCausalLM, so named_parameters() is already the export layout.
+#pragma once
+#include <torch/torch.h>
+
+#include "model/config.h"
+
+namespace noloco {
+
+struct RMSNormImpl : torch::nn::Module {
+  RMSNormImpl(int64_t dim, double eps);
+  torch::Tensor forward(const torch::Tensor& x);
+  torch::Tensor weight;
+  double eps;
+};
+TORCH_MODULE(RMSNorm);
+
+// cos/sin tables [context, head_dim] in HF's rotate_half layout
+// (frequencies repeated twice, not interleaved).
+struct RotaryTables {
+  torch::Tensor cos, sin;
+};
+RotaryTables rotary_tables(int64_t context, int64_t head_dim, double theta,
+                           torch::TensorOptions options = {});
+// x: [B, heads, T, head_dim]; x·cos + rotate_half(x)·sin.
+torch::Tensor apply_rotary(const torch::Tensor& x, const RotaryTables& rope);
+
+struct AttentionImpl : torch::nn::Module {
+  explicit AttentionImpl(const ModelConfig& c);
+  torch::Tensor forward(const torch::Tensor& x, const RotaryTables& rope);
+  torch::nn::Linear q_proj{nullptr}, k_proj{nullptr}, v_proj{nullptr}, o_proj{nullptr};
+  int64_t heads, head_dim;
+};
+TORCH_MODULE(Attention);
+
+struct MLPImpl : torch::nn::Module {
+  explicit MLPImpl(const ModelConfig& c);
+  torch::Tensor forward(const torch::Tensor& x);
+  torch::nn::Linear gate_proj{nullptr}, up_proj{nullptr}, down_proj{nullptr};
+};
+TORCH_MODULE(MLP);
+
+struct DecoderLayerImpl : torch::nn::Module {
+  explicit DecoderLayerImpl(const ModelConfig& c);
+  torch::Tensor forward(const torch::Tensor& x, const RotaryTables& rope);
+  RMSNorm input_layernorm{nullptr}, post_attention_layernorm{nullptr};
+  Attention self_attn{nullptr};
+  MLP mlp{nullptr};
+};
+TORCH_MODULE(DecoderLayer);
+
+// The "model." prefix of HF names: embeddings, layers, final norm.
+struct LlamaBodyImpl : torch::nn::Module {
+  explicit LlamaBodyImpl(const ModelConfig& c);
+  torch::nn::Embedding embed_tokens{nullptr};
+  torch::nn::ModuleList layers{nullptr};
+  RMSNorm norm{nullptr};
+};
+TORCH_MODULE(LlamaBody);
+
+struct LlamaForCausalLMImpl : torch::nn::Module {
+  explicit LlamaForCausalLMImpl(const ModelConfig& c);
+  // tokens: [B, T] int64 -> logits [B, T, vocab].
+  torch::Tensor forward(const torch::Tensor& tokens);
+  // Mean next-token cross-entropy.
+  torch::Tensor loss(const torch::Tensor& tokens, const torch::Tensor& targets);
+  // Rotary tables for the model's device and dtype, cached.
+  const RotaryTables& rope(const torch::Tensor& like);
+
+  ModelConfig config;
+  LlamaBody model{nullptr};
+  torch::nn::Linear lm_head{nullptr};
+
+ private:
+  RotaryTables rope_;
+};
+TORCH_MODULE(LlamaForCausalLM);
+
+// Hugging Face's initialisation: N(0, 0.02) for linear and embedding weights, ones for norms.
+void init_weights(LlamaForCausalLM& model, uint64_t seed);
+
+}  // namespace noloco

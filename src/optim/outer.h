@@ -1,0 +1,48 @@
+// Outer methods wrap the inner optimizer without changing the training loop:
+// the loop calls on_gradients() after backward and after_inner_step() after
+// each AdamW step; a method acts in whichever hook it needs.
+#pragma once
+#include <memory>
+#include <string>
+#include <vector>
+
+#include <torch/torch.h>
+
+#include "comm/communicator.h"
+#include "optim/flat_params.h"
+#include "optim/inner.h"
+#include "train/config.h"
+
+namespace noloco {
+
+class OuterOptimizer {
+ public:
+  virtual ~OuterOptimizer() = default;
+  // After backward, before clipping: DDP averages gradients here.
+  virtual void on_gradients(FlatParams&) {}
+  // After inner step `step` (0-based); returns true when an outer step ran.
+  virtual bool after_inner_step(int64_t /*step*/, FlatParams&) { return false; }
+  // State that must survive a restart (slow weights, momentum).
+  virtual void save(TensorMap&) const {}
+  virtual void load(const TensorMap&) {}
+};
+
+// The outer momentum step shared by DiLoCo and NoLoCo (fp32):
+//   m ← α·m + β·mean_delta + γ·(mean_phi − φ);  φ ← φ + m;  θ ← φ
+// mean_phi undefined means the pull term is zero (DiLoCo, or NoLoCo with γ = β
+// after folding the pull into mean_delta = mean_G(θ) − φ).
+void outer_momentum_step(torch::Tensor& phi, torch::Tensor& momentum, torch::Tensor& theta,
+                         const torch::Tensor& mean_delta, const torch::Tensor& mean_phi, double alpha,
+                         double beta, double gamma);
+
+// NoLoCo's grouping at outer step `outer_step`: a permutation of `members`
+// seeded by (seed, outer_step), cut into consecutive groups of n; a lone
+// leftover joins the last group. Identical on every replica.
+std::vector<std::vector<int>> noloco_groups(uint64_t seed, int64_t outer_step,
+                                            const std::vector<int>& members, int n);
+
+// "none", "ddp", "diloco" or "noloco". `comm` may be null only for "none".
+std::unique_ptr<OuterOptimizer> make_outer_optimizer(const TrainConfig& c, Communicator* comm,
+                                                     FlatParams& params);
+
+}  // namespace noloco

@@ -1,0 +1,86 @@
+#include "train/bench.h"
+
+#include <chrono>
+
+#include "model/llama.h"
+#include "optim/flat_params.h"
+#include "optim/inner.h"
+
+namespace noloco {
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+void synchronize(const torch::Device& d) {
+  if (d.is_cuda()) torch::cuda::synchronize(d.index() < 0 ? 0 : d.index());
+}
+
+// The best dense fp32 matmul rate this device reaches: the honest denominator
+// for utilisation when no datasheet number is given.
+double measured_peak_tflops(const torch::Device& device) {
+  const int64_t n = device.is_cuda() ? 8192 : 1024;
+  auto a = torch::randn({n, n}, torch::TensorOptions().device(device));
+  auto b = torch::randn({n, n}, torch::TensorOptions().device(device));
+  torch::matmul(a, b);
+  synchronize(device);
+  double best = 0;
+  for (int rep = 0; rep < 5; ++rep) {
+    const auto t0 = Clock::now();
+    torch::matmul(a, b);
+    synchronize(device);
+    const double s = std::chrono::duration<double>(Clock::now() - t0).count();
+    best = std::max(best, 2.0 * double(n) * double(n) * double(n) / s / 1e12);
+  }
+  return best;
+}
+
+}  // namespace
+
+nlohmann::json bench_training(const TrainConfig& c, int64_t steps, double peak_tflops) {
+  if (c.threads > 0) torch::set_num_threads(int(c.threads));
+  torch::Device device(c.device);
+  if (device.is_cuda() && !torch::cuda::is_available())
+    throw std::runtime_error("device=cuda but no CUDA device is available to LibTorch");
+  ModelConfig arch = c.arch;
+  arch.vocab_size = c.vocab_size > 0 ? c.vocab_size : 256;
+  LlamaForCausalLM model(arch);
+  model->to(device);
+  FlatParams flat(*model);
+  InnerOptimizer inner(flat, c);
+  auto x = torch::randint(arch.vocab_size, {c.batch, arch.context}, torch::TensorOptions().dtype(torch::kInt64).device(device));
+  auto y = torch::randint(arch.vocab_size, {c.batch, arch.context}, torch::TensorOptions().dtype(torch::kInt64).device(device));
+  auto one_step = [&] {
+    flat.grads().zero_();
+    model->loss(x, y).backward();
+    inner.clip_gradients(c.clip);
+    inner.step();
+  };
+  one_step();
+  one_step();
+  synchronize(device);
+  const auto t0 = Clock::now();
+  for (int64_t i = 0; i < steps; ++i) one_step();
+  synchronize(device);
+  const double seconds = std::chrono::duration<double>(Clock::now() - t0).count();
+  const double tokens = double(steps * c.batch * arch.context);
+  const double tps = tokens / seconds;
+  const double achieved = tps * arch.train_flops_per_token() / 1e12;
+  const bool measured = peak_tflops <= 0;
+  const double peak = measured ? measured_peak_tflops(device) : peak_tflops;
+  return {{"model", c.model},
+          {"device", device.str()},
+          {"params", arch.num_params()},
+          {"batch", c.batch},
+          {"context", arch.context},
+          {"threads", torch::get_num_threads()},
+          {"steps", steps},
+          {"seconds", seconds},
+          {"tokens_per_s", tps},
+          {"achieved_tflops", achieved},
+          {"peak_tflops", peak},
+          {"peak_source", measured ? "measured fp32 matmul" : "given"},
+          {"mfu", achieved / peak}};
+}
+
+}  // namespace noloco

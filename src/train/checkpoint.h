@@ -1,0 +1,39 @@
+// Checkpoints: a directory per step holding model.safetensors (Hugging Face
+// parameter names), state.safetensors (Adam moments, outer state), state.json
+// (step and counters) and the tokenizer. Written under a temporary name and
+// renamed, then `latest` is switched atomically: a crash at any point leaves
+// the previous checkpoint intact and findable.
+#pragma once
+#include <map>
+#include <string>
+
+#include <nlohmann/json.hpp>
+#include <torch/torch.h>
+
+#include "model/config.h"
+#include "optim/inner.h"
+
+namespace noloco {
+
+void save_tensors(const std::string& path, const TensorMap& tensors,
+                  const std::map<std::string, std::string>& metadata = {});
+// Throws std::runtime_error naming the file on anything malformed.
+TensorMap load_tensors(const std::string& path, std::map<std::string, std::string>* metadata = nullptr);
+
+struct Checkpoint {
+  ModelConfig model;
+  TensorMap weights;  // Hugging Face names
+  TensorMap state;    // optimizer and outer-method state
+  nlohmann::json info;  // step, tokens, ...
+};
+
+// Writes `dir/step_<step>` and points `dir/latest` at it; returns its path.
+std::string write_checkpoint(const std::string& dir, int64_t step, const Checkpoint& ckpt,
+                             const std::string& tokenizer_dir);
+// `path` is a checkpoint directory, a directory with a `latest` file, or a run
+// directory (its checkpoints/r0). Empty string if none exists.
+std::string find_checkpoint(const std::string& path);
+// Loads and checks a checkpoint; weights must match the model config exactly.
+Checkpoint read_checkpoint(const std::string& checkpoint_dir, bool with_state);
+
+}  // namespace noloco

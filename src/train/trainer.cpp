@@ -1,0 +1,231 @@
+#include "train/trainer.h"
+
+#include <unistd.h>
+
+#include <chrono>
+#include <ctime>
+#include <filesystem>
+#include <thread>
+
+#include <fmt/format.h>
+
+#include "data/dataset.h"
+#include "model/generate.h"
+#include "model/llama.h"
+#include "optim/flat_params.h"
+#include "optim/inner.h"
+#include "optim/outer.h"
+#include "train/checkpoint.h"
+#include "train/metrics.h"
+#include "util/files.h"
+
+namespace noloco {
+
+namespace fs = std::filesystem;
+using Clock = std::chrono::steady_clock;
+
+namespace {
+
+// Validation windows are the same for every run, so runs can be compared.
+constexpr uint64_t kEvalSeed = 0x5eedba11;
+
+double seconds_since(Clock::time_point t) {
+  return std::chrono::duration<double>(Clock::now() - t).count();
+}
+
+torch::Device pick_device(const std::string& name) {
+  torch::Device d(name);
+  if (d.is_cuda() && !torch::cuda::is_available())
+    throw std::runtime_error(fmt::format("device={} but no CUDA device is available to LibTorch", name));
+  return d;
+}
+
+nlohmann::json comm_json(const CommStats& s) {
+  return {{"bytes_sent", s.bytes_sent},     {"bytes_received", s.bytes_received},
+          {"comm_seconds", s.comm_seconds}, {"wait_seconds", s.wait_seconds},
+          {"collectives", s.collectives}};
+}
+
+}  // namespace
+
+std::string default_run_dir(const TrainConfig& c) {
+  std::time_t now = std::time(nullptr);
+  char stamp[32];
+  std::strftime(stamp, sizeof stamp, "%Y%m%d-%H%M%S", std::localtime(&now));
+  return fmt::format("runs/{}-{}", c.method == "none" ? "single" : c.method, stamp);
+}
+
+nlohmann::json train(const TrainConfig& c, const WorkerInfo& w) {
+  const auto start = Clock::now();
+  const std::string out = c.out.empty() ? default_run_dir(c) : c.out;
+  fs::create_directories(out);
+  const bool lead = w.rank == 0 && w.verbose;
+  if (c.threads > 0) {
+    torch::set_num_threads(int(c.threads));
+  } else {
+    torch::set_num_threads(std::max(1, int(std::thread::hardware_concurrency())));
+  }
+  const torch::Device device = pick_device(c.device);
+
+  Corpus corpus = load_corpus(c, out);
+  ModelConfig arch = c.arch;
+  arch.vocab_size = corpus.tokenizer->vocab_size();
+  if (w.rank == 0) write_file_atomic(out + "/config.yaml", c.to_yaml());
+  if (lead) {
+    fmt::print("noloco: {} model, {} parameters, {} training FLOPs/token, vocab {} ({}), {} train / {} val tokens\n",
+               c.model, format_count(double(arch.num_params())), format_count(arch.train_flops_per_token()),
+               arch.vocab_size, corpus.tokenizer->kind(), format_count(double(corpus.train.numel())),
+               format_count(double(corpus.val.numel())));
+    fmt::print("noloco: method {}, {} replica(s), device {}, {} threads, run dir {}\n", c.method, w.world,
+               device.str(), torch::get_num_threads(), out);
+  }
+
+  LlamaForCausalLM model(arch);
+  init_weights(model, c.seed);
+  model->to(device);
+  FlatParams flat(*model);
+  InnerOptimizer inner(flat, c);
+  auto outer = make_outer_optimizer(c, w.comm, flat);
+
+  const std::string ckpt_dir = fmt::format("{}/checkpoints/r{}", out, w.rank);
+  int64_t first_step = 0;
+  if (c.resume) {
+    const auto path = find_checkpoint(ckpt_dir);
+    if (path.empty()) {
+      if (lead) fmt::print("noloco: resume=true but {} holds no checkpoint; starting from scratch\n", ckpt_dir);
+    } else {
+      auto ckpt = read_checkpoint(path, /*with_state=*/true);
+      if (ckpt.model.to_json() != arch.to_json())
+        throw std::runtime_error(fmt::format("{}: checkpoint model {} does not match the config {}", path,
+                                             ckpt.model.to_json().dump(), arch.to_json().dump()));
+      torch::NoGradGuard no_grad;
+      for (auto& [name, t] : flat.named()) t.copy_(ckpt.weights.at(name));
+      first_step = ckpt.info.at("step").get<int64_t>();
+      inner.load(ckpt.state, ckpt.info.at("adam_steps").get<int64_t>());
+      outer->load(ckpt.state);
+      if (lead) fmt::print("noloco: resumed from {} at step {}\n", path, first_step);
+    }
+  }
+
+  const WindowSampler train_windows(corpus.train, arch.context, c.seed);
+  const WindowSampler val_windows(corpus.val, arch.context, kEvalSeed);
+  MetricsLog metrics(out + "/metrics.jsonl");
+  const int64_t tokens_per_step = c.batch * c.grad_accum * arch.context;
+
+  auto evaluate = [&]() {
+    torch::NoGradGuard no_grad;
+    double sum = 0;
+    for (int64_t i = 0; i < c.eval_batches; ++i) {
+      auto b = val_windows.sample(uint64_t(i), 0, c.batch);
+      sum += model->loss(b.inputs.to(device), b.targets.to(device)).item<double>();
+    }
+    return sum / double(c.eval_batches);
+  };
+  auto sample_text = [&](int64_t step) {
+    SamplingOptions o;
+    o.tokens = c.sample_tokens;
+    o.seed = c.seed + uint64_t(step);
+    std::vector<int32_t> prompt;
+    try {
+      prompt = corpus.tokenizer->encode(c.sample_prompt);
+    } catch (const std::invalid_argument&) {
+      prompt.clear();  // a prompt outside the vocabulary: start from token 0
+    }
+    const auto ids = generate(model, prompt, o);
+    return corpus.tokenizer->decode(std::vector<int32_t>(ids.begin() + long(prompt.size()), ids.end()));
+  };
+  auto checkpoint = [&](int64_t steps_done) {
+    Checkpoint ck;
+    ck.model = arch;
+    for (auto& [name, t] : flat.named()) ck.weights[name] = t;
+    inner.save(ck.state);
+    outer->save(ck.state);
+    ck.info = {{"step", steps_done},          {"adam_steps", inner.steps_taken()},
+               {"seed", c.seed},              {"method", c.method},
+               {"replica", w.rank},           {"replicas", w.world}};
+    write_checkpoint(ckpt_dir, steps_done, ck, out);
+  };
+
+  double val_loss = std::nan("");
+  double last_loss = std::nan("");
+  auto window_start = Clock::now();
+  int64_t window_tokens = 0;
+  const auto loop_start = Clock::now();
+  for (int64_t step = first_step; step < c.steps; ++step) {
+    const double lr = learning_rate(c, step);
+    inner.set_lr(lr);
+    flat.grads().zero_();
+    double loss_sum = 0;
+    for (int64_t micro = 0; micro < c.grad_accum; ++micro) {
+      auto b = train_windows.sample(uint64_t(step * c.grad_accum + micro), w.rank * c.batch, c.batch);
+      auto loss = model->loss(b.inputs.to(device), b.targets.to(device)) / double(c.grad_accum);
+      loss.backward();
+      loss_sum += loss.item<double>();
+    }
+    if (!std::isfinite(loss_sum))
+      throw std::runtime_error(fmt::format("loss became {} at step {} (lower lr?)", loss_sum, step));
+    outer->on_gradients(flat);
+    const double grad_norm = inner.clip_gradients(c.clip);
+    inner.step();
+    const bool synced = outer->after_inner_step(step, flat);
+    last_loss = loss_sum;
+    window_tokens += tokens_per_step;
+
+    const int64_t done = step + 1;
+    const bool last = done == c.steps;
+    if (done % c.log_interval == 0 || last) {
+      const double dt = seconds_since(window_start);
+      const double tps = double(window_tokens) / std::max(dt, 1e-9);
+      const double elapsed = seconds_since(loop_start);
+      const double eta = elapsed / double(done - first_step) * double(c.steps - done);
+      nlohmann::json rec = {{"step", done},       {"split", "train"}, {"loss", loss_sum},
+                            {"lr", lr},           {"tokens_per_s", tps}, {"grad_norm", grad_norm},
+                            {"replica", w.rank},  {"elapsed", elapsed}, {"outer_step", synced}};
+      if (w.comm) rec.update(comm_json(w.comm->stats()));
+      metrics.write(rec);
+      if (lead)
+        fmt::print("step {:>6}/{} | loss {:.4f} | lr {:.2e} | {} tok/s | {} elapsed | eta {}\n", done, c.steps,
+                   loss_sum, lr, format_count(tps), format_duration(elapsed), format_duration(eta));
+      std::fflush(stdout);
+      window_start = Clock::now();
+      window_tokens = 0;
+    }
+    if (done % c.eval_interval == 0 || last) {
+      val_loss = evaluate();
+      metrics.write({{"step", done}, {"split", "val"}, {"loss", val_loss}, {"lr", lr}, {"replica", w.rank}});
+      if (lead) {
+        fmt::print("eval step {} | val loss {:.4f} | ppl {:.2f}\n", done, val_loss, std::exp(val_loss));
+        if (c.sample_tokens > 0 && !last) fmt::print("--- sample ---\n{}\n--------------\n", sample_text(done));
+        std::fflush(stdout);
+      }
+    }
+    const int64_t ckpt_every = c.checkpoint_interval > 0 ? c.checkpoint_interval : c.eval_interval;
+    if (done % ckpt_every == 0 || last) checkpoint(done);
+  }
+  if (std::isnan(val_loss)) val_loss = evaluate();  // resumed at the end: report anyway
+
+  const double seconds = seconds_since(start);
+  nlohmann::json summary = {{"method", c.method},
+                            {"replica", w.rank},
+                            {"replicas", w.world},
+                            {"final_val_loss", val_loss},
+                            {"final_train_loss", last_loss},
+                            {"steps", c.steps},
+                            {"tokens", tokens_per_step * c.steps},
+                            {"seconds", seconds},
+                            {"params", arch.num_params()},
+                            {"device", device.str()}};
+  if (w.comm) summary.update(comm_json(w.comm->stats()));
+  write_json_atomic(fmt::format("{}/summary_r{}.json", out, w.rank), summary);
+  if (w.world == 1) write_json_atomic(out + "/summary.json", summary);
+  if (lead) {
+    fmt::print("\ndone: final val loss {:.4f} (ppl {:.2f}) | {} steps | {} tokens | {} | {} params\n", val_loss,
+               std::exp(val_loss), c.steps, format_count(double(tokens_per_step * c.steps)),
+               format_duration(seconds), format_count(double(arch.num_params())));
+    if (c.sample_tokens > 0) fmt::print("--- sample ---\n{}\n--------------\n", sample_text(c.steps));
+    fmt::print("run dir: {}\n", out);
+  }
+  return summary;
+}
+
+}  // namespace noloco

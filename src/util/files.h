@@ -1,0 +1,18 @@
+// File helpers with the error handling every reader and writer needs.
+#pragma once
+#include <string>
+#include <string_view>
+
+#include <nlohmann/json_fwd.hpp>
+
+namespace noloco {
+
+// Whole file as bytes; throws std::runtime_error naming the path.
+std::string read_file(const std::string& path);
+// Writes to a temporary file beside `path`, fsyncs, then renames over it, so a
+// crash leaves either the old file or the new one, never a torn one.
+void write_file_atomic(const std::string& path, std::string_view bytes);
+nlohmann::json read_json(const std::string& path);
+void write_json_atomic(const std::string& path, const nlohmann::json& j);
+
+}  // namespace noloco

@@ -1,0 +1,3 @@
+// Precompiled header for the LibTorch-heavy targets.
+#pragma once
+#include <torch/torch.h>

@@ -1,0 +1,35 @@
+// Every difference between LibTorch 1.13 (Debian) and 2.x lives here.
+#pragma once
+#include <sstream>
+#include <string>
+
+#include <torch/torch.h>
+
+namespace noloco::shim {
+
+// Causal scaled-dot-product attention over [B, heads, T, head_dim].
+// 2.x has a fused kernel (flash / memory-efficient on CUDA); 1.13 has none
+// public, so we spell out the math.
+inline torch::Tensor causal_attention(const torch::Tensor& q, const torch::Tensor& k,
+                                      const torch::Tensor& v) {
+#if TORCH_VERSION_MAJOR >= 2
+  return at::scaled_dot_product_attention(q, k, v, {}, 0.0, /*is_causal=*/true);
+#else
+  const auto T = q.size(-2);
+  auto scores = torch::matmul(q, k.transpose(-2, -1)) / std::sqrt(double(q.size(-1)));
+  auto mask = torch::ones({T, T}, torch::dtype(torch::kBool).device(q.device())).triu(1);
+  scores = scores.masked_fill(mask, -std::numeric_limits<float>::infinity());
+  return torch::matmul(torch::softmax(scores, -1), v);
+#endif
+}
+
+// Key of a parameter in Optimizer::state(). Both versions format the
+// TensorImpl pointer through an ostream; doing it ourselves avoids
+// c10::guts::to_string, which 2.x removed.
+inline std::string optimizer_state_key(const torch::Tensor& p) {
+  std::ostringstream s;
+  s << p.unsafeGetTensorImpl();
+  return s.str();
+}
+
+}  // namespace noloco::shim
