@@ -1,1 +1,62 @@
 #include <gtest/gtest.h>
+
+#include "train/config.h"
+
+using namespace noloco;
+
+namespace {
+
+std::string error_of(const std::string& yaml, const std::vector<std::string>& overrides) {
+  try {
+    parse_config(yaml, overrides);
+  } catch (const std::invalid_argument& e) {
+    return e.what();
+  }
+  ADD_FAILURE() << "invalid config accepted";
+  return "";
+}
+
+}  // namespace
+
+TEST(Config, YamlThenOverridesInOrder) {
+  auto c = parse_config("steps: 300\nlr: 0.002\n", {"steps=400", "out=runs/x"});
+  EXPECT_EQ(c.steps, 400);
+  EXPECT_DOUBLE_EQ(c.lr, 0.002);
+  EXPECT_EQ(c.out, "runs/x");
+  EXPECT_EQ(c.decay_steps, 400);  // resolved from steps
+}
+
+TEST(Config, PresetAppliesBeforeFieldOverridesWhereverWritten) {
+  auto c = parse_config("layers: 3\nmodel: 125m\n", {});
+  EXPECT_EQ(c.arch.layers, 3);
+  EXPECT_EQ(c.arch.hidden, 768);
+}
+
+TEST(Config, MethodDefaultsFromThePaper) {
+  auto d = parse_config("", {"method=diloco", "replicas=4"});
+  EXPECT_EQ(d.outer_interval, 100);
+  EXPECT_DOUBLE_EQ(d.outer_momentum, 0.3);
+  auto n = parse_config("", {"method=noloco", "replicas=4"});
+  EXPECT_EQ(n.outer_interval, 50);
+  EXPECT_DOUBLE_EQ(n.outer_momentum, 0.5);
+  EXPECT_DOUBLE_EQ(n.gamma, n.outer_lr);
+}
+
+TEST(Config, ResolvedYamlParsesBackToTheSameConfig) {
+  auto c = parse_config("", {"model=125m", "method=noloco", "replicas=8", "sample_prompt=ROMEO: x"});
+  auto again = parse_config(c.to_yaml(), {});
+  EXPECT_EQ(again.to_yaml(), c.to_yaml());
+}
+
+TEST(Config, UnknownKey) { EXPECT_NE(error_of("", {"learning_rate=1"}).find("unknown config key 'learning_rate'"), std::string::npos); }
+TEST(Config, NegativeLearningRate) { EXPECT_NE(error_of("lr: -0.1\n", {}).find("lr must be positive"), std::string::npos); }
+TEST(Config, HeadsMustDivideHidden) { EXPECT_NE(error_of("", {"heads=5"}).find("must divide hidden"), std::string::npos); }
+TEST(Config, NotANumber) { EXPECT_NE(error_of("", {"steps=ten"}).find("steps: 'ten' is not an integer"), std::string::npos); }
+TEST(Config, TrailingGarbage) { EXPECT_NE(error_of("", {"lr=1e-3x"}).find("not a finite number"), std::string::npos); }
+TEST(Config, BadEnum) { EXPECT_NE(error_of("", {"method=gossip"}).find("method must be"), std::string::npos); }
+TEST(Config, MinLrAboveLr) { EXPECT_NE(error_of("", {"min_lr=0.1"}).find("must not exceed"), std::string::npos); }
+TEST(Config, OverrideWithoutEquals) { EXPECT_NE(error_of("", {"steps"}).find("not key=value"), std::string::npos); }
+TEST(Config, YamlNotAMapping) { EXPECT_NE(error_of("- a\n- b\n", {}).find("expected a mapping"), std::string::npos); }
+TEST(Config, YamlNestedValue) { EXPECT_NE(error_of("lr: [1, 2]\n", {}).find("single value"), std::string::npos); }
+TEST(Config, BrokenYaml) { EXPECT_NE(error_of("lr: [1, 2\n", {}).find("not valid YAML"), std::string::npos); }
+TEST(Config, UnknownPreset) { EXPECT_NE(error_of("", {"model=7b"}).find("unknown model preset"), std::string::npos); }

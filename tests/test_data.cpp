@@ -1,1 +1,101 @@
 #include <gtest/gtest.h>
+
+#include "data/dataset.h"
+#include "data/token_file.h"
+#include "data/tokenizer.h"
+#include "test_util.h"
+#include "util/files.h"
+
+using namespace noloco;
+using noloco::testing::TempDir;
+
+TEST(Tokenizer, CharRoundTripAndSaveLoad) {
+  const std::string text = noloco::testing::shakespeare(5000);
+  auto tok = make_char_tokenizer(text);
+  EXPECT_EQ(tok->decode(tok->encode(text)), text);
+  TempDir dir;
+  tok->save(dir.path());
+  auto loaded = load_tokenizer(dir.path());
+  EXPECT_EQ(loaded->vocab_size(), tok->vocab_size());
+  EXPECT_EQ(loaded->encode(text), tok->encode(text));
+  EXPECT_THROW(tok->encode("\x01"), std::invalid_argument);
+}
+
+TEST(Tokenizer, BpeTrainsToTheRequestedSizeAndRoundTrips) {
+  TempDir dir;
+  const std::string text = noloco::testing::shakespeare(200000);
+  noloco::testing::write_text(dir / "corpus.txt", text);
+  auto tok = train_bpe_tokenizer(dir / "corpus.txt", 1000);
+  EXPECT_EQ(tok->vocab_size(), 1000);
+  const std::string sample = text.substr(1000, 3000);
+  const auto ids = tok->encode(sample);
+  EXPECT_LT(ids.size(), sample.size() * 6 / 10);  // merges actually compress
+  EXPECT_EQ(tok->decode(ids), sample);
+  tok->save(dir.path());
+  auto loaded = load_tokenizer(dir.path());
+  EXPECT_EQ(loaded->kind(), "sentencepiece");
+  EXPECT_EQ(loaded->encode(sample), ids);
+  // An existing .model file is a tokenizer too.
+  EXPECT_EQ(load_sentencepiece(dir / "tokenizer.model")->encode(sample), ids);
+}
+
+TEST(TokenFile, LlmcLayoutRoundTrip) {
+  TempDir dir;
+  std::vector<uint16_t> tokens = {0, 1, 65535, 42, 7};
+  write_token_file(dir / "t.bin", tokens);
+  EXPECT_EQ(read_token_file(dir / "t.bin"), tokens);
+  EXPECT_EQ(noloco::testing::read_text(dir / "t.bin").size(), 1024u + 2 * tokens.size());
+}
+
+TEST(TokenFile, RawNanoGptLayout) {
+  EXPECT_EQ(parse_token_file(std::string("\x01\x00\x02\x01", 4)), (std::vector<uint16_t>{1, 258}));
+  EXPECT_THROW(parse_token_file(std::string("\x01\x00\x02", 3)), std::runtime_error);
+}
+
+TEST(TokenFile, HeaderClaimingMoreTokensThanPresentIsRejected) {
+  TempDir dir;
+  write_token_file(dir / "t.bin", {1, 2, 3, 4});
+  auto bytes = noloco::testing::read_text(dir / "t.bin");
+  bytes.resize(bytes.size() - 2);
+  try {
+    parse_token_file(bytes);
+    FAIL();
+  } catch (const std::runtime_error& e) {
+    EXPECT_NE(std::string(e.what()).find("claims 4 tokens but holds 3"), std::string::npos);
+  }
+}
+
+TEST(Corpus, SplitsTheLastTenPercentForValidation) {
+  TempDir dir;
+  noloco::testing::write_text(dir / "c.txt", noloco::testing::shakespeare(10000));
+  TrainConfig c;
+  c.data = dir / "c.txt";
+  auto corpus = load_corpus(c, dir / "run");
+  EXPECT_EQ(corpus.val.numel(), 1000);
+  EXPECT_EQ(corpus.train.numel(), 9000);
+}
+
+TEST(Corpus, TokenFileNeedsVocabularyAndIsChecked) {
+  TempDir dir;
+  write_token_file(dir / "t.bin", std::vector<uint16_t>(2000, 3));
+  TrainConfig c;
+  c.data = dir / "t.bin";
+  c.vocab_size = 50;
+  auto corpus = load_corpus(c, "");
+  EXPECT_EQ(corpus.tokenizer->vocab_size(), 50);
+  c.vocab_size = 3;  // token 3 is outside a vocabulary of 3
+  EXPECT_THROW(load_corpus(c, ""), std::invalid_argument);
+}
+
+TEST(Sampler, WindowsAreShiftedSeededAndSliceable) {
+  auto tokens = torch::arange(1000, torch::kInt64);
+  WindowSampler s(tokens, 16, 42);
+  auto b = s.sample(5, 0, 8);
+  EXPECT_TRUE(torch::equal(b.targets, b.inputs + 1));  // next-token targets
+  EXPECT_TRUE(torch::equal(s.sample(5, 0, 8).inputs, b.inputs));  // pure function of its arguments
+  EXPECT_FALSE(torch::equal(s.sample(6, 0, 8).inputs, b.inputs));
+  // Two replicas of batch 4 see exactly what one replica of batch 8 sees.
+  auto r0 = s.sample(5, 0, 4), r1 = s.sample(5, 4, 4);
+  EXPECT_TRUE(torch::equal(torch::cat({r0.inputs, r1.inputs}), b.inputs));
+  EXPECT_FALSE(torch::equal(WindowSampler(tokens, 16, 43).sample(5, 0, 8).inputs, b.inputs));
+}

@@ -1,1 +1,141 @@
 #include <gtest/gtest.h>
+#include <torch/torch.h>
+
+#include "model/llama.h"
+
+using namespace noloco;
+
+namespace {
+
+ModelConfig small_config() {
+  ModelConfig c;
+  c.vocab_size = 11;
+  c.hidden = 8;
+  c.layers = 2;
+  c.heads = 2;
+  c.intermediate = 16;
+  c.context = 6;
+  return c;
+}
+
+LlamaForCausalLM make_model(const ModelConfig& c, torch::ScalarType dtype = torch::kFloat32) {
+  LlamaForCausalLM m(c);
+  init_weights(m, 7);
+  // Larger weights than N(0, 0.02) so the finite-difference check sees real curvature.
+  torch::NoGradGuard g;
+  for (auto& p : m->parameters())
+    if (p.dim() == 2) p.mul_(10);
+  m->to(dtype);
+  return m;
+}
+
+}  // namespace
+
+TEST(Model, LogitShapeAndParameterCount) {
+  auto c = small_config();
+  auto m = make_model(c);
+  auto tokens = torch::randint(c.vocab_size, {3, 5}, torch::kInt64);
+  auto logits = m->forward(tokens);
+  EXPECT_EQ(logits.sizes(), (std::vector<int64_t>{3, 5, 11}));
+  int64_t n = 0;
+  for (auto& p : m->parameters()) n += p.numel();
+  EXPECT_EQ(n, c.num_params());
+}
+
+TEST(Model, ParameterNamesAreHuggingFaceLlama) {
+  auto c = small_config();
+  auto m = make_model(c);
+  auto named = m->named_parameters();
+  const auto expected = c.parameter_shapes();
+  ASSERT_EQ(named.size(), expected.size());
+  for (size_t i = 0; i < expected.size(); ++i) {
+    EXPECT_EQ(named[i].key(), expected[i].first);
+    EXPECT_EQ(named[i].value().sizes(), c10::IntArrayRef(expected[i].second));
+  }
+  EXPECT_EQ(expected.front().first, "model.embed_tokens.weight");
+  EXPECT_EQ(expected[1].first, "model.layers.0.self_attn.q_proj.weight");
+  EXPECT_EQ(expected.back().first, "lm_head.weight");
+}
+
+TEST(Model, CausalityFutureTokensDoNotChangeEarlierLogits) {
+  auto c = small_config();
+  auto m = make_model(c);
+  torch::NoGradGuard g;
+  auto a = torch::tensor({{1, 2, 3, 4, 5, 6}}, torch::kInt64);
+  auto b = a.clone();
+  b[0][4] = 9;
+  auto la = m->forward(a), lb = m->forward(b);
+  EXPECT_TRUE(torch::allclose(la.narrow(1, 0, 4), lb.narrow(1, 0, 4), 0, 1e-6));
+  EXPECT_GT((la.narrow(1, 4, 2) - lb.narrow(1, 4, 2)).abs().max().item<double>(), 1e-4);
+}
+
+TEST(Model, RotaryMatchesHandComputedValues) {
+  // head_dim 4, theta 10000: inverse frequencies 1 and 0.01; position 1.
+  auto rope = rotary_tables(2, 4, 10000.0, torch::TensorOptions().dtype(torch::kFloat64));
+  auto x = torch::tensor({1.0, 2.0, 3.0, 4.0}, torch::kFloat64).view({1, 1, 1, 4}).repeat({1, 1, 2, 1});
+  auto y = apply_rotary(x, rope);
+  const double c1 = std::cos(1.0), s1 = std::sin(1.0), c2 = std::cos(0.01), s2 = std::sin(0.01);
+  // rotate_half([1,2,3,4]) = [-3,-4,1,2]
+  const double expected[4] = {1 * c1 - 3 * s1, 2 * c2 - 4 * s2, 3 * c1 + 1 * s1, 4 * c2 + 2 * s2};
+  for (int i = 0; i < 4; ++i) {
+    EXPECT_NEAR(y[0][0][1][i].item<double>(), expected[i], 1e-12) << i;
+    EXPECT_NEAR(y[0][0][0][i].item<double>(), x[0][0][0][i].item<double>(), 1e-12);  // position 0: identity
+  }
+}
+
+TEST(Model, RMSNormMatchesHandComputedValues) {
+  RMSNorm norm(2, 1e-6);
+  auto y = norm->forward(torch::tensor({{3.0f, 4.0f}}));
+  const double rms = std::sqrt((9.0 + 16.0) / 2.0 + 1e-6);
+  EXPECT_NEAR(y[0][0].item<double>(), 3.0 / rms, 1e-6);
+  EXPECT_NEAR(y[0][1].item<double>(), 4.0 / rms, 1e-6);
+}
+
+TEST(Model, GradientMatchesFiniteDifferencesInDouble) {
+  auto c = small_config();
+  c.layers = 1;
+  auto m = make_model(c, torch::kFloat64);
+  auto tokens = torch::tensor({{1, 5, 2, 9, 3}, {4, 4, 0, 10, 7}}, torch::kInt64);
+  auto targets = torch::tensor({{5, 2, 9, 3, 1}, {4, 0, 10, 7, 6}}, torch::kInt64);
+  m->zero_grad();
+  m->loss(tokens, targets).backward();
+  const double h = 1e-6;
+  int checked = 0;
+  double worst = 0;
+  for (auto& p : m->named_parameters()) {
+    auto flat = p.value().data().view(-1);
+    auto grad = p.value().grad().view(-1);
+    for (int64_t i = 0; i < flat.numel(); i += 3) {  // every third entry of every tensor
+      torch::NoGradGuard g;
+      const double orig = flat[i].item<double>();
+      flat[i] = orig + h;
+      const double up = m->loss(tokens, targets).item<double>();
+      flat[i] = orig - h;
+      const double down = m->loss(tokens, targets).item<double>();
+      flat[i] = orig;
+      const double numeric = (up - down) / (2 * h);
+      const double analytic = grad[i].item<double>();
+      const double err = std::abs(numeric - analytic) / std::max(1e-3, std::abs(numeric) + std::abs(analytic));
+      worst = std::max(worst, err);
+      EXPECT_LT(err, 1e-5) << p.key() << "[" << i << "] numeric " << numeric << " analytic " << analytic;
+      ++checked;
+    }
+  }
+  EXPECT_GT(checked, 100);
+  RecordProperty("worst_relative_error", std::to_string(worst));
+}
+
+TEST(Model, ConfigValidationNamesTheProblem) {
+  auto c = small_config();
+  c.heads = 3;
+  try {
+    c.validate();
+    FAIL() << "heads not dividing hidden must be rejected";
+  } catch (const std::invalid_argument& e) {
+    EXPECT_NE(std::string(e.what()).find("heads (3) must divide hidden (8)"), std::string::npos);
+  }
+  EXPECT_THROW(model_preset("7b"), std::invalid_argument);
+  EXPECT_EQ(model_preset("125m").hidden, 768);
+  EXPECT_EQ(model_preset("1.3b").layers, 24);
+  EXPECT_EQ(model_preset("6.8b").intermediate, 16384);
+}

@@ -1,1 +1,193 @@
 #include <gtest/gtest.h>
+
+#include <filesystem>
+
+#include "test_util.h"
+#include "train/checkpoint.h"
+#include "train/config.h"
+#include "train/export.h"
+#include "train/trainer.h"
+#include "util/files.h"
+
+using namespace noloco;
+using noloco::testing::TempDir;
+
+namespace {
+
+std::vector<std::string> small_run(const std::string& data, const std::string& out) {
+  return {"data=" + data, "out=" + out, "hidden=32", "layers=2", "heads=2", "intermediate=64",
+          "context=32", "batch=4", "steps=20", "decay_steps=20", "warmup=4", "eval_interval=10",
+          "eval_batches=2", "log_interval=1", "sample_tokens=0", "threads=1"};
+}
+
+std::map<int64_t, double> train_losses(const std::string& metrics_path) {
+  std::map<int64_t, double> losses;
+  std::istringstream in(noloco::testing::read_text(metrics_path));
+  for (std::string line; std::getline(in, line);) {
+    auto j = nlohmann::json::parse(line);
+    if (j["split"] == "train") losses[j["step"].get<int64_t>()] = j["loss"].get<double>();
+  }
+  return losses;
+}
+
+WorkerInfo quiet() {
+  WorkerInfo w;
+  w.verbose = false;
+  return w;
+}
+
+}  // namespace
+
+TEST(Train, ResumeContinuesBitIdentically) {
+  TempDir dir;
+  noloco::testing::write_text(dir / "c.txt", noloco::testing::shakespeare(20000));
+  auto whole = small_run(dir / "c.txt", dir / "whole");
+  train(parse_config("", whole), quiet());
+
+  auto split = small_run(dir / "c.txt", dir / "split");
+  auto first_half = split;
+  first_half.push_back("steps=10");
+  train(parse_config("", first_half), quiet());
+  auto second_half = split;
+  second_half.push_back("resume=true");
+  auto summary = train(parse_config("", second_half), quiet());
+
+  const auto a = train_losses(dir / "whole/metrics.jsonl"), b = train_losses(dir / "split/metrics.jsonl");
+  ASSERT_EQ(a.size(), 20u);
+  ASSERT_EQ(b.size(), 20u);
+  for (auto& [step, loss] : a) EXPECT_EQ(b.at(step), loss) << "step " << step;  // exact, not approximate
+  const auto wa = load_tensors(dir / "whole/checkpoints/r0/step_00000020/model.safetensors");
+  const auto wb = load_tensors(dir / "split/checkpoints/r0/step_00000020/model.safetensors");
+  for (auto& [name, t] : wa) EXPECT_TRUE(torch::equal(t, wb.at(name))) << name;
+  EXPECT_LT(summary["final_val_loss"].get<double>(), 4.0);
+}
+
+TEST(Train, CheckpointExportAndHuggingFaceLayout) {
+  TempDir dir;
+  noloco::testing::write_text(dir / "c.txt", noloco::testing::shakespeare(20000));
+  auto args = small_run(dir / "c.txt", dir / "run");
+  args.push_back("steps=2");
+  train(parse_config("", args), quiet());
+  const auto ckpt = find_checkpoint(dir / "run");
+  ASSERT_FALSE(ckpt.empty());
+  EXPECT_EQ(read_file(dir / "run/checkpoints/r0/latest"), "step_00000002\n");
+  export_hf(dir / "run", dir / "hf");
+  auto cfg = read_json(dir / "hf/config.json");
+  EXPECT_EQ(cfg["model_type"], "llama");
+  EXPECT_EQ(cfg["hidden_size"], 32);
+  EXPECT_EQ(cfg["num_hidden_layers"], 2);
+  EXPECT_EQ(cfg["intermediate_size"], 64);
+  EXPECT_EQ(cfg["tie_word_embeddings"], false);
+  std::map<std::string, std::string> meta;
+  auto weights = load_tensors(dir / "hf/model.safetensors", &meta);
+  EXPECT_EQ(meta["format"], "pt");
+  EXPECT_EQ(weights.at("model.layers.1.mlp.down_proj.weight").sizes(), (std::vector<int64_t>{32, 64}));
+  EXPECT_EQ(weights.at("lm_head.weight").size(0), cfg["vocab_size"].get<int64_t>());
+  const auto summary = read_json(dir / "run/summary.json");
+  for (auto key : {"final_val_loss", "steps", "tokens", "seconds", "params"}) EXPECT_TRUE(summary.contains(key)) << key;
+  const auto line = noloco::testing::read_text(dir / "run/metrics.jsonl");
+  auto first = nlohmann::json::parse(line.substr(0, line.find('\n')));
+  for (auto key : {"step", "split", "loss", "lr", "tokens_per_s"}) EXPECT_TRUE(first.contains(key)) << key;
+}
+
+TEST(Train, InterruptedCheckpointWriteLeavesPreviousOneFindable) {
+  TempDir dir;
+  noloco::testing::write_text(dir / "c.txt", noloco::testing::shakespeare(20000));
+  auto args = small_run(dir / "c.txt", dir / "run");
+  args.push_back("steps=2");
+  train(parse_config("", args), quiet());
+  // A writer killed mid-way leaves only a .tmp directory behind.
+  std::filesystem::create_directories(dir / "run/checkpoints/r0/step_00000004.tmp");
+  noloco::testing::write_text(dir / "run/checkpoints/r0/step_00000004.tmp/model.safetensors", "garbage");
+  const auto found = find_checkpoint(dir / "run");
+  EXPECT_NE(found.find("step_00000002"), std::string::npos);
+  EXPECT_NO_THROW(read_checkpoint(found, true));
+}
+
+// ---- bad input through the command line: one line, non-zero exit ----
+
+namespace {
+
+void expect_one_line_error(const noloco::testing::CliResult& r, const std::string& needle) {
+  EXPECT_NE(r.exit_code, 0) << r.output;
+  auto last = r.output;
+  while (!last.empty() && last.back() == '\n') last.pop_back();
+  last = last.substr(last.rfind('\n') == std::string::npos ? 0 : last.rfind('\n') + 1);
+  EXPECT_EQ(last.rfind("noloco: error: ", 0), 0u) << r.output;
+  EXPECT_NE(last.find(needle), std::string::npos) << r.output;
+}
+
+}  // namespace
+
+TEST(BadInput, MissingDataFile) {
+  expect_one_line_error(noloco::testing::run_cli("train configs/shakespeare.yaml data=/nonexistent/x.txt"),
+                        "cannot open '/nonexistent/x.txt'");
+}
+
+TEST(BadInput, EmptyDataFile) {
+  TempDir dir;
+  noloco::testing::write_text(dir / "empty.txt", "");
+  expect_one_line_error(noloco::testing::run_cli("train configs/shakespeare.yaml out=" + dir.path() + "/r data=" + dir / "empty.txt"),
+                        "is empty");
+}
+
+TEST(BadInput, CorpusShorterThanOneBlock) {
+  TempDir dir;
+  noloco::testing::write_text(dir / "short.txt", noloco::testing::shakespeare(300));
+  expect_one_line_error(noloco::testing::run_cli("train configs/shakespeare.yaml out=" + dir.path() + "/r data=" + dir / "short.txt"),
+                        "too short");
+}
+
+TEST(BadInput, UnknownConfigKey) {
+  expect_one_line_error(noloco::testing::run_cli("train configs/shakespeare.yaml learning_rate=3"),
+                        "unknown config key 'learning_rate'");
+}
+
+TEST(BadInput, NegativeLearningRate) {
+  expect_one_line_error(noloco::testing::run_cli("train configs/shakespeare.yaml lr=-1"), "lr must be positive");
+}
+
+TEST(BadInput, HeadsNotDividingHidden) {
+  expect_one_line_error(noloco::testing::run_cli("train configs/shakespeare.yaml heads=3"), "must divide hidden");
+}
+
+TEST(BadInput, MissingConfigFile) {
+  expect_one_line_error(noloco::testing::run_cli("train configs/nope.yaml"), "cannot open 'configs/nope.yaml'");
+}
+
+TEST(BadInput, TruncatedCheckpoint) {
+  TempDir dir;
+  noloco::testing::write_text(dir / "c.txt", noloco::testing::shakespeare(20000));
+  auto args = small_run(dir / "c.txt", dir / "run");
+  args.push_back("steps=1");
+  train(parse_config("", args), quiet());
+  const auto ckpt = find_checkpoint(dir / "run");
+  auto bytes = noloco::testing::read_text(ckpt + "/model.safetensors");
+  noloco::testing::write_text(ckpt + "/model.safetensors", bytes.substr(0, bytes.size() / 2));
+  expect_one_line_error(noloco::testing::run_cli("generate " + ckpt + " tokens=5"), "invalid safetensors");
+}
+
+TEST(BadInput, CheckpointOfAnotherModelShape) {
+  TempDir dir;
+  noloco::testing::write_text(dir / "c.txt", noloco::testing::shakespeare(20000));
+  auto args = small_run(dir / "c.txt", dir / "run");
+  args.push_back("steps=1");
+  train(parse_config("", args), quiet());
+  std::string cli = "train configs/shakespeare.yaml";
+  for (auto& a : args) cli += " " + a;
+  expect_one_line_error(noloco::testing::run_cli(cli + " hidden=64 resume=true"), "does not match the config");
+}
+
+TEST(Cli, GenerateFromARunDirectory) {
+  TempDir dir;
+  noloco::testing::write_text(dir / "c.txt", noloco::testing::shakespeare(20000));
+  auto args = small_run(dir / "c.txt", dir / "run");
+  args.push_back("steps=1");
+  train(parse_config("", args), quiet());
+  auto r = noloco::testing::run_cli("generate " + dir / "run" + " prompt=ROMEO tokens=20 seed=3 temperature=1.0");
+  EXPECT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_EQ(r.output.rfind("ROMEO", 0), 0u) << r.output;
+  EXPECT_EQ(r.output.size(), 5u + 20u + 1u);  // char model: one character per token, then newline
+  EXPECT_EQ(noloco::testing::run_cli("generate " + dir / "run" + " prompt=ROMEO tokens=20 seed=3 temperature=1.0").output,
+            r.output);  // seeded
+}

@@ -2,6 +2,8 @@
 
 #include <sys/stat.h>
 
+#include <filesystem>
+
 #include <fmt/format.h>
 
 #include "data/token_file.h"
@@ -66,7 +68,10 @@ Corpus load_corpus(const TrainConfig& c, const std::string& run_dir) {
     corpus.tokenizer = saved ? load_tokenizer(run_dir) : build_tokenizer(c, text);
     all = to_tensor(corpus.tokenizer->encode(text));
   }
-  if (!saved && !run_dir.empty()) corpus.tokenizer->save(run_dir);
+  if (!saved && !run_dir.empty()) {
+    std::filesystem::create_directories(run_dir);
+    corpus.tokenizer->save(run_dir);
+  }
   const int64_t vocab = corpus.tokenizer->vocab_size();
   if (all.numel() > 0 && all.max().item<int64_t>() >= vocab)
     throw std::invalid_argument(fmt::format("'{}' holds token id {} outside the vocabulary of {}", c.data,

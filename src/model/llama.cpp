@@ -11,8 +11,8 @@ RMSNormImpl::RMSNormImpl(int64_t dim, double eps_) : eps(eps_) {
 }
 
 torch::Tensor RMSNormImpl::forward(const torch::Tensor& x) {
-  // HF computes the statistics in fp32 whatever the activation dtype.
-  auto xf = x.to(torch::kFloat32);
+  // HF computes the statistics in (at least) fp32 whatever the activation dtype.
+  auto xf = x.to(at::promote_types(x.scalar_type(), torch::kFloat32));
   auto normed = xf * torch::rsqrt(xf.pow(2).mean(-1, /*keepdim=*/true) + eps);
   return weight * normed.to(x.scalar_type());
 }
@@ -115,8 +115,10 @@ torch::Tensor LlamaForCausalLMImpl::forward(const torch::Tensor& tokens) {
 torch::Tensor LlamaForCausalLMImpl::loss(const torch::Tensor& tokens,
                                          const torch::Tensor& targets) {
   auto logits = forward(tokens);
-  return torch::nn::functional::cross_entropy(
-      logits.reshape({-1, logits.size(-1)}).to(torch::kFloat32), targets.reshape({-1}));
+  // At least fp32 for the softmax, without dropping double precision in tests.
+  const auto dtype = at::promote_types(logits.scalar_type(), torch::kFloat32);
+  return torch::nn::functional::cross_entropy(logits.reshape({-1, logits.size(-1)}).to(dtype),
+                                              targets.reshape({-1}));
 }
 
 void init_weights(LlamaForCausalLM& model, uint64_t seed) {

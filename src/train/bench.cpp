@@ -5,6 +5,7 @@
 #include "model/llama.h"
 #include "optim/flat_params.h"
 #include "optim/inner.h"
+#include "util/compute_threads.h"
 
 namespace noloco {
 
@@ -20,6 +21,8 @@ void synchronize(const torch::Device& d) {
 // for utilisation when no datasheet number is given.
 double measured_peak_tflops(const torch::Device& device) {
   const int64_t n = device.is_cuda() ? 8192 : 1024;
+  // One big matmul may use every core through OpenBLAS's own pool.
+  set_blas_threads(torch::get_num_threads());
   auto a = torch::randn({n, n}, torch::TensorOptions().device(device));
   auto b = torch::randn({n, n}, torch::TensorOptions().device(device));
   torch::matmul(a, b);
@@ -32,13 +35,14 @@ double measured_peak_tflops(const torch::Device& device) {
     const double s = std::chrono::duration<double>(Clock::now() - t0).count();
     best = std::max(best, 2.0 * double(n) * double(n) * double(n) / s / 1e12);
   }
+  set_blas_threads(1);
   return best;
 }
 
 }  // namespace
 
 nlohmann::json bench_training(const TrainConfig& c, int64_t steps, double peak_tflops) {
-  if (c.threads > 0) torch::set_num_threads(int(c.threads));
+  set_compute_threads(int(c.threads));
   torch::Device device(c.device);
   if (device.is_cuda() && !torch::cuda::is_available())
     throw std::runtime_error("device=cuda but no CUDA device is available to LibTorch");

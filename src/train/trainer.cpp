@@ -5,7 +5,6 @@
 #include <chrono>
 #include <ctime>
 #include <filesystem>
-#include <thread>
 
 #include <fmt/format.h>
 
@@ -17,6 +16,7 @@
 #include "optim/outer.h"
 #include "train/checkpoint.h"
 #include "train/metrics.h"
+#include "util/compute_threads.h"
 #include "util/files.h"
 
 namespace noloco {
@@ -60,11 +60,7 @@ nlohmann::json train(const TrainConfig& c, const WorkerInfo& w) {
   const std::string out = c.out.empty() ? default_run_dir(c) : c.out;
   fs::create_directories(out);
   const bool lead = w.rank == 0 && w.verbose;
-  if (c.threads > 0) {
-    torch::set_num_threads(int(c.threads));
-  } else {
-    torch::set_num_threads(std::max(1, int(std::thread::hardware_concurrency())));
-  }
+  set_compute_threads(int(c.threads));
   const torch::Device device = pick_device(c.device);
 
   Corpus corpus = load_corpus(c, out);

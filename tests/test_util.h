@@ -1,0 +1,62 @@
+// Helpers shared by the tests: temporary directories and running the CLI.
+#pragma once
+#include <stdlib.h>
+#include <sys/wait.h>
+
+#include <array>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <string>
+
+namespace noloco::testing {
+
+class TempDir {
+ public:
+  TempDir() {
+    std::string tmpl = (std::filesystem::temp_directory_path() / "noloco_test_XXXXXX").string();
+    path_ = ::mkdtemp(tmpl.data());
+  }
+  ~TempDir() { std::filesystem::remove_all(path_); }
+  std::string path() const { return path_; }
+  std::string operator/(const std::string& name) const { return path_ + "/" + name; }
+
+ private:
+  std::string path_;
+};
+
+inline void write_text(const std::string& path, const std::string& text) {
+  std::ofstream(path, std::ios::binary) << text;
+}
+
+inline std::string read_text(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  return {std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
+}
+
+// The first `bytes` of the bundled corpus.
+inline std::string shakespeare(size_t bytes) {
+  return read_text(std::string(NOLOCO_SOURCE_DIR) + "/data/tinyshakespeare.txt").substr(0, bytes);
+}
+
+struct CliResult {
+  int exit_code;
+  std::string output;  // stdout and stderr together
+};
+
+// Runs build/noloco with a hard time limit so a hang fails the test instead of CI.
+inline CliResult run_cli(const std::string& args, int timeout_s = 120) {
+  const std::string cmd =
+      "cd " NOLOCO_SOURCE_DIR " && timeout -k 5 " + std::to_string(timeout_s) + " " NOLOCO_BINARY " " + args + " 2>&1";
+  CliResult r{-1, ""};
+  FILE* p = ::popen(cmd.c_str(), "r");
+  if (!p) return r;
+  std::array<char, 4096> buf{};
+  size_t n;
+  while ((n = std::fread(buf.data(), 1, buf.size(), p)) > 0) r.output.append(buf.data(), n);
+  const int status = ::pclose(p);
+  r.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+  return r;
+}
+
+}  // namespace noloco::testing
