@@ -16,6 +16,14 @@
 #include "train/config.h"
 #include "train/export.h"
 #include "train/trainer.h"
+#include "train/run_summary.h"
+#include "comm/gloo_communicator.h"
+#include "comm/launcher.h"
+#include "data/dataset.h"
+#include "util/files.h"
+
+#include <chrono>
+#include <filesystem>
 
 using namespace noloco;
 
@@ -82,6 +90,55 @@ int run_generate(const std::string& checkpoint, const std::vector<std::string>& 
   return 0;
 }
 
+std::string error_prefix = "noloco: error: ";
+
+// One replica, a launched worker (RANK set: our launcher, torchrun, Slurm...),
+// or the launcher of `replicas` local workers.
+int run_train(const std::string& config_path, const std::vector<std::string>& overrides) {
+  auto cfg = load_config(config_path, overrides);
+  WorkerEnv env;
+  if (worker_env_from_environment(env)) {
+    error_prefix = fmt::format("noloco[worker {}]: error: ", env.rank);
+    cfg.replicas = env.world;
+    cfg.validate();
+    if (cfg.out.empty()) throw std::invalid_argument("launched workers need out=DIR, the same for all of them");
+    GlooCommunicator comm(env, cfg.bind, std::chrono::milliseconds(int64_t(cfg.peer_timeout * 1000)));
+    WorkerInfo w;
+    w.rank = env.rank;
+    w.world = env.world;
+    const char* local = std::getenv("LOCAL_WORLD_SIZE");
+    w.local_world = local ? std::max(1, std::atoi(local)) : 1;
+    w.comm = &comm;
+    w.verbose = env.rank == 0;
+    train(cfg, w);
+    return 0;
+  }
+  if (cfg.method == "none") {
+    train(cfg, WorkerInfo{});
+    return 0;
+  }
+  const auto start = std::chrono::steady_clock::now();
+  if (cfg.out.empty()) cfg.out = default_run_dir(cfg);
+  std::filesystem::create_directories(cfg.out);
+  load_corpus(cfg, cfg.out);  // builds and saves the tokenizer once, before the workers load it
+  write_file_atomic(cfg.out + "/config.yaml", cfg.to_yaml());
+  std::vector<std::string> worker_args = {"train", config_path};
+  worker_args.insert(worker_args.end(), overrides.begin(), overrides.end());
+  worker_args.push_back("out=" + cfg.out);
+  fmt::print("noloco: launching {} {} workers, run dir {}\n", cfg.replicas, cfg.method, cfg.out);
+  std::fflush(stdout);
+  const auto exits = launch_local_workers(cfg, worker_args, /*keep_going_on_failure=*/cfg.method == "noloco");
+  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  const auto summary = summarize_run(cfg.out, cfg.method, int(cfg.replicas), exits, seconds);
+  write_json_atomic(cfg.out + "/summary.json", summary);
+  if (summary["replicas_finished"].empty()) throw std::runtime_error("no worker finished; see the messages above");
+  fmt::print("\n{}", comparison_table({cfg.out}));
+  for (auto& f : summary["replicas_failed"]) fmt::print("failed: {}\n", f["reason"].get<std::string>());
+  const bool all_ok = summary["replicas_failed"].empty();
+  if (!all_ok && cfg.method != "noloco") throw std::runtime_error(fmt::format("{} run failed", cfg.method));
+  return 0;
+}
+
 int run_bench(const std::vector<std::string>& args) {
   std::vector<std::string> overrides;
   int64_t steps = 10;
@@ -136,12 +193,14 @@ int main(int argc, char** argv) {
   bench_cmd->add_option("options", bench_args, "config keys (model=125m batch=4 ...), bench_steps=N, peak_tflops=X");
   bench_cmd->footer(keys_help());
 
+  std::vector<std::string> report_runs;
+  auto* report_cmd = app.add_subcommand("report", "compare runs: a Markdown table from their summary.json");
+  report_cmd->add_option("runs", report_runs, "run directories")->required();
+
   CLI11_PARSE(app, argc, argv);
   try {
     if (*train_cmd) {
-      const auto cfg = load_config(config_path, overrides);
-      train(cfg, WorkerInfo{});
-      return 0;
+      return run_train(config_path, overrides);
     }
     if (*gen_cmd) return run_generate(checkpoint, gen_args);
     if (*export_cmd) {
@@ -150,13 +209,17 @@ int main(int argc, char** argv) {
       return 0;
     }
     if (*bench_cmd) return run_bench(bench_args);
+    if (*report_cmd) {
+      std::cout << comparison_table(report_runs);
+      return 0;
+    }
   } catch (const c10::Error& e) {
     std::string msg = e.what_without_backtrace();
-    std::cerr << "noloco: error: " << msg.substr(0, msg.find('\n')) << std::endl;
+    std::cerr << error_prefix << msg.substr(0, msg.find('\n')) << std::endl;
     return 1;
   } catch (const std::exception& e) {
     std::string msg = e.what();
-    std::cerr << "noloco: error: " << msg.substr(0, msg.find('\n')) << std::endl;
+    std::cerr << error_prefix << msg.substr(0, msg.find('\n')) << std::endl;
     return 1;
   }
   return 0;

@@ -22,15 +22,32 @@ class Communicator {
   virtual int world() const = 0;
   // In-place mean over all replicas: one collective.
   virtual void all_reduce_mean(torch::Tensor& t) = 0;
-  // In-place mean over `group` (sorted ranks containing rank()), by point-to-point
-  // messages only. Returns the members whose data arrived (always including rank());
-  // a member that failed or timed out is left out of the mean.
-  virtual std::vector<int> group_mean(torch::Tensor& t, const std::vector<int>& group) = 0;
-  const CommStats& stats() const { return stats_; }
-  CommStats& stats() { return stats_; }
+  // Mean over `group` (sorted ranks containing rank()) of everyone's `payload`,
+  // by point-to-point messages only; sent in the payload's dtype, summed in fp32
+  // in rank order so every member computes the same bits. A member that failed
+  // or timed out is left out; `arrived` (optional) receives who was counted.
+  virtual torch::Tensor group_mean(const torch::Tensor& payload, const std::vector<int>& group,
+                                   std::vector<int>* arrived = nullptr) = 0;
+
+  // Traffic is charged to training or, inside an EvaluationTraffic scope, to evaluation.
+  const CommStats& stats() const { return training_; }
+  const CommStats& evaluation_stats() const { return evaluation_; }
+
+  class EvaluationTraffic {
+   public:
+    explicit EvaluationTraffic(Communicator& c) : c_(c) { c_.current_ = &c_.evaluation_; }
+    ~EvaluationTraffic() { c_.current_ = &c_.training_; }
+
+   private:
+    Communicator& c_;
+  };
 
  protected:
-  CommStats stats_;
+  CommStats& charge() { return *current_; }
+
+ private:
+  CommStats training_, evaluation_;
+  CommStats* current_ = &training_;
 };
 
 }  // namespace noloco

@@ -51,10 +51,9 @@ class SlowWeights final : public OuterOptimizer {
     auto& theta = p.values();
     torch::NoGradGuard no_grad;
     if (c_.method == "diloco") {
-      auto delta = wire(theta - phi_);
+      auto delta = theta - phi_;
       comm_.all_reduce_mean(delta);
-      outer_momentum_step(phi_, momentum_, theta, delta.to(phi_.dtype()), {}, c_.outer_momentum,
-                          c_.outer_lr, 0.0);
+      outer_momentum_step(phi_, momentum_, theta, delta, {}, c_.outer_momentum, c_.outer_lr, 0.0);
       return true;
     }
     const auto groups = noloco_groups(c_.seed, outer_step, all_, int(c_.group_size));
@@ -63,17 +62,13 @@ class SlowWeights final : public OuterOptimizer {
     });
     if (c_.gamma == c_.outer_lr) {
       // β·mean(Δ) + β·(mean φ − φ_i) = β·(mean θ − φ_i): only θ travels.
-      auto mean_theta = wire(theta.clone());
-      comm_.group_mean(mean_theta, group);
-      outer_momentum_step(phi_, momentum_, theta, mean_theta.to(phi_.dtype()) - phi_, {},
-                          c_.outer_momentum, c_.outer_lr, 0.0);
+      auto mean_theta = comm_.group_mean(wire(theta), group);
+      outer_momentum_step(phi_, momentum_, theta, mean_theta - phi_, {}, c_.outer_momentum, c_.outer_lr, 0.0);
     } else {
       const int64_t n = phi_.numel();
-      auto both = wire(torch::cat({theta - phi_, phi_}));
-      comm_.group_mean(both, group);
-      both = both.to(phi_.dtype());
-      outer_momentum_step(phi_, momentum_, theta, both.narrow(0, 0, n), both.narrow(0, n, n),
-                          c_.outer_momentum, c_.outer_lr, c_.gamma);
+      auto both = comm_.group_mean(wire(torch::cat({theta - phi_, phi_})), group);
+      outer_momentum_step(phi_, momentum_, theta, both.narrow(0, 0, n), both.narrow(0, n, n), c_.outer_momentum,
+                          c_.outer_lr, c_.gamma);
     }
     return true;
   }
@@ -92,7 +87,7 @@ class SlowWeights final : public OuterOptimizer {
   }
 
  private:
-  torch::Tensor wire(torch::Tensor t) const {
+  torch::Tensor wire(const torch::Tensor& t) const {
     return c_.wire_dtype == "bf16" ? t.to(torch::kBFloat16) : t;
   }
 

@@ -204,6 +204,8 @@ void TrainConfig::validate() const {
   if (group_size < 2) invalid(fmt::format("group_size must be >= 2, got {}", group_size));
   if (wire_dtype != "fp32" && wire_dtype != "bf16")
     invalid(fmt::format("wire_dtype must be fp32 or bf16, got '{}'", wire_dtype));
+  if (wire_dtype == "bf16" && method != "noloco")
+    invalid("wire_dtype=bf16 applies to noloco's point-to-point exchange; all-reduce methods send fp32");
   if (port < 0 || port > 65535) invalid(fmt::format("port must be in [0, 65535], got {}", port));
   positive("peer_timeout", peer_timeout);
 }

@@ -5,6 +5,7 @@
 #include <chrono>
 #include <ctime>
 #include <filesystem>
+#include <thread>
 
 #include <fmt/format.h>
 
@@ -60,7 +61,8 @@ nlohmann::json train(const TrainConfig& c, const WorkerInfo& w) {
   const std::string out = c.out.empty() ? default_run_dir(c) : c.out;
   fs::create_directories(out);
   const bool lead = w.rank == 0 && w.verbose;
-  set_compute_threads(int(c.threads));
+  const int cores = std::max(1, int(std::thread::hardware_concurrency()));
+  set_compute_threads(c.threads > 0 ? int(c.threads) : std::max(1, cores / std::max(1, w.local_world)));
   const torch::Device device = pick_device(c.device);
 
   Corpus corpus = load_corpus(c, out);
@@ -117,6 +119,33 @@ nlohmann::json train(const TrainConfig& c, const WorkerInfo& w) {
     }
     return sum / double(c.eval_batches);
   };
+  // The paper's Fig. 3B: spread of weights across replicas, and the loss of their
+  // average. An evaluation-only exchange, charged apart from training traffic;
+  // if a replica is gone it is skipped rather than failing the run.
+  auto evaluate_across_replicas = [&]() -> std::pair<double, double> {
+    if (!w.comm || w.world < 2) return {std::nan(""), std::nan("")};
+    Communicator::EvaluationTraffic scope(*w.comm);
+    torch::NoGradGuard no_grad;
+    auto& theta = flat.values();
+    try {
+      auto mean = theta.clone();
+      w.comm->all_reduce_mean(mean);
+      auto var = (theta - mean).square();
+      w.comm->all_reduce_mean(var);
+      const double std_dev = var.mean().sqrt().item<double>();
+      double mean_loss = std::nan("");
+      if (w.rank == 0) {
+        auto own = theta.clone();
+        theta.copy_(mean);
+        mean_loss = evaluate();
+        theta.copy_(own);
+      }
+      return {mean_loss, std_dev};
+    } catch (const std::exception& e) {
+      if (lead) fmt::print("noloco: mean-model evaluation skipped: {}\n", std::string(e.what()).substr(0, 200));
+      return {std::nan(""), std::nan("")};
+    }
+  };
   auto sample_text = [&](int64_t step) {
     SamplingOptions o;
     o.tokens = c.sample_tokens;
@@ -142,7 +171,7 @@ nlohmann::json train(const TrainConfig& c, const WorkerInfo& w) {
     write_checkpoint(ckpt_dir, steps_done, ck, out);
   };
 
-  double val_loss = std::nan("");
+  double val_loss = std::nan(""), mean_model_loss = std::nan(""), weight_std = std::nan("");
   double last_loss = std::nan("");
   auto window_start = Clock::now();
   int64_t window_tokens = 0;
@@ -179,18 +208,31 @@ nlohmann::json train(const TrainConfig& c, const WorkerInfo& w) {
                             {"replica", w.rank},  {"elapsed", elapsed}, {"outer_step", synced}};
       if (w.comm) rec.update(comm_json(w.comm->stats()));
       metrics.write(rec);
-      if (lead)
-        fmt::print("step {:>6}/{} | loss {:.4f} | lr {:.2e} | {} tok/s | {} elapsed | eta {}\n", done, c.steps,
+      if (lead) {
+        fmt::print("step {:>6}/{} | loss {:.4f} | lr {:.2e} | {} tok/s | {} elapsed | eta {}", done, c.steps,
                    loss_sum, lr, format_count(tps), format_duration(elapsed), format_duration(eta));
+        if (w.comm)
+          fmt::print(" | sent {}B | comm {:.1f}s (wait {:.1f}s)", format_count(double(w.comm->stats().bytes_sent)),
+                     w.comm->stats().comm_seconds, w.comm->stats().wait_seconds);
+        fmt::print("\n");
+      }
       std::fflush(stdout);
       window_start = Clock::now();
       window_tokens = 0;
     }
     if (done % c.eval_interval == 0 || last) {
       val_loss = evaluate();
-      metrics.write({{"step", done}, {"split", "val"}, {"loss", val_loss}, {"lr", lr}, {"replica", w.rank}});
+      std::tie(mean_model_loss, weight_std) = evaluate_across_replicas();
+      nlohmann::json rec = {{"step", done}, {"split", "val"}, {"loss", val_loss}, {"lr", lr}, {"replica", w.rank}};
+      if (!std::isnan(weight_std)) rec["weight_std"] = weight_std;
+      if (!std::isnan(mean_model_loss)) rec["loss_mean_model"] = mean_model_loss;
+      if (w.comm) rec["eval_bytes_sent"] = w.comm->evaluation_stats().bytes_sent;
+      metrics.write(rec);
       if (lead) {
-        fmt::print("eval step {} | val loss {:.4f} | ppl {:.2f}\n", done, val_loss, std::exp(val_loss));
+        fmt::print("eval step {} | val loss {:.4f} | ppl {:.2f}", done, val_loss, std::exp(val_loss));
+        if (!std::isnan(weight_std))
+          fmt::print(" | mean-of-replicas val loss {:.4f} | weight std {:.3e}", mean_model_loss, weight_std);
+        fmt::print("\n");
         if (c.sample_tokens > 0 && !last) fmt::print("--- sample ---\n{}\n--------------\n", sample_text(done));
         std::fflush(stdout);
       }
@@ -211,6 +253,8 @@ nlohmann::json train(const TrainConfig& c, const WorkerInfo& w) {
                             {"seconds", seconds},
                             {"params", arch.num_params()},
                             {"device", device.str()}};
+  if (!std::isnan(weight_std)) summary["weight_std"] = weight_std;
+  if (!std::isnan(mean_model_loss)) summary["final_val_loss_mean_model"] = mean_model_loss;
   if (w.comm) summary.update(comm_json(w.comm->stats()));
   write_json_atomic(fmt::format("{}/summary_r{}.json", out, w.rank), summary);
   if (w.world == 1) write_json_atomic(out + "/summary.json", summary);

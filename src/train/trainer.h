@@ -13,6 +13,7 @@ namespace noloco {
 struct WorkerInfo {
   int rank = 0;
   int world = 1;
+  int local_world = 1;           // workers sharing this machine's cores
   Communicator* comm = nullptr;  // null for a single replica without a method
   bool verbose = true;           // print progress and samples
 };

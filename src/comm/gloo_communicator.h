@@ -1,0 +1,48 @@
+// Communicator over c10d's ProcessGroupGloo (TCP), rendezvous through a TCPStore.
+#pragma once
+#include <chrono>
+#include <memory>
+#include <string>
+
+#include "comm/communicator.h"
+
+namespace c10d {
+class Store;
+class ProcessGroupGloo;
+}  // namespace c10d
+
+namespace noloco {
+
+struct WorkerEnv {
+  int rank = 0, world = 1, local_rank = 0;
+  std::string master_addr = "127.0.0.1";
+  int master_port = 0;
+  bool agent_store = false;  // the store is hosted by the launcher (ours or torchrun's), not rank 0
+};
+
+// RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR, MASTER_PORT (torchrun's names);
+// returns false when RANK is unset (not a launched worker). Throws on malformed values.
+bool worker_env_from_environment(WorkerEnv& env);
+
+class GlooCommunicator final : public Communicator {
+ public:
+  // Connects to (or, for rank 0 without an agent store, hosts) the store and
+  // forms the process group; Gloo listens on `bind`.
+  GlooCommunicator(const WorkerEnv& env, const std::string& bind, std::chrono::milliseconds timeout);
+  ~GlooCommunicator() override;
+  int rank() const override { return rank_; }
+  int world() const override { return world_; }
+  void all_reduce_mean(torch::Tensor& t) override;
+  torch::Tensor group_mean(const torch::Tensor& payload, const std::vector<int>& group,
+                           std::vector<int>* arrived) override;
+  c10d::Store& store();
+
+ private:
+  int rank_, world_;
+  std::chrono::milliseconds timeout_;
+  c10::intrusive_ptr<c10d::Store> store_;
+  c10::intrusive_ptr<c10d::ProcessGroupGloo> pg_;
+  int64_t exchange_count_ = 0;
+};
+
+}  // namespace noloco

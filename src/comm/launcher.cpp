@@ -1,0 +1,127 @@
+#include "comm/launcher.h"
+
+#include <signal.h>
+#include <sys/prctl.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <chrono>
+#include <cstring>
+#include <thread>
+
+#include <fmt/format.h>
+#include <torch/csrc/distributed/c10d/TCPStore.hpp>
+
+namespace noloco {
+
+namespace {
+
+std::atomic<int> forwarded_signal{0};
+
+void on_signal(int sig) { forwarded_signal = sig; }
+
+}  // namespace
+
+std::string WorkerExit::describe() const {
+  if (signal != 0) return fmt::format("worker {} was killed by signal {} ({}) after {:.1f}s", rank, signal, strsignal(signal), seconds);
+  if (exit_code != 0) return fmt::format("worker {} exited with code {} after {:.1f}s", rank, exit_code, seconds);
+  return fmt::format("worker {} finished after {:.1f}s", rank, seconds);
+}
+
+std::vector<WorkerExit> launch_local_workers(const TrainConfig& c, const std::vector<std::string>& worker_args,
+                                             bool keep_going_on_failure) {
+  const auto start = std::chrono::steady_clock::now();
+  c10d::TCPStoreOptions opts;
+  opts.port = uint16_t(c.port);
+  opts.isServer = true;
+  opts.waitWorkers = false;
+  opts.timeout = std::chrono::milliseconds(int64_t(c.peer_timeout * 1000));
+  c10d::TCPStore store(c.bind, opts);
+  const int port = store.getPort();
+  const int n = int(c.replicas);
+
+  char exe[4096];
+  const ssize_t len = ::readlink("/proc/self/exe", exe, sizeof exe - 1);
+  if (len <= 0) throw std::runtime_error("cannot find the noloco executable (/proc/self/exe)");
+  exe[len] = '\0';
+
+  struct sigaction sa {};
+  sa.sa_handler = on_signal;
+  sigemptyset(&sa.sa_mask);
+  ::sigaction(SIGINT, &sa, nullptr);
+  ::sigaction(SIGTERM, &sa, nullptr);
+
+  std::vector<pid_t> pids(size_t(n), -1);
+  for (int r = 0; r < n; ++r) {
+    std::vector<std::string> env_vars = {
+        fmt::format("RANK={}", r),          fmt::format("WORLD_SIZE={}", n),
+        fmt::format("LOCAL_RANK={}", r),    fmt::format("LOCAL_WORLD_SIZE={}", n),
+        fmt::format("MASTER_ADDR={}", c.bind), fmt::format("MASTER_PORT={}", port),
+        "TORCHELASTIC_USE_AGENT_STORE=True"};
+    const pid_t pid = ::fork();
+    if (pid < 0) throw std::runtime_error(fmt::format("fork failed: {}", std::strerror(errno)));
+    if (pid == 0) {
+      // A worker must not outlive its launcher.
+      ::prctl(PR_SET_PDEATHSIG, SIGTERM);
+      for (auto& e : env_vars) ::putenv(e.data());
+      std::vector<char*> argv{exe};
+      for (auto& a : worker_args) argv.push_back(const_cast<char*>(a.c_str()));
+      argv.push_back(nullptr);
+      ::execv(exe, argv.data());
+      std::fprintf(stderr, "noloco: error: cannot start worker %d: %s\n", r, std::strerror(errno));
+      ::_exit(127);
+    }
+    pids[size_t(r)] = pid;
+  }
+
+  std::vector<WorkerExit> exits;
+  auto kill_all = [&](int sig) {
+    for (auto pid : pids)
+      if (pid > 0) ::kill(pid, sig);
+  };
+  bool terminating = false;
+  auto terminate_deadline = std::chrono::steady_clock::now();
+  while (int(exits.size()) < n) {
+    if (const int sig = forwarded_signal.exchange(0)) {
+      std::fprintf(stderr, "noloco: forwarding signal %d to the workers\n", sig);
+      kill_all(sig);
+    }
+    int status = 0;
+    const pid_t pid = ::waitpid(-1, &status, WNOHANG);
+    if (pid > 0) {
+      const auto it = std::find(pids.begin(), pids.end(), pid);
+      if (it == pids.end()) continue;
+      WorkerExit e;
+      e.rank = int(it - pids.begin());
+      e.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+      if (WIFSIGNALED(status)) {
+        e.signal = WTERMSIG(status);
+        e.exit_code = -1;
+      } else {
+        e.exit_code = WEXITSTATUS(status);
+      }
+      *it = -1;
+      exits.push_back(e);
+      if (!e.ok()) {
+        std::fprintf(stderr, "noloco: %s\n", e.describe().c_str());
+        if (!keep_going_on_failure && !terminating) {
+          std::fprintf(stderr, "noloco: method %s cannot continue without worker %d; stopping the others\n",
+                       c.method.c_str(), e.rank);
+          kill_all(SIGTERM);
+          terminating = true;
+          terminate_deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+        }
+      }
+      continue;
+    }
+    if (terminating && std::chrono::steady_clock::now() > terminate_deadline) kill_all(SIGKILL);
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  std::sort(exits.begin(), exits.end(), [](auto& a, auto& b) { return a.rank < b.rank; });
+  ::signal(SIGINT, SIG_DFL);
+  ::signal(SIGTERM, SIG_DFL);
+  return exits;
+}
+
+}  // namespace noloco

@@ -1,0 +1,26 @@
+// Starts N local workers the way torchrun does (RANK, WORLD_SIZE, LOCAL_RANK,
+// MASTER_ADDR, MASTER_PORT), hosting the store itself so any worker may die.
+#pragma once
+#include <string>
+#include <vector>
+
+#include "train/config.h"
+
+namespace noloco {
+
+struct WorkerExit {
+  int rank = 0;
+  int exit_code = 0;  // -1 if killed by a signal
+  int signal = 0;
+  double seconds = 0;  // since launch
+  bool ok() const { return exit_code == 0 && signal == 0; }
+  std::string describe() const;
+};
+
+// `worker_args` are the arguments after the program name (e.g. train CONFIG k=v...).
+// Supervises until all workers end; forwards SIGINT/SIGTERM. Unless
+// `keep_going_on_failure`, the first failed worker ends the others.
+std::vector<WorkerExit> launch_local_workers(const TrainConfig& c, const std::vector<std::string>& worker_args,
+                                             bool keep_going_on_failure);
+
+}  // namespace noloco
