@@ -1,1 +1,153 @@
 #include <gtest/gtest.h>
+
+#include <set>
+
+#include "optim/outer.h"
+#include "train/config.h"
+
+using namespace noloco;
+
+namespace {
+
+// Replica 0 of two; the peer's contribution is given by the test.
+class FakeComm final : public Communicator {
+ public:
+  int rank() const override { return 0; }
+  int world() const override { return 2; }
+  void all_reduce_mean(torch::Tensor& t) override {
+    sent = t.clone();
+    t.add_(peer).div_(2);
+  }
+  torch::Tensor group_mean(const torch::Tensor& payload, const std::vector<int>& group,
+                           std::vector<int>* arrived) override {
+    sent = payload.clone();
+    last_group = group;
+    if (arrived) *arrived = group;
+    return (payload.to(torch::kFloat32) + peer) / 2;
+  }
+  torch::Tensor peer, sent;
+  std::vector<int> last_group;
+};
+
+struct ThreeScalars : torch::nn::Module {
+  ThreeScalars() { w = register_parameter("w", torch::zeros({3})); }
+  torch::Tensor w;
+};
+
+TrainConfig outer_config(const std::string& method, double alpha, double beta, double gamma) {
+  auto c = parse_config("", {"method=" + method, "replicas=2", "outer_interval=4"});
+  c.outer_momentum = alpha;
+  c.outer_lr = beta;
+  c.gamma = gamma;
+  return c;
+}
+
+void expect_values(const torch::Tensor& t, std::vector<double> expected) {
+  ASSERT_EQ(t.numel(), int64_t(expected.size()));
+  for (size_t i = 0; i < expected.size(); ++i) EXPECT_NEAR(t[long(i)].item<double>(), expected[i], 1e-6) << i;
+}
+
+}  // namespace
+
+TEST(Outer, NoLoCoStepByHandWithDistinctAlphaBetaGamma) {
+  ThreeScalars m;
+  FlatParams flat(m);
+  FakeComm comm;
+  auto c = outer_config("noloco", 0.5, 0.7, 0.4);
+  auto outer = make_outer_optimizer(c, &comm, flat);
+  outer->load({{"outer.phi", torch::tensor({1.0f, 2.0f, -1.0f})}, {"outer.momentum", torch::tensor({0.1f, -0.2f, 0.3f})}});
+  flat.values().copy_(torch::tensor({1.5f, 1.0f, 0.0f}));  // θ after the inner steps: Δ0 = [0.5, -1, 1]
+  // Peer: Δ1 = [0.2, 0.6, -0.5], φ1 = [0, 4, 1]; γ ≠ β, so Δ and φ both travel.
+  comm.peer = torch::tensor({0.2f, 0.6f, -0.5f, 0.0f, 4.0f, 1.0f});
+  EXPECT_FALSE(outer->after_inner_step(2, flat).has_value());  // not yet at H
+  auto sync = outer->after_inner_step(3, flat);
+  ASSERT_TRUE(sync.has_value());
+  expect_values(comm.sent, {0.5, -1.0, 1.0, 1.0, 2.0, -1.0});
+  // m = 0.5·[0.1,-0.2,0.3] + 0.7·[0.35,-0.2,0.25] + 0.4·([0.5,3,0] − [1,2,-1]) = [0.095, 0.16, 0.725]
+  TensorMap state;
+  outer->save(state);
+  expect_values(state["outer.momentum"], {0.095, 0.16, 0.725});
+  expect_values(state["outer.phi"], {1.095, 2.16, -0.275});
+  expect_values(flat.values(), {1.095, 2.16, -0.275});  // θ ← φ
+}
+
+TEST(Outer, NoLoCoWithGammaEqualBetaSendsOnlyTheta) {
+  ThreeScalars m;
+  FlatParams flat(m);
+  FakeComm comm;
+  auto c = outer_config("noloco", 0.5, 0.7, 0.7);
+  auto outer = make_outer_optimizer(c, &comm, flat);
+  outer->load({{"outer.phi", torch::tensor({1.0f, 2.0f, -1.0f})}, {"outer.momentum", torch::tensor({0.1f, -0.2f, 0.3f})}});
+  flat.values().copy_(torch::tensor({1.5f, 1.0f, 0.0f}));
+  comm.peer = torch::tensor({0.2f, 4.6f, 0.5f});  // θ1 = φ1 + Δ1
+  ASSERT_TRUE(outer->after_inner_step(3, flat).has_value());
+  expect_values(comm.sent, {1.5, 1.0, 0.0});  // one model's worth, not two
+  // m = 0.5·m0 + 0.7·(mean θ − φ0) = [0.05,-0.1,0.15] + 0.7·[-0.15, 0.8, 1.25]
+  expect_values(flat.values(), {1.0 - 0.055, 2.0 + 0.46, -1.0 + 1.025});
+}
+
+TEST(Outer, NoLoCoBf16WireHalvesThePayload) {
+  ThreeScalars m;
+  FlatParams flat(m);
+  FakeComm comm;
+  auto c = outer_config("noloco", 0.5, 0.7, 0.7);
+  c.wire_dtype = "bf16";
+  auto outer = make_outer_optimizer(c, &comm, flat);
+  comm.peer = torch::zeros({3});
+  outer->after_inner_step(3, flat);
+  EXPECT_EQ(comm.sent.scalar_type(), torch::kBFloat16);
+  EXPECT_EQ(comm.sent.nbytes(), 3u * 2u);
+}
+
+TEST(Outer, DiLoCoStepByHand) {
+  ThreeScalars m;
+  FlatParams flat(m);
+  FakeComm comm;
+  auto c = outer_config("diloco", 0.3, 0.7, 0.7);
+  auto outer = make_outer_optimizer(c, &comm, flat);
+  outer->load({{"outer.phi", torch::tensor({1.0f, 2.0f, -1.0f})}, {"outer.momentum", torch::zeros({3})}});
+  flat.values().copy_(torch::tensor({1.5f, 1.0f, 0.0f}));  // Δ0 = [0.5, -1, 1]
+  comm.peer = torch::tensor({0.1f, 0.3f, -0.2f});         // Δ1
+  ASSERT_TRUE(outer->after_inner_step(3, flat).has_value());
+  expect_values(comm.sent, {0.5, -1.0, 1.0});
+  // m = 0.7·mean Δ = 0.7·[0.3, -0.35, 0.4]
+  expect_values(flat.values(), {1.21, 1.755, -0.72});
+}
+
+TEST(Outer, DdpAveragesTheFlatGradientInOneCollective) {
+  ThreeScalars m;
+  FlatParams flat(m);
+  FakeComm comm;
+  auto c = parse_config("", {"method=ddp", "replicas=2"});
+  auto outer = make_outer_optimizer(c, &comm, flat);
+  flat.grads().copy_(torch::tensor({1.0f, 2.0f, 3.0f}));
+  comm.peer = torch::tensor({3.0f, 2.0f, 1.0f});
+  outer->on_gradients(flat);
+  expect_values(m.w.grad(), {2.0, 2.0, 2.0});  // the parameter's own .grad is a view of the flat buffer
+}
+
+TEST(Grouping, PartitionIdenticalEverywhereAndChangingEachStep) {
+  std::vector<int> members(8);
+  for (int i = 0; i < 8; ++i) members[size_t(i)] = i;
+  std::set<std::vector<std::vector<int>>> distinct;
+  for (int64_t step = 0; step < 20; ++step) {
+    const auto groups = noloco_groups(99, step, members, 2);
+    EXPECT_EQ(groups, noloco_groups(99, step, members, 2));  // a pure function of (seed, step)
+    std::multiset<int> seen;
+    for (auto& g : groups) {
+      EXPECT_EQ(g.size(), 2u);
+      seen.insert(g.begin(), g.end());
+    }
+    EXPECT_EQ(seen, std::multiset<int>(members.begin(), members.end()));
+    distinct.insert(groups);
+  }
+  EXPECT_GT(distinct.size(), 15u);
+  // An odd member count: the lone leftover joins a group instead of idling.
+  const auto odd = noloco_groups(1, 0, {0, 1, 2, 3, 4}, 2);
+  size_t total = 0;
+  for (auto& g : odd) {
+    EXPECT_GE(g.size(), 2u);
+    total += g.size();
+  }
+  EXPECT_EQ(total, 5u);
+}

@@ -45,32 +45,34 @@ class SlowWeights final : public OuterOptimizer {
     for (int r = 0; r < comm.world(); ++r) all_[size_t(r)] = r;
   }
 
-  bool after_inner_step(int64_t step, FlatParams& p) override {
-    if ((step + 1) % c_.outer_interval != 0) return false;
-    const int64_t outer_step = (step + 1) / c_.outer_interval - 1;
+  std::optional<OuterSync> after_inner_step(int64_t step, FlatParams& p) override {
+    if ((step + 1) % c_.outer_interval != 0) return std::nullopt;
+    OuterSync sync;
+    sync.outer_step = (step + 1) / c_.outer_interval - 1;
     auto& theta = p.values();
     torch::NoGradGuard no_grad;
     if (c_.method == "diloco") {
       auto delta = theta - phi_;
       comm_.all_reduce_mean(delta);
       outer_momentum_step(phi_, momentum_, theta, delta, {}, c_.outer_momentum, c_.outer_lr, 0.0);
-      return true;
+      sync.group = sync.arrived = all_;
+      return sync;
     }
-    const auto groups = noloco_groups(c_.seed, outer_step, all_, int(c_.group_size));
-    const auto& group = *std::find_if(groups.begin(), groups.end(), [&](const std::vector<int>& g) {
+    const auto groups = noloco_groups(c_.seed, sync.outer_step, all_, int(c_.group_size));
+    sync.group = *std::find_if(groups.begin(), groups.end(), [&](const std::vector<int>& g) {
       return std::find(g.begin(), g.end(), comm_.rank()) != g.end();
     });
     if (c_.gamma == c_.outer_lr) {
       // β·mean(Δ) + β·(mean φ − φ_i) = β·(mean θ − φ_i): only θ travels.
-      auto mean_theta = comm_.group_mean(wire(theta), group);
+      auto mean_theta = comm_.group_mean(wire(theta), sync.group, &sync.arrived);
       outer_momentum_step(phi_, momentum_, theta, mean_theta - phi_, {}, c_.outer_momentum, c_.outer_lr, 0.0);
     } else {
       const int64_t n = phi_.numel();
-      auto both = comm_.group_mean(wire(torch::cat({theta - phi_, phi_})), group);
+      auto both = comm_.group_mean(wire(torch::cat({theta - phi_, phi_})), sync.group, &sync.arrived);
       outer_momentum_step(phi_, momentum_, theta, both.narrow(0, 0, n), both.narrow(0, n, n), c_.outer_momentum,
                           c_.outer_lr, c_.gamma);
     }
-    return true;
+    return sync;
   }
 
   void save(TensorMap& out) const override {

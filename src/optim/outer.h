@@ -3,6 +3,7 @@
 // each AdamW step; a method acts in whichever hook it needs.
 #pragma once
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -15,13 +16,20 @@
 
 namespace noloco {
 
+// What an outer step did, for the metrics log.
+struct OuterSync {
+  int64_t outer_step = 0;
+  std::vector<int> group;    // who it averaged with (all replicas for DiLoCo)
+  std::vector<int> arrived;  // of those, whose data was counted
+};
+
 class OuterOptimizer {
  public:
   virtual ~OuterOptimizer() = default;
   // After backward, before clipping: DDP averages gradients here.
   virtual void on_gradients(FlatParams&) {}
-  // After inner step `step` (0-based); returns true when an outer step ran.
-  virtual bool after_inner_step(int64_t /*step*/, FlatParams&) { return false; }
+  // After inner step `step` (0-based); reports the outer step when one ran.
+  virtual std::optional<OuterSync> after_inner_step(int64_t /*step*/, FlatParams&) { return std::nullopt; }
   // State that must survive a restart (slow weights, momentum).
   virtual void save(TensorMap&) const {}
   virtual void load(const TensorMap&) {}

@@ -192,7 +192,13 @@ nlohmann::json train(const TrainConfig& c, const WorkerInfo& w) {
     outer->on_gradients(flat);
     const double grad_norm = inner.clip_gradients(c.clip);
     inner.step();
-    const bool synced = outer->after_inner_step(step, flat);
+    const auto sync = outer->after_inner_step(step, flat);
+    if (sync) {
+      nlohmann::json rec = {{"step", step + 1}, {"split", "outer"}, {"outer_step", sync->outer_step},
+                            {"group", sync->group}, {"arrived", sync->arrived}, {"replica", w.rank}};
+      if (w.comm) rec.update(comm_json(w.comm->stats()));
+      metrics.write(rec);
+    }
     last_loss = loss_sum;
     window_tokens += tokens_per_step;
 
@@ -205,7 +211,7 @@ nlohmann::json train(const TrainConfig& c, const WorkerInfo& w) {
       const double eta = elapsed / double(done - first_step) * double(c.steps - done);
       nlohmann::json rec = {{"step", done},       {"split", "train"}, {"loss", loss_sum},
                             {"lr", lr},           {"tokens_per_s", tps}, {"grad_norm", grad_norm},
-                            {"replica", w.rank},  {"elapsed", elapsed}, {"outer_step", synced}};
+                            {"replica", w.rank},  {"elapsed", elapsed}};
       if (w.comm) rec.update(comm_json(w.comm->stats()));
       metrics.write(rec);
       if (lead) {

@@ -1,0 +1,110 @@
+// Multi-process runs through the real launcher and c10d on loopback; each
+// bounded by `timeout` so a hang fails the test instead of CI.
+#include <gtest/gtest.h>
+
+#include <map>
+#include <set>
+#include <sstream>
+
+#include <nlohmann/json.hpp>
+
+#include "test_util.h"
+#include "train/checkpoint.h"
+#include "util/files.h"
+
+using namespace noloco;
+using noloco::testing::TempDir;
+
+namespace {
+
+std::string small_args(const std::string& data, const std::string& out) {
+  return "train configs/shakespeare.yaml data=" + data + " out=" + out +
+         " hidden=32 layers=2 heads=2 intermediate=64 context=32 warmup=2 eval_interval=1000"
+         " eval_batches=2 log_interval=1 sample_tokens=0 peer_timeout=30";
+}
+
+std::vector<nlohmann::json> records(const std::string& run, const std::string& split) {
+  std::vector<nlohmann::json> out;
+  std::istringstream in(noloco::testing::read_text(run + "/metrics.jsonl"));
+  for (std::string line; std::getline(in, line);) {
+    auto j = nlohmann::json::parse(line);
+    if (j["split"] == split) out.push_back(j);
+  }
+  return out;
+}
+
+class Distributed : public ::testing::Test {
+ protected:
+  void SetUp() override { noloco::testing::write_text(dir / "c.txt", noloco::testing::shakespeare(20000)); }
+  std::string run(const std::string& name, const std::string& extra) {
+    auto r = noloco::testing::run_cli(small_args(dir / "c.txt", dir / name) + " " + extra, 120);
+    EXPECT_EQ(r.exit_code, 0) << r.output;
+    return dir / name;
+  }
+  TempDir dir;
+};
+
+}  // namespace
+
+TEST_F(Distributed, DdpMatchesOneReplicaWithTheCombinedBatch) {
+  const auto ddp = run("ddp", "method=ddp replicas=2 batch=4 steps=10");
+  const auto single = run("single", "batch=8 steps=10");
+  std::map<int64_t, std::vector<double>> per_step;
+  for (auto& r : records(ddp, "train")) per_step[r["step"].get<int64_t>()].push_back(r["loss"].get<double>());
+  const auto reference = records(single, "train");
+  ASSERT_EQ(reference.size(), 10u);
+  for (auto& r : reference) {
+    const auto& losses = per_step.at(r["step"].get<int64_t>());
+    ASSERT_EQ(losses.size(), 2u);
+    EXPECT_NEAR((losses[0] + losses[1]) / 2, r["loss"].get<double>(), 1e-5) << "step " << r["step"];
+  }
+  const auto a = load_tensors(find_checkpoint(ddp + "/checkpoints/r1") + "/model.safetensors");
+  const auto b = load_tensors(find_checkpoint(single) + "/model.safetensors");
+  for (auto& [name, t] : a) EXPECT_LT((t - b.at(name)).abs().max().item<double>(), 1e-5) << name;
+  const auto summary = read_json(ddp + "/summary.json");
+  EXPECT_EQ(summary["collectives"].get<int64_t>(), 2 * 10);  // one bucket per step per replica
+}
+
+TEST_F(Distributed, NoLoCoWithTheWholeGroupEqualsDiLoCo) {
+  const std::string common = "replicas=2 batch=4 steps=15 outer_interval=5 outer_momentum=0.5 outer_lr=0.7";
+  const auto noloco = run("noloco", "method=noloco group_size=2 " + common);
+  const auto diloco = run("diloco", "method=diloco " + common);
+  for (int r = 0; r < 2; ++r) {
+    const auto sub = "/checkpoints/r" + std::to_string(r);
+    const auto a = load_tensors(find_checkpoint(noloco + sub) + "/model.safetensors");
+    const auto b = load_tensors(find_checkpoint(diloco + sub) + "/model.safetensors");
+    for (auto& [name, t] : a) EXPECT_LT((t - b.at(name)).abs().max().item<double>(), 1e-6) << name;
+  }
+  EXPECT_EQ(records(noloco, "outer").size(), 2u * 3u);
+}
+
+TEST_F(Distributed, NoLoCoGroupsPartitionNoCollectivesModelSizedMessages) {
+  const auto run_dir = run("noloco4", "method=noloco replicas=4 batch=2 steps=12 outer_interval=3");
+  std::map<int64_t, std::map<int, std::vector<int>>> groups;  // outer step -> replica -> its group
+  for (auto& r : records(run_dir, "outer"))
+    groups[r["outer_step"].get<int64_t>()][r["replica"].get<int>()] = r["group"].get<std::vector<int>>();
+  ASSERT_EQ(groups.size(), 4u);
+  std::set<std::vector<std::vector<int>>> distinct;
+  for (auto& [step, by_replica] : groups) {
+    ASSERT_EQ(by_replica.size(), 4u) << "outer step " << step;
+    std::set<std::vector<int>> partition;
+    std::multiset<int> members;
+    for (auto& [replica, group] : by_replica) {
+      EXPECT_TRUE(std::count(group.begin(), group.end(), replica)) << "replica outside its own group";
+      for (int other : group) EXPECT_EQ(by_replica.at(other), group) << "replicas disagree on the grouping";
+      if (partition.insert(group).second) members.insert(group.begin(), group.end());
+    }
+    EXPECT_EQ(members, (std::multiset<int>{0, 1, 2, 3}));
+    distinct.insert({partition.begin(), partition.end()});
+  }
+  EXPECT_GT(distinct.size(), 1u) << "the grouping never changed";
+
+  const auto summary = read_json(run_dir + "/summary.json");
+  EXPECT_EQ(summary["collectives"].get<int64_t>(), 0);
+  const auto r0 = read_json(run_dir + "/summary_r0.json");
+  const uint64_t fp32_model_bytes = 4 * r0["params"].get<uint64_t>();
+  EXPECT_EQ(r0["bytes_sent"].get<uint64_t>(), 4 * fp32_model_bytes);  // one model per outer step
+
+  const auto bf16 = run("bf16", "method=noloco replicas=2 batch=2 steps=6 outer_interval=3 wire_dtype=bf16");
+  EXPECT_EQ(read_json(bf16 + "/summary_r1.json")["bytes_sent"].get<uint64_t>(), 2 * fp32_model_bytes / 2);
+}
