@@ -2,6 +2,8 @@
 #pragma once
 #include <sstream>
 #include <string>
+#include <type_traits>
+#include <utility>
 
 #include <torch/torch.h>
 
@@ -23,13 +25,19 @@ inline torch::Tensor causal_attention(const torch::Tensor& q, const torch::Tenso
 #endif
 }
 
-// Key of a parameter in Optimizer::state(). Both versions format the
-// TensorImpl pointer through an ostream; doing it ourselves avoids
-// c10::guts::to_string, which 2.x removed.
-inline std::string optimizer_state_key(const torch::Tensor& p) {
-  std::ostringstream s;
-  s << p.unsafeGetTensorImpl();
-  return s.str();
+// Key of a parameter in Optimizer::state(): 1.13 keys by the TensorImpl
+// pointer formatted as a string, recent 2.x by the pointer itself.
+using OptimizerStateKey =
+    std::decay_t<decltype(std::declval<torch::optim::Optimizer&>().state())>::key_type;
+template <class Key = OptimizerStateKey>
+Key optimizer_state_key(const torch::Tensor& p) {
+  if constexpr (std::is_same_v<Key, std::string>) {
+    std::ostringstream s;
+    s << p.unsafeGetTensorImpl();
+    return s.str();
+  } else {
+    return p.unsafeGetTensorImpl();
+  }
 }
 
 }  // namespace noloco::shim
