@@ -154,8 +154,8 @@ int run_bench(const std::vector<std::string>& args) {
   }
   const auto cfg = parse_config("", overrides);
   const auto r = bench_training(cfg, steps, peak);
-  fmt::print("bench {} ({} params) on {}: batch {} x {} tokens, {} threads\n", r["model"].get<std::string>(),
-             r["params"].get<int64_t>(), r["device"].get<std::string>(), r["batch"].get<int64_t>(),
+  fmt::print("bench {} ({} params) on {} in {}: batch {} x {} tokens, {} threads\n", r["model"].get<std::string>(),
+             r["params"].get<int64_t>(), r["device"].get<std::string>(), r["precision"].get<std::string>(), r["batch"].get<int64_t>(),
              r["context"].get<int64_t>(), r["threads"].get<int>());
   fmt::print("  {:.0f} tokens/s (forward+backward+AdamW), {:.3f} TFLOP/s, MFU {:.1f}% of {:.2f} TFLOP/s ({})\n",
              r["tokens_per_s"].get<double>(), r["achieved_tflops"].get<double>(), 100 * r["mfu"].get<double>(),

@@ -6,6 +6,7 @@
 #include "optim/flat_params.h"
 #include "optim/inner.h"
 #include "util/compute_threads.h"
+#include "util/torch_shim.h"
 
 namespace noloco {
 
@@ -17,14 +18,14 @@ void synchronize(const torch::Device& d) {
   if (d.is_cuda()) torch::cuda::synchronize(d.index() < 0 ? 0 : d.index());
 }
 
-// The best dense fp32 matmul rate this device reaches: the honest denominator
-// for utilisation when no datasheet number is given.
-double measured_peak_tflops(const torch::Device& device) {
+// The best dense matmul rate this device reaches in the run's precision: the
+// honest denominator for utilisation when no datasheet number is given.
+double measured_peak_tflops(const torch::Device& device, torch::ScalarType dtype) {
   const int64_t n = device.is_cuda() ? 8192 : 1024;
   // One big matmul may use every core through OpenBLAS's own pool.
   set_blas_threads(torch::get_num_threads());
-  auto a = torch::randn({n, n}, torch::TensorOptions().device(device));
-  auto b = torch::randn({n, n}, torch::TensorOptions().device(device));
+  auto a = torch::randn({n, n}, torch::TensorOptions().device(device).dtype(dtype));
+  auto b = torch::randn({n, n}, torch::TensorOptions().device(device).dtype(dtype));
   torch::matmul(a, b);
   synchronize(device);
   double best = 0;
@@ -56,7 +57,12 @@ nlohmann::json bench_training(const TrainConfig& c, int64_t steps, double peak_t
   auto y = torch::randint(arch.vocab_size, {c.batch, arch.context}, torch::TensorOptions().dtype(torch::kInt64).device(device));
   auto one_step = [&] {
     flat.grads().zero_();
-    model->loss(x, y).backward();
+    torch::Tensor loss;
+    {
+      shim::CudaBf16Autocast autocast(c.precision == "bf16");
+      loss = model->loss(x, y);
+    }
+    loss.backward();
     inner.clip_gradients(c.clip);
     inner.step();
   };
@@ -71,7 +77,7 @@ nlohmann::json bench_training(const TrainConfig& c, int64_t steps, double peak_t
   const double tps = tokens / seconds;
   const double achieved = tps * arch.train_flops_per_token() / 1e12;
   const bool measured = peak_tflops <= 0;
-  const double peak = measured ? measured_peak_tflops(device) : peak_tflops;
+  const double peak = measured ? measured_peak_tflops(device, c.precision == "bf16" ? torch::kBFloat16 : torch::kFloat32) : peak_tflops;
   return {{"model", c.model},
           {"device", device.str()},
           {"params", arch.num_params()},
@@ -83,7 +89,7 @@ nlohmann::json bench_training(const TrainConfig& c, int64_t steps, double peak_t
           {"tokens_per_s", tps},
           {"achieved_tflops", achieved},
           {"peak_tflops", peak},
-          {"peak_source", measured ? "measured fp32 matmul" : "given"},
+          {"peak_source", measured ? "measured " + c.precision + " matmul" : "given"},
           {"mfu", achieved / peak}};
 }
 

@@ -121,6 +121,7 @@ const std::vector<Field>& fields() {
       NOLOCO_KEY(sample_prompt, "prompt of the evaluation samples"),
       NOLOCO_KEY(seed, "run seed"),
       NOLOCO_KEY(device, "cpu | cuda | cuda:N"),
+      NOLOCO_KEY(precision, "fp32 | bf16 (CUDA autocast; weights and optimizer stay fp32)"),
       NOLOCO_KEY(threads, "intra-op threads per worker; 0: cores / local replicas"),
       NOLOCO_KEY(out, "run directory; default runs/<method>-<date>"),
       NOLOCO_KEY(checkpoint_interval, "steps between checkpoints; 0: at every evaluation"),
@@ -195,6 +196,9 @@ void TrainConfig::validate() const {
   non_negative("checkpoint_interval", double(checkpoint_interval));
   if (device != "cpu" && device != "cuda" && device.rfind("cuda:", 0) != 0)
     invalid(fmt::format("device must be cpu, cuda or cuda:N, got '{}'", device));
+  if (precision != "fp32" && precision != "bf16")
+    invalid(fmt::format("precision must be fp32 or bf16, got '{}'", precision));
+  if (precision == "bf16" && device.rfind("cuda", 0) != 0) invalid("precision=bf16 needs device=cuda");
   if (method != "none" && method != "ddp" && method != "diloco" && method != "noloco")
     invalid(fmt::format("method must be none, ddp, diloco or noloco, got '{}'", method));
   positive("replicas", double(replicas));

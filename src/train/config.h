@@ -41,6 +41,7 @@ struct TrainConfig {
   // run
   uint64_t seed = 1337;
   std::string device = "cpu";  // cpu | cuda | cuda:N
+  std::string precision = "fp32";  // fp32 | bf16 (autocast, CUDA only)
   int64_t threads = 0;         // intra-op threads; 0: cores / local replicas
   std::string out;             // run directory; default runs/<method>-<time>
   int64_t checkpoint_interval = 0;  // 0: at every eval

@@ -19,6 +19,7 @@
 #include "train/metrics.h"
 #include "util/compute_threads.h"
 #include "util/files.h"
+#include "util/torch_shim.h"
 
 namespace noloco {
 
@@ -115,6 +116,7 @@ nlohmann::json train(const TrainConfig& c, const WorkerInfo& w) {
     double sum = 0;
     for (int64_t i = 0; i < c.eval_batches; ++i) {
       auto b = val_windows.sample(uint64_t(i), 0, c.batch);
+      shim::CudaBf16Autocast autocast(c.precision == "bf16");
       sum += model->loss(b.inputs.to(device), b.targets.to(device)).item<double>();
     }
     return sum / double(c.eval_batches);
@@ -183,7 +185,11 @@ nlohmann::json train(const TrainConfig& c, const WorkerInfo& w) {
     double loss_sum = 0;
     for (int64_t micro = 0; micro < c.grad_accum; ++micro) {
       auto b = train_windows.sample(uint64_t(step * c.grad_accum + micro), w.rank * c.batch, c.batch);
-      auto loss = model->loss(b.inputs.to(device), b.targets.to(device)) / double(c.grad_accum);
+      torch::Tensor loss;
+      {
+        shim::CudaBf16Autocast autocast(c.precision == "bf16");
+        loss = model->loss(b.inputs.to(device), b.targets.to(device)) / double(c.grad_accum);
+      }
       loss.backward();
       loss_sum += loss.item<double>();
     }

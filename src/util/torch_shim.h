@@ -5,6 +5,7 @@
 #include <type_traits>
 #include <utility>
 
+#include <ATen/autocast_mode.h>
 #include <torch/torch.h>
 
 namespace noloco::shim {
@@ -39,5 +40,35 @@ Key optimizer_state_key(const torch::Tensor& p) {
     return p.unsafeGetTensorImpl();
   }
 }
+
+// bf16 autocast on CUDA for the scope (matmuls in bf16, reductions in fp32,
+// weights and optimizer state stay fp32). No-op when disabled.
+class CudaBf16Autocast {
+ public:
+  explicit CudaBf16Autocast(bool enabled) : enabled_(enabled) {
+    if (!enabled_) return;
+#if TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 4)
+    at::autocast::set_autocast_dtype(at::kCUDA, at::kBFloat16);
+    at::autocast::set_autocast_enabled(at::kCUDA, true);
+#else
+    at::autocast::set_autocast_gpu_dtype(at::kBFloat16);
+    at::autocast::set_enabled(true);
+#endif
+  }
+  ~CudaBf16Autocast() {
+    if (!enabled_) return;
+#if TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 4)
+    at::autocast::set_autocast_enabled(at::kCUDA, false);
+#else
+    at::autocast::set_enabled(false);
+#endif
+    at::autocast::clear_cache();
+  }
+  CudaBf16Autocast(const CudaBf16Autocast&) = delete;
+  CudaBf16Autocast& operator=(const CudaBf16Autocast&) = delete;
+
+ private:
+  bool enabled_;
+};
 
 }  // namespace noloco::shim
