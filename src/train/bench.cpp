@@ -79,6 +79,7 @@ nlohmann::json bench_training(const TrainConfig& c, int64_t steps, double peak_t
   const bool measured = peak_tflops <= 0;
   const double peak = measured ? measured_peak_tflops(device, c.precision == "bf16" ? torch::kBFloat16 : torch::kFloat32) : peak_tflops;
   return {{"model", c.model},
+          {"precision", c.precision},
           {"device", device.str()},
           {"params", arch.num_params()},
           {"batch", c.batch},
