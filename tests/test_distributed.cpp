@@ -108,3 +108,23 @@ TEST_F(Distributed, NoLoCoGroupsPartitionNoCollectivesModelSizedMessages) {
   const auto bf16 = run("bf16", "method=noloco replicas=2 batch=2 steps=6 outer_interval=3 wire_dtype=bf16");
   EXPECT_EQ(read_json(bf16 + "/summary_r1.json")["bytes_sent"].get<uint64_t>(), 2 * fp32_model_bytes / 2);
 }
+
+TEST_F(Distributed, MultiReplicaNoLoCoResumesBitIdentically) {
+  const std::string common = "method=noloco replicas=2 batch=2 outer_interval=3 decay_steps=12 checkpoint_interval=3";
+  const auto whole = run("whole", common + " steps=12");
+  run("split", common + " steps=6");
+  const auto split = run("split", common + " steps=12 resume=true");
+  std::map<std::pair<int, int64_t>, double> a, b;
+  for (auto& r : records(whole, "train")) a[{r["replica"].get<int>(), r["step"].get<int64_t>()}] = r["loss"].get<double>();
+  for (auto& r : records(split, "train")) b[{r["replica"].get<int>(), r["step"].get<int64_t>()}] = r["loss"].get<double>();
+  ASSERT_EQ(a.size(), 24u);
+  ASSERT_EQ(b.size(), 24u);
+  for (auto& [key, loss] : a) EXPECT_EQ(b.at(key), loss) << "replica " << key.first << " step " << key.second;
+  for (int r = 0; r < 2; ++r) {
+    const auto sub = "/checkpoints/r" + std::to_string(r);
+    const auto wa = load_tensors(find_checkpoint(whole + sub) + "/state.safetensors");
+    const auto wb = load_tensors(find_checkpoint(split + sub) + "/state.safetensors");
+    EXPECT_TRUE(torch::equal(wa.at("outer.phi"), wb.at("outer.phi")));
+    EXPECT_TRUE(torch::equal(wa.at("outer.momentum"), wb.at("outer.momentum")));
+  }
+}
