@@ -19,6 +19,7 @@
 #include "train/metrics.h"
 #include "util/compute_threads.h"
 #include "util/files.h"
+#include "util/tensorboard.h"
 #include "util/torch_shim.h"
 
 namespace noloco {
@@ -109,6 +110,8 @@ nlohmann::json train(const TrainConfig& c, const WorkerInfo& w) {
   const WindowSampler train_windows(corpus.train, arch.context, c.seed);
   const WindowSampler val_windows(corpus.val, arch.context, kEvalSeed);
   MetricsLog metrics(out + "/metrics.jsonl");
+  // One event file per replica: `tensorboard --logdir runs/` shows each as a run.
+  EventWriter tensorboard(fmt::format("{}/tensorboard/replica_{}", out, w.rank), fmt::format("r{}", w.rank));
   const int64_t tokens_per_step = c.batch * c.grad_accum * arch.context;
 
   auto evaluate = [&]() {
@@ -220,6 +223,15 @@ nlohmann::json train(const TrainConfig& c, const WorkerInfo& w) {
                             {"replica", w.rank},  {"elapsed", elapsed}};
       if (w.comm) rec.update(comm_json(w.comm->stats()));
       metrics.write(rec);
+      tensorboard.scalar("train/loss", done, loss_sum);
+      tensorboard.scalar("train/lr", done, lr);
+      tensorboard.scalar("train/tokens_per_s", done, tps);
+      if (w.comm) {
+        tensorboard.scalar("comm/bytes_sent", done, double(w.comm->stats().bytes_sent));
+        tensorboard.scalar("comm/seconds", done, w.comm->stats().comm_seconds);
+        tensorboard.scalar("comm/wait_seconds", done, w.comm->stats().wait_seconds);
+      }
+      tensorboard.flush();
       if (lead) {
         fmt::print("step {:>6}/{} | loss {:.4f} | lr {:.2e} | {} tok/s | {} elapsed | eta {}", done, c.steps,
                    loss_sum, lr, format_count(tps), format_duration(elapsed), format_duration(eta));
@@ -240,6 +252,10 @@ nlohmann::json train(const TrainConfig& c, const WorkerInfo& w) {
       if (!std::isnan(mean_model_loss)) rec["loss_mean_model"] = mean_model_loss;
       if (w.comm) rec["eval_bytes_sent"] = w.comm->evaluation_stats().bytes_sent;
       metrics.write(rec);
+      tensorboard.scalar("val/loss", done, val_loss);
+      if (!std::isnan(weight_std)) tensorboard.scalar("val/weight_std_across_replicas", done, weight_std);
+      if (!std::isnan(mean_model_loss)) tensorboard.scalar("val/loss_mean_of_replicas", done, mean_model_loss);
+      tensorboard.flush();
       if (lead) {
         fmt::print("eval step {} | val loss {:.4f} | ppl {:.2f}", done, val_loss, std::exp(val_loss));
         if (!std::isnan(weight_std))
