@@ -17,6 +17,7 @@
 #include "train/export.h"
 #include "train/trainer.h"
 #include "train/run_summary.h"
+#include "train/report.h"
 #include "comm/gloo_communicator.h"
 #include "comm/launcher.h"
 #include "data/dataset.h"
@@ -194,8 +195,8 @@ int main(int argc, char** argv) {
   bench_cmd->footer(keys_help());
 
   std::vector<std::string> report_runs;
-  auto* report_cmd = app.add_subcommand("report", "compare runs: a Markdown table from their summary.json");
-  report_cmd->add_option("runs", report_runs, "run directories")->required();
+  auto* report_cmd = app.add_subcommand("report", "compare runs: a Markdown table, or with out=DIR a page with plots");
+  report_cmd->add_option("runs", report_runs, "run directories, then optionally out=DIR")->required();
 
   CLI11_PARSE(app, argc, argv);
   try {
@@ -210,7 +211,22 @@ int main(int argc, char** argv) {
     }
     if (*bench_cmd) return run_bench(bench_args);
     if (*report_cmd) {
-      std::cout << comparison_table(report_runs);
+      std::vector<std::string> runs;
+      std::string out_dir;
+      for (auto& r : report_runs) {
+        if (r.rfind("out=", 0) == 0) {
+          out_dir = r.substr(4);
+        } else {
+          runs.push_back(r);
+        }
+      }
+      if (runs.empty()) throw std::invalid_argument("report needs at least one run directory");
+      if (out_dir.empty()) {
+        std::cout << comparison_table(runs);
+      } else {
+        std::cout << write_report(runs, out_dir);
+        fmt::print("\nwrote {}/report.md and its plots\n", out_dir);
+      }
       return 0;
     }
   } catch (const c10::Error& e) {

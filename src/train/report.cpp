@@ -1,0 +1,105 @@
+#include "train/report.h"
+
+#include <filesystem>
+#include <map>
+#include <sstream>
+
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+
+#include "train/run_summary.h"
+#include "util/files.h"
+#include "util/svg_plot.h"
+
+namespace noloco {
+
+namespace {
+
+struct Curves {
+  std::vector<std::pair<double, double>> loss_by_step, loss_by_bytes, std_by_step;
+};
+
+// Per validation step: the replicas' mean loss, the weight spread, and the
+// training bytes all replicas had sent by then.
+Curves read_curves(const std::string& run_dir) {
+  std::map<int64_t, std::vector<double>> val;
+  std::map<int64_t, double> spread;
+  std::map<int, std::map<int64_t, double>> sent;  // replica -> step -> cumulative bytes
+  std::istringstream in(read_file(run_dir + "/metrics.jsonl"));
+  for (std::string line; std::getline(in, line);) {
+    const auto j = nlohmann::json::parse(line, nullptr, false);
+    if (j.is_discarded() || !j.contains("split")) continue;
+    const auto step = j.value("step", int64_t(0));
+    if (j["split"] == "val") {
+      val[step].push_back(j.value("loss", 0.0));
+      if (j.contains("weight_std")) spread[step] = j["weight_std"].get<double>();
+    } else if (j["split"] == "train" && j.contains("bytes_sent")) {
+      sent[j.value("replica", 0)][step] = j["bytes_sent"].get<double>();
+    }
+  }
+  Curves c;
+  for (auto& [step, losses] : val) {
+    double mean = 0;
+    for (double l : losses) mean += l;
+    mean /= double(losses.size());
+    c.loss_by_step.emplace_back(double(step), mean);
+    double bytes = 0;
+    for (auto& [replica, by_step] : sent) {
+      auto it = by_step.upper_bound(step);
+      if (it != by_step.begin()) bytes += std::prev(it)->second;
+    }
+    c.loss_by_bytes.emplace_back(bytes, mean);
+  }
+  for (auto& [step, s] : spread) c.std_by_step.emplace_back(double(step), s);
+  return c;
+}
+
+std::string method_color(const std::string& method) {
+  if (method == "ddp") return "#1f77b4";
+  if (method == "diloco") return "#ff7f0e";
+  if (method == "noloco") return "#2ca02c";
+  return "#7f7f7f";
+}
+
+}  // namespace
+
+std::string write_report(const std::vector<std::string>& run_dirs, const std::string& out_dir) {
+  std::filesystem::create_directories(out_dir);
+  std::vector<PlotSeries> by_step, by_bytes, spread;
+  std::map<std::string, int> seen_methods;
+  for (const auto& dir : run_dirs) {
+    const auto summary = read_json(dir + "/summary.json");
+    const std::string method = summary.value("method", "none");
+    const auto curves = read_curves(dir);
+    PlotSeries s;
+    s.name = fmt::format("{} ({})", std::filesystem::path(dir).filename().string(), method);
+    s.color = method_color(method);
+    s.dashed = seen_methods[method]++ > 0;  // a second run of a method: same colour, dashed
+    s.points = curves.loss_by_step;
+    by_step.push_back(s);
+    s.points = curves.loss_by_bytes;
+    by_bytes.push_back(s);
+    s.points = curves.std_by_step;
+    if (!s.points.empty()) spread.push_back(s);
+  }
+  write_file_atomic(out_dir + "/val_loss_vs_step.svg",
+                    line_chart_svg(by_step, {"Validation loss", "inner step", "validation loss (mean over replicas)"}));
+  write_file_atomic(out_dir + "/val_loss_vs_bytes.svg",
+                    line_chart_svg(by_bytes, {"Validation loss against communication", "training bytes sent, all replicas",
+                                              "validation loss (mean over replicas)"}));
+  std::string md = "# noloco report\n\n" + comparison_table(run_dirs) +
+                   "\nLoss and perplexity are the mean over replicas of each replica's own model; the mean-model "
+                   "column evaluates the average of the replicas' weights. Bytes count training traffic only.\n\n"
+                   "![validation loss against step](val_loss_vs_step.svg)\n\n"
+                   "![validation loss against bytes](val_loss_vs_bytes.svg)\n";
+  if (!spread.empty()) {
+    write_file_atomic(out_dir + "/weight_std_vs_step.svg",
+                      line_chart_svg(spread, {"Spread of weights across replicas", "inner step",
+                                              "standard deviation of weights", /*log_y=*/true}));
+    md += "\n![weight standard deviation against step](weight_std_vs_step.svg)\n";
+  }
+  write_file_atomic(out_dir + "/report.md", md);
+  return md;
+}
+
+}  // namespace noloco

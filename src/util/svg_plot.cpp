@@ -1,0 +1,108 @@
+#include "util/svg_plot.h"
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+
+#include <fmt/format.h>
+
+namespace noloco {
+
+namespace {
+
+constexpr double kWidth = 720, kHeight = 420, kLeft = 80, kRight = 170, kTop = 40, kBottom = 60;
+
+// About five round tick values covering [lo, hi].
+std::vector<double> nice_ticks(double lo, double hi) {
+  const double span = hi - lo;
+  const double raw = span / 5;
+  const double mag = std::pow(10, std::floor(std::log10(raw)));
+  double step = mag;
+  for (double m : {1.0, 2.0, 2.5, 5.0, 10.0})
+    if (m * mag >= raw) {
+      step = m * mag;
+      break;
+    }
+  std::vector<double> ticks;
+  for (double t = std::ceil(lo / step) * step; t <= hi + step * 1e-9; t += step) ticks.push_back(t);
+  return ticks;
+}
+
+std::string tick_label(double v) {
+  const double a = std::abs(v);
+  if (a != 0 && (a >= 1e5 || a < 1e-3)) return fmt::format("{:.1e}", v);
+  return fmt::format("{:.4g}", v);
+}
+
+std::string escape(const std::string& s) {
+  std::string out;
+  for (char c : s) {
+    if (c == '<') out += "&lt;";
+    else if (c == '>') out += "&gt;";
+    else if (c == '&') out += "&amp;";
+    else out += c;
+  }
+  return out;
+}
+
+}  // namespace
+
+std::string line_chart_svg(const std::vector<PlotSeries>& series, const PlotOptions& o) {
+  double x0 = std::numeric_limits<double>::infinity(), x1 = -x0, y0 = x0, y1 = -x0;
+  auto ty = [&](double y) { return o.log_y ? std::log10(std::max(y, 1e-300)) : y; };
+  for (auto& s : series)
+    for (auto& [x, y] : s.points) {
+      if (!std::isfinite(x) || !std::isfinite(y) || (o.log_y && y <= 0)) continue;
+      x0 = std::min(x0, x), x1 = std::max(x1, x);
+      y0 = std::min(y0, ty(y)), y1 = std::max(y1, ty(y));
+    }
+  if (!std::isfinite(x0)) x0 = 0, x1 = 1, y0 = 0, y1 = 1;
+  if (x1 == x0) x1 = x0 + 1;
+  if (y1 == y0) y1 = y0 + 1;
+  const double pad = (y1 - y0) * 0.05;
+  y0 -= pad, y1 += pad;
+  const double pw = kWidth - kLeft - kRight, ph = kHeight - kTop - kBottom;
+  auto px = [&](double x) { return kLeft + (x - x0) / (x1 - x0) * pw; };
+  auto py = [&](double y) { return kTop + (1 - (ty(y) - y0) / (y1 - y0)) * ph; };
+
+  std::string svg = fmt::format(
+      "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"{}\" height=\"{}\" font-family=\"sans-serif\" "
+      "font-size=\"12\">\n<rect width=\"100%\" height=\"100%\" fill=\"white\"/>\n"
+      "<text x=\"{}\" y=\"22\" font-size=\"15\" text-anchor=\"middle\">{}</text>\n",
+      kWidth, kHeight, kLeft + pw / 2, escape(o.title));
+  for (double t : nice_ticks(x0, x1)) {
+    svg += fmt::format("<line x1=\"{0:.1f}\" y1=\"{1}\" x2=\"{0:.1f}\" y2=\"{2}\" stroke=\"#ddd\"/>"
+                       "<text x=\"{0:.1f}\" y=\"{3}\" text-anchor=\"middle\">{4}</text>\n",
+                       px(t), kTop, kTop + ph, kTop + ph + 16, tick_label(t));
+  }
+  for (double t : nice_ticks(y0, y1)) {
+    const double yv = o.log_y ? std::pow(10, t) : t;
+    svg += fmt::format("<line x1=\"{0}\" y1=\"{1:.1f}\" x2=\"{2}\" y2=\"{1:.1f}\" stroke=\"#ddd\"/>"
+                       "<text x=\"{3}\" y=\"{4:.1f}\" text-anchor=\"end\">{5}</text>\n",
+                       kLeft, kTop + (1 - (t - y0) / (y1 - y0)) * ph, kLeft + pw, kLeft - 6,
+                       kTop + (1 - (t - y0) / (y1 - y0)) * ph + 4, tick_label(yv));
+  }
+  svg += fmt::format("<rect x=\"{}\" y=\"{}\" width=\"{}\" height=\"{}\" fill=\"none\" stroke=\"#333\"/>\n", kLeft, kTop,
+                     pw, ph);
+  svg += fmt::format("<text x=\"{}\" y=\"{}\" text-anchor=\"middle\">{}</text>\n", kLeft + pw / 2, kHeight - 18,
+                     escape(o.x_label));
+  svg += fmt::format("<text transform=\"translate(18,{}) rotate(-90)\" text-anchor=\"middle\">{}{}</text>\n",
+                     kTop + ph / 2, escape(o.y_label), o.log_y ? " (log scale)" : "");
+  for (size_t i = 0; i < series.size(); ++i) {
+    const auto& s = series[i];
+    std::string points;
+    for (auto& [x, y] : s.points)
+      if (std::isfinite(x) && std::isfinite(y) && !(o.log_y && y <= 0)) points += fmt::format("{:.1f},{:.1f} ", px(x), py(y));
+    svg += fmt::format("<polyline fill=\"none\" stroke=\"{}\" stroke-width=\"2\"{} points=\"{}\"/>\n", s.color,
+                       s.dashed ? " stroke-dasharray=\"6,4\"" : "", points);
+    const double ly = kTop + 14 + 20 * double(i);
+    svg += fmt::format("<line x1=\"{0}\" y1=\"{1}\" x2=\"{2}\" y2=\"{1}\" stroke=\"{3}\" stroke-width=\"2\"{4}/>"
+                       "<text x=\"{5}\" y=\"{6}\">{7}</text>\n",
+                       kLeft + pw + 12, ly, kLeft + pw + 36, s.color, s.dashed ? " stroke-dasharray=\"6,4\"" : "",
+                       kLeft + pw + 42, ly + 4, escape(s.name));
+  }
+  svg += "</svg>\n";
+  return svg;
+}
+
+}  // namespace noloco

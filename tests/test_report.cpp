@@ -1,0 +1,67 @@
+#include <gtest/gtest.h>
+
+#include <sstream>
+
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+
+#include "test_util.h"
+#include "train/report.h"
+#include "util/files.h"
+
+using namespace noloco;
+using noloco::testing::TempDir;
+
+namespace {
+
+// Cells of the table row whose first cell is `run`.
+std::vector<std::string> row_of(const std::string& markdown, const std::string& run) {
+  std::istringstream in(markdown);
+  for (std::string line; std::getline(in, line);) {
+    if (line.rfind("| " + run + " |", 0) != 0) continue;
+    std::vector<std::string> cells;
+    std::istringstream row(line.substr(1));
+    for (std::string cell; std::getline(row, cell, '|');) {
+      cell.erase(0, cell.find_first_not_of(' '));
+      cell.erase(cell.find_last_not_of(' ') + 1);
+      cells.push_back(cell);
+    }
+    return cells;
+  }
+  return {};
+}
+
+}  // namespace
+
+TEST(Report, TableMatchesSummariesAndPlotsAreWritten) {
+  TempDir dir;
+  noloco::testing::write_text(dir / "c.txt", noloco::testing::shakespeare(20000));
+  const std::string common = " hidden=32 layers=2 heads=2 intermediate=64 context=32 batch=2 steps=8 outer_interval=2"
+                             " eval_interval=4 eval_batches=1 log_interval=2 sample_tokens=0 replicas=2 data=" +
+                             dir / "c.txt";
+  for (auto method : {"noloco", "diloco"}) {
+    auto r = noloco::testing::run_cli(fmt::format("train configs/shakespeare.yaml method={} out={}{}", method,
+                                                  dir / method, common));
+    ASSERT_EQ(r.exit_code, 0) << r.output;
+  }
+  const auto md = write_report({dir / "noloco", dir / "diloco"}, dir / "report");
+  EXPECT_EQ(read_file(dir / "report/report.md"), md);
+  for (auto method : {"noloco", "diloco"}) {
+    const auto summary = read_json(dir / method + "/summary.json");
+    const auto cells = row_of(md, method);
+    ASSERT_GE(cells.size(), 12u) << md;
+    EXPECT_EQ(cells[1], method);
+    EXPECT_EQ(cells[2], "2");
+    EXPECT_EQ(cells[3], fmt::format("{:.4f}", summary["final_val_loss"].get<double>()));
+    EXPECT_EQ(cells[5], fmt::format("{:.4f}", summary["final_val_loss_mean_model"].get<double>()));
+    EXPECT_EQ(cells[10], std::to_string(summary["collectives"].get<int64_t>()));
+  }
+  EXPECT_EQ(row_of(md, "noloco")[10], "0");
+  for (auto plot : {"val_loss_vs_step.svg", "val_loss_vs_bytes.svg", "weight_std_vs_step.svg"}) {
+    const auto svg = read_file(dir / "report/" + plot);
+    EXPECT_NE(svg.find("<polyline"), std::string::npos) << plot;
+    EXPECT_NE(svg.find("noloco (noloco)"), std::string::npos) << plot;  // legend names each run
+    EXPECT_NE(svg.find("#2ca02c"), std::string::npos) << plot;          // one colour per method
+  }
+  EXPECT_NE(read_file(dir / "report/val_loss_vs_bytes.svg").find("training bytes sent"), std::string::npos);
+}
