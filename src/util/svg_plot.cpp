@@ -10,7 +10,7 @@ namespace noloco {
 
 namespace {
 
-constexpr double kWidth = 720, kHeight = 420, kLeft = 80, kRight = 170, kTop = 40, kBottom = 60;
+constexpr double kWidth = 820, kHeight = 420, kLeft = 80, kRight = 260, kTop = 40, kBottom = 60;
 
 // About five round tick values covering [lo, hi].
 std::vector<double> nice_ticks(double lo, double hi) {
