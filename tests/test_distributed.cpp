@@ -128,3 +128,31 @@ TEST_F(Distributed, MultiReplicaNoLoCoResumesBitIdentically) {
     EXPECT_TRUE(torch::equal(wa.at("outer.momentum"), wb.at("outer.momentum")));
   }
 }
+
+TEST_F(Distributed, NoLoCoSurvivesAKilledWorker) {
+  auto r = noloco::testing::run_cli(small_args(dir / "c.txt", dir / "crash") +
+                                        " method=noloco replicas=4 batch=2 steps=12 outer_interval=3 inject_crash=2:5",
+                                    120);
+  EXPECT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("worker 2 was killed by signal 9"), std::string::npos) << r.output;
+  const auto summary = read_json(dir / "crash/summary.json");
+  EXPECT_EQ(summary["replicas_finished"], nlohmann::json({0, 1, 3}));
+  ASSERT_EQ(summary["replicas_failed"].size(), 1u);
+  EXPECT_EQ(summary["replicas_failed"][0]["replica"], 2);
+  // The dead replica's partners averaged without it and went on.
+  for (auto& rec : records(dir / "crash", "outer")) {
+    const auto group = rec["group"].get<std::vector<int>>(), arrived = rec["arrived"].get<std::vector<int>>();
+    const bool with_dead = std::count(group.begin(), group.end(), 2) > 0;
+    if (rec["step"].get<int64_t>() > 6 && with_dead) EXPECT_EQ(arrived.size(), group.size() - 1);
+  }
+  EXPECT_EQ(records(dir / "crash", "train").size(), 3u * 12u + 5u);
+}
+
+TEST_F(Distributed, DdpEndsWithAClearErrorWhenAWorkerDies) {
+  auto r = noloco::testing::run_cli(
+      small_args(dir / "c.txt", dir / "ddpcrash") + " method=ddp replicas=3 batch=2 steps=50 inject_crash=1:4", 90);
+  EXPECT_NE(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.exit_code, 124) << "timed out instead of failing: " << r.output;
+  EXPECT_NE(r.output.find("worker 1 was killed by signal 9"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("noloco: error: ddp run failed: worker 1 was killed"), std::string::npos) << r.output;
+}

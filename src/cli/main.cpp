@@ -132,11 +132,16 @@ int run_train(const std::string& config_path, const std::vector<std::string>& ov
   const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   const auto summary = summarize_run(cfg.out, cfg.method, int(cfg.replicas), exits, seconds);
   write_json_atomic(cfg.out + "/summary.json", summary);
+  if (cfg.method != "noloco" && !summary["replicas_failed"].empty()) {
+    // Name the worker that failed first, not the ones stopped because of it.
+    const auto first = std::min_element(exits.begin(), exits.end(), [](const WorkerExit& a, const WorkerExit& b) {
+      return !a.ok() && (b.ok() || a.seconds < b.seconds);
+    });
+    throw std::runtime_error(fmt::format("{} run failed: {}", cfg.method, first->describe()));
+  }
   if (summary["replicas_finished"].empty()) throw std::runtime_error("no worker finished; see the messages above");
   fmt::print("\n{}", comparison_table({cfg.out}));
   for (auto& f : summary["replicas_failed"]) fmt::print("failed: {}\n", f["reason"].get<std::string>());
-  const bool all_ok = summary["replicas_failed"].empty();
-  if (!all_ok && cfg.method != "noloco") throw std::runtime_error(fmt::format("{} run failed", cfg.method));
   return 0;
 }
 

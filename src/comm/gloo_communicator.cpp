@@ -90,11 +90,15 @@ torch::Tensor GlooCommunicator::group_mean(const torch::Tensor& payload, const s
   std::map<int, torch::Tensor> inbox;
   for (int peer : group) {
     if (peer == rank_) continue;
-    std::vector<torch::Tensor> out{local};
-    sends.emplace_back(peer, pg_->send(out, peer, tag));
-    inbox[peer] = torch::empty_like(local);
-    std::vector<torch::Tensor> in{inbox[peer]};
-    recvs.emplace_back(peer, pg_->recv(in, peer, tag));
+    try {
+      std::vector<torch::Tensor> out{local};
+      sends.emplace_back(peer, pg_->send(out, peer, tag));
+      inbox[peer] = torch::empty_like(local);
+      std::vector<torch::Tensor> in{inbox[peer]};
+      recvs.emplace_back(peer, pg_->recv(in, peer, tag));
+    } catch (const std::exception&) {
+      inbox.erase(peer);  // the pair to this peer is already broken
+    }
   }
   std::vector<int> counted{rank_};
   const auto wait_start = Clock::now();

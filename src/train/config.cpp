@@ -137,6 +137,7 @@ const std::vector<Field>& fields() {
       NOLOCO_KEY(bind, "address workers and the store listen on"),
       NOLOCO_KEY(port, "store port; 0: a free one"),
       NOLOCO_KEY(peer_timeout, "seconds before a silent peer is given up"),
+      NOLOCO_KEY(inject_crash, "failure drill: RANK:STEP kills that worker (SIGKILL) before that step"),
   };
   return all;
 }
@@ -212,6 +213,12 @@ void TrainConfig::validate() const {
     invalid("wire_dtype=bf16 applies to noloco's point-to-point exchange; all-reduce methods send fp32");
   if (port < 0 || port > 65535) invalid(fmt::format("port must be in [0, 65535], got {}", port));
   positive("peer_timeout", peer_timeout);
+  if (!inject_crash.empty()) {
+    const auto colon = inject_crash.find(':');
+    if (colon == std::string::npos) invalid(fmt::format("inject_crash must be RANK:STEP, got '{}'", inject_crash));
+    parse_value<int64_t>("inject_crash", inject_crash.substr(0, colon));
+    parse_value<int64_t>("inject_crash", inject_crash.substr(colon + 1));
+  }
 }
 
 std::string TrainConfig::to_yaml() const {

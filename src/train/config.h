@@ -58,6 +58,9 @@ struct TrainConfig {
   std::string bind = "127.0.0.1";
   int64_t port = 0;  // store port; 0: pick a free one
   double peer_timeout = 60;
+  // Failure injection for tests and drills: "RANK:STEP" kills that worker
+  // with SIGKILL just before that inner step.
+  std::string inject_crash;
 
   // Fills method-dependent defaults (H, alpha, gamma, decay_steps).
   void resolve();
