@@ -86,7 +86,7 @@ std::string write_report(const std::vector<std::string>& run_dirs, const std::st
                     line_chart_svg(by_step, {"Validation loss", "inner step", "validation loss (mean over replicas)"}));
   write_file_atomic(out_dir + "/val_loss_vs_bytes.svg",
                     line_chart_svg(by_bytes, {"Validation loss against communication", "training bytes sent, all replicas",
-                                              "validation loss (mean over replicas)"}));
+                                              "validation loss (mean over replicas)", /*log_y=*/false, /*log_x=*/true}));
   std::string md = "# noloco report\n\n" + comparison_table(run_dirs) +
                    "\nLoss and perplexity are the mean over replicas of each replica's own model; the mean-model "
                    "column evaluates the average of the replicas' weights. Bytes count training traffic only.\n\n"

@@ -50,10 +50,14 @@ std::string escape(const std::string& s) {
 std::string line_chart_svg(const std::vector<PlotSeries>& series, const PlotOptions& o) {
   double x0 = std::numeric_limits<double>::infinity(), x1 = -x0, y0 = x0, y1 = -x0;
   auto ty = [&](double y) { return o.log_y ? std::log10(std::max(y, 1e-300)) : y; };
+  auto tx = [&](double x) { return o.log_x ? std::log10(std::max(x, 1e-300)) : x; };
+  auto usable = [&](double x, double y) {
+    return std::isfinite(x) && std::isfinite(y) && !(o.log_y && y <= 0) && !(o.log_x && x <= 0);
+  };
   for (auto& s : series)
     for (auto& [x, y] : s.points) {
-      if (!std::isfinite(x) || !std::isfinite(y) || (o.log_y && y <= 0)) continue;
-      x0 = std::min(x0, x), x1 = std::max(x1, x);
+      if (!usable(x, y)) continue;
+      x0 = std::min(x0, tx(x)), x1 = std::max(x1, tx(x));
       y0 = std::min(y0, ty(y)), y1 = std::max(y1, ty(y));
     }
   if (!std::isfinite(x0)) x0 = 0, x1 = 1, y0 = 0, y1 = 1;
@@ -62,7 +66,8 @@ std::string line_chart_svg(const std::vector<PlotSeries>& series, const PlotOpti
   const double pad = (y1 - y0) * 0.05;
   y0 -= pad, y1 += pad;
   const double pw = kWidth - kLeft - kRight, ph = kHeight - kTop - kBottom;
-  auto px = [&](double x) { return kLeft + (x - x0) / (x1 - x0) * pw; };
+  auto px = [&](double x) { return kLeft + (tx(x) - x0) / (x1 - x0) * pw; };
+  auto pxt = [&](double t) { return kLeft + (t - x0) / (x1 - x0) * pw; };  // t already transformed
   auto py = [&](double y) { return kTop + (1 - (ty(y) - y0) / (y1 - y0)) * ph; };
 
   std::string svg = fmt::format(
@@ -73,7 +78,7 @@ std::string line_chart_svg(const std::vector<PlotSeries>& series, const PlotOpti
   for (double t : nice_ticks(x0, x1)) {
     svg += fmt::format("<line x1=\"{0:.1f}\" y1=\"{1}\" x2=\"{0:.1f}\" y2=\"{2}\" stroke=\"#ddd\"/>"
                        "<text x=\"{0:.1f}\" y=\"{3}\" text-anchor=\"middle\">{4}</text>\n",
-                       px(t), kTop, kTop + ph, kTop + ph + 16, tick_label(t));
+                       pxt(t), kTop, kTop + ph, kTop + ph + 16, tick_label(o.log_x ? std::pow(10, t) : t));
   }
   for (double t : nice_ticks(y0, y1)) {
     const double yv = o.log_y ? std::pow(10, t) : t;
@@ -84,15 +89,15 @@ std::string line_chart_svg(const std::vector<PlotSeries>& series, const PlotOpti
   }
   svg += fmt::format("<rect x=\"{}\" y=\"{}\" width=\"{}\" height=\"{}\" fill=\"none\" stroke=\"#333\"/>\n", kLeft, kTop,
                      pw, ph);
-  svg += fmt::format("<text x=\"{}\" y=\"{}\" text-anchor=\"middle\">{}</text>\n", kLeft + pw / 2, kHeight - 18,
-                     escape(o.x_label));
+  svg += fmt::format("<text x=\"{}\" y=\"{}\" text-anchor=\"middle\">{}{}</text>\n", kLeft + pw / 2, kHeight - 18,
+                     escape(o.x_label), o.log_x ? " (log scale)" : "");
   svg += fmt::format("<text transform=\"translate(18,{}) rotate(-90)\" text-anchor=\"middle\">{}{}</text>\n",
                      kTop + ph / 2, escape(o.y_label), o.log_y ? " (log scale)" : "");
   for (size_t i = 0; i < series.size(); ++i) {
     const auto& s = series[i];
     std::string points;
     for (auto& [x, y] : s.points)
-      if (std::isfinite(x) && std::isfinite(y) && !(o.log_y && y <= 0)) points += fmt::format("{:.1f},{:.1f} ", px(x), py(y));
+      if (usable(x, y)) points += fmt::format("{:.1f},{:.1f} ", px(x), py(y));
     svg += fmt::format("<polyline fill=\"none\" stroke=\"{}\" stroke-width=\"2\"{} points=\"{}\"/>\n", s.color,
                        s.dashed ? " stroke-dasharray=\"6,4\"" : "", points);
     const double ly = kTop + 14 + 20 * double(i);

@@ -16,6 +16,7 @@ struct PlotSeries {
 struct PlotOptions {
   std::string title, x_label, y_label;
   bool log_y = false;
+  bool log_x = false;
 };
 
 std::string line_chart_svg(const std::vector<PlotSeries>& series, const PlotOptions& options);
