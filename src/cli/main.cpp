@@ -18,6 +18,7 @@
 #include "train/trainer.h"
 #include "train/run_summary.h"
 #include "train/report.h"
+#include "sim/simulate.h"
 #include "comm/gloo_communicator.h"
 #include "comm/launcher.h"
 #include "data/dataset.h"
@@ -199,6 +200,11 @@ int main(int argc, char** argv) {
   bench_cmd->add_option("options", bench_args, "config keys (model=125m batch=4 ...), bench_steps=N, peak_tflops=X");
   bench_cmd->footer(keys_help());
 
+  std::vector<std::string> sim_args;
+  auto* sim_cmd = app.add_subcommand("simulate", "model sync latency, bandwidth and idle time at up to 1024 replicas");
+  sim_cmd->add_option("options", sim_args,
+                      "out=DIR samples=2000 outer_steps=100 max_replicas=1024 model=125m step_seconds=0.5 seed=1");
+
   std::vector<std::string> report_runs;
   auto* report_cmd = app.add_subcommand("report", "compare runs: a Markdown table, or with out=DIR a page with plots");
   report_cmd->add_option("runs", report_runs, "run directories, then optionally out=DIR")->required();
@@ -215,6 +221,13 @@ int main(int argc, char** argv) {
       return 0;
     }
     if (*bench_cmd) return run_bench(bench_args);
+    if (*sim_cmd) {
+      const auto options = sim::parse_simulate_options(sim_args);
+      const auto headline = sim::run_simulation(options);
+      fmt::print("{}\nwrote latency.csv, bandwidth.csv, idle.csv, fig5a.svg, fig5b.svg to {}\n", headline.dump(2),
+                 options.out);
+      return 0;
+    }
     if (*report_cmd) {
       std::vector<std::string> runs;
       std::string out_dir;

@@ -8,6 +8,7 @@
 
 #include "data/token_file.h"
 #include "util/files.h"
+#include "util/splitmix.h"
 
 namespace noloco {
 
@@ -37,13 +38,6 @@ std::unique_ptr<Tokenizer> build_tokenizer(const TrainConfig& c, const std::stri
   if (c.tokenizer == "char") return make_char_tokenizer(text);
   if (c.tokenizer == "bpe") return train_bpe_tokenizer(c.data, c.vocab_size);
   return load_sentencepiece(c.tokenizer);
-}
-
-uint64_t splitmix64(uint64_t x) {
-  x += 0x9e3779b97f4a7c15ull;
-  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
-  x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
-  return x ^ (x >> 31);
 }
 
 }  // namespace

@@ -16,13 +16,6 @@ void outer_momentum_step(torch::Tensor& phi, torch::Tensor& momentum, torch::Ten
 
 namespace {
 
-uint64_t mix(uint64_t x) {
-  x += 0x9e3779b97f4a7c15ull;
-  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
-  x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
-  return x ^ (x >> 31);
-}
-
 class NoOuter final : public OuterOptimizer {};
 
 // Fully synchronous data parallelism: the flat gradient buffer is one all-reduce per step.
@@ -100,28 +93,6 @@ class SlowWeights final : public OuterOptimizer {
 };
 
 }  // namespace
-
-std::vector<std::vector<int>> noloco_groups(uint64_t seed, int64_t outer_step,
-                                            const std::vector<int>& members, int n) {
-  std::vector<int> order = members;
-  std::sort(order.begin(), order.end());
-  uint64_t state = mix(seed ^ mix(uint64_t(outer_step) + 0x6e6f6c6f636fULL));
-  for (size_t i = order.size(); i > 1; --i) {
-    state = mix(state);
-    std::swap(order[i - 1], order[state % i]);
-  }
-  std::vector<std::vector<int>> groups;
-  for (size_t i = 0; i < order.size(); i += size_t(n)) {
-    std::vector<int> g(order.begin() + long(i), order.begin() + long(std::min(order.size(), i + size_t(n))));
-    if (g.size() == 1 && !groups.empty()) {
-      groups.back().push_back(g[0]);
-    } else {
-      groups.push_back(std::move(g));
-    }
-  }
-  for (auto& g : groups) std::sort(g.begin(), g.end());
-  return groups;
-}
 
 std::unique_ptr<OuterOptimizer> make_outer_optimizer(const TrainConfig& c, Communicator* comm,
                                                      FlatParams& params) {

@@ -11,6 +11,7 @@
 
 #include "comm/communicator.h"
 #include "optim/flat_params.h"
+#include "optim/grouping.h"
 #include "optim/inner.h"
 #include "train/config.h"
 
@@ -42,12 +43,6 @@ class OuterOptimizer {
 void outer_momentum_step(torch::Tensor& phi, torch::Tensor& momentum, torch::Tensor& theta,
                          const torch::Tensor& mean_delta, const torch::Tensor& mean_phi, double alpha,
                          double beta, double gamma);
-
-// NoLoCo's grouping at outer step `outer_step`: a permutation of `members`
-// seeded by (seed, outer_step), cut into consecutive groups of n; a lone
-// leftover joins the last group. Identical on every replica.
-std::vector<std::vector<int>> noloco_groups(uint64_t seed, int64_t outer_step,
-                                            const std::vector<int>& members, int n);
 
 // "none", "ddp", "diloco" or "noloco". `comm` may be null only for "none".
 std::unique_ptr<OuterOptimizer> make_outer_optimizer(const TrainConfig& c, Communicator* comm,

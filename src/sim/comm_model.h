@@ -1,0 +1,53 @@
+// Models of what synchronisation costs at scales this machine cannot host
+// (the paper's Section 5): message latency, bandwidth and idle time. Pure
+// functions of their arguments and a seed; torch-free.
+#pragma once
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace noloco::sim {
+
+// Message times t ~ LogNormal(mu, sigma).
+struct LogNormal {
+  double mu = 0, sigma = 0;
+  double mean() const;
+  double stddev() const;
+  // The distribution with mean 1 and std/mean = x (the paper's std(t)/t_c).
+  static LogNormal with_unit_mean(double relative_std);
+};
+
+// E[max(t1, t2)] for two independent message times = (1 + erf(σ/2))·exp(μ + σ²/2).
+double expected_max_of_two(const LogNormal& t);
+// A group-of-two exchange: the value goes to the partner and the result comes
+// back, two rounds each waiting for the slower of two messages. Closed form 2·E[max].
+double pair_exchange_closed_form(const LogNormal& t);
+
+// Monte-Carlo means over `samples` draws.
+double simulate_pair_exchange(const LogNormal& t, int samples, uint64_t seed);
+// Tree all-reduce over n = 2^k replicas: a reduce up a binary tree then a
+// broadcast down, each node waiting only for its own children (critical
+// path, no global barrier per level). Equals 2·t_c·log2 n when σ = 0.
+double simulate_tree_allreduce(int n, const LogNormal& t, int samples, uint64_t seed);
+
+// Bandwidth model: time for one synchronisation of `model_bytes` (fp32) over
+// links of `bandwidth` bytes/s and round-trip time `rtt` seconds.
+struct Link {
+  double bandwidth = 0, rtt = 0;
+  double message(double bytes) const { return bytes / bandwidth + rtt / 2; }
+};
+double ring_allreduce_seconds(int n, double bytes, const Link& l);
+double tree_allreduce_seconds(int n, double bytes, const Link& l);
+// NoLoCo with γ = β: θ once in each direction, concurrently (full duplex).
+double noloco_exchange_seconds(double wire_bytes, const Link& l);
+
+// Idle time: inner-step times LogNormal(step) per replica per step. DiLoCo's
+// outer step is a barrier over all replicas; NoLoCo's only over its group.
+// Returns wall-clock until the last replica finishes `outer_steps` outer steps.
+struct IdleResult {
+  double diloco_seconds = 0, noloco_seconds = 0;
+  double ratio() const { return diloco_seconds / noloco_seconds; }
+};
+IdleResult simulate_idle(int n, int inner_steps, int outer_steps, const LogNormal& step, uint64_t seed);
+
+}  // namespace noloco::sim

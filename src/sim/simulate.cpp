@@ -1,0 +1,146 @@
+#include "sim/simulate.h"
+
+#include <chrono>
+#include <cmath>
+#include <filesystem>
+
+#include <fmt/format.h>
+
+#include "model/config.h"
+#include "sim/comm_model.h"
+#include "util/files.h"
+#include "util/svg_plot.h"
+
+namespace noloco::sim {
+
+namespace {
+
+const char* kColors[] = {"#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b"};
+
+double number(const std::string& key, const std::string& v) {
+  size_t used = 0;
+  double x = 0;
+  try {
+    x = std::stod(v, &used);
+  } catch (const std::exception&) {
+    used = 0;
+  }
+  if (used == 0 || used != v.size() || !std::isfinite(x) || x < 0)
+    throw std::invalid_argument(fmt::format("{}: '{}' is not a non-negative number", key, v));
+  return x;
+}
+
+void progress(const std::string& what, double start_seconds) {
+  const double now = std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+  fmt::print("simulate: {} ({:.1f}s)\n", what, now - start_seconds);
+  std::fflush(stdout);
+}
+
+}  // namespace
+
+SimulateOptions parse_simulate_options(const std::vector<std::string>& args) {
+  SimulateOptions o;
+  for (const auto& a : args) {
+    const auto eq = a.find('=');
+    if (eq == std::string::npos) throw std::invalid_argument(fmt::format("'{}' is not key=value", a));
+    const auto key = a.substr(0, eq), value = a.substr(eq + 1);
+    if (key == "out") o.out = value;
+    else if (key == "samples") o.samples = int(number(key, value));
+    else if (key == "outer_steps") o.outer_steps = int(number(key, value));
+    else if (key == "max_replicas") o.max_replicas = int(number(key, value));
+    else if (key == "model") o.model = value;
+    else if (key == "step_seconds") o.step_seconds = number(key, value);
+    else if (key == "seed") o.seed = uint64_t(number(key, value));
+    else throw std::invalid_argument(fmt::format("unknown simulate key '{}' (out, samples, outer_steps, max_replicas, model, step_seconds, seed)", key));
+  }
+  if (o.samples < 1 || o.outer_steps < 1 || o.max_replicas < 4)
+    throw std::invalid_argument("samples and outer_steps must be >= 1, max_replicas >= 4");
+  model_preset(o.model);  // validates the name
+  return o;
+}
+
+nlohmann::json run_simulation(const SimulateOptions& o) {
+  const double t0 = std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+  std::filesystem::create_directories(o.out);
+  nlohmann::json headline;
+
+  // Latency (Fig. 5A): tree all-reduce over pair exchange, mean message time 1.
+  std::string csv = "replicas,relative_std,tree_allreduce,pair_exchange,pair_closed_form,ratio\n";
+  std::vector<PlotSeries> fig5a;
+  int color = 0;
+  for (int n = 4; n <= o.max_replicas; n *= 4) {
+    PlotSeries s{fmt::format("N = {}", n), kColors[color++ % 6], false, {}};
+    for (int i = 0; i <= 10; ++i) {
+      const double x = 0.25 * i;
+      const auto t = LogNormal::with_unit_mean(x);
+      const double tree = simulate_tree_allreduce(n, t, o.samples, o.seed + uint64_t(i));
+      const double pair = simulate_pair_exchange(t, o.samples * 4, o.seed + 1000 + uint64_t(i));
+      csv += fmt::format("{},{},{:.6f},{:.6f},{:.6f},{:.6f}\n", n, x, tree, pair, pair_exchange_closed_form(t), tree / pair);
+      s.points.emplace_back(x, tree / pair);
+      if (n == 1024 && (i == 0 || i == 10)) headline[fmt::format("latency_ratio_n1024_std{}", x)] = tree / pair;
+    }
+    fig5a.push_back(s);
+    progress(fmt::format("latency model, N = {}", n), t0);
+  }
+  write_file_atomic(o.out + "/latency.csv", csv);
+  write_file_atomic(o.out + "/fig5a.svg",
+                    line_chart_svg(fig5a, {"Tree all-reduce time over NoLoCo pair exchange (Fig. 5A)",
+                                           "std(t) / t_c of message times", "time ratio"}));
+
+  // Bandwidth: one synchronisation of the model, and the share of wall-clock it takes.
+  auto arch = model_preset(o.model);
+  arch.vocab_size = 32000;
+  const double bytes = 4.0 * double(arch.num_params());
+  csv = "model,params,bandwidth_bits_per_s,rtt_s,replicas,method,variant,sync_seconds,comm_fraction\n";
+  const int n = std::min(o.max_replicas, 64);
+  for (double bits : {10e9, 1e9, 100e6}) {
+    for (double rtt : {0.001, 0.05, 0.2}) {
+      const Link link{bits / 8, rtt};
+      struct Row {
+        const char* method;
+        const char* variant;
+        double seconds;
+        int per_steps;  // inner steps per synchronisation
+      };
+      const Row rows[] = {{"ddp", "ring", ring_allreduce_seconds(n, bytes, link), 1},
+                          {"diloco", "ring", ring_allreduce_seconds(n, bytes, link), 100},
+                          {"diloco", "tree", tree_allreduce_seconds(n, bytes, link), 100},
+                          {"noloco", "fp32", noloco_exchange_seconds(bytes, link), 50},
+                          {"noloco", "bf16", noloco_exchange_seconds(bytes / 2, link), 50}};
+      for (const auto& r : rows) {
+        const double fraction = r.seconds / (r.seconds + r.per_steps * o.step_seconds);
+        csv += fmt::format("{},{},{},{},{},{},{},{:.6f},{:.6f}\n", o.model, arch.num_params(), bits, rtt, n, r.method,
+                           r.variant, r.seconds, fraction);
+      }
+    }
+  }
+  write_file_atomic(o.out + "/bandwidth.csv", csv);
+  progress("bandwidth model", t0);
+
+  // Idle time (Fig. 5B): DiLoCo's global barrier against NoLoCo's pairwise waits.
+  csv = "replicas,inner_steps,outer_steps,diloco_seconds,noloco_seconds,ratio\n";
+  std::vector<PlotSeries> fig5b;
+  const LogNormal step{1.0, std::sqrt(0.5)};
+  color = 0;
+  for (int h : {50, 100}) {
+    PlotSeries s{fmt::format("H = {}", h), kColors[color++], false, {}};
+    for (int replicas = 2; replicas <= o.max_replicas; replicas *= 2) {
+      const auto r = simulate_idle(replicas, h, o.outer_steps, step, o.seed + uint64_t(replicas));
+      csv += fmt::format("{},{},{},{:.3f},{:.3f},{:.6f}\n", replicas, h, o.outer_steps, r.diloco_seconds,
+                         r.noloco_seconds, r.ratio());
+      s.points.emplace_back(replicas, r.ratio());
+      if (replicas == o.max_replicas) headline[fmt::format("idle_ratio_n{}_h{}", replicas, h)] = r.ratio();
+    }
+    fig5b.push_back(s);
+    progress(fmt::format("idle-time model, H = {}", h), t0);
+  }
+  write_file_atomic(o.out + "/idle.csv", csv);
+  PlotOptions idle_plot{"Wall-clock of DiLoCo over NoLoCo with straggling steps (Fig. 5B)", "replicas",
+                        "DiLoCo time / NoLoCo time"};
+  idle_plot.log_x = true;
+  write_file_atomic(o.out + "/fig5b.svg", line_chart_svg(fig5b, idle_plot));
+  write_json_atomic(o.out + "/summary.json", headline);
+  return headline;
+}
+
+}  // namespace noloco::sim

@@ -1,0 +1,15 @@
+#pragma once
+#include <cstdint>
+
+namespace noloco {
+
+// SplitMix64: a cheap, well-mixed hash used to derive every seeded choice
+// (sample windows, groupings) from the run seed and a counter.
+inline uint64_t splitmix64(uint64_t x) {
+  x += 0x9e3779b97f4a7c15ull;
+  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
+  x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
+  return x ^ (x >> 31);
+}
+
+}  // namespace noloco

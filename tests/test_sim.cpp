@@ -1,0 +1,54 @@
+#include <gtest/gtest.h>
+
+#include <cmath>
+
+#include "sim/comm_model.h"
+
+using namespace noloco::sim;
+
+TEST(Simulator, PairExchangeMatchesTheClosedForm) {
+  for (double sigma : {0.25, 0.7, 1.2}) {
+    const LogNormal t{0.3, sigma};
+    const double closed = pair_exchange_closed_form(t);
+    EXPECT_NEAR(simulate_pair_exchange(t, 400000, 7) / closed, 1.0, 0.01) << "sigma " << sigma;
+  }
+  // (1 + erf(σ/2))·exp(μ + σ²/2) by hand for μ = 0, σ = 1.
+  EXPECT_NEAR(expected_max_of_two({0.0, 1.0}), (1 + std::erf(0.5)) * std::exp(0.5), 1e-12);
+}
+
+TEST(Simulator, WithoutJitterTreeOverPairIsLog2N) {
+  const LogNormal constant{0.0, 0.0};  // every message takes exactly 1
+  for (int n = 2; n <= 1024; n *= 2) {
+    const double tree = simulate_tree_allreduce(n, constant, 3, 1);
+    EXPECT_DOUBLE_EQ(tree, 2.0 * std::log2(double(n)));  // 2·t_c·log2 N
+    EXPECT_DOUBLE_EQ(tree / simulate_pair_exchange(constant, 3, 1), std::log2(double(n)));
+  }
+}
+
+TEST(Simulator, UnitMeanParameterisation) {
+  const auto t = LogNormal::with_unit_mean(1.5);
+  EXPECT_NEAR(t.mean(), 1.0, 1e-12);
+  EXPECT_NEAR(t.stddev(), 1.5, 1e-12);
+}
+
+TEST(Simulator, JitterHurtsTheTreeMoreThanThePair) {
+  const auto t = LogNormal::with_unit_mean(1.0);
+  const double ratio = simulate_tree_allreduce(64, t, 4000, 3) / simulate_pair_exchange(t, 4000, 4);
+  EXPECT_GT(ratio, std::log2(64.0));
+}
+
+TEST(Simulator, BandwidthFormulas) {
+  const Link link{1e9 / 8, 0.05};  // 1 Gbit/s, 50 ms
+  const double model = 500e6;
+  EXPECT_NEAR(noloco_exchange_seconds(model, link), 4.0 + 0.025, 1e-9);
+  EXPECT_NEAR(ring_allreduce_seconds(8, model, link), 14 * (model / 8 / (1e9 / 8) + 0.025), 1e-9);
+  EXPECT_NEAR(tree_allreduce_seconds(8, model, link), 6 * (4.0 + 0.025), 1e-9);
+}
+
+TEST(Simulator, BarrierCostsIdleTimeOnlyWhenStepsVary) {
+  const auto fixed = simulate_idle(64, 10, 20, {1.0, 0.0}, 1);
+  EXPECT_DOUBLE_EQ(fixed.ratio(), 1.0);
+  const auto varied = simulate_idle(64, 10, 20, {1.0, std::sqrt(0.5)}, 1);
+  EXPECT_GT(varied.ratio(), 1.05);
+  EXPECT_GE(varied.diloco_seconds, varied.noloco_seconds);  // a global barrier never waits less
+}
