@@ -21,6 +21,7 @@
 #include "sim/simulate.h"
 #include "comm/gloo_communicator.h"
 #include "comm/launcher.h"
+#include "comm/bench_comm.h"
 #include "data/dataset.h"
 #include "util/files.h"
 
@@ -146,7 +147,37 @@ int run_train(const std::string& config_path, const std::vector<std::string>& ov
   return 0;
 }
 
+// `bench comm ...`: launcher, or (RANK set) one of its workers.
+int run_comm_bench(std::vector<std::string> args) {
+  const std::vector<std::string> original = args;
+  const auto options = parse_comm_bench_options(args);
+  auto cfg = parse_config("", args);
+  if (cfg.method == "none") throw std::invalid_argument("bench comm needs method=ddp, diloco or noloco");
+  if (cfg.out.empty()) cfg.out = "runs/bench_comm";
+  WorkerEnv env;
+  if (worker_env_from_environment(env)) {
+    error_prefix = fmt::format("noloco[worker {}]: error: ", env.rank);
+    GlooCommunicator comm(env, cfg.bind, std::chrono::milliseconds(int64_t(cfg.peer_timeout * 1000)));
+    const auto r = comm_bench_worker(cfg, options, comm);
+    write_json_atomic(fmt::format("{}/bench_comm_r{}.json", cfg.out, env.rank), r);
+    return 0;
+  }
+  std::filesystem::create_directories(cfg.out);
+  std::vector<std::string> worker_args = {"bench", "comm"};
+  worker_args.insert(worker_args.end(), original.begin(), original.end());
+  worker_args.push_back("out=" + cfg.out);
+  const auto exits = launch_local_workers(cfg, worker_args, /*keep_going_on_failure=*/false);
+  for (auto& e : exits)
+    if (!e.ok()) throw std::runtime_error("bench comm failed: " + e.describe());
+  const auto s = summarize_comm_bench(cfg, options);
+  fmt::print("bench comm {} x{} ({} MB, {} rounds, compute {}s, sigma2 {}): sync {:.4f}s/round, idle {:.4f}s/round\n",
+             cfg.method, cfg.replicas, options.megabytes, options.rounds, options.compute, options.sigma2,
+             s["sync_seconds_per_round"].get<double>(), s["idle_seconds_per_round"].get<double>());
+  return 0;
+}
+
 int run_bench(const std::vector<std::string>& args) {
+  if (!args.empty() && args[0] == "comm") return run_comm_bench({args.begin() + 1, args.end()});
   std::vector<std::string> overrides;
   int64_t steps = 10;
   double peak = 0;
@@ -197,7 +228,8 @@ int main(int argc, char** argv) {
 
   std::vector<std::string> bench_args;
   auto* bench_cmd = app.add_subcommand("bench", "training throughput and model-FLOPs utilisation");
-  bench_cmd->add_option("options", bench_args, "config keys (model=125m batch=4 ...), bench_steps=N, peak_tflops=X");
+  bench_cmd->add_option("options", bench_args, "config keys (model=125m batch=4 ...), bench_steps=N, peak_tflops=X; or: comm method=noloco "
+                      "replicas=8 megabytes=3.48 rounds=20 compute=0.05 sigma2=0.5");
   bench_cmd->footer(keys_help());
 
   std::vector<std::string> sim_args;

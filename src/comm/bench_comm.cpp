@@ -1,0 +1,109 @@
+#include "comm/bench_comm.h"
+
+#include <chrono>
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+#include <random>
+#include <thread>
+
+#include <fmt/format.h>
+
+#include "optim/grouping.h"
+#include "util/files.h"
+
+namespace noloco {
+
+namespace {
+using Clock = std::chrono::steady_clock;
+double since(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
+
+double take_number(std::vector<std::string>& args, const std::string& key, double fallback) {
+  for (auto it = args.begin(); it != args.end(); ++it) {
+    if (it->rfind(key + "=", 0) != 0) continue;
+    const auto text = it->substr(key.size() + 1);
+    size_t used = 0;
+    double v = 0;
+    try {
+      v = std::stod(text, &used);
+    } catch (const std::exception&) {
+      used = 0;
+    }
+    if (used == 0 || used != text.size() || !std::isfinite(v) || v < 0)
+      throw std::invalid_argument(fmt::format("{}: '{}' is not a non-negative number", key, text));
+    args.erase(it);
+    return v;
+  }
+  return fallback;
+}
+}  // namespace
+
+CommBenchOptions parse_comm_bench_options(std::vector<std::string>& args) {
+  CommBenchOptions o;
+  o.megabytes = take_number(args, "megabytes", o.megabytes);
+  o.rounds = int(take_number(args, "rounds", o.rounds));
+  o.compute = take_number(args, "compute", o.compute);
+  o.sigma2 = take_number(args, "sigma2", o.sigma2);
+  if (o.rounds < 1 || o.megabytes <= 0) throw std::invalid_argument("rounds must be >= 1 and megabytes > 0");
+  return o;
+}
+
+nlohmann::json comm_bench_worker(const TrainConfig& c, const CommBenchOptions& o, Communicator& comm) {
+  const int64_t numel = std::max<int64_t>(1, int64_t(o.megabytes * 1e6 / 4));
+  auto theta = torch::randn({numel});
+  std::vector<int> all(static_cast<size_t>(comm.world()));
+  for (int r = 0; r < comm.world(); ++r) all[size_t(r)] = r;
+  std::mt19937_64 rng(c.seed * 1000003 + uint64_t(comm.rank()));
+  std::lognormal_distribution<double> jitter(-o.sigma2 / 2, std::sqrt(o.sigma2));  // mean 1
+  double sync = 0, compute = 0;
+  const auto start = Clock::now();
+  for (int round = 0; round < o.rounds; ++round) {
+    if (o.compute > 0) {
+      const double seconds = o.compute * jitter(rng);
+      std::this_thread::sleep_for(std::chrono::duration<double>(seconds));
+      compute += seconds;
+    }
+    const auto t0 = Clock::now();
+    if (c.method == "noloco") {
+      const auto groups = noloco_groups(c.seed, round, all, int(c.group_size));
+      for (const auto& g : groups)
+        if (std::count(g.begin(), g.end(), comm.rank()))
+          comm.group_mean(c.wire_dtype == "bf16" ? theta.to(torch::kBFloat16) : theta, g);
+    } else {
+      auto delta = theta.clone();
+      comm.all_reduce_mean(delta);
+    }
+    sync += since(t0);
+  }
+  const double wall = since(start);
+  return {{"rank", comm.rank()},
+          {"sync_seconds_per_round", sync / o.rounds},
+          {"idle_seconds_per_round", (wall - compute) / o.rounds},
+          {"wall_seconds", wall},
+          {"bytes_sent", comm.stats().bytes_sent}};
+}
+
+nlohmann::json summarize_comm_bench(const TrainConfig& c, const CommBenchOptions& o) {
+  double sync = 0, idle = 0, wall = 0;
+  for (int r = 0; r < c.replicas; ++r) {
+    const auto j = read_json(fmt::format("{}/bench_comm_r{}.json", c.out, r));
+    sync += j["sync_seconds_per_round"].get<double>();
+    idle += j["idle_seconds_per_round"].get<double>();
+    wall = std::max(wall, j["wall_seconds"].get<double>());
+  }
+  nlohmann::json s = {{"method", c.method},        {"replicas", c.replicas},
+                      {"megabytes", o.megabytes},  {"rounds", o.rounds},
+                      {"compute", o.compute},      {"sigma2", o.sigma2},
+                      {"wire_dtype", c.wire_dtype}, {"sync_seconds_per_round", sync / double(c.replicas)},
+                      {"idle_seconds_per_round", idle / double(c.replicas)}, {"wall_seconds", wall}};
+  const std::string csv = c.out + "/bench_comm.csv";
+  const bool fresh = !std::filesystem::exists(csv);
+  std::ofstream f(csv, std::ios::app);
+  if (fresh) f << "method,replicas,megabytes,rounds,compute,sigma2,wire_dtype,sync_seconds_per_round,idle_seconds_per_round,wall_seconds\n";
+  f << fmt::format("{},{},{},{},{},{},{},{:.6f},{:.6f},{:.3f}\n", c.method, c.replicas, o.megabytes, o.rounds, o.compute,
+                   o.sigma2, c.wire_dtype, s["sync_seconds_per_round"].get<double>(),
+                   s["idle_seconds_per_round"].get<double>(), wall);
+  return s;
+}
+
+}  // namespace noloco
