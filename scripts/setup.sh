@@ -6,6 +6,7 @@ packages=(
   libtorch-dev libopenblas0-pthread libgloo-dev
   libsentencepiece-dev libyaml-cpp-dev libcli11-dev nlohmann-json3-dev
   libspdlog-dev libfmt-dev libgtest-dev libbenchmark-dev
+  clang libclang-rt-14-dev
 )
 missing=()
 for p in "${packages[@]}"; do

@@ -4,13 +4,16 @@
 #include <cmath>
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <random>
+#include <sstream>
 #include <thread>
 
 #include <fmt/format.h>
 
 #include "optim/grouping.h"
 #include "util/files.h"
+#include "util/svg_plot.h"
 
 namespace noloco {
 
@@ -83,6 +86,33 @@ nlohmann::json comm_bench_worker(const TrainConfig& c, const CommBenchOptions& o
           {"bytes_sent", comm.stats().bytes_sent}};
 }
 
+// All-reduce over NoLoCo, per replica count, from every row measured so far:
+// sync time without compute, idle time with jittered compute (the shapes of
+// the simulator's Fig. 5A and 5B).
+static void plot_comm_bench(const std::string& csv, const std::string& svg) {
+  std::map<std::pair<bool, int>, std::map<std::string, double>> seconds;  // (jittered, N) -> method -> s/round
+  std::ifstream in(csv);
+  std::string line;
+  std::getline(in, line);  // header
+  while (std::getline(in, line)) {
+    std::vector<std::string> cells;
+    std::stringstream row(line);
+    for (std::string cell; std::getline(row, cell, ',');) cells.push_back(cell);
+    if (cells.size() < 10) continue;
+    const bool jittered = std::stod(cells[4]) > 0;
+    const std::string method = cells[0] == "noloco" ? "noloco" : "allreduce";
+    seconds[{jittered, std::stoi(cells[1])}][method] = std::stod(cells[jittered ? 8 : 7]);
+  }
+  PlotSeries sync{"sync time, no compute", "#1f77b4", false, {}}, idle{"idle time, jittered compute", "#2ca02c", false, {}};
+  for (auto& [key, by_method] : seconds) {
+    if (!by_method.count("noloco") || !by_method.count("allreduce")) continue;
+    (key.first ? idle : sync).points.emplace_back(key.second, by_method["allreduce"] / by_method["noloco"]);
+  }
+  PlotOptions o{"Measured: all-reduce methods over NoLoCo (bench comm)", "replicas", "time ratio"};
+  o.log_x = true;
+  write_file_atomic(svg, line_chart_svg({sync, idle}, o));
+}
+
 nlohmann::json summarize_comm_bench(const TrainConfig& c, const CommBenchOptions& o) {
   double sync = 0, idle = 0, wall = 0;
   for (int r = 0; r < c.replicas; ++r) {
@@ -103,6 +133,8 @@ nlohmann::json summarize_comm_bench(const TrainConfig& c, const CommBenchOptions
   f << fmt::format("{},{},{},{},{},{},{},{:.6f},{:.6f},{:.3f}\n", c.method, c.replicas, o.megabytes, o.rounds, o.compute,
                    o.sigma2, c.wire_dtype, s["sync_seconds_per_round"].get<double>(),
                    s["idle_seconds_per_round"].get<double>(), wall);
+  f.close();
+  plot_comm_bench(csv, c.out + "/bench_comm.svg");
   return s;
 }
 

@@ -1,6 +1,5 @@
 #include "sim/simulate.h"
 
-#include <chrono>
 #include <cmath>
 #include <filesystem>
 
@@ -9,6 +8,7 @@
 #include "model/config.h"
 #include "sim/comm_model.h"
 #include "util/files.h"
+#include "util/progress.h"
 #include "util/svg_plot.h"
 
 namespace noloco::sim {
@@ -28,12 +28,6 @@ double number(const std::string& key, const std::string& v) {
   if (used == 0 || used != v.size() || !std::isfinite(x) || x < 0)
     throw std::invalid_argument(fmt::format("{}: '{}' is not a non-negative number", key, v));
   return x;
-}
-
-void progress(const std::string& what, double start_seconds) {
-  const double now = std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
-  fmt::print("simulate: {} ({:.1f}s)\n", what, now - start_seconds);
-  std::fflush(stdout);
 }
 
 }  // namespace
@@ -60,8 +54,12 @@ SimulateOptions parse_simulate_options(const std::vector<std::string>& args) {
 }
 
 nlohmann::json run_simulation(const SimulateOptions& o) {
-  const double t0 = std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
   std::filesystem::create_directories(o.out);
+  int sizes = 0, idle_sizes = 0;
+  for (int n = 4; n <= o.max_replicas; n *= 4) ++sizes;
+  for (int n = 2; n <= o.max_replicas; n *= 2) ++idle_sizes;
+  Progress progress("simulate", sizes * 11 + 1 + 2 * idle_sizes);
+  int64_t done = 0;
   nlohmann::json headline;
 
   // Latency (Fig. 5A): tree all-reduce over pair exchange, mean message time 1.
@@ -78,9 +76,9 @@ nlohmann::json run_simulation(const SimulateOptions& o) {
       csv += fmt::format("{},{},{:.6f},{:.6f},{:.6f},{:.6f}\n", n, x, tree, pair, pair_exchange_closed_form(t), tree / pair);
       s.points.emplace_back(x, tree / pair);
       if (n == 1024 && (i == 0 || i == 10)) headline[fmt::format("latency_ratio_n1024_std{}", x)] = tree / pair;
+      progress.update(++done, fmt::format("latency, N = {}", n));
     }
     fig5a.push_back(s);
-    progress(fmt::format("latency model, N = {}", n), t0);
   }
   write_file_atomic(o.out + "/latency.csv", csv);
   write_file_atomic(o.out + "/fig5a.svg",
@@ -115,7 +113,7 @@ nlohmann::json run_simulation(const SimulateOptions& o) {
     }
   }
   write_file_atomic(o.out + "/bandwidth.csv", csv);
-  progress("bandwidth model", t0);
+  progress.update(++done, "bandwidth");
 
   // Idle time (Fig. 5B): DiLoCo's global barrier against NoLoCo's pairwise waits.
   csv = "replicas,inner_steps,outer_steps,diloco_seconds,noloco_seconds,ratio\n";
@@ -130,9 +128,9 @@ nlohmann::json run_simulation(const SimulateOptions& o) {
                          r.noloco_seconds, r.ratio());
       s.points.emplace_back(replicas, r.ratio());
       if (replicas == o.max_replicas) headline[fmt::format("idle_ratio_n{}_h{}", replicas, h)] = r.ratio();
+      progress.update(++done, fmt::format("idle time, H = {}, N = {}", h, replicas));
     }
     fig5b.push_back(s);
-    progress(fmt::format("idle-time model, H = {}", h), t0);
   }
   write_file_atomic(o.out + "/idle.csv", csv);
   PlotOptions idle_plot{"Wall-clock of DiLoCo over NoLoCo with straggling steps (Fig. 5B)", "replicas",

@@ -6,6 +6,7 @@
 #include "optim/flat_params.h"
 #include "optim/inner.h"
 #include "util/compute_threads.h"
+#include "util/progress.h"
 #include "util/torch_shim.h"
 
 namespace noloco {
@@ -69,8 +70,12 @@ nlohmann::json bench_training(const TrainConfig& c, int64_t steps, double peak_t
   one_step();
   one_step();
   synchronize(device);
+  Progress progress("bench", steps);
   const auto t0 = Clock::now();
-  for (int64_t i = 0; i < steps; ++i) one_step();
+  for (int64_t i = 0; i < steps; ++i) {
+    one_step();
+    if (device.is_cpu()) progress.update(i + 1);  // on a GPU, printing would force a sync per step
+  }
   synchronize(device);
   const double seconds = std::chrono::duration<double>(Clock::now() - t0).count();
   const double tokens = double(steps * c.batch * arch.context);

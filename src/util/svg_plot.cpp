@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <limits>
+#include <set>
 
 #include <fmt/format.h>
 
@@ -75,7 +76,17 @@ std::string line_chart_svg(const std::vector<PlotSeries>& series, const PlotOpti
       "font-size=\"12\">\n<rect width=\"100%\" height=\"100%\" fill=\"white\"/>\n"
       "<text x=\"{}\" y=\"22\" font-size=\"15\" text-anchor=\"middle\">{}</text>\n",
       kWidth, kHeight, kLeft + pw / 2, escape(o.title));
-  for (double t : nice_ticks(x0, x1)) {
+  // On a log axis, round ticks in log space are odd numbers: tick the data's own x values instead.
+  std::vector<double> x_ticks;
+  if (o.log_x) {
+    std::set<double> xs;
+    for (auto& s : series)
+      for (auto& [x, y] : s.points)
+        if (usable(x, y)) xs.insert(tx(x));
+    if (xs.size() <= 12) x_ticks.assign(xs.begin(), xs.end());
+  }
+  if (x_ticks.empty()) x_ticks = nice_ticks(x0, x1);
+  for (double t : x_ticks) {
     svg += fmt::format("<line x1=\"{0:.1f}\" y1=\"{1}\" x2=\"{0:.1f}\" y2=\"{2}\" stroke=\"#ddd\"/>"
                        "<text x=\"{0:.1f}\" y=\"{3}\" text-anchor=\"middle\">{4}</text>\n",
                        pxt(t), kTop, kTop + ph, kTop + ph + 16, tick_label(o.log_x ? std::pow(10, t) : t));

@@ -1,0 +1,39 @@
+#!/usr/bin/env bash
+# Builds the fuzz targets (clang, libFuzzer, ASan, UBSan) into build-fuzz/ and
+# runs each for a bounded number of inputs from a seed corpus.
+#   scripts/fuzz.sh [RUNS]   (default 20000; -1 runs until stopped)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+runs=${1:-20000}
+if [ ! -f build-fuzz/build.ninja ]; then
+  CXX=clang++ cmake -S fuzz -B build-fuzz -G Ninja > /dev/null
+fi
+cmake --build build-fuzz > /dev/null
+corpus=build-fuzz/corpus
+mkdir -p "$corpus"/{config,safetensors,token_file}
+cp configs/*.yaml "$corpus/config/"
+printf 'lr: 1e-3\nsteps: 10\nmodel: 125m\nmethod: noloco\n' > "$corpus/config/small.yaml"
+# A valid safetensors file and a valid token file to mutate from.
+printf '\x40\x00\x00\x00\x00\x00\x00\x00{"a":{"dtype":"F32","shape":[2],"data_offsets":[0,8]}}           \x00\x00\x80\x3f\x00\x00\x00\x40' \
+  > "$corpus/safetensors/seed.safetensors"
+head -c 1024 /dev/zero | tr '\0' '\1' > "$corpus/token_file/raw.bin"
+# llm.c layout: magic 20240520, version 1, 4 tokens, zero padding to 1024 bytes, then the tokens.
+{ printf '\x88\xd8\x34\x01\x01\x00\x00\x00\x04\x00\x00\x00'; head -c 1012 /dev/zero; printf '\x01\x00\x02\x00\x03\x00\x04\x00'; } \
+  > "$corpus/token_file/llmc.bin"
+for target in config safetensors token_file; do
+  echo "fuzz_$target: $runs runs"
+  log=build-fuzz/fuzz_$target.log
+  # libFuzzer exits non-zero on any crash, sanitizer report, leak or timeout,
+  # and saves the input that caused it under build-fuzz/.
+  set +e
+  build-fuzz/fuzz_$target -runs="$runs" -max_len=4096 -timeout=10 -rss_limit_mb=2048 -print_final_stats=1 \
+    -artifact_prefix=build-fuzz/ "$corpus/$target" > "$log" 2>&1
+  rc=$?
+  set -e
+  grep -E "^Done|stat::number_of_executed_units" "$log" || true
+  if [ "$rc" -ne 0 ]; then
+    tail -40 "$log"
+    echo "fuzz_$target FAILED (exit $rc); see $log"
+    exit "$rc"
+  fi
+done
