@@ -5,10 +5,14 @@
 #include <map>
 #include <set>
 #include <sstream>
+#include <thread>
+
+#include <unistd.h>
 
 #include <nlohmann/json.hpp>
 
 #include "test_util.h"
+#include "comm/gloo_communicator.h"
 #include "train/checkpoint.h"
 #include "util/files.h"
 
@@ -155,4 +159,48 @@ TEST_F(Distributed, DdpEndsWithAClearErrorWhenAWorkerDies) {
   EXPECT_NE(r.exit_code, 124) << "timed out instead of failing: " << r.output;
   EXPECT_NE(r.output.find("worker 1 was killed by signal 9"), std::string::npos) << r.output;
   EXPECT_NE(r.output.find("noloco: error: ddp run failed: worker 1 was killed"), std::string::npos) << r.output;
+}
+
+TEST(MessageHeader, RejectsOtherRunsExchangesSizesAndDtypes) {
+  const MessageHeader ok{1, 42, 7, 1000, 6};
+  EXPECT_EQ(check_message_header(ok, ok), "");
+  auto with = [&](auto change) {
+    MessageHeader h = ok;
+    change(h);
+    return check_message_header(ok, h);
+  };
+  EXPECT_EQ(with([](MessageHeader& h) { h.magic = 2; }), "not a noloco message");
+  EXPECT_NE(with([](MessageHeader& h) { h.run = 43; }).find("another run"), std::string::npos);
+  EXPECT_NE(with([](MessageHeader& h) { h.exchange = 8; }).find("exchange 8, expected 7"), std::string::npos);
+  EXPECT_NE(with([](MessageHeader& h) { h.numel = 999; }).find("999 elements"), std::string::npos);
+  EXPECT_NE(with([](MessageHeader& h) { h.dtype = 15; }).find("dtype 15"), std::string::npos);
+}
+
+TEST_F(Distributed, AWorkerWithTheWrongTokenCannotJoin) {
+  const int port = 30000 + int(::getpid() % 20000);
+  const std::string run_dir = dir / "guarded";
+  noloco::testing::CliResult main_run;
+  std::thread runner([&] {
+    main_run = noloco::testing::run_cli(small_args(dir / "c.txt", run_dir) +
+                                            " method=noloco replicas=2 batch=2 steps=100000 outer_interval=10 port=" +
+                                            std::to_string(port),
+                                        90);
+  });
+  // Wait until the run is training (its workers have joined), then try to join it.
+  for (int i = 0; i < 300 && !std::filesystem::exists(run_dir + "/metrics.jsonl"); ++i)
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  const auto stray = noloco::testing::run_cli(
+      "train configs/shakespeare.yaml data=" + dir / "c.txt" + " out=" + dir / "stray" +
+          " method=noloco replicas=2 peer_timeout=3 hidden=32 layers=2 heads=2 intermediate=64 context=32",
+      30,
+      "RANK=1 WORLD_SIZE=2 MASTER_ADDR=127.0.0.1 MASTER_PORT=" + std::to_string(port) +
+          " TORCHELASTIC_USE_AGENT_STORE=True NOLOCO_RUN_TOKEN=not-the-token");
+  // Ctrl-C to the launcher ends the run: it forwards the signal to its workers.
+  EXPECT_EQ(::system(("pkill -INT -f '[n]oloco train .*out=" + run_dir + " '").c_str()), 0);
+  runner.join();
+  EXPECT_NE(stray.exit_code, 0) << stray.output;
+  EXPECT_NE(stray.exit_code, 124) << "the stray worker hung: " << stray.output;
+  EXPECT_NE(stray.output.find("could not join the run"), std::string::npos) << stray.output;
+  EXPECT_NE(main_run.output.find("forwarding signal 2 to the workers"), std::string::npos) << main_run.output;
+  EXPECT_EQ(main_run.output.find("rejected"), std::string::npos) << main_run.output;
 }

@@ -45,9 +45,10 @@ struct CliResult {
 };
 
 // Runs build/noloco with a hard time limit so a hang fails the test instead of CI.
-inline CliResult run_cli(const std::string& args, int timeout_s = 120) {
-  const std::string cmd =
-      "cd " NOLOCO_SOURCE_DIR " && timeout -k 5 " + std::to_string(timeout_s) + " " NOLOCO_BINARY " " + args + " 2>&1";
+// `env` is prepended as VAR=value assignments.
+inline CliResult run_cli(const std::string& args, int timeout_s = 120, const std::string& env = "") {
+  const std::string cmd = "cd " NOLOCO_SOURCE_DIR " && " + env + " timeout -k 5 " + std::to_string(timeout_s) +
+                          " " NOLOCO_BINARY " " + args + " 2>&1";
   CliResult r{-1, ""};
   FILE* p = ::popen(cmd.c_str(), "r");
   if (!p) return r;

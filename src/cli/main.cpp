@@ -170,9 +170,11 @@ int run_comm_bench(std::vector<std::string> args) {
   for (auto& e : exits)
     if (!e.ok()) throw std::runtime_error("bench comm failed: " + e.describe());
   const auto s = summarize_comm_bench(cfg, options);
-  fmt::print("bench comm {} x{} ({} MB, {} rounds, compute {}s, sigma2 {}): sync {:.4f}s/round, idle {:.4f}s/round\n",
+  fmt::print("bench comm {} x{} ({} MB, {} rounds, compute {}s, sigma2 {}, straggler x{}): sync {:.4f}s/round, idle "
+             "{:.4f}s/round, median idle of workers 1..N-1 {:.4f}s/round\n",
              cfg.method, cfg.replicas, options.megabytes, options.rounds, options.compute, options.sigma2,
-             s["sync_seconds_per_round"].get<double>(), s["idle_seconds_per_round"].get<double>());
+             options.straggler, s["sync_seconds_per_round"].get<double>(), s["idle_seconds_per_round"].get<double>(),
+             s["median_idle_seconds_others"].get<double>());
   return 0;
 }
 

@@ -2,6 +2,7 @@
 
 #include <chrono>
 #include <cmath>
+#include <algorithm>
 #include <filesystem>
 #include <fstream>
 #include <map>
@@ -47,6 +48,7 @@ CommBenchOptions parse_comm_bench_options(std::vector<std::string>& args) {
   o.rounds = int(take_number(args, "rounds", o.rounds));
   o.compute = take_number(args, "compute", o.compute);
   o.sigma2 = take_number(args, "sigma2", o.sigma2);
+  o.straggler = take_number(args, "straggler", o.straggler);
   if (o.rounds < 1 || o.megabytes <= 0) throw std::invalid_argument("rounds must be >= 1 and megabytes > 0");
   return o;
 }
@@ -62,7 +64,7 @@ nlohmann::json comm_bench_worker(const TrainConfig& c, const CommBenchOptions& o
   const auto start = Clock::now();
   for (int round = 0; round < o.rounds; ++round) {
     if (o.compute > 0) {
-      const double seconds = o.compute * jitter(rng);
+      const double seconds = o.compute * jitter(rng) * (comm.rank() == 0 ? o.straggler : 1.0);
       std::this_thread::sleep_for(std::chrono::duration<double>(seconds));
       compute += seconds;
     }
@@ -98,7 +100,7 @@ static void plot_comm_bench(const std::string& csv, const std::string& svg) {
     std::vector<std::string> cells;
     std::stringstream row(line);
     for (std::string cell; std::getline(row, cell, ',');) cells.push_back(cell);
-    if (cells.size() < 10) continue;
+    if (cells.size() < 12 || std::stod(cells[10]) != 1.0) continue;  // straggler rows are plotted apart
     const bool jittered = std::stod(cells[4]) > 0;
     const std::string method = cells[0] == "noloco" ? "noloco" : "allreduce";
     seconds[{jittered, std::stoi(cells[1])}][method] = std::stod(cells[jittered ? 8 : 7]);
@@ -115,24 +117,31 @@ static void plot_comm_bench(const std::string& csv, const std::string& svg) {
 
 nlohmann::json summarize_comm_bench(const TrainConfig& c, const CommBenchOptions& o) {
   double sync = 0, idle = 0, wall = 0;
+  std::vector<double> others_idle;  // everyone but worker 0, the straggler when there is one
   for (int r = 0; r < c.replicas; ++r) {
     const auto j = read_json(fmt::format("{}/bench_comm_r{}.json", c.out, r));
     sync += j["sync_seconds_per_round"].get<double>();
     idle += j["idle_seconds_per_round"].get<double>();
     wall = std::max(wall, j["wall_seconds"].get<double>());
+    if (r > 0) others_idle.push_back(j["idle_seconds_per_round"].get<double>());
   }
+  std::sort(others_idle.begin(), others_idle.end());
+  const double median_others = others_idle.empty() ? 0 : others_idle[others_idle.size() / 2];
   nlohmann::json s = {{"method", c.method},        {"replicas", c.replicas},
                       {"megabytes", o.megabytes},  {"rounds", o.rounds},
                       {"compute", o.compute},      {"sigma2", o.sigma2},
                       {"wire_dtype", c.wire_dtype}, {"sync_seconds_per_round", sync / double(c.replicas)},
-                      {"idle_seconds_per_round", idle / double(c.replicas)}, {"wall_seconds", wall}};
+                      {"idle_seconds_per_round", idle / double(c.replicas)}, {"wall_seconds", wall},
+                      {"straggler", o.straggler}, {"median_idle_seconds_others", median_others}};
   const std::string csv = c.out + "/bench_comm.csv";
   const bool fresh = !std::filesystem::exists(csv);
   std::ofstream f(csv, std::ios::app);
-  if (fresh) f << "method,replicas,megabytes,rounds,compute,sigma2,wire_dtype,sync_seconds_per_round,idle_seconds_per_round,wall_seconds\n";
-  f << fmt::format("{},{},{},{},{},{},{},{:.6f},{:.6f},{:.3f}\n", c.method, c.replicas, o.megabytes, o.rounds, o.compute,
-                   o.sigma2, c.wire_dtype, s["sync_seconds_per_round"].get<double>(),
-                   s["idle_seconds_per_round"].get<double>(), wall);
+  if (fresh)
+    f << "method,replicas,megabytes,rounds,compute,sigma2,wire_dtype,sync_seconds_per_round,idle_seconds_per_round,"
+         "wall_seconds,straggler,median_idle_seconds_others\n";
+  f << fmt::format("{},{},{},{},{},{},{},{:.6f},{:.6f},{:.3f},{},{:.6f}\n", c.method, c.replicas, o.megabytes, o.rounds,
+                   o.compute, o.sigma2, c.wire_dtype, s["sync_seconds_per_round"].get<double>(),
+                   s["idle_seconds_per_round"].get<double>(), wall, o.straggler, median_others);
   f.close();
   plot_comm_bench(csv, c.out + "/bench_comm.svg");
   return s;

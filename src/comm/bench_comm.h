@@ -17,9 +17,10 @@ struct CommBenchOptions {
   int rounds = 20;
   double compute = 0;  // mean seconds of "compute" before each sync
   double sigma2 = 0;   // variance of the log-normal compute jitter (the paper: 0.5)
+  double straggler = 1;  // worker 0 computes this many times longer
 };
 
-// Splits bench-comm keys (megabytes, rounds, compute, sigma2) from config keys.
+// Splits bench-comm keys (megabytes, rounds, compute, sigma2, straggler) from config keys.
 CommBenchOptions parse_comm_bench_options(std::vector<std::string>& args);
 // One worker's measurement; written to out/bench_comm_r<rank>.json.
 nlohmann::json comm_bench_worker(const TrainConfig& c, const CommBenchOptions& o, Communicator& comm);

@@ -1,6 +1,10 @@
 #include "comm/gloo_communicator.h"
 
+#include <cstdio>
 #include <cstdlib>
+#include <functional>
+#include <map>
+#include <random>
 #include <stdexcept>
 
 #include <fmt/format.h>
@@ -34,6 +38,10 @@ bool worker_env_from_environment(WorkerEnv& env) {
   env.local_rank = env_int("LOCAL_RANK", 0);
   if (const char* a = std::getenv("MASTER_ADDR")) env.master_addr = a;
   env.master_port = env_int("MASTER_PORT", 29500);
+  const char* token = std::getenv("NOLOCO_RUN_TOKEN");
+  if (!token || !*token)
+    throw std::invalid_argument("NOLOCO_RUN_TOKEN is not set: give every worker of the run the same secret token");
+  env.token = token;
   const char* agent = std::getenv("TORCHELASTIC_USE_AGENT_STORE");
   env.agent_store = agent && std::string(agent) == "True";
   if (env.world < 1 || env.rank >= env.world)
@@ -50,11 +58,37 @@ GlooCommunicator::GlooCommunicator(const WorkerEnv& env, const std::string& bind
   opts.waitWorkers = false;
   opts.timeout = timeout;
   auto tcp = c10::make_intrusive<c10d::TCPStore>(env.master_addr, opts);
-  store_ = c10::make_intrusive<c10d::PrefixStore>("noloco/pg", tcp);
+  // The store cannot list keys, so keys under a secret prefix can be neither
+  // found nor forged by a process without the token: it cannot join the run.
+  store_ = c10::make_intrusive<c10d::PrefixStore>("noloco/" + env.token + "/pg", tcp);
+  run_id_ = int64_t(std::hash<std::string>{}(env.token) & 0x7fffffffffffffffull);
   auto options = c10d::ProcessGroupGloo::Options::create(timeout);
   options->devices.push_back(c10d::ProcessGroupGloo::createDeviceForHostname(bind));
   options->threads = 2;
-  pg_ = c10::make_intrusive<c10d::ProcessGroupGloo>(store_, rank_, world_, options);
+  try {
+    pg_ = c10::make_intrusive<c10d::ProcessGroupGloo>(store_, rank_, world_, options);
+  } catch (const std::exception& e) {
+    throw std::runtime_error(fmt::format(
+        "could not join the run at {}:{} as worker {} of {} within {}s (wrong NOLOCO_RUN_TOKEN, or the other workers "
+        "are gone): {}",
+        env.master_addr, env.master_port, rank_, world_, timeout.count() / 1000,
+        std::string(e.what()).substr(0, std::string(e.what()).find('\n'))));
+  }
+}
+
+std::string check_message_header(const MessageHeader& expected, const MessageHeader& got) {
+  if (got.magic != expected.magic) return "not a noloco message";
+  if (got.run != expected.run) return "message from another run (token mismatch)";
+  if (got.exchange != expected.exchange)
+    return fmt::format("message for exchange {}, expected {}", got.exchange, expected.exchange);
+  if (got.numel != expected.numel) return fmt::format("message of {} elements, expected {}", got.numel, expected.numel);
+  if (got.dtype != expected.dtype) return fmt::format("message of dtype {}, expected {}", got.dtype, expected.dtype);
+  return "";
+}
+
+std::string new_run_token() {
+  std::random_device rd;
+  return fmt::format("{:08x}{:08x}{:08x}{:08x}", rd(), rd(), rd(), rd());
 }
 
 GlooCommunicator::~GlooCommunicator() = default;
@@ -84,27 +118,43 @@ torch::Tensor GlooCommunicator::group_mean(const torch::Tensor& payload, const s
   const auto start = Clock::now();
   auto& s = charge();
   auto local = payload.device().is_cpu() ? payload.contiguous() : payload.to(torch::kCPU);
-  // The tag keeps consecutive exchanges with the same peer apart.
-  const int tag = int(exchange_count_++ % (1 << 20));
-  std::vector<std::pair<int, c10::intrusive_ptr<c10d::Work>>> sends, recvs;
-  std::map<int, torch::Tensor> inbox;
+  // Tags keep consecutive exchanges with the same peer apart: 2k for the header, 2k+1 for the payload.
+  const int64_t exchange = exchange_count_++;
+  const int tag = int((exchange % (1 << 20)) * 2);
+  const MessageHeader mine{0x6e6f6c6f636fLL, run_id_, exchange, local.numel(), int64_t(local.scalar_type())};
+  auto header_tensor = [](const MessageHeader& h) {
+    return torch::tensor({h.magic, h.run, h.exchange, h.numel, h.dtype}, torch::kInt64);
+  };
+  const auto my_header = header_tensor(mine);
+  std::vector<std::pair<int, c10::intrusive_ptr<c10d::Work>>> sends, header_recvs;
+  std::map<int, torch::Tensor> headers, inbox;
   for (int peer : group) {
     if (peer == rank_) continue;
     try {
-      std::vector<torch::Tensor> out{local};
-      sends.emplace_back(peer, pg_->send(out, peer, tag));
-      inbox[peer] = torch::empty_like(local);
-      std::vector<torch::Tensor> in{inbox[peer]};
-      recvs.emplace_back(peer, pg_->recv(in, peer, tag));
+      std::vector<torch::Tensor> h{my_header}, out{local};
+      sends.emplace_back(peer, pg_->send(h, peer, tag));
+      sends.emplace_back(peer, pg_->send(out, peer, tag + 1));
+      headers[peer] = torch::empty({5}, torch::kInt64);
+      std::vector<torch::Tensor> in{headers[peer]};
+      header_recvs.emplace_back(peer, pg_->recv(in, peer, tag));
     } catch (const std::exception&) {
-      inbox.erase(peer);  // the pair to this peer is already broken
+      headers.erase(peer);  // the pair to this peer is already broken
     }
   }
   std::vector<int> counted{rank_};
   const auto wait_start = Clock::now();
-  for (auto& [peer, work] : recvs) {
+  for (auto& [peer, work] : header_recvs) {
     try {
       work->wait(timeout_);
+      const auto* h = headers[peer].data_ptr<int64_t>();
+      const auto problem = check_message_header(mine, MessageHeader{h[0], h[1], h[2], h[3], h[4]});
+      if (!problem.empty()) {
+        std::fprintf(stderr, "noloco[worker %d]: rejected a message from worker %d: %s\n", rank_, peer, problem.c_str());
+        continue;
+      }
+      inbox[peer] = torch::empty_like(local);
+      std::vector<torch::Tensor> in{inbox[peer]};
+      pg_->recv(in, peer, tag + 1)->wait(timeout_);
       counted.push_back(peer);
       s.bytes_received += local.nbytes();
     } catch (const std::exception&) {
@@ -112,11 +162,13 @@ torch::Tensor GlooCommunicator::group_mean(const torch::Tensor& payload, const s
     }
   }
   s.wait_seconds += since(wait_start);
-  for (auto& [peer, work] : sends) {
+  for (size_t i = 0; i < sends.size(); ++i) {
     try {
-      work->wait(timeout_);
-      s.bytes_sent += local.nbytes();
-      s.messages += 1;
+      sends[i].second->wait(timeout_);
+      if (i % 2 == 1) {  // the payload; headers (40 bytes) are not counted as training traffic
+        s.bytes_sent += local.nbytes();
+        s.messages += 1;
+      }
     } catch (const std::exception&) {
     }
   }

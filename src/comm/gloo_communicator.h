@@ -18,7 +18,18 @@ struct WorkerEnv {
   std::string master_addr = "127.0.0.1";
   int master_port = 0;
   bool agent_store = false;  // the store is hosted by the launcher (ours or torchrun's), not rank 0
+  std::string token;         // NOLOCO_RUN_TOKEN: the run's shared secret
 };
+
+// What precedes every point-to-point payload, so that a message from another
+// run, another exchange, or of another size or dtype is never averaged in.
+struct MessageHeader {
+  int64_t magic = 0, run = 0, exchange = 0, numel = 0, dtype = 0;
+};
+// Empty if `got` is acceptable where `expected` was wanted, else the reason.
+std::string check_message_header(const MessageHeader& expected, const MessageHeader& got);
+// A fresh random token (hex) for a launched run.
+std::string new_run_token();
 
 // RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR, MASTER_PORT (torchrun's names);
 // returns false when RANK is unset (not a launched worker). Throws on malformed values.
@@ -43,6 +54,7 @@ class GlooCommunicator final : public Communicator {
   c10::intrusive_ptr<c10d::Store> store_;
   c10::intrusive_ptr<c10d::ProcessGroupGloo> pg_;
   int64_t exchange_count_ = 0;
+  int64_t run_id_ = 0;  // hash of the token, carried in message headers
 };
 
 }  // namespace noloco

@@ -13,6 +13,8 @@
 #include <fmt/format.h>
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
 
+#include "comm/gloo_communicator.h"
+
 namespace noloco {
 
 namespace {
@@ -52,13 +54,15 @@ std::vector<WorkerExit> launch_local_workers(const TrainConfig& c, const std::ve
   ::sigaction(SIGINT, &sa, nullptr);
   ::sigaction(SIGTERM, &sa, nullptr);
 
+  const char* given = std::getenv("NOLOCO_RUN_TOKEN");
+  const std::string token = given && *given ? given : new_run_token();
   std::vector<pid_t> pids(size_t(n), -1);
   for (int r = 0; r < n; ++r) {
     std::vector<std::string> env_vars = {
         fmt::format("RANK={}", r),          fmt::format("WORLD_SIZE={}", n),
         fmt::format("LOCAL_RANK={}", r),    fmt::format("LOCAL_WORLD_SIZE={}", n),
         fmt::format("MASTER_ADDR={}", c.bind), fmt::format("MASTER_PORT={}", port),
-        "TORCHELASTIC_USE_AGENT_STORE=True"};
+        "TORCHELASTIC_USE_AGENT_STORE=True", "NOLOCO_RUN_TOKEN=" + token};
     const pid_t pid = ::fork();
     if (pid < 0) throw std::runtime_error(fmt::format("fork failed: {}", std::strerror(errno)));
     if (pid == 0) {
