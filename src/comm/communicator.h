@@ -29,6 +29,14 @@ class Communicator {
   virtual torch::Tensor group_mean(const torch::Tensor& payload, const std::vector<int>& group,
                                    std::vector<int>* arrived = nullptr) = 0;
 
+  // Replicas that take part in outer step `outer_step`: the same answer on
+  // every replica that asks (an agreed snapshot), without the ones known dead.
+  virtual std::vector<int> members(int64_t /*outer_step*/) {
+    std::vector<int> all(static_cast<size_t>(world()));
+    for (int r = 0; r < world(); ++r) all[size_t(r)] = r;
+    return all;
+  }
+
   // Traffic is charged to training or, inside an EvaluationTraffic scope, to evaluation.
   const CommStats& stats() const { return training_; }
   const CommStats& evaluation_stats() const { return evaluation_; }

@@ -1,5 +1,6 @@
 #include "comm/gloo_communicator.h"
 
+#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 #include <functional>
@@ -61,6 +62,7 @@ GlooCommunicator::GlooCommunicator(const WorkerEnv& env, const std::string& bind
   // The store cannot list keys, so keys under a secret prefix can be neither
   // found nor forged by a process without the token: it cannot join the run.
   store_ = c10::make_intrusive<c10d::PrefixStore>("noloco/" + env.token + "/pg", tcp);
+  membership_ = c10::make_intrusive<c10d::PrefixStore>("noloco/" + env.token + "/members", tcp);
   run_id_ = int64_t(std::hash<std::string>{}(env.token) & 0x7fffffffffffffffull);
   auto options = c10d::ProcessGroupGloo::Options::create(timeout);
   options->devices.push_back(c10d::ProcessGroupGloo::createDeviceForHostname(bind));
@@ -84,6 +86,33 @@ std::string check_message_header(const MessageHeader& expected, const MessageHea
   if (got.numel != expected.numel) return fmt::format("message of {} elements, expected {}", got.numel, expected.numel);
   if (got.dtype != expected.dtype) return fmt::format("message of dtype {}, expected {}", got.dtype, expected.dtype);
   return "";
+}
+
+void declare_dead(const c10::intrusive_ptr<c10d::Store>& store, const std::string& token, int rank) {
+  c10d::PrefixStore members("noloco/" + token + "/members", store);
+  members.set(fmt::format("dead/{}", rank), std::vector<uint8_t>{'1'});
+}
+
+std::vector<int> GlooCommunicator::members(int64_t outer_step) {
+  // The first replica to reach this outer step writes the snapshot; everyone
+  // else reads that one, so all agree even though deaths are noticed at
+  // different moments. A death noticed too late for a snapshot costs only
+  // its partner a lone outer step.
+  std::string alive;
+  for (int r = 0; r < world_; ++r)
+    if (!membership_->check({fmt::format("dead/{}", r)})) alive += fmt::format("{},", r);
+  const auto key = fmt::format("snapshot/{}", outer_step);
+  const auto agreed = membership_->compareSet(key, {}, std::vector<uint8_t>(alive.begin(), alive.end()));
+  std::vector<int> out;
+  std::string text(agreed.begin(), agreed.end());
+  for (size_t pos = 0; pos < text.size();) {
+    const size_t comma = text.find(',', pos);
+    out.push_back(std::stoi(text.substr(pos, comma - pos)));
+    pos = comma + 1;
+  }
+  if (std::find(out.begin(), out.end(), rank_) == out.end()) out.push_back(rank_);  // declared dead, yet here
+  std::sort(out.begin(), out.end());
+  return out;
 }
 
 std::string new_run_token() {
@@ -158,7 +187,11 @@ torch::Tensor GlooCommunicator::group_mean(const torch::Tensor& payload, const s
       counted.push_back(peer);
       s.bytes_received += local.nbytes();
     } catch (const std::exception&) {
-      inbox.erase(peer);  // dead or silent peer: average without it
+      inbox.erase(peer);  // dead or silent peer: average without it, and tell the others
+      try {
+        membership_->set(fmt::format("dead/{}", peer), std::vector<uint8_t>{'1'});
+      } catch (const std::exception&) {
+      }
     }
   }
   s.wait_seconds += since(wait_start);

@@ -30,6 +30,8 @@ struct MessageHeader {
 std::string check_message_header(const MessageHeader& expected, const MessageHeader& got);
 // A fresh random token (hex) for a launched run.
 std::string new_run_token();
+// Records that worker `rank` is gone, in the run's membership namespace of `store`.
+void declare_dead(const c10::intrusive_ptr<c10d::Store>& store, const std::string& token, int rank);
 
 // RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR, MASTER_PORT (torchrun's names);
 // returns false when RANK is unset (not a launched worker). Throws on malformed values.
@@ -46,12 +48,14 @@ class GlooCommunicator final : public Communicator {
   void all_reduce_mean(torch::Tensor& t) override;
   torch::Tensor group_mean(const torch::Tensor& payload, const std::vector<int>& group,
                            std::vector<int>* arrived) override;
+  std::vector<int> members(int64_t outer_step) override;
   c10d::Store& store();
 
  private:
   int rank_, world_;
   std::chrono::milliseconds timeout_;
   c10::intrusive_ptr<c10d::Store> store_;
+  c10::intrusive_ptr<c10d::Store> membership_;  // dead/<rank> declarations and members/<outer step> snapshots
   c10::intrusive_ptr<c10d::ProcessGroupGloo> pg_;
   int64_t exchange_count_ = 0;
   int64_t run_id_ = 0;  // hash of the token, carried in message headers

@@ -39,8 +39,9 @@ std::vector<WorkerExit> launch_local_workers(const TrainConfig& c, const std::ve
   opts.isServer = true;
   opts.waitWorkers = false;
   opts.timeout = std::chrono::milliseconds(int64_t(c.peer_timeout * 1000));
-  c10d::TCPStore store(c.bind, opts);
-  const int port = store.getPort();
+  const auto tcp = c10::make_intrusive<c10d::TCPStore>(c.bind, opts);
+  const c10::intrusive_ptr<c10d::Store> store = tcp;
+  const int port = tcp->getPort();
   const int n = int(c.replicas);
 
   char exe[4096];
@@ -109,6 +110,7 @@ std::vector<WorkerExit> launch_local_workers(const TrainConfig& c, const std::ve
       exits.push_back(e);
       if (!e.ok()) {
         std::fprintf(stderr, "noloco: %s\n", e.describe().c_str());
+        declare_dead(store, token, e.rank);  // later NoLoCo groupings leave it out
         if (!keep_going_on_failure && !terminating) {
           std::fprintf(stderr, "noloco: method %s cannot continue without worker %d; stopping the others\n",
                        c.method.c_str(), e.rank);

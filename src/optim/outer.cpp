@@ -51,7 +51,7 @@ class SlowWeights final : public OuterOptimizer {
       sync.group = sync.arrived = all_;
       return sync;
     }
-    const auto groups = noloco_groups(c_.seed, sync.outer_step, all_, int(c_.group_size));
+    const auto groups = noloco_groups(c_.seed, sync.outer_step, comm_.members(sync.outer_step), int(c_.group_size));
     sync.group = *std::find_if(groups.begin(), groups.end(), [&](const std::vector<int>& g) {
       return std::find(g.begin(), g.end(), comm_.rank()) != g.end();
     });

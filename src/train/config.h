@@ -58,9 +58,10 @@ struct TrainConfig {
   std::string bind = "127.0.0.1";
   int64_t port = 0;  // store port; 0: pick a free one
   double peer_timeout = 60;
-  // Failure injection for tests and drills: "RANK:STEP" kills that worker
-  // with SIGKILL just before that inner step.
+  // Failure injection for tests and drills: "RANK:STEP[,RANK:STEP...]" kills
+  // those workers with SIGKILL just before those inner steps.
   std::string inject_crash;
+  std::vector<std::pair<int64_t, int64_t>> crash_plan() const;
 
   // Fills method-dependent defaults (H, alpha, gamma, decay_steps).
   void resolve();

@@ -182,13 +182,11 @@ nlohmann::json train(const TrainConfig& c, const WorkerInfo& w) {
   auto window_start = Clock::now();
   int64_t window_tokens = 0;
   const auto loop_start = Clock::now();
-  int64_t crash_rank = -1, crash_step = -1;
-  if (!c.inject_crash.empty()) {
-    crash_rank = std::stoll(c.inject_crash.substr(0, c.inject_crash.find(':')));
-    crash_step = std::stoll(c.inject_crash.substr(c.inject_crash.find(':') + 1));
-  }
+  int64_t crash_step = -1;
+  for (const auto& [rank, step] : c.crash_plan())
+    if (rank == w.rank) crash_step = step;
   for (int64_t step = first_step; step < c.steps; ++step) {
-    if (w.rank == crash_rank && step == crash_step) ::raise(SIGKILL);
+    if (step == crash_step) ::raise(SIGKILL);
     const double lr = learning_rate(c, step);
     inner.set_lr(lr);
     flat.grads().zero_();
