@@ -24,6 +24,7 @@
 #include "comm/bench_comm.h"
 #include "data/dataset.h"
 #include "util/files.h"
+#include "util/parse_number.h"
 
 #include <chrono>
 #include <filesystem>
@@ -54,8 +55,7 @@ std::map<std::string, std::string> parse_pairs(const std::vector<std::string>& a
 
 int run_generate(const std::string& checkpoint, const std::vector<std::string>& args) {
   auto kv = parse_pairs(args, {"prompt", "temperature", "top_k", "seed", "tokens", "device"});
-  // Reuse the config parser's strict number parsing for these keys.
-  auto cfg = parse_config("", {});
+  const auto cfg = parse_config("", {});
   const auto path = find_checkpoint(checkpoint);
   if (path.empty()) throw std::runtime_error(fmt::format("no checkpoint found at '{}'", checkpoint));
   auto ckpt = read_checkpoint(path, /*with_state=*/false);
@@ -63,23 +63,12 @@ int run_generate(const std::string& checkpoint, const std::vector<std::string>& 
   SamplingOptions o;
   auto number = [&](const char* key, double fallback) {
     auto it = kv.find(key);
-    if (it == kv.end()) return fallback;
-    size_t used = 0;
-    double v = 0;
-    try {
-      v = std::stod(it->second, &used);
-    } catch (const std::exception&) {
-      used = 0;
-    }
-    if (used == 0 || used != it->second.size()) throw std::invalid_argument(fmt::format("{}: '{}' is not a number", key, it->second));
-    return v;
+    return it == kv.end() ? fallback : parse_non_negative(key, it->second);
   };
   o.temperature = number("temperature", o.temperature);
   o.top_k = int64_t(number("top_k", double(o.top_k)));
   o.seed = uint64_t(number("seed", 0));
   o.tokens = int64_t(number("tokens", double(o.tokens)));
-  if (o.temperature < 0 || o.top_k < 0 || o.tokens < 0)
-    throw std::invalid_argument("temperature, top_k and tokens must be >= 0");
   torch::Device device(kv.count("device") ? kv["device"] : cfg.device);
   LlamaForCausalLM model(ckpt.model);
   {
@@ -185,9 +174,9 @@ int run_bench(const std::vector<std::string>& args) {
   double peak = 0;
   for (auto& a : args) {
     if (a.rfind("bench_steps=", 0) == 0) {
-      steps = std::stoll(a.substr(12));
+      steps = parse_integer("bench_steps", a.substr(12));
     } else if (a.rfind("peak_tflops=", 0) == 0) {
-      peak = std::stod(a.substr(12));
+      peak = parse_non_negative("peak_tflops", a.substr(12));
     } else {
       overrides.push_back(a);
     }

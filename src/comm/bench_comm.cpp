@@ -14,6 +14,7 @@
 
 #include "optim/grouping.h"
 #include "util/files.h"
+#include "util/parse_number.h"
 #include "util/svg_plot.h"
 
 namespace noloco {
@@ -25,16 +26,7 @@ double since(Clock::time_point t) { return std::chrono::duration<double>(Clock::
 double take_number(std::vector<std::string>& args, const std::string& key, double fallback) {
   for (auto it = args.begin(); it != args.end(); ++it) {
     if (it->rfind(key + "=", 0) != 0) continue;
-    const auto text = it->substr(key.size() + 1);
-    size_t used = 0;
-    double v = 0;
-    try {
-      v = std::stod(text, &used);
-    } catch (const std::exception&) {
-      used = 0;
-    }
-    if (used == 0 || used != text.size() || !std::isfinite(v) || v < 0)
-      throw std::invalid_argument(fmt::format("{}: '{}' is not a non-negative number", key, text));
+    const double v = parse_non_negative(key, it->substr(key.size() + 1));
     args.erase(it);
     return v;
   }

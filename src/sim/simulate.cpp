@@ -8,6 +8,7 @@
 #include "model/config.h"
 #include "sim/comm_model.h"
 #include "util/files.h"
+#include "util/parse_number.h"
 #include "util/progress.h"
 #include "util/svg_plot.h"
 
@@ -17,18 +18,7 @@ namespace {
 
 const char* kColors[] = {"#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b"};
 
-double number(const std::string& key, const std::string& v) {
-  size_t used = 0;
-  double x = 0;
-  try {
-    x = std::stod(v, &used);
-  } catch (const std::exception&) {
-    used = 0;
-  }
-  if (used == 0 || used != v.size() || !std::isfinite(x) || x < 0)
-    throw std::invalid_argument(fmt::format("{}: '{}' is not a non-negative number", key, v));
-  return x;
-}
+double number(const std::string& key, const std::string& v) { return parse_non_negative(key, v); }
 
 }  // namespace
 

@@ -9,6 +9,7 @@
 #include <yaml-cpp/yaml.h>
 
 #include "util/files.h"
+#include "util/parse_number.h"
 
 namespace noloco {
 
@@ -21,15 +22,7 @@ T parse_value(const std::string& key, const std::string& s);
 
 template <>
 int64_t parse_value<int64_t>(const std::string& key, const std::string& s) {
-  size_t used = 0;
-  long long v = 0;
-  try {
-    v = std::stoll(s, &used);
-  } catch (const std::exception&) {
-    used = 0;
-  }
-  if (used == 0 || used != s.size()) invalid(fmt::format("{}: '{}' is not an integer", key, s));
-  return v;
+  return parse_integer(key, s);
 }
 template <>
 uint64_t parse_value<uint64_t>(const std::string& key, const std::string& s) {
@@ -39,16 +32,7 @@ uint64_t parse_value<uint64_t>(const std::string& key, const std::string& s) {
 }
 template <>
 double parse_value<double>(const std::string& key, const std::string& s) {
-  size_t used = 0;
-  double v = 0;
-  try {
-    v = std::stod(s, &used);
-  } catch (const std::exception&) {
-    used = 0;
-  }
-  if (used == 0 || used != s.size() || !std::isfinite(v))
-    invalid(fmt::format("{}: '{}' is not a finite number", key, s));
-  return v;
+  return parse_real(key, s);
 }
 template <>
 bool parse_value<bool>(const std::string& key, const std::string& s) {

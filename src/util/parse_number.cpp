@@ -1,0 +1,42 @@
+#include "util/parse_number.h"
+
+#include <cmath>
+#include <stdexcept>
+
+#include <fmt/format.h>
+
+namespace noloco {
+
+int64_t parse_integer(const std::string& key, const std::string& text) {
+  size_t used = 0;
+  long long v = 0;
+  try {
+    v = std::stoll(text, &used);
+  } catch (const std::exception&) {
+    used = 0;
+  }
+  if (used == 0 || used != text.size())
+    throw std::invalid_argument(fmt::format("{}: '{}' is not an integer", key, text));
+  return v;
+}
+
+double parse_real(const std::string& key, const std::string& text) {
+  size_t used = 0;
+  double v = 0;
+  try {
+    v = std::stod(text, &used);
+  } catch (const std::exception&) {
+    used = 0;
+  }
+  if (used == 0 || used != text.size() || !std::isfinite(v))
+    throw std::invalid_argument(fmt::format("{}: '{}' is not a finite number", key, text));
+  return v;
+}
+
+double parse_non_negative(const std::string& key, const std::string& text) {
+  const double v = parse_real(key, text);
+  if (v < 0) throw std::invalid_argument(fmt::format("{}: must be >= 0, got {}", key, text));
+  return v;
+}
+
+}  // namespace noloco

@@ -1,0 +1,15 @@
+// Strict number parsing for every key=value the program reads: the whole text
+// must be the number, or std::invalid_argument names the key and the text.
+#pragma once
+#include <cstdint>
+#include <string>
+
+namespace noloco {
+
+int64_t parse_integer(const std::string& key, const std::string& text);
+// Finite only.
+double parse_real(const std::string& key, const std::string& text);
+// Finite and >= 0.
+double parse_non_negative(const std::string& key, const std::string& text);
+
+}  // namespace noloco
