@@ -122,7 +122,6 @@ std::string new_run_token() {
 
 GlooCommunicator::~GlooCommunicator() = default;
 
-c10d::Store& GlooCommunicator::store() { return *store_; }
 
 void GlooCommunicator::all_reduce_mean(torch::Tensor& t) {
   const auto start = Clock::now();

@@ -49,7 +49,6 @@ class GlooCommunicator final : public Communicator {
   torch::Tensor group_mean(const torch::Tensor& payload, const std::vector<int>& group,
                            std::vector<int>* arrived) override;
   std::vector<int> members(int64_t outer_step) override;
-  c10d::Store& store();
 
  private:
   int rank_, world_;

@@ -47,7 +47,7 @@ torch::Device pick_device(const std::string& name) {
 nlohmann::json comm_json(const CommStats& s) {
   return {{"bytes_sent", s.bytes_sent},     {"bytes_received", s.bytes_received},
           {"comm_seconds", s.comm_seconds}, {"wait_seconds", s.wait_seconds},
-          {"collectives", s.collectives}};
+          {"collectives", s.collectives},   {"messages", s.messages}};
 }
 
 }  // namespace
