@@ -34,6 +34,15 @@ struct ThreeScalars : torch::nn::Module {
   torch::Tensor w;
 };
 
+// One replica's parameters, fake peer and outer optimizer. `config` must outlive it.
+struct Rig {
+  explicit Rig(const TrainConfig& config) : outer(make_outer_optimizer(config, &comm, flat)) {}
+  ThreeScalars m;
+  FlatParams flat{m};
+  FakeComm comm;
+  std::unique_ptr<OuterOptimizer> outer;
+};
+
 TrainConfig outer_config(const std::string& method, double alpha, double beta, double gamma) {
   auto c = parse_config("", {"method=" + method, "replicas=2", "outer_interval=4"});
   c.outer_momentum = alpha;
@@ -50,11 +59,9 @@ void expect_values(const torch::Tensor& t, std::vector<double> expected) {
 }  // namespace
 
 TEST(Outer, NoLoCoStepByHandWithDistinctAlphaBetaGamma) {
-  ThreeScalars m;
-  FlatParams flat(m);
-  FakeComm comm;
   auto c = outer_config("noloco", 0.5, 0.7, 0.4);
-  auto outer = make_outer_optimizer(c, &comm, flat);
+  Rig rig(c);
+  auto& [m, flat, comm, outer] = rig;
   outer->load({{"outer.phi", torch::tensor({1.0f, 2.0f, -1.0f})}, {"outer.momentum", torch::tensor({0.1f, -0.2f, 0.3f})}});
   flat.values().copy_(torch::tensor({1.5f, 1.0f, 0.0f}));  // θ after the inner steps: Δ0 = [0.5, -1, 1]
   // Peer: Δ1 = [0.2, 0.6, -0.5], φ1 = [0, 4, 1]; γ ≠ β, so Δ and φ both travel.
@@ -72,11 +79,9 @@ TEST(Outer, NoLoCoStepByHandWithDistinctAlphaBetaGamma) {
 }
 
 TEST(Outer, NoLoCoWithGammaEqualBetaSendsOnlyTheta) {
-  ThreeScalars m;
-  FlatParams flat(m);
-  FakeComm comm;
   auto c = outer_config("noloco", 0.5, 0.7, 0.7);
-  auto outer = make_outer_optimizer(c, &comm, flat);
+  Rig rig(c);
+  auto& [m, flat, comm, outer] = rig;
   outer->load({{"outer.phi", torch::tensor({1.0f, 2.0f, -1.0f})}, {"outer.momentum", torch::tensor({0.1f, -0.2f, 0.3f})}});
   flat.values().copy_(torch::tensor({1.5f, 1.0f, 0.0f}));
   comm.peer = torch::tensor({0.2f, 4.6f, 0.5f});  // θ1 = φ1 + Δ1
@@ -87,12 +92,10 @@ TEST(Outer, NoLoCoWithGammaEqualBetaSendsOnlyTheta) {
 }
 
 TEST(Outer, NoLoCoBf16WireHalvesThePayload) {
-  ThreeScalars m;
-  FlatParams flat(m);
-  FakeComm comm;
   auto c = outer_config("noloco", 0.5, 0.7, 0.7);
   c.wire_dtype = "bf16";
-  auto outer = make_outer_optimizer(c, &comm, flat);
+  Rig rig(c);
+  auto& [m, flat, comm, outer] = rig;
   comm.peer = torch::zeros({3});
   outer->after_inner_step(3, flat);
   EXPECT_EQ(comm.sent.scalar_type(), torch::kBFloat16);
@@ -100,11 +103,9 @@ TEST(Outer, NoLoCoBf16WireHalvesThePayload) {
 }
 
 TEST(Outer, DiLoCoStepByHand) {
-  ThreeScalars m;
-  FlatParams flat(m);
-  FakeComm comm;
   auto c = outer_config("diloco", 0.3, 0.7, 0.7);
-  auto outer = make_outer_optimizer(c, &comm, flat);
+  Rig rig(c);
+  auto& [m, flat, comm, outer] = rig;
   outer->load({{"outer.phi", torch::tensor({1.0f, 2.0f, -1.0f})}, {"outer.momentum", torch::zeros({3})}});
   flat.values().copy_(torch::tensor({1.5f, 1.0f, 0.0f}));  // Δ0 = [0.5, -1, 1]
   comm.peer = torch::tensor({0.1f, 0.3f, -0.2f});         // Δ1
@@ -115,11 +116,9 @@ TEST(Outer, DiLoCoStepByHand) {
 }
 
 TEST(Outer, DdpAveragesTheFlatGradientInOneCollective) {
-  ThreeScalars m;
-  FlatParams flat(m);
-  FakeComm comm;
   auto c = parse_config("", {"method=ddp", "replicas=2"});
-  auto outer = make_outer_optimizer(c, &comm, flat);
+  Rig rig(c);
+  auto& [m, flat, comm, outer] = rig;
   flat.grads().copy_(torch::tensor({1.0f, 2.0f, 3.0f}));
   comm.peer = torch::tensor({3.0f, 2.0f, 1.0f});
   outer->on_gradients(flat);

@@ -36,21 +36,30 @@ WorkerInfo quiet() {
   return w;
 }
 
+// A temporary directory holding a 20 kB corpus; runs train in-process, quietly.
+class SmallRun : public ::testing::Test {
+ protected:
+  void SetUp() override { noloco::testing::write_text(dir / "c.txt", noloco::testing::shakespeare(20000)); }
+  std::vector<std::string> args(const std::string& run, const std::vector<std::string>& extra = {}) {
+    auto a = small_run(dir / "c.txt", dir / run);
+    a.insert(a.end(), extra.begin(), extra.end());
+    return a;
+  }
+  nlohmann::json train_run(const std::string& run, const std::vector<std::string>& extra = {}) {
+    return train(parse_config("", args(run, extra)), quiet());
+  }
+  TempDir dir;
+};
+class Train : public SmallRun {};
+class BadCheckpoint : public SmallRun {};
+class Cli : public SmallRun {};
+
 }  // namespace
 
-TEST(Train, ResumeContinuesBitIdentically) {
-  TempDir dir;
-  noloco::testing::write_text(dir / "c.txt", noloco::testing::shakespeare(20000));
-  auto whole = small_run(dir / "c.txt", dir / "whole");
-  train(parse_config("", whole), quiet());
-
-  auto split = small_run(dir / "c.txt", dir / "split");
-  auto first_half = split;
-  first_half.push_back("steps=10");
-  train(parse_config("", first_half), quiet());
-  auto second_half = split;
-  second_half.push_back("resume=true");
-  auto summary = train(parse_config("", second_half), quiet());
+TEST_F(Train, ResumeContinuesBitIdentically) {
+  train_run("whole");
+  train_run("split", {"steps=10"});
+  const auto summary = train_run("split", {"resume=true"});
 
   const auto a = train_losses(dir / "whole/metrics.jsonl"), b = train_losses(dir / "split/metrics.jsonl");
   ASSERT_EQ(a.size(), 20u);
@@ -62,12 +71,8 @@ TEST(Train, ResumeContinuesBitIdentically) {
   EXPECT_LT(summary["final_val_loss"].get<double>(), 4.0);
 }
 
-TEST(Train, CheckpointExportAndHuggingFaceLayout) {
-  TempDir dir;
-  noloco::testing::write_text(dir / "c.txt", noloco::testing::shakespeare(20000));
-  auto args = small_run(dir / "c.txt", dir / "run");
-  args.push_back("steps=2");
-  train(parse_config("", args), quiet());
+TEST_F(Train, CheckpointExportAndHuggingFaceLayout) {
+  train_run("run", {"steps=2"});
   const auto ckpt = find_checkpoint(dir / "run");
   ASSERT_FALSE(ckpt.empty());
   EXPECT_EQ(read_file(dir / "run/checkpoints/r0/latest"), "step_00000002\n");
@@ -90,12 +95,8 @@ TEST(Train, CheckpointExportAndHuggingFaceLayout) {
   for (auto key : {"step", "split", "loss", "lr", "tokens_per_s"}) EXPECT_TRUE(first.contains(key)) << key;
 }
 
-TEST(Train, InterruptedCheckpointWriteLeavesPreviousOneFindable) {
-  TempDir dir;
-  noloco::testing::write_text(dir / "c.txt", noloco::testing::shakespeare(20000));
-  auto args = small_run(dir / "c.txt", dir / "run");
-  args.push_back("steps=2");
-  train(parse_config("", args), quiet());
+TEST_F(Train, InterruptedCheckpointWriteLeavesPreviousOneFindable) {
+  train_run("run", {"steps=2"});
   // A writer killed mid-way leaves only a .tmp directory behind.
   std::filesystem::create_directories(dir / "run/checkpoints/r0/step_00000004.tmp");
   noloco::testing::write_text(dir / "run/checkpoints/r0/step_00000004.tmp/model.safetensors", "garbage");
@@ -155,35 +156,23 @@ TEST(BadInput, MissingConfigFile) {
   expect_one_line_error(noloco::testing::run_cli("train configs/nope.yaml"), "cannot open 'configs/nope.yaml'");
 }
 
-TEST(BadInput, TruncatedCheckpoint) {
-  TempDir dir;
-  noloco::testing::write_text(dir / "c.txt", noloco::testing::shakespeare(20000));
-  auto args = small_run(dir / "c.txt", dir / "run");
-  args.push_back("steps=1");
-  train(parse_config("", args), quiet());
+TEST_F(BadCheckpoint, Truncated) {
+  train_run("run", {"steps=1"});
   const auto ckpt = find_checkpoint(dir / "run");
   auto bytes = noloco::testing::read_text(ckpt + "/model.safetensors");
   noloco::testing::write_text(ckpt + "/model.safetensors", bytes.substr(0, bytes.size() / 2));
   expect_one_line_error(noloco::testing::run_cli("generate " + ckpt + " tokens=5"), "invalid safetensors");
 }
 
-TEST(BadInput, CheckpointOfAnotherModelShape) {
-  TempDir dir;
-  noloco::testing::write_text(dir / "c.txt", noloco::testing::shakespeare(20000));
-  auto args = small_run(dir / "c.txt", dir / "run");
-  args.push_back("steps=1");
-  train(parse_config("", args), quiet());
+TEST_F(BadCheckpoint, OfAnotherModelShape) {
+  train_run("run", {"steps=1"});
   std::string cli = "train configs/shakespeare.yaml";
-  for (auto& a : args) cli += " " + a;
+  for (auto& a : args("run", {"steps=1"})) cli += " " + a;
   expect_one_line_error(noloco::testing::run_cli(cli + " hidden=64 resume=true"), "does not match the config");
 }
 
-TEST(Cli, GenerateFromARunDirectory) {
-  TempDir dir;
-  noloco::testing::write_text(dir / "c.txt", noloco::testing::shakespeare(20000));
-  auto args = small_run(dir / "c.txt", dir / "run");
-  args.push_back("steps=1");
-  train(parse_config("", args), quiet());
+TEST_F(Cli, GenerateFromARunDirectory) {
+  train_run("run", {"steps=1"});
   auto r = noloco::testing::run_cli("generate " + dir / "run" + " prompt=ROMEO tokens=20 seed=3 temperature=1.0");
   EXPECT_EQ(r.exit_code, 0) << r.output;
   EXPECT_EQ(r.output.rfind("ROMEO", 0), 0u) << r.output;
