@@ -95,14 +95,19 @@ TEST_F(Train, CheckpointExportAndHuggingFaceLayout) {
   for (auto key : {"step", "split", "loss", "lr", "tokens_per_s"}) EXPECT_TRUE(first.contains(key)) << key;
 }
 
-TEST_F(Train, InterruptedCheckpointWriteLeavesPreviousOneFindable) {
-  train_run("run", {"steps=2"});
-  // A writer killed mid-way leaves only a .tmp directory behind.
-  std::filesystem::create_directories(dir / "run/checkpoints/r0/step_00000004.tmp");
-  noloco::testing::write_text(dir / "run/checkpoints/r0/step_00000004.tmp/model.safetensors", "garbage");
+TEST_F(Train, KillDuringCheckpointWriteLeavesThePreviousOneLoadable) {
+  std::string cli = "train configs/shakespeare.yaml";
+  for (auto& a : args("run", {"steps=4", "checkpoint_interval=2"})) cli += " " + a;
+  const auto killed = noloco::testing::run_cli(cli + " inject_crash=0:4:checkpoint", 60);
+  EXPECT_EQ(killed.exit_code, 128 + 9) << killed.output;  // SIGKILL, halfway through step 4's checkpoint
+  EXPECT_TRUE(std::filesystem::exists(dir / "run/checkpoints/r0/step_00000004.tmp/model.safetensors"));
   const auto found = find_checkpoint(dir / "run");
-  EXPECT_NE(found.find("step_00000002"), std::string::npos);
+  EXPECT_NE(found.find("step_00000002"), std::string::npos) << found;
   EXPECT_NO_THROW(read_checkpoint(found, true));
+  const auto resumed = noloco::testing::run_cli(cli + " resume=true", 60);
+  EXPECT_EQ(resumed.exit_code, 0) << resumed.output;
+  EXPECT_NE(resumed.output.find("resumed from"), std::string::npos) << resumed.output;
+  EXPECT_NE(find_checkpoint(dir / "run").find("step_00000004"), std::string::npos);
 }
 
 // ---- bad input through the command line: one line, non-zero exit ----

@@ -66,7 +66,7 @@ TensorMap load_tensors(const std::string& path, std::map<std::string, std::strin
 }
 
 std::string write_checkpoint(const std::string& dir, int64_t step, const Checkpoint& ckpt,
-                             const std::string& tokenizer_dir) {
+                             const std::string& tokenizer_dir, const std::function<void()>& halfway) {
   fs::create_directories(dir);
   const std::string name = fmt::format("step_{:08d}", step);
   const fs::path final_dir = fs::path(dir) / name;
@@ -75,6 +75,7 @@ std::string write_checkpoint(const std::string& dir, int64_t step, const Checkpo
   fs::create_directories(tmp_dir);
   save_tensors((tmp_dir / "model.safetensors").string(), ckpt.weights,
                {{"format", "pt"}, {"noloco_model", ckpt.model.to_json().dump()}});
+  if (halfway) halfway();
   save_tensors((tmp_dir / "state.safetensors").string(), ckpt.state);
   write_json_atomic((tmp_dir / "state.json").string(), ckpt.info);
   for (auto f : {"tokenizer.json", "tokenizer.model"}) {

@@ -4,6 +4,7 @@
 // renamed, then `latest` is switched atomically: a crash at any point leaves
 // the previous checkpoint intact and findable.
 #pragma once
+#include <functional>
 #include <map>
 #include <string>
 
@@ -28,8 +29,9 @@ struct Checkpoint {
 };
 
 // Writes `dir/step_<step>` and points `dir/latest` at it; returns its path.
+// `halfway` (failure drills) runs after the first file of the new checkpoint is written.
 std::string write_checkpoint(const std::string& dir, int64_t step, const Checkpoint& ckpt,
-                             const std::string& tokenizer_dir);
+                             const std::string& tokenizer_dir, const std::function<void()>& halfway = {});
 // `path` is a checkpoint directory, a directory with a `latest` file, or a run
 // directory (its checkpoints/r0). Empty string if none exists.
 std::string find_checkpoint(const std::string& path);

@@ -121,7 +121,7 @@ const std::vector<Field>& fields() {
       NOLOCO_KEY(bind, "address workers and the store listen on"),
       NOLOCO_KEY(port, "store port; 0: a free one"),
       NOLOCO_KEY(peer_timeout, "seconds before a silent peer is given up"),
-      NOLOCO_KEY(inject_crash, "failure drill: RANK:STEP[,RANK:STEP] kills those workers (SIGKILL) before that step"),
+      NOLOCO_KEY(inject_crash, "failure drill: RANK:STEP[:checkpoint][,...] kills that worker (SIGKILL) before that step, or while writing its checkpoint"),
   };
   return all;
 }
@@ -197,19 +197,24 @@ void TrainConfig::validate() const {
     invalid("wire_dtype=bf16 applies to noloco's point-to-point exchange; all-reduce methods send fp32");
   if (port < 0 || port > 65535) invalid(fmt::format("port must be in [0, 65535], got {}", port));
   positive("peer_timeout", peer_timeout);
-  for (const auto& [rank, step] : crash_plan()) {
-    if (rank < 0 || step < 0) invalid(fmt::format("inject_crash: RANK and STEP must be >= 0 in '{}'", inject_crash));
+  for (const auto& point : crash_plan()) {
+    if (point.rank < 0 || point.step < 0)
+      invalid(fmt::format("inject_crash: RANK and STEP must be >= 0 in '{}'", inject_crash));
   }
 }
 
-std::vector<std::pair<int64_t, int64_t>> TrainConfig::crash_plan() const {
-  std::vector<std::pair<int64_t, int64_t>> plan;
+std::vector<TrainConfig::CrashPoint> TrainConfig::crash_plan() const {
+  std::vector<CrashPoint> plan;
   std::stringstream list(inject_crash);
   for (std::string item; std::getline(list, item, ',');) {
-    const auto colon = item.find(':');
-    if (colon == std::string::npos) invalid(fmt::format("inject_crash must be RANK:STEP[,RANK:STEP...], got '{}'", inject_crash));
-    plan.emplace_back(parse_value<int64_t>("inject_crash", item.substr(0, colon)),
-                      parse_value<int64_t>("inject_crash", item.substr(colon + 1)));
+    std::vector<std::string> parts;
+    std::stringstream fields(item);
+    for (std::string part; std::getline(fields, part, ':');) parts.push_back(part);
+    const bool in_checkpoint = parts.size() == 3 && parts[2] == "checkpoint";
+    if (parts.size() != 2 && !in_checkpoint)
+      invalid(fmt::format("inject_crash must be RANK:STEP[:checkpoint][,...], got '{}'", inject_crash));
+    plan.push_back({parse_value<int64_t>("inject_crash", parts[0]), parse_value<int64_t>("inject_crash", parts[1]),
+                    in_checkpoint});
   }
   return plan;
 }

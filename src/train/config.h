@@ -59,9 +59,14 @@ struct TrainConfig {
   int64_t port = 0;  // store port; 0: pick a free one
   double peer_timeout = 60;
   // Failure injection for tests and drills: "RANK:STEP[,RANK:STEP...]" kills
-  // those workers with SIGKILL just before those inner steps.
+  // those workers with SIGKILL just before those inner steps; "RANK:STEP:checkpoint"
+  // kills it halfway through writing the checkpoint of that step.
   std::string inject_crash;
-  std::vector<std::pair<int64_t, int64_t>> crash_plan() const;
+  struct CrashPoint {
+    int64_t rank, step;
+    bool in_checkpoint;
+  };
+  std::vector<CrashPoint> crash_plan() const;
 
   // Fills method-dependent defaults (H, alpha, gamma, decay_steps).
   void resolve();

@@ -165,6 +165,9 @@ nlohmann::json train(const TrainConfig& c, const WorkerInfo& w) {
     const auto ids = generate(model, prompt, o);
     return corpus.tokenizer->decode(std::vector<int32_t>(ids.begin() + long(prompt.size()), ids.end()));
   };
+  int64_t crash_step = -1, crash_checkpoint = -1;
+  for (const auto& point : c.crash_plan())
+    if (point.rank == w.rank) (point.in_checkpoint ? crash_checkpoint : crash_step) = point.step;
   auto checkpoint = [&](int64_t steps_done) {
     Checkpoint ck;
     ck.model = arch;
@@ -174,7 +177,9 @@ nlohmann::json train(const TrainConfig& c, const WorkerInfo& w) {
     ck.info = {{"step", steps_done},          {"adam_steps", inner.steps_taken()},
                {"seed", c.seed},              {"method", c.method},
                {"replica", w.rank},           {"replicas", w.world}};
-    write_checkpoint(ckpt_dir, steps_done, ck, out);
+    write_checkpoint(ckpt_dir, steps_done, ck, out, [&] {
+      if (steps_done == crash_checkpoint) ::raise(SIGKILL);
+    });
   };
 
   double val_loss = std::nan(""), mean_model_loss = std::nan(""), weight_std = std::nan("");
@@ -182,9 +187,6 @@ nlohmann::json train(const TrainConfig& c, const WorkerInfo& w) {
   auto window_start = Clock::now();
   int64_t window_tokens = 0;
   const auto loop_start = Clock::now();
-  int64_t crash_step = -1;
-  for (const auto& [rank, step] : c.crash_plan())
-    if (rank == w.rank) crash_step = step;
   for (int64_t step = first_step; step < c.steps; ++step) {
     if (step == crash_step) ::raise(SIGKILL);
     const double lr = learning_rate(c, step);
