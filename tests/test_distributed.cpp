@@ -201,7 +201,7 @@ TEST(MessageHeader, RejectsOtherRunsExchangesSizesAndDtypes) {
 }
 
 TEST_F(Distributed, AWorkerWithTheWrongTokenCannotJoin) {
-  const int port = 30000 + int(::getpid() % 20000);
+  const int port = noloco::testing::free_port();
   const std::string run_dir = dir / "guarded";
   noloco::testing::CliResult main_run;
   std::thread runner([&] {

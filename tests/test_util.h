@@ -1,7 +1,10 @@
 // Helpers shared by the tests: temporary directories and running the CLI.
 #pragma once
+#include <netinet/in.h>
 #include <stdlib.h>
+#include <sys/socket.h>
 #include <sys/wait.h>
+#include <unistd.h>
 
 #include <array>
 #include <cstdio>
@@ -37,6 +40,20 @@ inline std::string read_text(const std::string& path) {
 // The first `bytes` of the bundled corpus.
 inline std::string shakespeare(size_t bytes) {
   return read_text(std::string(NOLOCO_SOURCE_DIR) + "/data/tinyshakespeare.txt").substr(0, bytes);
+}
+
+// A loopback TCP port that was free a moment ago (the kernel's choice).
+inline int free_port() {
+  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  addr.sin_port = 0;
+  socklen_t len = sizeof addr;
+  ::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr);
+  ::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len);
+  ::close(fd);
+  return ntohs(addr.sin_port);
 }
 
 struct CliResult {
