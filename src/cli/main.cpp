@@ -1,4 +1,5 @@
 // The noloco command line: a thin layer over train/, model/ and comm/.
+#include <csignal>
 #include <iostream>
 #include <map>
 #include <string>
@@ -196,6 +197,9 @@ int run_bench(const std::vector<std::string>& args) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  // A write to a peer that just died must come back as an error that the
+  // exchange handles (average without it), not kill this worker with SIGPIPE.
+  ::signal(SIGPIPE, SIG_IGN);
   CLI::App app{"noloco: Llama training with NoLoCo, DiLoCo and DDP over c10d"};
   app.require_subcommand(1);
 
