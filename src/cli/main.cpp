@@ -85,23 +85,37 @@ int run_generate(const std::string& checkpoint, const std::vector<std::string>& 
 
 std::string error_prefix = "noloco: error: ";
 
+// Joins the run this process was launched into; errors now name the worker.
+std::unique_ptr<GlooCommunicator> join_as_worker(const WorkerEnv& env, const TrainConfig& cfg) {
+  error_prefix = fmt::format("noloco[worker {}]: error: ", env.rank);
+  return std::make_unique<GlooCommunicator>(env, cfg.bind,
+                                            std::chrono::milliseconds(int64_t(cfg.peer_timeout * 1000)));
+}
+
+// What the launcher's workers run: this command again, with the resolved run directory.
+std::vector<std::string> worker_command(std::vector<std::string> command, const std::vector<std::string>& args,
+                                        const std::string& out) {
+  command.insert(command.end(), args.begin(), args.end());
+  command.push_back("out=" + out);
+  return command;
+}
+
 // One replica, a launched worker (RANK set: our launcher, torchrun, Slurm...),
 // or the launcher of `replicas` local workers.
 int run_train(const std::string& config_path, const std::vector<std::string>& overrides) {
   auto cfg = load_config(config_path, overrides);
   WorkerEnv env;
   if (worker_env_from_environment(env)) {
-    error_prefix = fmt::format("noloco[worker {}]: error: ", env.rank);
     cfg.replicas = env.world;
     cfg.validate();
     if (cfg.out.empty()) throw std::invalid_argument("launched workers need out=DIR, the same for all of them");
-    GlooCommunicator comm(env, cfg.bind, std::chrono::milliseconds(int64_t(cfg.peer_timeout * 1000)));
+    const auto comm = join_as_worker(env, cfg);
     WorkerInfo w;
     w.rank = env.rank;
     w.world = env.world;
     const char* local = std::getenv("LOCAL_WORLD_SIZE");
     w.local_world = local ? std::max(1, std::atoi(local)) : 1;
-    w.comm = &comm;
+    w.comm = comm.get();
     w.verbose = env.rank == 0;
     train(cfg, w);
     return 0;
@@ -115,9 +129,7 @@ int run_train(const std::string& config_path, const std::vector<std::string>& ov
   std::filesystem::create_directories(cfg.out);
   load_corpus(cfg, cfg.out);  // builds and saves the tokenizer once, before the workers load it
   write_file_atomic(cfg.out + "/config.yaml", cfg.to_yaml());
-  std::vector<std::string> worker_args = {"train", config_path};
-  worker_args.insert(worker_args.end(), overrides.begin(), overrides.end());
-  worker_args.push_back("out=" + cfg.out);
+  const auto worker_args = worker_command({"train", config_path}, overrides, cfg.out);
   fmt::print("noloco: launching {} {} workers, run dir {}\n", cfg.replicas, cfg.method, cfg.out);
   std::fflush(stdout);
   const auto exits = launch_local_workers(cfg, worker_args, /*keep_going_on_failure=*/cfg.method == "noloco");
@@ -146,17 +158,14 @@ int run_comm_bench(std::vector<std::string> args) {
   if (cfg.out.empty()) cfg.out = "runs/bench_comm";
   WorkerEnv env;
   if (worker_env_from_environment(env)) {
-    error_prefix = fmt::format("noloco[worker {}]: error: ", env.rank);
-    GlooCommunicator comm(env, cfg.bind, std::chrono::milliseconds(int64_t(cfg.peer_timeout * 1000)));
-    const auto r = comm_bench_worker(cfg, options, comm);
+    const auto comm = join_as_worker(env, cfg);
+    const auto r = comm_bench_worker(cfg, options, *comm);
     write_json_atomic(fmt::format("{}/bench_comm_r{}.json", cfg.out, env.rank), r);
     return 0;
   }
   std::filesystem::create_directories(cfg.out);
-  std::vector<std::string> worker_args = {"bench", "comm"};
-  worker_args.insert(worker_args.end(), original.begin(), original.end());
-  worker_args.push_back("out=" + cfg.out);
-  const auto exits = launch_local_workers(cfg, worker_args, /*keep_going_on_failure=*/false);
+  const auto exits =
+      launch_local_workers(cfg, worker_command({"bench", "comm"}, original, cfg.out), /*keep_going_on_failure=*/false);
   for (auto& e : exits)
     if (!e.ok()) throw std::runtime_error("bench comm failed: " + e.describe());
   const auto s = summarize_comm_bench(cfg, options);
@@ -274,12 +283,10 @@ int main(int argc, char** argv) {
       }
       return 0;
     }
-  } catch (const c10::Error& e) {
-    std::string msg = e.what_without_backtrace();
-    std::cerr << error_prefix << msg.substr(0, msg.find('\n')) << std::endl;
-    return 1;
   } catch (const std::exception& e) {
-    std::string msg = e.what();
+    // LibTorch's errors carry a backtrace after the message: keep the one line.
+    const auto* torch_error = dynamic_cast<const c10::Error*>(&e);
+    const std::string msg = torch_error ? torch_error->what_without_backtrace() : e.what();
     std::cerr << error_prefix << msg.substr(0, msg.find('\n')) << std::endl;
     return 1;
   }

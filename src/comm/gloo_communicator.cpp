@@ -21,6 +21,31 @@ using Clock = std::chrono::steady_clock;
 
 double since(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
 
+// The store namespace for deaths and member snapshots of the run with `token`.
+c10::intrusive_ptr<c10d::Store> membership_store(const c10::intrusive_ptr<c10d::Store>& store, const std::string& token) {
+  return c10::make_intrusive<c10d::PrefixStore>("noloco/" + token + "/members", store);
+}
+
+std::string read_or_empty(c10d::Store& store, const std::string& key) {
+  if (!store.check({key})) return "";
+  const auto bytes = store.get(key);
+  return {bytes.begin(), bytes.end()};
+}
+
+std::vector<uint8_t> bytes_of(const std::string& s) { return {s.begin(), s.end()}; }
+
+// Appends `rank` to the comma-separated "dead" list, atomically: one key, so
+// a members snapshot costs one read however many replicas there are.
+void add_dead(c10d::Store& members, int rank) {
+  std::string current = read_or_empty(members, "dead");
+  const std::string mine = fmt::format("{},", rank);
+  while (("," + current).find("," + mine) == std::string::npos) {
+    const auto wanted = current + mine;
+    const auto result = members.compareSet("dead", bytes_of(current), bytes_of(wanted));
+    current.assign(result.begin(), result.end());
+  }
+}
+
 int env_int(const char* name, int fallback) {
   const char* v = std::getenv(name);
   if (!v || !*v) return fallback;
@@ -62,7 +87,7 @@ GlooCommunicator::GlooCommunicator(const WorkerEnv& env, const std::string& bind
   // The store cannot list keys, so keys under a secret prefix can be neither
   // found nor forged by a process without the token: it cannot join the run.
   store_ = c10::make_intrusive<c10d::PrefixStore>("noloco/" + env.token + "/pg", tcp);
-  membership_ = c10::make_intrusive<c10d::PrefixStore>("noloco/" + env.token + "/members", tcp);
+  membership_ = membership_store(tcp, env.token);
   run_id_ = int64_t(std::hash<std::string>{}(env.token) & 0x7fffffffffffffffull);
   auto options = c10d::ProcessGroupGloo::Options::create(timeout);
   options->devices.push_back(c10d::ProcessGroupGloo::createDeviceForHostname(bind));
@@ -89,8 +114,7 @@ std::string check_message_header(const MessageHeader& expected, const MessageHea
 }
 
 void declare_dead(const c10::intrusive_ptr<c10d::Store>& store, const std::string& token, int rank) {
-  c10d::PrefixStore members("noloco/" + token + "/members", store);
-  members.set(fmt::format("dead/{}", rank), std::vector<uint8_t>{'1'});
+  add_dead(*membership_store(store, token), rank);
 }
 
 std::vector<int> GlooCommunicator::members(int64_t outer_step) {
@@ -98,13 +122,17 @@ std::vector<int> GlooCommunicator::members(int64_t outer_step) {
   // else reads that one, so all agree even though deaths are noticed at
   // different moments. A death noticed too late for a snapshot costs only
   // its partner a lone outer step.
-  std::string alive;
-  for (int r = 0; r < world_; ++r)
-    if (!membership_->check({fmt::format("dead/{}", r)})) alive += fmt::format("{},", r);
   const auto key = fmt::format("snapshot/{}", outer_step);
-  const auto agreed = membership_->compareSet(key, {}, std::vector<uint8_t>(alive.begin(), alive.end()));
+  std::string text = read_or_empty(*membership_, key);
+  if (text.empty()) {
+    const std::string dead = "," + read_or_empty(*membership_, "dead");
+    std::string alive;
+    for (int r = 0; r < world_; ++r)
+      if (dead.find(fmt::format(",{},", r)) == std::string::npos) alive += fmt::format("{},", r);
+    const auto agreed = membership_->compareSet(key, {}, bytes_of(alive));
+    text.assign(agreed.begin(), agreed.end());
+  }
   std::vector<int> out;
-  std::string text(agreed.begin(), agreed.end());
   for (size_t pos = 0; pos < text.size();) {
     const size_t comma = text.find(',', pos);
     out.push_back(std::stoi(text.substr(pos, comma - pos)));
@@ -121,7 +149,6 @@ std::string new_run_token() {
 }
 
 GlooCommunicator::~GlooCommunicator() = default;
-
 
 void GlooCommunicator::all_reduce_mean(torch::Tensor& t) {
   const auto start = Clock::now();
@@ -150,10 +177,7 @@ torch::Tensor GlooCommunicator::group_mean(const torch::Tensor& payload, const s
   const int64_t exchange = exchange_count_++;
   const int tag = int((exchange % (1 << 20)) * 2);
   const MessageHeader mine{0x6e6f6c6f636fLL, run_id_, exchange, local.numel(), int64_t(local.scalar_type())};
-  auto header_tensor = [](const MessageHeader& h) {
-    return torch::tensor({h.magic, h.run, h.exchange, h.numel, h.dtype}, torch::kInt64);
-  };
-  const auto my_header = header_tensor(mine);
+  const auto my_header = torch::tensor({mine.magic, mine.run, mine.exchange, mine.numel, mine.dtype}, torch::kInt64);
   std::vector<std::pair<int, c10::intrusive_ptr<c10d::Work>>> sends, header_recvs;
   std::map<int, torch::Tensor> headers, inbox;
   for (int peer : group) {
@@ -188,7 +212,7 @@ torch::Tensor GlooCommunicator::group_mean(const torch::Tensor& payload, const s
     } catch (const std::exception&) {
       inbox.erase(peer);  // dead or silent peer: average without it, and tell the others
       try {
-        membership_->set(fmt::format("dead/{}", peer), std::vector<uint8_t>{'1'});
+        add_dead(*membership_, peer);
       } catch (const std::exception&) {
       }
     }

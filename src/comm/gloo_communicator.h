@@ -54,7 +54,7 @@ class GlooCommunicator final : public Communicator {
   int rank_, world_;
   std::chrono::milliseconds timeout_;
   c10::intrusive_ptr<c10d::Store> store_;
-  c10::intrusive_ptr<c10d::Store> membership_;  // dead/<rank> declarations and members/<outer step> snapshots
+  c10::intrusive_ptr<c10d::Store> membership_;  // the "dead" list and snapshot/<outer step> member lists
   c10::intrusive_ptr<c10d::ProcessGroupGloo> pg_;
   int64_t exchange_count_ = 0;
   int64_t run_id_ = 0;  // hash of the token, carried in message headers
