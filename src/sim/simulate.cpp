@@ -18,8 +18,6 @@ namespace {
 
 const char* kColors[] = {"#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b"};
 
-double number(const std::string& key, const std::string& v) { return parse_non_negative(key, v); }
-
 }  // namespace
 
 SimulateOptions parse_simulate_options(const std::vector<std::string>& args) {
@@ -29,12 +27,12 @@ SimulateOptions parse_simulate_options(const std::vector<std::string>& args) {
     if (eq == std::string::npos) throw std::invalid_argument(fmt::format("'{}' is not key=value", a));
     const auto key = a.substr(0, eq), value = a.substr(eq + 1);
     if (key == "out") o.out = value;
-    else if (key == "samples") o.samples = int(number(key, value));
-    else if (key == "outer_steps") o.outer_steps = int(number(key, value));
-    else if (key == "max_replicas") o.max_replicas = int(number(key, value));
+    else if (key == "samples") o.samples = int(parse_non_negative(key, value));
+    else if (key == "outer_steps") o.outer_steps = int(parse_non_negative(key, value));
+    else if (key == "max_replicas") o.max_replicas = int(parse_non_negative(key, value));
     else if (key == "model") o.model = value;
-    else if (key == "step_seconds") o.step_seconds = number(key, value);
-    else if (key == "seed") o.seed = uint64_t(number(key, value));
+    else if (key == "step_seconds") o.step_seconds = parse_non_negative(key, value);
+    else if (key == "seed") o.seed = uint64_t(parse_non_negative(key, value));
     else throw std::invalid_argument(fmt::format("unknown simulate key '{}' (out, samples, outer_steps, max_replicas, model, step_seconds, seed)", key));
   }
   if (o.samples < 1 || o.outer_steps < 1 || o.max_replicas < 4)
