@@ -21,30 +21,16 @@
 
 using namespace noloco;
 using noloco::testing::TempDir;
+using noloco::testing::metrics_records;
+using noloco::testing::small_train_args;
 
 namespace {
-
-std::string small_args(const std::string& data, const std::string& out) {
-  return "train configs/shakespeare.yaml data=" + data + " out=" + out +
-         " hidden=32 layers=2 heads=2 intermediate=64 context=32 warmup=2 eval_interval=1000"
-         " eval_batches=2 log_interval=1 sample_tokens=0 peer_timeout=30";
-}
-
-std::vector<nlohmann::json> records(const std::string& run, const std::string& split) {
-  std::vector<nlohmann::json> out;
-  std::istringstream in(noloco::testing::read_text(run + "/metrics.jsonl"));
-  for (std::string line; std::getline(in, line);) {
-    auto j = nlohmann::json::parse(line);
-    if (j["split"] == split) out.push_back(j);
-  }
-  return out;
-}
 
 class Distributed : public ::testing::Test {
  protected:
   void SetUp() override { noloco::testing::write_text(dir / "c.txt", noloco::testing::shakespeare(20000)); }
   std::string run(const std::string& name, const std::string& extra) {
-    auto r = noloco::testing::run_cli(small_args(dir / "c.txt", dir / name) + " " + extra, 120);
+    auto r = noloco::testing::run_cli(small_train_args(dir / "c.txt", dir / name) + " " + extra, 120);
     EXPECT_EQ(r.exit_code, 0) << r.output;
     return dir / name;
   }
@@ -57,8 +43,8 @@ TEST_F(Distributed, DdpMatchesOneReplicaWithTheCombinedBatch) {
   const auto ddp = run("ddp", "method=ddp replicas=2 batch=4 steps=10");
   const auto single = run("single", "batch=8 steps=10");
   std::map<int64_t, std::vector<double>> per_step;
-  for (auto& r : records(ddp, "train")) per_step[r["step"].get<int64_t>()].push_back(r["loss"].get<double>());
-  const auto reference = records(single, "train");
+  for (auto& r : metrics_records(ddp, "train")) per_step[r["step"].get<int64_t>()].push_back(r["loss"].get<double>());
+  const auto reference = metrics_records(single, "train");
   ASSERT_EQ(reference.size(), 10u);
   for (auto& r : reference) {
     const auto& losses = per_step.at(r["step"].get<int64_t>());
@@ -82,13 +68,13 @@ TEST_F(Distributed, NoLoCoWithTheWholeGroupEqualsDiLoCo) {
     const auto b = load_tensors(find_checkpoint(diloco + sub) + "/model.safetensors");
     for (auto& [name, t] : a) EXPECT_LT((t - b.at(name)).abs().max().item<double>(), 1e-6) << name;
   }
-  EXPECT_EQ(records(noloco, "outer").size(), 2u * 3u);
+  EXPECT_EQ(metrics_records(noloco, "outer").size(), 2u * 3u);
 }
 
 TEST_F(Distributed, NoLoCoGroupsPartitionNoCollectivesModelSizedMessages) {
   const auto run_dir = run("noloco4", "method=noloco replicas=4 batch=2 steps=12 outer_interval=3");
   std::map<int64_t, std::map<int, std::vector<int>>> groups;  // outer step -> replica -> its group
-  for (auto& r : records(run_dir, "outer"))
+  for (auto& r : metrics_records(run_dir, "outer"))
     groups[r["outer_step"].get<int64_t>()][r["replica"].get<int>()] = r["group"].get<std::vector<int>>();
   ASSERT_EQ(groups.size(), 4u);
   std::set<std::vector<std::vector<int>>> distinct;
@@ -122,8 +108,8 @@ TEST_F(Distributed, MultiReplicaNoLoCoResumesBitIdentically) {
   run("split", common + " steps=6");
   const auto split = run("split", common + " steps=12 resume=true");
   std::map<std::pair<int, int64_t>, double> a, b;
-  for (auto& r : records(whole, "train")) a[{r["replica"].get<int>(), r["step"].get<int64_t>()}] = r["loss"].get<double>();
-  for (auto& r : records(split, "train")) b[{r["replica"].get<int>(), r["step"].get<int64_t>()}] = r["loss"].get<double>();
+  for (auto& r : metrics_records(whole, "train")) a[{r["replica"].get<int>(), r["step"].get<int64_t>()}] = r["loss"].get<double>();
+  for (auto& r : metrics_records(split, "train")) b[{r["replica"].get<int>(), r["step"].get<int64_t>()}] = r["loss"].get<double>();
   ASSERT_EQ(a.size(), 24u);
   ASSERT_EQ(b.size(), 24u);
   for (auto& [key, loss] : a) EXPECT_EQ(b.at(key), loss) << "replica " << key.first << " step " << key.second;
@@ -143,7 +129,7 @@ TEST_F(Distributed, NoLoCoWithEightReplicasSurvivesTwoKilledWorkers) {
   const int step_a = 2 + int(rd() % 8), step_b = 2 + int(rd() % 8);
   const std::string plan = fmt::format("{}:{},{}:{}", a, step_a, b, step_b);
   SCOPED_TRACE("inject_crash=" + plan);
-  auto r = noloco::testing::run_cli(small_args(dir / "c.txt", dir / "crash") +
+  auto r = noloco::testing::run_cli(small_train_args(dir / "c.txt", dir / "crash") +
                                         " method=noloco replicas=8 batch=2 steps=45 outer_interval=3 inject_crash=" + plan,
                                     120);
   EXPECT_EQ(r.exit_code, 0) << r.output;
@@ -160,7 +146,7 @@ TEST_F(Distributed, NoLoCoWithEightReplicasSurvivesTwoKilledWorkers) {
   // replica out varies; but once left out it stays out, and long after the
   // deaths (the last outer step) every group is whole.
   std::map<int64_t, bool> dead_grouped;  // outer step -> some group still holds a dead replica
-  for (auto& rec : records(dir / "crash", "outer")) {
+  for (auto& rec : metrics_records(dir / "crash", "outer")) {
     const auto group = rec["group"].get<std::vector<int>>(), arrived = rec["arrived"].get<std::vector<int>>();
     const bool with_dead = std::count(group.begin(), group.end(), a) || std::count(group.begin(), group.end(), b);
     dead_grouped[rec["outer_step"].get<int64_t>()] |= with_dead;
@@ -173,12 +159,12 @@ TEST_F(Distributed, NoLoCoWithEightReplicasSurvivesTwoKilledWorkers) {
     excluded = excluded || (outer > std::max(step_a, step_b) / 3 && !grouped);
   }
   EXPECT_FALSE(dead_grouped.rbegin()->second);
-  EXPECT_EQ(records(dir / "crash", "train").size(), 6u * 45u + size_t(step_a + step_b));
+  EXPECT_EQ(metrics_records(dir / "crash", "train").size(), 6u * 45u + size_t(step_a + step_b));
 }
 
 TEST_F(Distributed, DdpEndsWithAClearErrorWhenAWorkerDies) {
   auto r = noloco::testing::run_cli(
-      small_args(dir / "c.txt", dir / "ddpcrash") + " method=ddp replicas=3 batch=2 steps=50 inject_crash=1:4", 90);
+      small_train_args(dir / "c.txt", dir / "ddpcrash") + " method=ddp replicas=3 batch=2 steps=50 inject_crash=1:4", 90);
   EXPECT_NE(r.exit_code, 0) << r.output;
   EXPECT_NE(r.exit_code, 124) << "timed out instead of failing: " << r.output;
   EXPECT_NE(r.output.find("worker 1 was killed by signal 9"), std::string::npos) << r.output;
@@ -205,7 +191,7 @@ TEST_F(Distributed, AWorkerWithTheWrongTokenCannotJoin) {
   const std::string run_dir = dir / "guarded";
   noloco::testing::CliResult main_run;
   std::thread runner([&] {
-    main_run = noloco::testing::run_cli(small_args(dir / "c.txt", run_dir) +
+    main_run = noloco::testing::run_cli(small_train_args(dir / "c.txt", run_dir) +
                                             " method=noloco replicas=2 batch=2 steps=100000 outer_interval=10 port=" +
                                             std::to_string(port),
                                         90);

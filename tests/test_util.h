@@ -10,7 +10,11 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <sstream>
 #include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
 
 namespace noloco::testing {
 
@@ -75,6 +79,24 @@ inline CliResult run_cli(const std::string& args, int timeout_s = 120, const std
   const int status = ::pclose(p);
   r.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
   return r;
+}
+
+// `train` arguments for a small, fast model on `data`, writing to `out`.
+inline std::string small_train_args(const std::string& data, const std::string& out) {
+  return "train configs/shakespeare.yaml data=" + data + " out=" + out +
+         " hidden=32 layers=2 heads=2 intermediate=64 context=32 warmup=2 eval_interval=1000"
+         " eval_batches=2 log_interval=1 sample_tokens=0 peer_timeout=30";
+}
+
+// The records of one split ("train", "val", "outer") of a run's metrics.jsonl.
+inline std::vector<nlohmann::json> metrics_records(const std::string& run, const std::string& split) {
+  std::vector<nlohmann::json> out;
+  std::istringstream in(read_text(run + "/metrics.jsonl"));
+  for (std::string line; std::getline(in, line);) {
+    auto j = nlohmann::json::parse(line);
+    if (j["split"] == split) out.push_back(j);
+  }
+  return out;
 }
 
 }  // namespace noloco::testing

@@ -7,6 +7,7 @@
 
 #include <CLI/CLI.hpp>
 #include <fmt/format.h>
+#include <torch/csrc/distributed/c10d/Store.hpp>
 #include <torch/torch.h>
 
 #include "data/tokenizer.h"
@@ -20,6 +21,7 @@
 #include "train/run_summary.h"
 #include "train/report.h"
 #include "sim/simulate.h"
+#include "comm/activation_link.h"
 #include "comm/gloo_communicator.h"
 #include "comm/launcher.h"
 #include "comm/bench_comm.h"
@@ -85,11 +87,27 @@ int run_generate(const std::string& checkpoint, const std::vector<std::string>& 
 
 std::string error_prefix = "noloco: error: ";
 
+// The connections of a worker of a launched run.
+struct WorkerLinks {
+  c10::intrusive_ptr<c10d::Store> store;
+  std::unique_ptr<GlooCommunicator> comm;  // among the replicas of this worker's stage
+  std::unique_ptr<ActivationLink> link;    // to the other stages, with a pipeline
+};
+
 // Joins the run this process was launched into; errors now name the worker.
-std::unique_ptr<GlooCommunicator> join_as_worker(const WorkerEnv& env, const TrainConfig& cfg) {
+WorkerLinks join_as_worker(const WorkerEnv& env, const TrainConfig& cfg) {
   error_prefix = fmt::format("noloco[worker {}]: error: ", env.rank);
-  return std::make_unique<GlooCommunicator>(env, cfg.bind,
-                                            std::chrono::milliseconds(int64_t(cfg.peer_timeout * 1000)));
+  const auto timeout = std::chrono::milliseconds(int64_t(cfg.peer_timeout * 1000));
+  const int stages = int(cfg.stages), stage = env.rank % stages;
+  WorkerLinks links;
+  links.store = connect_store(env, timeout);
+  if (cfg.method != "none") {
+    const auto group = stages > 1 ? fmt::format("stage{}", stage) : std::string("replicas");
+    links.comm = std::make_unique<GlooCommunicator>(links.store, env, group, env.rank / stages, env.world / stages,
+                                                    cfg.bind, timeout);
+  }
+  if (stages > 1) links.link = std::make_unique<ActivationLink>(links.store, env, cfg.bind, timeout);
+  return links;
 }
 
 // What the launcher's workers run: this command again, with the resolved run directory.
@@ -106,21 +124,26 @@ int run_train(const std::string& config_path, const std::vector<std::string>& ov
   auto cfg = load_config(config_path, overrides);
   WorkerEnv env;
   if (worker_env_from_environment(env)) {
-    cfg.replicas = env.world;
+    if (env.world % cfg.stages != 0)
+      throw std::invalid_argument(fmt::format("WORLD_SIZE={} is not a multiple of stages={}", env.world, cfg.stages));
+    cfg.replicas = env.world / cfg.stages;
     cfg.validate();
     if (cfg.out.empty()) throw std::invalid_argument("launched workers need out=DIR, the same for all of them");
-    const auto comm = join_as_worker(env, cfg);
+    const auto links = join_as_worker(env, cfg);
     WorkerInfo w;
     w.rank = env.rank;
-    w.world = env.world;
+    w.stages = int(cfg.stages);
+    w.stage = env.rank % w.stages;
+    w.replica = env.rank / w.stages;
+    w.replicas = int(cfg.replicas);
     const char* local = std::getenv("LOCAL_WORLD_SIZE");
     w.local_world = local ? std::max(1, std::atoi(local)) : 1;
-    w.comm = comm.get();
-    w.verbose = env.rank == 0;
+    w.comm = links.comm.get();
+    w.link = links.link.get();
     train(cfg, w);
     return 0;
   }
-  if (cfg.method == "none") {
+  if (cfg.method == "none" && cfg.stages == 1) {
     train(cfg, WorkerInfo{});
     return 0;
   }
@@ -130,13 +153,20 @@ int run_train(const std::string& config_path, const std::vector<std::string>& ov
   load_corpus(cfg, cfg.out);  // builds and saves the tokenizer once, before the workers load it
   write_file_atomic(cfg.out + "/config.yaml", cfg.to_yaml());
   const auto worker_args = worker_command({"train", config_path}, overrides, cfg.out);
-  fmt::print("noloco: launching {} {} workers, run dir {}\n", cfg.replicas, cfg.method, cfg.out);
+  // A lost stage stalls every pipeline that routes through it, so only
+  // unpipelined NoLoCo carries on without a worker.
+  const bool survives_failures = cfg.method == "noloco" && cfg.stages == 1;
+  if (cfg.stages > 1)
+    fmt::print("noloco: launching {} replicas x {} stages = {} {} workers, run dir {}\n", cfg.replicas, cfg.stages,
+               cfg.replicas * cfg.stages, cfg.method, cfg.out);
+  else
+    fmt::print("noloco: launching {} {} workers, run dir {}\n", cfg.replicas, cfg.method, cfg.out);
   std::fflush(stdout);
-  const auto exits = launch_local_workers(cfg, worker_args, /*keep_going_on_failure=*/cfg.method == "noloco");
+  const auto exits = launch_local_workers(cfg, worker_args, /*keep_going_on_failure=*/survives_failures);
   const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-  const auto summary = summarize_run(cfg.out, cfg.method, int(cfg.replicas), exits, seconds);
+  const auto summary = summarize_run(cfg.out, cfg, exits, seconds);
   write_json_atomic(cfg.out + "/summary.json", summary);
-  if (cfg.method != "noloco" && !summary["replicas_failed"].empty()) {
+  if (!survives_failures && !summary["replicas_failed"].empty()) {
     // Name the worker that failed first, not the ones stopped because of it.
     const auto first = std::min_element(exits.begin(), exits.end(), [](const WorkerExit& a, const WorkerExit& b) {
       return !a.ok() && (b.ok() || a.seconds < b.seconds);
@@ -158,8 +188,8 @@ int run_comm_bench(std::vector<std::string> args) {
   if (cfg.out.empty()) cfg.out = "runs/bench_comm";
   WorkerEnv env;
   if (worker_env_from_environment(env)) {
-    const auto comm = join_as_worker(env, cfg);
-    const auto r = comm_bench_worker(cfg, options, *comm);
+    const auto links = join_as_worker(env, cfg);
+    const auto r = comm_bench_worker(cfg, options, *links.comm);
     write_json_atomic(fmt::format("{}/bench_comm_r{}.json", cfg.out, env.rank), r);
     return 0;
   }

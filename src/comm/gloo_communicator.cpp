@@ -21,9 +21,10 @@ using Clock = std::chrono::steady_clock;
 
 double since(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
 
-// The store namespace for deaths and member snapshots of the run with `token`.
-c10::intrusive_ptr<c10d::Store> membership_store(const c10::intrusive_ptr<c10d::Store>& store, const std::string& token) {
-  return c10::make_intrusive<c10d::PrefixStore>("noloco/" + token + "/members", store);
+// The store namespace for deaths and member snapshots of one group of the run with `token`.
+c10::intrusive_ptr<c10d::Store> membership_store(const c10::intrusive_ptr<c10d::Store>& store, const std::string& token,
+                                                 const std::string& group) {
+  return c10::make_intrusive<c10d::PrefixStore>("noloco/" + token + "/" + group + "/members", store);
 }
 
 std::string read_or_empty(c10d::Store& store, const std::string& key) {
@@ -75,32 +76,44 @@ bool worker_env_from_environment(WorkerEnv& env) {
   return true;
 }
 
-GlooCommunicator::GlooCommunicator(const WorkerEnv& env, const std::string& bind, std::chrono::milliseconds timeout)
-    : rank_(env.rank), world_(env.world), timeout_(timeout) {
+c10::intrusive_ptr<c10d::Store> connect_store(const WorkerEnv& env, std::chrono::milliseconds timeout) {
   c10d::TCPStoreOptions opts;
   opts.port = uint16_t(env.master_port);
   opts.isServer = env.rank == 0 && !env.agent_store;
   opts.numWorkers = c10::nullopt;
   opts.waitWorkers = false;
   opts.timeout = timeout;
-  auto tcp = c10::make_intrusive<c10d::TCPStore>(env.master_addr, opts);
+  return c10::make_intrusive<c10d::TCPStore>(env.master_addr, opts);
+}
+
+c10::intrusive_ptr<c10d::ProcessGroupGloo> join_process_group(const c10::intrusive_ptr<c10d::Store>& store,
+                                                              const WorkerEnv& env, const std::string& group,
+                                                              int rank, int world, const std::string& bind,
+                                                              std::chrono::milliseconds timeout) {
   // The store cannot list keys, so keys under a secret prefix can be neither
   // found nor forged by a process without the token: it cannot join the run.
-  store_ = c10::make_intrusive<c10d::PrefixStore>("noloco/" + env.token + "/pg", tcp);
-  membership_ = membership_store(tcp, env.token);
-  run_id_ = int64_t(std::hash<std::string>{}(env.token) & 0x7fffffffffffffffull);
+  auto prefixed = c10::make_intrusive<c10d::PrefixStore>("noloco/" + env.token + "/" + group + "/pg", store);
   auto options = c10d::ProcessGroupGloo::Options::create(timeout);
   options->devices.push_back(c10d::ProcessGroupGloo::createDeviceForHostname(bind));
   options->threads = 2;
   try {
-    pg_ = c10::make_intrusive<c10d::ProcessGroupGloo>(store_, rank_, world_, options);
+    return c10::make_intrusive<c10d::ProcessGroupGloo>(prefixed, rank, world, options);
   } catch (const std::exception& e) {
     throw std::runtime_error(fmt::format(
-        "could not join the run at {}:{} as worker {} of {} within {}s (wrong NOLOCO_RUN_TOKEN, or the other workers "
-        "are gone): {}",
-        env.master_addr, env.master_port, rank_, world_, timeout.count() / 1000,
+        "could not join the run at {}:{} as worker {} ({} {} of {}) within {}s (wrong NOLOCO_RUN_TOKEN, or the other "
+        "workers are gone): {}",
+        env.master_addr, env.master_port, env.rank, group, rank, world, timeout.count() / 1000,
         std::string(e.what()).substr(0, std::string(e.what()).find('\n'))));
   }
+}
+
+GlooCommunicator::GlooCommunicator(const c10::intrusive_ptr<c10d::Store>& store, const WorkerEnv& env,
+                                   const std::string& group, int rank, int world, const std::string& bind,
+                                   std::chrono::milliseconds timeout)
+    : rank_(rank), world_(world), timeout_(timeout) {
+  membership_ = membership_store(store, env.token, group);
+  run_id_ = run_id_of(env.token);
+  pg_ = join_process_group(store, env, group, rank, world, bind, timeout);
 }
 
 std::string check_message_header(const MessageHeader& expected, const MessageHeader& got) {
@@ -113,8 +126,9 @@ std::string check_message_header(const MessageHeader& expected, const MessageHea
   return "";
 }
 
-void declare_dead(const c10::intrusive_ptr<c10d::Store>& store, const std::string& token, int rank) {
-  add_dead(*membership_store(store, token), rank);
+void declare_dead(const c10::intrusive_ptr<c10d::Store>& store, const std::string& token, const std::string& group,
+                  int rank) {
+  add_dead(*membership_store(store, token, group), rank);
 }
 
 std::vector<int> GlooCommunicator::members(int64_t outer_step) {
@@ -141,6 +155,10 @@ std::vector<int> GlooCommunicator::members(int64_t outer_step) {
   if (std::find(out.begin(), out.end(), rank_) == out.end()) out.push_back(rank_);  // declared dead, yet here
   std::sort(out.begin(), out.end());
   return out;
+}
+
+int64_t run_id_of(const std::string& token) {
+  return int64_t(std::hash<std::string>{}(token) & 0x7fffffffffffffffull);
 }
 
 std::string new_run_token() {

@@ -28,10 +28,23 @@ struct MessageHeader {
 };
 // Empty if `got` is acceptable where `expected` was wanted, else the reason.
 std::string check_message_header(const MessageHeader& expected, const MessageHeader& got);
+// The token's hash, carried in message headers (the token itself never travels).
+int64_t run_id_of(const std::string& token);
 // A fresh random token (hex) for a launched run.
 std::string new_run_token();
-// Records that worker `rank` is gone, in the run's membership namespace of `store`.
-void declare_dead(const c10::intrusive_ptr<c10d::Store>& store, const std::string& token, int rank);
+// Records that member `rank` of group `group` is gone, in the run's membership namespace of `store`.
+void declare_dead(const c10::intrusive_ptr<c10d::Store>& store, const std::string& token, const std::string& group,
+                  int rank);
+
+// The run's store: hosted by the launcher (ours or torchrun's), else by worker 0.
+c10::intrusive_ptr<c10d::Store> connect_store(const WorkerEnv& env, std::chrono::milliseconds timeout);
+
+// A Gloo process group of `world` members under the run's secret prefix;
+// `group` names it, so one run can hold several (replicas of a stage, the pipeline).
+c10::intrusive_ptr<c10d::ProcessGroupGloo> join_process_group(const c10::intrusive_ptr<c10d::Store>& store,
+                                                              const WorkerEnv& env, const std::string& group,
+                                                              int rank, int world, const std::string& bind,
+                                                              std::chrono::milliseconds timeout);
 
 // RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR, MASTER_PORT (torchrun's names);
 // returns false when RANK is unset (not a launched worker). Throws on malformed values.
@@ -39,9 +52,9 @@ bool worker_env_from_environment(WorkerEnv& env);
 
 class GlooCommunicator final : public Communicator {
  public:
-  // Connects to (or, for rank 0 without an agent store, hosts) the store and
-  // forms the process group; Gloo listens on `bind`.
-  GlooCommunicator(const WorkerEnv& env, const std::string& bind, std::chrono::milliseconds timeout);
+  // Member `rank` of `world` in group `group` of the run; Gloo listens on `bind`.
+  GlooCommunicator(const c10::intrusive_ptr<c10d::Store>& store, const WorkerEnv& env, const std::string& group,
+                   int rank, int world, const std::string& bind, std::chrono::milliseconds timeout);
   ~GlooCommunicator() override;
   int rank() const override { return rank_; }
   int world() const override { return world_; }
@@ -53,7 +66,6 @@ class GlooCommunicator final : public Communicator {
  private:
   int rank_, world_;
   std::chrono::milliseconds timeout_;
-  c10::intrusive_ptr<c10d::Store> store_;
   c10::intrusive_ptr<c10d::Store> membership_;  // the "dead" list and snapshot/<outer step> member lists
   c10::intrusive_ptr<c10d::ProcessGroupGloo> pg_;
   int64_t exchange_count_ = 0;

@@ -42,7 +42,7 @@ std::vector<WorkerExit> launch_local_workers(const TrainConfig& c, const std::ve
   const auto tcp = c10::make_intrusive<c10d::TCPStore>(c.bind, opts);
   const c10::intrusive_ptr<c10d::Store> store = tcp;
   const int port = tcp->getPort();
-  const int n = int(c.replicas);
+  const int n = int(c.replicas * c.stages);
 
   char exe[4096];
   const ssize_t len = ::readlink("/proc/self/exe", exe, sizeof exe - 1);
@@ -110,7 +110,7 @@ std::vector<WorkerExit> launch_local_workers(const TrainConfig& c, const std::ve
       exits.push_back(e);
       if (!e.ok()) {
         std::fprintf(stderr, "noloco: %s\n", e.describe().c_str());
-        declare_dead(store, token, e.rank);  // later NoLoCo groupings leave it out
+        declare_dead(store, token, "replicas", e.rank);  // later NoLoCo groupings leave it out
         if (!keep_going_on_failure && !terminating) {
           std::fprintf(stderr, "noloco: method %s cannot continue without worker %d; stopping the others\n",
                        c.method.c_str(), e.rank);

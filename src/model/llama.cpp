@@ -94,13 +94,16 @@ LlamaForCausalLMImpl::LlamaForCausalLMImpl(const ModelConfig& c) : config(c) {
   lm_head = register_module("lm_head", linear(config.hidden, config.vocab_size));
 }
 
-const RotaryTables& LlamaForCausalLMImpl::rope(const torch::Tensor& like) {
-  if (!rope_.cos.defined() || rope_.cos.device() != like.device() ||
-      rope_.cos.scalar_type() != like.scalar_type()) {
-    rope_ = rotary_tables(config.context, config.head_dim(), config.rope_theta,
+const RotaryTables& cached_rotary_tables(RotaryTables& cache, const ModelConfig& c, const torch::Tensor& like) {
+  if (!cache.cos.defined() || cache.cos.device() != like.device() || cache.cos.scalar_type() != like.scalar_type()) {
+    cache = rotary_tables(c.context, c.head_dim(), c.rope_theta,
                           torch::TensorOptions().dtype(like.scalar_type()).device(like.device()));
   }
-  return rope_;
+  return cache;
+}
+
+const RotaryTables& LlamaForCausalLMImpl::rope(const torch::Tensor& like) {
+  return cached_rotary_tables(rope_, config, like);
 }
 
 torch::Tensor LlamaForCausalLMImpl::forward(const torch::Tensor& tokens) {
@@ -112,13 +115,16 @@ torch::Tensor LlamaForCausalLMImpl::forward(const torch::Tensor& tokens) {
   return lm_head(model->norm(x));
 }
 
-torch::Tensor LlamaForCausalLMImpl::loss(const torch::Tensor& tokens,
-                                         const torch::Tensor& targets) {
-  auto logits = forward(tokens);
+torch::Tensor next_token_loss(const torch::Tensor& logits, const torch::Tensor& targets) {
   // At least fp32 for the softmax, without dropping double precision in tests.
   const auto dtype = at::promote_types(logits.scalar_type(), torch::kFloat32);
   return torch::nn::functional::cross_entropy(logits.reshape({-1, logits.size(-1)}).to(dtype),
                                               targets.reshape({-1}));
+}
+
+torch::Tensor LlamaForCausalLMImpl::loss(const torch::Tensor& tokens,
+                                         const torch::Tensor& targets) {
+  return next_token_loss(forward(tokens), targets);
 }
 
 void init_weights(LlamaForCausalLM& model, uint64_t seed) {

@@ -22,6 +22,8 @@ struct RotaryTables {
 };
 RotaryTables rotary_tables(int64_t context, int64_t head_dim, double theta,
                            torch::TensorOptions options = {});
+// `cache` refilled for c's tables only when `like`'s device or dtype changes.
+const RotaryTables& cached_rotary_tables(RotaryTables& cache, const ModelConfig& c, const torch::Tensor& like);
 // x: [B, heads, T, head_dim]; x·cos + rotate_half(x)·sin.
 torch::Tensor apply_rotary(const torch::Tensor& x, const RotaryTables& rope);
 
@@ -75,6 +77,10 @@ struct LlamaForCausalLMImpl : torch::nn::Module {
   RotaryTables rope_;
 };
 TORCH_MODULE(LlamaForCausalLM);
+
+// Mean next-token cross-entropy of logits [B, T, vocab] against targets [B, T],
+// with the softmax in at least fp32.
+torch::Tensor next_token_loss(const torch::Tensor& logits, const torch::Tensor& targets);
 
 // Hugging Face's initialisation: N(0, 0.02) for linear and embedding weights, ones for norms.
 void init_weights(LlamaForCausalLM& model, uint64_t seed);

@@ -8,6 +8,7 @@
 #include <fmt/format.h>
 #include <yaml-cpp/yaml.h>
 
+#include "pipeline/routing.h"
 #include "util/files.h"
 #include "util/parse_number.h"
 
@@ -88,7 +89,7 @@ const std::vector<Field>& fields() {
       NOLOCO_ARCH_KEY(rope_theta, "rotary base"),
       NOLOCO_ARCH_KEY(norm_eps, "RMSNorm epsilon"),
       NOLOCO_KEY(batch, "sequences per micro-batch per replica"),
-      NOLOCO_KEY(grad_accum, "micro-batches per step"),
+      NOLOCO_KEY(grad_accum, "micro-batches per step (the pipeline's M)"),
       NOLOCO_KEY(steps, "inner steps"),
       NOLOCO_KEY(warmup, "linear warmup steps"),
       NOLOCO_KEY(decay_steps, "cosine decay length; 0: steps"),
@@ -112,6 +113,9 @@ const std::vector<Field>& fields() {
       NOLOCO_KEY(resume, "continue from the latest checkpoint in out"),
       NOLOCO_KEY(method, "none | ddp | diloco | noloco"),
       NOLOCO_KEY(replicas, "data-parallel replicas"),
+      NOLOCO_KEY(stages, "pipeline stages per replica (replicas x stages workers)"),
+      NOLOCO_KEY(stage_layers, "layers per stage, e.g. 3,5; empty: balanced"),
+      NOLOCO_KEY(routing, "random | fixed: routing of micro-batches between stage replicas"),
       NOLOCO_KEY(outer_interval, "H, inner steps per outer step; 0: 100 diloco, 50 noloco"),
       NOLOCO_KEY(outer_momentum, "alpha; <0: 0.3 diloco, 0.5 noloco"),
       NOLOCO_KEY(outer_lr, "beta, outer learning rate"),
@@ -188,6 +192,10 @@ void TrainConfig::validate() const {
     invalid(fmt::format("method must be none, ddp, diloco or noloco, got '{}'", method));
   positive("replicas", double(replicas));
   if (method == "none" && replicas > 1) invalid("replicas > 1 needs a method (ddp, diloco or noloco)");
+  positive("stages", double(stages));
+  stage_layer_ranges(arch.layers, stages, stage_layers);
+  if (routing != "random" && routing != "fixed")
+    invalid(fmt::format("routing must be random or fixed, got '{}'", routing));
   non_negative("outer_interval", double(outer_interval));
   positive("outer_lr", outer_lr);
   if (group_size < 2) invalid(fmt::format("group_size must be >= 2, got {}", group_size));

@@ -49,6 +49,10 @@ struct TrainConfig {
   // distributed (see optim/ and comm/)
   std::string method = "none";  // none | ddp | diloco | noloco
   int64_t replicas = 1;
+  // pipeline (see pipeline/): each replica split into `stages` workers
+  int64_t stages = 1;
+  std::string stage_layers;       // layer counts per stage, "3,5"; empty: balanced
+  std::string routing = "random";  // random | fixed: which replica of the next stage gets a micro-batch
   int64_t outer_interval = 0;   // H; 0: 100 for diloco, 50 for noloco
   double outer_momentum = -1;   // alpha; <0: 0.3 for diloco, 0.5 for noloco
   double outer_lr = 0.7;        // beta

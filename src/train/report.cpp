@@ -1,6 +1,7 @@
 #include "train/report.h"
 
 #include <filesystem>
+#include <cmath>
 #include <map>
 #include <sstream>
 
@@ -23,18 +24,20 @@ struct Curves {
 // training bytes all replicas had sent by then.
 Curves read_curves(const std::string& run_dir) {
   std::map<int64_t, std::vector<double>> val;
-  std::map<int64_t, double> spread;
-  std::map<int, std::map<int64_t, double>> sent;  // replica -> step -> cumulative bytes
+  // step -> stage -> (parameters, weight std): a pipeline logs the spread per stage
+  std::map<int64_t, std::map<int, std::pair<double, double>>> spread;
+  std::map<int, std::map<int64_t, double>> sent;  // worker -> step -> cumulative bytes
   std::istringstream in(read_file(run_dir + "/metrics.jsonl"));
   for (std::string line; std::getline(in, line);) {
     const auto j = nlohmann::json::parse(line, nullptr, false);
     if (j.is_discarded() || !j.contains("split")) continue;
     const auto step = j.value("step", int64_t(0));
     if (j["split"] == "val") {
-      val[step].push_back(j.value("loss", 0.0));
-      if (j.contains("weight_std")) spread[step] = j["weight_std"].get<double>();
+      if (j.contains("loss")) val[step].push_back(j["loss"].get<double>());
+      if (j.contains("weight_std"))
+        spread[step][j.value("stage", 0)] = {j.value("stage_params", 1.0), j["weight_std"].get<double>()};
     } else if (j["split"] == "train" && j.contains("bytes_sent")) {
-      sent[j.value("replica", 0)][step] = j["bytes_sent"].get<double>();
+      sent[j.value("worker", j.value("replica", 0))][step] = j["bytes_sent"].get<double>();
     }
   }
   Curves c;
@@ -50,7 +53,14 @@ Curves read_curves(const std::string& run_dir) {
     }
     c.loss_by_bytes.emplace_back(bytes, mean);
   }
-  for (auto& [step, s] : spread) c.std_by_step.emplace_back(double(step), s);
+  for (auto& [step, stages] : spread) {
+    double var_sum = 0, params = 0;
+    for (auto& [stage, n_std] : stages) {
+      var_sum += n_std.first * n_std.second * n_std.second;
+      params += n_std.first;
+    }
+    c.std_by_step.emplace_back(double(step), std::sqrt(var_sum / params));
+  }
   return c;
 }
 

@@ -10,8 +10,8 @@
 
 namespace noloco {
 
-nlohmann::json summarize_run(const std::string& out, const std::string& method, int replicas,
-                             const std::vector<WorkerExit>& exits, double seconds);
+nlohmann::json summarize_run(const std::string& out, const TrainConfig& config, const std::vector<WorkerExit>& exits,
+                             double seconds);
 
 // Markdown table comparing runs (each a run directory with summary.json).
 std::string comparison_table(const std::vector<std::string>& run_dirs);

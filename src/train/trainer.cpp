@@ -10,13 +10,16 @@
 
 #include <fmt/format.h>
 
+#include "comm/activation_link.h"
 #include "data/dataset.h"
 #include "model/generate.h"
 #include "model/llama.h"
 #include "optim/flat_params.h"
 #include "optim/inner.h"
 #include "optim/outer.h"
+#include "pipeline/stage.h"
 #include "train/checkpoint.h"
+#include "train/forward_backward.h"
 #include "train/metrics.h"
 #include "util/compute_threads.h"
 #include "util/files.h"
@@ -50,6 +53,22 @@ nlohmann::json comm_json(const CommStats& s) {
           {"collectives", s.collectives},   {"messages", s.messages}};
 }
 
+// Which worker a record comes from, and its traffic so far: weights (outer
+// method) and, in a pipeline, activations.
+nlohmann::json worker_json(const WorkerInfo& w) {
+  nlohmann::json j = {{"replica", w.replica}};
+  if (w.comm) j.update(comm_json(w.comm->stats()));
+  if (w.link) {
+    const auto& p = w.link->stats();
+    j.update({{"worker", w.rank},
+              {"stage", w.stage},
+              {"activation_bytes_sent", p.bytes_sent},
+              {"activation_bytes_received", p.bytes_received},
+              {"pipeline_idle_seconds", p.idle_seconds}});
+  }
+  return j;
+}
+
 }  // namespace
 
 std::string default_run_dir(const TrainConfig& c) {
@@ -63,7 +82,8 @@ nlohmann::json train(const TrainConfig& c, const WorkerInfo& w) {
   const auto start = Clock::now();
   const std::string out = c.out.empty() ? default_run_dir(c) : c.out;
   fs::create_directories(out);
-  const bool lead = w.rank == 0 && w.verbose;
+  // The worker that prints: replica 0's, on the stage that sees the loss.
+  const bool lead = w.replica == 0 && w.stage == w.stages - 1 && w.verbose;
   const int cores = std::max(1, int(std::thread::hardware_concurrency()));
   set_compute_threads(c.threads > 0 ? int(c.threads) : std::max(1, cores / std::max(1, w.local_world)));
   const torch::Device device = pick_device(c.device);
@@ -77,14 +97,20 @@ nlohmann::json train(const TrainConfig& c, const WorkerInfo& w) {
                c.model, format_count(double(arch.num_params())), format_count(arch.train_flops_per_token()),
                arch.vocab_size, corpus.tokenizer->kind(), format_count(double(corpus.train.numel())),
                format_count(double(corpus.val.numel())));
-    fmt::print("noloco: method {}, {} replica(s), device {}, {} threads, run dir {}\n", c.method, w.world,
+    fmt::print("noloco: method {}, {} replica(s), device {}, {} threads, run dir {}\n", c.method, w.replicas,
                device.str(), torch::get_num_threads(), out);
+    if (w.stages > 1)
+      fmt::print("noloco: {} pipeline stages, {} routing, {} micro-batches per step (GPipe)\n", w.stages, c.routing,
+                 c.grad_accum);
   }
 
-  LlamaForCausalLM model(arch);
-  init_weights(model, c.seed);
-  model->to(device);
-  FlatParams flat(*model);
+  const WindowSampler train_windows(corpus.train, arch.context, c.seed);
+  const WindowSampler val_windows(corpus.val, arch.context, kEvalSeed);
+  const StepData data{train_windows, val_windows, w.replica};
+  const auto worker_model =
+      w.stages > 1 ? make_pipeline_stage(c, arch, data, device, {w.replica, w.replicas, w.stage, w.stages}, *w.link)
+                   : make_whole_model(c, arch, data, device);
+  FlatParams flat(worker_model->module());
   InnerOptimizer inner(flat, c);
   auto outer = make_outer_optimizer(c, w.comm, flat);
 
@@ -100,7 +126,12 @@ nlohmann::json train(const TrainConfig& c, const WorkerInfo& w) {
         throw std::runtime_error(fmt::format("{}: checkpoint model {} does not match the config {}", path,
                                              ckpt.model.to_json().dump(), arch.to_json().dump()));
       torch::NoGradGuard no_grad;
-      for (auto& [name, t] : flat.named()) t.copy_(ckpt.weights.at(name));
+      for (auto& [name, t] : flat.named()) {
+        const auto it = ckpt.weights.find(name);
+        if (it == ckpt.weights.end())
+          throw std::runtime_error(fmt::format("{}: checkpoint lacks {} (another stage's checkpoint?)", path, name));
+        t.copy_(it->second);
+      }
       first_step = ckpt.info.at("step").get<int64_t>();
       inner.load(ckpt.state, ckpt.info.at("adam_steps").get<int64_t>());
       outer->load(ckpt.state);
@@ -108,28 +139,18 @@ nlohmann::json train(const TrainConfig& c, const WorkerInfo& w) {
     }
   }
 
-  const WindowSampler train_windows(corpus.train, arch.context, c.seed);
-  const WindowSampler val_windows(corpus.val, arch.context, kEvalSeed);
   MetricsLog metrics(out + "/metrics.jsonl");
   // One event file per replica: `tensorboard --logdir runs/` shows each as a run.
   EventWriter tensorboard(fmt::format("{}/tensorboard/replica_{}", out, w.rank), fmt::format("r{}", w.rank));
   const int64_t tokens_per_step = c.batch * c.grad_accum * arch.context;
 
-  auto evaluate = [&]() {
-    torch::NoGradGuard no_grad;
-    double sum = 0;
-    for (int64_t i = 0; i < c.eval_batches; ++i) {
-      auto b = val_windows.sample(uint64_t(i), 0, c.batch);
-      shim::CudaBf16Autocast autocast(c.precision == "bf16");
-      sum += model->loss(b.inputs.to(device), b.targets.to(device)).item<double>();
-    }
-    return sum / double(c.eval_batches);
-  };
+  auto evaluate = [&] { return worker_model->evaluate(); };
   // The paper's Fig. 3B: spread of weights across replicas, and the loss of their
   // average. An evaluation-only exchange, charged apart from training traffic;
-  // if a replica is gone it is skipped rather than failing the run.
+  // if a replica is gone it is skipped rather than failing the run. With a
+  // pipeline, per stage (the spread over all weights is combined in summary.json).
   auto evaluate_across_replicas = [&]() -> std::pair<double, double> {
-    if (!w.comm || w.world < 2) return {std::nan(""), std::nan("")};
+    if (!w.comm || w.replicas < 2) return {std::nan(""), std::nan("")};
     Communicator::EvaluationTraffic scope(*w.comm);
     torch::NoGradGuard no_grad;
     auto& theta = flat.values();
@@ -140,7 +161,7 @@ nlohmann::json train(const TrainConfig& c, const WorkerInfo& w) {
       w.comm->all_reduce_mean(var);
       const double std_dev = var.mean().sqrt().item<double>();
       double mean_loss = std::nan("");
-      if (w.rank == 0) {
+      if (w.replica == 0) {  // all stages of replica 0 evaluate the mean model together
         auto own = theta.clone();
         theta.copy_(mean);
         mean_loss = evaluate();
@@ -152,7 +173,9 @@ nlohmann::json train(const TrainConfig& c, const WorkerInfo& w) {
       return {std::nan(""), std::nan("")};
     }
   };
-  auto sample_text = [&](int64_t step) {
+  auto sample_text = [&](int64_t step) -> std::string {
+    auto* model = worker_model->whole_model();
+    if (!model) return "(no samples from a pipelined run; export it and use `noloco generate`)";
     SamplingOptions o;
     o.tokens = c.sample_tokens;
     o.seed = c.seed + uint64_t(step);
@@ -162,7 +185,7 @@ nlohmann::json train(const TrainConfig& c, const WorkerInfo& w) {
     } catch (const std::invalid_argument&) {
       prompt.clear();  // a prompt outside the vocabulary: start from token 0
     }
-    const auto ids = generate(model, prompt, o);
+    const auto ids = generate(*model, prompt, o);
     return corpus.tokenizer->decode(std::vector<int32_t>(ids.begin() + long(prompt.size()), ids.end()));
   };
   int64_t crash_step = -1, crash_checkpoint = -1;
@@ -176,7 +199,8 @@ nlohmann::json train(const TrainConfig& c, const WorkerInfo& w) {
     outer->save(ck.state);
     ck.info = {{"step", steps_done},          {"adam_steps", inner.steps_taken()},
                {"seed", c.seed},              {"method", c.method},
-               {"replica", w.rank},           {"replicas", w.world}};
+               {"replica", w.replica},        {"replicas", w.replicas},
+               {"stage", w.stage},            {"stages", w.stages}};
     write_checkpoint(ckpt_dir, steps_done, ck, out, [&] {
       if (steps_done == crash_checkpoint) ::raise(SIGKILL);
     });
@@ -185,25 +209,16 @@ nlohmann::json train(const TrainConfig& c, const WorkerInfo& w) {
   double val_loss = std::nan(""), mean_model_loss = std::nan(""), weight_std = std::nan("");
   double last_loss = std::nan("");
   auto window_start = Clock::now();
-  int64_t window_tokens = 0;
+  int64_t window_tokens = 0, window_steps = 0;
+  uint64_t window_activation_bytes = 0;
   const auto loop_start = Clock::now();
   for (int64_t step = first_step; step < c.steps; ++step) {
     if (step == crash_step) ::raise(SIGKILL);
     const double lr = learning_rate(c, step);
     inner.set_lr(lr);
     flat.grads().zero_();
-    double loss_sum = 0;
-    for (int64_t micro = 0; micro < c.grad_accum; ++micro) {
-      auto b = train_windows.sample(uint64_t(step * c.grad_accum + micro), w.rank * c.batch, c.batch);
-      torch::Tensor loss;
-      {
-        shim::CudaBf16Autocast autocast(c.precision == "bf16");
-        loss = model->loss(b.inputs.to(device), b.targets.to(device)) / double(c.grad_accum);
-      }
-      loss.backward();
-      loss_sum += loss.item<double>();
-    }
-    if (!std::isfinite(loss_sum))
+    const double loss_sum = worker_model->train_step(step);
+    if (worker_model->computes_loss() && !std::isfinite(loss_sum))
       throw std::runtime_error(fmt::format("loss became {} at step {} (lower lr?)", loss_sum, step));
     outer->on_gradients(flat);
     const double grad_norm = inner.clip_gradients(c.clip);
@@ -211,12 +226,13 @@ nlohmann::json train(const TrainConfig& c, const WorkerInfo& w) {
     const auto sync = outer->after_inner_step(step, flat);
     if (sync) {
       nlohmann::json rec = {{"step", step + 1}, {"split", "outer"}, {"outer_step", sync->outer_step},
-                            {"group", sync->group}, {"arrived", sync->arrived}, {"replica", w.rank}};
-      if (w.comm) rec.update(comm_json(w.comm->stats()));
+                            {"group", sync->group}, {"arrived", sync->arrived}};
+      rec.update(worker_json(w));
       metrics.write(rec);
     }
     last_loss = loss_sum;
     window_tokens += tokens_per_step;
+    window_steps += 1;
 
     const int64_t done = step + 1;
     const bool last = done == c.steps;
@@ -225,12 +241,21 @@ nlohmann::json train(const TrainConfig& c, const WorkerInfo& w) {
       const double tps = double(window_tokens) / std::max(dt, 1e-9);
       const double elapsed = seconds_since(loop_start);
       const double eta = elapsed / double(done - first_step) * double(c.steps - done);
-      nlohmann::json rec = {{"step", done},       {"split", "train"}, {"loss", loss_sum},
-                            {"lr", lr},           {"tokens_per_s", tps}, {"grad_norm", grad_norm},
-                            {"replica", w.rank},  {"elapsed", elapsed}};
-      if (w.comm) rec.update(comm_json(w.comm->stats()));
+      nlohmann::json rec = {{"step", done},         {"split", "train"},      {"lr", lr},
+                            {"tokens_per_s", tps}, {"grad_norm", grad_norm}, {"elapsed", elapsed}};
+      rec.update(worker_json(w));
+      if (worker_model->computes_loss()) {
+        rec["loss"] = loss_sum;
+        tensorboard.scalar("train/loss", done, loss_sum);
+      }
+      if (w.link) {
+        const auto& p = w.link->stats();
+        rec["activation_bytes_per_step"] = double(p.bytes_sent - window_activation_bytes) / double(window_steps);
+        tensorboard.scalar("pipeline/activation_bytes_sent", done, double(p.bytes_sent));
+        tensorboard.scalar("pipeline/idle_seconds", done, p.idle_seconds);
+        window_activation_bytes = p.bytes_sent;
+      }
       metrics.write(rec);
-      tensorboard.scalar("train/loss", done, loss_sum);
       tensorboard.scalar("train/lr", done, lr);
       tensorboard.scalar("train/tokens_per_s", done, tps);
       if (w.comm) {
@@ -245,21 +270,29 @@ nlohmann::json train(const TrainConfig& c, const WorkerInfo& w) {
         if (w.comm)
           fmt::print(" | sent {}B | comm {:.1f}s (wait {:.1f}s)", format_count(double(w.comm->stats().bytes_sent)),
                      w.comm->stats().comm_seconds, w.comm->stats().wait_seconds);
+        if (w.link)
+          fmt::print(" | activations {}B | pipeline idle {:.1f}s", format_count(double(w.link->stats().bytes_sent)),
+                     w.link->stats().idle_seconds);
         fmt::print("\n");
       }
       std::fflush(stdout);
       window_start = Clock::now();
       window_tokens = 0;
+      window_steps = 0;
     }
     if (done % c.eval_interval == 0 || last) {
       val_loss = evaluate();
       std::tie(mean_model_loss, weight_std) = evaluate_across_replicas();
-      nlohmann::json rec = {{"step", done}, {"split", "val"}, {"loss", val_loss}, {"lr", lr}, {"replica", w.rank}};
+      nlohmann::json rec = {{"step", done}, {"split", "val"}, {"lr", lr}};
+      rec.update(worker_json(w));
+      if (worker_model->computes_loss()) rec["loss"] = val_loss;
       if (!std::isnan(weight_std)) rec["weight_std"] = weight_std;
+      if (!std::isnan(weight_std) && w.stages > 1) rec["stage_params"] = flat.numel();
       if (!std::isnan(mean_model_loss)) rec["loss_mean_model"] = mean_model_loss;
       if (w.comm) rec["eval_bytes_sent"] = w.comm->evaluation_stats().bytes_sent;
+      if (w.link) rec["eval_activation_bytes_sent"] = w.link->stats().evaluation_bytes_sent;
       metrics.write(rec);
-      tensorboard.scalar("val/loss", done, val_loss);
+      if (worker_model->computes_loss()) tensorboard.scalar("val/loss", done, val_loss);
       if (!std::isnan(weight_std)) tensorboard.scalar("val/weight_std_across_replicas", done, weight_std);
       if (!std::isnan(mean_model_loss)) tensorboard.scalar("val/loss_mean_of_replicas", done, mean_model_loss);
       tensorboard.flush();
@@ -275,24 +308,28 @@ nlohmann::json train(const TrainConfig& c, const WorkerInfo& w) {
     const int64_t ckpt_every = c.checkpoint_interval > 0 ? c.checkpoint_interval : c.eval_interval;
     if (done % ckpt_every == 0 || last) checkpoint(done);
   }
-  if (std::isnan(val_loss)) val_loss = evaluate();  // resumed at the end: report anyway
+  if (first_step == c.steps) val_loss = evaluate();  // resumed at the end: report anyway
 
   const double seconds = seconds_since(start);
   nlohmann::json summary = {{"method", c.method},
-                            {"replica", w.rank},
-                            {"replicas", w.world},
-                            {"final_val_loss", val_loss},
-                            {"final_train_loss", last_loss},
+                            {"replicas", w.replicas},
                             {"steps", c.steps},
                             {"tokens", tokens_per_step * c.steps},
                             {"seconds", seconds},
                             {"params", arch.num_params()},
                             {"device", device.str()}};
+  summary.update(worker_json(w));
+  if (worker_model->computes_loss()) {
+    summary["final_val_loss"] = val_loss;
+    summary["final_train_loss"] = last_loss;
+  }
+  if (w.stages > 1) {
+    summary.update({{"stages", w.stages}, {"routing", c.routing}, {"stage_params", flat.numel()}});
+  }
   if (!std::isnan(weight_std)) summary["weight_std"] = weight_std;
   if (!std::isnan(mean_model_loss)) summary["final_val_loss_mean_model"] = mean_model_loss;
-  if (w.comm) summary.update(comm_json(w.comm->stats()));
   write_json_atomic(fmt::format("{}/summary_r{}.json", out, w.rank), summary);
-  if (w.world == 1) write_json_atomic(out + "/summary.json", summary);
+  if (w.replicas * w.stages == 1) write_json_atomic(out + "/summary.json", summary);
   if (lead) {
     fmt::print("\ndone: final val loss {:.4f} (ppl {:.2f}) | {} steps | {} tokens | {} | {} params\n", val_loss,
                std::exp(val_loss), c.steps, format_count(double(tokens_per_step * c.steps)),

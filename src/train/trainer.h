@@ -10,16 +10,20 @@
 
 namespace noloco {
 
+class ActivationLink;
+
 struct WorkerInfo {
-  int rank = 0;
-  int world = 1;
+  int rank = 0;                  // worker: replica * stages + stage
+  int replica = 0, replicas = 1;
+  int stage = 0, stages = 1;
   int local_world = 1;           // workers sharing this machine's cores
-  Communicator* comm = nullptr;  // null for a single replica without a method
+  Communicator* comm = nullptr;  // among the replicas of this worker's stage; null for a lone replica without a method
+  ActivationLink* link = nullptr;  // to the other stages; null without a pipeline
   bool verbose = true;           // print progress and samples
 };
 
-// Runs the whole job for one replica and returns its summary (also written to
-// out/summary_r<rank>.json, and out/summary.json when world == 1).
+// Runs the whole job for one worker and returns its summary (also written to
+// out/summary_r<rank>.json, and out/summary.json for a lone worker).
 nlohmann::json train(const TrainConfig& config, const WorkerInfo& worker);
 
 // Default run directory for a config without `out`.

@@ -1,0 +1,68 @@
+// Point-to-point transport of pipeline activations and their gradients
+// between the stages of different replicas, over its own Gloo process group.
+#pragma once
+#include <chrono>
+#include <functional>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include <torch/torch.h>
+
+#include "comm/gloo_communicator.h"
+
+namespace noloco {
+
+// What a pipeline message claims to be: checked by the receiver against what
+// its own routing says it must be, before the payload is used.
+struct ActivationHeader {
+  int64_t step = 0;
+  int64_t micro = 0;
+  int64_t kind = 0;    // see ActivationLink::Kind
+  int64_t boundary = 0;
+  int64_t origin = 0;  // the data replica the micro-batch's tokens came from
+};
+
+// Training traffic; evaluation passes are counted apart.
+struct PipelineStats {
+  uint64_t bytes_sent = 0, bytes_received = 0;
+  double idle_seconds = 0;  // blocked waiting for activations or gradients (transfer included)
+  int64_t messages = 0;
+  uint64_t evaluation_bytes_sent = 0;
+};
+
+class ActivationLink {
+ public:
+  enum Kind : int64_t { kForward = 1, kBackward = 2, kEvaluation = 3 };
+
+  // All workers of the run (global ranks) in one group named "pipeline".
+  ActivationLink(const c10::intrusive_ptr<c10d::Store>& store, const WorkerEnv& env, const std::string& bind,
+                 std::chrono::milliseconds timeout);
+  ~ActivationLink();
+
+  // Starts sending `tensors` (CPU or device) to worker `peer`; returns at once.
+  void send(int peer, const ActivationHeader& header, const std::vector<torch::Tensor>& tensors);
+  // Receives into `tensors` (CPU, preallocated with the expected shapes and
+  // dtypes) from worker `peer`; throws naming the difference if its header is
+  // not `expected`. Time spent blocked is charged as idle.
+  void recv(int peer, const ActivationHeader& expected, std::vector<torch::Tensor>& tensors);
+  // Waits until every send has left; call before the sent tensors are reused.
+  void finish_sends();
+
+  const PipelineStats& stats() const { return stats_; }
+
+ private:
+  int next_tag(std::map<int, int64_t>& counters, int peer);
+
+  int rank_;
+  std::chrono::milliseconds timeout_;
+  int64_t run_id_;
+  c10::intrusive_ptr<c10d::ProcessGroupGloo> pg_;
+  // Messages per directed pair, counted identically by sender and receiver: their tags.
+  std::map<int, int64_t> sent_to_, received_from_;
+  std::vector<std::function<void()>> waits_;  // one per send in flight; keeps its tensors alive
+  PipelineStats stats_;
+};
+
+}  // namespace noloco

@@ -1,0 +1,162 @@
+#include "pipeline/stage.h"
+
+#include <string>
+#include <vector>
+
+#include "util/torch_shim.h"
+
+namespace noloco {
+
+StageModuleImpl::StageModuleImpl(LlamaForCausalLM& whole, LayerRange range, bool first, bool last)
+    : config(whole->config) {
+  // Plain containers named like the whole model's, so that parameter names,
+  // checkpoints and exports stay in the Hugging Face layout.
+  auto body = std::make_shared<torch::nn::Module>();
+  auto layer_holder = std::make_shared<torch::nn::Module>();
+  if (first) embed_tokens = body->register_module("embed_tokens", whole->model->embed_tokens);
+  for (int64_t i = range.first; i < range.end; ++i) {
+    auto layer = whole->model->layers->ptr<DecoderLayerImpl>(size_t(i));
+    layers.emplace_back(layer_holder->register_module(std::to_string(i), layer));
+  }
+  body->register_module("layers", layer_holder);
+  if (last) norm = body->register_module("norm", whole->model->norm);
+  register_module("model", body);
+  if (last) lm_head = register_module("lm_head", whole->lm_head);
+}
+
+torch::Tensor StageModuleImpl::forward(const torch::Tensor& input) {
+  auto x = embed_tokens ? embed_tokens(input) : input;
+  const auto& tables = cached_rotary_tables(rope_, config, x);
+  for (auto& layer : layers) x = layer->forward(x, tables);
+  return lm_head ? lm_head(norm(x)) : x;
+}
+
+namespace {
+
+class PipelineStage final : public ForwardBackward {
+ public:
+  PipelineStage(const TrainConfig& c, const ModelConfig& arch, StepData data, torch::Device device,
+                PipelinePlace place, ActivationLink& link)
+      : c_(c), data_(data), device_(device), place_(place), link_(link), random_(c.routing == "random") {
+    LlamaForCausalLM whole(arch);
+    init_weights(whole, c.seed);
+    const auto ranges = stage_layer_ranges(arch.layers, place.stages, c.stage_layers);
+    stage_ = StageModule(whole, ranges.at(size_t(place.stage)), place.first(), place.last());
+    stage_->to(device);
+  }
+
+  torch::nn::Module& module() override { return *stage_; }
+  bool computes_loss() const override { return place_.last(); }
+
+  double train_step(int64_t step) override {
+    struct InFlight {
+      torch::Tensor input, output, labels;
+      int origin = 0, from = 0, to = 0;  // data replica; replicas of the previous and next stage
+    };
+    const int64_t M = c_.grad_accum;
+    const int s = place_.stage, d = place_.replica;
+    std::vector<InFlight> flights(static_cast<size_t>(M));
+    double loss_sum = 0;
+    for (int64_t m = 0; m < M; ++m) {
+      auto& f = flights[size_t(m)];
+      if (!place_.last()) f.to = route_permutation(c_.seed, step, m, s, place_.replicas, random_)[size_t(d)];
+      if (place_.first()) {
+        auto b = data_.train.sample(uint64_t(step * M + m), d * c_.batch, c_.batch);
+        f.input = b.inputs.to(device_);
+        f.labels = b.targets;
+        f.origin = d;
+      } else {
+        f.from = invert_permutation(route_permutation(c_.seed, step, m, s - 1, place_.replicas, random_))[size_t(d)];
+        f.origin = micro_batch_origin(c_.seed, step, m, s, d, place_.replicas, random_);
+        std::vector<torch::Tensor> in{hidden_buffer(), torch::empty({c_.batch, stage_->config.context}, torch::kInt64)};
+        link_.recv(place_.worker(f.from, s - 1), {step, m, ActivationLink::kForward, s - 1, f.origin}, in);
+        f.input = in[0].to(device_).requires_grad_(true);
+        f.labels = in[1];
+      }
+      {
+        shim::CudaBf16Autocast autocast(c_.precision == "bf16");
+        f.output = stage_->forward(f.input);
+        if (place_.last()) f.output = next_token_loss(f.output, f.labels.to(device_)) / double(M);
+      }
+      if (place_.last()) {
+        loss_sum += f.output.item<double>();
+      } else {
+        link_.send(place_.worker(f.to, s + 1), {step, m, ActivationLink::kForward, s, f.origin},
+                   {f.output.to(torch::kFloat32), f.labels});
+      }
+    }
+    // Backward in the same micro-batch order, so gradients accumulate in the
+    // order of the unpipelined run.
+    for (int64_t m = 0; m < M; ++m) {
+      auto& f = flights[size_t(m)];
+      if (place_.last()) {
+        f.output.backward();
+      } else {
+        std::vector<torch::Tensor> grad{hidden_buffer()};
+        link_.recv(place_.worker(f.to, s + 1), {step, m, ActivationLink::kBackward, s, f.origin}, grad);
+        f.output.backward(grad[0].to(device_));
+      }
+      if (!place_.first())
+        link_.send(place_.worker(f.from, s - 1), {step, m, ActivationLink::kBackward, s - 1, f.origin},
+                   {f.input.grad()});
+      f = InFlight{};  // this micro-batch's activations are no longer needed
+    }
+    link_.finish_sends();
+    return place_.last() ? loss_sum : std::nan("");
+  }
+
+  // Always along the replica's own pipeline (fixed routing), so a replica's
+  // validation loss is its own weights'.
+  double evaluate() override {
+    torch::NoGradGuard no_grad;
+    const int s = place_.stage, d = place_.replica;
+    const int64_t evaluation = evaluations_++;
+    double sum = 0;
+    for (int64_t i = 0; i < c_.eval_batches; ++i) {
+      torch::Tensor x, labels;
+      if (place_.first()) {
+        auto b = data_.val.sample(uint64_t(i), 0, c_.batch);
+        x = b.inputs.to(device_);
+        labels = b.targets;
+      } else {
+        std::vector<torch::Tensor> in{hidden_buffer(), torch::empty({c_.batch, stage_->config.context}, torch::kInt64)};
+        link_.recv(place_.worker(d, s - 1), {evaluation, i, ActivationLink::kEvaluation, s - 1, d}, in);
+        x = in[0].to(device_);
+        labels = in[1];
+      }
+      shim::CudaBf16Autocast autocast(c_.precision == "bf16");
+      auto out = stage_->forward(x);
+      if (place_.last()) {
+        sum += next_token_loss(out, labels.to(device_)).item<double>();
+      } else {
+        link_.send(place_.worker(d, s + 1), {evaluation, i, ActivationLink::kEvaluation, s, d},
+                   {out.to(torch::kFloat32), labels});
+      }
+    }
+    link_.finish_sends();
+    return place_.last() ? sum / double(c_.eval_batches) : std::nan("");
+  }
+
+ private:
+  torch::Tensor hidden_buffer() const {
+    return torch::empty({c_.batch, stage_->config.context, stage_->config.hidden}, torch::kFloat32);
+  }
+
+  const TrainConfig& c_;
+  StepData data_;
+  torch::Device device_;
+  PipelinePlace place_;
+  ActivationLink& link_;
+  bool random_;
+  StageModule stage_{nullptr};
+  int64_t evaluations_ = 0;
+};
+
+}  // namespace
+
+std::unique_ptr<ForwardBackward> make_pipeline_stage(const TrainConfig& c, const ModelConfig& arch, StepData data,
+                                                     torch::Device device, PipelinePlace place, ActivationLink& link) {
+  return std::make_unique<PipelineStage>(c, arch, data, device, place, link);
+}
+
+}  // namespace noloco

@@ -1,0 +1,50 @@
+// One pipeline stage of one replica: a contiguous slice of the model's layers,
+// run with the GPipe schedule (all micro-batches forward, then all backward),
+// exchanging activations with the neighbouring stages of the replicas that
+// the routing picks for each micro-batch.
+#pragma once
+#include <memory>
+
+#include <torch/torch.h>
+
+#include "comm/activation_link.h"
+#include "model/llama.h"
+#include "pipeline/routing.h"
+#include "train/forward_backward.h"
+
+namespace noloco {
+
+// Layers [range.first, range.end) of `whole`, with the embedding on the first
+// stage and the final norm and head on the last. It shares (does not copy)
+// the whole model's parameters and keeps their names: model.layers.<i>...
+struct StageModuleImpl : torch::nn::Module {
+  StageModuleImpl(LlamaForCausalLM& whole, LayerRange range, bool first, bool last);
+  // Tokens [B, T] (first stage) or hidden states [B, T, hidden] in; hidden
+  // states out, or logits on the last stage.
+  torch::Tensor forward(const torch::Tensor& input);
+
+  ModelConfig config;
+  torch::nn::Embedding embed_tokens{nullptr};
+  std::vector<DecoderLayer> layers;
+  RMSNorm norm{nullptr};
+  torch::nn::Linear lm_head{nullptr};
+
+ private:
+  RotaryTables rope_;
+};
+TORCH_MODULE(StageModule);
+
+// Where this worker sits in the replicas x stages grid; worker rank = replica * stages + stage.
+struct PipelinePlace {
+  int replica = 0, replicas = 1, stage = 0, stages = 1;
+  int worker(int at_replica, int at_stage) const { return at_replica * stages + at_stage; }
+  bool first() const { return stage == 0; }
+  bool last() const { return stage == stages - 1; }
+};
+
+// Builds the whole model from c.seed (so every stage starts from the weights
+// the unpipelined run would), keeps this stage's slice and moves it to `device`.
+std::unique_ptr<ForwardBackward> make_pipeline_stage(const TrainConfig& c, const ModelConfig& arch, StepData data,
+                                                     torch::Device device, PipelinePlace place, ActivationLink& link);
+
+}  // namespace noloco

@@ -1,0 +1,249 @@
+// Pipeline parallelism: routing permutations, stage slicing, the activation
+// transport's checks, and pipelined runs against unpipelined references.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <map>
+#include <numeric>
+#include <set>
+#include <thread>
+
+#include <torch/csrc/distributed/c10d/TCPStore.hpp>
+
+#include "comm/activation_link.h"
+#include "model/llama.h"
+#include "pipeline/routing.h"
+#include "pipeline/stage.h"
+#include "test_util.h"
+#include "train/checkpoint.h"
+#include "util/files.h"
+
+using namespace noloco;
+using noloco::testing::metrics_records;
+using noloco::testing::small_train_args;
+using noloco::testing::TempDir;
+
+TEST(Routing, EveryBoundaryIsABijectionWithAMatchingInverse) {
+  int not_identity = 0;
+  for (uint64_t seed : {1ull, 1337ull})
+    for (int replicas : {1, 2, 3, 4, 7, 16})
+      for (int64_t step = 0; step < 20; ++step)
+        for (int64_t micro = 0; micro < 3; ++micro)
+          for (int boundary = 0; boundary < 3; ++boundary) {
+            const auto perm = route_permutation(seed, step, micro, boundary, replicas, true);
+            auto sorted = perm;
+            std::sort(sorted.begin(), sorted.end());
+            std::vector<int> all(static_cast<size_t>(replicas));
+            std::iota(all.begin(), all.end(), 0);
+            ASSERT_EQ(sorted, all) << "each receiver gets exactly one micro-batch per slot";
+            const auto inverse = invert_permutation(perm);
+            for (int d = 0; d < replicas; ++d) ASSERT_EQ(inverse[size_t(perm[size_t(d)])], d);
+            // A pure function of its arguments: every worker computes the same.
+            ASSERT_EQ(route_permutation(seed, step, micro, boundary, replicas, true), perm);
+            if (perm != all) ++not_identity;
+          }
+  EXPECT_GT(not_identity, 1000) << "random routing must actually mix replicas";
+}
+
+TEST(Routing, PermutationsDifferAcrossStepsMicroBatchesAndBoundaries) {
+  const auto base = route_permutation(7, 3, 0, 0, 8, true);
+  EXPECT_NE(route_permutation(7, 4, 0, 0, 8, true), base);
+  EXPECT_NE(route_permutation(7, 3, 1, 0, 8, true), base);
+  EXPECT_NE(route_permutation(7, 3, 0, 1, 8, true), base);
+  EXPECT_NE(route_permutation(8, 3, 0, 0, 8, true), base);
+}
+
+TEST(Routing, FixedRoutingIsTheIdentity) {
+  for (int64_t step = 0; step < 5; ++step)
+    EXPECT_EQ(route_permutation(1, step, 0, 0, 4, false), (std::vector<int>{0, 1, 2, 3}));
+}
+
+TEST(Routing, OriginFollowsTheForwardRoutesBack) {
+  const int replicas = 5, stages = 4;
+  for (int64_t micro = 0; micro < 4; ++micro)
+    for (int start = 0; start < replicas; ++start) {
+      int at = start;
+      for (int stage = 1; stage < stages; ++stage) {
+        at = route_permutation(99, 11, micro, stage - 1, replicas, true)[size_t(at)];
+        EXPECT_EQ(micro_batch_origin(99, 11, micro, stage, at, replicas, true), start);
+      }
+    }
+}
+
+TEST(Routing, StageLayerRanges) {
+  auto r = stage_layer_ranges(7, 3, "");
+  ASSERT_EQ(r.size(), 3u);
+  EXPECT_EQ(r[0].first, 0);
+  EXPECT_EQ(r[0].end, 3);
+  EXPECT_EQ(r[1].end, 5);
+  EXPECT_EQ(r[2].end, 7);
+  r = stage_layer_ranges(7, 2, "1,6");
+  EXPECT_EQ(r[0].end, 1);
+  EXPECT_EQ(r[1].first, 1);
+  EXPECT_THROW(stage_layer_ranges(5, 2, "2,2"), std::invalid_argument);
+  EXPECT_THROW(stage_layer_ranges(5, 2, "0,5"), std::invalid_argument);
+  EXPECT_THROW(stage_layer_ranges(5, 3, "2,3"), std::invalid_argument);
+  EXPECT_THROW(stage_layer_ranges(2, 3, ""), std::invalid_argument);
+}
+
+TEST(StageModule, StagesComposeToTheWholeModelAndPartitionItsParameters) {
+  ModelConfig c = model_preset("tiny");
+  c.vocab_size = 50;
+  c.hidden = 32;
+  c.heads = 2;
+  c.layers = 5;
+  c.context = 16;
+  LlamaForCausalLM whole(c);
+  init_weights(whole, 3);
+  const auto ranges = stage_layer_ranges(c.layers, 3, "");
+  std::vector<StageModule> stages;
+  for (size_t s = 0; s < ranges.size(); ++s) stages.emplace_back(whole, ranges[s], s == 0, s + 1 == ranges.size());
+  const auto tokens = torch::randint(0, c.vocab_size, {2, 16}, torch::kInt64);
+  torch::NoGradGuard no_grad;
+  auto x = tokens;
+  for (auto& stage : stages) x = stage->forward(x);
+  EXPECT_TRUE(torch::equal(x, whole->forward(tokens)));
+  std::set<std::string> names;
+  size_t count = 0;
+  for (auto& stage : stages)
+    for (auto& p : stage->named_parameters()) {
+      names.insert(p.key());
+      ++count;
+    }
+  std::set<std::string> whole_names;
+  for (auto& p : whole->named_parameters()) whole_names.insert(p.key());
+  EXPECT_EQ(count, whole_names.size()) << "no parameter in two stages";
+  EXPECT_EQ(names, whole_names) << "stage parameters keep the whole model's (Hugging Face) names";
+}
+
+// Two ActivationLinks in one process (one thread each) over a real store.
+TEST(ActivationLink, RejectsAMessageThatTheRoutingDidNotAnnounce) {
+  const int port = noloco::testing::free_port();
+  std::string error;
+  torch::Tensor received;
+  auto worker = [&](int rank) {
+    WorkerEnv env;
+    env.rank = rank;
+    env.world = 2;
+    env.master_port = port;
+    env.token = "pipeline-test";
+    const auto timeout = std::chrono::milliseconds(5000);
+    const auto store = connect_store(env, timeout);
+    ActivationLink link(store, env, "127.0.0.1", timeout);
+    const auto payload = torch::arange(6, torch::kFloat32);
+    if (rank == 0) {
+      link.send(1, {3, 1, ActivationLink::kForward, 0, /*origin=*/1}, {payload});  // claims another origin
+      link.send(1, {3, 1, ActivationLink::kForward, 0, /*origin=*/0}, {payload});
+    } else {
+      std::vector<torch::Tensor> in{torch::zeros({6})};
+      try {
+        link.recv(0, {3, 1, ActivationLink::kForward, 0, 0}, in);
+      } catch (const std::exception& e) {
+        error = e.what();
+      }
+      link.recv(0, {3, 1, ActivationLink::kForward, 0, 0}, in);
+      received = in[0];
+    }
+  };
+  std::thread a(worker, 0), b(worker, 1);
+  a.join();
+  b.join();
+  EXPECT_NE(error.find("rejected a pipeline message from worker 0"), std::string::npos) << error;
+  EXPECT_NE(error.find("routing says 0"), std::string::npos) << error;
+  ASSERT_TRUE(received.defined());
+  EXPECT_TRUE(torch::equal(received, torch::arange(6, torch::kFloat32)));
+}
+
+namespace {
+
+class Pipeline : public ::testing::Test {
+ protected:
+  void SetUp() override { noloco::testing::write_text(dir / "c.txt", noloco::testing::shakespeare(20000)); }
+  std::string run(const std::string& name, const std::string& extra) {
+    auto r = noloco::testing::run_cli(small_train_args(dir / "c.txt", dir / name) + " " + extra, 180);
+    EXPECT_EQ(r.exit_code, 0) << r.output;
+    return dir / name;
+  }
+  // replica -> step -> loss, from the workers that compute the loss.
+  static std::map<int, std::map<int64_t, double>> losses(const std::string& run, const std::string& split) {
+    std::map<int, std::map<int64_t, double>> out;
+    for (auto& r : metrics_records(run, split))
+      if (r.contains("loss")) out[r["replica"].get<int>()][r["step"].get<int64_t>()] = r["loss"].get<double>();
+    return out;
+  }
+  TempDir dir;
+};
+
+void expect_same_losses(const std::map<int, std::map<int64_t, double>>& a,
+                        const std::map<int, std::map<int64_t, double>>& b, size_t steps) {
+  ASSERT_EQ(a.size(), b.size());
+  for (auto& [replica, by_step] : a) {
+    ASSERT_EQ(by_step.size(), steps) << "replica " << replica;
+    for (auto& [step, loss] : by_step)
+      EXPECT_NEAR(loss, b.at(replica).at(step), 1e-5) << "replica " << replica << " step " << step;
+  }
+}
+
+}  // namespace
+
+// The acceptance test: fixed routing, P = 2, the same losses as the
+// unpipelined run (fp32, within 1e-5). Per-stage clipping differs from
+// whole-model clipping by design, so clipping is off in both runs.
+TEST_F(Pipeline, FixedRoutingWithTwoStagesMatchesTheUnpipelinedRun) {
+  const std::string common = "batch=4 grad_accum=2 steps=12 clip=0 eval_interval=6";
+  const auto piped = run("piped", "stages=2 routing=fixed " + common);
+  const auto whole = run("whole", common);
+  expect_same_losses(losses(piped, "train"), losses(whole, "train"), 12);
+  expect_same_losses(losses(piped, "val"), losses(whole, "val"), 2);
+  // Per step: M micro-batches cross the boundary forward (activations fp32 +
+  // labels int64) and back (gradients fp32).
+  const auto summary = read_json(piped + "/summary.json");
+  const double B = 4, T = 32, H = 32, M = 2;
+  EXPECT_EQ(summary["activation_bytes_per_step"].get<double>(), M * (B * T * H * 4 + B * T * 8 + B * T * H * 4));
+  EXPECT_EQ(summary["pipeline_idle_seconds_per_stage"].size(), 2u);
+}
+
+// Outer methods act per stage across the replicas of that stage; with fixed
+// routing that is exactly the unpipelined method.
+TEST_F(Pipeline, DdpAndNoLoCoPerStageMatchTheUnpipelinedMethods) {
+  const std::string ddp = "method=ddp replicas=2 batch=2 steps=6 clip=0";
+  expect_same_losses(losses(run("ddp_piped", ddp + " stages=2 routing=fixed"), "train"),
+                     losses(run("ddp_whole", ddp), "train"), 6);
+
+  const std::string noloco = "method=noloco replicas=4 batch=2 steps=6 outer_interval=3 clip=0";
+  const auto piped = run("noloco_piped", noloco + " stages=2 routing=fixed");
+  const auto whole = run("noloco_whole", noloco);
+  for (int d = 0; d < 4; ++d) {
+    const auto reference = load_tensors(find_checkpoint(whole + "/checkpoints/r" + std::to_string(d)) + "/model.safetensors");
+    size_t compared = 0;
+    for (int s = 0; s < 2; ++s) {
+      const auto stage_dir = piped + "/checkpoints/r" + std::to_string(d * 2 + s);
+      for (auto& [name, t] : load_tensors(find_checkpoint(stage_dir) + "/model.safetensors")) {
+        EXPECT_LT((t - reference.at(name)).abs().max().item<double>(), 1e-5) << "replica " << d << " " << name;
+        ++compared;
+      }
+    }
+    EXPECT_EQ(compared, reference.size()) << "the stages' checkpoints together hold the whole model";
+  }
+}
+
+// Random routing: every message is checked against the receiver's own
+// routing (sender, step, micro-batch, boundary, data origin), so a run that
+// finishes is one where all workers agreed on every permutation. DiLoCo with
+// three stages, so that a middle stage both receives and sends.
+TEST_F(Pipeline, RandomRoutingTrainsWithAllMethodsAndMixesReplicas) {
+  const std::string common = "replicas=2 batch=2 grad_accum=2 steps=6 layers=3 stages=3 eval_interval=3";
+  const auto random = run("random", "method=diloco outer_interval=3 " + common);
+  const auto fixed = run("fixed", "method=diloco outer_interval=3 routing=fixed " + common);
+  const auto a = losses(random, "train"), b = losses(fixed, "train");
+  ASSERT_EQ(a.size(), 2u);
+  ASSERT_EQ(b.size(), 2u);
+  double largest = 0;
+  for (int d = 0; d < 2; ++d)
+    for (auto& [step, loss] : a.at(d)) largest = std::max(largest, std::abs(loss - b.at(d).at(step)));
+  EXPECT_GT(largest, 1e-6) << "random routing sends micro-batches through other replicas' stages";
+  const auto summary = read_json(random + "/summary.json");
+  EXPECT_EQ(summary["replicas_finished"].size(), 6u);
+  EXPECT_EQ(summary["pipeline_idle_seconds_per_stage"].size(), 3u);
+  EXPECT_EQ(summary["collectives"].get<int64_t>(), 6 * 2) << "one all-reduce per outer step per worker";
+}
