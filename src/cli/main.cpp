@@ -61,7 +61,7 @@ int run_generate(const std::string& checkpoint, const std::vector<std::string>& 
   const auto cfg = parse_config("", {});
   const auto path = find_checkpoint(checkpoint);
   if (path.empty()) throw std::runtime_error(fmt::format("no checkpoint found at '{}'", checkpoint));
-  auto ckpt = read_checkpoint(path, /*with_state=*/false);
+  auto ckpt = read_whole_model(path);
   auto tokenizer = load_tokenizer(path);
   SamplingOptions o;
   auto number = [&](const char* key, double fallback) {

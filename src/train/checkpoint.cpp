@@ -116,22 +116,48 @@ Checkpoint read_checkpoint(const std::string& dir, bool with_state) {
   } catch (const std::exception& e) {
     throw std::runtime_error(fmt::format("{}: bad model metadata: {}", dir, e.what()));
   }
+  if (fs::exists(dir + "/state.json")) c.info = read_json(dir + "/state.json");
+  // A pipeline stage's checkpoint holds its own slice of the model.
+  const bool stage_slice = c.info.is_object() && c.info.value("stages", 1) > 1;
   // The names and shapes must be exactly those of the model the config describes.
-  const auto expected = c.model.parameter_shapes();
-  if (expected.size() != c.weights.size())
+  const auto shapes = c.model.parameter_shapes();
+  const std::map<std::string, std::vector<int64_t>> expected(shapes.begin(), shapes.end());
+  if (!stage_slice && expected.size() != c.weights.size())
     throw std::runtime_error(fmt::format("{}: {} tensors, the model has {}", dir, c.weights.size(), expected.size()));
-  for (auto& [name, shape] : expected) {
-    auto it = c.weights.find(name);
-    if (it == c.weights.end()) throw std::runtime_error(fmt::format("{}: missing tensor {}", dir, name));
-    if (it->second.sizes() != c10::IntArrayRef(shape))
-      throw std::runtime_error(fmt::format("{}: tensor {} has shape {}, expected {}", dir, name,
-                                           c10::str(it->second.sizes()), c10::str(c10::IntArrayRef(shape))));
-    if (it->second.scalar_type() != torch::kFloat32) it->second = it->second.to(torch::kFloat32);
+  for (auto& [name, t] : c.weights) {
+    const auto shape = expected.find(name);
+    if (shape == expected.end()) throw std::runtime_error(fmt::format("{}: unexpected tensor {}", dir, name));
+    if (t.sizes() != c10::IntArrayRef(shape->second))
+      throw std::runtime_error(fmt::format("{}: tensor {} has shape {}, expected {}", dir, name, c10::str(t.sizes()),
+                                           c10::str(c10::IntArrayRef(shape->second))));
+    if (t.scalar_type() != torch::kFloat32) t = t.to(torch::kFloat32);
   }
-  if (with_state) {
-    c.state = load_tensors(dir + "/state.safetensors");
-    c.info = read_json(dir + "/state.json");
+  if (with_state) c.state = load_tensors(dir + "/state.safetensors");
+  return c;
+}
+
+Checkpoint read_whole_model(const std::string& dir) {
+  auto c = read_checkpoint(dir, /*with_state=*/false);
+  const int stages = c.info.is_object() ? c.info.value("stages", 1) : 1;
+  if (stages > 1) {
+    // Sibling stages of the same replica, same step: <run>/checkpoints/r<replica·stages+s>/step_N.
+    const fs::path here(dir);
+    const int replica = c.info.value("replica", 0);
+    TensorMap merged;
+    for (int s = 0; s < stages; ++s) {
+      const auto stage_dir = here.parent_path().parent_path() / fmt::format("r{}", replica * stages + s) / here.filename();
+      if (!fs::exists(stage_dir / "model.safetensors"))
+        throw std::runtime_error(fmt::format("{}: stage {} of this pipelined checkpoint is missing ({})", dir, s,
+                                             stage_dir.string()));
+      for (auto& [name, t] : read_checkpoint(stage_dir.string(), false).weights) merged[name] = t;
+    }
+    c.weights = std::move(merged);
   }
+  const auto expected = c.model.parameter_shapes();
+  for (auto& [name, shape] : expected)
+    if (!c.weights.count(name)) throw std::runtime_error(fmt::format("{}: missing tensor {}", dir, name));
+  if (c.weights.size() != expected.size())
+    throw std::runtime_error(fmt::format("{}: {} tensors, the model has {}", dir, c.weights.size(), expected.size()));
   return c;
 }
 

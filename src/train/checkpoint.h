@@ -35,7 +35,11 @@ std::string write_checkpoint(const std::string& dir, int64_t step, const Checkpo
 // `path` is a checkpoint directory, a directory with a `latest` file, or a run
 // directory (its checkpoints/r0). Empty string if none exists.
 std::string find_checkpoint(const std::string& path);
-// Loads and checks a checkpoint; weights must match the model config exactly.
+// Loads and checks a checkpoint; weights must match the model config exactly
+// (a pipeline stage's: be its slice of the model, with the whole model's names).
 Checkpoint read_checkpoint(const std::string& checkpoint_dir, bool with_state);
+// The whole model of a checkpoint: a pipeline stage's is joined with the
+// other stages of its replica at the same step.
+Checkpoint read_whole_model(const std::string& checkpoint_dir);
 
 }  // namespace noloco

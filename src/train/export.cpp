@@ -14,7 +14,7 @@ namespace fs = std::filesystem;
 void export_hf(const std::string& checkpoint, const std::string& hf_dir) {
   const auto path = find_checkpoint(checkpoint);
   if (path.empty()) throw std::runtime_error(fmt::format("no checkpoint found at '{}'", checkpoint));
-  const auto ckpt = read_checkpoint(path, /*with_state=*/false);
+  const auto ckpt = read_whole_model(path);
   fs::create_directories(hf_dir);
   // Our parameter names are already LlamaForCausalLM's.
   save_tensors(hf_dir + "/model.safetensors", ckpt.weights, {{"format", "pt"}});
