@@ -18,7 +18,7 @@ class FakeComm final : public Communicator {
     sent = t.clone();
     t.add_(peer).div_(2);
   }
-  torch::Tensor group_mean(const torch::Tensor& payload, const std::vector<int>& group,
+  torch::Tensor group_mean(const torch::Tensor& payload, const std::vector<int>& group, int64_t,
                            std::vector<int>* arrived) override {
     sent = payload.clone();
     last_group = group;

@@ -65,7 +65,7 @@ nlohmann::json comm_bench_worker(const TrainConfig& c, const CommBenchOptions& o
       const auto groups = noloco_groups(c.seed, round, all, int(c.group_size));
       for (const auto& g : groups)
         if (std::count(g.begin(), g.end(), comm.rank()))
-          comm.group_mean(c.wire_dtype == "bf16" ? theta.to(torch::kBFloat16) : theta, g);
+          comm.group_mean(c.wire_dtype == "bf16" ? theta.to(torch::kBFloat16) : theta, g, round);
     } else {
       auto delta = theta.clone();
       comm.all_reduce_mean(delta);

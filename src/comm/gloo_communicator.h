@@ -1,6 +1,8 @@
 // Communicator over c10d's ProcessGroupGloo (TCP), rendezvous through a TCPStore.
 #pragma once
 #include <chrono>
+#include <map>
+#include <set>
 #include <memory>
 #include <string>
 
@@ -50,6 +52,11 @@ c10::intrusive_ptr<c10d::ProcessGroupGloo> join_process_group(const c10::intrusi
 // returns false when RANK is unset (not a launched worker). Throws on malformed values.
 bool worker_env_from_environment(WorkerEnv& env);
 
+// The run-wide process group serves the collectives (DDP, DiLoCo, evaluation).
+// NoLoCo's exchanges each form a small process group of just the group's
+// members, under a store prefix named by the exchange and the members'
+// incarnations: Gloo cannot re-add a restarted rank to an existing group, but
+// a restarted worker can take part in any later exchange.
 class GlooCommunicator final : public Communicator {
  public:
   // Member `rank` of `world` in group `group` of the run; Gloo listens on `bind`.
@@ -59,16 +66,34 @@ class GlooCommunicator final : public Communicator {
   int rank() const override { return rank_; }
   int world() const override { return world_; }
   void all_reduce_mean(torch::Tensor& t) override;
-  torch::Tensor group_mean(const torch::Tensor& payload, const std::vector<int>& group,
+  torch::Tensor group_mean(const torch::Tensor& payload, const std::vector<int>& group, int64_t exchange,
                            std::vector<int>* arrived) override;
   std::vector<int> members(int64_t outer_step) override;
+  int incarnation() const override { return incarnation_; }
+  PeerState receive_state(int64_t numel) override;
+  std::vector<int> serve_rejoins(int64_t step, int64_t adam_steps, const std::function<torch::Tensor()>& pack) override;
+  void finish() override;
+  std::unique_ptr<Communicator> live_group(int64_t step) override;
 
  private:
+  // The members listed under snapshot `key`, written by the first replica to ask.
+  std::vector<int> agreed_members(const std::string& key);
+  // Peers of `group` that announced themselves for exchange `key` within the
+  // timeout and are not declared dead; the others are declared dead.
+  std::vector<int> present_peers(const std::string& key, const std::vector<int>& group, std::vector<int>* late);
+  c10::intrusive_ptr<c10d::ProcessGroupGloo> join(const std::string& name, int rank, int world,
+                                                  std::chrono::milliseconds timeout);
+
   int rank_, world_;
+  int incarnation_ = 0;
   std::chrono::milliseconds timeout_;
-  c10::intrusive_ptr<c10d::Store> membership_;  // the "dead" list and snapshot/<outer step> member lists
-  c10::intrusive_ptr<c10d::ProcessGroupGloo> pg_;
-  int64_t exchange_count_ = 0;
+  c10::intrusive_ptr<c10d::Store> store_;       // the run's store, unprefixed
+  c10::intrusive_ptr<c10d::Store> membership_;  // deaths, incarnations, snapshots, rejoin requests
+  WorkerEnv env_;
+  std::string group_, bind_;
+  c10::intrusive_ptr<c10d::ProcessGroupGloo> pg_;  // run-wide; absent in a restarted worker
+  std::map<int, int> incarnation_of_;             // from the latest members snapshot
+  std::set<std::string> seen_requests_;
   int64_t run_id_ = 0;  // hash of the token, carried in message headers
 };
 

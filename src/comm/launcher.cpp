@@ -58,7 +58,7 @@ std::vector<WorkerExit> launch_local_workers(const TrainConfig& c, const std::ve
   const char* given = std::getenv("NOLOCO_RUN_TOKEN");
   const std::string token = given && *given ? given : new_run_token();
   std::vector<pid_t> pids(size_t(n), -1);
-  for (int r = 0; r < n; ++r) {
+  auto spawn = [&](int r) {
     std::vector<std::string> env_vars = {
         fmt::format("RANK={}", r),          fmt::format("WORLD_SIZE={}", n),
         fmt::format("LOCAL_RANK={}", r),    fmt::format("LOCAL_WORLD_SIZE={}", n),
@@ -78,19 +78,23 @@ std::vector<WorkerExit> launch_local_workers(const TrainConfig& c, const std::ve
       ::_exit(127);
     }
     pids[size_t(r)] = pid;
-  }
+  };
+  for (int r = 0; r < n; ++r) spawn(r);
 
   std::vector<WorkerExit> exits;
+  std::vector<int64_t> restarts_left(size_t(n), c.restarts);
+  int running = n;
   auto kill_all = [&](int sig) {
     for (auto pid : pids)
       if (pid > 0) ::kill(pid, sig);
   };
-  bool terminating = false;
+  bool terminating = false, interrupted = false;
   auto terminate_deadline = std::chrono::steady_clock::now();
-  while (int(exits.size()) < n) {
+  while (running > 0) {
     if (const int sig = forwarded_signal.exchange(0)) {
       std::fprintf(stderr, "noloco: forwarding signal %d to the workers\n", sig);
       kill_all(sig);
+      interrupted = true;
     }
     int status = 0;
     const pid_t pid = ::waitpid(-1, &status, WNOHANG);
@@ -107,7 +111,7 @@ std::vector<WorkerExit> launch_local_workers(const TrainConfig& c, const std::ve
         e.exit_code = WEXITSTATUS(status);
       }
       *it = -1;
-      exits.push_back(e);
+      --running;
       if (!e.ok()) {
         std::fprintf(stderr, "noloco: %s\n", e.describe().c_str());
         declare_dead(store, token, "replicas", e.rank);  // later NoLoCo groupings leave it out
@@ -117,14 +121,22 @@ std::vector<WorkerExit> launch_local_workers(const TrainConfig& c, const std::ve
           kill_all(SIGTERM);
           terminating = true;
           terminate_deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+        } else if (keep_going_on_failure && !interrupted && running > 0 && restarts_left[size_t(e.rank)] > 0) {
+          // It rejoins from a live replica; with none left there is nothing to rejoin.
+          --restarts_left[size_t(e.rank)];
+          e.restarted = true;
+          std::fprintf(stderr, "noloco: restarting worker %d; it will take its state from a live replica\n", e.rank);
+          spawn(e.rank);
+          ++running;
         }
       }
+      exits.push_back(e);
       continue;
     }
     if (terminating && std::chrono::steady_clock::now() > terminate_deadline) kill_all(SIGKILL);
     std::this_thread::sleep_for(std::chrono::milliseconds(50));
   }
-  std::sort(exits.begin(), exits.end(), [](auto& a, auto& b) { return a.rank < b.rank; });
+  std::stable_sort(exits.begin(), exits.end(), [](auto& a, auto& b) { return a.rank < b.rank; });
   ::signal(SIGINT, SIG_DFL);
   ::signal(SIGTERM, SIG_DFL);
   return exits;

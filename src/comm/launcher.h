@@ -13,13 +13,16 @@ struct WorkerExit {
   int exit_code = 0;  // -1 if killed by a signal
   int signal = 0;
   double seconds = 0;  // since launch
+  bool restarted = false;  // the launcher started the worker again after this exit
   bool ok() const { return exit_code == 0 && signal == 0; }
   std::string describe() const;
 };
 
 // `worker_args` are the arguments after the program name (e.g. train CONFIG k=v...).
 // Supervises until all workers end; forwards SIGINT/SIGTERM. Unless
-// `keep_going_on_failure`, the first failed worker ends the others.
+// `keep_going_on_failure`, the first failed worker ends the others; with it,
+// a failed worker is restarted up to c.restarts times. Exits are sorted by
+// rank, a restarted worker's in the order they happened.
 std::vector<WorkerExit> launch_local_workers(const TrainConfig& c, const std::vector<std::string>& worker_args,
                                              bool keep_going_on_failure);
 

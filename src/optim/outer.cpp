@@ -52,16 +52,18 @@ class SlowWeights final : public OuterOptimizer {
       return sync;
     }
     const auto groups = noloco_groups(c_.seed, sync.outer_step, comm_.members(sync.outer_step), int(c_.group_size));
-    sync.group = *std::find_if(groups.begin(), groups.end(), [&](const std::vector<int>& g) {
+    const auto mine = std::find_if(groups.begin(), groups.end(), [&](const std::vector<int>& g) {
       return std::find(g.begin(), g.end(), comm_.rank()) != g.end();
     });
+    sync.group = mine != groups.end() ? *mine : std::vector<int>{comm_.rank()};  // left out this time: alone
     if (c_.gamma == c_.outer_lr) {
       // β·mean(Δ) + β·(mean φ − φ_i) = β·(mean θ − φ_i): only θ travels.
-      auto mean_theta = comm_.group_mean(wire(theta), sync.group, &sync.arrived);
+      auto mean_theta = comm_.group_mean(wire(theta), sync.group, sync.outer_step, &sync.arrived);
       outer_momentum_step(phi_, momentum_, theta, mean_theta - phi_, {}, c_.outer_momentum, c_.outer_lr, 0.0);
     } else {
       const int64_t n = phi_.numel();
-      auto both = comm_.group_mean(wire(torch::cat({theta - phi_, phi_})), sync.group, &sync.arrived);
+      auto both = comm_.group_mean(wire(torch::cat({theta - phi_, phi_})), sync.group, sync.outer_step,
+                                  &sync.arrived);
       outer_momentum_step(phi_, momentum_, theta, both.narrow(0, 0, n), both.narrow(0, n, n), c_.outer_momentum,
                           c_.outer_lr, c_.gamma);
     }

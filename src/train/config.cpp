@@ -125,6 +125,7 @@ const std::vector<Field>& fields() {
       NOLOCO_KEY(bind, "address workers and the store listen on"),
       NOLOCO_KEY(port, "store port; 0: a free one"),
       NOLOCO_KEY(peer_timeout, "seconds before a silent peer is given up"),
+      NOLOCO_KEY(restarts, "noloco: restart a failed worker up to this many times; it rejoins from a live peer"),
       NOLOCO_KEY(inject_crash, "failure drill: RANK:STEP[:checkpoint][,...] kills that worker (SIGKILL) before that step, or while writing its checkpoint"),
   };
   return all;
@@ -205,6 +206,9 @@ void TrainConfig::validate() const {
     invalid("wire_dtype=bf16 applies to noloco's point-to-point exchange; all-reduce methods send fp32");
   if (port < 0 || port > 65535) invalid(fmt::format("port must be in [0, 65535], got {}", port));
   positive("peer_timeout", peer_timeout);
+  non_negative("restarts", double(restarts));
+  if (restarts > 0 && (method != "noloco" || stages > 1))
+    invalid("restarts needs method=noloco without pipeline stages (only NoLoCo can take a replica back mid-run)");
   for (const auto& point : crash_plan()) {
     if (point.rank < 0 || point.step < 0)
       invalid(fmt::format("inject_crash: RANK and STEP must be >= 0 in '{}'", inject_crash));

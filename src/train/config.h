@@ -62,6 +62,7 @@ struct TrainConfig {
   std::string bind = "127.0.0.1";
   int64_t port = 0;  // store port; 0: pick a free one
   double peer_timeout = 60;
+  int64_t restarts = 0;  // times the launcher restarts a failed noloco worker, which rejoins from a live peer
   // Failure injection for tests and drills: "RANK:STEP[,RANK:STEP...]" kills
   // those workers with SIGKILL just before those inner steps; "RANK:STEP:checkpoint"
   // kills it halfway through writing the checkpoint of that step.

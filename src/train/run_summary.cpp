@@ -14,6 +14,7 @@ nlohmann::json summarize_run(const std::string& out, const TrainConfig& c, const
                              double seconds) {
   const int stages = int(c.stages);
   nlohmann::json finished = nlohmann::json::array(), failed = nlohmann::json::array();
+  nlohmann::json restarted = nlohmann::json::array();
   nlohmann::json losses = nlohmann::json::array();
   double loss_sum = 0, comm = 0, wait = 0;
   uint64_t sent = 0, received = 0, activation_bytes = 0;
@@ -29,6 +30,10 @@ nlohmann::json summarize_run(const std::string& out, const TrainConfig& c, const
       j["replica"] = e.rank / stages;
       return j;
     };
+    if (e.restarted) {  // its next start decides whether it finished
+      restarted.push_back(where({{"reason", e.describe()}, {"seconds", e.seconds}}));
+      continue;
+    }
     if (!e.ok() || !std::filesystem::exists(path)) {
       failed.push_back(where({{"reason", e.describe()}, {"seconds", e.seconds}}));
       continue;
@@ -58,6 +63,7 @@ nlohmann::json summarize_run(const std::string& out, const TrainConfig& c, const
                             {"replicas", c.replicas},
                             {"replicas_finished", finished},
                             {"replicas_failed", failed},
+                            {"replicas_restarted", restarted},
                             {"final_val_loss", losses.empty() ? nlohmann::json() : nlohmann::json(loss_sum / double(losses.size()))},
                             {"final_val_loss_replicas", losses},
                             {"bytes_sent", sent},

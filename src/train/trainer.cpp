@@ -21,6 +21,7 @@
 #include "train/checkpoint.h"
 #include "train/forward_backward.h"
 #include "train/metrics.h"
+#include "train/peer_state.h"
 #include "util/compute_threads.h"
 #include "util/files.h"
 #include "util/tensorboard.h"
@@ -140,6 +141,22 @@ nlohmann::json train(const TrainConfig& c, const WorkerInfo& w) {
   }
 
   MetricsLog metrics(out + "/metrics.jsonl");
+  // A restarted NoLoCo worker takes its state from a live replica, not from disk.
+  nlohmann::json rejoined;
+  if (w.comm && w.comm->incarnation() > 0) {
+    if (c.method != "noloco")
+      throw std::runtime_error(fmt::format("worker {} was restarted, but only a noloco run can take it back", w.rank));
+    const auto t0 = Clock::now();
+    const auto got = w.comm->receive_state(training_state_numel(flat, *outer));
+    unpack_training_state(got.values, got.adam_steps, flat, inner, *outer);
+    first_step = got.step;
+    rejoined = {{"rejoined_at_step", first_step}, {"rejoin_donor", got.donor}, {"rejoin_seconds", seconds_since(t0)}};
+    metrics.write({{"step", first_step}, {"split", "rejoin"}, {"replica", w.replica}, {"donor", got.donor},
+                   {"seconds", seconds_since(t0)}});
+    fmt::print("noloco[worker {}]: restarted (incarnation {}); took replica {}'s state at step {} in {:.1f}s\n", w.rank,
+               w.comm->incarnation(), got.donor, first_step, seconds_since(t0));
+    std::fflush(stdout);
+  }
   // One event file per replica: `tensorboard --logdir runs/` shows each as a run.
   EventWriter tensorboard(fmt::format("{}/tensorboard/replica_{}", out, w.rank), fmt::format("r{}", w.rank));
   const int64_t tokens_per_step = c.batch * c.grad_accum * arch.context;
@@ -149,19 +166,23 @@ nlohmann::json train(const TrainConfig& c, const WorkerInfo& w) {
   // average. An evaluation-only exchange, charged apart from training traffic;
   // if a replica is gone it is skipped rather than failing the run. With a
   // pipeline, per stage (the spread over all weights is combined in summary.json).
-  auto evaluate_across_replicas = [&]() -> std::pair<double, double> {
+  uint64_t evaluation_bytes = 0;  // sent for these evaluations, apart from training traffic
+  auto evaluate_across_replicas = [&](int64_t step) -> std::pair<double, double> {
     if (!w.comm || w.replicas < 2) return {std::nan(""), std::nan("")};
-    Communicator::EvaluationTraffic scope(*w.comm);
     torch::NoGradGuard no_grad;
     auto& theta = flat.values();
     try {
+      const auto group = w.comm->live_group(step);
+      if (!group || group->world() < 2) return {std::nan(""), std::nan("")};
       auto mean = theta.clone();
-      w.comm->all_reduce_mean(mean);
+      group->all_reduce_mean(mean);
       auto var = (theta - mean).square();
-      w.comm->all_reduce_mean(var);
+      group->all_reduce_mean(var);
+      evaluation_bytes += group->stats().bytes_sent;
       const double std_dev = var.mean().sqrt().item<double>();
       double mean_loss = std::nan("");
-      if (w.replica == 0) {  // all stages of replica 0 evaluate the mean model together
+      // The first live replica (in a pipeline: replica 0, on every stage) evaluates the mean model.
+      if (group->rank() == 0) {
         auto own = theta.clone();
         theta.copy_(mean);
         mean_loss = evaluate();
@@ -190,7 +211,8 @@ nlohmann::json train(const TrainConfig& c, const WorkerInfo& w) {
   };
   int64_t crash_step = -1, crash_checkpoint = -1;
   for (const auto& point : c.crash_plan())
-    if (point.rank == w.rank) (point.in_checkpoint ? crash_checkpoint : crash_step) = point.step;
+    if (point.rank == w.rank && (!w.comm || w.comm->incarnation() == 0))  // a restarted worker runs on
+      (point.in_checkpoint ? crash_checkpoint : crash_step) = point.step;
   auto checkpoint = [&](int64_t steps_done) {
     Checkpoint ck;
     ck.model = arch;
@@ -229,6 +251,9 @@ nlohmann::json train(const TrainConfig& c, const WorkerInfo& w) {
                             {"group", sync->group}, {"arrived", sync->arrived}};
       rec.update(worker_json(w));
       metrics.write(rec);
+      const auto pack = [&] { return pack_training_state(flat, inner, *outer); };
+      for (int r : w.comm->serve_rejoins(step + 1, inner.steps_taken(), pack))
+        metrics.write({{"step", step + 1}, {"split", "donate"}, {"replica", w.replica}, {"to", r}});
     }
     last_loss = loss_sum;
     window_tokens += tokens_per_step;
@@ -282,14 +307,14 @@ nlohmann::json train(const TrainConfig& c, const WorkerInfo& w) {
     }
     if (done % c.eval_interval == 0 || last) {
       val_loss = evaluate();
-      std::tie(mean_model_loss, weight_std) = evaluate_across_replicas();
+      std::tie(mean_model_loss, weight_std) = evaluate_across_replicas(done);
       nlohmann::json rec = {{"step", done}, {"split", "val"}, {"lr", lr}};
       rec.update(worker_json(w));
       if (worker_model->computes_loss()) rec["loss"] = val_loss;
       if (!std::isnan(weight_std)) rec["weight_std"] = weight_std;
       if (!std::isnan(weight_std) && w.stages > 1) rec["stage_params"] = flat.numel();
       if (!std::isnan(mean_model_loss)) rec["loss_mean_model"] = mean_model_loss;
-      if (w.comm) rec["eval_bytes_sent"] = w.comm->evaluation_stats().bytes_sent;
+      if (w.comm) rec["eval_bytes_sent"] = evaluation_bytes;
       if (w.link) rec["eval_activation_bytes_sent"] = w.link->stats().evaluation_bytes_sent;
       metrics.write(rec);
       if (worker_model->computes_loss()) tensorboard.scalar("val/loss", done, val_loss);
@@ -309,6 +334,7 @@ nlohmann::json train(const TrainConfig& c, const WorkerInfo& w) {
     if (done % ckpt_every == 0 || last) checkpoint(done);
   }
   if (first_step == c.steps) val_loss = evaluate();  // resumed at the end: report anyway
+  if (w.comm) w.comm->finish();
 
   const double seconds = seconds_since(start);
   nlohmann::json summary = {{"method", c.method},
@@ -328,6 +354,7 @@ nlohmann::json train(const TrainConfig& c, const WorkerInfo& w) {
   }
   if (!std::isnan(weight_std)) summary["weight_std"] = weight_std;
   if (!std::isnan(mean_model_loss)) summary["final_val_loss_mean_model"] = mean_model_loss;
+  if (!rejoined.is_null()) summary.update(rejoined);
   write_json_atomic(fmt::format("{}/summary_r{}.json", out, w.rank), summary);
   if (w.replicas * w.stages == 1) write_json_atomic(out + "/summary.json", summary);
   if (lead) {
