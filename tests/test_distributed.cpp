@@ -162,6 +162,45 @@ TEST_F(Distributed, NoLoCoWithEightReplicasSurvivesTwoKilledWorkers) {
   EXPECT_EQ(metrics_records(dir / "crash", "train").size(), 6u * 45u + size_t(step_a + step_b));
 }
 
+// Issue 6's rejoin: worker 2 is killed before any checkpoint exists; the
+// launcher restarts it, it takes a live replica's state over the network and
+// is back in the groupings from a later outer step.
+TEST_F(Distributed, ARestartedNoLoCoWorkerRejoinsFromALivePeer) {
+  auto r = noloco::testing::run_cli(small_train_args(dir / "c.txt", dir / "rejoin") +
+                                        " method=noloco replicas=4 batch=2 steps=300 outer_interval=10 eval_interval=150"
+                                        " inject_crash=2:25 restarts=1",
+                                    150);
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  const auto summary = read_json(dir / "rejoin/summary.json");
+  EXPECT_EQ(summary["replicas_finished"].get<std::vector<int>>(), (std::vector<int>{0, 1, 2, 3}));
+  EXPECT_TRUE(summary["replicas_failed"].empty());
+  ASSERT_EQ(summary["replicas_restarted"].size(), 1u);
+  EXPECT_EQ(summary["replicas_restarted"][0]["replica"], 2);
+  EXPECT_TRUE(summary.contains("weight_std")) << "the evaluation across replicas includes the rejoined one";
+
+  const auto rejoins = metrics_records(dir / "rejoin", "rejoin");
+  ASSERT_EQ(rejoins.size(), 1u);
+  const auto step = rejoins[0]["step"].get<int64_t>();
+  const int donor = rejoins[0]["donor"].get<int>();
+  EXPECT_GT(step, 25) << "the state comes from a live replica, not from a checkpoint before the crash";
+  EXPECT_EQ(step % 10, 0) << "handed over after an outer step";
+  EXPECT_NE(donor, 2);
+  bool donated = false;
+  for (auto& d : metrics_records(dir / "rejoin", "donate"))
+    donated |= d["replica"] == donor && d["to"] == 2 && d["step"] == step;
+  EXPECT_TRUE(donated);
+  // The restarted worker trains on from the donor's step, and averages with partners again.
+  int64_t first_after = -1;
+  bool averaged_with_a_partner = false;
+  for (auto& rec : metrics_records(dir / "rejoin", "train"))
+    if (rec["replica"] == 2 && rec["step"].get<int64_t>() > 25 && first_after < 0) first_after = rec["step"];
+  EXPECT_EQ(first_after, step + 1);
+  for (auto& rec : metrics_records(dir / "rejoin", "outer"))
+    if (rec["replica"] == 2 && rec["step"].get<int64_t>() > step && rec["arrived"].size() > 1)
+      averaged_with_a_partner = true;
+  EXPECT_TRUE(averaged_with_a_partner);
+}
+
 TEST_F(Distributed, DdpEndsWithAClearErrorWhenAWorkerDies) {
   auto r = noloco::testing::run_cli(
       small_train_args(dir / "c.txt", dir / "ddpcrash") + " method=ddp replicas=3 batch=2 steps=50 inject_crash=1:4", 90);
