@@ -1,6 +1,8 @@
 #include "comm/gloo_communicator.h"
 
 #include <algorithm>
+#include <condition_variable>
+#include <mutex>
 #include <cstdio>
 #include <cstdlib>
 #include <functional>
@@ -225,7 +227,14 @@ std::string new_run_token() {
   return fmt::format("{:08x}{:08x}{:08x}{:08x}", rd(), rd(), rd(), rd());
 }
 
-GlooCommunicator::~GlooCommunicator() = default;
+GlooCommunicator::~GlooCommunicator() {
+  if (releasing_.joinable()) releasing_.join();
+}
+
+void GlooCommunicator::release(c10::intrusive_ptr<c10d::ProcessGroupGloo> pg) {
+  if (releasing_.joinable()) releasing_.join();  // the previous one: long done unless exchanges are back to back
+  releasing_ = std::thread([pg = std::move(pg)]() mutable { pg.reset(); });
+}
 
 namespace {
 
@@ -284,29 +293,60 @@ std::unique_ptr<Communicator> GlooCommunicator::live_group(int64_t step) {
 
 std::vector<int> GlooCommunicator::present_peers(const std::string& key, const std::vector<int>& group,
                                                  std::vector<int>* late) {
-  membership_->set(fmt::format("{}/here/{}", key, rank_), bytes_of("1"));
-  std::vector<int> waiting, present;
+  // Each member adds 1 to its own counter under the exchange's key and blocks
+  // until every peer's counter exists: event-driven, so pairs meet as soon as
+  // both are there. A watchdog on its own store connection adds 2 for a peer
+  // that is declared dead meanwhile or has not come within the timeout, which
+  // wakes the wait. A counter of exactly 1 means "came, and not given up";
+  // a member that finds more on arriving was given up and averages alone.
+  // (Counters, not compareSet: the store wakes waiters on add, not on compareSet.)
+  auto here = [&](int r) { return fmt::format("{}/here/{}", key, r); };
+  std::vector<int> peers;
   for (int peer : group)
-    if (peer != rank_) waiting.push_back(peer);
-  const auto deadline = Clock::now() + timeout_;
-  auto pause = std::chrono::milliseconds(1);
-  while (!waiting.empty()) {
-    std::vector<int> still;
-    for (int peer : waiting)
-      (membership_->check({fmt::format("{}/here/{}", key, peer)}) ? present : still).push_back(peer);
-    waiting.swap(still);
-    if (waiting.empty()) break;
-    // A peer the launcher (or another partner) declared dead will not come.
-    const auto dead = read_or_empty(*membership_, "dead");
-    waiting.erase(std::remove_if(waiting.begin(), waiting.end(),
-                                 [&](int peer) { return list_has(dead, std::to_string(peer)); }),
-                  waiting.end());
-    if (Clock::now() > deadline) break;
-    std::this_thread::sleep_for(pause);
-    pause = std::min(pause * 2, std::chrono::milliseconds(50));
+    if (peer != rank_) peers.push_back(peer);
+  *late = {};
+  if (membership_->add(here(rank_), 1) != 1) return {};
+  if (!watch_) {
+    c10d::TCPStoreOptions opts;
+    opts.port = uint16_t(env_.master_port);
+    opts.isServer = false;
+    opts.timeout = timeout_;
+    watch_ = membership_store(c10::make_intrusive<c10d::TCPStore>(env_.master_addr, opts), env_.token, group_);
   }
-  *late = waiting;
-  std::sort(present.begin(), present.end());
+  std::vector<std::string> keys;
+  for (int peer : peers) keys.push_back(here(peer));
+  if (!membership_->check(keys)) {
+    std::mutex mutex;
+    std::condition_variable wake;
+    bool done = false;
+    std::thread watchdog([&] {
+      const auto deadline = Clock::now() + timeout_;
+      std::unique_lock<std::mutex> lock(mutex);
+      while (!wake.wait_for(lock, std::chrono::milliseconds(20), [&] { return done; })) {
+        const auto dead = read_or_empty(*watch_, "dead");
+        for (int peer : peers)
+          if ((list_has(dead, std::to_string(peer)) || Clock::now() > deadline) && !watch_->check({here(peer)}))
+            watch_->add(here(peer), 2);
+      }
+    });
+    auto stop = [&] {
+      {
+        std::lock_guard<std::mutex> lock(mutex);
+        done = true;
+      }
+      wake.notify_one();
+      watchdog.join();
+    };
+    try {
+      membership_->wait(keys, timeout_ + std::chrono::seconds(30));
+    } catch (...) {
+      stop();
+      throw;
+    }
+    stop();
+  }
+  std::vector<int> present;
+  for (int peer : peers) (membership_->add(here(peer), 0) == 1 ? present : *late).push_back(peer);
   return present;
 }
 
@@ -340,7 +380,7 @@ torch::Tensor GlooCommunicator::group_mean(const torch::Tensor& payload, const s
     const MessageHeader mine{kExchangeMagic, run_id_, exchange, local.numel(), int64_t(local.scalar_type())};
     const auto my_header = torch::tensor({mine.magic, mine.run, mine.exchange, mine.numel, mine.dtype}, torch::kInt64);
     try {
-      auto pg = join(name, local_rank(rank_), int(members.size()), timeout_);
+      auto pg = join(name, local_rank(rank_), int(members.size()), timeout_);  // ~10 ms on loopback
       std::vector<c10::intrusive_ptr<c10d::Work>> sends;
       std::map<int, torch::Tensor> headers;
       std::vector<std::pair<int, c10::intrusive_ptr<c10d::Work>>> header_recvs;
@@ -383,6 +423,8 @@ torch::Tensor GlooCommunicator::group_mean(const torch::Tensor& payload, const s
         } catch (const std::exception&) {
         }
       }
+      // Tearing a Gloo group down takes ~20 ms (its I/O loop winds down): off the training path.
+      release(std::move(pg));
     } catch (const std::exception& e) {
       // The group could not form (a member died after announcing itself): average alone.
       std::fprintf(stderr, "noloco[worker %d]: exchange %lld fell back to a lone outer step: %s\n", rank_,

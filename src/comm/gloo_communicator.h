@@ -3,6 +3,7 @@
 #include <chrono>
 #include <map>
 #include <set>
+#include <thread>
 #include <memory>
 #include <string>
 
@@ -83,17 +84,21 @@ class GlooCommunicator final : public Communicator {
   std::vector<int> present_peers(const std::string& key, const std::vector<int>& group, std::vector<int>* late);
   c10::intrusive_ptr<c10d::ProcessGroupGloo> join(const std::string& name, int rank, int world,
                                                   std::chrono::milliseconds timeout);
+  // Destroys an exchange's group on a background thread.
+  void release(c10::intrusive_ptr<c10d::ProcessGroupGloo> pg);
 
   int rank_, world_;
   int incarnation_ = 0;
   std::chrono::milliseconds timeout_;
   c10::intrusive_ptr<c10d::Store> store_;       // the run's store, unprefixed
   c10::intrusive_ptr<c10d::Store> membership_;  // deaths, incarnations, snapshots, rejoin requests
+  c10::intrusive_ptr<c10d::Store> watch_;       // the same, on a second connection, for present_peers' watchdog
   WorkerEnv env_;
   std::string group_, bind_;
   c10::intrusive_ptr<c10d::ProcessGroupGloo> pg_;  // run-wide; absent in a restarted worker
   std::map<int, int> incarnation_of_;             // from the latest members snapshot
   std::set<std::string> seen_requests_;
+  std::thread releasing_;
   int64_t run_id_ = 0;  // hash of the token, carried in message headers
 };
 
