@@ -62,5 +62,13 @@ TEST(Config, BrokenYaml) { EXPECT_NE(error_of("lr: [1, 2\n", {}).find("not valid
 TEST(Config, MoreStagesThanLayers) { EXPECT_NE(error_of("layers: 2\n", {"stages=3"}).find("stages must be in [1, layers=2]"), std::string::npos); }
 TEST(Config, StageLayersMustCoverTheModel) { EXPECT_NE(error_of("layers: 4\n", {"stages=2", "stage_layers=1,2"}).find("summing to layers=4"), std::string::npos); }
 TEST(Config, RestartsOnlyForNoLoCo) { EXPECT_NE(error_of("", {"method=ddp", "restarts=1"}).find("restarts needs method=noloco"), std::string::npos); }
+TEST(Config, CrashPlanModes) {
+  const auto plan = parse_config("", {"inject_crash=1:5,2:6:checkpoint,3:7:freeze"}).crash_plan();
+  ASSERT_EQ(plan.size(), 3u);
+  EXPECT_EQ(plan[1].mode, TrainConfig::CrashPoint::Mode::kill_in_checkpoint);
+  EXPECT_EQ(plan[2].mode, TrainConfig::CrashPoint::Mode::freeze);
+  EXPECT_NE(error_of("", {"inject_crash=1:2:nap"}).find("inject_crash must be"), std::string::npos);
+  EXPECT_NE(error_of("", {"inject_crash=1:2:checkpoint:x"}).find("inject_crash must be"), std::string::npos);
+}
 TEST(Config, BadRouting) { EXPECT_NE(error_of("", {"routing=roundrobin"}).find("routing must be random or fixed"), std::string::npos); }
 TEST(Config, UnknownPreset) { EXPECT_NE(error_of("", {"model=7b"}).find("unknown model preset"), std::string::npos); }

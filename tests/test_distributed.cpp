@@ -201,6 +201,48 @@ TEST_F(Distributed, ARestartedNoLoCoWorkerRejoinsFromALivePeer) {
   EXPECT_TRUE(averaged_with_a_partner);
 }
 
+// A frozen worker (SIGSTOP: a hung process or machine) under the local
+// launcher: it stops beating, the launcher kills it and the others finish.
+TEST_F(Distributed, TheLauncherKillsAWorkerWhoseHeartbeatStops) {
+  auto r = noloco::testing::run_cli(small_train_args(dir / "c.txt", dir / "frozen") +
+                                        " method=noloco replicas=3 batch=2 steps=60 outer_interval=10"
+                                        " heartbeat_timeout=2 peer_timeout=600 inject_crash=1:15:freeze",
+                                    100);
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  const auto summary = read_json(dir / "frozen/summary.json");
+  EXPECT_EQ(summary["replicas_finished"].get<std::vector<int>>(), (std::vector<int>{0, 2}));
+  ASSERT_EQ(summary["replicas_failed"].size(), 1u);
+  EXPECT_NE(summary["replicas_failed"][0]["reason"].get<std::string>().find("no heartbeat"), std::string::npos);
+}
+
+// Without our launcher (as under torchrun, which knows nothing of our
+// heartbeats) the partner itself gives up a frozen worker: with
+// peer_timeout=600 only the heartbeat can end its wait within the test's bound.
+TEST_F(Distributed, APartnerGivesUpAFrozenWorkerByItsHeartbeat) {
+  const std::string env = fmt::format(
+      "WORLD_SIZE=2 MASTER_ADDR=127.0.0.1 MASTER_PORT={} NOLOCO_RUN_TOKEN=frozen-partner-test", noloco::testing::free_port());
+  const std::string args = small_train_args(dir / "c.txt", dir / "torchrun_like") +
+                           " method=noloco batch=2 steps=40 outer_interval=10 heartbeat_timeout=2 peer_timeout=600"
+                           " inject_crash=1:15:freeze";
+  // Worker 1 runs in the background and freezes; worker 0 (hosting the store) must finish alone.
+  const std::string cmd = "cd " NOLOCO_SOURCE_DIR " && { RANK=1 " + env + " " NOLOCO_BINARY " " + args +
+                          " > /dev/null 2>&1 & frozen=$!; }; RANK=0 " + env + " timeout -k 5 90 " NOLOCO_BINARY " " +
+                          args + " 2>&1; rc=$?; kill -9 $frozen; exit $rc";
+  FILE* p = ::popen(cmd.c_str(), "r");
+  ASSERT_NE(p, nullptr);
+  std::string output;
+  char buf[4096];
+  for (size_t n; (n = std::fread(buf, 1, sizeof buf, p)) > 0;) output.append(buf, n);
+  const int status = ::pclose(p);
+  ASSERT_TRUE(WIFEXITED(status));
+  ASSERT_EQ(WEXITSTATUS(status), 0) << output;
+  bool alone_after_freeze = false;
+  for (auto& rec : metrics_records(dir / "torchrun_like", "outer"))
+    if (rec["replica"] == 0 && rec["step"].get<int64_t>() > 15)
+      alone_after_freeze |= rec["arrived"] == std::vector<int>{0};
+  EXPECT_TRUE(alone_after_freeze);
+}
+
 TEST_F(Distributed, DdpEndsWithAClearErrorWhenAWorkerDies) {
   auto r = noloco::testing::run_cli(
       small_train_args(dir / "c.txt", dir / "ddpcrash") + " method=ddp replicas=3 batch=2 steps=50 inject_crash=1:4", 90);

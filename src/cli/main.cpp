@@ -23,6 +23,7 @@
 #include "sim/simulate.h"
 #include "comm/activation_link.h"
 #include "comm/gloo_communicator.h"
+#include "comm/heartbeat.h"
 #include "comm/launcher.h"
 #include "comm/bench_comm.h"
 #include "data/dataset.h"
@@ -90,6 +91,7 @@ std::string error_prefix = "noloco: error: ";
 // The connections of a worker of a launched run.
 struct WorkerLinks {
   c10::intrusive_ptr<c10d::Store> store;
+  std::unique_ptr<Heartbeat> heartbeat;
   std::unique_ptr<GlooCommunicator> comm;  // among the replicas of this worker's stage
   std::unique_ptr<ActivationLink> link;    // to the other stages, with a pipeline
 };
@@ -101,10 +103,12 @@ WorkerLinks join_as_worker(const WorkerEnv& env, const TrainConfig& cfg) {
   const int stages = int(cfg.stages), stage = env.rank % stages;
   WorkerLinks links;
   links.store = connect_store(env, timeout);
+  links.heartbeat = std::make_unique<Heartbeat>(env);
   if (cfg.method != "none") {
     const auto group = stages > 1 ? fmt::format("stage{}", stage) : std::string("replicas");
-    links.comm = std::make_unique<GlooCommunicator>(links.store, env, group, env.rank / stages, env.world / stages,
-                                                    cfg.bind, timeout);
+    links.comm = std::make_unique<GlooCommunicator>(
+        links.store, env, group, env.rank / stages, env.world / stages, cfg.bind, timeout,
+        std::chrono::milliseconds(int64_t(cfg.heartbeat_timeout * 1000)));
   }
   if (stages > 1) links.link = std::make_unique<ActivationLink>(links.store, env, cfg.bind, timeout);
   return links;

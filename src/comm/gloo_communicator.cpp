@@ -1,5 +1,7 @@
 #include "comm/gloo_communicator.h"
 
+#include "comm/heartbeat.h"
+
 #include <algorithm>
 #include <condition_variable>
 #include <mutex>
@@ -152,8 +154,8 @@ c10::intrusive_ptr<c10d::ProcessGroupGloo> join_process_group(const c10::intrusi
 
 GlooCommunicator::GlooCommunicator(const c10::intrusive_ptr<c10d::Store>& store, const WorkerEnv& env,
                                    const std::string& group, int rank, int world, const std::string& bind,
-                                   std::chrono::milliseconds timeout)
-    : rank_(rank), world_(world), timeout_(timeout), store_(store), env_(env), group_(group), bind_(bind) {
+                                   std::chrono::milliseconds timeout, std::chrono::milliseconds heartbeat_timeout)
+    : rank_(rank), world_(world), timeout_(timeout), heartbeat_timeout_(heartbeat_timeout), store_(store), env_(env), group_(group), bind_(bind) {
   membership_ = membership_store(store, env.token, group);
   run_id_ = run_id_of(env.token);
   incarnation_ = int(membership_->add(fmt::format("started/{}", rank), 1)) - 1;
@@ -311,7 +313,8 @@ std::vector<int> GlooCommunicator::present_peers(const std::string& key, const s
     opts.port = uint16_t(env_.master_port);
     opts.isServer = false;
     opts.timeout = timeout_;
-    watch_ = membership_store(c10::make_intrusive<c10d::TCPStore>(env_.master_addr, opts), env_.token, group_);
+    watch_raw_ = c10::make_intrusive<c10d::TCPStore>(env_.master_addr, opts);
+    watch_ = membership_store(watch_raw_, env_.token, group_);
   }
   std::vector<std::string> keys;
   for (int peer : peers) keys.push_back(here(peer));
@@ -321,12 +324,21 @@ std::vector<int> GlooCommunicator::present_peers(const std::string& key, const s
     bool done = false;
     std::thread watchdog([&] {
       const auto deadline = Clock::now() + timeout_;
+      // Workers are laid out replica-major: this group's member r is worker r·stride + offset.
+      const int stride = std::max(1, env_.world / world_), offset = env_.rank % stride;
+      HeartbeatWatch beats(watch_raw_, env_.token);
+      auto last_beat_check = Clock::now();
       std::unique_lock<std::mutex> lock(mutex);
       while (!wake.wait_for(lock, std::chrono::milliseconds(20), [&] { return done; })) {
         const auto dead = read_or_empty(*watch_, "dead");
-        for (int peer : peers)
-          if ((list_has(dead, std::to_string(peer)) || Clock::now() > deadline) && !watch_->check({here(peer)}))
-            watch_->add(here(peer), 2);
+        const bool check_beats = Clock::now() - last_beat_check > std::chrono::seconds(1);
+        if (check_beats) last_beat_check = Clock::now();
+        for (int peer : peers) {
+          bool gone = list_has(dead, std::to_string(peer)) || Clock::now() > deadline;
+          if (check_beats)
+            gone |= beats.silent_seconds(peer * stride + offset) * 1000 > double(heartbeat_timeout_.count());
+          if (gone && !watch_->check({here(peer)})) watch_->add(here(peer), 2);
+        }
       }
     });
     auto stop = [&] {

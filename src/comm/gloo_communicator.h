@@ -61,8 +61,10 @@ bool worker_env_from_environment(WorkerEnv& env);
 class GlooCommunicator final : public Communicator {
  public:
   // Member `rank` of `world` in group `group` of the run; Gloo listens on `bind`.
+  // A partner whose heartbeat (comm/heartbeat.h) stops for `heartbeat_timeout` is given up.
   GlooCommunicator(const c10::intrusive_ptr<c10d::Store>& store, const WorkerEnv& env, const std::string& group,
-                   int rank, int world, const std::string& bind, std::chrono::milliseconds timeout);
+                   int rank, int world, const std::string& bind, std::chrono::milliseconds timeout,
+                   std::chrono::milliseconds heartbeat_timeout);
   ~GlooCommunicator() override;
   int rank() const override { return rank_; }
   int world() const override { return world_; }
@@ -89,10 +91,11 @@ class GlooCommunicator final : public Communicator {
 
   int rank_, world_;
   int incarnation_ = 0;
-  std::chrono::milliseconds timeout_;
+  std::chrono::milliseconds timeout_, heartbeat_timeout_;
   c10::intrusive_ptr<c10d::Store> store_;       // the run's store, unprefixed
   c10::intrusive_ptr<c10d::Store> membership_;  // deaths, incarnations, snapshots, rejoin requests
-  c10::intrusive_ptr<c10d::Store> watch_;       // the same, on a second connection, for present_peers' watchdog
+  c10::intrusive_ptr<c10d::Store> watch_raw_;   // a second connection, for present_peers' watchdog
+  c10::intrusive_ptr<c10d::Store> watch_;       // membership_'s keys on it
   WorkerEnv env_;
   std::string group_, bind_;
   c10::intrusive_ptr<c10d::ProcessGroupGloo> pg_;  // run-wide; absent in a restarted worker

@@ -9,11 +9,13 @@
 #include <chrono>
 #include <cstring>
 #include <thread>
+#include <utility>
 
 #include <fmt/format.h>
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
 
 #include "comm/gloo_communicator.h"
+#include "comm/heartbeat.h"
 
 namespace noloco {
 
@@ -26,7 +28,9 @@ void on_signal(int sig) { forwarded_signal = sig; }
 }  // namespace
 
 std::string WorkerExit::describe() const {
-  if (signal != 0) return fmt::format("worker {} was killed by signal {} ({}) after {:.1f}s", rank, signal, strsignal(signal), seconds);
+  if (signal != 0)
+    return fmt::format("worker {} was killed by signal {} ({}) after {:.1f}s{}", rank, signal, strsignal(signal), seconds,
+                       why.empty() ? "" : " (" + why + ")");
   if (exit_code != 0) return fmt::format("worker {} exited with code {} after {:.1f}s", rank, exit_code, seconds);
   return fmt::format("worker {} finished after {:.1f}s", rank, seconds);
 }
@@ -80,6 +84,11 @@ std::vector<WorkerExit> launch_local_workers(const TrainConfig& c, const std::ve
     pids[size_t(r)] = pid;
   };
   for (int r = 0; r < n; ++r) spawn(r);
+  // A worker whose heartbeat stops is hung (or its machine is): kill it, so
+  // the failure takes the path of a crash instead of stalling the run.
+  HeartbeatWatch heartbeats(store, token);
+  std::vector<std::string> why(static_cast<size_t>(n));
+  auto last_check = std::chrono::steady_clock::now();
 
   std::vector<WorkerExit> exits;
   std::vector<int64_t> restarts_left(size_t(n), c.restarts);
@@ -103,6 +112,7 @@ std::vector<WorkerExit> launch_local_workers(const TrainConfig& c, const std::ve
       if (it == pids.end()) continue;
       WorkerExit e;
       e.rank = int(it - pids.begin());
+      e.why = std::exchange(why[size_t(e.rank)], "");
       e.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
       if (WIFSIGNALED(status)) {
         e.signal = WTERMSIG(status);
@@ -126,6 +136,8 @@ std::vector<WorkerExit> launch_local_workers(const TrainConfig& c, const std::ve
           --restarts_left[size_t(e.rank)];
           e.restarted = true;
           std::fprintf(stderr, "noloco: restarting worker %d; it will take its state from a live replica\n", e.rank);
+          store->set(heartbeat_key(token, e.rank), std::vector<uint8_t>{'0'});  // silent until the new one beats
+          heartbeats.reset(e.rank);
           spawn(e.rank);
           ++running;
         }
@@ -134,6 +146,17 @@ std::vector<WorkerExit> launch_local_workers(const TrainConfig& c, const std::ve
       continue;
     }
     if (terminating && std::chrono::steady_clock::now() > terminate_deadline) kill_all(SIGKILL);
+    if (std::chrono::steady_clock::now() - last_check > std::chrono::seconds(1)) {
+      last_check = std::chrono::steady_clock::now();
+      for (int r = 0; r < n; ++r) {
+        if (pids[size_t(r)] <= 0 || !why[size_t(r)].empty()) continue;
+        const double silent = heartbeats.silent_seconds(r);
+        if (silent <= c.heartbeat_timeout) continue;
+        why[size_t(r)] = fmt::format("no heartbeat for {:.0f}s: hung", silent);
+        std::fprintf(stderr, "noloco: worker %d sent no heartbeat for %.0f s; killing it\n", r, silent);
+        ::kill(pids[size_t(r)], SIGKILL);
+      }
+    }
     std::this_thread::sleep_for(std::chrono::milliseconds(50));
   }
   std::stable_sort(exits.begin(), exits.end(), [](auto& a, auto& b) { return a.rank < b.rank; });

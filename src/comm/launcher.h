@@ -14,6 +14,7 @@ struct WorkerExit {
   int signal = 0;
   double seconds = 0;  // since launch
   bool restarted = false;  // the launcher started the worker again after this exit
+  std::string why;         // set when the launcher itself ended the worker
   bool ok() const { return exit_code == 0 && signal == 0; }
   std::string describe() const;
 };

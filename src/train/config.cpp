@@ -126,7 +126,8 @@ const std::vector<Field>& fields() {
       NOLOCO_KEY(port, "store port; 0: a free one"),
       NOLOCO_KEY(peer_timeout, "seconds before a silent peer is given up"),
       NOLOCO_KEY(restarts, "noloco: restart a failed worker up to this many times; it rejoins from a live peer"),
-      NOLOCO_KEY(inject_crash, "failure drill: RANK:STEP[:checkpoint][,...] kills that worker (SIGKILL) before that step, or while writing its checkpoint"),
+      NOLOCO_KEY(heartbeat_timeout, "seconds without a heartbeat before the launcher kills a hung worker and partners stop waiting"),
+      NOLOCO_KEY(inject_crash, "failure drill: RANK:STEP[:checkpoint|:freeze][,...] kills that worker (SIGKILL) before that step, or while writing its checkpoint, or freezes it (SIGSTOP)"),
   };
   return all;
 }
@@ -207,6 +208,7 @@ void TrainConfig::validate() const {
   if (port < 0 || port > 65535) invalid(fmt::format("port must be in [0, 65535], got {}", port));
   positive("peer_timeout", peer_timeout);
   non_negative("restarts", double(restarts));
+  positive("heartbeat_timeout", heartbeat_timeout);
   if (restarts > 0 && (method != "noloco" || stages > 1))
     invalid("restarts needs method=noloco without pipeline stages (only NoLoCo can take a replica back mid-run)");
   for (const auto& point : crash_plan()) {
@@ -222,11 +224,13 @@ std::vector<TrainConfig::CrashPoint> TrainConfig::crash_plan() const {
     std::vector<std::string> parts;
     std::stringstream fields(item);
     for (std::string part; std::getline(fields, part, ':');) parts.push_back(part);
-    const bool in_checkpoint = parts.size() == 3 && parts[2] == "checkpoint";
-    if (parts.size() != 2 && !in_checkpoint)
-      invalid(fmt::format("inject_crash must be RANK:STEP[:checkpoint][,...], got '{}'", inject_crash));
+    auto mode = CrashPoint::Mode::kill;
+    if (parts.size() == 3 && parts[2] == "checkpoint") mode = CrashPoint::Mode::kill_in_checkpoint;
+    if (parts.size() == 3 && parts[2] == "freeze") mode = CrashPoint::Mode::freeze;
+    if (parts.size() != 2 && (parts.size() != 3 || mode == CrashPoint::Mode::kill))
+      invalid(fmt::format("inject_crash must be RANK:STEP[:checkpoint|:freeze][,...], got '{}'", inject_crash));
     plan.push_back({parse_value<int64_t>("inject_crash", parts[0]), parse_value<int64_t>("inject_crash", parts[1]),
-                    in_checkpoint});
+                    mode});
   }
   return plan;
 }

@@ -63,13 +63,16 @@ struct TrainConfig {
   int64_t port = 0;  // store port; 0: pick a free one
   double peer_timeout = 60;
   int64_t restarts = 0;  // times the launcher restarts a failed noloco worker, which rejoins from a live peer
+  double heartbeat_timeout = 30;  // seconds without a heartbeat before a worker counts as hung
   // Failure injection for tests and drills: "RANK:STEP[,RANK:STEP...]" kills
   // those workers with SIGKILL just before those inner steps; "RANK:STEP:checkpoint"
-  // kills it halfway through writing the checkpoint of that step.
+  // kills it halfway through writing the checkpoint of that step; "RANK:STEP:freeze"
+  // stops the whole process (SIGSTOP), like a hung machine.
   std::string inject_crash;
   struct CrashPoint {
+    enum class Mode { kill, kill_in_checkpoint, freeze };
     int64_t rank, step;
-    bool in_checkpoint;
+    Mode mode;
   };
   std::vector<CrashPoint> crash_plan() const;
 

@@ -209,10 +209,11 @@ nlohmann::json train(const TrainConfig& c, const WorkerInfo& w) {
     const auto ids = generate(*model, prompt, o);
     return corpus.tokenizer->decode(std::vector<int32_t>(ids.begin() + long(prompt.size()), ids.end()));
   };
-  int64_t crash_step = -1, crash_checkpoint = -1;
+  int64_t crash_step = -1, crash_checkpoint = -1, freeze_step = -1;
+  using Mode = TrainConfig::CrashPoint::Mode;
   for (const auto& point : c.crash_plan())
     if (point.rank == w.rank && (!w.comm || w.comm->incarnation() == 0))  // a restarted worker runs on
-      (point.in_checkpoint ? crash_checkpoint : crash_step) = point.step;
+      (point.mode == Mode::kill ? crash_step : point.mode == Mode::freeze ? freeze_step : crash_checkpoint) = point.step;
   auto checkpoint = [&](int64_t steps_done) {
     Checkpoint ck;
     ck.model = arch;
@@ -236,6 +237,7 @@ nlohmann::json train(const TrainConfig& c, const WorkerInfo& w) {
   const auto loop_start = Clock::now();
   for (int64_t step = first_step; step < c.steps; ++step) {
     if (step == crash_step) ::raise(SIGKILL);
+    if (step == freeze_step) ::raise(SIGSTOP);
     const double lr = learning_rate(c, step);
     inner.set_lr(lr);
     flat.grads().zero_();

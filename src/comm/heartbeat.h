@@ -1,0 +1,55 @@
+// Liveness: every launched worker bumps a counter in the run's store once a
+// second from its own thread and store connection. A frozen process or a lost
+// machine stops bumping; a worker that is merely slow (long steps, a big
+// exchange) does not. The launcher kills workers that go silent, and a NoLoCo
+// replica stops waiting for a silent partner.
+#pragma once
+#include <chrono>
+#include <condition_variable>
+#include <cstdint>
+#include <map>
+#include <mutex>
+#include <string>
+#include <thread>
+
+#include "comm/gloo_communicator.h"
+
+namespace noloco {
+
+// The counter of worker `worker` (global rank) in the run with `token`, in the unprefixed store.
+std::string heartbeat_key(const std::string& token, int worker);
+
+class Heartbeat {
+ public:
+  explicit Heartbeat(const WorkerEnv& env, std::chrono::milliseconds period = std::chrono::milliseconds(1000));
+  ~Heartbeat();
+
+ private:
+  std::mutex mutex_;
+  std::condition_variable wake_;
+  bool stop_ = false;
+  std::thread thread_;
+};
+
+// Tracks the heartbeat counters of some workers: silent() names how long a
+// worker's counter has not moved (zero until its first beat).
+class HeartbeatWatch {
+ public:
+  HeartbeatWatch(c10::intrusive_ptr<c10d::Store> store, std::string token);
+  // Reads `worker`'s counter; returns the seconds since it last changed, or 0
+  // if it never beat since watching began (starting up) or changed just now.
+  double silent_seconds(int worker);
+  // Forget what was seen of `worker` (it was restarted).
+  void reset(int worker);
+
+ private:
+  c10::intrusive_ptr<c10d::Store> store_;
+  std::string token_;
+  struct Seen {
+    int64_t count = -1;
+    std::chrono::steady_clock::time_point since;
+  };
+  std::map<int, Seen> seen_;
+};
+
+}  // namespace noloco
