@@ -206,7 +206,7 @@ TEST_F(Distributed, ARestartedNoLoCoWorkerRejoinsFromALivePeer) {
 TEST_F(Distributed, TheLauncherKillsAWorkerWhoseHeartbeatStops) {
   auto r = noloco::testing::run_cli(small_train_args(dir / "c.txt", dir / "frozen") +
                                         " method=noloco replicas=3 batch=2 steps=60 outer_interval=10"
-                                        " heartbeat_timeout=2 peer_timeout=600 inject_crash=1:15:freeze",
+                                        " heartbeat_timeout=4 peer_timeout=600 inject_crash=1:15:freeze",
                                     100);
   ASSERT_EQ(r.exit_code, 0) << r.output;
   const auto summary = read_json(dir / "frozen/summary.json");
@@ -222,7 +222,7 @@ TEST_F(Distributed, APartnerGivesUpAFrozenWorkerByItsHeartbeat) {
   const std::string env = fmt::format(
       "WORLD_SIZE=2 MASTER_ADDR=127.0.0.1 MASTER_PORT={} NOLOCO_RUN_TOKEN=frozen-partner-test", noloco::testing::free_port());
   const std::string args = small_train_args(dir / "c.txt", dir / "torchrun_like") +
-                           " method=noloco batch=2 steps=40 outer_interval=10 heartbeat_timeout=2 peer_timeout=600"
+                           " method=noloco batch=2 steps=40 outer_interval=10 heartbeat_timeout=4 peer_timeout=600"
                            " inject_crash=1:15:freeze";
   // Worker 1 runs in the background and freezes; worker 0 (hosting the store) must finish alone.
   const std::string cmd = "cd " NOLOCO_SOURCE_DIR " && { RANK=1 " + env + " " NOLOCO_BINARY " " + args +
