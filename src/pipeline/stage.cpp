@@ -68,7 +68,7 @@ class PipelineStage final : public ForwardBackward {
       } else {
         f.from = invert_permutation(route_permutation(c_.seed, step, m, s - 1, place_.replicas, random_))[size_t(d)];
         f.origin = micro_batch_origin(c_.seed, step, m, s, d, place_.replicas, random_);
-        std::vector<torch::Tensor> in{hidden_buffer(), torch::empty({c_.batch, stage_->config.context}, torch::kInt64)};
+        auto in = activation_buffers();
         link_.recv(place_.worker(f.from, s - 1), {step, m, ActivationLink::kForward, s - 1, f.origin}, in);
         f.input = in[0].to(device_).requires_grad_(true);
         f.labels = in[1];
@@ -119,7 +119,7 @@ class PipelineStage final : public ForwardBackward {
         x = b.inputs.to(device_);
         labels = b.targets;
       } else {
-        std::vector<torch::Tensor> in{hidden_buffer(), torch::empty({c_.batch, stage_->config.context}, torch::kInt64)};
+        auto in = activation_buffers();
         link_.recv(place_.worker(d, s - 1), {evaluation, i, ActivationLink::kEvaluation, s - 1, d}, in);
         x = in[0].to(device_);
         labels = in[1];
@@ -140,6 +140,10 @@ class PipelineStage final : public ForwardBackward {
  private:
   torch::Tensor hidden_buffer() const {
     return torch::empty({c_.batch, stage_->config.context, stage_->config.hidden}, torch::kFloat32);
+  }
+  // What arrives from the previous stage: hidden states and the labels.
+  std::vector<torch::Tensor> activation_buffers() const {
+    return {hidden_buffer(), torch::empty({c_.batch, stage_->config.context}, torch::kInt64)};
   }
 
   const TrainConfig& c_;

@@ -53,13 +53,10 @@ Curves read_curves(const std::string& run_dir) {
     }
     c.loss_by_bytes.emplace_back(bytes, mean);
   }
-  for (auto& [step, stages] : spread) {
-    double var_sum = 0, params = 0;
-    for (auto& [stage, n_std] : stages) {
-      var_sum += n_std.first * n_std.second * n_std.second;
-      params += n_std.first;
-    }
-    c.std_by_step.emplace_back(double(step), std::sqrt(var_sum / params));
+  for (auto& [step, by_stage] : spread) {
+    std::vector<std::pair<double, double>> stages;
+    for (auto& [stage, n_std] : by_stage) stages.push_back(n_std);
+    c.std_by_step.emplace_back(double(step), spread_over_stages(stages));
   }
   return c;
 }

@@ -10,6 +10,15 @@
 
 namespace noloco {
 
+double spread_over_stages(const std::vector<std::pair<double, double>>& stages) {
+  double var_sum = 0, params = 0;
+  for (const auto& [n, std_dev] : stages) {
+    var_sum += n * std_dev * std_dev;
+    params += n;
+  }
+  return params > 0 ? std::sqrt(var_sum / params) : std::nan("");
+}
+
 nlohmann::json summarize_run(const std::string& out, const TrainConfig& c, const std::vector<WorkerExit>& exits,
                              double seconds) {
   const int stages = int(c.stages);
@@ -80,13 +89,8 @@ nlohmann::json summarize_run(const std::string& out, const TrainConfig& c, const
       if (first.contains(key)) summary[key] = first[key];
   }
   if (!mean_model_loss.is_null()) summary["final_val_loss_mean_model"] = mean_model_loss;
-  // The spread over all weights: stages weighted by their parameter counts.
-  double var_sum = 0, params = 0;
-  for (const auto& [n, std_dev] : stage_spread) {
-    var_sum += n * std_dev * std_dev;
-    params += n;
-  }
-  if (params > 0 && !std::isnan(var_sum)) summary["weight_std"] = std::sqrt(var_sum / params);
+  const double spread = spread_over_stages(stage_spread);
+  if (!std::isnan(spread)) summary["weight_std"] = spread;
   if (stages > 1) {
     nlohmann::json idle = nlohmann::json::array();
     for (const auto& per_replica : stage_idle) {
