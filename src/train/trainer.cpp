@@ -25,7 +25,6 @@
 #include "util/compute_threads.h"
 #include "util/files.h"
 #include "util/tensorboard.h"
-#include "util/torch_shim.h"
 
 namespace noloco {
 
