@@ -4,7 +4,7 @@
 #include <stdexcept>
 #include <string>
 
-#include "train/config.h"
+#include "config/train_config.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   const std::string text(reinterpret_cast<const char*>(data), size);

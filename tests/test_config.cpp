@@ -1,6 +1,7 @@
 #include <gtest/gtest.h>
 
-#include "train/config.h"
+#include "config/options.h"
+#include "config/train_config.h"
 
 using namespace noloco;
 
@@ -20,26 +21,28 @@ std::string error_of(const std::string& yaml, const std::vector<std::string>& ov
 
 TEST(Config, YamlThenOverridesInOrder) {
   auto c = parse_config("steps: 300\nlr: 0.002\n", {"steps=400", "out=runs/x"});
-  EXPECT_EQ(c.steps, 400);
-  EXPECT_DOUBLE_EQ(c.lr, 0.002);
-  EXPECT_EQ(c.out, "runs/x");
-  EXPECT_EQ(c.decay_steps, 400);  // resolved from steps
+  EXPECT_EQ(c.inner.steps, 400);
+  EXPECT_DOUBLE_EQ(c.inner.lr, 0.002);
+  EXPECT_EQ(c.run.out, "runs/x");
+  EXPECT_EQ(c.inner.decay_steps, 400);  // resolved from steps
 }
 
 TEST(Config, PresetAppliesBeforeFieldOverridesWhereverWritten) {
   auto c = parse_config("layers: 3\nmodel: 125m\n", {});
-  EXPECT_EQ(c.arch.layers, 3);
-  EXPECT_EQ(c.arch.hidden, 768);
+  EXPECT_EQ(c.model.layers, 3);
+  EXPECT_EQ(c.model.hidden, 768);
 }
 
 TEST(Config, MethodDefaultsFromThePaper) {
   auto d = parse_config("", {"method=diloco", "replicas=4"});
-  EXPECT_EQ(d.outer_interval, 100);
-  EXPECT_DOUBLE_EQ(d.outer_momentum, 0.3);
+  EXPECT_EQ(d.outer.interval, 100);
+  EXPECT_DOUBLE_EQ(d.outer.momentum, 0.3);
   auto n = parse_config("", {"method=noloco", "replicas=4"});
-  EXPECT_EQ(n.outer_interval, 50);
-  EXPECT_DOUBLE_EQ(n.outer_momentum, 0.5);
-  EXPECT_DOUBLE_EQ(n.gamma, n.outer_lr);
+  EXPECT_EQ(n.outer.interval, 50);
+  EXPECT_DOUBLE_EQ(n.outer.momentum, 0.5);
+  EXPECT_DOUBLE_EQ(n.outer.gamma, n.outer.lr);
+  EXPECT_EQ(n.outer.message, "theta");
+  EXPECT_EQ(parse_config("", {"method=noloco", "replicas=4", "gamma=0.4"}).outer.message, "delta_phi");
 }
 
 TEST(Config, ResolvedYamlParsesBackToTheSameConfig) {
@@ -63,12 +66,45 @@ TEST(Config, MoreStagesThanLayers) { EXPECT_NE(error_of("layers: 2\n", {"stages=
 TEST(Config, StageLayersMustCoverTheModel) { EXPECT_NE(error_of("layers: 4\n", {"stages=2", "stage_layers=1,2"}).find("summing to layers=4"), std::string::npos); }
 TEST(Config, RestartsOnlyForNoLoCo) { EXPECT_NE(error_of("", {"method=ddp", "restarts=1"}).find("restarts needs method=noloco"), std::string::npos); }
 TEST(Config, CrashPlanModes) {
-  const auto plan = parse_config("", {"inject_crash=1:5,2:6:checkpoint,3:7:freeze"}).crash_plan();
+  const auto plan = parse_crash_plan(parse_config("", {"inject_crash=1:5,2:6:checkpoint,3:7:freeze"}).run.inject_crash);
   ASSERT_EQ(plan.size(), 3u);
-  EXPECT_EQ(plan[1].mode, TrainConfig::CrashPoint::Mode::kill_in_checkpoint);
-  EXPECT_EQ(plan[2].mode, TrainConfig::CrashPoint::Mode::freeze);
+  EXPECT_EQ(plan[1].mode, CrashPoint::Mode::kill_in_checkpoint);
+  EXPECT_EQ(plan[2].mode, CrashPoint::Mode::freeze);
   EXPECT_NE(error_of("", {"inject_crash=1:2:nap"}).find("inject_crash must be"), std::string::npos);
   EXPECT_NE(error_of("", {"inject_crash=1:2:checkpoint:x"}).find("inject_crash must be"), std::string::npos);
 }
+TEST(Config, ThetaMessageNeedsGammaEqualToBeta) {
+  EXPECT_NE(error_of("", {"method=noloco", "replicas=2", "gamma=0.4", "noloco_message=theta"}).find("needs gamma = outer_lr"),
+            std::string::npos);
+  EXPECT_NE(error_of("", {"noloco_message=weights"}).find("noloco_message must be"), std::string::npos);
+}
 TEST(Config, BadRouting) { EXPECT_NE(error_of("", {"routing=roundrobin"}).find("routing must be random or fixed"), std::string::npos); }
 TEST(Config, UnknownPreset) { EXPECT_NE(error_of("", {"model=7b"}).find("unknown model preset"), std::string::npos); }
+
+TEST(Options, ParsesTypedValuesAndNamesBadKeys) {
+  int64_t steps = 1;
+  double rate = 0;
+  bool flag = false;
+  std::string name;
+  Options o("test");
+  o.add("steps", steps, "").add("rate", rate, "").add("flag", flag, "").add("name", name, "");
+  const auto rest = o.parse_known({"steps=12", "other=1", "rate=2.5", "flag=on", "name=a=b", "positional"});
+  EXPECT_EQ(steps, 12);
+  EXPECT_DOUBLE_EQ(rate, 2.5);
+  EXPECT_TRUE(flag);
+  EXPECT_EQ(name, "a=b");  // everything after the first '='
+  EXPECT_EQ(rest, (std::vector<std::string>{"other=1", "positional"}));
+  EXPECT_EQ(o.get("steps"), "12");
+  auto error = [&](const std::vector<std::string>& args) {
+    try {
+      o.parse(args);
+    } catch (const std::invalid_argument& e) {
+      return std::string(e.what());
+    }
+    return std::string();
+  };
+  EXPECT_NE(error({"stepz=1"}).find("unknown test key 'stepz'"), std::string::npos);
+  EXPECT_NE(error({"steps=1.5"}).find("steps: '1.5' is not an integer"), std::string::npos);
+  EXPECT_NE(error({"flag=maybe"}).find("not a boolean"), std::string::npos);
+  EXPECT_NE(error({"steps"}).find("is not key=value"), std::string::npos);
+}

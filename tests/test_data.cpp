@@ -69,8 +69,8 @@ TEST(Corpus, SplitsTheLastTenPercentForValidation) {
   TempDir dir;
   noloco::testing::write_text(dir / "c.txt", noloco::testing::shakespeare(10000));
   TrainConfig c;
-  c.data = dir / "c.txt";
-  auto corpus = load_corpus(c, dir / "run");
+  c.data.path = dir / "c.txt";
+  auto corpus = load_corpus(c.data, c.model.context, dir / "run");
   EXPECT_EQ(corpus.val.numel(), 1000);
   EXPECT_EQ(corpus.train.numel(), 9000);
 }
@@ -79,12 +79,12 @@ TEST(Corpus, TokenFileNeedsVocabularyAndIsChecked) {
   TempDir dir;
   write_token_file(dir / "t.bin", std::vector<uint16_t>(2000, 3));
   TrainConfig c;
-  c.data = dir / "t.bin";
-  c.vocab_size = 50;
-  auto corpus = load_corpus(c, "");
+  c.data.path = dir / "t.bin";
+  c.data.vocab_size = 50;
+  auto corpus = load_corpus(c.data, c.model.context, "");
   EXPECT_EQ(corpus.tokenizer->vocab_size(), 50);
-  c.vocab_size = 3;  // token 3 is outside a vocabulary of 3
-  EXPECT_THROW(load_corpus(c, ""), std::invalid_argument);
+  c.data.vocab_size = 3;  // token 3 is outside a vocabulary of 3
+  EXPECT_THROW(load_corpus(c.data, c.model.context, ""), std::invalid_argument);
 }
 
 TEST(Sampler, WindowsAreShiftedSeededAndSliceable) {

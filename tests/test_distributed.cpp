@@ -15,7 +15,7 @@
 #include <nlohmann/json.hpp>
 
 #include "test_util.h"
-#include "comm/gloo_communicator.h"
+#include "comm/message.h"
 #include "train/checkpoint.h"
 #include "util/files.h"
 
@@ -252,8 +252,13 @@ TEST_F(Distributed, DdpEndsWithAClearErrorWhenAWorkerDies) {
   EXPECT_NE(r.output.find("noloco: error: ddp run failed: worker 1 was killed"), std::string::npos) << r.output;
 }
 
-TEST(MessageHeader, RejectsOtherRunsExchangesSizesAndDtypes) {
-  const MessageHeader ok{1, 42, 7, 1000, 6};
+TEST(MessageHeader, RejectsOtherRunsKindsExchangesSizesAndFormats) {
+  MessageHeader ok;
+  ok.run = 42;
+  ok.kind = int64_t(MessageKind::exchange);
+  ok.exchange = 7;
+  ok.bytes = 1000;
+  ok.format = 6;
   EXPECT_EQ(check_message_header(ok, ok), "");
   auto with = [&](auto change) {
     MessageHeader h = ok;
@@ -262,9 +267,15 @@ TEST(MessageHeader, RejectsOtherRunsExchangesSizesAndDtypes) {
   };
   EXPECT_EQ(with([](MessageHeader& h) { h.magic = 2; }), "not a noloco message");
   EXPECT_NE(with([](MessageHeader& h) { h.run = 43; }).find("another run"), std::string::npos);
-  EXPECT_NE(with([](MessageHeader& h) { h.exchange = 8; }).find("exchange 8, expected 7"), std::string::npos);
-  EXPECT_NE(with([](MessageHeader& h) { h.numel = 999; }).find("999 elements"), std::string::npos);
-  EXPECT_NE(with([](MessageHeader& h) { h.dtype = 15; }).find("dtype 15"), std::string::npos);
+  EXPECT_NE(with([](MessageHeader& h) { h.kind = int64_t(MessageKind::state); }).find("got training state"),
+            std::string::npos);
+  EXPECT_NE(with([](MessageHeader& h) { h.exchange = 8; }).find("exchange 8"), std::string::npos);
+  EXPECT_NE(with([](MessageHeader& h) { h.bytes = 999; }).find("999 payload bytes"), std::string::npos);
+  EXPECT_NE(with([](MessageHeader& h) { h.format = 15; }).find("payload format 15"), std::string::npos);
+  EXPECT_NE(with([](MessageHeader& h) { h.origin = 3; }).find("data of replica 3"), std::string::npos);
+  // Round trip through the words on the wire.
+  const auto w = ok.words();
+  EXPECT_EQ(check_message_header(ok, MessageHeader::from_words(w.data())), "");
 }
 
 TEST_F(Distributed, AWorkerWithTheWrongTokenCannotJoin) {

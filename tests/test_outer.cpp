@@ -2,15 +2,16 @@
 
 #include <set>
 
+#include "optim/grouping.h"
 #include "optim/outer.h"
-#include "train/config.h"
+#include "config/train_config.h"
 
 using namespace noloco;
 
 namespace {
 
 // Replica 0 of two; the peer's contribution is given by the test.
-class FakeComm final : public Communicator {
+class FakeTransport final : public Transport {
  public:
   int rank() const override { return 0; }
   int world() const override { return 2; }
@@ -18,13 +19,18 @@ class FakeComm final : public Communicator {
     sent = t.clone();
     t.add_(peer).div_(2);
   }
-  torch::Tensor group_mean(const torch::Tensor& payload, const std::vector<int>& group, int64_t,
-                           std::vector<int>* arrived) override {
-    sent = payload.clone();
-    last_group = group;
-    if (arrived) *arrived = group;
-    return (payload.to(torch::kFloat32) + peer) / 2;
+  std::vector<torch::Tensor> all_gather(const torch::Tensor&) override { throw std::logic_error("not used"); }
+  ExchangeResult exchange(const ExchangeRequest& request) override {
+    const auto dtype = c10::ScalarType(request.header.format);
+    sent = request.payload.view(dtype).clone();
+    for (const auto& p : request.group) last_group.push_back(p.rank);
+    ExchangeResult r;
+    r.received[1] = peer.to(dtype).contiguous().view(torch::kUInt8);
+    return r;
   }
+  void send_state(const std::string&, const MessageHeader&, const torch::Tensor&) override {}
+  torch::Tensor receive_state(const std::string&, const MessageHeader&) override { return {}; }
+  std::unique_ptr<Transport> subgroup(const std::string&, const std::vector<Peer>&) override { return nullptr; }
   torch::Tensor peer, sent;
   std::vector<int> last_group;
 };
@@ -36,18 +42,20 @@ struct ThreeScalars : torch::nn::Module {
 
 // One replica's parameters, fake peer and outer optimizer. `config` must outlive it.
 struct Rig {
-  explicit Rig(const TrainConfig& config) : outer(make_outer_optimizer(config, &comm, flat)) {}
+  explicit Rig(const TrainConfig& config)
+      : outer(make_outer_optimizer(config.outer, config.run.seed, {&comm, nullptr}, flat)) {}
   ThreeScalars m;
   FlatParams flat{m};
-  FakeComm comm;
+  FakeTransport comm;
   std::unique_ptr<OuterOptimizer> outer;
 };
 
 TrainConfig outer_config(const std::string& method, double alpha, double beta, double gamma) {
   auto c = parse_config("", {"method=" + method, "replicas=2", "outer_interval=4"});
-  c.outer_momentum = alpha;
-  c.outer_lr = beta;
-  c.gamma = gamma;
+  c.outer.momentum = alpha;
+  c.outer.lr = beta;
+  c.outer.gamma = gamma;
+  c.outer.message = gamma == beta ? "theta" : "delta_phi";
   return c;
 }
 
@@ -93,7 +101,7 @@ TEST(Outer, NoLoCoWithGammaEqualBetaSendsOnlyTheta) {
 
 TEST(Outer, NoLoCoBf16WireHalvesThePayload) {
   auto c = outer_config("noloco", 0.5, 0.7, 0.7);
-  c.wire_dtype = "bf16";
+  c.outer.wire_dtype = "bf16";
   Rig rig(c);
   auto& [m, flat, comm, outer] = rig;
   comm.peer = torch::zeros({3});

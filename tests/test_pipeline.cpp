@@ -132,16 +132,16 @@ TEST(ActivationLink, RejectsAMessageThatTheRoutingDidNotAnnounce) {
     ActivationLink link(store, env, "127.0.0.1", timeout);
     const auto payload = torch::arange(6, torch::kFloat32);
     if (rank == 0) {
-      link.send(1, {3, 1, ActivationLink::kForward, 0, /*origin=*/1}, {payload});  // claims another origin
-      link.send(1, {3, 1, ActivationLink::kForward, 0, /*origin=*/0}, {payload});
+      link.send(1, {MessageKind::activations, 3, 1, 0, /*origin=*/1}, {payload});  // claims another origin
+      link.send(1, {MessageKind::activations, 3, 1, 0, /*origin=*/0}, {payload});
     } else {
       std::vector<torch::Tensor> in{torch::zeros({6})};
       try {
-        link.recv(0, {3, 1, ActivationLink::kForward, 0, 0}, in);
+        link.recv(0, {MessageKind::activations, 3, 1, 0, 0}, in);
       } catch (const std::exception& e) {
         error = e.what();
       }
-      link.recv(0, {3, 1, ActivationLink::kForward, 0, 0}, in);
+      link.recv(0, {MessageKind::activations, 3, 1, 0, 0}, in);
       received = in[0];
     }
   };
@@ -149,7 +149,7 @@ TEST(ActivationLink, RejectsAMessageThatTheRoutingDidNotAnnounce) {
   a.join();
   b.join();
   EXPECT_NE(error.find("rejected a pipeline message from worker 0"), std::string::npos) << error;
-  EXPECT_NE(error.find("routing says 0"), std::string::npos) << error;
+  EXPECT_NE(error.find("data of replica 1, expected 0 (workers disagree on the routes)"), std::string::npos) << error;
   ASSERT_TRUE(received.defined());
   EXPECT_TRUE(torch::equal(received, torch::arange(6, torch::kFloat32)));
 }

@@ -1,9 +1,13 @@
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <map>
+
 #include <cstring>
 #include <filesystem>
 
 #include "test_util.h"
+#include "train/telemetry.h"
 #include "util/tensorboard.h"
 
 using namespace noloco;
@@ -84,6 +88,27 @@ Scalar decode_event(const std::string& e) {
   return out;
 }
 
+// Every record of an event file, with both CRCs of each checked independently.
+std::vector<Scalar> read_events(const std::string& path) {
+  const std::string bytes = noloco::testing::read_text(path);
+  std::vector<Scalar> events;
+  size_t at = 0;
+  while (at < bytes.size()) {
+    EXPECT_LE(at + 12, bytes.size());
+    if (at + 12 > bytes.size()) break;
+    const std::string len_bytes = bytes.substr(at, 8);
+    const uint64_t len = read_le<uint64_t>(bytes, at);
+    EXPECT_EQ(read_le<uint32_t>(bytes, at + 8), slow_masked(len_bytes));
+    EXPECT_LE(at + 12 + len + 4, bytes.size());
+    if (at + 12 + len + 4 > bytes.size()) break;
+    const std::string data = bytes.substr(at + 12, len);
+    EXPECT_EQ(read_le<uint32_t>(bytes, at + 12 + len), slow_masked(data));
+    events.push_back(decode_event(data));
+    at += 12 + len + 4;
+  }
+  return events;
+}
+
 }  // namespace
 
 TEST(TensorBoard, Crc32cCheckValue) {
@@ -101,20 +126,7 @@ TEST(TensorBoard, EventFileFramingCrcTagsAndValues) {
     path = w.path();
   }
   EXPECT_NE(std::filesystem::path(path).filename().string().find("events.out.tfevents."), std::string::npos);
-  const std::string bytes = noloco::testing::read_text(path);
-  std::vector<Scalar> events;
-  size_t at = 0;
-  while (at < bytes.size()) {
-    ASSERT_LE(at + 12, bytes.size());
-    const std::string len_bytes = bytes.substr(at, 8);
-    const uint64_t len = read_le<uint64_t>(bytes, at);
-    EXPECT_EQ(read_le<uint32_t>(bytes, at + 8), slow_masked(len_bytes));
-    ASSERT_LE(at + 12 + len + 4, bytes.size());
-    const std::string data = bytes.substr(at + 12, len);
-    EXPECT_EQ(read_le<uint32_t>(bytes, at + 12 + len), slow_masked(data));
-    events.push_back(decode_event(data));
-    at += 12 + len + 4;
-  }
+  const auto events = read_events(path);
   ASSERT_EQ(events.size(), 3u);
   EXPECT_EQ(events[0].file_version, "brain.Event:2");
   EXPECT_EQ(events[1].tag, "train/loss");
@@ -123,4 +135,32 @@ TEST(TensorBoard, EventFileFramingCrcTagsAndValues) {
   EXPECT_EQ(events[2].tag, "val/loss");
   EXPECT_EQ(events[2].step, 20);
   EXPECT_FLOAT_EQ(events[2].value, 1.75f);
+}
+
+// One record in, three outputs: the metrics.jsonl line, the TensorBoard
+// scalars of the keys TensorBoard shows, and nothing for other splits.
+TEST(Telemetry, OneRecordReachesMetricsAndTensorBoard) {
+  noloco::testing::TempDir dir;
+  {
+    Telemetry t(dir.path(), 3, 100, /*console=*/false);
+    t.write({{"step", 10}, {"split", "train"}, {"loss", 2.5}, {"lr", 1e-3}, {"bytes_sent", 4096}, {"grad_norm", 0.5}});
+    t.write({{"step", 10}, {"split", "outer"}, {"outer_step", 0}, {"group", {0, 3}}});
+    t.write({{"step", 20}, {"split", "val"}, {"loss", 1.75}, {"weight_std", 3e-4}});
+  }
+  const auto lines = noloco::testing::read_text(dir / "metrics.jsonl");
+  EXPECT_EQ(std::count(lines.begin(), lines.end(), '\n'), 3);
+  EXPECT_NE(lines.find(R"("split":"outer")"), std::string::npos);
+  std::string path;
+  for (auto& f : std::filesystem::directory_iterator(dir / "tensorboard/replica_3")) path = f.path().string();
+  ASSERT_FALSE(path.empty());
+  std::map<std::string, Scalar> by_tag;
+  for (const auto& e : read_events(path))
+    if (!e.tag.empty()) by_tag[e.tag] = e;
+  ASSERT_EQ(by_tag.size(), 5u);  // grad_norm and the outer record have no tag
+  EXPECT_FLOAT_EQ(by_tag["train/loss"].value, 2.5f);
+  EXPECT_EQ(by_tag["train/loss"].step, 10);
+  EXPECT_FLOAT_EQ(by_tag["comm/bytes_sent"].value, 4096.0f);
+  EXPECT_FLOAT_EQ(by_tag["train/lr"].value, 1e-3f);
+  EXPECT_FLOAT_EQ(by_tag["val/loss"].value, 1.75f);
+  EXPECT_EQ(by_tag["val/weight_std_across_replicas"].step, 20);
 }

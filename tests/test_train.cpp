@@ -4,7 +4,7 @@
 
 #include "test_util.h"
 #include "train/checkpoint.h"
-#include "train/config.h"
+#include "config/train_config.h"
 #include "train/export.h"
 #include "train/trainer.h"
 #include "util/files.h"

@@ -6,30 +6,13 @@
 namespace noloco {
 
 namespace {
-
 using Clock = std::chrono::steady_clock;
-constexpr int64_t kMagic = 0x6e6f6c6f7069LL;  // "nolopi"
-constexpr int kHeaderWords = 7;
-
-torch::Tensor encode(int64_t run, const ActivationHeader& h) {
-  return torch::tensor({kMagic, run, h.step, h.micro, h.kind, h.boundary, h.origin}, torch::kInt64);
-}
-
-const char* kind_name(int64_t kind) {
-  switch (kind) {
-    case ActivationLink::kForward: return "activations";
-    case ActivationLink::kBackward: return "gradients";
-    case ActivationLink::kEvaluation: return "evaluation activations";
-    default: return "unknown";
-  }
-}
-
 }  // namespace
 
-ActivationLink::ActivationLink(const c10::intrusive_ptr<c10d::Store>& store, const WorkerEnv& env,
-                               const std::string& bind, std::chrono::milliseconds timeout)
+ActivationLink::ActivationLink(const StorePtr& store, const WorkerEnv& env, const std::string& bind,
+                               std::chrono::milliseconds timeout)
     : rank_(env.rank), timeout_(timeout), run_id_(run_id_of(env.token)) {
-  pg_ = join_process_group(store, env, "pipeline", env.rank, env.world, bind, timeout);
+  pg_ = join_gloo_group(store, env, "pipeline", env.rank, env.world, gloo_device(bind), timeout);
 }
 
 ActivationLink::~ActivationLink() {
@@ -45,19 +28,34 @@ int ActivationLink::next_tag(std::map<int, int64_t>& counters, int peer) {
   return int((counters[peer]++ % (1 << 28)) * 3);
 }
 
+MessageHeader ActivationLink::header_of(const ActivationHeader& h, const std::vector<torch::Tensor>& tensors) const {
+  MessageHeader m;
+  m.run = run_id_;
+  m.kind = int64_t(h.kind);
+  m.exchange = h.step;
+  m.micro = h.micro;
+  m.boundary = h.boundary;
+  m.origin = h.origin;
+  for (const auto& t : tensors) m.bytes += int64_t(t.numel()) * int64_t(t.element_size());
+  return m;
+}
+
 void ActivationLink::send(int peer, const ActivationHeader& header, const std::vector<torch::Tensor>& tensors) {
   TORCH_CHECK(tensors.size() <= 2, "a pipeline message carries at most two tensors");
   const int tag = next_tag(sent_to_, peer);
-  std::vector<torch::Tensor> keep{encode(run_id_, header)};
+  std::vector<torch::Tensor> keep;
   for (const auto& t : tensors) keep.push_back(t.detach().to(torch::kCPU).contiguous());
+  const auto w = header_of(header, keep).words();
+  keep.insert(keep.begin(), torch::tensor(std::vector<int64_t>(w.begin(), w.end()), torch::kInt64));
   std::vector<c10::intrusive_ptr<c10d::Work>> works;
+  const bool evaluation = header.kind == MessageKind::evaluation;
   for (size_t i = 0; i < keep.size(); ++i) {
     std::vector<torch::Tensor> one{keep[i]};
     works.push_back(pg_->send(one, peer, tag + int(i)));
     if (i == 0) continue;
-    (header.kind == kEvaluation ? stats_.evaluation_bytes_sent : stats_.bytes_sent) += keep[i].nbytes();
+    (evaluation ? stats_.evaluation_bytes_sent : stats_.bytes_sent) += keep[i].nbytes();
   }
-  if (header.kind != kEvaluation) stats_.messages += 1;
+  if (!evaluation) stats_.messages += 1;
   waits_.push_back([works, keep, timeout = timeout_] {
     for (auto& w : works) w->wait(timeout);
   });
@@ -66,38 +64,28 @@ void ActivationLink::send(int peer, const ActivationHeader& header, const std::v
 void ActivationLink::recv(int peer, const ActivationHeader& expected, std::vector<torch::Tensor>& tensors) {
   const int tag = next_tag(received_from_, peer);
   const auto start = Clock::now();
-  auto header = torch::empty({kHeaderWords}, torch::kInt64);
+  auto header = torch::empty({MessageHeader::kWords}, torch::kInt64);
   std::vector<torch::Tensor> one{header};
   try {
     pg_->recv(one, peer, tag)->wait(timeout_);
   } catch (const std::exception& e) {
-    throw std::runtime_error(fmt::format("no {} from worker {} (step {}, micro-batch {}): {}", kind_name(expected.kind),
-                                         peer, expected.step, expected.micro,
-                                         std::string(e.what()).substr(0, std::string(e.what()).find('\n'))));
+    const std::string what = e.what();
+    throw std::runtime_error(fmt::format("no {} from worker {} (step {}, micro-batch {}): {}",
+                                         message_kind_name(int64_t(expected.kind)), peer, expected.step,
+                                         expected.micro, what.substr(0, what.find('\n'))));
   }
-  const auto* h = header.data_ptr<int64_t>();
-  std::string problem;
-  if (h[0] != kMagic) {
-    problem = "not a noloco pipeline message";
-  } else if (h[1] != run_id_) {
-    problem = "message from another run (token mismatch)";
-  } else if (h[2] != expected.step || h[3] != expected.micro || h[4] != expected.kind || h[5] != expected.boundary) {
-    problem = fmt::format("got {} of step {}, micro-batch {}, boundary {}; expected {} of step {}, micro-batch {}, "
-                          "boundary {}",
-                          kind_name(h[4]), h[2], h[3], h[5], kind_name(expected.kind), expected.step, expected.micro,
-                          expected.boundary);
-  } else if (h[6] != expected.origin) {
-    problem = fmt::format("micro-batch from data replica {}, routing says {} (workers disagree on the routes)", h[6],
-                          expected.origin);
-  }
+  // The payload is received only into buffers of the size the header was checked to announce.
+  const auto problem = check_message_header(header_of(expected, tensors),
+                                            MessageHeader::from_words(header.data_ptr<int64_t>()));
   if (!problem.empty())
     throw std::runtime_error(fmt::format("rejected a pipeline message from worker {}: {}", peer, problem));
+  const bool evaluation = expected.kind == MessageKind::evaluation;
   for (size_t i = 0; i < tensors.size(); ++i) {
     std::vector<torch::Tensor> in{tensors[i]};
     pg_->recv(in, peer, tag + 1 + int(i))->wait(timeout_);
-    if (expected.kind != kEvaluation) stats_.bytes_received += tensors[i].nbytes();
+    if (!evaluation) stats_.bytes_received += tensors[i].nbytes();
   }
-  if (expected.kind != kEvaluation) stats_.idle_seconds += std::chrono::duration<double>(Clock::now() - start).count();
+  if (!evaluation) stats_.idle_seconds += std::chrono::duration<double>(Clock::now() - start).count();
 }
 
 void ActivationLink::finish_sends() {

@@ -10,34 +10,26 @@
 
 #include <torch/torch.h>
 
-#include "comm/gloo_communicator.h"
+#include "comm/comm_stats.h"
+#include "comm/gloo_transport.h"
+#include "comm/message.h"
 
 namespace noloco {
 
-// What a pipeline message claims to be: checked by the receiver against what
-// its own routing says it must be, before the payload is used.
+// What a pipeline message is: checked by the receiver against what its own
+// routing says it must be, before the payload is used.
 struct ActivationHeader {
-  int64_t step = 0;
+  MessageKind kind = MessageKind::activations;
+  int64_t step = 0;  // the inner step, or the evaluation number
   int64_t micro = 0;
-  int64_t kind = 0;    // see ActivationLink::Kind
   int64_t boundary = 0;
   int64_t origin = 0;  // the data replica the micro-batch's tokens came from
 };
 
-// Training traffic; evaluation passes are counted apart.
-struct PipelineStats {
-  uint64_t bytes_sent = 0, bytes_received = 0;
-  double idle_seconds = 0;  // blocked waiting for activations or gradients (transfer included)
-  int64_t messages = 0;
-  uint64_t evaluation_bytes_sent = 0;
-};
-
 class ActivationLink {
  public:
-  enum Kind : int64_t { kForward = 1, kBackward = 2, kEvaluation = 3 };
-
   // All workers of the run (global ranks) in one group named "pipeline".
-  ActivationLink(const c10::intrusive_ptr<c10d::Store>& store, const WorkerEnv& env, const std::string& bind,
+  ActivationLink(const StorePtr& store, const WorkerEnv& env, const std::string& bind,
                  std::chrono::milliseconds timeout);
   ~ActivationLink();
 
@@ -54,11 +46,12 @@ class ActivationLink {
 
  private:
   int next_tag(std::map<int, int64_t>& counters, int peer);
+  MessageHeader header_of(const ActivationHeader& h, const std::vector<torch::Tensor>& tensors) const;
 
   int rank_;
   std::chrono::milliseconds timeout_;
   int64_t run_id_;
-  c10::intrusive_ptr<c10d::ProcessGroupGloo> pg_;
+  GlooGroup pg_;
   // Messages per directed pair, counted identically by sender and receiver: their tags.
   std::map<int, int64_t> sent_to_, received_from_;
   std::vector<std::function<void()>> waits_;  // one per send in flight; keeps its tensors alive

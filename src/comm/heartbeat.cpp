@@ -1,7 +1,7 @@
 #include "comm/heartbeat.h"
 
 #include <fmt/format.h>
-#include <torch/csrc/distributed/c10d/TCPStore.hpp>
+#include <torch/csrc/distributed/c10d/Store.hpp>
 
 namespace noloco {
 
@@ -9,13 +9,8 @@ std::string heartbeat_key(const std::string& token, int worker) {
   return fmt::format("noloco/{}/heartbeat/{}", token, worker);
 }
 
-Heartbeat::Heartbeat(const WorkerEnv& env, std::chrono::milliseconds period) {
-  // Its own connection: the training thread's store calls may block (waits).
-  c10d::TCPStoreOptions opts;
-  opts.port = uint16_t(env.master_port);
-  opts.isServer = false;
-  auto store = c10::make_intrusive<c10d::TCPStore>(env.master_addr, opts);
-  const auto key = heartbeat_key(env.token, env.rank);
+Heartbeat::Heartbeat(StorePtr store, const std::string& token, int worker, std::chrono::milliseconds period) {
+  const auto key = heartbeat_key(token, worker);
   store->add(key, 1);
   thread_ = std::thread([this, store, key, period] {
     std::unique_lock<std::mutex> lock(mutex_);
@@ -38,7 +33,7 @@ Heartbeat::~Heartbeat() {
   thread_.join();
 }
 
-HeartbeatWatch::HeartbeatWatch(c10::intrusive_ptr<c10d::Store> store, std::string token)
+HeartbeatWatch::HeartbeatWatch(StorePtr store, std::string token)
     : store_(std::move(store)), token_(std::move(token)) {}
 
 double HeartbeatWatch::silent_seconds(int worker) {

@@ -12,7 +12,7 @@
 #include <string>
 #include <thread>
 
-#include "comm/gloo_communicator.h"
+#include "comm/store.h"
 
 namespace noloco {
 
@@ -21,7 +21,9 @@ std::string heartbeat_key(const std::string& token, int worker);
 
 class Heartbeat {
  public:
-  explicit Heartbeat(const WorkerEnv& env, std::chrono::milliseconds period = std::chrono::milliseconds(1000));
+  // `store` is a connection of its own: the training thread's store calls may block (waits).
+  Heartbeat(StorePtr store, const std::string& token, int worker,
+            std::chrono::milliseconds period = std::chrono::milliseconds(1000));
   ~Heartbeat();
 
  private:
@@ -35,7 +37,7 @@ class Heartbeat {
 // worker's counter has not moved (zero until its first beat).
 class HeartbeatWatch {
  public:
-  HeartbeatWatch(c10::intrusive_ptr<c10d::Store> store, std::string token);
+  HeartbeatWatch(StorePtr store, std::string token);
   // Reads `worker`'s counter; returns the seconds since it last changed, or 0
   // if it never beat since watching began (starting up) or changed just now.
   double silent_seconds(int worker);
@@ -43,7 +45,7 @@ class HeartbeatWatch {
   void reset(int worker);
 
  private:
-  c10::intrusive_ptr<c10d::Store> store_;
+  StorePtr store_;
   std::string token_;
   struct Seen {
     int64_t count = -1;

@@ -14,7 +14,8 @@
 #include <fmt/format.h>
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
 
-#include "comm/gloo_communicator.h"
+#include "comm/membership.h"
+#include "comm/store.h"
 #include "comm/heartbeat.h"
 
 namespace noloco {
@@ -35,8 +36,9 @@ std::string WorkerExit::describe() const {
   return fmt::format("worker {} finished after {:.1f}s", rank, seconds);
 }
 
-std::vector<WorkerExit> launch_local_workers(const TrainConfig& c, const std::vector<std::string>& worker_args,
-                                             bool keep_going_on_failure) {
+std::vector<WorkerExit> launch_local_workers(const LaunchPlan& plan, const std::vector<std::string>& worker_args) {
+  const auto& c = plan.comm;
+  const bool keep_going_on_failure = plan.keep_going_on_failure;
   const auto start = std::chrono::steady_clock::now();
   c10d::TCPStoreOptions opts;
   opts.port = uint16_t(c.port);
@@ -46,7 +48,7 @@ std::vector<WorkerExit> launch_local_workers(const TrainConfig& c, const std::ve
   const auto tcp = c10::make_intrusive<c10d::TCPStore>(c.bind, opts);
   const c10::intrusive_ptr<c10d::Store> store = tcp;
   const int port = tcp->getPort();
-  const int n = int(c.replicas * c.stages);
+  const int n = plan.workers;
 
   char exe[4096];
   const ssize_t len = ::readlink("/proc/self/exe", exe, sizeof exe - 1);
@@ -124,10 +126,11 @@ std::vector<WorkerExit> launch_local_workers(const TrainConfig& c, const std::ve
       --running;
       if (!e.ok()) {
         std::fprintf(stderr, "noloco: %s\n", e.describe().c_str());
-        declare_dead(store, token, "replicas", e.rank);  // later NoLoCo groupings leave it out
+        // Later NoLoCo groupings of its stage leave it out.
+        declare_dead(store, token, replica_scope(plan.stages, e.rank % plan.stages), e.rank / plan.stages);
         if (!keep_going_on_failure && !terminating) {
           std::fprintf(stderr, "noloco: method %s cannot continue without worker %d; stopping the others\n",
-                       c.method.c_str(), e.rank);
+                       plan.method.c_str(), e.rank);
           kill_all(SIGTERM);
           terminating = true;
           terminate_deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);

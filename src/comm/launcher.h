@@ -4,7 +4,7 @@
 #include <string>
 #include <vector>
 
-#include "train/config.h"
+#include "config/train_config.h"
 
 namespace noloco {
 
@@ -19,12 +19,19 @@ struct WorkerExit {
   std::string describe() const;
 };
 
+struct LaunchPlan {
+  int workers = 1;
+  int stages = 1;       // workers are replica-major: worker w is stage w % stages of replica w / stages
+  std::string method;   // for messages
+  CommConfig comm;
+  // Unless set, the first failed worker ends the others; with it, a failed
+  // worker is restarted up to comm.restarts times.
+  bool keep_going_on_failure = false;
+};
+
 // `worker_args` are the arguments after the program name (e.g. train CONFIG k=v...).
-// Supervises until all workers end; forwards SIGINT/SIGTERM. Unless
-// `keep_going_on_failure`, the first failed worker ends the others; with it,
-// a failed worker is restarted up to c.restarts times. Exits are sorted by
-// rank, a restarted worker's in the order they happened.
-std::vector<WorkerExit> launch_local_workers(const TrainConfig& c, const std::vector<std::string>& worker_args,
-                                             bool keep_going_on_failure);
+// Supervises until all workers end; forwards SIGINT/SIGTERM. Exits are sorted
+// by rank, a restarted worker's in the order they happened.
+std::vector<WorkerExit> launch_local_workers(const LaunchPlan& plan, const std::vector<std::string>& worker_args);
 
 }  // namespace noloco

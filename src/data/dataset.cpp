@@ -34,20 +34,20 @@ torch::Tensor to_tensor(const std::vector<uint16_t>& ids) {
   return to_tensor(std::vector<int32_t>(ids.begin(), ids.end()));
 }
 
-std::unique_ptr<Tokenizer> build_tokenizer(const TrainConfig& c, const std::string& text) {
+std::unique_ptr<Tokenizer> build_tokenizer(const DataConfig& c, const std::string& text) {
   if (c.tokenizer == "char") return make_char_tokenizer(text);
-  if (c.tokenizer == "bpe") return train_bpe_tokenizer(c.data, c.vocab_size);
+  if (c.tokenizer == "bpe") return train_bpe_tokenizer(c.path, c.vocab_size);
   return load_sentencepiece(c.tokenizer);
 }
 
 }  // namespace
 
-Corpus load_corpus(const TrainConfig& c, const std::string& run_dir) {
+Corpus load_corpus(const DataConfig& c, int64_t context, const std::string& run_dir) {
   Corpus corpus;
   const bool saved = !run_dir.empty() && file_exists(run_dir + "/tokenizer.json");
   torch::Tensor all;
-  if (ends_with(c.data, ".bin")) {
-    const auto tokens = read_token_file(c.data);
+  if (ends_with(c.path, ".bin")) {
+    const auto tokens = read_token_file(c.path);
     if (saved) {
       corpus.tokenizer = load_tokenizer(run_dir);
     } else if (c.tokenizer == "char" || c.tokenizer == "bpe") {
@@ -57,8 +57,8 @@ Corpus load_corpus(const TrainConfig& c, const std::string& run_dir) {
     }
     all = to_tensor(tokens);
   } else {
-    const auto text = read_file(c.data);
-    if (text.empty()) throw std::invalid_argument(fmt::format("data file '{}' is empty", c.data));
+    const auto text = read_file(c.path);
+    if (text.empty()) throw std::invalid_argument(fmt::format("data file '{}' is empty", c.path));
     corpus.tokenizer = saved ? load_tokenizer(run_dir) : build_tokenizer(c, text);
     all = to_tensor(corpus.tokenizer->encode(text));
   }
@@ -68,20 +68,20 @@ Corpus load_corpus(const TrainConfig& c, const std::string& run_dir) {
   }
   const int64_t vocab = corpus.tokenizer->vocab_size();
   if (all.numel() > 0 && all.max().item<int64_t>() >= vocab)
-    throw std::invalid_argument(fmt::format("'{}' holds token id {} outside the vocabulary of {}", c.data,
+    throw std::invalid_argument(fmt::format("'{}' holds token id {} outside the vocabulary of {}", c.path,
                                             all.max().item<int64_t>(), vocab));
-  if (!c.val_data.empty()) {
+  if (!c.val_path.empty()) {
     corpus.train = all;
-    corpus.val = to_tensor(read_token_file(c.val_data));
+    corpus.val = to_tensor(read_token_file(c.val_path));
   } else {
     const int64_t n_val = int64_t(double(all.numel()) * c.val_fraction);
     corpus.train = all.narrow(0, 0, all.numel() - n_val);
     corpus.val = all.narrow(0, all.numel() - n_val, n_val);
   }
-  const int64_t need = c.arch.context + 1;
+  const int64_t need = context + 1;
   if (corpus.train.numel() < need || corpus.val.numel() < need)
     throw std::invalid_argument(fmt::format(
-        "corpus '{}' is too short: {} training and {} validation tokens, but one block needs {}", c.data,
+        "corpus '{}' is too short: {} training and {} validation tokens, but one block needs {}", c.path,
         corpus.train.numel(), corpus.val.numel(), need));
   return corpus;
 }

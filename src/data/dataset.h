@@ -7,7 +7,7 @@
 #include <torch/torch.h>
 
 #include "data/tokenizer.h"
-#include "train/config.h"
+#include "config/train_config.h"
 
 namespace noloco {
 
@@ -16,11 +16,11 @@ struct Corpus {
   torch::Tensor train, val;  // 1-D int64 on the CPU
 };
 
-// Reads `config.data` (text or token file), builds or loads the tokenizer and
-// splits off validation. If `run_dir/tokenizer.json` exists, that tokenizer is
+// Reads `config.path` (text or token file), builds or loads the tokenizer and
+// splits off validation; both parts must hold a window of `context` + 1 tokens. If `run_dir/tokenizer.json` exists, that tokenizer is
 // used (resume, or a worker of a launched run); otherwise the new one is saved there.
 // Throws std::runtime_error / std::invalid_argument with one-line reasons.
-Corpus load_corpus(const TrainConfig& config, const std::string& run_dir);
+Corpus load_corpus(const DataConfig& config, int64_t context, const std::string& run_dir);
 
 struct Batch {
   torch::Tensor inputs, targets;  // [B, T] int64

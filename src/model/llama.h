@@ -3,7 +3,7 @@
 #pragma once
 #include <torch/torch.h>
 
-#include "model/config.h"
+#include "config/model_config.h"
 
 namespace noloco {
 

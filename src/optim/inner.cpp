@@ -6,7 +6,7 @@
 
 namespace noloco {
 
-double learning_rate(const TrainConfig& c, int64_t step) {
+double learning_rate(const InnerConfig& c, int64_t step) {
   if (step < c.warmup) return c.lr * double(step + 1) / double(c.warmup + 1);
   if (step >= c.decay_steps) return c.min_lr;
   const double progress = double(step - c.warmup) / double(std::max<int64_t>(1, c.decay_steps - c.warmup));
@@ -14,7 +14,7 @@ double learning_rate(const TrainConfig& c, int64_t step) {
   return c.min_lr + coeff * (c.lr - c.min_lr);
 }
 
-InnerOptimizer::InnerOptimizer(FlatParams& params, const TrainConfig& c) : params_(params) {
+InnerOptimizer::InnerOptimizer(FlatParams& params, const InnerConfig& c) : params_(params) {
   std::vector<torch::Tensor> decay, no_decay;
   for (auto& [name, t] : params.named()) (t.dim() >= 2 ? decay : no_decay).push_back(t);
   auto options = [&](double wd) {

@@ -7,18 +7,18 @@
 #include <torch/torch.h>
 
 #include "optim/flat_params.h"
-#include "train/config.h"
+#include "config/train_config.h"
 
 namespace noloco {
 
 using TensorMap = std::map<std::string, torch::Tensor>;
 
 // Linear warmup to `lr`, then cosine decay to `min_lr` at `decay_steps`, constant after.
-double learning_rate(const TrainConfig& c, int64_t step);
+double learning_rate(const InnerConfig& c, int64_t step);
 
 class InnerOptimizer {
  public:
-  InnerOptimizer(FlatParams& params, const TrainConfig& c);
+  InnerOptimizer(FlatParams& params, const InnerConfig& c);
   void set_lr(double lr);
   // Scales gradients to global norm <= clip (if clip > 0); returns the norm before.
   double clip_gradients(double clip);

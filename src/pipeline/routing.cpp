@@ -1,12 +1,7 @@
 #include "pipeline/routing.h"
 
-#include <sstream>
-#include <stdexcept>
-#include <utility>
+#include <algorithm>
 
-#include <fmt/format.h>
-
-#include "util/parse_number.h"
 #include "util/splitmix.h"
 
 namespace noloco {
@@ -37,33 +32,6 @@ int micro_batch_origin(uint64_t seed, int64_t step, int64_t micro, int stage, in
   for (int boundary = stage - 1; boundary >= 0; --boundary)
     d = invert_permutation(route_permutation(seed, step, micro, boundary, replicas, random))[size_t(d)];
   return d;
-}
-
-std::vector<LayerRange> stage_layer_ranges(int64_t layers, int64_t stages, const std::string& spec) {
-  if (stages < 1 || stages > layers)
-    throw std::invalid_argument(fmt::format("stages must be in [1, layers={}], got {}", layers, stages));
-  std::vector<int64_t> counts;
-  if (spec.empty()) {
-    for (int64_t s = 0; s < stages; ++s) counts.push_back(layers / stages + (s < layers % stages ? 1 : 0));
-  } else {
-    std::stringstream list(spec);
-    for (std::string item; std::getline(list, item, ',');) counts.push_back(parse_integer("stage_layers", item));
-    int64_t total = 0;
-    for (auto n : counts) {
-      if (n < 1) throw std::invalid_argument(fmt::format("stage_layers: every stage needs >= 1 layer, got '{}'", spec));
-      total += n;
-    }
-    if (int64_t(counts.size()) != stages || total != layers)
-      throw std::invalid_argument(fmt::format("stage_layers '{}' must list {} counts summing to layers={}", spec,
-                                              stages, layers));
-  }
-  std::vector<LayerRange> ranges;
-  int64_t first = 0;
-  for (auto n : counts) {
-    ranges.push_back({first, first + n});
-    first += n;
-  }
-  return ranges;
 }
 
 }  // namespace noloco

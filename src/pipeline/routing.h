@@ -3,7 +3,6 @@
 // worker from the run seed, with no communication.
 #pragma once
 #include <cstdint>
-#include <string>
 #include <vector>
 
 namespace noloco {
@@ -20,13 +19,5 @@ std::vector<int> invert_permutation(const std::vector<int>& perm);
 // The data replica whose tokens reach stage `stage` of replica `replica` for
 // this micro-batch: the routes followed backwards to stage 0.
 int micro_batch_origin(uint64_t seed, int64_t step, int64_t micro, int stage, int replica, int replicas, bool random);
-
-// Layer ranges [first, end) of each of `stages` stages: `spec` is a comma-
-// separated list of layer counts ("3,5"), or empty for a balanced split
-// (earlier stages take the remainder). Throws std::invalid_argument on a bad spec.
-struct LayerRange {
-  int64_t first = 0, end = 0;
-};
-std::vector<LayerRange> stage_layer_ranges(int64_t layers, int64_t stages, const std::string& spec);
 
 }  // namespace noloco

@@ -33,14 +33,14 @@ torch::Tensor StageModuleImpl::forward(const torch::Tensor& input) {
 
 namespace {
 
-class PipelineStage final : public ForwardBackward {
+class PipelineStage final : public WorkerModel {
  public:
-  PipelineStage(const TrainConfig& c, const ModelConfig& arch, StepData data, torch::Device device,
-                PipelinePlace place, ActivationLink& link)
-      : c_(c), data_(data), device_(device), place_(place), link_(link), random_(c.routing == "random") {
+  PipelineStage(const ModelConfig& arch, const PipelineConfig& pipeline, const StepOptions& options, StepData data,
+                torch::Device device, PipelinePlace place, ActivationLink& link)
+      : o_(options), data_(data), device_(device), place_(place), link_(link), random_(pipeline.routing == "random") {
     LlamaForCausalLM whole(arch);
-    init_weights(whole, c.seed);
-    const auto ranges = stage_layer_ranges(arch.layers, place.stages, c.stage_layers);
+    init_weights(whole, o_.seed);
+    const auto ranges = stage_layer_ranges(arch.layers, place.stages, pipeline.stage_layers);
     stage_ = StageModule(whole, ranges.at(size_t(place.stage)), place.first(), place.last());
     stage_->to(device);
   }
@@ -53,35 +53,35 @@ class PipelineStage final : public ForwardBackward {
       torch::Tensor input, output, labels;
       int origin = 0, from = 0, to = 0;  // data replica; replicas of the previous and next stage
     };
-    const int64_t M = c_.grad_accum;
+    const int64_t M = o_.grad_accum;
     const int s = place_.stage, d = place_.replica;
     std::vector<InFlight> flights(static_cast<size_t>(M));
     double loss_sum = 0;
     for (int64_t m = 0; m < M; ++m) {
       auto& f = flights[size_t(m)];
-      if (!place_.last()) f.to = route_permutation(c_.seed, step, m, s, place_.replicas, random_)[size_t(d)];
+      if (!place_.last()) f.to = route_permutation(o_.seed, step, m, s, place_.replicas, random_)[size_t(d)];
       if (place_.first()) {
-        auto b = data_.train.sample(uint64_t(step * M + m), d * c_.batch, c_.batch);
+        auto b = data_.train.sample(uint64_t(step * M + m), d * o_.batch, o_.batch);
         f.input = b.inputs.to(device_);
         f.labels = b.targets;
         f.origin = d;
       } else {
-        f.from = invert_permutation(route_permutation(c_.seed, step, m, s - 1, place_.replicas, random_))[size_t(d)];
-        f.origin = micro_batch_origin(c_.seed, step, m, s, d, place_.replicas, random_);
+        f.from = invert_permutation(route_permutation(o_.seed, step, m, s - 1, place_.replicas, random_))[size_t(d)];
+        f.origin = micro_batch_origin(o_.seed, step, m, s, d, place_.replicas, random_);
         auto in = activation_buffers();
-        link_.recv(place_.worker(f.from, s - 1), {step, m, ActivationLink::kForward, s - 1, f.origin}, in);
+        link_.recv(place_.worker(f.from, s - 1), {MessageKind::activations, step, m, s - 1, f.origin}, in);
         f.input = in[0].to(device_).requires_grad_(true);
         f.labels = in[1];
       }
       {
-        shim::CudaBf16Autocast autocast(c_.precision == "bf16");
+        shim::CudaBf16Autocast autocast(o_.bf16);
         f.output = stage_->forward(f.input);
         if (place_.last()) f.output = next_token_loss(f.output, f.labels.to(device_)) / double(M);
       }
       if (place_.last()) {
         loss_sum += f.output.item<double>();
       } else {
-        link_.send(place_.worker(f.to, s + 1), {step, m, ActivationLink::kForward, s, f.origin},
+        link_.send(place_.worker(f.to, s + 1), {MessageKind::activations, step, m, s, f.origin},
                    {f.output.to(torch::kFloat32), f.labels});
       }
     }
@@ -93,11 +93,11 @@ class PipelineStage final : public ForwardBackward {
         f.output.backward();
       } else {
         std::vector<torch::Tensor> grad{hidden_buffer()};
-        link_.recv(place_.worker(f.to, s + 1), {step, m, ActivationLink::kBackward, s, f.origin}, grad);
+        link_.recv(place_.worker(f.to, s + 1), {MessageKind::gradients, step, m, s, f.origin}, grad);
         f.output.backward(grad[0].to(device_));
       }
       if (!place_.first())
-        link_.send(place_.worker(f.from, s - 1), {step, m, ActivationLink::kBackward, s - 1, f.origin},
+        link_.send(place_.worker(f.from, s - 1), {MessageKind::gradients, step, m, s - 1, f.origin},
                    {f.input.grad()});
       f = InFlight{};  // this micro-batch's activations are no longer needed
     }
@@ -112,41 +112,41 @@ class PipelineStage final : public ForwardBackward {
     const int s = place_.stage, d = place_.replica;
     const int64_t evaluation = evaluations_++;
     double sum = 0;
-    for (int64_t i = 0; i < c_.eval_batches; ++i) {
+    for (int64_t i = 0; i < o_.eval_batches; ++i) {
       torch::Tensor x, labels;
       if (place_.first()) {
-        auto b = data_.val.sample(uint64_t(i), 0, c_.batch);
+        auto b = data_.val.sample(uint64_t(i), 0, o_.batch);
         x = b.inputs.to(device_);
         labels = b.targets;
       } else {
         auto in = activation_buffers();
-        link_.recv(place_.worker(d, s - 1), {evaluation, i, ActivationLink::kEvaluation, s - 1, d}, in);
+        link_.recv(place_.worker(d, s - 1), {MessageKind::evaluation, evaluation, i, s - 1, d}, in);
         x = in[0].to(device_);
         labels = in[1];
       }
-      shim::CudaBf16Autocast autocast(c_.precision == "bf16");
+      shim::CudaBf16Autocast autocast(o_.bf16);
       auto out = stage_->forward(x);
       if (place_.last()) {
         sum += next_token_loss(out, labels.to(device_)).item<double>();
       } else {
-        link_.send(place_.worker(d, s + 1), {evaluation, i, ActivationLink::kEvaluation, s, d},
+        link_.send(place_.worker(d, s + 1), {MessageKind::evaluation, evaluation, i, s, d},
                    {out.to(torch::kFloat32), labels});
       }
     }
     link_.finish_sends();
-    return place_.last() ? sum / double(c_.eval_batches) : std::nan("");
+    return place_.last() ? sum / double(o_.eval_batches) : std::nan("");
   }
 
  private:
   torch::Tensor hidden_buffer() const {
-    return torch::empty({c_.batch, stage_->config.context, stage_->config.hidden}, torch::kFloat32);
+    return torch::empty({o_.batch, stage_->config.context, stage_->config.hidden}, torch::kFloat32);
   }
   // What arrives from the previous stage: hidden states and the labels.
   std::vector<torch::Tensor> activation_buffers() const {
-    return {hidden_buffer(), torch::empty({c_.batch, stage_->config.context}, torch::kInt64)};
+    return {hidden_buffer(), torch::empty({o_.batch, stage_->config.context}, torch::kInt64)};
   }
 
-  const TrainConfig& c_;
+  StepOptions o_;
   StepData data_;
   torch::Device device_;
   PipelinePlace place_;
@@ -158,9 +158,10 @@ class PipelineStage final : public ForwardBackward {
 
 }  // namespace
 
-std::unique_ptr<ForwardBackward> make_pipeline_stage(const TrainConfig& c, const ModelConfig& arch, StepData data,
-                                                     torch::Device device, PipelinePlace place, ActivationLink& link) {
-  return std::make_unique<PipelineStage>(c, arch, data, device, place, link);
+std::unique_ptr<WorkerModel> make_pipeline_stage(const ModelConfig& model, const PipelineConfig& pipeline,
+                                                 const StepOptions& options, StepData data, torch::Device device,
+                                                 PipelinePlace place, ActivationLink& link) {
+  return std::make_unique<PipelineStage>(model, pipeline, options, data, device, place, link);
 }
 
 }  // namespace noloco

@@ -10,7 +10,8 @@
 #include "comm/activation_link.h"
 #include "model/llama.h"
 #include "pipeline/routing.h"
-#include "train/forward_backward.h"
+#include "config/train_config.h"
+#include "pipeline/worker_model.h"
 
 namespace noloco {
 
@@ -42,9 +43,10 @@ struct PipelinePlace {
   bool last() const { return stage == stages - 1; }
 };
 
-// Builds the whole model from c.seed (so every stage starts from the weights
-// the unpipelined run would), keeps this stage's slice and moves it to `device`.
-std::unique_ptr<ForwardBackward> make_pipeline_stage(const TrainConfig& c, const ModelConfig& arch, StepData data,
-                                                     torch::Device device, PipelinePlace place, ActivationLink& link);
+// Builds the whole model from options.seed (so every stage starts from the
+// weights the unpipelined run would), keeps this stage's slice and moves it to `device`.
+std::unique_ptr<WorkerModel> make_pipeline_stage(const ModelConfig& model, const PipelineConfig& pipeline,
+                                                 const StepOptions& options, StepData data, torch::Device device,
+                                                 PipelinePlace place, ActivationLink& link);
 
 }  // namespace noloco

@@ -5,10 +5,10 @@
 
 #include <fmt/format.h>
 
-#include "model/config.h"
+#include "config/model_config.h"
+#include "config/options.h"
 #include "sim/comm_model.h"
 #include "util/files.h"
-#include "util/parse_number.h"
 #include "util/progress.h"
 #include "util/svg_plot.h"
 
@@ -22,21 +22,17 @@ const char* kColors[] = {"#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", 
 
 SimulateOptions parse_simulate_options(const std::vector<std::string>& args) {
   SimulateOptions o;
-  for (const auto& a : args) {
-    const auto eq = a.find('=');
-    if (eq == std::string::npos) throw std::invalid_argument(fmt::format("'{}' is not key=value", a));
-    const auto key = a.substr(0, eq), value = a.substr(eq + 1);
-    if (key == "out") o.out = value;
-    else if (key == "samples") o.samples = int(parse_non_negative(key, value));
-    else if (key == "outer_steps") o.outer_steps = int(parse_non_negative(key, value));
-    else if (key == "max_replicas") o.max_replicas = int(parse_non_negative(key, value));
-    else if (key == "model") o.model = value;
-    else if (key == "step_seconds") o.step_seconds = parse_non_negative(key, value);
-    else if (key == "seed") o.seed = uint64_t(parse_non_negative(key, value));
-    else throw std::invalid_argument(fmt::format("unknown simulate key '{}' (out, samples, outer_steps, max_replicas, model, step_seconds, seed)", key));
-  }
-  if (o.samples < 1 || o.outer_steps < 1 || o.max_replicas < 4)
-    throw std::invalid_argument("samples and outer_steps must be >= 1, max_replicas >= 4");
+  Options options("simulate");
+  options.add("out", o.out, "output directory")
+      .add("samples", o.samples, "Monte-Carlo draws per latency point")
+      .add("outer_steps", o.outer_steps, "outer steps per idle-time run")
+      .add("max_replicas", o.max_replicas, "largest replica count")
+      .add("model", o.model, "model preset of the bandwidth table")
+      .add("step_seconds", o.step_seconds, "compute seconds per inner step")
+      .add("seed", o.seed, "seed");
+  options.parse(args);
+  if (o.samples < 1 || o.outer_steps < 1 || o.max_replicas < 4 || !(o.step_seconds > 0))
+    throw std::invalid_argument("samples and outer_steps must be >= 1, max_replicas >= 4, step_seconds > 0");
   model_preset(o.model);  // validates the name
   return o;
 }

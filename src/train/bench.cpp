@@ -44,27 +44,27 @@ double measured_peak_tflops(const torch::Device& device, torch::ScalarType dtype
 }  // namespace
 
 nlohmann::json bench_training(const TrainConfig& c, int64_t steps, double peak_tflops) {
-  set_compute_threads(int(c.threads));
-  torch::Device device(c.device);
+  set_compute_threads(int(c.run.threads));
+  torch::Device device(c.run.device);
   if (device.is_cuda() && !torch::cuda::is_available())
     throw std::runtime_error("device=cuda but no CUDA device is available to LibTorch");
-  ModelConfig arch = c.arch;
-  arch.vocab_size = c.vocab_size > 0 ? c.vocab_size : 256;
+  ModelConfig arch = c.model;
+  arch.vocab_size = c.data.vocab_size > 0 ? c.data.vocab_size : 256;
   LlamaForCausalLM model(arch);
   model->to(device);
   FlatParams flat(*model);
-  InnerOptimizer inner(flat, c);
-  auto x = torch::randint(arch.vocab_size, {c.batch, arch.context}, torch::TensorOptions().dtype(torch::kInt64).device(device));
-  auto y = torch::randint(arch.vocab_size, {c.batch, arch.context}, torch::TensorOptions().dtype(torch::kInt64).device(device));
+  InnerOptimizer inner(flat, c.inner);
+  auto x = torch::randint(arch.vocab_size, {c.inner.batch, arch.context}, torch::TensorOptions().dtype(torch::kInt64).device(device));
+  auto y = torch::randint(arch.vocab_size, {c.inner.batch, arch.context}, torch::TensorOptions().dtype(torch::kInt64).device(device));
   auto one_step = [&] {
     flat.grads().zero_();
     torch::Tensor loss;
     {
-      shim::CudaBf16Autocast autocast(c.precision == "bf16");
+      shim::CudaBf16Autocast autocast(c.run.precision == "bf16");
       loss = model->loss(x, y);
     }
     loss.backward();
-    inner.clip_gradients(c.clip);
+    inner.clip_gradients(c.inner.clip);
     inner.step();
   };
   one_step();
@@ -78,16 +78,16 @@ nlohmann::json bench_training(const TrainConfig& c, int64_t steps, double peak_t
   }
   synchronize(device);
   const double seconds = std::chrono::duration<double>(Clock::now() - t0).count();
-  const double tokens = double(steps * c.batch * arch.context);
+  const double tokens = double(steps * c.inner.batch * arch.context);
   const double tps = tokens / seconds;
   const double achieved = tps * arch.train_flops_per_token() / 1e12;
   const bool measured = peak_tflops <= 0;
-  const double peak = measured ? measured_peak_tflops(device, c.precision == "bf16" ? torch::kBFloat16 : torch::kFloat32) : peak_tflops;
-  return {{"model", c.model},
-          {"precision", c.precision},
+  const double peak = measured ? measured_peak_tflops(device, c.run.precision == "bf16" ? torch::kBFloat16 : torch::kFloat32) : peak_tflops;
+  return {{"model", c.preset},
+          {"precision", c.run.precision},
           {"device", device.str()},
           {"params", arch.num_params()},
-          {"batch", c.batch},
+          {"batch", c.inner.batch},
           {"context", arch.context},
           {"threads", torch::get_num_threads()},
           {"steps", steps},
@@ -95,7 +95,7 @@ nlohmann::json bench_training(const TrainConfig& c, int64_t steps, double peak_t
           {"tokens_per_s", tps},
           {"achieved_tflops", achieved},
           {"peak_tflops", peak},
-          {"peak_source", measured ? "measured " + c.precision + " matmul" : "given"},
+          {"peak_source", measured ? "measured " + c.run.precision + " matmul" : "given"},
           {"mfu", achieved / peak}};
 }
 

@@ -11,7 +11,7 @@
 #include <nlohmann/json.hpp>
 #include <torch/torch.h>
 
-#include "model/config.h"
+#include "config/model_config.h"
 #include "optim/inner.h"
 
 namespace noloco {

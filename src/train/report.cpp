@@ -75,8 +75,7 @@ std::string write_report(const std::vector<std::string>& run_dirs, const std::st
   std::vector<PlotSeries> by_step, by_bytes, spread;
   std::map<std::string, int> seen_methods;
   for (const auto& dir : run_dirs) {
-    const auto summary = read_json(dir + "/summary.json");
-    const std::string method = summary.value("method", "none");
+    const std::string method = RunSummary::read(dir).method;
     const auto curves = read_curves(dir);
     PlotSeries s;
     s.name = fmt::format("{} ({})", std::filesystem::path(dir).filename().string(), method);

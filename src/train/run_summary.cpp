@@ -5,10 +5,190 @@
 
 #include <fmt/format.h>
 
-#include "train/metrics.h"
+#include "util/human.h"
 #include "util/files.h"
 
 namespace noloco {
+
+namespace {
+
+template <class T>
+void put(nlohmann::json& j, const char* key, const std::optional<T>& v) {
+  if (v) j[key] = *v;
+}
+
+template <class T>
+std::optional<T> optional_of(const nlohmann::json& j, const char* key) {
+  const auto it = j.find(key);
+  if (it == j.end() || it->is_null()) return std::nullopt;
+  return it->get<T>();
+}
+
+nlohmann::json worker_json(const RunSummary::Worker& w) {
+  nlohmann::json j = {{"reason", w.reason}, {"seconds", w.seconds}, {"replica", w.replica}};
+  put(j, "worker", w.worker);
+  put(j, "stage", w.stage);
+  return j;
+}
+
+RunSummary::Worker worker_of(const nlohmann::json& j) {
+  return {j.value("replica", 0), optional_of<int>(j, "worker"), optional_of<int>(j, "stage"), j.value("reason", ""),
+          j.value("seconds", 0.0)};
+}
+
+}  // namespace
+
+void WorkerTraffic::add_to(nlohmann::json& j) const {
+  j["replica"] = replica;
+  if (comm)
+    j.update({{"bytes_sent", comm->bytes_sent},
+              {"bytes_received", comm->bytes_received},
+              {"comm_seconds", comm->comm_seconds},
+              {"wait_seconds", comm->wait_seconds},
+              {"collectives", comm->collectives},
+              {"messages", comm->messages}});
+  if (pipeline)
+    j.update({{"worker", worker},
+              {"stage", stage},
+              {"activation_bytes_sent", pipeline->bytes_sent},
+              {"activation_bytes_received", pipeline->bytes_received},
+              {"pipeline_idle_seconds", pipeline->idle_seconds}});
+}
+
+WorkerTraffic WorkerTraffic::from_json(const nlohmann::json& j) {
+  WorkerTraffic t;
+  t.replica = j.value("replica", 0);
+  t.worker = j.value("worker", t.replica);
+  t.stage = j.value("stage", 0);
+  if (j.contains("bytes_sent")) {
+    CommStats c;
+    c.bytes_sent = j.value("bytes_sent", uint64_t(0));
+    c.bytes_received = j.value("bytes_received", uint64_t(0));
+    c.comm_seconds = j.value("comm_seconds", 0.0);
+    c.wait_seconds = j.value("wait_seconds", 0.0);
+    c.collectives = j.value("collectives", int64_t(0));
+    c.messages = j.value("messages", int64_t(0));
+    t.comm = c;
+  }
+  if (j.contains("activation_bytes_sent")) {
+    PipelineStats p;
+    p.bytes_sent = j.value("activation_bytes_sent", uint64_t(0));
+    p.bytes_received = j.value("activation_bytes_received", uint64_t(0));
+    p.idle_seconds = j.value("pipeline_idle_seconds", 0.0);
+    t.pipeline = p;
+  }
+  return t;
+}
+
+nlohmann::json WorkerSummary::to_json() const {
+  nlohmann::json j = {{"method", method}, {"replicas", replicas}, {"steps", steps},   {"tokens", tokens},
+                      {"seconds", seconds}, {"params", params},     {"device", device}};
+  traffic.add_to(j);
+  put(j, "final_val_loss", final_val_loss);
+  put(j, "final_train_loss", final_train_loss);
+  if (stages > 1) j.update({{"stages", stages}, {"routing", routing}, {"stage_params", stage_params}});
+  put(j, "weight_std", weight_std);
+  put(j, "final_val_loss_mean_model", final_val_loss_mean_model);
+  if (rejoin)
+    j.update({{"rejoined_at_step", rejoin->step}, {"rejoin_donor", rejoin->donor}, {"rejoin_seconds", rejoin->seconds}});
+  return j;
+}
+
+WorkerSummary WorkerSummary::from_json(const nlohmann::json& j) {
+  WorkerSummary s;
+  s.method = j.value("method", "none");
+  s.device = j.value("device", "");
+  s.routing = j.value("routing", "");
+  s.replicas = j.value("replicas", int64_t(1));
+  s.stages = j.value("stages", int64_t(1));
+  s.steps = j.value("steps", int64_t(0));
+  s.tokens = j.value("tokens", int64_t(0));
+  s.params = j.value("params", int64_t(0));
+  s.stage_params = j.value("stage_params", s.params);
+  s.seconds = j.value("seconds", 0.0);
+  s.traffic = WorkerTraffic::from_json(j);
+  s.final_val_loss = optional_of<double>(j, "final_val_loss");
+  s.final_train_loss = optional_of<double>(j, "final_train_loss");
+  s.weight_std = optional_of<double>(j, "weight_std");
+  s.final_val_loss_mean_model = optional_of<double>(j, "final_val_loss_mean_model");
+  if (j.contains("rejoined_at_step"))
+    s.rejoin = WorkerSummary::Rejoin{j["rejoined_at_step"].get<int64_t>(), j.value("rejoin_donor", 0),
+                                     j.value("rejoin_seconds", 0.0)};
+  return s;
+}
+
+nlohmann::json RunSummary::to_json() const {
+  nlohmann::json failed_j = nlohmann::json::array(), restarted_j = nlohmann::json::array();
+  for (const auto& w : failed) failed_j.push_back(worker_json(w));
+  for (const auto& w : restarted) restarted_j.push_back(worker_json(w));
+  nlohmann::json j = {{"method", method},
+                      {"replicas", replicas},
+                      {"replicas_finished", finished},
+                      {"replicas_failed", failed_j},
+                      {"replicas_restarted", restarted_j},
+                      {"final_val_loss", final_val_loss ? nlohmann::json(*final_val_loss) : nlohmann::json()},
+                      {"final_val_loss_replicas", final_val_loss_replicas},
+                      {"bytes_sent", bytes_sent},
+                      {"bytes_received", bytes_received},
+                      {"comm_seconds", comm_seconds},
+                      {"wait_seconds", wait_seconds},
+                      {"comm_seconds_per_replica", comm_seconds_per_replica},
+                      {"wait_seconds_per_replica", wait_seconds_per_replica},
+                      {"collectives", collectives},
+                      {"tokens", tokens},
+                      {"seconds", seconds},
+                      {"steps", steps},
+                      {"params", params}};
+  put(j, "final_val_loss_mean_model", final_val_loss_mean_model);
+  put(j, "weight_std", weight_std);
+  if (stages > 1)
+    j.update({{"stages", stages},
+              {"routing", routing},
+              {"micro_batches", micro_batches},
+              {"activation_bytes_sent", activation_bytes_sent},
+              {"activation_bytes_per_step", activation_bytes_per_step},
+              {"pipeline_idle_seconds_per_stage", pipeline_idle_seconds_per_stage}});
+  return j;
+}
+
+RunSummary RunSummary::from_json(const nlohmann::json& j) {
+  RunSummary s;
+  s.method = j.value("method", "none");
+  s.replicas = j.value("replicas", int64_t(1));
+  s.steps = j.value("steps", int64_t(0));
+  s.params = j.value("params", int64_t(0));
+  s.tokens = j.value("tokens", int64_t(0));
+  s.collectives = j.value("collectives", int64_t(0));
+  s.finished = j.value("replicas_finished", std::vector<int>{});
+  for (const auto& w : j.value("replicas_failed", nlohmann::json::array())) s.failed.push_back(worker_of(w));
+  for (const auto& w : j.value("replicas_restarted", nlohmann::json::array())) s.restarted.push_back(worker_of(w));
+  s.final_val_loss = optional_of<double>(j, "final_val_loss");
+  s.final_val_loss_mean_model = optional_of<double>(j, "final_val_loss_mean_model");
+  s.weight_std = optional_of<double>(j, "weight_std");
+  s.final_val_loss_replicas = j.value("final_val_loss_replicas", std::vector<double>{});
+  s.bytes_sent = j.value("bytes_sent", uint64_t(0));
+  s.bytes_received = j.value("bytes_received", uint64_t(0));
+  s.comm_seconds = j.value("comm_seconds", 0.0);
+  s.wait_seconds = j.value("wait_seconds", 0.0);
+  s.comm_seconds_per_replica = j.value("comm_seconds_per_replica", 0.0);
+  s.wait_seconds_per_replica = j.value("wait_seconds_per_replica", 0.0);
+  s.seconds = j.value("seconds", 0.0);
+  s.stages = j.value("stages", int64_t(1));
+  s.micro_batches = j.value("micro_batches", int64_t(1));
+  s.routing = j.value("routing", "");
+  s.activation_bytes_sent = j.value("activation_bytes_sent", uint64_t(0));
+  s.activation_bytes_per_step = j.value("activation_bytes_per_step", 0.0);
+  s.pipeline_idle_seconds_per_stage = j.value("pipeline_idle_seconds_per_stage", std::vector<double>{});
+  return s;
+}
+
+RunSummary RunSummary::read(const std::string& run_dir) {
+  try {
+    return from_json(read_json(run_dir + "/summary.json"));
+  } catch (const nlohmann::json::exception& e) {
+    throw std::runtime_error(fmt::format("{}/summary.json: {}", run_dir, e.what()));
+  }
+}
 
 double spread_over_stages(const std::vector<std::pair<double, double>>& stages) {
   double var_sum = 0, params = 0;
@@ -19,93 +199,90 @@ double spread_over_stages(const std::vector<std::pair<double, double>>& stages) 
   return params > 0 ? std::sqrt(var_sum / params) : std::nan("");
 }
 
-nlohmann::json summarize_run(const std::string& out, const TrainConfig& c, const std::vector<WorkerExit>& exits,
-                             double seconds) {
-  const int stages = int(c.stages);
-  nlohmann::json finished = nlohmann::json::array(), failed = nlohmann::json::array();
-  nlohmann::json restarted = nlohmann::json::array();
-  nlohmann::json losses = nlohmann::json::array();
-  double loss_sum = 0, comm = 0, wait = 0;
-  uint64_t sent = 0, received = 0, activation_bytes = 0;
-  int64_t collectives = 0, tokens = 0;
-  nlohmann::json first, mean_model_loss;
+RunSummary summarize_lone_run(const WorkerSummary& w) {
+  RunSummary s;
+  s.method = w.method;
+  s.replicas = w.replicas;
+  s.finished = {0};
+  s.final_val_loss = w.final_val_loss;
+  if (w.final_val_loss) s.final_val_loss_replicas = {*w.final_val_loss};
+  s.tokens = w.tokens;
+  s.seconds = w.seconds;
+  s.steps = w.steps;
+  s.params = w.params;
+  return s;
+}
+
+RunSummary summarize_run(const std::string& run_dir, const std::string& method, int64_t replicas, int64_t stages,
+                         const std::string& routing, int64_t micro_batches, const std::vector<WorkerExit>& exits,
+                         double seconds) {
+  RunSummary run;
+  run.method = method;
+  run.replicas = replicas;
+  run.stages = stages;
+  run.seconds = seconds;
+  double loss_sum = 0;
+  std::optional<WorkerSummary> first;
   // Per stage: (parameters, weight std) of one of its replicas, and the replicas' idle seconds.
   std::vector<std::pair<double, double>> stage_spread(size_t(stages), {0.0, std::nan("")});
   std::vector<std::vector<double>> stage_idle(static_cast<size_t>(stages));
   for (const auto& e : exits) {
-    const auto path = fmt::format("{}/summary_r{}.json", out, e.rank);
-    auto where = [&](nlohmann::json j) {
-      if (stages > 1) j.update({{"worker", e.rank}, {"stage", e.rank % stages}});
-      j["replica"] = e.rank / stages;
-      return j;
-    };
+    const auto path = fmt::format("{}/summary_r{}.json", run_dir, e.rank);
+    RunSummary::Worker where{int(e.rank / stages), std::nullopt, std::nullopt, e.describe(), e.seconds};
+    if (stages > 1) {
+      where.worker = e.rank;
+      where.stage = int(e.rank % stages);
+    }
     if (e.restarted) {  // its next start decides whether it finished
-      restarted.push_back(where({{"reason", e.describe()}, {"seconds", e.seconds}}));
+      run.restarted.push_back(where);
       continue;
     }
     if (!e.ok() || !std::filesystem::exists(path)) {
-      failed.push_back(where({{"reason", e.describe()}, {"seconds", e.seconds}}));
+      run.failed.push_back(where);
       continue;
     }
-    const auto s = read_json(path);
-    if (first.is_null()) first = s;
-    finished.push_back(stages > 1 ? e.rank : e.rank / stages);
-    if (s.contains("final_val_loss")) {  // the workers that compute the loss: one per replica
-      losses.push_back(s["final_val_loss"]);
-      loss_sum += s["final_val_loss"].get<double>();
-      tokens += s.value("tokens", int64_t(0));
+    const auto w = WorkerSummary::from_json(read_json(path));
+    if (!first) first = w;
+    run.finished.push_back(stages > 1 ? e.rank : int(e.rank / stages));
+    if (w.final_val_loss) {  // the workers that compute the loss: one per replica
+      run.final_val_loss_replicas.push_back(*w.final_val_loss);
+      loss_sum += *w.final_val_loss;
+      run.tokens += w.tokens;
     }
-    if (s.contains("final_val_loss_mean_model")) mean_model_loss = s["final_val_loss_mean_model"];
-    sent += s.value("bytes_sent", uint64_t(0));
-    received += s.value("bytes_received", uint64_t(0));
-    comm += s.value("comm_seconds", 0.0);
-    wait += s.value("wait_seconds", 0.0);
-    collectives += s.value("collectives", int64_t(0));
-    activation_bytes += s.value("activation_bytes_sent", uint64_t(0));
+    if (w.final_val_loss_mean_model) run.final_val_loss_mean_model = w.final_val_loss_mean_model;
+    if (w.traffic.comm) {
+      run.bytes_sent += w.traffic.comm->bytes_sent;
+      run.bytes_received += w.traffic.comm->bytes_received;
+      run.comm_seconds += w.traffic.comm->comm_seconds;
+      run.wait_seconds += w.traffic.comm->wait_seconds;
+      run.collectives += w.traffic.comm->collectives;
+    }
+    if (w.traffic.pipeline) run.activation_bytes_sent += w.traffic.pipeline->bytes_sent;
     auto& spread = stage_spread[size_t(e.rank % stages)];
-    if (s.contains("weight_std") && std::isnan(spread.second))
-      spread = {s.value("stage_params", s.value("params", 0.0)), s["weight_std"].get<double>()};
-    stage_idle[size_t(e.rank % stages)].push_back(s.value("pipeline_idle_seconds", 0.0));
+    if (w.weight_std && std::isnan(spread.second)) spread = {double(w.stage_params), *w.weight_std};
+    stage_idle[size_t(e.rank % stages)].push_back(w.traffic.pipeline ? w.traffic.pipeline->idle_seconds : 0.0);
   }
-  const double workers = double(std::max<size_t>(1, finished.size()));
-  nlohmann::json summary = {{"method", c.method},
-                            {"replicas", c.replicas},
-                            {"replicas_finished", finished},
-                            {"replicas_failed", failed},
-                            {"replicas_restarted", restarted},
-                            {"final_val_loss", losses.empty() ? nlohmann::json() : nlohmann::json(loss_sum / double(losses.size()))},
-                            {"final_val_loss_replicas", losses},
-                            {"bytes_sent", sent},
-                            {"bytes_received", received},
-                            {"comm_seconds", comm},
-                            {"wait_seconds", wait},
-                            {"comm_seconds_per_replica", comm / workers},
-                            {"wait_seconds_per_replica", wait / workers},
-                            {"collectives", collectives},
-                            {"tokens", tokens},
-                            {"seconds", seconds}};
-  if (!first.is_null()) {
-    for (auto key : {"steps", "params"})
-      if (first.contains(key)) summary[key] = first[key];
+  const double workers = double(std::max<size_t>(1, run.finished.size()));
+  if (!run.final_val_loss_replicas.empty()) run.final_val_loss = loss_sum / double(run.final_val_loss_replicas.size());
+  run.comm_seconds_per_replica = run.comm_seconds / workers;
+  run.wait_seconds_per_replica = run.wait_seconds / workers;
+  if (first) {
+    run.steps = first->steps;
+    run.params = first->params;
   }
-  if (!mean_model_loss.is_null()) summary["final_val_loss_mean_model"] = mean_model_loss;
   const double spread = spread_over_stages(stage_spread);
-  if (!std::isnan(spread)) summary["weight_std"] = spread;
+  if (!std::isnan(spread)) run.weight_std = spread;
   if (stages > 1) {
-    nlohmann::json idle = nlohmann::json::array();
+    run.routing = routing;
+    run.micro_batches = micro_batches;
+    run.activation_bytes_per_step = run.steps > 0 ? double(run.activation_bytes_sent) / double(run.steps) : 0.0;
     for (const auto& per_replica : stage_idle) {
       double sum = 0;
       for (double x : per_replica) sum += x;
-      idle.push_back(per_replica.empty() ? 0.0 : sum / double(per_replica.size()));
+      run.pipeline_idle_seconds_per_stage.push_back(per_replica.empty() ? 0.0 : sum / double(per_replica.size()));
     }
-    summary.update({{"stages", stages},
-                    {"routing", c.routing},
-                    {"micro_batches", c.grad_accum},
-                    {"activation_bytes_sent", activation_bytes},
-                    {"activation_bytes_per_step", double(activation_bytes) / double(c.steps)},
-                    {"pipeline_idle_seconds_per_stage", idle}});
   }
-  return summary;
+  return run;
 }
 
 std::string comparison_table(const std::vector<std::string>& run_dirs) {
@@ -113,19 +290,20 @@ std::string comparison_table(const std::vector<std::string>& run_dirs) {
       "| run | method | replicas | final val loss | ppl | mean-model val loss | weight std | training bytes | "
       "comm s/replica | wait s/replica | collectives | wall s |\n"
       "|---|---|---|---|---|---|---|---|---|---|---|---|\n";
-  auto num = [](const nlohmann::json& s, const char* key, const char* format) -> std::string {
-    if (!s.contains(key) || !s[key].is_number()) return "–";
-    return fmt::format(fmt::runtime(format), s[key].get<double>());
+  auto num = [](const std::optional<double>& v, const char* format) -> std::string {
+    if (!v) return "–";
+    return fmt::format(fmt::runtime(format), *v);
   };
   for (const auto& dir : run_dirs) {
-    const auto s = read_json(dir + "/summary.json");
-    const double loss = s.value("final_val_loss", std::nan(""));
-    t += fmt::format("| {} | {} | {} | {} | {:.2f} | {} | {} | {} | {} | {} | {} | {} |\n",
-                     std::filesystem::path(dir).filename().string(), s.value("method", "?"), s.value("replicas", 1),
-                     num(s, "final_val_loss", "{:.4f}"), std::exp(loss), num(s, "final_val_loss_mean_model", "{:.4f}"),
-                     num(s, "weight_std", "{:.2e}"), format_count(double(s.value("bytes_sent", uint64_t(0)))),
-                     num(s, "comm_seconds_per_replica", "{:.1f}"), num(s, "wait_seconds_per_replica", "{:.1f}"),
-                     s.value("collectives", int64_t(0)), num(s, "seconds", "{:.0f}"));
+    const auto s = RunSummary::read(dir);
+    const double loss = s.final_val_loss.value_or(std::nan(""));
+    const bool lone = s.replicas == 1 && s.stages == 1;
+    t += fmt::format("| {} | {} | {} | {} | {:.2f} | {} | {} | {} | {} | {} | {} | {:.0f} |\n",
+                     std::filesystem::path(dir).filename().string(), s.method, s.replicas,
+                     num(s.final_val_loss, "{:.4f}"), std::exp(loss), num(s.final_val_loss_mean_model, "{:.4f}"),
+                     num(s.weight_std, "{:.2e}"), format_count(double(s.bytes_sent)),
+                     lone ? "–" : fmt::format("{:.1f}", s.comm_seconds_per_replica),
+                     lone ? "–" : fmt::format("{:.1f}", s.wait_seconds_per_replica), s.collectives, s.seconds);
   }
   return t;
 }

@@ -1,18 +1,80 @@
-// The run-level summary.json of a multi-replica run, from the replicas' own
-// summaries and how each worker ended; and the comparison table of runs.
+// What a run leaves behind: summary_r<k>.json per worker and summary.json
+// for the run, written and read back through these structs (the report
+// reads runs with the same code that wrote them); and the comparison table.
 #pragma once
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
 
 #include <nlohmann/json.hpp>
 
+#include "comm/comm_stats.h"
 #include "comm/launcher.h"
 
 namespace noloco {
 
-nlohmann::json summarize_run(const std::string& out, const TrainConfig& config, const std::vector<WorkerExit>& exits,
-                             double seconds);
+// Where a worker sits and what its traffic cost so far: the fields every
+// metrics record and summary of the worker carries.
+struct WorkerTraffic {
+  int replica = 0, worker = 0, stage = 0;
+  std::optional<CommStats> comm;          // with an outer method
+  std::optional<PipelineStats> pipeline;  // with pipeline stages
+  void add_to(nlohmann::json& j) const;
+  static WorkerTraffic from_json(const nlohmann::json& j);
+};
+
+struct WorkerSummary {
+  std::string method = "none", device, routing;
+  int64_t replicas = 1, stages = 1, steps = 0, tokens = 0, params = 0, stage_params = 0;
+  double seconds = 0;
+  WorkerTraffic traffic;
+  std::optional<double> final_val_loss, final_train_loss;  // on the workers that compute the loss
+  std::optional<double> weight_std, final_val_loss_mean_model;
+  struct Rejoin {
+    int64_t step = 0;
+    int donor = 0;
+    double seconds = 0;
+  };
+  std::optional<Rejoin> rejoin;
+  nlohmann::json to_json() const;
+  static WorkerSummary from_json(const nlohmann::json& j);
+};
+
+struct RunSummary {
+  struct Worker {
+    int replica = 0;
+    std::optional<int> worker, stage;  // in a pipelined run
+    std::string reason;
+    double seconds = 0;
+  };
+  std::string method = "none";
+  int64_t replicas = 1, steps = 0, params = 0, tokens = 0, collectives = 0;
+  std::vector<int> finished;  // replicas (workers in a pipelined run)
+  std::vector<Worker> failed, restarted;
+  std::optional<double> final_val_loss, final_val_loss_mean_model, weight_std;
+  std::vector<double> final_val_loss_replicas;
+  uint64_t bytes_sent = 0, bytes_received = 0;
+  double comm_seconds = 0, wait_seconds = 0, comm_seconds_per_replica = 0, wait_seconds_per_replica = 0;
+  double seconds = 0;
+  // Pipelined runs.
+  int64_t stages = 1, micro_batches = 1;
+  std::string routing;
+  uint64_t activation_bytes_sent = 0;
+  double activation_bytes_per_step = 0;
+  std::vector<double> pipeline_idle_seconds_per_stage;
+
+  nlohmann::json to_json() const;
+  static RunSummary from_json(const nlohmann::json& j);
+  static RunSummary read(const std::string& run_dir);
+};
+
+// summary.json of a launched run, from the workers' summaries and how each ended.
+RunSummary summarize_run(const std::string& run_dir, const std::string& method, int64_t replicas, int64_t stages,
+                         const std::string& routing, int64_t micro_batches, const std::vector<WorkerExit>& exits,
+                         double seconds);
+// summary.json of a lone worker's run.
+RunSummary summarize_lone_run(const WorkerSummary& worker);
 
 // The spread of weights across replicas over the whole model, from each
 // stage's (parameter count, spread): sqrt(Σ n·σ² / Σ n). NaN if any spread

@@ -5,21 +5,23 @@
 
 #include <nlohmann/json.hpp>
 
-#include "comm/communicator.h"
-#include "train/config.h"
+#include "comm/activation_link.h"
+#include "comm/membership.h"
+#include "comm/transport.h"
+#include "config/train_config.h"
 
 namespace noloco {
 
-class ActivationLink;
-
 struct WorkerInfo {
-  int rank = 0;                  // worker: replica * stages + stage
+  int rank = 0;  // worker: replica * stages + stage
   int replica = 0, replicas = 1;
   int stage = 0, stages = 1;
-  int local_world = 1;           // workers sharing this machine's cores
-  Communicator* comm = nullptr;  // among the replicas of this worker's stage; null for a lone replica without a method
+  int local_world = 1;  // workers sharing this machine's cores
+  // Among the replicas of this worker's stage; null for a lone replica without a method.
+  Transport* transport = nullptr;
+  Membership* membership = nullptr;
   ActivationLink* link = nullptr;  // to the other stages; null without a pipeline
-  bool verbose = true;           // print progress and samples
+  bool verbose = true;             // print progress and samples
 };
 
 // Runs the whole job for one worker and returns its summary (also written to

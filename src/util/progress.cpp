@@ -6,7 +6,7 @@
 
 #include <fmt/format.h>
 
-#include "train/metrics.h"
+#include "util/human.h"
 
 namespace noloco {
 

@@ -1,4 +1,4 @@
-#include "comm/bench_comm.h"
+#include "train/bench_comm.h"
 
 #include <chrono>
 #include <cmath>
@@ -12,9 +12,7 @@
 
 #include <fmt/format.h>
 
-#include "optim/grouping.h"
 #include "util/files.h"
-#include "util/parse_number.h"
 #include "util/svg_plot.h"
 
 namespace noloco {
@@ -23,61 +21,60 @@ namespace {
 using Clock = std::chrono::steady_clock;
 double since(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
 
-double take_number(std::vector<std::string>& args, const std::string& key, double fallback) {
-  for (auto it = args.begin(); it != args.end(); ++it) {
-    if (it->rfind(key + "=", 0) != 0) continue;
-    const double v = parse_non_negative(key, it->substr(key.size() + 1));
-    args.erase(it);
-    return v;
-  }
-  return fallback;
-}
+// A model-sized flat buffer standing in for the weights.
+struct Weights : torch::nn::Module {
+  explicit Weights(int64_t n) { register_parameter("w", torch::randn({n})); }
+};
 }  // namespace
 
-CommBenchOptions parse_comm_bench_options(std::vector<std::string>& args) {
-  CommBenchOptions o;
-  o.megabytes = take_number(args, "megabytes", o.megabytes);
-  o.rounds = int(take_number(args, "rounds", o.rounds));
-  o.compute = take_number(args, "compute", o.compute);
-  o.sigma2 = take_number(args, "sigma2", o.sigma2);
-  o.straggler = take_number(args, "straggler", o.straggler);
-  if (o.rounds < 1 || o.megabytes <= 0) throw std::invalid_argument("rounds must be >= 1 and megabytes > 0");
-  return o;
+Options comm_bench_options(CommBenchOptions& o) {
+  Options options("bench comm");
+  options.add("megabytes", o.megabytes, "fp32 megabytes of the exchanged buffer")
+      .add("rounds", o.rounds, "outer steps to time")
+      .add("compute", o.compute, "mean seconds of compute before each outer step")
+      .add("sigma2", o.sigma2, "variance of the log-normal compute jitter (the paper: 0.5)")
+      .add("straggler", o.straggler, "worker 0 computes this many times longer");
+  return options;
 }
 
-nlohmann::json comm_bench_worker(const TrainConfig& c, const CommBenchOptions& o, Communicator& comm) {
-  const int64_t numel = std::max<int64_t>(1, int64_t(o.megabytes * 1e6 / 4));
-  auto theta = torch::randn({numel});
-  std::vector<int> all(static_cast<size_t>(comm.world()));
-  for (int r = 0; r < comm.world(); ++r) all[size_t(r)] = r;
-  std::mt19937_64 rng(c.seed * 1000003 + uint64_t(comm.rank()));
+void validate(const CommBenchOptions& o) {
+  if (o.rounds < 1 || !(o.megabytes > 0) || o.compute < 0 || o.sigma2 < 0 || !(o.straggler > 0))
+    throw std::invalid_argument("bench comm needs rounds >= 1, megabytes > 0, compute >= 0, sigma2 >= 0, straggler > 0");
+}
+
+nlohmann::json comm_bench_worker(const TrainConfig& c, const CommBenchOptions& o, OuterLinks links) {
+  torch::manual_seed(c.run.seed + uint64_t(links.transport->rank()));
+  Weights weights(std::max<int64_t>(1, int64_t(o.megabytes * 1e6 / 4)));
+  FlatParams flat(weights);
+  auto every_round = c.outer;
+  every_round.interval = 1;  // each round is one outer step
+  const auto method = make_outer_optimizer(every_round, c.run.seed, links, flat);
+  const int rank = links.transport->rank();
+  std::mt19937_64 rng(c.run.seed * 1000003 + uint64_t(rank));
   std::lognormal_distribution<double> jitter(-o.sigma2 / 2, std::sqrt(o.sigma2));  // mean 1
   double sync = 0, compute = 0;
   const auto start = Clock::now();
   for (int round = 0; round < o.rounds; ++round) {
     if (o.compute > 0) {
-      const double seconds = o.compute * jitter(rng) * (comm.rank() == 0 ? o.straggler : 1.0);
+      const double seconds = o.compute * jitter(rng) * (rank == 0 ? o.straggler : 1.0);
       std::this_thread::sleep_for(std::chrono::duration<double>(seconds));
       compute += seconds;
     }
+    flat.values().add_(torch::randn_like(flat.values()), 1e-3);  // progress since the last outer step
     const auto t0 = Clock::now();
-    if (c.method == "noloco") {
-      const auto groups = noloco_groups(c.seed, round, all, int(c.group_size));
-      for (const auto& g : groups)
-        if (std::count(g.begin(), g.end(), comm.rank()))
-          comm.group_mean(c.wire_dtype == "bf16" ? theta.to(torch::kBFloat16) : theta, g, round);
+    if (c.outer.method == "ddp") {
+      method->on_gradients(flat);
     } else {
-      auto delta = theta.clone();
-      comm.all_reduce_mean(delta);
+      method->after_inner_step(round, flat);
     }
     sync += since(t0);
   }
   const double wall = since(start);
-  return {{"rank", comm.rank()},
+  return {{"rank", rank},
           {"sync_seconds_per_round", sync / o.rounds},
           {"idle_seconds_per_round", (wall - compute) / o.rounds},
           {"wall_seconds", wall},
-          {"bytes_sent", comm.stats().bytes_sent}};
+          {"bytes_sent", links.transport->stats().bytes_sent}};
 }
 
 // All-reduce over NoLoCo, per replica count, from every row measured so far:
@@ -110,8 +107,8 @@ static void plot_comm_bench(const std::string& csv, const std::string& svg) {
 nlohmann::json summarize_comm_bench(const TrainConfig& c, const CommBenchOptions& o) {
   double sync = 0, idle = 0, wall = 0;
   std::vector<double> others_idle;  // everyone but worker 0, the straggler when there is one
-  for (int r = 0; r < c.replicas; ++r) {
-    const auto j = read_json(fmt::format("{}/bench_comm_r{}.json", c.out, r));
+  for (int r = 0; r < c.run.replicas; ++r) {
+    const auto j = read_json(fmt::format("{}/bench_comm_r{}.json", c.run.out, r));
     sync += j["sync_seconds_per_round"].get<double>();
     idle += j["idle_seconds_per_round"].get<double>();
     wall = std::max(wall, j["wall_seconds"].get<double>());
@@ -119,23 +116,23 @@ nlohmann::json summarize_comm_bench(const TrainConfig& c, const CommBenchOptions
   }
   std::sort(others_idle.begin(), others_idle.end());
   const double median_others = others_idle.empty() ? 0 : others_idle[others_idle.size() / 2];
-  nlohmann::json s = {{"method", c.method},        {"replicas", c.replicas},
+  nlohmann::json s = {{"method", c.outer.method},        {"replicas", c.run.replicas},
                       {"megabytes", o.megabytes},  {"rounds", o.rounds},
                       {"compute", o.compute},      {"sigma2", o.sigma2},
-                      {"wire_dtype", c.wire_dtype}, {"sync_seconds_per_round", sync / double(c.replicas)},
-                      {"idle_seconds_per_round", idle / double(c.replicas)}, {"wall_seconds", wall},
+                      {"wire_dtype", c.outer.wire_dtype}, {"sync_seconds_per_round", sync / double(c.run.replicas)},
+                      {"idle_seconds_per_round", idle / double(c.run.replicas)}, {"wall_seconds", wall},
                       {"straggler", o.straggler}, {"median_idle_seconds_others", median_others}};
-  const std::string csv = c.out + "/bench_comm.csv";
+  const std::string csv = c.run.out + "/bench_comm.csv";
   const bool fresh = !std::filesystem::exists(csv);
   std::ofstream f(csv, std::ios::app);
   if (fresh)
     f << "method,replicas,megabytes,rounds,compute,sigma2,wire_dtype,sync_seconds_per_round,idle_seconds_per_round,"
          "wall_seconds,straggler,median_idle_seconds_others\n";
-  f << fmt::format("{},{},{},{},{},{},{},{:.6f},{:.6f},{:.3f},{},{:.6f}\n", c.method, c.replicas, o.megabytes, o.rounds,
-                   o.compute, o.sigma2, c.wire_dtype, s["sync_seconds_per_round"].get<double>(),
+  f << fmt::format("{},{},{},{},{},{},{},{:.6f},{:.6f},{:.3f},{},{:.6f}\n", c.outer.method, c.run.replicas, o.megabytes, o.rounds,
+                   o.compute, o.sigma2, c.outer.wire_dtype, s["sync_seconds_per_round"].get<double>(),
                    s["idle_seconds_per_round"].get<double>(), wall, o.straggler, median_others);
   f.close();
-  plot_comm_bench(csv, c.out + "/bench_comm.svg");
+  plot_comm_bench(csv, c.run.out + "/bench_comm.svg");
   return s;
 }
 

@@ -1,14 +1,16 @@
-// `noloco bench comm`: N local workers exchange model-sized buffers exactly
-// as each method's outer step does (the real c10d code path), optionally
-// after log-normally jittered compute, and report sync and idle time.
+// `noloco bench comm`: N local workers run the methods' own outer steps
+// (DDP's gradient all-reduce, DiLoCo's and NoLoCo's exchanges, with their
+// wire formats) on model-sized buffers, optionally after log-normally
+// jittered compute, and report sync and idle time.
 #pragma once
 #include <string>
 #include <vector>
 
 #include <nlohmann/json.hpp>
 
-#include "comm/communicator.h"
-#include "train/config.h"
+#include "config/options.h"
+#include "config/train_config.h"
+#include "optim/outer.h"
 
 namespace noloco {
 
@@ -20,10 +22,12 @@ struct CommBenchOptions {
   double straggler = 1;  // worker 0 computes this many times longer
 };
 
-// Splits bench-comm keys (megabytes, rounds, compute, sigma2, straggler) from config keys.
-CommBenchOptions parse_comm_bench_options(std::vector<std::string>& args);
+// The bench-comm keys (megabytes, rounds, compute, sigma2, straggler), bound to `o`.
+Options comm_bench_options(CommBenchOptions& o);
+// Throws std::invalid_argument on values out of range.
+void validate(const CommBenchOptions& o);
 // One worker's measurement; written to out/bench_comm_r<rank>.json.
-nlohmann::json comm_bench_worker(const TrainConfig& c, const CommBenchOptions& o, Communicator& comm);
+nlohmann::json comm_bench_worker(const TrainConfig& c, const CommBenchOptions& o, OuterLinks links);
 // Launcher side: mean over workers, appended as a row to out/bench_comm.csv.
 nlohmann::json summarize_comm_bench(const TrainConfig& c, const CommBenchOptions& o);
 

@@ -9,13 +9,12 @@
 
 #include "data/dataset.h"
 #include "model/llama.h"
-#include "train/config.h"
 
 namespace noloco {
 
-class ForwardBackward {
+class WorkerModel {
  public:
-  virtual ~ForwardBackward() = default;
+  virtual ~WorkerModel() = default;
   // The parameters this worker owns, named as in the whole model.
   virtual torch::nn::Module& module() = 0;
   // Accumulates the gradients of step `step` (grad_accum micro-batches) and
@@ -36,8 +35,17 @@ struct StepData {
   int replica = 0;
 };
 
-// The unpipelined model, initialised from c.seed, on `device`.
-std::unique_ptr<ForwardBackward> make_whole_model(const TrainConfig& c, const ModelConfig& arch, StepData data,
-                                                  torch::Device device);
+// The shape of a step and how it is computed.
+struct StepOptions {
+  int64_t batch = 1;       // sequences per micro-batch
+  int64_t grad_accum = 1;  // micro-batches per step
+  int64_t eval_batches = 1;
+  bool bf16 = false;   // CUDA autocast
+  uint64_t seed = 0;   // weight initialisation
+};
+
+// The unpipelined model, initialised from options.seed, on `device`.
+std::unique_ptr<WorkerModel> make_whole_model(const ModelConfig& model, const StepOptions& options, StepData data,
+                                              torch::Device device);
 
 }  // namespace noloco

@@ -1,4 +1,4 @@
-#include "model/config.h"
+#include "config/model_config.h"
 
 #include <stdexcept>
 

@@ -1,0 +1,25 @@
+// What a worker's traffic cost it, counted by the transports. Torch-free, so
+// summaries and reports can use it.
+#pragma once
+#include <cstdint>
+
+namespace noloco {
+
+// Training traffic of the outer method.
+struct CommStats {
+  uint64_t bytes_sent = 0, bytes_received = 0;
+  double comm_seconds = 0;  // inside communication calls, waiting included
+  double wait_seconds = 0;  // of which blocked on peers (time until their data arrived)
+  int64_t collectives = 0;  // all-reduce and other collective calls
+  int64_t messages = 0;     // point-to-point payloads sent
+};
+
+// Pipeline activations and their gradients; evaluation passes are counted apart.
+struct PipelineStats {
+  uint64_t bytes_sent = 0, bytes_received = 0;
+  double idle_seconds = 0;  // blocked waiting for activations or gradients (transfer included)
+  int64_t messages = 0;
+  uint64_t evaluation_bytes_sent = 0;
+};
+
+}  // namespace noloco

@@ -1,0 +1,92 @@
+// Transport over c10d's ProcessGroupGloo (TCP), with the run's store for rendezvous.
+//
+// Two facts about Gloo shape this class (measured with LibTorch 1.13):
+//  - a receive that times out closes its pair for good, and a message larger
+//    than the posted buffer aborts the receiving process. So point-to-point
+//    exchanges never run on the run-wide group: they use small groups of just
+//    the exchanging members, kept for reuse while the same members (in the same
+//    incarnations) meet again and thrown away after any failure; and a
+//    payload receive is only posted with the size every member agreed on
+//    (the config fingerprint checked at join).
+//  - a group takes ~25 ms to form and ~10 ms to tear down, against < 1 ms
+//    for a small message on a formed one: hence the reuse, and teardown on a
+//    background thread.
+#pragma once
+#include <chrono>
+#include <functional>
+#include <list>
+#include <memory>
+#include <string>
+#include <thread>
+
+#include "comm/store.h"
+#include "comm/transport.h"
+#include "comm/worker_env.h"
+
+namespace c10d {
+class ProcessGroupGloo;
+}  // namespace c10d
+namespace gloo::transport {
+class Device;
+}  // namespace gloo::transport
+
+namespace noloco {
+
+using GlooGroup = c10::intrusive_ptr<c10d::ProcessGroupGloo>;
+
+// A Gloo process group of `world` members named `name` in the run's store.
+// Throws with a message that names the likely cause (token, dead workers).
+GlooGroup join_gloo_group(const StorePtr& store, const WorkerEnv& env, const std::string& name, int rank, int world,
+                          const std::shared_ptr<gloo::transport::Device>& device, std::chrono::milliseconds timeout);
+std::shared_ptr<gloo::transport::Device> gloo_device(const std::string& bind);
+
+class GlooTransport final : public Transport {
+ public:
+  // Member `self` of `world` in `scope` (e.g. "replicas", "stage1").
+  // `connect` opens a new connection to the run's store. The run-wide group
+  // (collectives) is joined only by a first incarnation: Gloo cannot take a
+  // restarted rank back into a formed group.
+  GlooTransport(std::function<StorePtr()> connect, const WorkerEnv& env, std::string scope, Peer self, int world,
+                const std::string& bind, std::chrono::milliseconds timeout);
+  ~GlooTransport() override;
+  int rank() const override { return self_.rank; }
+  int world() const override { return world_; }
+  void all_reduce_mean(torch::Tensor& t) override;
+  std::vector<torch::Tensor> all_gather(const torch::Tensor& bytes) override;
+  ExchangeResult exchange(const ExchangeRequest& request) override;
+  void send_state(const std::string& channel, const MessageHeader& header, const torch::Tensor& bytes) override;
+  torch::Tensor receive_state(const std::string& channel, const MessageHeader& expected) override;
+  std::unique_ptr<Transport> subgroup(const std::string& name, const std::vector<Peer>& members) override;
+
+ private:
+  // Members meet under `key` through store counters before forming a group:
+  // returns the peers that came and were not given up; `late` gets the others.
+  std::vector<Peer> meet(const std::string& key, const std::vector<Peer>& peers,
+                         const std::function<bool(int)>& give_up, std::vector<int>* late, int64_t my_generation,
+                         std::map<int, int64_t>* generations);
+  GlooGroup join(const std::string& name, int rank, int world);
+  // Destroys groups on a background thread (teardown is slow and off the training path).
+  void release(GlooGroup group);
+
+  std::function<StorePtr()> connect_;
+  WorkerEnv env_;
+  std::string scope_;
+  Peer self_;
+  int world_;
+  std::chrono::milliseconds timeout_;
+  int64_t run_id_;
+  StorePtr store_;  // rendezvous and waits
+  StorePtr watch_;  // the meeting watchdog's own connection (store_ is blocked in a wait meanwhile)
+  std::shared_ptr<gloo::transport::Device> device_;  // one I/O loop for all of this worker's groups
+  GlooGroup run_group_;  // absent in a restarted worker
+  struct CachedGroup {
+    std::string members;  // ranks and incarnations
+    int64_t generation = 0;
+    GlooGroup group;
+  };
+  std::list<CachedGroup> groups_;  // most recently used first
+  std::vector<GlooGroup> to_release_;
+  std::thread releasing_;
+};
+
+}  // namespace noloco

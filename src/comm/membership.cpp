@@ -1,0 +1,161 @@
+#include "comm/membership.h"
+
+#include <algorithm>
+#include <map>
+#include <thread>
+
+#include <fmt/format.h>
+#include <torch/csrc/distributed/c10d/Store.hpp>
+
+namespace noloco {
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+StorePtr members_scope(const StorePtr& store, const std::string& token, const std::string& scope) {
+  return run_scope(store, token, scope + "/members");
+}
+
+// "r.g" items: replica r is in its g-th incarnation (the latest one listed).
+std::map<int, int> parse_incarnations(const std::string& text) {
+  std::map<int, int> out;
+  for (const auto& item : list_items(text)) {
+    const auto dot = item.find('.');
+    const int r = std::stoi(item.substr(0, dot)), g = std::stoi(item.substr(dot + 1));
+    out[r] = std::max(out[r], g);
+  }
+  return out;
+}
+
+}  // namespace
+
+std::string replica_scope(int stages, int stage) {
+  return stages > 1 ? fmt::format("stage{}", stage) : std::string("replicas");
+}
+
+void declare_dead(const StorePtr& store, const std::string& token, const std::string& scope, int rank) {
+  append_item(*members_scope(store, token, scope), "dead", std::to_string(rank));
+}
+
+Membership::Membership(StorePtr store, const WorkerEnv& env, const std::string& scope, int rank, int world,
+                       std::chrono::milliseconds heartbeat_timeout)
+    : store_(std::move(store)),
+      members_(members_scope(store_, env.token, scope)),
+      token_(env.token),
+      rank_(rank),
+      world_(world),
+      stride_(std::max(1, env.world / std::max(1, world))),
+      offset_(env.rank % std::max(1, env.world / std::max(1, world))),
+      heartbeat_timeout_(heartbeat_timeout),
+      heartbeats_(store_, env.token) {
+  incarnation_ = int(members_->add(fmt::format("started/{}", rank), 1)) - 1;
+}
+
+std::vector<Peer> Membership::snapshot(const std::string& name) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  const std::string key = "snapshot/" + name;
+  std::string text = read_or_empty(*members_, key);
+  if (text.empty()) {
+    const std::string dead = read_or_empty(*members_, "dead");
+    const auto incarnations = parse_incarnations(read_or_empty(*members_, "incarnations"));
+    std::string alive;
+    for (int r = 0; r < world_; ++r) {
+      if (list_has(dead, std::to_string(r))) continue;
+      const auto g = incarnations.find(r);
+      alive += g == incarnations.end() || g->second == 0 ? fmt::format("{},", r) : fmt::format("{}.{},", r, g->second);
+    }
+    text = set_once(*members_, key, alive);
+  }
+  std::vector<Peer> out;
+  for (const auto& item : list_items(text)) {
+    const auto dot = item.find('.');
+    const Peer p{std::stoi(item.substr(0, dot)), dot == std::string::npos ? 0 : std::stoi(item.substr(dot + 1))};
+    if (p.rank == rank_ && p.incarnation != incarnation_) continue;  // an earlier life of this replica
+    out.push_back(p);
+  }
+  if (std::none_of(out.begin(), out.end(), [&](const Peer& p) { return p.rank == rank_; }))
+    remove_item(*members_, "dead", std::to_string(rank_));  // alive after all: back in later snapshots
+  std::sort(out.begin(), out.end(), [](const Peer& a, const Peer& b) { return a.rank < b.rank; });
+  return out;
+}
+
+void Membership::declare_dead(int rank) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  append_item(*members_, "dead", std::to_string(rank));
+}
+
+bool Membership::given_up(int rank) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  const auto now = Clock::now();
+  if (now - last_dead_read_ > std::chrono::milliseconds(20)) {
+    dead_ = read_or_empty(*members_, "dead");
+    last_dead_read_ = now;
+  }
+  if (list_has(dead_, std::to_string(rank))) return true;
+  auto& s = silence_[rank];
+  if (now - s.checked > std::chrono::seconds(1)) {
+    s.checked = now;
+    s.silent = heartbeats_.silent_seconds(rank * stride_ + offset_) * 1000 > double(heartbeat_timeout_.count());
+  }
+  return s.silent;
+}
+
+std::string Membership::request_name() const { return fmt::format("{}.{}", rank_, incarnation_); }
+
+std::string Membership::handover_channel() const { return request_name(); }
+
+int Membership::request_state(std::chrono::milliseconds timeout) {
+  const std::string me = request_name();
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    append_item(*members_, "rejoin", me);
+  }
+  // A live replica claims the request at its next outer step; until then,
+  // make sure one is left that could.
+  const auto deadline = Clock::now() + timeout;
+  for (;;) {
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      if (members_->check({"donor/" + me})) {
+        const auto donor = members_->get("donor/" + me);
+        return std::stoi(std::string(donor.begin(), donor.end()));
+      }
+      const auto dead = read_or_empty(*members_, "dead"), finished = read_or_empty(*members_, "finished");
+      bool anyone = false;
+      for (int r = 0; r < world_; ++r)
+        anyone |= r != rank_ && !list_has(dead, std::to_string(r)) && !list_has(finished, std::to_string(r));
+      if (!anyone) throw std::runtime_error("no live replica is left to rejoin from");
+    }
+    if (Clock::now() > deadline)
+      throw std::runtime_error(fmt::format("no live replica handed over its state within {} s", timeout.count() / 1000));
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+}
+
+void Membership::rejoined() {
+  std::lock_guard<std::mutex> lock(mutex_);
+  append_item(*members_, "incarnations", request_name());
+  remove_item(*members_, "dead", std::to_string(rank_));
+}
+
+std::vector<std::pair<int, std::string>> Membership::claim_requests() {
+  std::lock_guard<std::mutex> lock(mutex_);
+  std::vector<std::pair<int, std::string>> won;
+  for (const auto& request : list_items(read_or_empty(*members_, "rejoin"))) {
+    if (!seen_requests_.insert(request).second) continue;
+    const int who = std::stoi(request.substr(0, request.find('.')));
+    if (who == rank_) continue;
+    const auto mine = std::to_string(rank_);
+    if (set_once(*members_, "donor/" + request, mine) != mine) continue;  // another replica serves it
+    won.emplace_back(who, request);
+  }
+  return won;
+}
+
+void Membership::finish() {
+  std::lock_guard<std::mutex> lock(mutex_);
+  append_item(*members_, "finished", std::to_string(rank_));
+}
+
+}  // namespace noloco

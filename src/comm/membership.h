@@ -1,0 +1,88 @@
+// Who is in the run: the replicas of one group (all replicas, or the
+// replicas of a pipeline stage) as the run's store records them. Deaths are
+// declared by the launcher or by a partner that noticed; each outer step's
+// members are an agreed snapshot (first writer wins, no barrier); a restarted
+// worker is a new incarnation of its rank and asks a live replica for its
+// state. Coordination only: the bytes travel by the transport. This is
+// torchft's Manager to our ProcessGroup. Thread-safe.
+#pragma once
+#include <chrono>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "comm/heartbeat.h"
+#include "comm/store.h"
+#include "comm/transport.h"
+
+namespace noloco {
+
+class Membership {
+ public:
+  // Member `rank` of `world` in `scope` of the run. `store` is a connection
+  // of its own. Workers are laid out replica-major: member r of this group is
+  // worker r·stride + offset (stride = pipeline stages), for heartbeats.
+  Membership(StorePtr store, const WorkerEnv& env, const std::string& scope, int rank, int world,
+             std::chrono::milliseconds heartbeat_timeout);
+
+  int rank() const { return rank_; }
+  int world() const { return world_; }
+  // How many times this rank's worker was started before this one (0: the first start).
+  int incarnation() const { return incarnation_; }
+  Peer self() const { return {rank_, incarnation_}; }
+
+  // The members listed under snapshot `name` (an outer step, an evaluation):
+  // the first replica to ask writes it from the deaths known then, everyone
+  // else reads that one, so all agree even though deaths are noticed at
+  // different moments. Sorted by rank. This replica is missing from it when
+  // the snapshot was taken while it was thought dead; it then declares
+  // itself alive again, for later snapshots.
+  std::vector<Peer> snapshot(const std::string& name);
+  void declare_dead(int rank);
+  // Stop waiting for `rank`: declared dead, or its heartbeat has been silent
+  // for the heartbeat timeout (a hung process or machine).
+  bool given_up(int rank);
+
+  // A restarted worker: posts its request and waits until a live replica
+  // claims it; returns the donor's rank. Throws if none is left to do so.
+  int request_state(std::chrono::milliseconds timeout);
+  // The hand-over channel of this worker's request (named alike by the donor).
+  std::string handover_channel() const;
+  // Its state is in place: later snapshots include this incarnation.
+  void rejoined();
+  // A live replica: the pending requests it won the claim on, as
+  // (rank, channel); each must be served.
+  std::vector<std::pair<int, std::string>> claim_requests();
+  // This replica has finished training: it serves no more requests.
+  void finish();
+
+ private:
+  std::string request_name() const;
+  std::mutex mutex_;
+  StorePtr store_;       // the run's store, unprefixed
+  StorePtr members_;     // this group's keys
+  std::string token_;
+  int rank_, world_, incarnation_ = 0;
+  int stride_, offset_;  // member r is worker r·stride + offset
+  std::chrono::milliseconds heartbeat_timeout_;
+  HeartbeatWatch heartbeats_;
+  std::chrono::steady_clock::time_point last_dead_read_;
+  std::string dead_;  // the dead list as last read
+  struct Silence {
+    std::chrono::steady_clock::time_point checked;
+    bool silent = false;
+  };
+  std::map<int, Silence> silence_;  // heartbeats are read at most once a second per member
+  std::set<std::string> seen_requests_;
+};
+
+// The membership scope of the replicas of pipeline stage `stage` ("replicas" without a pipeline).
+std::string replica_scope(int stages, int stage);
+
+// Records that member `rank` of `scope` is gone (the launcher's view of a failed worker).
+void declare_dead(const StorePtr& store, const std::string& token, const std::string& scope, int rank);
+
+}  // namespace noloco

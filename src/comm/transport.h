@@ -1,0 +1,75 @@
+// Moving tensors between the replicas of one group (all replicas, or the
+// replicas of one pipeline stage): collectives for the all-reduce methods,
+// point-to-point exchanges for NoLoCo, and the hand-over of a replica's state
+// to a restarted one. Data only: who is alive is membership's business
+// (comm/membership.h). Swappable, as torchft's process groups are.
+#pragma once
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include <torch/torch.h>
+
+#include "comm/comm_stats.h"
+#include "comm/message.h"
+
+namespace noloco {
+
+// A member of the group in one of its lives: a restarted worker is the same
+// rank in a new incarnation, and must never be paired with a stale connection.
+struct Peer {
+  int rank = 0;
+  int incarnation = 0;
+  bool operator==(const Peer& o) const { return rank == o.rank && incarnation == o.incarnation; }
+};
+
+// One point-to-point exchange among `group` (sorted, this member included):
+// `payload` (uint8, CPU) goes to every other member, preceded by `header`;
+// each peer's message must carry the same header but for the sender.
+struct ExchangeRequest {
+  int64_t id = 0;  // names the exchange identically on all members
+  std::vector<Peer> group;
+  MessageHeader header;  // header.bytes == payload.numel(); the transport stamps header.run
+  torch::Tensor payload;
+  // Asked while waiting: stop waiting for this rank (declared dead, silent heartbeat).
+  std::function<bool(int rank)> give_up = [](int) { return false; };
+};
+
+struct ExchangeResult {
+  std::map<int, torch::Tensor> received;  // by rank: the payloads that came and passed the header check
+  std::vector<int> lost;                  // peers given up, failed or rejected
+};
+
+class Transport {
+ public:
+  virtual ~Transport() = default;
+  virtual int rank() const = 0;
+  virtual int world() const = 0;
+  // In-place mean over all members: one collective.
+  virtual void all_reduce_mean(torch::Tensor& t) = 0;
+  // Every member's `bytes` (uint8, the same size everywhere), in rank order: one collective.
+  virtual std::vector<torch::Tensor> all_gather(const torch::Tensor& bytes) = 0;
+  // Point-to-point only; never throws for a peer's failure (it is `lost`).
+  virtual ExchangeResult exchange(const ExchangeRequest& request) = 0;
+  // The hand-over of a training state on `channel` (named identically by both
+  // ends): the donor sends, the restarted member receives a payload of
+  // expected.bytes after checking its header (the transport stamps `run`). Throw on failure.
+  virtual void send_state(const std::string& channel, const MessageHeader& header, const torch::Tensor& bytes) = 0;
+  virtual torch::Tensor receive_state(const std::string& channel, const MessageHeader& expected) = 0;
+  // Collectives among just `members` (sorted; this member included), for
+  // evaluations across the live replicas; its traffic is its own.
+  virtual std::unique_ptr<Transport> subgroup(const std::string& name, const std::vector<Peer>& members) = 0;
+
+  const CommStats& stats() const { return stats_; }
+
+ protected:
+  CommStats& charge() { return stats_; }
+
+ private:
+  CommStats stats_;
+};
+
+}  // namespace noloco

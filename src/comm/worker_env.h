@@ -1,0 +1,21 @@
+// Who this process is in a launched run: torchrun's environment variables.
+#pragma once
+#include <string>
+
+namespace noloco {
+
+struct WorkerEnv {
+  int rank = 0, world = 1, local_rank = 0;
+  int local_world = 1;  // workers sharing this machine's cores
+  std::string master_addr = "127.0.0.1";
+  int master_port = 0;
+  bool agent_store = false;  // the store is hosted by the launcher (ours or torchrun's), not rank 0
+  std::string token;         // NOLOCO_RUN_TOKEN: the run's shared secret
+};
+
+// RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, MASTER_ADDR, MASTER_PORT
+// (torchrun's names) and NOLOCO_RUN_TOKEN; returns false when RANK is unset
+// (not a launched worker). Throws std::invalid_argument on malformed values.
+bool worker_env_from_environment(WorkerEnv& env);
+
+}  // namespace noloco

@@ -1,0 +1,27 @@
+// Everything a worker of a launched run connects: the store, its heartbeat,
+// the transport and membership among the replicas of its pipeline stage (for
+// the outer method), and the activation link to the other stages.
+#pragma once
+#include <memory>
+
+#include "comm/activation_link.h"
+#include "comm/gloo_transport.h"
+#include "comm/heartbeat.h"
+#include "comm/membership.h"
+#include "config/train_config.h"
+
+namespace noloco {
+
+struct WorkerLinks {
+  StorePtr store;
+  std::unique_ptr<Heartbeat> heartbeat;
+  std::unique_ptr<Membership> membership;  // among the replicas of this worker's stage
+  std::unique_ptr<Transport> transport;    // likewise; null for method none
+  std::unique_ptr<ActivationLink> link;    // to the other stages, with a pipeline
+};
+
+// Joins the run this process was launched into as worker env.rank, laid out
+// replica-major over `stages` pipeline stages.
+WorkerLinks join_as_worker(const WorkerEnv& env, const CommConfig& comm, int stages, bool outer_method);
+
+}  // namespace noloco

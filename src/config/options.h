@@ -1,0 +1,64 @@
+// Named options bound to variables: the one parser of `key=value` for config
+// files, command-line overrides and every subcommand's arguments, and the
+// source of their --help text.
+#pragma once
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <vector>
+
+namespace noloco {
+
+class Options {
+ public:
+  explicit Options(std::string what) : what_(std::move(what)) {}
+
+  // Binds `name` to `target` (int, int64_t, uint64_t, double, bool, std::string).
+  template <class T>
+  Options& add(const std::string& name, T& target, const std::string& help);
+
+  // Sets one option from text; throws std::invalid_argument naming the key.
+  void set(const std::string& name, const std::string& value);
+  // The option's current value as text (what `set` would read back).
+  std::string get(const std::string& name) const;
+  bool has(const std::string& name) const;
+
+  // Applies every "key=value" in `args`; an unknown key or a word without
+  // '=' is an error naming it.
+  void parse(const std::vector<std::string>& args);
+  // Applies the "key=value" arguments whose key is known and returns the others, in order.
+  std::vector<std::string> parse_known(const std::vector<std::string>& args);
+
+  struct Option {
+    std::string name, help;
+    std::function<void(const std::string&)> set;
+    std::function<std::string()> get;
+  };
+  const std::vector<Option>& all() const { return options_; }
+  // "  name   help" lines.
+  std::string help() const;
+
+ private:
+  const Option* find(const std::string& name) const;
+  std::string what_;
+  std::vector<Option> options_;
+};
+
+// Splits "key=value"; throws std::invalid_argument if there is no key.
+std::pair<std::string, std::string> split_key_value(const std::string& arg);
+
+// Typed text conversion shared by all options (strict: the whole text must parse).
+template <class T>
+T parse_option_value(const std::string& key, const std::string& text);
+template <class T>
+std::string format_option_value(const T& value);
+
+template <class T>
+Options& Options::add(const std::string& name, T& target, const std::string& help) {
+  T* p = &target;
+  options_.push_back({name, help, [p, name](const std::string& v) { *p = parse_option_value<T>(name, v); },
+                      [p] { return format_option_value(*p); }});
+  return *this;
+}
+
+}  // namespace noloco

@@ -1,0 +1,278 @@
+#include "config/train_config.h"
+
+#include <sstream>
+#include <stdexcept>
+
+#include <fmt/format.h>
+#include <yaml-cpp/yaml.h>
+
+#include "config/options.h"
+#include "util/files.h"
+#include "util/parse_number.h"
+
+namespace noloco {
+
+namespace {
+
+[[noreturn]] void invalid(const std::string& m) { throw std::invalid_argument(m); }
+
+// The one table of config keys: name, field, help. Order is the order of
+// --help and of the resolved config.yaml.
+Options config_options(TrainConfig& c) {
+  Options o("config");
+  o.add("data", c.data.path, "training text (.txt) or token file (.bin)")
+      .add("val_data", c.data.val_path, "validation token file; default: last val_fraction of data")
+      .add("tokenizer", c.data.tokenizer, "char | bpe | path to a sentencepiece .model")
+      .add("vocab_size", c.data.vocab_size, "BPE vocabulary to train, or vocabulary of a token file")
+      .add("val_fraction", c.data.val_fraction, "fraction of the corpus held out for validation")
+      .add("model", c.preset, "preset: tiny | 125m | 1.3b | 6.8b (keys below override it)")
+      .add("hidden", c.model.hidden, "hidden size")
+      .add("layers", c.model.layers, "decoder layers")
+      .add("heads", c.model.heads, "attention heads")
+      .add("intermediate", c.model.intermediate, "MLP size; 0: 8/3·hidden rounded to 64")
+      .add("context", c.model.context, "sequence length")
+      .add("rope_theta", c.model.rope_theta, "rotary base")
+      .add("norm_eps", c.model.norm_eps, "RMSNorm epsilon")
+      .add("batch", c.inner.batch, "sequences per micro-batch per replica")
+      .add("grad_accum", c.inner.grad_accum, "micro-batches per step (the pipeline's M)")
+      .add("steps", c.inner.steps, "inner steps")
+      .add("warmup", c.inner.warmup, "linear warmup steps")
+      .add("decay_steps", c.inner.decay_steps, "cosine decay length; 0: steps")
+      .add("lr", c.inner.lr, "peak learning rate")
+      .add("min_lr", c.inner.min_lr, "learning rate at the end of the decay")
+      .add("beta1", c.inner.beta1, "AdamW beta1")
+      .add("beta2", c.inner.beta2, "AdamW beta2")
+      .add("weight_decay", c.inner.weight_decay, "AdamW weight decay (2-D weights only)")
+      .add("clip", c.inner.clip, "global gradient-norm clip; 0 disables")
+      .add("eval_interval", c.eval.interval, "steps between evaluations")
+      .add("eval_batches", c.eval.batches, "validation batches per evaluation")
+      .add("log_interval", c.eval.log_interval, "steps between progress lines")
+      .add("sample_tokens", c.eval.sample_tokens, "tokens generated at each evaluation; 0: none")
+      .add("sample_prompt", c.eval.sample_prompt, "prompt of the evaluation samples")
+      .add("seed", c.run.seed, "run seed")
+      .add("device", c.run.device, "cpu | cuda | cuda:N")
+      .add("precision", c.run.precision, "fp32 | bf16 (CUDA autocast; weights and optimizer stay fp32)")
+      .add("threads", c.run.threads, "intra-op threads per worker; 0: cores / local replicas")
+      .add("out", c.run.out, "run directory; default runs/<method>-<date>")
+      .add("checkpoint_interval", c.run.checkpoint_interval, "steps between checkpoints; 0: at every evaluation")
+      .add("resume", c.run.resume, "continue from the latest checkpoint in out")
+      .add("method", c.outer.method, "none | ddp | diloco | noloco")
+      .add("replicas", c.run.replicas, "data-parallel replicas")
+      .add("stages", c.pipeline.stages, "pipeline stages per replica (replicas x stages workers)")
+      .add("stage_layers", c.pipeline.stage_layers, "layers per stage, e.g. 3,5; empty: balanced")
+      .add("routing", c.pipeline.routing, "random | fixed: routing of micro-batches between stage replicas")
+      .add("outer_interval", c.outer.interval, "H, inner steps per outer step; 0: 100 diloco, 50 noloco")
+      .add("outer_momentum", c.outer.momentum, "alpha; <0: 0.3 diloco, 0.5 noloco")
+      .add("outer_lr", c.outer.lr, "beta, outer learning rate")
+      .add("gamma", c.outer.gamma, "NoLoCo pull toward the group mean; <0: equal to outer_lr")
+      .add("group_size", c.outer.group_size, "NoLoCo group size n")
+      .add("wire_dtype", c.outer.wire_dtype, "dtype of exchanged weights: fp32 | bf16")
+      .add("noloco_message", c.outer.message,
+           "what a NoLoCo replica sends: theta (needs gamma = outer_lr) | delta_phi; empty: theta when gamma = outer_lr")
+      .add("bind", c.comm.bind, "address workers and the store listen on")
+      .add("port", c.comm.port, "store port; 0: a free one")
+      .add("peer_timeout", c.comm.peer_timeout, "seconds before a silent peer is given up")
+      .add("restarts", c.comm.restarts,
+           "noloco: restart a failed worker up to this many times; it rejoins from a live peer")
+      .add("heartbeat_timeout", c.comm.heartbeat_timeout,
+           "seconds without a heartbeat before the launcher kills a hung worker and partners stop waiting")
+      .add("inject_crash", c.run.inject_crash,
+           "failure drill: RANK:STEP[:checkpoint|:freeze][,...] kills that worker (SIGKILL) before that step, or "
+           "while writing its checkpoint, or freezes it (SIGSTOP)");
+  return o;
+}
+
+}  // namespace
+
+std::vector<ConfigKey> config_keys() {
+  TrainConfig c;
+  const auto options = config_options(c);
+  std::vector<ConfigKey> keys;
+  for (const auto& o : options.all()) keys.push_back({o.name, o.help});
+  return keys;
+}
+
+void TrainConfig::resolve() {
+  if (inner.decay_steps == 0) inner.decay_steps = inner.steps;
+  if (outer.interval == 0) outer.interval = outer.method == "diloco" ? 100 : 50;
+  if (outer.momentum < 0) outer.momentum = outer.method == "diloco" ? 0.3 : 0.5;
+  if (outer.gamma < 0) outer.gamma = outer.lr;
+  // With γ = β the pull folds into the mean of θ: β·mean(Δ) + β·(mean φ − φ_i) = β·(mean θ − φ_i).
+  if (outer.message.empty()) outer.message = outer.gamma == outer.lr ? "theta" : "delta_phi";
+}
+
+void TrainConfig::validate() const {
+  auto positive = [](const char* key, double v) {
+    if (!(v > 0)) invalid(fmt::format("{} must be positive, got {}", key, v));
+  };
+  auto non_negative = [](const char* key, double v) {
+    if (v < 0) invalid(fmt::format("{} must be >= 0, got {}", key, v));
+  };
+  if (data.path.empty()) invalid("data must name a file");
+  if (!(data.val_fraction > 0 && data.val_fraction < 1))
+    invalid(fmt::format("val_fraction must be in (0, 1), got {}", data.val_fraction));
+  non_negative("vocab_size", double(data.vocab_size));
+  if (data.tokenizer == "bpe" && data.vocab_size < 260) invalid("tokenizer=bpe needs vocab_size >= 260");
+  ModelConfig shape = model;
+  shape.vocab_size = 1;  // known only once the tokenizer is built
+  shape.validate();
+  positive("batch", double(inner.batch));
+  positive("grad_accum", double(inner.grad_accum));
+  positive("steps", double(inner.steps));
+  non_negative("warmup", double(inner.warmup));
+  non_negative("decay_steps", double(inner.decay_steps));
+  positive("lr", inner.lr);
+  non_negative("min_lr", inner.min_lr);
+  if (inner.min_lr > inner.lr) invalid(fmt::format("min_lr ({}) must not exceed lr ({})", inner.min_lr, inner.lr));
+  if (!(inner.beta1 >= 0 && inner.beta1 < 1)) invalid(fmt::format("beta1 must be in [0, 1), got {}", inner.beta1));
+  if (!(inner.beta2 >= 0 && inner.beta2 < 1)) invalid(fmt::format("beta2 must be in [0, 1), got {}", inner.beta2));
+  non_negative("weight_decay", inner.weight_decay);
+  non_negative("clip", inner.clip);
+  positive("eval_interval", double(eval.interval));
+  positive("eval_batches", double(eval.batches));
+  positive("log_interval", double(eval.log_interval));
+  non_negative("sample_tokens", double(eval.sample_tokens));
+  non_negative("threads", double(run.threads));
+  non_negative("checkpoint_interval", double(run.checkpoint_interval));
+  const auto& device = run.device;
+  if (device != "cpu" && device != "cuda" && device.rfind("cuda:", 0) != 0)
+    invalid(fmt::format("device must be cpu, cuda or cuda:N, got '{}'", device));
+  if (run.precision != "fp32" && run.precision != "bf16")
+    invalid(fmt::format("precision must be fp32 or bf16, got '{}'", run.precision));
+  if (run.precision == "bf16" && device.rfind("cuda", 0) != 0) invalid("precision=bf16 needs device=cuda");
+  const auto& method = outer.method;
+  if (method != "none" && method != "ddp" && method != "diloco" && method != "noloco")
+    invalid(fmt::format("method must be none, ddp, diloco or noloco, got '{}'", method));
+  positive("replicas", double(run.replicas));
+  if (method == "none" && run.replicas > 1) invalid("replicas > 1 needs a method (ddp, diloco or noloco)");
+  positive("stages", double(pipeline.stages));
+  stage_layer_ranges(model.layers, pipeline.stages, pipeline.stage_layers);
+  if (pipeline.routing != "random" && pipeline.routing != "fixed")
+    invalid(fmt::format("routing must be random or fixed, got '{}'", pipeline.routing));
+  non_negative("outer_interval", double(outer.interval));
+  positive("outer_lr", outer.lr);
+  if (outer.group_size < 2) invalid(fmt::format("group_size must be >= 2, got {}", outer.group_size));
+  if (outer.wire_dtype != "fp32" && outer.wire_dtype != "bf16")
+    invalid(fmt::format("wire_dtype must be fp32 or bf16, got '{}'", outer.wire_dtype));
+  if (outer.wire_dtype == "bf16" && method != "noloco")
+    invalid("wire_dtype=bf16 applies to noloco's point-to-point exchange; all-reduce methods send fp32");
+  if (outer.message != "theta" && outer.message != "delta_phi")
+    invalid(fmt::format("noloco_message must be theta or delta_phi, got '{}'", outer.message));
+  if (outer.message == "theta" && outer.gamma != outer.lr)
+    invalid(fmt::format("noloco_message=theta needs gamma = outer_lr (got gamma {}, outer_lr {}); use delta_phi",
+                        outer.gamma, outer.lr));
+  if (comm.port < 0 || comm.port > 65535) invalid(fmt::format("port must be in [0, 65535], got {}", comm.port));
+  positive("peer_timeout", comm.peer_timeout);
+  non_negative("restarts", double(comm.restarts));
+  positive("heartbeat_timeout", comm.heartbeat_timeout);
+  if (comm.restarts > 0 && (method != "noloco" || pipeline.stages > 1))
+    invalid("restarts needs method=noloco without pipeline stages (only NoLoCo can take a replica back mid-run)");
+  for (const auto& point : parse_crash_plan(run.inject_crash)) {
+    if (point.rank < 0 || point.step < 0)
+      invalid(fmt::format("inject_crash: RANK and STEP must be >= 0 in '{}'", run.inject_crash));
+  }
+}
+
+std::vector<CrashPoint> parse_crash_plan(const std::string& plan) {
+  std::vector<CrashPoint> points;
+  std::stringstream list(plan);
+  for (std::string item; std::getline(list, item, ',');) {
+    std::vector<std::string> parts;
+    std::stringstream fields(item);
+    for (std::string part; std::getline(fields, part, ':');) parts.push_back(part);
+    auto mode = CrashPoint::Mode::kill;
+    if (parts.size() == 3 && parts[2] == "checkpoint") mode = CrashPoint::Mode::kill_in_checkpoint;
+    if (parts.size() == 3 && parts[2] == "freeze") mode = CrashPoint::Mode::freeze;
+    if (parts.size() != 2 && (parts.size() != 3 || mode == CrashPoint::Mode::kill))
+      invalid(fmt::format("inject_crash must be RANK:STEP[:checkpoint|:freeze][,...], got '{}'", plan));
+    points.push_back({parse_integer("inject_crash", parts[0]), parse_integer("inject_crash", parts[1]), mode});
+  }
+  return points;
+}
+
+std::vector<LayerRange> stage_layer_ranges(int64_t layers, int64_t stages, const std::string& spec) {
+  if (stages < 1 || stages > layers)
+    invalid(fmt::format("stages must be in [1, layers={}], got {}", layers, stages));
+  std::vector<int64_t> counts;
+  if (spec.empty()) {
+    for (int64_t s = 0; s < stages; ++s) counts.push_back(layers / stages + (s < layers % stages ? 1 : 0));
+  } else {
+    std::stringstream list(spec);
+    for (std::string item; std::getline(list, item, ',');) counts.push_back(parse_integer("stage_layers", item));
+    int64_t total = 0;
+    for (auto n : counts) {
+      if (n < 1) invalid(fmt::format("stage_layers: every stage needs >= 1 layer, got '{}'", spec));
+      total += n;
+    }
+    if (int64_t(counts.size()) != stages || total != layers)
+      invalid(fmt::format("stage_layers '{}' must list {} counts summing to layers={}", spec, stages, layers));
+  }
+  std::vector<LayerRange> ranges;
+  int64_t first = 0;
+  for (auto n : counts) {
+    ranges.push_back({first, first + n});
+    first += n;
+  }
+  return ranges;
+}
+
+std::string TrainConfig::to_yaml() const {
+  auto copy = *this;
+  const auto options = config_options(copy);
+  std::string y;
+  for (const auto& o : options.all()) {
+    YAML::Emitter e;
+    e << o.get();
+    y += fmt::format("{}: {}\n", o.name, e.c_str());
+  }
+  return y;
+}
+
+TrainConfig parse_config(const std::string& yaml_text, const std::vector<std::string>& overrides,
+                         const std::string& origin) {
+  // Collect key/value pairs first: the preset must apply before any key that overrides it,
+  // wherever the two appear.
+  std::vector<std::pair<std::string, std::string>> pairs;
+  YAML::Node root;
+  try {
+    root = YAML::Load(yaml_text);
+  } catch (const YAML::Exception& e) {
+    invalid(fmt::format("{}: not valid YAML: {}", origin, e.msg));
+  }
+  if (root && !root.IsNull()) {
+    if (!root.IsMap()) invalid(fmt::format("{}: expected a mapping of key: value", origin));
+    for (const auto& kv : root) {
+      if (!kv.first.IsScalar()) invalid(fmt::format("{}: keys must be plain names", origin));
+      const auto key = kv.first.as<std::string>();
+      if (!kv.second.IsScalar()) invalid(fmt::format("{}: value of '{}' must be a single value", origin, key));
+      pairs.emplace_back(key, kv.second.as<std::string>());
+    }
+  }
+  for (const auto& o : overrides) {
+    const auto eq = o.find('=');
+    if (eq == std::string::npos || eq == 0) invalid(fmt::format("override '{}' is not key=value", o));
+    pairs.emplace_back(o.substr(0, eq), o.substr(eq + 1));
+  }
+  TrainConfig c;
+  auto options = config_options(c);
+  for (const auto& [k, v] : pairs) {
+    if (!options.has(k)) invalid(fmt::format("unknown config key '{}' (see `noloco train --help`)", k));
+    if (k == "model") {
+      c.preset = v;
+      c.model = model_preset(v);
+    }
+  }
+  for (const auto& [k, v] : pairs)
+    if (k != "model") options.set(k, v);
+  c.resolve();
+  c.validate();
+  return c;
+}
+
+TrainConfig load_config(const std::string& yaml_path, const std::vector<std::string>& overrides) {
+  std::string text;
+  if (!yaml_path.empty()) text = read_file(yaml_path);
+  return parse_config(text, overrides, yaml_path.empty() ? "config" : yaml_path);
+}
+
+}  // namespace noloco

@@ -1,0 +1,136 @@
+// Everything a run is configured by, one struct per subsystem, each class
+// taking only its own. Users address every field by one flat key name (the
+// table in train_config.cpp), in a YAML file or as key=value overrides.
+#pragma once
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "config/model_config.h"
+
+namespace noloco {
+
+struct DataConfig {
+  std::string path = "data/tinyshakespeare.txt";  // key `data`: text (.txt) or token file (.bin)
+  std::string val_path;                           // key `val_data`: else the tail of `data`
+  std::string tokenizer = "char";                 // char | bpe | path to a sentencepiece .model
+  int64_t vocab_size = 0;                         // BPE size to train, or the vocabulary of a token file
+  double val_fraction = 0.1;
+};
+
+// The inner optimizer (AdamW), its schedule, and the batch it steps on.
+struct InnerConfig {
+  int64_t batch = 12;      // sequences per micro-batch per replica
+  int64_t grad_accum = 1;  // micro-batches per step
+  int64_t steps = 2000;
+  int64_t warmup = 100;
+  int64_t decay_steps = 0;  // 0: decay over all steps
+  double lr = 1e-3;
+  double min_lr = 1e-4;
+  double beta1 = 0.9;
+  double beta2 = 0.99;
+  double weight_decay = 0.1;
+  double clip = 1.0;  // global gradient norm; 0 disables
+};
+
+// The outer method wrapped around the inner optimizer (optim/).
+struct OuterConfig {
+  std::string method = "none";  // none | ddp | diloco | noloco
+  int64_t interval = 0;         // H; 0: 100 for diloco, 50 for noloco
+  double momentum = -1;         // α; < 0: 0.3 for diloco, 0.5 for noloco
+  double lr = 0.7;              // β
+  double gamma = -1;            // γ; < 0: equal to β
+  int64_t group_size = 2;       // n
+  std::string wire_dtype = "fp32";  // fp32 | bf16
+  // What a NoLoCo replica sends: "theta" (θ alone; the pull folds into the
+  // mean when γ = β) or "delta_phi" (Δ and φ, any γ). Empty: theta when γ = β.
+  std::string message;
+};
+
+// The network: where to listen, how long to wait for whom.
+struct CommConfig {
+  std::string bind = "127.0.0.1";
+  int64_t port = 0;  // store port; 0: pick a free one
+  double peer_timeout = 60;
+  double heartbeat_timeout = 30;  // seconds without a heartbeat before a worker counts as hung
+  int64_t restarts = 0;           // times the launcher restarts a failed worker, which rejoins from a live peer
+};
+
+struct PipelineConfig {
+  int64_t stages = 1;
+  std::string stage_layers;         // layer counts per stage, "3,5"; empty: balanced
+  std::string routing = "random";  // random | fixed
+};
+
+struct EvalConfig {
+  int64_t interval = 250;  // key `eval_interval`
+  int64_t batches = 20;    // key `eval_batches`
+  int64_t log_interval = 10;
+  int64_t sample_tokens = 200;
+  std::string sample_prompt = "\n";
+};
+
+struct RunConfig {
+  uint64_t seed = 1337;
+  std::string device = "cpu";      // cpu | cuda | cuda:N
+  std::string precision = "fp32";  // fp32 | bf16 (autocast, CUDA only)
+  int64_t threads = 0;             // intra-op threads; 0: cores / local workers
+  std::string out;                 // run directory; default runs/<method>-<time>
+  int64_t checkpoint_interval = 0;  // 0: at every evaluation
+  bool resume = false;
+  int64_t replicas = 1;
+  // Failure drills, "RANK:STEP[:checkpoint|:freeze][,...]"; see CrashPoint.
+  std::string inject_crash;
+};
+
+// A failure drill: worker `rank` is killed (SIGKILL) just before inner step
+// `step`, or halfway through writing that step's checkpoint, or frozen
+// (SIGSTOP) like a hung machine.
+struct CrashPoint {
+  enum class Mode { kill, kill_in_checkpoint, freeze };
+  int64_t rank = 0, step = 0;
+  Mode mode = Mode::kill;
+};
+// Throws std::invalid_argument on a malformed plan.
+std::vector<CrashPoint> parse_crash_plan(const std::string& plan);
+
+// Layer ranges [first, end) of each pipeline stage: `spec` is a comma-
+// separated list of layer counts ("3,5"), or empty for a balanced split
+// (earlier stages take the remainder). Throws std::invalid_argument.
+struct LayerRange {
+  int64_t first = 0, end = 0;
+};
+std::vector<LayerRange> stage_layer_ranges(int64_t layers, int64_t stages, const std::string& spec);
+
+struct TrainConfig {
+  std::string preset = "tiny";  // key `model`; the model keys override its fields
+  ModelConfig model = model_preset("tiny");
+  DataConfig data;
+  InnerConfig inner;
+  OuterConfig outer;
+  CommConfig comm;
+  PipelineConfig pipeline;
+  EvalConfig eval;
+  RunConfig run;
+
+  // Fills method-dependent defaults (H, α, γ, decay_steps).
+  void resolve();
+  // Throws std::invalid_argument naming the first bad key.
+  void validate() const;
+  std::string to_yaml() const;
+  int64_t workers() const { return run.replicas * pipeline.stages; }
+};
+
+struct ConfigKey {
+  std::string name, help;
+};
+std::vector<ConfigKey> config_keys();
+
+// YAML file (may be empty: defaults) then overrides "key=value" in order.
+// Throws std::invalid_argument on unknown keys, bad values or a bad file.
+TrainConfig load_config(const std::string& yaml_path, const std::vector<std::string>& overrides);
+// Same from YAML text (used by tests and the fuzzer).
+TrainConfig parse_config(const std::string& yaml_text, const std::vector<std::string>& overrides,
+                         const std::string& origin = "config");
+
+}  // namespace noloco

@@ -1,0 +1,53 @@
+#include "train/checkpointer.h"
+
+#include <fmt/format.h>
+
+#include "train/checkpoint.h"
+
+namespace noloco {
+
+Checkpointer::Checkpointer(std::string dir, int64_t every, int64_t last_step, const ModelConfig& model,
+                           std::string run_dir, nlohmann::json info, const TrainingState& state,
+                           const FailureDrill& drill)
+    : dir_(std::move(dir)),
+      every_(every),
+      last_step_(last_step),
+      model_(model),
+      run_dir_(std::move(run_dir)),
+      info_(std::move(info)),
+      state_(state),
+      drill_(drill) {}
+
+int64_t Checkpointer::resume() {
+  const auto path = find_checkpoint(dir_);
+  if (path.empty()) return 0;
+  auto ckpt = read_checkpoint(path, /*with_state=*/true);
+  if (ckpt.model.to_json() != model_.to_json())
+    throw std::runtime_error(fmt::format("{}: checkpoint model {} does not match the config {}", path,
+                                         ckpt.model.to_json().dump(), model_.to_json().dump()));
+  torch::NoGradGuard no_grad;
+  for (auto& [name, t] : state_.params.named()) {
+    const auto it = ckpt.weights.find(name);
+    if (it == ckpt.weights.end())
+      throw std::runtime_error(fmt::format("{}: checkpoint lacks {} (another stage's checkpoint?)", path, name));
+    t.copy_(it->second);
+  }
+  state_.inner.load(ckpt.state, ckpt.info.at("adam_steps").get<int64_t>());
+  state_.outer.load(ckpt.state);
+  return ckpt.info.at("step").get<int64_t>();
+}
+
+void Checkpointer::after_step(int64_t done) {
+  if (done % every_ != 0 && done != last_step_) return;
+  Checkpoint ck;
+  ck.model = model_;
+  for (auto& [name, t] : state_.params.named()) ck.weights[name] = t;
+  state_.inner.save(ck.state);
+  state_.outer.save(ck.state);
+  ck.info = info_;
+  ck.info["step"] = done;
+  ck.info["adam_steps"] = state_.inner.steps_taken();
+  write_checkpoint(dir_, done, ck, run_dir_, [&] { drill_.inside_checkpoint(done); });
+}
+
+}  // namespace noloco

@@ -1,0 +1,40 @@
+#include "train/evaluation.h"
+
+#include <algorithm>
+
+#include "util/log.h"
+
+namespace noloco {
+
+ReplicaSpread evaluate_across_replicas(int64_t step, Transport& transport, Membership& membership, FlatParams& flat,
+                                       const std::function<double()>& evaluate) {
+  ReplicaSpread out;
+  torch::NoGradGuard no_grad;
+  auto& theta = flat.values();
+  try {
+    const auto name = "evaluation/" + std::to_string(step);
+    const auto members = membership.snapshot(name);
+    if (members.size() < 2 || std::find(members.begin(), members.end(), membership.self()) == members.end())
+      return out;
+    const auto group = transport.subgroup(name, members);
+    auto mean = theta.clone();
+    group->all_reduce_mean(mean);
+    auto var = (theta - mean).square();
+    group->all_reduce_mean(var);
+    out.bytes_sent = group->stats().bytes_sent;
+    out.weight_std = var.mean().sqrt().item<double>();
+    // The first live replica (in a pipeline: of every stage) evaluates the mean model.
+    if (group->rank() == 0) {
+      auto own = theta.clone();
+      theta.copy_(mean);
+      out.mean_model_loss = evaluate();
+      theta.copy_(own);
+    }
+  } catch (const std::exception& e) {
+    const std::string what = e.what();
+    spdlog::warn("mean-model evaluation skipped: {}", what.substr(0, std::min(what.find('\n'), size_t(200))));
+  }
+  return out;
+}
+
+}  // namespace noloco

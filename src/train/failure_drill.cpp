@@ -1,0 +1,30 @@
+#include "train/failure_drill.h"
+
+#include <signal.h>
+
+#include "config/train_config.h"
+
+namespace noloco {
+
+FailureDrill::FailureDrill(const std::string& plan, int worker, int incarnation) {
+  if (incarnation > 0) return;
+  for (const auto& point : parse_crash_plan(plan)) {
+    if (point.rank != worker) continue;
+    switch (point.mode) {
+      case CrashPoint::Mode::kill: kill_at_ = point.step; break;
+      case CrashPoint::Mode::freeze: freeze_at_ = point.step; break;
+      case CrashPoint::Mode::kill_in_checkpoint: kill_in_checkpoint_ = point.step; break;
+    }
+  }
+}
+
+void FailureDrill::before_step(int64_t step) const {
+  if (step == kill_at_) ::raise(SIGKILL);
+  if (step == freeze_at_) ::raise(SIGSTOP);
+}
+
+void FailureDrill::inside_checkpoint(int64_t step) const {
+  if (step == kill_in_checkpoint_) ::raise(SIGKILL);
+}
+
+}  // namespace noloco

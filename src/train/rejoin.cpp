@@ -1,0 +1,47 @@
+#include "train/rejoin.h"
+
+#include <chrono>
+
+#include "util/log.h"
+
+namespace noloco {
+
+namespace {
+
+MessageHeader state_header(int64_t bytes) {
+  MessageHeader h;
+  h.kind = int64_t(MessageKind::state);
+  h.bytes = bytes;
+  return h;
+}
+
+}  // namespace
+
+Rejoined rejoin_from_peer(Membership& membership, Transport& transport, const TrainingState& state,
+                          std::chrono::milliseconds timeout) {
+  const auto start = std::chrono::steady_clock::now();
+  Rejoined r;
+  r.donor = membership.request_state(timeout);
+  const auto bytes = transport.receive_state(membership.handover_channel(), state_header(training_state_bytes(state)));
+  r.step = unpack_training_state(bytes, state);
+  membership.rejoined();
+  r.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  return r;
+}
+
+std::vector<int> serve_rejoins(Membership& membership, Transport& transport, const TrainingState& state, int64_t step) {
+  std::vector<int> served;
+  for (const auto& [who, channel] : membership.claim_requests()) {
+    try {
+      const auto bytes = pack_training_state(state, step);
+      transport.send_state(channel, state_header(bytes.numel()), bytes);
+      served.push_back(who);
+    } catch (const std::exception& e) {
+      const std::string what = e.what();
+      spdlog::warn("could not hand over state to replica {}: {}", who, what.substr(0, what.find('\n')));
+    }
+  }
+  return served;
+}
+
+}  // namespace noloco

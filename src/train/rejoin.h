@@ -1,0 +1,27 @@
+// Rejoin: a restarted worker takes its training state from a live replica
+// of its group instead of a checkpoint; live replicas serve such requests
+// after their outer steps. Membership decides who serves whom; the bytes go
+// by the transport, with a checked header.
+#pragma once
+#include <vector>
+
+#include "comm/membership.h"
+#include "comm/transport.h"
+#include "train/training_state.h"
+
+namespace noloco {
+
+struct Rejoined {
+  int64_t step = 0;  // inner steps the donor had done
+  int donor = 0;
+  double seconds = 0;
+};
+
+// A restarted worker (membership.incarnation() > 0): waits for a donor, takes its state.
+Rejoined rejoin_from_peer(Membership& membership, Transport& transport, const TrainingState& state,
+                          std::chrono::milliseconds timeout);
+// A live replica after an outer step at inner step `step`: hands its state to
+// the restarted replicas whose request it won; returns them.
+std::vector<int> serve_rejoins(Membership& membership, Transport& transport, const TrainingState& state, int64_t step);
+
+}  // namespace noloco

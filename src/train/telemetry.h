@@ -1,0 +1,48 @@
+// Where a worker's numbers go. The training loop builds one record per event
+// (a logged step, an outer step, an evaluation, a rejoin) and hands it to the
+// sink once; the sink appends it to metrics.jsonl (one JSON object per line,
+// a single write, so replicas can share the file), writes its scalars to the
+// worker's TensorBoard event file, and prints the progress line when this
+// worker is the one that speaks.
+#pragma once
+#include <memory>
+#include <string>
+
+#include <nlohmann/json.hpp>
+
+namespace noloco {
+
+class EventWriter;
+
+// metrics.jsonl alone.
+class MetricsLog {
+ public:
+  explicit MetricsLog(const std::string& path);
+  ~MetricsLog();
+  MetricsLog(const MetricsLog&) = delete;
+  MetricsLog& operator=(const MetricsLog&) = delete;
+  void write(const nlohmann::json& record);
+
+ private:
+  int fd_ = -1;
+  std::string path_;
+};
+
+class Telemetry {
+ public:
+  // TensorBoard under run_dir/tensorboard/replica_<worker>; progress lines
+  // (of `total_steps`) on the console if `console`.
+  Telemetry(const std::string& run_dir, int worker, int64_t total_steps, bool console);
+  ~Telemetry();
+  // Records carry "split" (train, val, outer, rejoin, donate) and "step".
+  void write(const nlohmann::json& record);
+
+ private:
+  void print(const nlohmann::json& record) const;
+  MetricsLog metrics_;
+  std::unique_ptr<EventWriter> tensorboard_;
+  int64_t total_steps_;
+  bool console_;
+};
+
+}  // namespace noloco

@@ -1,0 +1,26 @@
+#include "util/human.h"
+
+#include <cmath>
+#include <cstdint>
+
+#include <fmt/format.h>
+
+namespace noloco {
+
+std::string format_duration(double seconds) {
+  if (!std::isfinite(seconds) || seconds < 0) return "?";
+  const auto s = int64_t(seconds + 0.5);
+  if (s >= 3600) return fmt::format("{}h{:02d}m", s / 3600, (s % 3600) / 60);
+  if (s >= 60) return fmt::format("{}m{:02d}s", s / 60, s % 60);
+  return fmt::format("{}s", s);
+}
+
+std::string format_count(double n) {
+  if (!std::isfinite(n)) return "?";
+  if (n >= 1e9) return fmt::format("{:.2f}G", n / 1e9);
+  if (n >= 1e6) return fmt::format("{:.2f}M", n / 1e6);
+  if (n >= 1e3) return fmt::format("{:.1f}k", n / 1e3);
+  return fmt::format("{:.0f}", n);
+}
+
+}  // namespace noloco

@@ -1,0 +1,12 @@
+// Numbers for people: durations and counts in progress lines and tables.
+#pragma once
+#include <string>
+
+namespace noloco {
+
+// "1h02m", "3m07s", "12s"; "?" for a negative or non-finite value.
+std::string format_duration(double seconds);
+// "12.3k", "4.56M", "1.20G"
+std::string format_count(double n);
+
+}  // namespace noloco
