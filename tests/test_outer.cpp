@@ -20,8 +20,9 @@ class FakeTransport final : public Transport {
     t.add_(peer).div_(2);
   }
   std::vector<torch::Tensor> all_gather(const torch::Tensor&) override { throw std::logic_error("not used"); }
+  std::vector<torch::Tensor> all_to_all(const torch::Tensor&) override { throw std::logic_error("not used"); }
   ExchangeResult exchange(const ExchangeRequest& request) override {
-    const auto dtype = c10::ScalarType(request.header.format);
+    const auto dtype = wire_dtype;  // fp32 and bf16 payloads are the values' own bytes
     sent = request.payload.view(dtype).clone();
     for (const auto& p : request.group) last_group.push_back(p.rank);
     ExchangeResult r;
@@ -32,6 +33,7 @@ class FakeTransport final : public Transport {
   torch::Tensor receive_state(const std::string&, const MessageHeader&) override { return {}; }
   std::unique_ptr<Transport> subgroup(const std::string&, const std::vector<Peer>&) override { return nullptr; }
   torch::Tensor peer, sent;
+  c10::ScalarType wire_dtype = torch::kFloat32;
   std::vector<int> last_group;
 };
 
@@ -104,6 +106,7 @@ TEST(Outer, NoLoCoBf16WireHalvesThePayload) {
   c.outer.wire_dtype = "bf16";
   Rig rig(c);
   auto& [m, flat, comm, outer] = rig;
+  comm.wire_dtype = torch::kBFloat16;
   comm.peer = torch::zeros({3});
   outer->after_inner_step(3, flat);
   EXPECT_EQ(comm.sent.scalar_type(), torch::kBFloat16);

@@ -68,6 +68,24 @@ std::vector<torch::Tensor> all_gather_over(c10d::ProcessGroupGloo& pg, const tor
   return output[0];
 }
 
+std::vector<torch::Tensor> all_to_all_over(c10d::ProcessGroupGloo& pg, const torch::Tensor& bytes, int world,
+                                           std::chrono::milliseconds timeout, CommStats& s) {
+  TORCH_CHECK(bytes.numel() % world == 0, "all_to_all needs equal chunks");
+  const auto start = Clock::now();
+  auto input = bytes.contiguous();
+  auto output = torch::empty_like(input);
+  std::vector<int64_t> equal;
+  pg.alltoall_base(output, input, equal, equal)->wait(timeout);
+  const uint64_t chunk = uint64_t(bytes.numel() / world);
+  s.bytes_sent += uint64_t(world - 1) * chunk;
+  s.bytes_received += uint64_t(world - 1) * chunk;
+  s.collectives += 1;
+  const double dt = since(start);
+  s.comm_seconds += dt;
+  s.wait_seconds += dt;
+  return output.chunk(world);
+}
+
 // Collectives among a group formed for one purpose (an evaluation across the live replicas).
 class GlooCollectives final : public Transport {
  public:
@@ -78,6 +96,9 @@ class GlooCollectives final : public Transport {
   void all_reduce_mean(torch::Tensor& t) override { all_reduce_mean_over(*pg_, t, world_, timeout_, charge()); }
   std::vector<torch::Tensor> all_gather(const torch::Tensor& bytes) override {
     return all_gather_over(*pg_, bytes, world_, timeout_, charge());
+  }
+  std::vector<torch::Tensor> all_to_all(const torch::Tensor& bytes) override {
+    return all_to_all_over(*pg_, bytes, world_, timeout_, charge());
   }
   ExchangeResult exchange(const ExchangeRequest&) override {
     throw std::logic_error("a collectives-only group does no point-to-point exchanges");
@@ -158,6 +179,11 @@ void GlooTransport::all_reduce_mean(torch::Tensor& t) {
 std::vector<torch::Tensor> GlooTransport::all_gather(const torch::Tensor& bytes) {
   if (!run_group_) throw std::runtime_error("a restarted worker is not part of the run-wide group");
   return all_gather_over(*run_group_, bytes, world_, timeout_, charge());
+}
+
+std::vector<torch::Tensor> GlooTransport::all_to_all(const torch::Tensor& bytes) {
+  if (!run_group_) throw std::runtime_error("a restarted worker is not part of the run-wide group");
+  return all_to_all_over(*run_group_, bytes, world_, timeout_, charge());
 }
 
 std::unique_ptr<Transport> GlooTransport::subgroup(const std::string& name, const std::vector<Peer>& members) {

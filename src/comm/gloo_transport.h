@@ -53,6 +53,7 @@ class GlooTransport final : public Transport {
   int world() const override { return world_; }
   void all_reduce_mean(torch::Tensor& t) override;
   std::vector<torch::Tensor> all_gather(const torch::Tensor& bytes) override;
+  std::vector<torch::Tensor> all_to_all(const torch::Tensor& bytes) override;
   ExchangeResult exchange(const ExchangeRequest& request) override;
   void send_state(const std::string& channel, const MessageHeader& header, const torch::Tensor& bytes) override;
   torch::Tensor receive_state(const std::string& channel, const MessageHeader& expected) override;

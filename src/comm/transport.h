@@ -52,6 +52,9 @@ class Transport {
   virtual void all_reduce_mean(torch::Tensor& t) = 0;
   // Every member's `bytes` (uint8, the same size everywhere), in rank order: one collective.
   virtual std::vector<torch::Tensor> all_gather(const torch::Tensor& bytes) = 0;
+  // `bytes` (uint8) cut into world() equal chunks, chunk r going to member r;
+  // returns the chunks addressed to this member, in rank order: one collective.
+  virtual std::vector<torch::Tensor> all_to_all(const torch::Tensor& bytes) = 0;
   // Point-to-point only; never throws for a peer's failure (it is `lost`).
   virtual ExchangeResult exchange(const ExchangeRequest& request) = 0;
   // The hand-over of a training state on `channel` (named identically by both

@@ -66,9 +66,18 @@ Options config_options(TrainConfig& c) {
       .add("outer_lr", c.outer.lr, "beta, outer learning rate")
       .add("gamma", c.outer.gamma, "NoLoCo pull toward the group mean; <0: equal to outer_lr")
       .add("group_size", c.outer.group_size, "NoLoCo group size n")
-      .add("wire_dtype", c.outer.wire_dtype, "dtype of exchanged weights: fp32 | bf16")
+      .add("wire_dtype", c.outer.wire_dtype, "wire codec of diloco/noloco messages: fp32 | bf16 | int8 | int4")
+      .add("topk", c.outer.topk, "fraction of each 4096-value chunk sent (largest first); 0: dense")
+      .add("error_feedback", c.outer.error_feedback, "add what a lossy codec dropped from delta to the next message (diloco; noloco delta_phi)")
+      .add("quant_block", c.outer.quant_block, "values sharing one int8/int4 scale (and one coset step)")
+      .add("stochastic_rounding", c.outer.stochastic_rounding, "unbiased stochastic rounding of integer codes")
       .add("noloco_message", c.outer.message,
-           "what a NoLoCo replica sends: theta (needs gamma = outer_lr) | delta_phi; empty: theta when gamma = outer_lr")
+           "what a NoLoCo replica sends: theta (needs gamma = outer_lr) | delta_phi; empty: theta for fp32/bf16 "
+           "with gamma = outer_lr, else delta_phi")
+      .add("phi_coding", c.outer.phi_coding,
+           "how delta_phi sends phi: codec | coset (against the receiver's phi); empty: codec if lossless, else coset")
+      .add("phi_bits", c.outer.phi_bits, "bits a value of coset-coded phi")
+      .add("phi_every", c.outer.phi_every, "send phi (and pull toward the group) every this many outer steps")
       .add("bind", c.comm.bind, "address workers and the store listen on")
       .add("port", c.comm.port, "store port; 0: a free one")
       .add("peer_timeout", c.comm.peer_timeout, "seconds before a silent peer is given up")
@@ -98,7 +107,10 @@ void TrainConfig::resolve() {
   if (outer.momentum < 0) outer.momentum = outer.method == "diloco" ? 0.3 : 0.5;
   if (outer.gamma < 0) outer.gamma = outer.lr;
   // With γ = β the pull folds into the mean of θ: β·mean(Δ) + β·(mean φ − φ_i) = β·(mean θ − φ_i).
-  if (outer.message.empty()) outer.message = outer.gamma == outer.lr ? "theta" : "delta_phi";
+  const bool lossless = outer.wire_dtype == "fp32" && outer.topk == 0;
+  const bool theta_codec = outer.topk == 0 && (outer.wire_dtype == "fp32" || outer.wire_dtype == "bf16");
+  if (outer.message.empty()) outer.message = outer.gamma == outer.lr && theta_codec ? "theta" : "delta_phi";
+  if (outer.phi_coding.empty()) outer.phi_coding = lossless ? "codec" : "coset";
 }
 
 void TrainConfig::validate() const {
@@ -152,10 +164,19 @@ void TrainConfig::validate() const {
   non_negative("outer_interval", double(outer.interval));
   positive("outer_lr", outer.lr);
   if (outer.group_size < 2) invalid(fmt::format("group_size must be >= 2, got {}", outer.group_size));
-  if (outer.wire_dtype != "fp32" && outer.wire_dtype != "bf16")
-    invalid(fmt::format("wire_dtype must be fp32 or bf16, got '{}'", outer.wire_dtype));
-  if (outer.wire_dtype == "bf16" && method != "noloco")
-    invalid("wire_dtype=bf16 applies to noloco's point-to-point exchange; all-reduce methods send fp32");
+  const auto& wire = outer.wire_dtype;
+  if (wire != "fp32" && wire != "bf16" && wire != "int8" && wire != "int4")
+    invalid(fmt::format("wire_dtype must be fp32, bf16, int8 or int4, got '{}'", wire));
+  if (!(outer.topk >= 0 && outer.topk < 1)) invalid(fmt::format("topk must be in [0, 1), got {}", outer.topk));
+  const bool lossy = wire != "fp32" || outer.topk > 0;
+  if (lossy && method == "ddp")
+    invalid("wire_dtype and topk apply to diloco and noloco; ddp all-reduces fp32 gradients");
+  if (outer.quant_block < 8 || outer.quant_block > 4096)
+    invalid(fmt::format("quant_block must be in [8, 4096], got {}", outer.quant_block));
+  if (outer.phi_coding != "codec" && outer.phi_coding != "coset")
+    invalid(fmt::format("phi_coding must be codec or coset, got '{}'", outer.phi_coding));
+  if (outer.phi_bits < 2 || outer.phi_bits > 8) invalid(fmt::format("phi_bits must be in [2, 8], got {}", outer.phi_bits));
+  if (outer.phi_every < 1) invalid(fmt::format("phi_every must be >= 1, got {}", outer.phi_every));
   if (outer.message != "theta" && outer.message != "delta_phi")
     invalid(fmt::format("noloco_message must be theta or delta_phi, got '{}'", outer.message));
   if (outer.message == "theta" && outer.gamma != outer.lr)

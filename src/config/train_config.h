@@ -41,10 +41,22 @@ struct OuterConfig {
   double lr = 0.7;              // β
   double gamma = -1;            // γ; < 0: equal to β
   int64_t group_size = 2;       // n
-  std::string wire_dtype = "fp32";  // fp32 | bf16
+  // The wire format of DiLoCo's and NoLoCo's messages (optim/compression.h).
+  std::string wire_dtype = "fp32";  // fp32 | bf16 | int8 | int4
+  double topk = 0;                  // fraction of each 4096-value chunk sent; 0: dense
+  bool error_feedback = true;       // what a lossy codec drops from Δ is sent next time
+  int64_t quant_block = 64;         // values sharing one int8/int4 scale
+  bool stochastic_rounding = false;
   // What a NoLoCo replica sends: "theta" (θ alone; the pull folds into the
-  // mean when γ = β) or "delta_phi" (Δ and φ, any γ). Empty: theta when γ = β.
+  // mean when γ = β) or "delta_phi" (Δ and φ, any γ). Empty: theta when γ = β
+  // and the codec is fp32 or bf16, else delta_phi.
   std::string message;
+  // How delta_phi sends φ: "codec" (the codec above, no error feedback) or
+  // "coset" (coset coding against the receiver's own φ, phi_bits a value).
+  // Empty: codec for a lossless codec, else coset.
+  std::string phi_coding;
+  int64_t phi_bits = 4;
+  int64_t phi_every = 1;  // φ travels (and pulls) every phi_every-th outer step
 };
 
 // The network: where to listen, how long to wait for whom.

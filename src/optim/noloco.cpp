@@ -2,10 +2,57 @@
 
 #include <algorithm>
 
+#include "util/log.h"
+#include "util/splitmix.h"
+
 namespace noloco {
 
+namespace {
+
+torch::Tensor cpu_fp32(const torch::Tensor& t) { return t.detach().to(torch::kCPU, torch::kFloat32).contiguous(); }
+
+// The mean of this replica's own values and the others' decoded ones, summed
+// in rank order from zero.
+torch::Tensor rank_ordered_mean(int me, const torch::Tensor& own, const std::map<int, torch::Tensor>& others) {
+  std::vector<int> ranks{me};
+  for (const auto& [r, t] : others) ranks.push_back(r);
+  std::sort(ranks.begin(), ranks.end());
+  auto sum = torch::zeros(own.sizes(), torch::kFloat32);
+  for (int r : ranks) sum.add_(r == me ? own : others.at(r));
+  return sum.div_(double(ranks.size()));
+}
+
+}  // namespace
+
 NoLoCo::NoLoCo(const OuterConfig& config, uint64_t seed, OuterLinks links, FlatParams& params)
-    : SlowWeightsMethod(config, params), seed_(seed), transport_(*links.transport), membership_(links.membership) {}
+    : SlowWeightsMethod(config, params),
+      seed_(seed),
+      transport_(*links.transport),
+      membership_(links.membership),
+      codec_(codec_spec(config)),
+      coset_(int(config.phi_bits), config.quant_block) {
+  const int64_t n = params.numel();
+  const bool theta = config.message == "theta";
+  first_ = std::make_unique<ErrorFeedbackChannel>(codec_, config.error_feedback && !theta, n, "residual");
+  if (theta) return;
+  if (config.phi_coding == "coset") {
+    phi_coset_ = std::make_unique<SlowWeightChannel>(coset_, n, config.stochastic_rounding);
+  } else {
+    phi_codec_ = std::make_unique<ErrorFeedbackChannel>(codec_, /*error_feedback=*/false, n, "");
+  }
+}
+
+void NoLoCo::save(TensorMap& out) const {
+  SlowWeightsMethod::save(out);
+  first_->save(out);
+  if (phi_coset_) phi_coset_->save(out);
+}
+
+void NoLoCo::load(const TensorMap& in) {
+  SlowWeightsMethod::load(in);
+  first_->load(in);
+  if (phi_coset_) phi_coset_->load(in);
+}
 
 std::vector<Peer> NoLoCo::my_group(int64_t outer_step) {
   std::vector<Peer> members;
@@ -27,45 +74,68 @@ std::vector<Peer> NoLoCo::my_group(int64_t outer_step) {
   return {membership_ ? membership_->self() : Peer{transport_.rank(), 0}};
 }
 
-torch::Tensor NoLoCo::group_mean(int64_t outer_step, const std::vector<Peer>& group, const torch::Tensor& payload,
-                                 OuterSync& sync) {
+std::map<int, torch::Tensor> NoLoCo::send(int64_t outer_step, const std::vector<Peer>& group,
+                                          const torch::Tensor& payload, int64_t format, OuterSync& sync) {
   for (const auto& p : group) sync.group.push_back(p.rank);
-  const auto local = payload.contiguous();
   ExchangeRequest request;
   request.id = outer_step;
   request.group = group;
   request.header.kind = int64_t(MessageKind::exchange);
   request.header.exchange = outer_step;
-  request.header.bytes = int64_t(local.nbytes());
-  request.header.format = int64_t(local.scalar_type());
-  request.payload = local.view(torch::kUInt8);
+  request.header.bytes = payload.numel();
+  request.header.format = format;
+  request.payload = payload;
   if (membership_) request.give_up = [this](int r) { return membership_->given_up(r); };
   const auto sent_before = transport_.stats().bytes_sent;
-  const auto result = group.size() > 1 ? transport_.exchange(request) : ExchangeResult{};
+  auto result = group.size() > 1 ? transport_.exchange(request) : ExchangeResult{};
   sync.bytes = transport_.stats().bytes_sent - sent_before;
   if (membership_)
     for (int r : result.lost) membership_->declare_dead(r);  // later snapshots leave it out
-  sync.arrived.push_back(transport_.rank());
-  for (const auto& [r, bytes] : result.received) sync.arrived.push_back(r);
-  std::sort(sync.arrived.begin(), sync.arrived.end());
-  auto sum = torch::zeros(local.sizes(), torch::kFloat32);
-  for (int r : sync.arrived)
-    sum.add_(r == transport_.rank() ? local : result.received.at(r).view(local.scalar_type()));
-  return sum.div_(double(sync.arrived.size()));
+  return std::move(result.received);
 }
 
 OuterTerms NoLoCo::exchange(int64_t outer_step, const torch::Tensor& theta, const torch::Tensor& phi,
                             OuterSync& sync) {
   const auto group = my_group(outer_step);
-  auto wire = [&](const torch::Tensor& t) { return config_.wire_dtype == "bf16" ? t.to(torch::kBFloat16) : t; };
-  if (config_.message == "theta") {
-    // β·mean(Δ) + β·(mean φ − φ_i) = β·(mean θ − φ_i): only θ travels.
-    const auto mean_theta = group_mean(outer_step, group, wire(theta), sync);
-    return {mean_theta - phi, {}, 0};
+  const bool theta_message = config_.message == "theta";
+  const bool with_phi = !theta_message && (outer_step + 1) % config_.phi_every == 0;
+  const auto own = cpu_fp32(theta_message ? theta : theta - phi), own_phi = cpu_fp32(phi);
+  const int64_t first_bytes = first_->bytes();
+  const int64_t phi_bytes = !with_phi ? 0 : phi_coset_ ? phi_coset_->bytes() : phi_codec_->bytes();
+  auto payload = torch::empty({first_bytes + phi_bytes}, torch::kUInt8);
+  auto* out = payload.data_ptr<uint8_t>();
+  const uint64_t seed = splitmix64(seed_ ^ splitmix64(uint64_t(outer_step) * 1000003u + uint64_t(transport_.rank())));
+  first_->encode(own, out, seed);
+  if (with_phi && phi_coset_) phi_coset_->encode(own_phi, own, out + first_bytes, ~seed);
+  if (with_phi && phi_codec_) phi_codec_->encode(own_phi, out + first_bytes, ~seed);
+  const int64_t format = codec_.format_id() ^ (theta_message ? int64_t(1) << 40 : 0) ^
+                         (!with_phi ? 0 : phi_coset_ ? coset_.format_id() << 41 : int64_t(1) << 42);
+
+  // Decode every arrival before using any of it: a malformed one is left out whole.
+  std::map<int, torch::Tensor> firsts, phis;
+  int64_t failed_blocks = 0;
+  for (const auto& [r, bytes] : send(outer_step, group, payload, format, sync)) {
+    try {
+      const auto* in = bytes.data_ptr<uint8_t>();
+      auto first = first_->decode(in);
+      if (with_phi) phis[r] = phi_coset_ ? phi_coset_->decode(in + first_bytes, own_phi, &failed_blocks)
+                                         : phi_codec_->decode(in + first_bytes);
+      firsts[r] = first;
+    } catch (const std::runtime_error& e) {
+      spdlog::error("rejected the outer-step message of replica {}: {}", r, e.what());
+      phis.erase(r);
+    }
   }
-  const int64_t n = phi.numel();
-  const auto both = group_mean(outer_step, group, wire(torch::cat({theta - phi, phi})), sync);
-  return {both.narrow(0, 0, n), both.narrow(0, n, n), config_.gamma};
+  if (failed_blocks > 0)
+    spdlog::warn("outer step {}: {} blocks of slow weights were further from a partner's than its grid covered; "
+                 "no pull there this time", outer_step, failed_blocks);
+  sync.arrived.push_back(transport_.rank());
+  for (const auto& [r, t] : firsts) sync.arrived.push_back(r);
+  std::sort(sync.arrived.begin(), sync.arrived.end());
+  const auto mean_first = rank_ordered_mean(transport_.rank(), own, firsts).to(theta.device());
+  if (theta_message) return {mean_first - phi, {}, 0};
+  if (!with_phi) return {mean_first, {}, 0};
+  return {mean_first, rank_ordered_mean(transport_.rank(), own_phi, phis).to(theta.device()), config_.gamma};
 }
 
 }  // namespace noloco

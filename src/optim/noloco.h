@@ -6,7 +6,17 @@
 // Groups come from a permutation of the live replicas seeded by the outer
 // step, identical on every replica without communication. A member that is
 // dead or silent is left out and the others average without it.
+//
+// What travels (noloco_message): "theta" sends θ alone, folding the pull
+// into the mean (γ = β): β·mean(Δ) + β·(mean φ − φ_i) = β·(mean θ − φ_i).
+// "delta_phi" sends Δ through the wire codec with error feedback, and φ
+// either through the codec or coset-coded against the receiver's own φ
+// (phi_coding), every phi_every-th outer step. A replica averages its own
+// exact values with what it decoded from the others (docs/method.md).
 #pragma once
+#include <memory>
+
+#include "optim/compression.h"
 #include "optim/grouping.h"
 #include "optim/slow_weights.h"
 
@@ -15,6 +25,8 @@ namespace noloco {
 class NoLoCo final : public SlowWeightsMethod {
  public:
   NoLoCo(const OuterConfig& config, uint64_t seed, OuterLinks links, FlatParams& params);
+  void save(TensorMap& out) const override;
+  void load(const TensorMap& in) override;
 
  protected:
   OuterTerms exchange(int64_t outer_step, const torch::Tensor& theta, const torch::Tensor& phi,
@@ -23,14 +35,18 @@ class NoLoCo final : public SlowWeightsMethod {
  private:
   // This replica's group at `outer_step`, with the incarnations it is to meet.
   std::vector<Peer> my_group(int64_t outer_step);
-  // The fp32 mean over this replica and the peers whose payload arrived, in
-  // rank order so that every member computes the same bits.
-  torch::Tensor group_mean(int64_t outer_step, const std::vector<Peer>& group, const torch::Tensor& payload,
-                           OuterSync& sync);
+  // Sends `payload` to the group; returns the payloads that arrived, by rank.
+  std::map<int, torch::Tensor> send(int64_t outer_step, const std::vector<Peer>& group, const torch::Tensor& payload,
+                                    int64_t format, OuterSync& sync);
 
   uint64_t seed_;
   Transport& transport_;
   Membership* membership_;
+  WireCodec codec_;
+  CosetCodec coset_;
+  std::unique_ptr<ErrorFeedbackChannel> first_;      // θ, or Δ with error feedback
+  std::unique_ptr<ErrorFeedbackChannel> phi_codec_;  // φ through the codec (phi_coding=codec)
+  std::unique_ptr<SlowWeightChannel> phi_coset_;     // φ coset-coded (phi_coding=coset)
 };
 
 }  // namespace noloco

@@ -11,7 +11,7 @@ std::unique_ptr<OuterOptimizer> make_outer_optimizer(const OuterConfig& c, uint6
   if (c.method == "none") return std::make_unique<OuterOptimizer>();
   TORCH_CHECK(links.transport != nullptr, "method ", c.method, " needs a transport");
   if (c.method == "ddp") return std::make_unique<Ddp>(*links.transport);
-  if (c.method == "diloco") return std::make_unique<DiLoCo>(c, *links.transport, params);
+  if (c.method == "diloco") return std::make_unique<DiLoCo>(c, seed, *links.transport, params);
   return std::make_unique<NoLoCo>(c, seed, links, params);
 }
 

@@ -89,6 +89,7 @@ nlohmann::json WorkerSummary::to_json() const {
   if (stages > 1) j.update({{"stages", stages}, {"routing", routing}, {"stage_params", stage_params}});
   put(j, "weight_std", weight_std);
   put(j, "final_val_loss_mean_model", final_val_loss_mean_model);
+  put(j, "bits_per_param_per_outer_step", bits_per_param_per_outer_step);
   if (rejoin)
     j.update({{"rejoined_at_step", rejoin->step}, {"rejoin_donor", rejoin->donor}, {"rejoin_seconds", rejoin->seconds}});
   return j;
@@ -111,6 +112,7 @@ WorkerSummary WorkerSummary::from_json(const nlohmann::json& j) {
   s.final_train_loss = optional_of<double>(j, "final_train_loss");
   s.weight_std = optional_of<double>(j, "weight_std");
   s.final_val_loss_mean_model = optional_of<double>(j, "final_val_loss_mean_model");
+  s.bits_per_param_per_outer_step = optional_of<double>(j, "bits_per_param_per_outer_step");
   if (j.contains("rejoined_at_step"))
     s.rejoin = WorkerSummary::Rejoin{j["rejoined_at_step"].get<int64_t>(), j.value("rejoin_donor", 0),
                                      j.value("rejoin_seconds", 0.0)};
@@ -141,6 +143,7 @@ nlohmann::json RunSummary::to_json() const {
                       {"params", params}};
   put(j, "final_val_loss_mean_model", final_val_loss_mean_model);
   put(j, "weight_std", weight_std);
+  put(j, "bits_per_param_per_outer_step", bits_per_param_per_outer_step);
   if (stages > 1)
     j.update({{"stages", stages},
               {"routing", routing},
@@ -165,6 +168,7 @@ RunSummary RunSummary::from_json(const nlohmann::json& j) {
   s.final_val_loss = optional_of<double>(j, "final_val_loss");
   s.final_val_loss_mean_model = optional_of<double>(j, "final_val_loss_mean_model");
   s.weight_std = optional_of<double>(j, "weight_std");
+  s.bits_per_param_per_outer_step = optional_of<double>(j, "bits_per_param_per_outer_step");
   s.final_val_loss_replicas = j.value("final_val_loss_replicas", std::vector<double>{});
   s.bytes_sent = j.value("bytes_sent", uint64_t(0));
   s.bytes_received = j.value("bytes_received", uint64_t(0));
@@ -221,7 +225,8 @@ RunSummary summarize_run(const std::string& run_dir, const std::string& method, 
   run.replicas = replicas;
   run.stages = stages;
   run.seconds = seconds;
-  double loss_sum = 0;
+  double loss_sum = 0, bits_sum = 0;
+  int bits_count = 0;
   std::optional<WorkerSummary> first;
   // Per stage: (parameters, weight std) of one of its replicas, and the replicas' idle seconds.
   std::vector<std::pair<double, double>> stage_spread(size_t(stages), {0.0, std::nan("")});
@@ -250,6 +255,10 @@ RunSummary summarize_run(const std::string& run_dir, const std::string& method, 
       run.tokens += w.tokens;
     }
     if (w.final_val_loss_mean_model) run.final_val_loss_mean_model = w.final_val_loss_mean_model;
+    if (w.bits_per_param_per_outer_step) {
+      bits_sum += *w.bits_per_param_per_outer_step;
+      ++bits_count;
+    }
     if (w.traffic.comm) {
       run.bytes_sent += w.traffic.comm->bytes_sent;
       run.bytes_received += w.traffic.comm->bytes_received;
@@ -264,6 +273,7 @@ RunSummary summarize_run(const std::string& run_dir, const std::string& method, 
   }
   const double workers = double(std::max<size_t>(1, run.finished.size()));
   if (!run.final_val_loss_replicas.empty()) run.final_val_loss = loss_sum / double(run.final_val_loss_replicas.size());
+  if (bits_count > 0) run.bits_per_param_per_outer_step = bits_sum / bits_count;
   run.comm_seconds_per_replica = run.comm_seconds / workers;
   run.wait_seconds_per_replica = run.wait_seconds / workers;
   if (first) {

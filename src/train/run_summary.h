@@ -31,6 +31,9 @@ struct WorkerSummary {
   WorkerTraffic traffic;
   std::optional<double> final_val_loss, final_train_loss;  // on the workers that compute the loss
   std::optional<double> weight_std, final_val_loss_mean_model;
+  // Training bytes this worker sent per synchronisation (outer step; a step
+  // under ddp), in bits per parameter of its model or stage.
+  std::optional<double> bits_per_param_per_outer_step;
   struct Rejoin {
     int64_t step = 0;
     int donor = 0;
@@ -54,6 +57,7 @@ struct RunSummary {
   std::vector<Worker> failed, restarted;
   std::optional<double> final_val_loss, final_val_loss_mean_model, weight_std;
   std::vector<double> final_val_loss_replicas;
+  std::optional<double> bits_per_param_per_outer_step;  // mean over the workers that finished
   uint64_t bytes_sent = 0, bytes_received = 0;
   double comm_seconds = 0, wait_seconds = 0, comm_seconds_per_replica = 0, wait_seconds_per_replica = 0;
   double seconds = 0;

@@ -120,7 +120,8 @@ class Throughput {
 // This worker's summary_r<k>.json.
 WorkerSummary summarize_worker(const TrainConfig& c, const WorkerInfo& w, const ModelConfig& arch, WorkerModel& model,
                                int64_t stage_params, double seconds, double val_loss, double last_loss,
-                               const ReplicaSpread& spread, const std::optional<Rejoined>& rejoined) {
+                               const ReplicaSpread& spread, const std::optional<Rejoined>& rejoined,
+                               int64_t syncs, uint64_t sync_bytes) {
   WorkerSummary summary;
   summary.method = c.outer.method;
   summary.replicas = w.replicas;
@@ -140,6 +141,7 @@ WorkerSummary summarize_worker(const TrainConfig& c, const WorkerInfo& w, const 
   if (!std::isnan(spread.weight_std)) summary.weight_std = spread.weight_std;
   if (!std::isnan(spread.mean_model_loss)) summary.final_val_loss_mean_model = spread.mean_model_loss;
   if (rejoined) summary.rejoin = WorkerSummary::Rejoin{rejoined->step, rejoined->donor, rejoined->seconds};
+  if (syncs > 0) summary.bits_per_param_per_outer_step = 8.0 * double(sync_bytes) / double(syncs) / double(stage_params);
   return summary;
 }
 
@@ -231,6 +233,8 @@ nlohmann::json train(const TrainConfig& c, const WorkerInfo& w) {
   uint64_t evaluation_bytes = 0;  // sent for evaluations across replicas, apart from training traffic
   double val_loss = std::nan(""), last_loss = std::nan("");
   ReplicaSpread spread;
+  int64_t outer_steps = 0;
+  uint64_t outer_bytes = 0;  // training traffic of the outer steps
   Throughput throughput(first_step, c.inner.steps);
   for (int64_t step = first_step; step < c.inner.steps; ++step) {
     drill.before_step(step);
@@ -245,6 +249,8 @@ nlohmann::json train(const TrainConfig& c, const WorkerInfo& w) {
     inner.step();
     const int64_t done = step + 1;
     if (const auto sync = outer->after_inner_step(step, flat)) {
+      ++outer_steps;
+      outer_bytes += sync->bytes;
       telemetry.write(record(done, "outer", w,
                              {{"outer_step", sync->outer_step}, {"group", sync->group}, {"arrived", sync->arrived}}));
       if (w.membership)
@@ -283,8 +289,11 @@ nlohmann::json train(const TrainConfig& c, const WorkerInfo& w) {
   if (first_step == c.inner.steps) val_loss = model->evaluate();  // resumed at the end: report anyway
   if (w.membership) w.membership->finish();
 
+  // Under ddp every step synchronises, and all its traffic is that.
+  const bool ddp = c.outer.method == "ddp";
   const auto summary = summarize_worker(c, w, arch, *model, flat.numel(), seconds_since(start), val_loss, last_loss,
-                                        spread, rejoined);
+                                        spread, rejoined, ddp ? c.inner.steps - first_step : outer_steps,
+                                        ddp ? w.transport->stats().bytes_sent : outer_bytes);
   const auto j = summary.to_json();
   write_json_atomic(fmt::format("{}/summary_r{}.json", out, w.rank), j);
   if (w.replicas * w.stages == 1) write_json_atomic(out + "/summary.json", summarize_lone_run(summary).to_json());

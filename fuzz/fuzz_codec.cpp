@@ -1,0 +1,36 @@
+// libFuzzer target: a peer's outer-step payload. The first bytes choose the
+// codec (type, top-k, block, coset bits) and the length; the rest is the
+// payload. Decoding must give values or a std::runtime_error, never a crash,
+// an out-of-bounds access or undefined behaviour.
+#include <cstdint>
+#include <stdexcept>
+#include <vector>
+
+#include "comm/codec.h"
+#include "comm/coset_codec.h"
+
+extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
+  if (size < 4) return 0;
+  const uint8_t choice = data[0];
+  const size_t n = size_t(data[1]) | (size_t(data[2]) << 8);  // up to 65535 values
+  const int64_t block = int64_t(8) << (data[3] % 5);          // 8 .. 128
+  const uint8_t* payload = data + 4;
+  const size_t bytes = size - 4;
+  std::vector<float> out(n), side(n, 0.125f);
+  try {
+    if (choice & 0x80) {
+      const noloco::CosetCodec coset(2 + (choice % 7), block);
+      std::vector<uint8_t> failed;
+      coset.decode(payload, bytes, n, side.data(), out.data(), &failed);
+    } else {
+      noloco::CodecSpec spec;
+      spec.type = noloco::CodecSpec::Type(choice % 4);
+      spec.topk = (choice >> 2) % 4 == 0 ? 0.0 : 0.01 * double((choice >> 2) % 4);
+      spec.block = block;
+      const noloco::WireCodec codec(spec);
+      codec.decode(payload, bytes, n, out.data());
+    }
+  } catch (const std::runtime_error&) {
+  }
+  return 0;
+}

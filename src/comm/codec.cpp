@@ -1,0 +1,255 @@
+#include "comm/codec.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <numeric>
+#include <stdexcept>
+#include <vector>
+
+#include <fmt/format.h>
+
+#include "util/splitmix.h"
+
+namespace noloco {
+
+namespace {
+
+[[noreturn]] void malformed(const std::string& why) { throw std::runtime_error("malformed payload: " + why); }
+
+uint32_t bits_of(float x) {
+  uint32_t b;
+  std::memcpy(&b, &x, 4);
+  return b;
+}
+
+float float_of(uint32_t b) {
+  float x;
+  std::memcpy(&x, &b, 4);
+  return x;
+}
+
+// Round to nearest even, as c10::BFloat16 does.
+uint16_t to_bf16(float x) {
+  if (std::isnan(x)) return 0x7fc0;
+  const uint32_t b = bits_of(x);
+  return uint16_t((b + ((b >> 16) & 1u) + 0x7fffu) >> 16);
+}
+
+// The smallest bf16 not below x (x >= 0), so a scale never shrinks.
+uint16_t to_bf16_up(float x) {
+  const uint32_t b = bits_of(x);
+  return uint16_t((b >> 16) + ((b & 0xffffu) != 0 ? 1u : 0u));
+}
+
+float from_bf16(uint16_t h) { return float_of(uint32_t(h) << 16); }
+
+void put16(uint8_t* p, uint16_t v) {
+  p[0] = uint8_t(v & 0xff);
+  p[1] = uint8_t(v >> 8);
+}
+
+uint16_t get16(const uint8_t* p) { return uint16_t(p[0] | (uint16_t(p[1]) << 8)); }
+
+// A uniform draw in [0, 1) for element `i`, a pure function of (seed, i).
+float uniform(uint64_t seed, uint64_t i) {
+  return float(splitmix64(seed ^ splitmix64(i)) >> 40) * (1.0f / 16777216.0f);
+}
+
+int qmax_of(CodecSpec::Type t) { return t == CodecSpec::Type::int8 ? 127 : 7; }
+
+size_t ceil_div(size_t a, size_t b) { return (a + b - 1) / b; }
+
+}  // namespace
+
+CodecSpec::Type codec_type(const std::string& name) {
+  if (name == "fp32") return CodecSpec::Type::fp32;
+  if (name == "bf16") return CodecSpec::Type::bf16;
+  if (name == "int8") return CodecSpec::Type::int8;
+  if (name == "int4") return CodecSpec::Type::int4;
+  throw std::invalid_argument(fmt::format("wire_dtype must be fp32, bf16, int8 or int4, got '{}'", name));
+}
+
+const char* codec_type_name(CodecSpec::Type type) {
+  switch (type) {
+    case CodecSpec::Type::fp32: return "fp32";
+    case CodecSpec::Type::bf16: return "bf16";
+    case CodecSpec::Type::int8: return "int8";
+    case CodecSpec::Type::int4: return "int4";
+  }
+  return "?";
+}
+
+WireCodec::WireCodec(CodecSpec spec) : spec_(spec) {
+  if (!(spec_.topk >= 0 && spec_.topk < 1))
+    throw std::invalid_argument(fmt::format("topk must be in [0, 1), got {}", spec_.topk));
+  if (spec_.block < 8 || spec_.block > 4096)
+    throw std::invalid_argument(fmt::format("quant_block must be in [8, 4096], got {}", spec_.block));
+}
+
+size_t WireCodec::chunk_k(size_t chunk_len) const {
+  return std::min(chunk_len, std::max<size_t>(1, size_t(std::ceil(spec_.topk * double(chunk_len)))));
+}
+
+size_t WireCodec::dense_bytes(size_t n) const {
+  const size_t scales = 2 * ceil_div(n, size_t(spec_.block));
+  switch (spec_.type) {
+    case CodecSpec::Type::fp32: return 4 * n;
+    case CodecSpec::Type::bf16: return 2 * n;
+    case CodecSpec::Type::int8: return scales + n;
+    case CodecSpec::Type::int4: return scales + ceil_div(n, 2);
+  }
+  return 0;
+}
+
+size_t WireCodec::encoded_bytes(size_t n) const {
+  if (spec_.topk == 0) return dense_bytes(n);
+  size_t k = 0;
+  for (size_t first = 0; first < n; first += kChunk) k += chunk_k(std::min(kChunk, n - first));
+  return ceil_div(12 * k, 8) + dense_bytes(k);
+}
+
+int64_t WireCodec::format_id() const {
+  return (int64_t(spec_.type) + 1) | (spec_.block << 8) | (int64_t(std::llround(spec_.topk * 1e6)) << 24);
+}
+
+std::string WireCodec::describe() const {
+  std::string s = codec_type_name(spec_.type);
+  if (spec_.type == CodecSpec::Type::int8 || spec_.type == CodecSpec::Type::int4)
+    s += fmt::format(" ({}-value blocks{})", spec_.block, spec_.stochastic ? ", stochastic rounding" : "");
+  if (spec_.topk > 0) s += fmt::format(", top {:g}%", spec_.topk * 100);
+  return s;
+}
+
+void WireCodec::encode_dense(const float* x, size_t n, uint8_t* out, uint64_t seed) const {
+  switch (spec_.type) {
+    case CodecSpec::Type::fp32:
+      for (size_t i = 0; i < n; ++i) std::memcpy(out + 4 * i, &x[i], 4);  // little-endian, as the hosts we run on
+      return;
+    case CodecSpec::Type::bf16:
+      for (size_t i = 0; i < n; ++i) put16(out + 2 * i, to_bf16(x[i]));
+      return;
+    case CodecSpec::Type::int8:
+    case CodecSpec::Type::int4: break;
+  }
+  const int qmax = qmax_of(spec_.type);
+  const size_t block = size_t(spec_.block), blocks = ceil_div(n, block);
+  uint8_t* codes = out + 2 * blocks;
+  if (spec_.type == CodecSpec::Type::int4 && n % 2 == 1) codes[n / 2] = 0x88;  // the pad nibble codes 0
+  for (size_t b = 0; b < blocks; ++b) {
+    const size_t first = b * block, last = std::min(n, first + block);
+    float peak = 0;
+    for (size_t i = first; i < last; ++i) peak = std::max(peak, std::fabs(x[i]));
+    const uint16_t scale_bits = to_bf16_up(peak / float(qmax));
+    put16(out + 2 * b, scale_bits);
+    const float scale = from_bf16(scale_bits);
+    const float inverse = scale > 0 ? 1.0f / scale : 0.0f;
+    for (size_t i = first; i < last; ++i) {
+      const float v = x[i] * inverse;
+      float q = spec_.stochastic ? std::floor(v + uniform(seed, i)) : std::nearbyint(v);
+      q = std::min(float(qmax), std::max(float(-qmax), q));
+      const int code = int(q);
+      if (spec_.type == CodecSpec::Type::int8) {
+        codes[i] = uint8_t(int8_t(code));
+      } else {
+        const uint8_t nibble = uint8_t(code + 8);
+        uint8_t& byte = codes[i / 2];
+        byte = i % 2 == 0 ? uint8_t((byte & 0xf0) | nibble) : uint8_t((byte & 0x0f) | (nibble << 4));
+      }
+    }
+  }
+}
+
+void WireCodec::decode_dense(const uint8_t* in, size_t n, float* out) const {
+  switch (spec_.type) {
+    case CodecSpec::Type::fp32:
+      for (size_t i = 0; i < n; ++i) std::memcpy(&out[i], in + 4 * i, 4);
+      return;
+    case CodecSpec::Type::bf16:
+      for (size_t i = 0; i < n; ++i) out[i] = from_bf16(get16(in + 2 * i));
+      return;
+    case CodecSpec::Type::int8:
+    case CodecSpec::Type::int4: break;
+  }
+  const size_t block = size_t(spec_.block), blocks = ceil_div(n, block);
+  const uint8_t* codes = in + 2 * blocks;
+  if (spec_.type == CodecSpec::Type::int4 && n % 2 == 1 && (codes[n / 2] >> 4) != 8)
+    malformed("int4 padding is not zero");
+  for (size_t b = 0; b < blocks; ++b) {
+    const float scale = from_bf16(get16(in + 2 * b));
+    if (!std::isfinite(scale) || scale < 0) malformed(fmt::format("block {} has scale {}", b, scale));
+    const size_t first = b * block, last = std::min(n, first + block);
+    for (size_t i = first; i < last; ++i) {
+      int code;
+      if (spec_.type == CodecSpec::Type::int8) {
+        code = int8_t(codes[i]);
+        if (code == -128) malformed("int8 code -128");
+      } else {
+        const int nibble = i % 2 == 0 ? codes[i / 2] & 0x0f : codes[i / 2] >> 4;
+        if (nibble == 0) malformed("int4 code -8");
+        code = nibble - 8;
+      }
+      out[i] = float(code) * scale;
+    }
+  }
+}
+
+void WireCodec::encode(const float* x, size_t n, uint8_t* out, uint64_t seed) const {
+  if (spec_.topk == 0) return encode_dense(x, n, out, seed);
+  std::vector<uint32_t> positions;
+  std::vector<float> values;
+  std::vector<uint32_t> order;
+  for (size_t first = 0; first < n; first += kChunk) {
+    const size_t len = std::min(kChunk, n - first), k = chunk_k(len);
+    order.resize(len);
+    std::iota(order.begin(), order.end(), 0u);
+    // The k largest magnitudes; ties go to the earlier position, so the choice is deterministic.
+    auto larger = [&](uint32_t a, uint32_t b) {
+      const float fa = std::fabs(x[first + a]), fb = std::fabs(x[first + b]);
+      return fa > fb || (fa == fb && a < b);
+    };
+    std::nth_element(order.begin(), order.begin() + long(k) - 1, order.end(), larger);
+    std::sort(order.begin(), order.begin() + long(k));
+    for (size_t j = 0; j < k; ++j) {
+      positions.push_back(order[j]);
+      values.push_back(x[first + order[j]]);
+    }
+  }
+  const size_t position_bytes = ceil_div(12 * positions.size(), 8);
+  std::memset(out, 0, position_bytes);
+  for (size_t j = 0; j < positions.size(); ++j) {
+    const size_t bit = 12 * j;
+    const uint32_t p = positions[j] << (bit % 8);
+    out[bit / 8] |= uint8_t(p & 0xff);
+    out[bit / 8 + 1] |= uint8_t((p >> 8) & 0xff);
+  }
+  encode_dense(values.data(), values.size(), out + position_bytes, seed);
+}
+
+void WireCodec::decode(const uint8_t* in, size_t bytes, size_t n, float* out) const {
+  if (bytes != encoded_bytes(n))
+    malformed(fmt::format("{} bytes where {} values of {} take {}", bytes, n, describe(), encoded_bytes(n)));
+  if (spec_.topk == 0) return decode_dense(in, n, out);
+  size_t total = 0;
+  for (size_t first = 0; first < n; first += kChunk) total += chunk_k(std::min(kChunk, n - first));
+  const size_t position_bytes = ceil_div(12 * total, 8);
+  std::vector<float> values(total);
+  decode_dense(in + position_bytes, total, values.data());
+  std::fill(out, out + n, 0.0f);
+  size_t j = 0;
+  for (size_t first = 0; first < n; first += kChunk) {
+    const size_t len = std::min(kChunk, n - first), k = chunk_k(len);
+    int64_t previous = -1;
+    for (size_t e = 0; e < k; ++e, ++j) {
+      const size_t bit = 12 * j;
+      const uint32_t p = ((uint32_t(in[bit / 8]) | (uint32_t(in[bit / 8 + 1]) << 8)) >> (bit % 8)) & 0xfffu;
+      if (int64_t(p) <= previous || p >= len)
+        malformed(fmt::format("position {} after {} in a chunk of {}", p, previous, len));
+      previous = p;
+      out[first + p] = values[j];
+    }
+  }
+  if (12 * total % 8 != 0 && (in[position_bytes - 1] >> 4) != 0) malformed("position padding is not zero");
+}
+
+}  // namespace noloco

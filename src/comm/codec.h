@@ -1,0 +1,68 @@
+// Wire codecs: a flat fp32 array to bytes and back, with the exact byte
+// count known in advance from the length alone (receivers post buffers of
+// that size before anything arrives). Torch-free: the decoder reads a peer's
+// untrusted bytes and is fuzzed.
+//
+//   fp32   4 bytes a value, exact.
+//   bf16   2 bytes, round to nearest even (as LibTorch's conversion).
+//   int8   blocks of `block` values share a scale (bf16, rounded up so that
+//          no value overflows): q = round(x / scale) in [-127, 127].
+//   int4   the same with q in [-7, 7], two values a byte.
+// Optionally top-k: in every chunk of 4096 values only the k = ceil(topk·len)
+// largest in magnitude travel (12-bit packed positions, then their values in
+// the codec above); the others decode to zero. Stochastic rounding makes the
+// integer codes unbiased: E[decode(encode(x))] = x for the values sent.
+#pragma once
+#include <cstddef>
+#include <cstdint>
+#include <string>
+
+namespace noloco {
+
+struct CodecSpec {
+  enum class Type { fp32, bf16, int8, int4 };
+  Type type = Type::fp32;
+  double topk = 0;       // fraction of each chunk sent; 0: all (dense)
+  int64_t block = 64;    // values per scale (int8, int4)
+  bool stochastic = false;  // stochastic rounding of the integer codes
+};
+
+// "fp32" | "bf16" | "int8" | "int4"; throws std::invalid_argument.
+CodecSpec::Type codec_type(const std::string& name);
+const char* codec_type_name(CodecSpec::Type type);
+
+class WireCodec {
+ public:
+  static constexpr size_t kChunk = 4096;  // top-k chunk: positions fit in 12 bits
+
+  // Throws std::invalid_argument on a spec out of range.
+  explicit WireCodec(CodecSpec spec);
+  const CodecSpec& spec() const { return spec_; }
+  // Exact encoded size of n values.
+  size_t encoded_bytes(size_t n) const;
+  // Identifies the format in message headers: peers must agree on it.
+  int64_t format_id() const;
+  std::string describe() const;
+  // Whether decode(encode(x)) == x for every finite x.
+  bool lossless() const { return spec_.type == CodecSpec::Type::fp32 && spec_.topk == 0; }
+
+  // out must hold encoded_bytes(n). `seed` drives stochastic rounding (the
+  // same seed and input give the same bytes).
+  void encode(const float* x, size_t n, uint8_t* out, uint64_t seed) const;
+  // Writes n values; throws std::runtime_error with a one-line reason on any
+  // malformed input (wrong size, non-finite or negative scale, a code the
+  // encoder never writes, positions out of order or range). Never reads or
+  // writes out of bounds.
+  void decode(const uint8_t* in, size_t bytes, size_t n, float* out) const;
+
+ private:
+  // Dense encoding of n values (the selected values under top-k).
+  size_t dense_bytes(size_t n) const;
+  void encode_dense(const float* x, size_t n, uint8_t* out, uint64_t seed) const;
+  void decode_dense(const uint8_t* in, size_t n, float* out) const;
+  size_t chunk_k(size_t chunk_len) const;
+
+  CodecSpec spec_;
+};
+
+}  // namespace noloco

@@ -1,0 +1,105 @@
+#include "optim/compression.h"
+
+#include <algorithm>
+
+namespace noloco {
+
+namespace {
+
+torch::Tensor cpu_fp32(const torch::Tensor& t) { return t.detach().to(torch::kCPU, torch::kFloat32).contiguous(); }
+
+// max |x| of every block of `block` values (the last one may be short).
+torch::Tensor block_peaks(const torch::Tensor& x, int64_t block) {
+  const int64_t n = x.numel(), blocks = (n + block - 1) / block;
+  auto padded = torch::zeros({blocks * block}, torch::kFloat32);
+  padded.narrow(0, 0, n).copy_(x.reshape({-1}));
+  return std::get<0>(padded.view({blocks, block}).abs().max(1));
+}
+
+void load_state(const TensorMap& in, const std::string& name, torch::Tensor& into) {
+  const auto it = in.find(name);
+  TORCH_CHECK(it != in.end(), "checkpoint lacks ", name, " (saved with other compression settings?)");
+  TORCH_CHECK(it->second.numel() == into.numel(), name, " has ", it->second.numel(), " values, expected ",
+              into.numel());
+  into.copy_(it->second.reshape(into.sizes()));
+}
+
+}  // namespace
+
+CodecSpec codec_spec(const OuterConfig& c) {
+  CodecSpec s;
+  s.type = codec_type(c.wire_dtype);
+  s.topk = c.topk;
+  s.block = c.quant_block;
+  s.stochastic = c.stochastic_rounding;
+  return s;
+}
+
+ErrorFeedbackChannel::ErrorFeedbackChannel(const WireCodec& codec, bool error_feedback, int64_t numel,
+                                           std::string state_name)
+    : codec_(codec), numel_(numel), state_name_(std::move(state_name)) {
+  if (error_feedback && !codec.lossless()) residual_ = torch::zeros({numel}, torch::kFloat32);
+}
+
+void ErrorFeedbackChannel::encode(const torch::Tensor& x, uint8_t* out, uint64_t seed) {
+  auto send = cpu_fp32(x);
+  if (residual_.defined()) send = send + residual_;
+  codec_.encode(send.data_ptr<float>(), size_t(numel_), out, seed);
+  if (residual_.defined()) residual_ = send - decode(out);
+}
+
+torch::Tensor ErrorFeedbackChannel::decode(const uint8_t* in) const {
+  auto out = torch::empty({numel_}, torch::kFloat32);
+  codec_.decode(in, size_t(bytes()), size_t(numel_), out.data_ptr<float>());
+  return out;
+}
+
+void ErrorFeedbackChannel::save(TensorMap& out) const {
+  if (residual_.defined()) out["outer." + state_name_] = residual_;
+}
+
+void ErrorFeedbackChannel::load(const TensorMap& in) {
+  if (residual_.defined()) load_state(in, "outer." + state_name_, residual_);
+}
+
+SlowWeightChannel::SlowWeightChannel(const CosetCodec& codec, int64_t numel, bool stochastic)
+    : codec_(codec),
+      numel_(numel),
+      stochastic_(stochastic),
+      range_(torch::zeros({int64_t(codec.blocks(size_t(numel)))}, torch::kFloat32)) {}
+
+void SlowWeightChannel::encode(const torch::Tensor& phi, const torch::Tensor& delta, uint8_t* out,
+                               uint64_t seed) const {
+  // A grid just fine enough for twice the disagreement seen lately; where
+  // none was seen yet, a tenth of this replica's own progress in the block.
+  const auto prior = block_peaks(cpu_fp32(delta), int64_t(codec_.block())) * 0.1;
+  const auto steps = (torch::where(range_ > 0, range_ * 2, prior) / double(codec_.range_in_steps())).contiguous();
+  const auto x = cpu_fp32(phi);
+  codec_.encode(x.data_ptr<float>(), size_t(numel_), steps.data_ptr<float>(), out, stochastic_, seed);
+}
+
+torch::Tensor SlowWeightChannel::decode(const uint8_t* in, const torch::Tensor& own_phi, int64_t* failed) {
+  const auto own = cpu_fp32(own_phi);
+  auto out = torch::empty({numel_}, torch::kFloat32);
+  std::vector<uint8_t> failed_blocks;
+  *failed += int64_t(codec_.decode(in, size_t(bytes()), size_t(numel_), own.data_ptr<float>(),
+                                   out.data_ptr<float>(), &failed_blocks));
+  const auto seen = block_peaks(out - own, int64_t(codec_.block()));
+  auto* range = range_.data_ptr<float>();
+  const auto* observed = seen.data_ptr<float>();
+  for (size_t b = 0; b < failed_blocks.size(); ++b) {
+    if (failed_blocks[b]) {
+      // The partner's range was too narrow for our disagreement: ours is at least twice that.
+      range[b] = std::max(range[b], 2.0f * codec_.step_of(in, b) * float(codec_.range_in_steps()));
+    } else {
+      range[b] = std::max(observed[b], 0.5f * range[b]);
+    }
+  }
+  return out;
+}
+
+void SlowWeightChannel::save(TensorMap& out) const { out["outer.phi_range"] = range_; }
+
+void SlowWeightChannel::load(const TensorMap& in) { load_state(in, "outer.phi_range", range_); }
+
+}  // namespace noloco

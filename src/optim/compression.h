@@ -1,0 +1,64 @@
+// The compressed channels an outer method sends through, and the state they
+// keep between outer steps (part of the replica's outer state: checkpointed,
+// resumed bit for bit, handed over on rejoin).
+#pragma once
+#include <cstdint>
+#include <string>
+
+#include <torch/torch.h>
+
+#include "comm/codec.h"
+#include "comm/coset_codec.h"
+#include "config/train_config.h"
+#include "optim/inner.h"
+
+namespace noloco {
+
+// The wire codec a config asks for.
+CodecSpec codec_spec(const OuterConfig& config);
+
+// An increment (the pseudo-gradient Δ) through a wire codec with error
+// feedback: what the codec could not carry this time is added to what is
+// sent next time, so compression delays information instead of losing it.
+class ErrorFeedbackChannel {
+ public:
+  ErrorFeedbackChannel(const WireCodec& codec, bool error_feedback, int64_t numel, std::string state_name);
+  int64_t bytes() const { return int64_t(codec_.encoded_bytes(size_t(numel_))); }
+  // Encodes x + residual into `out` (bytes() of them); the residual becomes what was lost.
+  void encode(const torch::Tensor& x, uint8_t* out, uint64_t seed);
+  // A peer's message, decoded to fp32. Throws std::runtime_error if malformed.
+  torch::Tensor decode(const uint8_t* in) const;
+  void save(TensorMap& out) const;
+  void load(const TensorMap& in);
+
+ private:
+  const WireCodec& codec_;
+  int64_t numel_;
+  std::string state_name_;
+  torch::Tensor residual_;  // undefined without error feedback or with a lossless codec
+};
+
+// Slow weights φ by coset coding against the receiver's own φ (see
+// comm/coset_codec.h). Each replica learns, per block, how far its partners'
+// φ have been from its own, and sends with a grid just fine enough for
+// twice that; a block that did not decode widens its range.
+class SlowWeightChannel {
+ public:
+  SlowWeightChannel(const CosetCodec& codec, int64_t numel, bool stochastic);
+  int64_t bytes() const { return int64_t(codec_.encoded_bytes(size_t(numel_))); }
+  // `delta` (this replica's progress) sets the grid of blocks never observed.
+  void encode(const torch::Tensor& phi, const torch::Tensor& delta, uint8_t* out, uint64_t seed) const;
+  // A peer's φ, decoded against ours; learns the disagreement it shows.
+  // Adds the blocks that failed to decode (kept at our own φ) to `failed`.
+  torch::Tensor decode(const uint8_t* in, const torch::Tensor& own_phi, int64_t* failed);
+  void save(TensorMap& out) const;
+  void load(const TensorMap& in);
+
+ private:
+  const CosetCodec& codec_;
+  int64_t numel_;
+  bool stochastic_;
+  torch::Tensor range_;  // per block: recent largest |φ_partner − φ_own|
+};
+
+}  // namespace noloco

@@ -1,0 +1,225 @@
+// Wire codecs, coset coding and error feedback: round trips within stated
+// bounds, exact byte counts, unbiased stochastic rounding, and a decoder
+// that refuses malformed bytes from a peer.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <random>
+
+#include <torch/torch.h>
+
+#include "comm/codec.h"
+#include "comm/coset_codec.h"
+#include "optim/compression.h"
+
+using namespace noloco;
+
+namespace {
+
+std::vector<float> normal_values(size_t n, float stddev, uint64_t seed) {
+  std::mt19937_64 rng(seed);
+  std::normal_distribution<float> d(0.0f, stddev);
+  std::vector<float> x(n);
+  for (auto& v : x) v = d(rng);
+  return x;
+}
+
+std::vector<float> round_trip(const WireCodec& c, const std::vector<float>& x, uint64_t seed = 1) {
+  std::vector<uint8_t> bytes(c.encoded_bytes(x.size()));
+  c.encode(x.data(), x.size(), bytes.data(), seed);
+  std::vector<float> y(x.size());
+  c.decode(bytes.data(), bytes.size(), x.size(), y.data());
+  return y;
+}
+
+CodecSpec spec(CodecSpec::Type type, double topk = 0, bool stochastic = false) {
+  CodecSpec s;
+  s.type = type;
+  s.topk = topk;
+  s.stochastic = stochastic;
+  return s;
+}
+
+std::string decode_error(const WireCodec& c, std::vector<uint8_t> bytes, size_t n) {
+  std::vector<float> y(n);
+  try {
+    c.decode(bytes.data(), bytes.size(), n, y.data());
+  } catch (const std::runtime_error& e) {
+    return e.what();
+  }
+  return "";
+}
+
+}  // namespace
+
+TEST(Codec, ByteCountsAreExactAndKnownFromTheLengthAlone) {
+  const size_t n = 1000;  // 15 full blocks of 64 and one of 40
+  EXPECT_EQ(WireCodec(spec(CodecSpec::Type::fp32)).encoded_bytes(n), 4000u);
+  EXPECT_EQ(WireCodec(spec(CodecSpec::Type::bf16)).encoded_bytes(n), 2000u);
+  EXPECT_EQ(WireCodec(spec(CodecSpec::Type::int8)).encoded_bytes(n), 16u * 2 + 1000);
+  EXPECT_EQ(WireCodec(spec(CodecSpec::Type::int4)).encoded_bytes(n), 16u * 2 + 500);
+  EXPECT_EQ(WireCodec(spec(CodecSpec::Type::int4)).encoded_bytes(1001), 16u * 2 + 501);
+  // Top 1% of a 4096-value chunk and of a 904-value remainder: 41 + 10 positions of 12 bits, then int4 values.
+  const WireCodec top(spec(CodecSpec::Type::int4, 0.01));
+  EXPECT_EQ(top.encoded_bytes(5000), size_t((51 * 12 + 7) / 8 + 2 * 1 + (51 + 1) / 2));
+  for (auto type : {CodecSpec::Type::fp32, CodecSpec::Type::bf16, CodecSpec::Type::int8, CodecSpec::Type::int4}) {
+    const WireCodec c(spec(type, 0.05));
+    const auto x = normal_values(n, 1.0f, 3);
+    std::vector<uint8_t> bytes(c.encoded_bytes(n));
+    c.encode(x.data(), n, bytes.data(), 7);  // writes exactly that many (ASan would see more)
+    EXPECT_EQ(decode_error(c, bytes, n), "");
+  }
+}
+
+TEST(Codec, Fp32IsExactAndBf16MatchesLibTorch) {
+  const auto x = normal_values(777, 0.02f, 1);
+  EXPECT_EQ(round_trip(WireCodec(spec(CodecSpec::Type::fp32)), x), x);
+  const auto y = round_trip(WireCodec(spec(CodecSpec::Type::bf16)), x);
+  const auto expected = torch::tensor(x).to(torch::kBFloat16).to(torch::kFloat32);
+  for (size_t i = 0; i < x.size(); ++i) ASSERT_EQ(y[i], expected[long(i)].item<float>()) << i;
+}
+
+TEST(Codec, IntegerCodesStayWithinHalfAScale) {
+  for (auto type : {CodecSpec::Type::int8, CodecSpec::Type::int4}) {
+    const int qmax = type == CodecSpec::Type::int8 ? 127 : 7;
+    auto x = normal_values(1000, 0.01f, 2);
+    x[5] = 0.5f;  // one outlier: its block's scale grows, the others' do not
+    const auto y = round_trip(WireCodec(spec(type)), x);
+    for (size_t b = 0; b * 64 < x.size(); ++b) {
+      float peak = 0;
+      for (size_t i = b * 64; i < std::min(x.size(), b * 64 + 64); ++i) peak = std::max(peak, std::fabs(x[i]));
+      const float scale = peak / float(qmax) * (1 + 1.0f / 128);  // bf16 rounds the scale up by < 2^-7
+      for (size_t i = b * 64; i < std::min(x.size(), b * 64 + 64); ++i)
+        ASSERT_LE(std::fabs(y[i] - x[i]), scale / 2 * 1.0001f) << codec_type_name(type) << " element " << i;
+    }
+  }
+  const std::vector<float> zeros(100, 0.0f);
+  EXPECT_EQ(round_trip(WireCodec(spec(CodecSpec::Type::int4)), zeros), zeros);
+}
+
+TEST(Codec, StochasticRoundingIsUnbiasedAndDeterministicPerSeed) {
+  const WireCodec c(spec(CodecSpec::Type::int4, 0, /*stochastic=*/true));
+  auto x = normal_values(64, 1.0f, 4);
+  std::vector<double> mean(x.size(), 0.0);
+  const int draws = 4000;
+  for (int s = 0; s < draws; ++s) {
+    const auto y = round_trip(c, x, uint64_t(s));
+    for (size_t i = 0; i < x.size(); ++i) mean[i] += y[i] / draws;
+  }
+  float peak = 0;
+  for (float v : x) peak = std::max(peak, std::fabs(v));
+  const double scale = peak / 7.0;
+  // Each draw is off by at most one scale; the mean of 4000 by about scale/sqrt(4000)/2.
+  for (size_t i = 0; i < x.size(); ++i) EXPECT_NEAR(mean[i], x[i], 4 * scale / std::sqrt(draws)) << i;
+  EXPECT_EQ(round_trip(c, x, 9), round_trip(c, x, 9));
+  EXPECT_NE(round_trip(c, x, 9), round_trip(c, x, 10));
+}
+
+TEST(Codec, TopKSendsTheLargestOfEachChunkAndZeroesTheRest) {
+  const WireCodec c(spec(CodecSpec::Type::fp32, 0.01));
+  auto x = normal_values(5000, 1.0f, 5);
+  const auto y = round_trip(c, x);
+  for (size_t first = 0; first < x.size(); first += WireCodec::kChunk) {
+    const size_t len = std::min(WireCodec::kChunk, x.size() - first), k = size_t(std::ceil(0.01 * double(len)));
+    std::vector<float> magnitudes;
+    for (size_t i = first; i < first + len; ++i) magnitudes.push_back(std::fabs(x[i]));
+    std::sort(magnitudes.rbegin(), magnitudes.rend());
+    size_t sent = 0;
+    for (size_t i = first; i < first + len; ++i) {
+      if (y[i] == 0) continue;
+      ++sent;
+      EXPECT_EQ(y[i], x[i]);  // fp32 values travel exactly
+      EXPECT_GE(std::fabs(x[i]), magnitudes[k - 1]);
+    }
+    EXPECT_EQ(sent, k);
+  }
+}
+
+TEST(Codec, DecoderRefusesMalformedBytes) {
+  const size_t n = 100;
+  const auto x = normal_values(n, 1.0f, 6);
+  auto encoded = [&](const WireCodec& c) {
+    std::vector<uint8_t> b(c.encoded_bytes(n));
+    c.encode(x.data(), n, b.data(), 1);
+    return b;
+  };
+  const WireCodec int8(spec(CodecSpec::Type::int8)), int4(spec(CodecSpec::Type::int4)),
+      top(spec(CodecSpec::Type::int8, 0.1));
+  auto b = encoded(int8);
+  b.pop_back();
+  EXPECT_NE(decode_error(int8, b, n).find("bytes where 100 values"), std::string::npos);
+  b = encoded(int8);
+  b[0] = 0xff, b[1] = 0x7f;  // a NaN scale
+  EXPECT_NE(decode_error(int8, b, n).find("block 0 has scale"), std::string::npos);
+  b = encoded(int8);
+  b[2 * 2 + 3] = 0x80;  // int8 -128, never written
+  EXPECT_NE(decode_error(int8, b, n).find("-128"), std::string::npos);
+  b = encoded(int4);
+  b[2 * 2 + 1] &= 0xf0;  // nibble 0 (-8), never written
+  EXPECT_NE(decode_error(int4, b, n).find("-8"), std::string::npos);
+  b = encoded(top);
+  std::swap(b[0], b[1]);  // positions out of order
+  EXPECT_NE(decode_error(top, b, n), "");
+}
+
+TEST(CosetCode, RecoversWithinTheRangeAndFlagsWhatFallsOutside) {
+  const CosetCodec c(4, 64);
+  const size_t n = 256;
+  auto side = normal_values(n, 0.1f, 7);  // the receiver's own slow weights
+  auto x = side;
+  const auto noise = normal_values(n, 1e-3f, 8);
+  for (size_t i = 0; i < n; ++i) x[i] += noise[i];
+  std::vector<float> steps(c.blocks(n), 1e-3f);  // ±7 steps: ±7e-3, seven standard deviations
+  x[200] = side[200] + 0.5f;                     // far outside block 3's range
+  std::vector<uint8_t> bytes(c.encoded_bytes(n));
+  EXPECT_EQ(bytes.size(), 4u * 4 + n / 2);
+  c.encode(x.data(), n, steps.data(), bytes.data(), false, 0);
+  std::vector<float> out(n);
+  std::vector<uint8_t> failed;
+  EXPECT_EQ(c.decode(bytes.data(), bytes.size(), n, side.data(), out.data(), &failed), 1u);
+  EXPECT_EQ(failed, (std::vector<uint8_t>{0, 0, 0, 1}));
+  const float step = c.step_of(bytes.data(), 0);
+  EXPECT_GE(step, 1e-3f);
+  EXPECT_LT(step, 1e-3f * 1.01f);
+  for (size_t i = 0; i < 192; ++i) ASSERT_LE(std::fabs(out[i] - x[i]), step / 2 * 1.0001f) << i;  // |x| is 100x step
+  for (size_t i = 192; i < n; ++i) ASSERT_EQ(out[i], side[i]) << "a failed block keeps the receiver's own";
+}
+
+TEST(CosetCode, RefusesMalformedSteps) {
+  const CosetCodec c(3, 16);
+  const std::vector<float> x(40, 0.25f), steps(3, 0.01f);
+  std::vector<uint8_t> bytes(c.encoded_bytes(x.size()));
+  c.encode(x.data(), x.size(), steps.data(), bytes.data(), false, 0);
+  std::vector<float> out(x.size());
+  auto bad = bytes;
+  bad[0] = 0, bad[1] = 0;  // a zero step
+  EXPECT_THROW(c.decode(bad.data(), bad.size(), x.size(), x.data(), out.data(), nullptr), std::runtime_error);
+  EXPECT_THROW(c.decode(bytes.data(), bytes.size() - 1, x.size(), x.data(), out.data(), nullptr), std::runtime_error);
+  EXPECT_EQ(c.decode(bytes.data(), bytes.size(), x.size(), x.data(), out.data(), nullptr), 0u);
+}
+
+// What error feedback promises: everything sent so far plus what is still
+// owed equals everything that was to be sent.
+TEST(ErrorFeedback, DelaysWhatTheCodecDropsInsteadOfLosingIt) {
+  const WireCodec codec(spec(CodecSpec::Type::int4, 0.05));
+  const int64_t n = 3000;
+  ErrorFeedbackChannel channel(codec, true, n, "residual");
+  auto owed = torch::zeros({n}), delivered = torch::zeros({n});
+  std::vector<uint8_t> bytes(size_t(channel.bytes()));
+  for (int t = 0; t < 20; ++t) {
+    const auto x = torch::randn({n}) * 0.01;
+    owed += x;
+    channel.encode(x, bytes.data(), uint64_t(t));
+    delivered += channel.decode(bytes.data());
+  }
+  TensorMap state;
+  channel.save(state);
+  const auto& residual = state.at("outer.residual");
+  EXPECT_LT((owed - delivered - residual).abs().max().item<float>(), 1e-5);
+  EXPECT_LT(residual.norm().item<float>(), 0.5 * owed.norm().item<float>());  // most of it has arrived
+  // Without feedback the same codec loses the rest for good: nothing is kept.
+  ErrorFeedbackChannel lossy(codec, false, n, "residual");
+  TensorMap none;
+  lossy.save(none);
+  EXPECT_TRUE(none.empty());
+}
