@@ -126,7 +126,8 @@ OuterTerms NoLoCo::exchange(int64_t outer_step, const torch::Tensor& theta, cons
       phis.erase(r);
     }
   }
-  if (failed_blocks > 0)
+  sync.phi_blocks_failed = failed_blocks;
+  if (with_phi && phi_coset_ && failed_blocks * 10 > int64_t(coset_.blocks(size_t(phi.numel()))))
     spdlog::warn("outer step {}: {} blocks of slow weights were further from a partner's than its grid covered; "
                  "no pull there this time", outer_step, failed_blocks);
   sync.arrived.push_back(transport_.rank());

@@ -23,6 +23,7 @@ struct OuterSync {
   std::vector<int> group;    // who it averaged with (all replicas for DiLoCo)
   std::vector<int> arrived;  // of those, whose data was counted
   uint64_t bytes = 0;        // payload bytes this replica sent for it
+  int64_t phi_blocks_failed = 0;  // coset-coded blocks that fell outside their grid (kept unpulled)
 };
 
 class OuterOptimizer {

@@ -252,7 +252,11 @@ nlohmann::json train(const TrainConfig& c, const WorkerInfo& w) {
       ++outer_steps;
       outer_bytes += sync->bytes;
       telemetry.write(record(done, "outer", w,
-                             {{"outer_step", sync->outer_step}, {"group", sync->group}, {"arrived", sync->arrived}}));
+                             {{"outer_step", sync->outer_step},
+                              {"group", sync->group},
+                              {"arrived", sync->arrived},
+                              {"bytes", sync->bytes},
+                              {"phi_blocks_failed", sync->phi_blocks_failed}}));
       if (w.membership)
         for (int to : serve_rejoins(*w.membership, *w.transport, state, done))
           telemetry.write(record(done, "donate", w, {{"to", to}}));
