@@ -8,6 +8,7 @@
 #include <fmt/format.h>
 #include <torch/torch.h>
 
+#include "comm/capped_links.h"
 #include "comm/launcher.h"
 #include "comm/worker_links.h"
 #include "config/options.h"
@@ -26,6 +27,7 @@
 #include "train/trainer.h"
 #include "util/files.h"
 #include "util/log.h"
+#include "util/parse_number.h"
 
 #include <chrono>
 #include <filesystem>
@@ -90,6 +92,15 @@ WorkerInfo worker_info(const WorkerEnv& env, int stages, const WorkerLinks& link
   return w;
 }
 
+// The capped network of a local launch with rate=..., or none.
+std::unique_ptr<CappedLinks> capped_links(const TrainConfig& cfg, int workers) {
+  if (cfg.comm.rate.empty()) return nullptr;
+  auto links = std::make_unique<CappedLinks>(workers, parse_bit_rate("rate", cfg.comm.rate));
+  spdlog::info("{} workers on links capped at {} each way (network namespaces, launcher at {})", workers,
+               cfg.comm.rate, links->host_address());
+  return links;
+}
+
 // One replica, a launched worker (RANK set: our launcher, torchrun, Slurm...),
 // or the launcher of `replicas` local workers.
 int run_train(const std::string& config_path, const std::vector<std::string>& overrides) {
@@ -124,6 +135,8 @@ int run_train(const std::string& config_path, const std::vector<std::string>& ov
   // A lost stage stalls every pipeline that routes through it, so only
   // unpipelined NoLoCo carries on without a worker.
   plan.keep_going_on_failure = cfg.outer.method == "noloco" && stages == 1;
+  const auto links = capped_links(cfg, plan.workers);
+  plan.links = links.get();
   if (stages > 1)
     spdlog::info("launching {} replicas x {} stages = {} {} workers, run dir {}", cfg.run.replicas, stages,
                  plan.workers, cfg.outer.method, cfg.run.out);
@@ -167,15 +180,23 @@ int run_comm_bench(const std::vector<std::string>& args) {
   plan.workers = int(cfg.run.replicas);
   plan.method = cfg.outer.method;
   plan.comm = cfg.comm;
+  const auto links = capped_links(cfg, plan.workers);
+  plan.links = links.get();
   const auto exits = launch_local_workers(plan, worker_command({"bench", "comm"}, args, cfg.run.out));
   for (auto& e : exits)
     if (!e.ok()) throw std::runtime_error("bench comm failed: " + e.describe());
   const auto s = summarize_comm_bench(cfg, options);
-  fmt::print("bench comm {} x{} ({} MB, {} rounds, compute {}s, sigma2 {}, straggler x{}): sync {:.4f}s/round, idle "
-             "{:.4f}s/round, median idle of workers 1..N-1 {:.4f}s/round\n",
-             cfg.outer.method, cfg.run.replicas, options.megabytes, options.rounds, options.compute, options.sigma2,
-             options.straggler, s["sync_seconds_per_round"].get<double>(), s["idle_seconds_per_round"].get<double>(),
-             s["median_idle_seconds_others"].get<double>());
+  fmt::print("bench comm {} x{} ({} MB, {}, {} rounds, compute {}s, sigma2 {}, straggler x{}, {}): sync {:.4f}s/round{}, "
+             "idle {:.4f}s/round, median idle of workers 1..N-1 {:.4f}s/round\n",
+             cfg.outer.method, cfg.run.replicas, options.megabytes, cfg.outer.wire_dtype, options.rounds,
+             options.compute, options.sigma2, options.straggler,
+             cfg.comm.rate.empty() ? "loopback" : "links at " + cfg.comm.rate,
+             s["sync_seconds_per_round"].get<double>(),
+             cfg.comm.rate.empty() ? ""
+                                   : fmt::format(" (ideal {:.4f}s: {:.2f}x)", s["ideal_sync_seconds"].get<double>(),
+                                                 s["sync_seconds_per_round"].get<double>() /
+                                                     s["ideal_sync_seconds"].get<double>()),
+             s["idle_seconds_per_round"].get<double>(), s["median_idle_seconds_others"].get<double>());
   return 0;
 }
 

@@ -1,5 +1,7 @@
 #include "comm/launcher.h"
 
+#include <fcntl.h>
+#include <sched.h>
 #include <signal.h>
 #include <sys/prctl.h>
 #include <sys/wait.h>
@@ -64,20 +66,32 @@ std::vector<WorkerExit> launch_local_workers(const LaunchPlan& plan, const std::
   const char* given = std::getenv("NOLOCO_RUN_TOKEN");
   const std::string token = given && *given ? given : new_run_token();
   std::vector<pid_t> pids(size_t(n), -1);
+  const std::string store_address = plan.links ? plan.links->host_address() : c.bind;
   auto spawn = [&](int r) {
     std::vector<std::string> env_vars = {
         fmt::format("RANK={}", r),          fmt::format("WORLD_SIZE={}", n),
         fmt::format("LOCAL_RANK={}", r),    fmt::format("LOCAL_WORLD_SIZE={}", n),
-        fmt::format("MASTER_ADDR={}", c.bind), fmt::format("MASTER_PORT={}", port),
+        fmt::format("MASTER_ADDR={}", store_address), fmt::format("MASTER_PORT={}", port),
         "TORCHELASTIC_USE_AGENT_STORE=True", "NOLOCO_RUN_TOKEN=" + token};
+    std::vector<std::string> args = worker_args;
+    // Behind a capped link the worker listens on its own address there.
+    if (plan.links) args.push_back("bind=" + plan.links->worker_address(r));
+    const std::string netns = plan.links ? plan.links->netns_path(r) : "";
     const pid_t pid = ::fork();
     if (pid < 0) throw std::runtime_error(fmt::format("fork failed: {}", std::strerror(errno)));
     if (pid == 0) {
       // A worker must not outlive its launcher.
       ::prctl(PR_SET_PDEATHSIG, SIGTERM);
+      if (!netns.empty()) {
+        const int fd = ::open(netns.c_str(), O_RDONLY | O_CLOEXEC);
+        if (fd < 0 || ::setns(fd, CLONE_NEWNET) != 0) {
+          std::fprintf(stderr, "noloco: error: worker %d cannot enter %s: %s\n", r, netns.c_str(), std::strerror(errno));
+          ::_exit(126);
+        }
+      }
       for (auto& e : env_vars) ::putenv(e.data());
       std::vector<char*> argv{exe};
-      for (auto& a : worker_args) argv.push_back(const_cast<char*>(a.c_str()));
+      for (auto& a : args) argv.push_back(const_cast<char*>(a.c_str()));
       argv.push_back(nullptr);
       ::execv(exe, argv.data());
       std::fprintf(stderr, "noloco: error: cannot start worker %d: %s\n", r, std::strerror(errno));

@@ -4,6 +4,7 @@
 #include <string>
 #include <vector>
 
+#include "comm/capped_links.h"
 #include "config/train_config.h"
 
 namespace noloco {
@@ -27,6 +28,8 @@ struct LaunchPlan {
   // Unless set, the first failed worker ends the others; with it, a failed
   // worker is restarted up to comm.restarts times.
   bool keep_going_on_failure = false;
+  // Each worker in its own network namespace behind a capped link (null: loopback).
+  const CappedLinks* links = nullptr;
 };
 
 // `worker_args` are the arguments after the program name (e.g. train CONFIG k=v...).

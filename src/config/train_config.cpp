@@ -85,6 +85,9 @@ Options config_options(TrainConfig& c) {
            "noloco: restart a failed worker up to this many times; it rejoins from a live peer")
       .add("heartbeat_timeout", c.comm.heartbeat_timeout,
            "seconds without a heartbeat before the launcher kills a hung worker and partners stop waiting")
+      .add("rate", c.comm.rate,
+           "local launcher: cap each worker's link at this rate each way, e.g. 10mbit (own network namespaces; "
+           "root only); empty: no cap")
       .add("inject_crash", c.run.inject_crash,
            "failure drill: RANK:STEP[:checkpoint|:freeze][,...] kills that worker (SIGKILL) before that step, or "
            "while writing its checkpoint, or freezes it (SIGSTOP)");
@@ -186,6 +189,7 @@ void TrainConfig::validate() const {
   positive("peer_timeout", comm.peer_timeout);
   non_negative("restarts", double(comm.restarts));
   positive("heartbeat_timeout", comm.heartbeat_timeout);
+  if (!comm.rate.empty()) parse_bit_rate("rate", comm.rate);
   if (comm.restarts > 0 && (method != "noloco" || pipeline.stages > 1))
     invalid("restarts needs method=noloco without pipeline stages (only NoLoCo can take a replica back mid-run)");
   for (const auto& point : parse_crash_plan(run.inject_crash)) {

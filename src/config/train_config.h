@@ -66,6 +66,9 @@ struct CommConfig {
   double peer_timeout = 60;
   double heartbeat_timeout = 30;  // seconds without a heartbeat before a worker counts as hung
   int64_t restarts = 0;           // times the launcher restarts a failed worker, which rejoins from a live peer
+  // The local launcher puts every worker behind a link capped at this rate
+  // each way ("10mbit"; comm/capped_links.h; root only). Empty: no cap.
+  std::string rate;
 };
 
 struct PipelineConfig {

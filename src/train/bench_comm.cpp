@@ -9,10 +9,12 @@
 #include <random>
 #include <sstream>
 #include <thread>
+#include <tuple>
 
 #include <fmt/format.h>
 
 #include "util/files.h"
+#include "util/parse_number.h"
 #include "util/svg_plot.h"
 
 namespace noloco {
@@ -77,60 +79,107 @@ nlohmann::json comm_bench_worker(const TrainConfig& c, const CommBenchOptions& o
           {"bytes_sent", links.transport->stats().bytes_sent}};
 }
 
-// All-reduce over NoLoCo, per replica count, from every row measured so far:
-// sync time without compute, idle time with jittered compute (the shapes of
-// the simulator's Fig. 5A and 5B).
-static void plot_comm_bench(const std::string& csv, const std::string& svg) {
-  std::map<std::pair<bool, int>, std::map<std::string, double>> seconds;  // (jittered, N) -> method -> s/round
+namespace {
+
+const std::vector<std::string> kColumns = {
+    "method",  "replicas", "megabytes", "rounds", "compute", "sigma2", "wire_dtype", "sync_seconds_per_round",
+    "idle_seconds_per_round", "wall_seconds", "straggler", "median_idle_seconds_others", "rate",
+    "bytes_sent_per_round", "ideal_sync_seconds"};
+
+std::string csv_header() {
+  std::string h;
+  for (const auto& c : kColumns) h += (h.empty() ? "" : ",") + c;
+  return h;
+}
+
+// All-reduce methods over NoLoCo, per replica count, from every row measured
+// so far: sync time without compute and idle time with jittered compute (the
+// shapes of the simulator's Fig. 5A and 5B), one line per link rate and codec.
+void plot_comm_bench(const std::string& csv, const std::string& svg) {
+  // (jittered, rate, wire) -> replicas -> method -> seconds per round
+  std::map<std::tuple<bool, std::string, std::string>, std::map<int, std::map<std::string, double>>> seconds;
   std::ifstream in(csv);
   std::string line;
   std::getline(in, line);  // header
+  auto column = [](const std::string& name) {
+    return size_t(std::find(kColumns.begin(), kColumns.end(), name) - kColumns.begin());
+  };
   while (std::getline(in, line)) {
     std::vector<std::string> cells;
     std::stringstream row(line);
     for (std::string cell; std::getline(row, cell, ',');) cells.push_back(cell);
-    if (cells.size() < 12 || std::stod(cells[10]) != 1.0) continue;  // straggler rows are plotted apart
-    const bool jittered = std::stod(cells[4]) > 0;
+    if (cells.size() != kColumns.size() || std::stod(cells[column("straggler")]) != 1.0) continue;
+    const bool jittered = std::stod(cells[column("compute")]) > 0;
     const std::string method = cells[0] == "noloco" ? "noloco" : "allreduce";
-    seconds[{jittered, std::stoi(cells[1])}][method] = std::stod(cells[jittered ? 8 : 7]);
+    seconds[{jittered, cells[column("rate")], cells[column("wire_dtype")]}][std::stoi(cells[column("replicas")])]
+           [method] = std::stod(cells[column(jittered ? "idle_seconds_per_round" : "sync_seconds_per_round")]);
   }
-  PlotSeries sync{"sync time, no compute", "#1f77b4", false, {}}, idle{"idle time, jittered compute", "#2ca02c", false, {}};
-  for (auto& [key, by_method] : seconds) {
-    if (!by_method.count("noloco") || !by_method.count("allreduce")) continue;
-    (key.first ? idle : sync).points.emplace_back(key.second, by_method["allreduce"] / by_method["noloco"]);
+  const char* colors[] = {"#1f77b4", "#2ca02c", "#ff7f0e", "#d62728", "#9467bd", "#8c564b", "#17becf"};
+  std::vector<PlotSeries> series;
+  for (auto& [key, by_n] : seconds) {
+    const auto& [jittered, rate, wire] = key;
+    PlotSeries s{fmt::format("{}, {}, {}", jittered ? "idle, jittered compute" : "sync, no compute",
+                             rate.empty() ? "loopback" : rate, wire),
+                 colors[series.size() % 7], jittered, {}};
+    for (auto& [n, by_method] : by_n)
+      if (by_method.count("noloco") && by_method.count("allreduce"))
+        s.points.emplace_back(n, by_method["allreduce"] / by_method["noloco"]);
+    if (!s.points.empty()) series.push_back(s);
   }
   PlotOptions o{"Measured: all-reduce methods over NoLoCo (bench comm)", "replicas", "time ratio"};
   o.log_x = true;
-  write_file_atomic(svg, line_chart_svg({sync, idle}, o));
+  write_file_atomic(svg, line_chart_svg(series, o));
 }
 
+}  // namespace
+
 nlohmann::json summarize_comm_bench(const TrainConfig& c, const CommBenchOptions& o) {
-  double sync = 0, idle = 0, wall = 0;
+  double sync = 0, idle = 0, wall = 0, bytes = 0;
   std::vector<double> others_idle;  // everyone but worker 0, the straggler when there is one
   for (int r = 0; r < c.run.replicas; ++r) {
     const auto j = read_json(fmt::format("{}/bench_comm_r{}.json", c.run.out, r));
     sync += j["sync_seconds_per_round"].get<double>();
     idle += j["idle_seconds_per_round"].get<double>();
     wall = std::max(wall, j["wall_seconds"].get<double>());
+    bytes += j["bytes_sent"].get<double>() / double(o.rounds);
     if (r > 0) others_idle.push_back(j["idle_seconds_per_round"].get<double>());
   }
   std::sort(others_idle.begin(), others_idle.end());
+  const double replicas = double(c.run.replicas);
   const double median_others = others_idle.empty() ? 0 : others_idle[others_idle.size() / 2];
-  nlohmann::json s = {{"method", c.outer.method},        {"replicas", c.run.replicas},
-                      {"megabytes", o.megabytes},  {"rounds", o.rounds},
-                      {"compute", o.compute},      {"sigma2", o.sigma2},
-                      {"wire_dtype", c.outer.wire_dtype}, {"sync_seconds_per_round", sync / double(c.run.replicas)},
-                      {"idle_seconds_per_round", idle / double(c.run.replicas)}, {"wall_seconds", wall},
-                      {"straggler", o.straggler}, {"median_idle_seconds_others", median_others}};
+  // Every replica's upload and download are capped: the round cannot end before
+  // the bytes it sends have crossed its own link.
+  const double bytes_per_round = bytes / replicas;
+  const double ideal = c.comm.rate.empty() ? 0.0 : 8 * bytes_per_round / parse_bit_rate("rate", c.comm.rate);
+  nlohmann::json s = {{"method", c.outer.method},
+                      {"replicas", c.run.replicas},
+                      {"megabytes", o.megabytes},
+                      {"rounds", o.rounds},
+                      {"compute", o.compute},
+                      {"sigma2", o.sigma2},
+                      {"wire_dtype", c.outer.wire_dtype},
+                      {"sync_seconds_per_round", sync / replicas},
+                      {"idle_seconds_per_round", idle / replicas},
+                      {"wall_seconds", wall},
+                      {"straggler", o.straggler},
+                      {"median_idle_seconds_others", median_others},
+                      {"rate", c.comm.rate},
+                      {"bytes_sent_per_round", bytes_per_round},
+                      {"ideal_sync_seconds", ideal}};
   const std::string csv = c.run.out + "/bench_comm.csv";
-  const bool fresh = !std::filesystem::exists(csv);
+  if (std::filesystem::exists(csv)) {
+    std::ifstream existing(csv);
+    std::string header;
+    std::getline(existing, header);
+    if (header != csv_header())
+      throw std::runtime_error(fmt::format("{} has other columns (an older version wrote it); move it away", csv));
+  } else {
+    write_file_atomic(csv, csv_header() + "\n");
+  }
   std::ofstream f(csv, std::ios::app);
-  if (fresh)
-    f << "method,replicas,megabytes,rounds,compute,sigma2,wire_dtype,sync_seconds_per_round,idle_seconds_per_round,"
-         "wall_seconds,straggler,median_idle_seconds_others\n";
-  f << fmt::format("{},{},{},{},{},{},{},{:.6f},{:.6f},{:.3f},{},{:.6f}\n", c.outer.method, c.run.replicas, o.megabytes, o.rounds,
-                   o.compute, o.sigma2, c.outer.wire_dtype, s["sync_seconds_per_round"].get<double>(),
-                   s["idle_seconds_per_round"].get<double>(), wall, o.straggler, median_others);
+  f << fmt::format("{},{},{},{},{},{},{},{:.6f},{:.6f},{:.3f},{},{:.6f},{},{:.0f},{:.6f}\n", c.outer.method,
+                   c.run.replicas, o.megabytes, o.rounds, o.compute, o.sigma2, c.outer.wire_dtype, sync / replicas,
+                   idle / replicas, wall, o.straggler, median_others, c.comm.rate, bytes_per_round, ideal);
   f.close();
   plot_comm_bench(csv, c.run.out + "/bench_comm.svg");
   return s;

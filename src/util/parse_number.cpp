@@ -1,5 +1,6 @@
 #include "util/parse_number.h"
 
+#include <cctype>
 #include <cmath>
 #include <stdexcept>
 
@@ -37,6 +38,21 @@ double parse_non_negative(const std::string& key, const std::string& text) {
   const double v = parse_real(key, text);
   if (v < 0) throw std::invalid_argument(fmt::format("{}: must be >= 0, got {}", key, text));
   return v;
+}
+
+double parse_bit_rate(const std::string& key, const std::string& text) {
+  size_t digits = 0;
+  while (digits < text.size() && (std::isdigit(static_cast<unsigned char>(text[digits])) || text[digits] == '.'))
+    ++digits;
+  const std::string unit = text.substr(digits);
+  const double factor = unit == "kbit" ? 1e3 : unit == "mbit" ? 1e6 : unit == "gbit" ? 1e9 : 0;
+  if (digits == 0 || factor == 0)
+    throw std::invalid_argument(
+        fmt::format("{}: '{}' is not a rate (a number with kbit, mbit or gbit, e.g. 10mbit)", key, text));
+  const double rate = parse_real(key, text.substr(0, digits)) * factor;
+  if (!(rate >= 1e5 && rate <= 1e11))
+    throw std::invalid_argument(fmt::format("{}: must be between 100kbit and 100gbit, got '{}'", key, text));
+  return rate;
 }
 
 }  // namespace noloco

@@ -12,4 +12,8 @@ double parse_real(const std::string& key, const std::string& text);
 // Finite and >= 0.
 double parse_non_negative(const std::string& key, const std::string& text);
 
+// A link rate: "10mbit", "100mbit", "1gbit", "500kbit", "1.5mbit" -> bits
+// per second, between 100 kbit/s and 100 gbit/s.
+double parse_bit_rate(const std::string& key, const std::string& text);
+
 }  // namespace noloco
