@@ -296,7 +296,8 @@ TEST_F(Distributed, AWorkerWithTheWrongTokenCannotJoin) {
           " method=noloco replicas=2 peer_timeout=3 hidden=32 layers=2 heads=2 intermediate=64 context=32",
       30,
       "RANK=1 WORLD_SIZE=2 MASTER_ADDR=127.0.0.1 MASTER_PORT=" + std::to_string(port) +
-          " TORCHELASTIC_USE_AGENT_STORE=True NOLOCO_RUN_TOKEN=not-the-token");
+          " TORCHELASTIC_USE_AGENT_STORE=True NOLOCO_STORE=http://127.0.0.1:" + std::to_string(port) +
+          " NOLOCO_RUN_TOKEN=not-the-token");
   // Ctrl-C to the launcher ends the run: it forwards the signal to its workers.
   EXPECT_EQ(::system(("pkill -INT -f '[n]oloco train .*out=" + run_dir + " '").c_str()), 0);
   runner.join();

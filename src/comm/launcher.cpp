@@ -14,8 +14,9 @@
 #include <utility>
 
 #include <fmt/format.h>
-#include <torch/csrc/distributed/c10d/TCPStore.hpp>
 
+#include "comm/etcd_server.h"
+#include "comm/etcd_store.h"
 #include "comm/membership.h"
 #include "comm/store.h"
 #include "comm/heartbeat.h"
@@ -42,15 +43,15 @@ std::vector<WorkerExit> launch_local_workers(const LaunchPlan& plan, const std::
   const auto& c = plan.comm;
   const bool keep_going_on_failure = plan.keep_going_on_failure;
   const auto start = std::chrono::steady_clock::now();
-  c10d::TCPStoreOptions opts;
-  opts.port = uint16_t(c.port);
-  opts.isServer = true;
-  opts.waitWorkers = false;
-  opts.timeout = std::chrono::milliseconds(int64_t(c.peer_timeout * 1000));
-  const auto tcp = c10::make_intrusive<c10d::TCPStore>(c.bind, opts);
-  const c10::intrusive_ptr<c10d::Store> store = tcp;
-  const int port = tcp->getPort();
   const int n = plan.workers;
+  const char* given = std::getenv("NOLOCO_RUN_TOKEN");
+  const std::string token = given && *given ? given : new_run_token();
+  // The run's store: etcd, on `bind` (behind capped links: the launcher's
+  // address on their bridge), authenticated with the run's token.
+  const std::string store_address = plan.links ? plan.links->host_address() : c.bind;
+  const EtcdServer etcd(store_address, int(c.port), token);
+  const auto timeout = std::chrono::milliseconds(int64_t(c.peer_timeout * 1000));
+  const StorePtr store = c10::make_intrusive<EtcdStore>(etcd.endpoint(), "root", token, timeout);
 
   char exe[4096];
   const ssize_t len = ::readlink("/proc/self/exe", exe, sizeof exe - 1);
@@ -63,16 +64,13 @@ std::vector<WorkerExit> launch_local_workers(const LaunchPlan& plan, const std::
   ::sigaction(SIGINT, &sa, nullptr);
   ::sigaction(SIGTERM, &sa, nullptr);
 
-  const char* given = std::getenv("NOLOCO_RUN_TOKEN");
-  const std::string token = given && *given ? given : new_run_token();
   std::vector<pid_t> pids(size_t(n), -1);
-  const std::string store_address = plan.links ? plan.links->host_address() : c.bind;
   auto spawn = [&](int r) {
     std::vector<std::string> env_vars = {
         fmt::format("RANK={}", r),          fmt::format("WORLD_SIZE={}", n),
         fmt::format("LOCAL_RANK={}", r),    fmt::format("LOCAL_WORLD_SIZE={}", n),
-        fmt::format("MASTER_ADDR={}", store_address), fmt::format("MASTER_PORT={}", port),
-        "TORCHELASTIC_USE_AGENT_STORE=True", "NOLOCO_RUN_TOKEN=" + token};
+        fmt::format("MASTER_ADDR={}", store_address), fmt::format("MASTER_PORT={}", etcd.port()),
+        "TORCHELASTIC_USE_AGENT_STORE=True", "NOLOCO_RUN_TOKEN=" + token, "NOLOCO_STORE=" + etcd.endpoint()};
     std::vector<std::string> args = worker_args;
     // Behind a capped link the worker listens on its own address there.
     if (plan.links) args.push_back("bind=" + plan.links->worker_address(r));

@@ -7,6 +7,8 @@
 #include <torch/csrc/distributed/c10d/PrefixStore.hpp>
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
 
+#include "comm/etcd_store.h"
+
 namespace noloco {
 
 namespace {
@@ -14,6 +16,7 @@ std::vector<uint8_t> bytes_of(const std::string& s) { return {s.begin(), s.end()
 }  // namespace
 
 StorePtr connect_store(const WorkerEnv& env, std::chrono::milliseconds timeout) {
+  if (!env.store_url.empty()) return c10::make_intrusive<EtcdStore>(env.store_url, "root", env.token, timeout);
   c10d::TCPStoreOptions opts;
   opts.port = uint16_t(env.master_port);
   opts.isServer = env.rank == 0 && !env.agent_store;

@@ -11,10 +11,13 @@ struct WorkerEnv {
   int master_port = 0;
   bool agent_store = false;  // the store is hosted by the launcher (ours or torchrun's), not rank 0
   std::string token;         // NOLOCO_RUN_TOKEN: the run's shared secret
+  // NOLOCO_STORE: an etcd endpoint (http[s]://host:port) holding the run's
+  // store, as our launcher sets; empty: a c10d TCPStore at MASTER_ADDR:MASTER_PORT.
+  std::string store_url;
 };
 
 // RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, MASTER_ADDR, MASTER_PORT
-// (torchrun's names) and NOLOCO_RUN_TOKEN; returns false when RANK is unset
+// (torchrun's names), NOLOCO_RUN_TOKEN and NOLOCO_STORE; returns false when RANK is unset
 // (not a launched worker). Throws std::invalid_argument on malformed values.
 bool worker_env_from_environment(WorkerEnv& env);
 

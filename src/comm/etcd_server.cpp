@@ -1,0 +1,189 @@
+#include "comm/etcd_server.h"
+
+#include <arpa/inet.h>
+#include <fcntl.h>
+#include <netinet/in.h>
+#include <signal.h>
+#include <sys/prctl.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <stdexcept>
+#include <thread>
+#include <vector>
+
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+
+#include "comm/etcd_store.h"
+#include "util/files.h"
+
+namespace noloco {
+
+namespace fs = std::filesystem;
+
+namespace {
+
+const char* kDirPrefix = "noloco-etcd-";  // noloco-etcd-<launcher pid>-XXXXXX
+
+// A port on `bind` that the kernel just found free.
+int free_port(const std::string& bind) {
+  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_port = 0;
+  if (::inet_pton(AF_INET, bind.c_str(), &addr.sin_addr) != 1) {
+    ::close(fd);
+    throw std::runtime_error(fmt::format("bind={} is not an IPv4 address of this machine", bind));
+  }
+  if (::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) != 0) {
+    const int err = errno;
+    ::close(fd);
+    throw std::runtime_error(fmt::format("cannot listen on bind={}: {}", bind, std::strerror(err)));
+  }
+  socklen_t len = sizeof addr;
+  ::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len);
+  ::close(fd);
+  return ntohs(addr.sin_port);
+}
+
+std::string temp_root() {
+  // tmpfs when there is one: the store is scratch, and etcd syncs every write.
+  for (const char* d : {"/dev/shm", "/tmp"})
+    if (::access(d, W_OK) == 0) return d;
+  return fs::temp_directory_path().string();
+}
+
+void remove_leftovers(const std::string& root) {
+  std::error_code ec;
+  for (const auto& entry : fs::directory_iterator(root, ec)) {
+    const auto name = entry.path().filename().string();
+    if (name.rfind(kDirPrefix, 0) != 0) continue;
+    const long pid = std::strtol(name.c_str() + std::strlen(kDirPrefix), nullptr, 10);
+    if (pid > 0 && ::kill(pid_t(pid), 0) != 0 && errno == ESRCH) fs::remove_all(entry.path(), ec);
+  }
+}
+
+std::string tail_of(const std::string& path) {
+  try {
+    const auto text = read_file(path);
+    return text.substr(text.size() > 400 ? text.size() - 400 : 0);
+  } catch (const std::exception&) {
+    return "";
+  }
+}
+
+}  // namespace
+
+std::string EtcdServer::binary() {
+  if (const char* e = std::getenv("NOLOCO_ETCD")) return ::access(e, X_OK) == 0 ? e : "";
+  if (const char* path = std::getenv("PATH")) {
+    std::string p = path;
+    for (size_t start = 0; start <= p.size();) {
+      const size_t end = std::min(p.find(':', start), p.size());
+      const auto candidate = p.substr(start, end - start) + "/etcd";
+      if (end > start && ::access(candidate.c_str(), X_OK) == 0) return candidate;
+      start = end + 1;
+    }
+  }
+  return ::access("/usr/bin/etcd", X_OK) == 0 ? "/usr/bin/etcd" : "";
+}
+
+EtcdServer::EtcdServer(const std::string& bind, int port, const std::string& password) {
+  const auto exe = binary();
+  if (exe.empty())
+    throw std::runtime_error("the launcher hosts the run's store on etcd, and no etcd was found (install etcd-server, "
+                             "or set NOLOCO_ETCD)");
+  const auto root = temp_root();
+  remove_leftovers(root);
+  std::string tmpl = fmt::format("{}/{}{}-XXXXXX", root, kDirPrefix, ::getpid());
+  if (!::mkdtemp(tmpl.data())) throw std::runtime_error(fmt::format("cannot create {}: {}", tmpl, std::strerror(errno)));
+  dir_ = tmpl;
+  ::chmod(dir_.c_str(), 0700);
+  port_ = port > 0 ? port : free_port(bind);
+  endpoint_ = fmt::format("http://{}:{}", bind, port_);
+  const std::string peer = "unix://peer.sock:1";  // a socket file in dir_, not a port
+  std::vector<std::string> args = {exe,
+                                   "--name=noloco",
+                                   "--data-dir=" + dir_ + "/data",
+                                   "--listen-client-urls=" + endpoint_,
+                                   "--advertise-client-urls=" + endpoint_,
+                                   "--listen-peer-urls=" + peer,
+                                   "--initial-advertise-peer-urls=" + peer,
+                                   "--initial-cluster=noloco=" + peer,
+                                   "--auto-compaction-mode=revision",
+                                   "--auto-compaction-retention=100000",
+                                   "--quota-backend-bytes=536870912",
+                                   "--logger=zap",
+                                   "--log-level=error"};
+  const std::string log = dir_ + "/etcd.log";
+  pid_ = ::fork();
+  if (pid_ < 0) throw std::runtime_error(fmt::format("fork failed: {}", std::strerror(errno)));
+  if (pid_ == 0) {
+    ::prctl(PR_SET_PDEATHSIG, SIGKILL);  // the store dies with its launcher
+    ::setpgid(0, 0);                     // and does not take the launcher's Ctrl-C before the launcher does
+    const int fd = ::open(log.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0600);
+    if (fd >= 0) {
+      ::dup2(fd, 1);
+      ::dup2(fd, 2);
+    }
+    if (::chdir(dir_.c_str()) != 0) ::_exit(127);
+    std::vector<char*> argv;
+    for (auto& a : args) argv.push_back(a.data());
+    argv.push_back(nullptr);
+    ::execv(exe.c_str(), argv.data());
+    ::_exit(127);
+  }
+  // Up within 20 s, then authentication on before anyone else connects.
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(20);
+  std::string last_error;
+  for (;;) {
+    int status = 0;
+    if (::waitpid(pid_, &status, WNOHANG) == pid_) {
+      pid_ = -1;
+      const auto why = tail_of(log);
+      stop();
+      throw std::runtime_error(fmt::format("etcd did not start on {}: {}", endpoint_, why));
+    }
+    try {
+      EtcdStore admin(endpoint_, "", "", std::chrono::milliseconds(2000));
+      admin.request("/v3/auth/user/add", nlohmann::json{{"name", "root"}, {"password", password}}.dump());
+      admin.request("/v3/auth/user/grant", R"({"user":"root","role":"root"})");
+      admin.request("/v3/auth/enable", "{}");
+      return;
+    } catch (const std::exception& e) {
+      last_error = e.what();
+    }
+    if (std::chrono::steady_clock::now() > deadline) {
+      stop();
+      throw std::runtime_error(fmt::format("etcd on {} did not come up within 20 s: {}", endpoint_, last_error));
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+}
+
+EtcdServer::~EtcdServer() { stop(); }
+
+void EtcdServer::stop() {
+  if (pid_ > 0) {
+    ::kill(pid_, SIGTERM);
+    for (int i = 0; i < 100 && ::waitpid(pid_, nullptr, WNOHANG) == 0; ++i)
+      std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    if (::waitpid(pid_, nullptr, WNOHANG) == 0) {
+      ::kill(pid_, SIGKILL);
+      ::waitpid(pid_, nullptr, 0);
+    }
+    pid_ = -1;
+  }
+  std::error_code ec;
+  if (!dir_.empty()) fs::remove_all(dir_, ec);
+  dir_.clear();
+}
+
+}  // namespace noloco

@@ -1,0 +1,310 @@
+#include "comm/etcd_store.h"
+
+#include <curl/curl.h>
+
+#include <cstdlib>
+#include <mutex>
+#include <stdexcept>
+
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+
+namespace noloco {
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+using Json = nlohmann::json;
+
+const char* kAlphabet = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+
+std::string base64(const std::string& in) {
+  std::string out;
+  size_t i = 0;
+  for (; i + 2 < in.size(); i += 3) {
+    const uint32_t v = (uint8_t(in[i]) << 16) | (uint8_t(in[i + 1]) << 8) | uint8_t(in[i + 2]);
+    for (int s : {18, 12, 6, 0}) out.push_back(kAlphabet[(v >> s) & 63]);
+  }
+  if (i + 1 == in.size()) {
+    const uint32_t v = uint8_t(in[i]) << 16;
+    out += {kAlphabet[(v >> 18) & 63], kAlphabet[(v >> 12) & 63], '=', '='};
+  } else if (i + 2 == in.size()) {
+    const uint32_t v = (uint8_t(in[i]) << 16) | (uint8_t(in[i + 1]) << 8);
+    out += {kAlphabet[(v >> 18) & 63], kAlphabet[(v >> 12) & 63], kAlphabet[(v >> 6) & 63], '='};
+  }
+  return out;
+}
+
+std::string unbase64(const std::string& in) {
+  std::string out;
+  uint32_t v = 0;
+  int bits = 0;
+  for (char c : in) {
+    if (c == '=') break;
+    const char* p = std::strchr(kAlphabet, c);
+    if (!p || !*p) throw std::runtime_error("etcd sent malformed base64");
+    v = (v << 6) | uint32_t(p - kAlphabet);
+    bits += 6;
+    if (bits >= 8) {
+      bits -= 8;
+      out.push_back(char((v >> bits) & 0xff));
+    }
+  }
+  return out;
+}
+
+int64_t number(const Json& j, const char* key) {
+  const auto it = j.find(key);
+  if (it == j.end()) return 0;
+  return it->is_string() ? std::stoll(it->get<std::string>()) : it->get<int64_t>();
+}
+
+size_t append_body(char* data, size_t size, size_t count, void* body) {
+  static_cast<std::string*>(body)->append(data, size * count);
+  return size * count;
+}
+
+void curl_once() {
+  static std::once_flag once;
+  std::call_once(once, [] { curl_global_init(CURL_GLOBAL_DEFAULT); });
+}
+
+std::string as_string(const std::vector<uint8_t>& v) { return {v.begin(), v.end()}; }
+std::vector<uint8_t> as_bytes(const std::string& s) { return {s.begin(), s.end()}; }
+
+}  // namespace
+
+struct EtcdStore::Http {
+  std::string endpoint, user, password, token;
+  std::chrono::milliseconds timeout;
+  CURL* curl = nullptr;
+
+  ~Http() {
+    if (curl) curl_easy_cleanup(curl);
+  }
+
+  void common(CURL* c, const std::string& path, const std::string& body, curl_slist* headers, long timeout_ms) const {
+    curl_easy_setopt(c, CURLOPT_URL, (endpoint + path).c_str());
+    curl_easy_setopt(c, CURLOPT_POSTFIELDS, body.c_str());
+    curl_easy_setopt(c, CURLOPT_POSTFIELDSIZE, long(body.size()));
+    curl_easy_setopt(c, CURLOPT_HTTPHEADER, headers);
+    curl_easy_setopt(c, CURLOPT_TIMEOUT_MS, timeout_ms);
+    curl_easy_setopt(c, CURLOPT_CONNECTTIMEOUT_MS, timeout_ms);
+    curl_easy_setopt(c, CURLOPT_NOSIGNAL, 1L);
+    curl_easy_setopt(c, CURLOPT_TCP_NODELAY, 1L);
+    if (const char* ca = std::getenv("NOLOCO_STORE_CA")) curl_easy_setopt(c, CURLOPT_CAINFO, ca);
+  }
+
+  curl_slist* headers() const {
+    curl_slist* h = curl_slist_append(nullptr, "Content-Type: application/json");
+    if (!token.empty()) h = curl_slist_append(h, ("Authorization: " + token).c_str());
+    return h;
+  }
+
+  Json post_once(const std::string& path, const Json& request) {
+    const std::string body = request.dump();
+    std::string response;
+    curl_slist* h = headers();
+    curl_easy_reset(curl);
+    common(curl, path, body, h, long(timeout.count()));
+    curl_easy_setopt(curl, CURLOPT_WRITEFUNCTION, append_body);
+    curl_easy_setopt(curl, CURLOPT_WRITEDATA, &response);
+    const CURLcode rc = curl_easy_perform(curl);
+    curl_slist_free_all(h);
+    if (rc != CURLE_OK)
+      throw std::runtime_error(fmt::format("store at {}: {}", endpoint, curl_easy_strerror(rc)));
+    auto j = Json::parse(response, nullptr, false);
+    if (j.is_discarded() || !j.is_object())
+      throw std::runtime_error(fmt::format("store at {}: not an etcd answer to {}", endpoint, path));
+    return j;
+  }
+
+  void authenticate() {
+    token.clear();
+    const auto j = post_once("/v3/auth/authenticate", {{"name", user}, {"password", password}});
+    if (!j.contains("token"))
+      throw std::runtime_error(fmt::format("could not join the run's store at {} (wrong NOLOCO_RUN_TOKEN?): {}",
+                                           endpoint, j.value("message", "refused")));
+    token = j["token"].get<std::string>();
+  }
+
+  Json post(const std::string& path, const Json& request) {
+    auto j = post_once(path, request);
+    const std::string error = j.value("message", "");
+    if (!user.empty() && error.find("invalid auth token") != std::string::npos) {
+      authenticate();  // simple tokens expire: take a new one and try again
+      j = post_once(path, request);
+    }
+    if (j.contains("error"))
+      throw std::runtime_error(fmt::format("store at {}: {}", endpoint, j.value("message", j["error"].dump())));
+    return j;
+  }
+
+  // Streams the watch of `key` from `revision` until it is put (true), or
+  // `deadline` passes (false).
+  bool watch_put(const std::string& key, int64_t revision, Clock::time_point deadline) {
+    struct Stream {
+      std::string pending;
+      bool put = false, failed = false;
+      std::string why;
+    } stream;
+    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now()).count();
+    if (left <= 0) return false;
+    CURL* w = curl_easy_init();
+    const std::string body =
+        Json{{"create_request", {{"key", base64(key)}, {"start_revision", std::to_string(revision)}}}}.dump();
+    curl_slist* h = headers();
+    common(w, "/v3/watch", body, h, long(left));
+    curl_easy_setopt(w, CURLOPT_WRITEFUNCTION, +[](char* data, size_t size, size_t count, void* user) -> size_t {
+      auto& s = *static_cast<Stream*>(user);
+      s.pending.append(data, size * count);
+      for (size_t end; (end = s.pending.find('\n')) != std::string::npos;) {
+        const auto line = Json::parse(s.pending.substr(0, end), nullptr, false);
+        s.pending.erase(0, end + 1);
+        if (line.is_discarded()) continue;
+        if (line.contains("error")) {
+          s.failed = true;
+          s.why = line.value("message", line["error"].dump());
+          return 0;
+        }
+        const auto& result = line.value("result", Json::object());
+        for (const auto& e : result.value("events", Json::array()))
+          if (e.value("type", "PUT") == "PUT") s.put = true;
+        if (s.put || result.value("canceled", false)) return 0;  // stop the stream
+      }
+      return size * count;
+    });
+    curl_easy_setopt(w, CURLOPT_WRITEDATA, &stream);
+    const CURLcode rc = curl_easy_perform(w);
+    curl_slist_free_all(h);
+    curl_easy_cleanup(w);
+    if (stream.put) return true;
+    if (stream.failed) throw std::runtime_error(fmt::format("store at {}: watch failed: {}", endpoint, stream.why));
+    if (rc == CURLE_OPERATION_TIMEDOUT) return false;
+    throw std::runtime_error(fmt::format("store at {}: watch ended: {}", endpoint, curl_easy_strerror(rc)));
+  }
+};
+
+EtcdStore::EtcdStore(std::string endpoint, std::string user, std::string password, std::chrono::milliseconds timeout)
+    : c10d::Store(timeout), endpoint_(std::move(endpoint)), http_(std::make_unique<Http>()) {
+  curl_once();
+  http_->endpoint = endpoint_;
+  http_->user = std::move(user);
+  http_->password = std::move(password);
+  http_->timeout = timeout;
+  http_->curl = curl_easy_init();
+  if (!http_->curl) throw std::runtime_error("cannot start an HTTP client (libcurl)");
+  if (!http_->user.empty()) http_->authenticate();
+}
+
+EtcdStore::~EtcdStore() = default;
+
+EtcdStore::Value EtcdStore::read(const std::string& key) {
+  const auto j = http_->post("/v3/kv/range", {{"key", base64(key)}});
+  Value v;
+  v.header_revision = number(j.value("header", Json::object()), "revision");
+  const auto kvs = j.value("kvs", Json::array());
+  if (kvs.empty()) return v;
+  v.exists = true;
+  v.value = unbase64(kvs[0].value("value", ""));
+  v.mod_revision = number(kvs[0], "mod_revision");
+  return v;
+}
+
+void EtcdStore::set(const std::string& key, const std::vector<uint8_t>& value) {
+  http_->post("/v3/kv/put", {{"key", base64(key)}, {"value", base64(as_string(value))}});
+}
+
+std::vector<uint8_t> EtcdStore::compareSet(const std::string& key, const std::vector<uint8_t>& expected,
+                                           const std::vector<uint8_t>& desired) {
+  const auto k = base64(key);
+  // Absent and expected empty, or holding exactly `expected`: write; either way read back.
+  const Json compare = expected.empty()
+                           ? Json{{"target", "CREATE"}, {"key", k}, {"create_revision", "0"}, {"result", "EQUAL"}}
+                           : Json{{"target", "VALUE"}, {"key", k}, {"value", base64(as_string(expected))},
+                                  {"result", "EQUAL"}};
+  const auto j = http_->post(
+      "/v3/kv/txn", {{"compare", Json::array({compare})},
+                     {"success", Json::array({{{"request_put", {{"key", k}, {"value", base64(as_string(desired))}}}}})},
+                     {"failure", Json::array({{{"request_range", {{"key", k}}}}})}});
+  if (j.value("succeeded", false)) return desired;
+  const auto& responses = j.value("responses", Json::array());
+  const auto kvs = responses.empty() ? Json::array()
+                                     : responses[0].value("response_range", Json::object()).value("kvs", Json::array());
+  // TCPStore's answer for an absent key and a non-empty `expected`: `expected` itself.
+  return kvs.empty() ? expected : as_bytes(unbase64(kvs[0].value("value", "")));
+}
+
+std::vector<uint8_t> EtcdStore::get(const std::string& key) {
+  const auto deadline = Clock::now() + timeout_;
+  for (;;) {
+    const auto v = read(key);
+    if (v.exists) return as_bytes(v.value);
+    if (!http_->watch_put(key, v.header_revision + 1, deadline))
+      throw std::runtime_error(fmt::format("store at {}: timed out after {} ms waiting for a key", endpoint_,
+                                           timeout_.count()));
+  }
+}
+
+int64_t EtcdStore::add(const std::string& key, int64_t value) {
+  const auto k = base64(key);
+  for (;;) {
+    const auto current = read(key);
+    const int64_t next = (current.exists ? std::stoll(current.value) : 0) + value;
+    const Json compare = current.exists ? Json{{"target", "MOD"}, {"key", k},
+                                               {"mod_revision", std::to_string(current.mod_revision)},
+                                               {"result", "EQUAL"}}
+                                        : Json{{"target", "CREATE"}, {"key", k}, {"create_revision", "0"},
+                                               {"result", "EQUAL"}};
+    const auto j = http_->post(
+        "/v3/kv/txn",
+        {{"compare", Json::array({compare})},
+         {"success", Json::array({{{"request_put", {{"key", k}, {"value", base64(std::to_string(next))}}}}})}});
+    if (j.value("succeeded", false)) return next;  // else another writer came first: read again
+  }
+}
+
+bool EtcdStore::deleteKey(const std::string& key) {
+  return number(http_->post("/v3/kv/deleterange", {{"key", base64(key)}}), "deleted") > 0;
+}
+
+bool EtcdStore::check(const std::vector<std::string>& keys) {
+  if (keys.empty()) return true;
+  Json ranges = Json::array();
+  for (const auto& key : keys) ranges.push_back({{"request_range", {{"key", base64(key)}, {"count_only", true}}}});
+  const auto j = http_->post("/v3/kv/txn", {{"success", ranges}});
+  for (const auto& r : j.value("responses", Json::array()))
+    if (number(r.value("response_range", Json::object()), "count") == 0) return false;
+  return true;
+}
+
+int64_t EtcdStore::getNumKeys() {
+  const std::string all(1, '\0');
+  return number(http_->post("/v3/kv/range", {{"key", base64(all)}, {"range_end", base64(all)}, {"count_only", true}}),
+                "count");
+}
+
+std::string EtcdStore::request(const std::string& path, const std::string& json_body) {
+  const auto body = Json::parse(json_body, nullptr, false);
+  if (body.is_discarded()) throw std::invalid_argument("etcd request body is not JSON: " + json_body);
+  return http_->post(path, body).dump();
+}
+
+bool EtcdStore::wait_for(const std::string& key, Clock::time_point deadline) {
+  for (;;) {
+    const auto v = read(key);
+    if (v.exists) return true;
+    if (!http_->watch_put(key, v.header_revision + 1, deadline)) return false;
+  }
+}
+
+void EtcdStore::wait(const std::vector<std::string>& keys) { wait(keys, timeout_); }
+
+void EtcdStore::wait(const std::vector<std::string>& keys, const std::chrono::milliseconds& timeout) {
+  const auto deadline = Clock::now() + timeout;
+  for (const auto& key : keys)
+    if (!wait_for(key, deadline))
+      throw std::runtime_error(fmt::format("store at {}: wait timed out after {} ms", endpoint_, timeout.count()));
+}
+
+}  // namespace noloco
