@@ -250,6 +250,7 @@ int64_t EtcdStore::add(const std::string& key, int64_t value) {
   const auto k = base64(key);
   for (;;) {
     const auto current = read(key);
+    if (current.exists && value == 0) return std::stoll(current.value);  // a read: nothing to write
     const int64_t next = (current.exists ? std::stoll(current.value) : 0) + value;
     const Json compare = current.exists ? Json{{"target", "MOD"}, {"key", k},
                                                {"mod_revision", std::to_string(current.mod_revision)},
