@@ -114,6 +114,12 @@ std::vector<Scalar> read_events(const std::string& path) {
 TEST(TensorBoard, Crc32cCheckValue) {
   EXPECT_EQ(crc32c("123456789"), 0xE3069283u);  // the standard CRC-32C check value
   EXPECT_EQ(crc32c("noloco"), slow_crc32c("noloco"));
+  // The 8-byte (hardware or sliced) path against the bitwise one, at every alignment of the tail.
+  std::string data(100003, '\0');
+  for (size_t i = 0; i < data.size(); ++i) data[i] = char((i * 2654435761u) >> 13);
+  for (size_t n : {size_t(1), size_t(7), size_t(8), size_t(9), size_t(4097), data.size()})
+    EXPECT_EQ(crc32c(data.substr(0, n)), slow_crc32c(data.substr(0, n))) << n;
+  EXPECT_EQ(crc32c_extend(crc32c(data.substr(0, 4097)), data.data() + 4097, data.size() - 4097), crc32c(data));
 }
 
 TEST(TensorBoard, EventFileFramingCrcTagsAndValues) {

@@ -1,12 +1,16 @@
 #include <gtest/gtest.h>
 
 #include <filesystem>
+#include <thread>
+
+#include <fmt/format.h>
 
 #include "test_util.h"
 #include "train/checkpoint.h"
 #include "config/train_config.h"
 #include "train/export.h"
 #include "train/trainer.h"
+#include "util/crc32c.h"
 #include "util/files.h"
 
 using namespace noloco;
@@ -166,7 +170,7 @@ TEST_F(BadCheckpoint, Truncated) {
   const auto ckpt = find_checkpoint(dir / "run");
   auto bytes = noloco::testing::read_text(ckpt + "/model.safetensors");
   noloco::testing::write_text(ckpt + "/model.safetensors", bytes.substr(0, bytes.size() / 2));
-  expect_one_line_error(noloco::testing::run_cli("generate " + ckpt + " tokens=5"), "invalid safetensors");
+  expect_one_line_error(noloco::testing::run_cli("generate " + ckpt + " tokens=5"), "model.safetensors is corrupt");
 }
 
 TEST_F(BadCheckpoint, OfAnotherModelShape) {
@@ -184,4 +188,88 @@ TEST_F(Cli, GenerateFromARunDirectory) {
   EXPECT_EQ(r.output.size(), 5u + 20u + 1u);  // char model: one character per token, then newline
   EXPECT_EQ(noloco::testing::run_cli("generate " + dir / "run" + " prompt=ROMEO tokens=20 seed=3 temperature=1.0").output,
             r.output);  // seeded
+}
+
+// ---- checkpoints and run directories under careless or hostile use (issue 12) ----
+
+TEST_F(BadCheckpoint, ResumeWithoutLatestTakesTheNewestCompleteCheckpoint) {
+  train_run("run", {"steps=4", "checkpoint_interval=2"});
+  std::filesystem::remove(dir / "run/checkpoints/r0/latest");
+  const auto before = std::filesystem::last_write_time(dir / "run/checkpoints/r0/step_00000004/model.safetensors");
+  std::string cli = "train configs/shakespeare.yaml";
+  for (auto& a : args("run", {"steps=6", "checkpoint_interval=2", "decay_steps=20"})) cli += " " + a;
+  const auto r = noloco::testing::run_cli(cli + " resume=true", 60);
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("at step 4"), std::string::npos) << "resumed from step 4, not from scratch: " << r.output;
+  EXPECT_EQ(std::filesystem::last_write_time(dir / "run/checkpoints/r0/step_00000004/model.safetensors"), before);
+  EXPECT_TRUE(std::filesystem::exists(dir / "run/checkpoints/r0/step_00000006/checksums.json"));
+}
+
+TEST_F(BadCheckpoint, ANewRunNeverOverwritesAnotherOrTakesItsDirectory) {
+  train_run("run", {"steps=2"});
+  const auto before = noloco::testing::read_text(dir / "run/checkpoints/r0/step_00000002/model.safetensors");
+  std::string cli = "train configs/shakespeare.yaml";
+  for (auto& a : args("run", {"steps=2"})) cli += " " + a;
+  expect_one_line_error(noloco::testing::run_cli(cli + " hidden=64"), "already holds a run");
+  EXPECT_EQ(noloco::testing::read_text(dir / "run/checkpoints/r0/step_00000002/model.safetensors"), before);
+  Checkpoint again;
+  EXPECT_THROW(write_checkpoint(dir / "run/checkpoints/r0", 2, again, dir / "run"), std::runtime_error);
+}
+
+TEST_F(BadCheckpoint, TwoRunsCannotShareADirectory) {
+  std::string cli = "train configs/shakespeare.yaml";
+  for (auto& a : args("run", {"steps=100000", "eval_interval=100000"})) cli += " " + a;
+  noloco::testing::CliResult first;
+  std::thread runner([&] { first = noloco::testing::run_cli(cli, 60); });
+  for (int i = 0; i < 300 && !std::filesystem::exists(dir / "run/metrics.jsonl"); ++i)
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  const auto second = noloco::testing::run_cli(cli + " resume=true", 30);
+  EXPECT_EQ(::system(("pkill -INT -f '[n]oloco train .*out=" + dir / "run" + " '").c_str()), 0);
+  runner.join();
+  expect_one_line_error(second, "is in use by another run (pid ");
+}
+
+TEST_F(BadCheckpoint, FlippedBytesInsideATensorAreCaughtOnEveryLoad) {
+  train_run("run", {"steps=2"});
+  const auto ckpt = find_checkpoint(dir / "run");
+  auto bytes = noloco::testing::read_text(ckpt + "/model.safetensors");
+  for (size_t i = bytes.size() - 200; i < bytes.size() - 100; ++i) bytes[i] = char(~bytes[i]);  // tensor data, not the header
+  noloco::testing::write_text(ckpt + "/model.safetensors", bytes);
+  std::string cli = "train configs/shakespeare.yaml";
+  for (auto& a : args("run", {"steps=4"})) cli += " " + a;
+  for (const auto& command : {cli + " resume=true", "export " + dir / "run" + " " + dir / "hf",
+                              "generate " + dir / "run" + " tokens=3"})
+    expect_one_line_error(noloco::testing::run_cli(command, 60), "step_00000002/model.safetensors is corrupt");
+}
+
+TEST_F(BadCheckpoint, EveryStateFieldIsChecked) {
+  train_run("run", {"steps=2"});
+  const auto ckpt = find_checkpoint(dir / "run");
+  auto info = read_json(ckpt + "/state.json");
+  std::string cli = "train configs/shakespeare.yaml";
+  for (auto& a : args("run", {"steps=4"})) cli += " " + a;
+  auto with = [&](const char* key, nlohmann::json value) {
+    auto changed = info;
+    changed[key] = value;
+    write_json_atomic(ckpt + "/state.json", changed);
+    // Record the new file's checksum: what is under test is the field, not the CRC.
+    auto sums = read_json(ckpt + "/checksums.json");
+    sums["files"]["state.json"] = fmt::format("{:08x}", crc32c(noloco::testing::read_text(ckpt + "/state.json")));
+    write_json_atomic(ckpt + "/checksums.json", sums);
+    return noloco::testing::run_cli(cli + " resume=true", 60);
+  };
+  expect_one_line_error(with("step", -7), "'step' must be in [0,");
+  expect_one_line_error(with("step", 1000000000), "past steps=4");
+  expect_one_line_error(with("step", "2"), "'step' must be an integer");
+  expect_one_line_error(with("adam_steps", 5), "'adam_steps' must be in [0, 2]");
+  expect_one_line_error(with("replica", 3), "'replica' must be in [0, 0]");
+}
+
+TEST_F(Train, KeepsOnlyTheNewestCheckpointsWhenAsked) {
+  train_run("run", {"steps=10", "checkpoint_interval=2", "keep_checkpoints=2"});
+  std::vector<std::string> left;
+  for (auto& e : std::filesystem::directory_iterator(dir / "run/checkpoints/r0"))
+    if (e.is_directory()) left.push_back(e.path().filename().string());
+  std::sort(left.begin(), left.end());
+  EXPECT_EQ(left, (std::vector<std::string>{"step_00000008", "step_00000010"}));
 }

@@ -23,6 +23,7 @@
 #include "train/checkpoint.h"
 #include "train/export.h"
 #include "train/report.h"
+#include "train/run_directory.h"
 #include "train/run_summary.h"
 #include "train/trainer.h"
 #include "util/files.h"
@@ -118,13 +119,13 @@ int run_train(const std::string& config_path, const std::vector<std::string>& ov
     train(cfg, worker_info(env, stages, links));
     return 0;
   }
+  if (cfg.run.out.empty()) cfg.run.out = default_run_dir(cfg);
+  const RunDirectory owned(cfg.run.out, cfg);
   if (cfg.outer.method == "none" && stages == 1) {
     train(cfg, WorkerInfo{});
     return 0;
   }
   const auto start = std::chrono::steady_clock::now();
-  if (cfg.run.out.empty()) cfg.run.out = default_run_dir(cfg);
-  std::filesystem::create_directories(cfg.run.out);
   load_corpus(cfg.data, cfg.model.context, cfg.run.out);  // builds and saves the tokenizer once, before the workers load it
   write_file_atomic(cfg.run.out + "/config.yaml", cfg.to_yaml());
   LaunchPlan plan;

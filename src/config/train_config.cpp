@@ -55,7 +55,8 @@ Options config_options(TrainConfig& c) {
       .add("threads", c.run.threads, "intra-op threads per worker; 0: cores / local replicas")
       .add("out", c.run.out, "run directory; default runs/<method>-<date>")
       .add("checkpoint_interval", c.run.checkpoint_interval, "steps between checkpoints; 0: at every evaluation")
-      .add("resume", c.run.resume, "continue from the latest checkpoint in out")
+      .add("keep_checkpoints", c.run.keep_checkpoints, "newest checkpoints kept per worker; 0: all")
+      .add("resume", c.run.resume, "continue from the newest complete checkpoint in out")
       .add("method", c.outer.method, "none | ddp | diloco | noloco")
       .add("replicas", c.run.replicas, "data-parallel replicas")
       .add("stages", c.pipeline.stages, "pipeline stages per replica (replicas x stages workers)")
@@ -149,6 +150,7 @@ void TrainConfig::validate() const {
   non_negative("sample_tokens", double(eval.sample_tokens));
   non_negative("threads", double(run.threads));
   non_negative("checkpoint_interval", double(run.checkpoint_interval));
+  non_negative("keep_checkpoints", double(run.keep_checkpoints));
   const auto& device = run.device;
   if (device != "cpu" && device != "cuda" && device.rfind("cuda:", 0) != 0)
     invalid(fmt::format("device must be cpu, cuda or cuda:N, got '{}'", device));

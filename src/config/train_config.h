@@ -92,6 +92,7 @@ struct RunConfig {
   int64_t threads = 0;             // intra-op threads; 0: cores / local workers
   std::string out;                 // run directory; default runs/<method>-<time>
   int64_t checkpoint_interval = 0;  // 0: at every evaluation
+  int64_t keep_checkpoints = 0;     // newest checkpoints kept per worker; 0: all
   bool resume = false;
   int64_t replicas = 1;
   // Failure drills, "RANK:STEP[:checkpoint|:freeze][,...]"; see CrashPoint.

@@ -1,13 +1,18 @@
 #include "train/checkpoint.h"
 
-#include <sys/stat.h>
+#include <fcntl.h>
+#include <unistd.h>
 
+#include <algorithm>
 #include <cstring>
 #include <filesystem>
+#include <regex>
 
 #include <fmt/format.h>
 
+#include "util/crc32c.h"
 #include "util/files.h"
+#include "util/log.h"
 #include "util/safetensors.h"
 
 namespace noloco {
@@ -15,6 +20,8 @@ namespace noloco {
 namespace fs = std::filesystem;
 
 namespace {
+
+constexpr const char* kChecksums = "checksums.json";
 
 std::string dtype_name(torch::ScalarType t) {
   switch (t) {
@@ -40,51 +47,155 @@ torch::ScalarType scalar_type(const std::string& d) {
   throw std::runtime_error(fmt::format("unsupported safetensors dtype {}", d));
 }
 
-}  // namespace
+std::string hex(uint32_t crc) { return fmt::format("{:08x}", crc); }
 
-void save_tensors(const std::string& path, const TensorMap& tensors,
-                  const std::map<std::string, std::string>& metadata) {
+std::string serialize_tensors(const TensorMap& tensors, const std::map<std::string, std::string>& metadata) {
   SafetensorsWriter w;
   for (auto& [k, v] : metadata) w.set_metadata(k, v);
   for (auto& [name, t] : tensors) {
     auto cpu = t.detach().to(torch::kCPU).contiguous();
     w.add(name, dtype_name(cpu.scalar_type()), cpu.sizes().vec(), cpu.data_ptr(), cpu.nbytes());
   }
-  w.write_atomic(path);
+  return w.serialize();
 }
 
-TensorMap load_tensors(const std::string& path, std::map<std::string, std::string>* metadata) {
-  auto file = load_safetensors(path);
+TensorMap tensors_of(const SafetensorsFile& file) {
   TensorMap out;
   for (auto& [name, st] : file.tensors) {
     auto t = torch::empty(st.shape, scalar_type(st.dtype));
     std::memcpy(t.data_ptr(), st.data.data(), st.data.size());
     out[name] = t;
   }
-  if (metadata) *metadata = file.metadata;
   return out;
 }
 
+// step_<N> directories of `dir` that are complete, oldest first.
+std::vector<std::pair<int64_t, fs::path>> complete_checkpoints(const fs::path& dir) {
+  static const std::regex name("step_([0-9]{1,18})");
+  std::vector<std::pair<int64_t, fs::path>> out;
+  std::error_code ec;
+  for (const auto& e : fs::directory_iterator(dir, ec)) {
+    std::smatch m;
+    const auto file = e.path().filename().string();
+    if (!e.is_directory() || !std::regex_match(file, m, name)) continue;
+    if (fs::exists(e.path() / kChecksums)) out.emplace_back(std::stoll(m[1]), e.path());
+  }
+  std::sort(out.begin(), out.end());
+  return out;
+}
+
+bool has_step_directories(const fs::path& dir) {
+  std::error_code ec;
+  for (const auto& e : fs::directory_iterator(dir, ec))
+    if (e.is_directory() && e.path().filename().string().rfind("step_", 0) == 0) return true;
+  return false;
+}
+
+void fsync_directory(const fs::path& dir) {
+  const int fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY);
+  if (fd < 0) return;
+  ::fsync(fd);
+  ::close(fd);
+}
+
+// A checkpoint's files, read and checked against checksums.json.
+class VerifiedFiles {
+ public:
+  explicit VerifiedFiles(std::string dir) : dir_(std::move(dir)) {
+    const auto path = dir_ + "/" + kChecksums;
+    if (!fs::exists(path)) {
+      spdlog::warn("{} has no {} (written by an older noloco): its files are not verified", dir_, kChecksums);
+      return;
+    }
+    sums_ = read_json(path);
+    if (!sums_.is_object() || !sums_.contains("files") || !sums_["files"].is_object())
+      throw std::runtime_error(fmt::format("{}: malformed {}", dir_, kChecksums));
+  }
+  std::string read(const std::string& name) const {
+    const auto path = dir_ + "/" + name;
+    auto bytes = read_file(path);
+    if (!sums_.is_null()) {
+      const auto& files = sums_["files"];
+      if (!files.contains(name)) throw std::runtime_error(fmt::format("{}: not listed in {}", path, kChecksums));
+      const auto expected = files[name].is_string() ? files[name].get<std::string>() : "";
+      if (hex(crc32c(bytes)) != expected)
+        throw std::runtime_error(fmt::format("{} is corrupt: its CRC-32C is {}, the checkpoint recorded {}", path,
+                                             hex(crc32c(bytes)), expected));
+    }
+    return bytes;
+  }
+
+ private:
+  std::string dir_;
+  nlohmann::json sums_;
+};
+
+// state.json's fields, each checked: a bad one names itself.
+void validate_info(const std::string& dir, const nlohmann::json& info) {
+  auto fail = [&](const std::string& why) { throw std::runtime_error(fmt::format("{}/state.json: {}", dir, why)); };
+  if (!info.is_object()) fail("not a JSON object");
+  auto integer = [&](const char* key, int64_t min, int64_t max) {
+    const auto it = info.find(key);
+    if (it == info.end()) fail(fmt::format("'{}' is missing", key));
+    if (!it->is_number_integer()) fail(fmt::format("'{}' must be an integer, got {}", key, it->dump()));
+    const auto v = it->get<int64_t>();
+    if (v < min || v > max) fail(fmt::format("'{}' must be in [{}, {}], got {}", key, min, max, v));
+    return v;
+  };
+  const int64_t step = integer("step", 0, int64_t(1) << 40);
+  integer("adam_steps", 0, step);
+  const int64_t replicas = integer("replicas", 1, 1 << 20), stages = integer("stages", 1, 1 << 10);
+  integer("replica", 0, replicas - 1);
+  integer("stage", 0, stages - 1);
+  if (!info.contains("method") || !info["method"].is_string()) fail("'method' must be a string");
+}
+
+}  // namespace
+
+void save_tensors(const std::string& path, const TensorMap& tensors,
+                  const std::map<std::string, std::string>& metadata) {
+  write_file_atomic(path, serialize_tensors(tensors, metadata));
+}
+
+TensorMap load_tensors(const std::string& path, std::map<std::string, std::string>* metadata) {
+  auto file = load_safetensors(path);
+  if (metadata) *metadata = file.metadata;
+  return tensors_of(file);
+}
+
 std::string write_checkpoint(const std::string& dir, int64_t step, const Checkpoint& ckpt,
-                             const std::string& tokenizer_dir, const std::function<void()>& halfway) {
+                             const std::string& tokenizer_dir, const std::function<void()>& halfway, int64_t keep) {
   fs::create_directories(dir);
   const std::string name = fmt::format("step_{:08d}", step);
   const fs::path final_dir = fs::path(dir) / name;
   const fs::path tmp_dir = fs::path(dir) / (name + ".tmp");
+  if (fs::exists(final_dir)) throw std::runtime_error(fmt::format("refusing to overwrite checkpoint {}", final_dir.string()));
   fs::remove_all(tmp_dir);
   fs::create_directories(tmp_dir);
-  save_tensors((tmp_dir / "model.safetensors").string(), ckpt.weights,
-               {{"format", "pt"}, {"noloco_model", ckpt.model.to_json().dump()}});
+  nlohmann::json sums = nlohmann::json::object();
+  auto put = [&](const std::string& file, const std::string& bytes) {
+    write_file_atomic((tmp_dir / file).string(), bytes);
+    sums[file] = hex(crc32c(bytes));
+  };
+  put("model.safetensors",
+      serialize_tensors(ckpt.weights, {{"format", "pt"}, {"noloco_model", ckpt.model.to_json().dump()}}));
   if (halfway) halfway();
-  save_tensors((tmp_dir / "state.safetensors").string(), ckpt.state);
-  write_json_atomic((tmp_dir / "state.json").string(), ckpt.info);
+  put("state.safetensors", serialize_tensors(ckpt.state, {}));
+  put("state.json", ckpt.info.dump(2) + "\n");
   for (auto f : {"tokenizer.json", "tokenizer.model"}) {
     const fs::path src = fs::path(tokenizer_dir) / f;
-    if (fs::exists(src)) fs::copy_file(src, tmp_dir / f, fs::copy_options::overwrite_existing);
+    if (fs::exists(src)) put(f, read_file(src.string()));
   }
-  fs::remove_all(final_dir);
+  // Written last: its presence is what makes the checkpoint complete.
+  write_json_atomic((tmp_dir / kChecksums).string(), {{"format", "crc32c"}, {"files", sums}});
+  fsync_directory(tmp_dir);
   fs::rename(tmp_dir, final_dir);
+  fsync_directory(dir);
   write_file_atomic((fs::path(dir) / "latest").string(), name + "\n");
+  if (keep > 0) {
+    auto all = complete_checkpoints(dir);
+    for (size_t i = 0; i + size_t(keep) < all.size(); ++i) fs::remove_all(all[i].second);
+  }
   return final_dir.string();
 }
 
@@ -92,22 +203,27 @@ std::string find_checkpoint(const std::string& path) {
   const fs::path p(path);
   if (fs::exists(p / "model.safetensors")) return p.string();
   for (const fs::path& d : {p, p / "checkpoints" / "r0"}) {
-    if (!fs::exists(d / "latest")) continue;
-    auto name = read_file((d / "latest").string());
-    while (!name.empty() && (name.back() == '\n' || name.back() == ' ')) name.pop_back();
-    if (name.empty() || name.find('/') != std::string::npos)
-      throw std::runtime_error(fmt::format("{}: malformed 'latest' file", d.string()));
-    return (d / name).string();
+    const auto complete = complete_checkpoints(d);
+    if (!complete.empty()) return complete.back().second.string();
+    if (has_step_directories(d))
+      throw std::runtime_error(fmt::format("{} holds checkpoint directories but none is complete (no {})",
+                                           d.string(), kChecksums));
   }
   return "";
 }
 
 Checkpoint read_checkpoint(const std::string& dir, bool with_state) {
   Checkpoint c;
-  std::map<std::string, std::string> meta;
-  c.weights = load_tensors(dir + "/model.safetensors", &meta);
-  auto cfg = meta.find("noloco_model");
-  if (cfg == meta.end())
+  const VerifiedFiles files(dir);
+  SafetensorsFile model;
+  try {
+    model = parse_safetensors(files.read("model.safetensors"));
+  } catch (const std::runtime_error& e) {
+    throw std::runtime_error(fmt::format("{}/model.safetensors: {}", dir, e.what()));
+  }
+  c.weights = tensors_of(model);
+  auto cfg = model.metadata.find("noloco_model");
+  if (cfg == model.metadata.end())
     throw std::runtime_error(fmt::format("{}/model.safetensors: no noloco_model metadata", dir));
   auto j = nlohmann::json::parse(cfg->second, nullptr, false);
   if (j.is_discarded()) throw std::runtime_error(fmt::format("{}: model metadata is not JSON", dir));
@@ -116,7 +232,12 @@ Checkpoint read_checkpoint(const std::string& dir, bool with_state) {
   } catch (const std::exception& e) {
     throw std::runtime_error(fmt::format("{}: bad model metadata: {}", dir, e.what()));
   }
-  if (fs::exists(dir + "/state.json")) c.info = read_json(dir + "/state.json");
+  if (fs::exists(dir + "/state.json")) {
+    c.info = nlohmann::json::parse(files.read("state.json"), nullptr, false);
+    validate_info(dir, c.info);
+  } else if (with_state) {
+    throw std::runtime_error(fmt::format("{}: state.json is missing", dir));
+  }
   // A pipeline stage's checkpoint holds its own slice of the model.
   const bool stage_slice = c.info.is_object() && c.info.value("stages", 1) > 1;
   // The names and shapes must be exactly those of the model the config describes.
@@ -132,7 +253,13 @@ Checkpoint read_checkpoint(const std::string& dir, bool with_state) {
                                            c10::str(c10::IntArrayRef(shape->second))));
     if (t.scalar_type() != torch::kFloat32) t = t.to(torch::kFloat32);
   }
-  if (with_state) c.state = load_tensors(dir + "/state.safetensors");
+  if (with_state) {
+    try {
+      c.state = tensors_of(parse_safetensors(files.read("state.safetensors")));
+    } catch (const std::runtime_error& e) {
+      throw std::runtime_error(fmt::format("{}/state.safetensors: {}", dir, e.what()));
+    }
+  }
   return c;
 }
 

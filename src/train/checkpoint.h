@@ -1,8 +1,10 @@
 // Checkpoints: a directory per step holding model.safetensors (Hugging Face
 // parameter names), state.safetensors (Adam moments, outer state), state.json
-// (step and counters) and the tokenizer. Written under a temporary name and
+// (step and counters), the tokenizer, and checksums.json (CRC-32C of every
+// other file, checked on every load). Written under a temporary name and
 // renamed, then `latest` is switched atomically: a crash at any point leaves
-// the previous checkpoint intact and findable.
+// the previous checkpoint intact and findable. A directory step_<N> with
+// checksums.json is complete; the newest complete one is the one resumed.
 #pragma once
 #include <functional>
 #include <map>
@@ -29,14 +31,20 @@ struct Checkpoint {
 };
 
 // Writes `dir/step_<step>` and points `dir/latest` at it; returns its path.
-// `halfway` (failure drills) runs after the first file of the new checkpoint is written.
+// Never overwrites a checkpoint: throws if step_<step> exists. Keeps the
+// newest `keep` complete checkpoints of `dir` (0: all). `halfway` (failure
+// drills) runs after the first file of the new checkpoint is written.
 std::string write_checkpoint(const std::string& dir, int64_t step, const Checkpoint& ckpt,
-                             const std::string& tokenizer_dir, const std::function<void()>& halfway = {});
-// `path` is a checkpoint directory, a directory with a `latest` file, or a run
-// directory (its checkpoints/r0). Empty string if none exists.
+                             const std::string& tokenizer_dir, const std::function<void()>& halfway = {},
+                             int64_t keep = 0);
+// `path` is a checkpoint directory, a directory of checkpoints (its newest
+// complete one), or a run directory (its checkpoints/r0). Empty string if it
+// holds none; throws if it holds step directories of which none is complete.
 std::string find_checkpoint(const std::string& path);
-// Loads and checks a checkpoint; weights must match the model config exactly
-// (a pipeline stage's: be its slice of the model, with the whole model's names).
+// Loads and checks a checkpoint: every file against its checksum, state.json's
+// fields, and weights that match the model config exactly (a pipeline
+// stage's: its slice of the model, with the whole model's names). Throws
+// std::runtime_error naming the file and the problem.
 Checkpoint read_checkpoint(const std::string& checkpoint_dir, bool with_state);
 // The whole model of a checkpoint: a pipeline stage's is joined with the
 // other stages of its replica at the same step.

@@ -6,11 +6,12 @@
 
 namespace noloco {
 
-Checkpointer::Checkpointer(std::string dir, int64_t every, int64_t last_step, const ModelConfig& model,
+Checkpointer::Checkpointer(std::string dir, int64_t every, int64_t keep, int64_t last_step, const ModelConfig& model,
                            std::string run_dir, nlohmann::json info, const TrainingState& state,
                            const FailureDrill& drill)
     : dir_(std::move(dir)),
       every_(every),
+      keep_(keep),
       last_step_(last_step),
       model_(model),
       run_dir_(std::move(run_dir)),
@@ -25,6 +26,13 @@ int64_t Checkpointer::resume() {
   if (ckpt.model.to_json() != model_.to_json())
     throw std::runtime_error(fmt::format("{}: checkpoint model {} does not match the config {}", path,
                                          ckpt.model.to_json().dump(), model_.to_json().dump()));
+  for (const char* key : {"replica", "replicas", "stage", "stages", "method"})
+    if (ckpt.info.at(key) != info_.at(key))
+      throw std::runtime_error(fmt::format("{}: a checkpoint of {} {}, this worker has {} {}", path, key,
+                                           ckpt.info.at(key).dump(), key, info_.at(key).dump()));
+  const int64_t step = ckpt.info.at("step").get<int64_t>();
+  if (step > last_step_)
+    throw std::runtime_error(fmt::format("{}: a checkpoint of step {}, past steps={}", path, step, last_step_));
   torch::NoGradGuard no_grad;
   for (auto& [name, t] : state_.params.named()) {
     const auto it = ckpt.weights.find(name);
@@ -34,7 +42,7 @@ int64_t Checkpointer::resume() {
   }
   state_.inner.load(ckpt.state, ckpt.info.at("adam_steps").get<int64_t>());
   state_.outer.load(ckpt.state);
-  return ckpt.info.at("step").get<int64_t>();
+  return step;
 }
 
 void Checkpointer::after_step(int64_t done) {
@@ -47,7 +55,7 @@ void Checkpointer::after_step(int64_t done) {
   ck.info = info_;
   ck.info["step"] = done;
   ck.info["adam_steps"] = state_.inner.steps_taken();
-  write_checkpoint(dir_, done, ck, run_dir_, [&] { drill_.inside_checkpoint(done); });
+  write_checkpoint(dir_, done, ck, run_dir_, [&] { drill_.inside_checkpoint(done); }, keep_);
 }
 
 }  // namespace noloco

@@ -214,8 +214,8 @@ nlohmann::json train(const TrainConfig& c, const WorkerInfo& w) {
   const TrainingState state{flat, inner, *outer};
   const FailureDrill drill(c.run.inject_crash, w.rank, w.membership ? w.membership->incarnation() : 0);
   Checkpointer checkpoints(fmt::format("{}/checkpoints/r{}", out, w.rank),
-                           c.run.checkpoint_interval > 0 ? c.run.checkpoint_interval : c.eval.interval, c.inner.steps,
-                           arch, out,
+                           c.run.checkpoint_interval > 0 ? c.run.checkpoint_interval : c.eval.interval,
+                           c.run.keep_checkpoints, c.inner.steps, arch, out,
                            {{"seed", c.run.seed},
                             {"method", c.outer.method},
                             {"replica", w.replica},

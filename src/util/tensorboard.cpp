@@ -1,5 +1,7 @@
 #include "util/tensorboard.h"
 
+#include "util/crc32c.h"
+
 #include <unistd.h>
 
 #include <array>
@@ -14,16 +16,6 @@
 namespace noloco {
 
 namespace {
-
-std::array<uint32_t, 256> make_table() {
-  std::array<uint32_t, 256> t{};
-  for (uint32_t i = 0; i < 256; ++i) {
-    uint32_t c = i;
-    for (int k = 0; k < 8; ++k) c = (c & 1) ? (c >> 1) ^ 0x82F63B78u : c >> 1;  // Castagnoli, reflected
-    t[i] = c;
-  }
-  return t;
-}
 
 void put_varint(std::string& out, uint64_t v) {
   while (v >= 0x80) {
@@ -60,13 +52,6 @@ double now_seconds() {
 }
 
 }  // namespace
-
-uint32_t crc32c(std::string_view data) {
-  static const auto table = make_table();
-  uint32_t c = 0xffffffffu;
-  for (unsigned char b : data) c = table[(c ^ b) & 0xff] ^ (c >> 8);
-  return c ^ 0xffffffffu;
-}
 
 uint32_t masked_crc32c(std::string_view data) {
   const uint32_t c = crc32c(data);

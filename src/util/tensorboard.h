@@ -7,9 +7,10 @@
 #include <string>
 #include <string_view>
 
+#include "util/crc32c.h"
+
 namespace noloco {
 
-uint32_t crc32c(std::string_view data);
 // TensorFlow's masking, so that CRCs of data containing CRCs stay well-mixed.
 uint32_t masked_crc32c(std::string_view data);
 

@@ -1,0 +1,93 @@
+#include "train/run_directory.h"
+
+#include <fcntl.h>
+#include <sys/file.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+#include <filesystem>
+#include <stdexcept>
+
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+
+#include "util/files.h"
+
+namespace noloco {
+
+namespace fs = std::filesystem;
+
+namespace {
+
+bool holds_a_run(const fs::path& dir) {
+  for (const char* f : {"config.yaml", "metrics.jsonl", "summary.json", "checkpoints"})
+    if (fs::exists(dir / f)) return true;
+  return false;
+}
+
+// Resuming needs the run to be the same run: same model, method and shape.
+void check_same_run(const fs::path& dir, const TrainConfig& now) {
+  const auto path = (dir / "config.yaml").string();
+  if (!fs::exists(path)) return;
+  TrainConfig before;
+  try {
+    before = load_config(path, {});
+  } catch (const std::exception& e) {
+    throw std::runtime_error(fmt::format("{} cannot be read back: {}", path, e.what()));
+  }
+  auto differs = [&](const char* what, const std::string& a, const std::string& b) {
+    if (a != b)
+      throw std::invalid_argument(fmt::format("resume=true: the run in {} has {} {}, this config {} (it does not match "
+                                              "the config)",
+                                              dir.string(), what, a, b));
+  };
+  differs("model", before.model.to_json().dump(), now.model.to_json().dump());
+  differs("method", before.outer.method, now.outer.method);
+  differs("replicas", std::to_string(before.run.replicas), std::to_string(now.run.replicas));
+  differs("stages", std::to_string(before.pipeline.stages), std::to_string(now.pipeline.stages));
+  differs("data", before.data.path, now.data.path);
+}
+
+}  // namespace
+
+RunDirectory::RunDirectory(const std::string& path, const TrainConfig& config) {
+  const fs::path dir(path);
+  if (fs::exists(dir) && !fs::is_directory(dir))
+    throw std::invalid_argument(fmt::format("out={} is not a directory", path));
+  fs::create_directories(dir);
+  const auto lock = (dir / "run.lock").string();
+  lock_fd_ = ::open(lock.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+  if (lock_fd_ < 0) throw std::runtime_error(fmt::format("cannot open {}: {}", lock, std::strerror(errno)));
+  if (::flock(lock_fd_, LOCK_EX | LOCK_NB) != 0) {
+    std::string owner = "another process";
+    try {
+      owner = "pid " + read_file(lock);
+    } catch (const std::exception&) {
+    }
+    ::close(lock_fd_);
+    lock_fd_ = -1;
+    throw std::runtime_error(fmt::format("out={} is in use by another run ({})", path, owner));
+  }
+  const auto pid = std::to_string(::getpid());
+  if (::ftruncate(lock_fd_, 0) != 0 || ::pwrite(lock_fd_, pid.data(), pid.size(), 0) != ssize_t(pid.size())) {
+    // the pid is only for the message above; the lock is what protects
+  }
+  try {
+    if (!config.run.resume && holds_a_run(dir))
+      throw std::invalid_argument(fmt::format("out={} already holds a run; continue it with resume=true or choose "
+                                              "another out (a new run never overwrites one)",
+                                              path));
+    if (config.run.resume) check_same_run(dir, config);
+  } catch (...) {
+    ::close(lock_fd_);
+    lock_fd_ = -1;
+    throw;
+  }
+}
+
+RunDirectory::~RunDirectory() {
+  if (lock_fd_ >= 0) ::close(lock_fd_);  // closing releases the lock
+}
+
+}  // namespace noloco
