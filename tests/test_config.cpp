@@ -108,3 +108,22 @@ TEST(Options, ParsesTypedValuesAndNamesBadKeys) {
   EXPECT_NE(error({"flag=maybe"}).find("not a boolean"), std::string::npos);
   EXPECT_NE(error({"steps"}).find("is not key=value"), std::string::npos);
 }
+
+TEST(Config, DuplicateKeysAreRefused) {
+  EXPECT_NE(error_of("lr: 0.1\nsteps: 3\nlr: 0.2\n", {}).find("key 'lr' appears twice"), std::string::npos);
+}
+
+TEST(Config, ShapeChecksOnceTheWorkerCountIsKnown) {
+  auto c = parse_config("", {"method=noloco", "replicas=2", "group_size=3"});
+  EXPECT_THROW(c.validate_workers(), std::invalid_argument);
+  c = parse_config("", {"method=noloco", "replicas=2", "inject_crash=5:3"});
+  try {
+    c.validate_workers();
+    FAIL();
+  } catch (const std::invalid_argument& e) {
+    EXPECT_NE(std::string(e.what()).find("no worker 5"), std::string::npos);
+  }
+  const auto plan = parse_crash_plan("3:startup");
+  ASSERT_EQ(plan.size(), 1u);
+  EXPECT_EQ(plan[0].mode, CrashPoint::Mode::startup);
+}

@@ -99,3 +99,23 @@ TEST(Sampler, WindowsAreShiftedSeededAndSliceable) {
   EXPECT_TRUE(torch::equal(torch::cat({r0.inputs, r1.inputs}), b.inputs));
   EXPECT_FALSE(torch::equal(WindowSampler(tokens, 16, 43).sample(5, 0, 8).inputs, b.inputs));
 }
+
+TEST(Corpus, ADirectoryIsNotADataFile) {
+  TempDir dir;
+  TrainConfig c;
+  c.data.path = dir.path();
+  try {
+    load_corpus(c.data, c.model.context, "");
+    FAIL();
+  } catch (const std::invalid_argument& e) {
+    EXPECT_NE(std::string(e.what()).find("is a directory"), std::string::npos) << e.what();
+  }
+}
+
+TEST(Tokenizer, ACharVocabularyOfImpossibleBytesIsRefused) {
+  TempDir dir;
+  noloco::testing::write_text(dir / "tokenizer.json", R"({"type": "char", "bytes": [97, 9999]})");
+  EXPECT_THROW(load_tokenizer(dir.path()), std::runtime_error);
+  noloco::testing::write_text(dir / "tokenizer.json", R"({"type": "char", "bytes": [97, 97]})");
+  EXPECT_THROW(load_tokenizer(dir.path()), std::runtime_error);
+}

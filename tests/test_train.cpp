@@ -273,3 +273,8 @@ TEST_F(Train, KeepsOnlyTheNewestCheckpointsWhenAsked) {
   std::sort(left.begin(), left.end());
   EXPECT_EQ(left, (std::vector<std::string>{"step_00000008", "step_00000010"}));
 }
+
+TEST_F(Cli, GenerateHasABoundOnTokens) {
+  train_run("run", {"steps=1"});
+  expect_one_line_error(noloco::testing::run_cli("generate " + dir / "run" + " tokens=100000000000"), "tokens in [0, 1000000]");
+}

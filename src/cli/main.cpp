@@ -22,11 +22,13 @@
 #include "train/bench_comm.h"
 #include "train/checkpoint.h"
 #include "train/export.h"
+#include "train/failure_drill.h"
 #include "train/report.h"
 #include "train/run_directory.h"
 #include "train/run_summary.h"
 #include "train/trainer.h"
 #include "util/files.h"
+#include "util/error_text.h"
 #include "util/log.h"
 #include "util/parse_number.h"
 
@@ -54,8 +56,9 @@ int run_generate(const std::string& checkpoint, const std::vector<std::string>& 
       .add("tokens", o.tokens, "tokens to generate")
       .add("device", device, "cpu | cuda | cuda:N");
   options.parse(args);
-  if (o.temperature < 0 || o.top_k < 0 || o.tokens < 0)
-    throw std::invalid_argument("temperature, top_k and tokens must be >= 0");
+  constexpr int64_t kMaxTokens = 1000000;
+  if (o.temperature < 0 || o.top_k < 0 || o.tokens < 0 || o.tokens > kMaxTokens)
+    throw std::invalid_argument(fmt::format("temperature and top_k must be >= 0, tokens in [0, {}]", kMaxTokens));
   const auto path = find_checkpoint(checkpoint);
   if (path.empty()) throw std::runtime_error(fmt::format("no checkpoint found at '{}'", checkpoint));
   auto ckpt = read_whole_model(path);
@@ -93,6 +96,14 @@ WorkerInfo worker_info(const WorkerEnv& env, int stages, const WorkerLinks& link
   return w;
 }
 
+// Exit status of a run that finished without some of its workers (NoLoCo goes on without them).
+constexpr int kFinishedWithLosses = 3;
+
+// Memory a local worker needs: the runtime, then weights, gradients, AdamW's
+// two moments and the outer method's slow weights and momentum (activations
+// depend on the batch and are left to the margin of max_local_workers).
+int64_t worker_memory_estimate(int64_t params) { return (int64_t(200) << 20) + 24 * params; }
+
 // The capped network of a local launch with rate=..., or none.
 std::unique_ptr<CappedLinks> capped_links(const TrainConfig& cfg, int workers) {
   if (cfg.comm.rate.empty()) return nullptr;
@@ -114,11 +125,17 @@ int run_train(const std::string& config_path, const std::vector<std::string>& ov
       throw std::invalid_argument(fmt::format("WORLD_SIZE={} is not a multiple of stages={}", env.world, stages));
     cfg.run.replicas = env.world / stages;
     cfg.validate();
+    cfg.validate_workers();
     if (cfg.run.out.empty()) throw std::invalid_argument("launched workers need out=DIR, the same for all of them");
+    // A first start only: a restarted worker is past its drill. (Not yet
+    // joined, it cannot ask the store which start this is; the launcher
+    // tells a restart by its environment.)
+    if (!std::getenv("NOLOCO_RESTARTED")) FailureDrill(cfg.run.inject_crash, env.rank, 0).at_startup();
     const auto links = join_as_worker(env, cfg.comm, stages, cfg.outer.method != "none");
     train(cfg, worker_info(env, stages, links));
     return 0;
   }
+  cfg.validate_workers();
   if (cfg.run.out.empty()) cfg.run.out = default_run_dir(cfg);
   const RunDirectory owned(cfg.run.out, cfg);
   if (cfg.outer.method == "none" && stages == 1) {
@@ -126,7 +143,11 @@ int run_train(const std::string& config_path, const std::vector<std::string>& ov
     return 0;
   }
   const auto start = std::chrono::steady_clock::now();
-  load_corpus(cfg.data, cfg.model.context, cfg.run.out);  // builds and saves the tokenizer once, before the workers load it
+  // Builds and saves the tokenizer once, before the workers load it.
+  const auto corpus = load_corpus(cfg.data, cfg.model.context, cfg.run.out);
+  auto model = cfg.model;
+  model.vocab_size = corpus.tokenizer->vocab_size();
+  check_local_capacity(cfg.workers(), worker_memory_estimate(model.num_params()), cfg.run.max_local_workers);
   write_file_atomic(cfg.run.out + "/config.yaml", cfg.to_yaml());
   LaunchPlan plan;
   plan.workers = int(cfg.workers());
@@ -143,11 +164,13 @@ int run_train(const std::string& config_path, const std::vector<std::string>& ov
                  plan.workers, cfg.outer.method, cfg.run.out);
   else
     spdlog::info("launching {} {} workers, run dir {}", cfg.run.replicas, cfg.outer.method, cfg.run.out);
-  const auto exits = launch_local_workers(plan, worker_command({"train", config_path}, overrides, cfg.run.out));
+  const auto launched = launch_local_workers(plan, worker_command({"train", config_path}, overrides, cfg.run.out));
+  const auto& exits = launched.exits;
   const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   const auto summary = summarize_run(cfg.run.out, cfg.outer.method, cfg.run.replicas, stages, cfg.pipeline.routing,
                                      cfg.inner.grad_accum, exits, seconds);
   write_json_atomic(cfg.run.out + "/summary.json", summary.to_json());
+  if (launched.signal) throw Interrupted(launched.signal);
   if (!plan.keep_going_on_failure && !summary.failed.empty()) {
     // Name the worker that failed first, not the ones stopped because of it.
     const auto first = std::min_element(exits.begin(), exits.end(), [](const WorkerExit& a, const WorkerExit& b) {
@@ -157,8 +180,16 @@ int run_train(const std::string& config_path, const std::vector<std::string>& ov
   }
   if (summary.finished.empty()) throw std::runtime_error("no worker finished; see the messages above");
   std::cout << "\n" << comparison_table({cfg.run.out});
-  for (const auto& f : summary.failed) std::cout << "failed: " << f.reason << "\n";
-  return 0;
+  if (summary.failed.empty()) return 0;
+  // The run went on without them: done, but not whole.
+  spdlog::warn("finished with {} of {} workers; failed: {}", summary.finished.size(),
+               summary.finished.size() + summary.failed.size(),
+               [&] {
+                 std::string s;
+                 for (const auto& f : summary.failed) s += (s.empty() ? "" : "; ") + f.reason;
+                 return s;
+               }());
+  return kFinishedWithLosses;
 }
 
 // `bench comm ...`: launcher, or (RANK set) one of its workers.
@@ -181,10 +212,13 @@ int run_comm_bench(const std::vector<std::string>& args) {
   plan.workers = int(cfg.run.replicas);
   plan.method = cfg.outer.method;
   plan.comm = cfg.comm;
+  check_local_capacity(plan.workers, worker_memory_estimate(int64_t(options.megabytes * 1e6 / 4)),
+                       cfg.run.max_local_workers);
   const auto links = capped_links(cfg, plan.workers);
   plan.links = links.get();
-  const auto exits = launch_local_workers(plan, worker_command({"bench", "comm"}, args, cfg.run.out));
-  for (auto& e : exits)
+  const auto launched = launch_local_workers(plan, worker_command({"bench", "comm"}, args, cfg.run.out));
+  if (launched.signal) throw Interrupted(launched.signal);
+  for (auto& e : launched.exits)
     if (!e.ok()) throw std::runtime_error("bench comm failed: " + e.describe());
   const auto s = summarize_comm_bench(cfg, options);
   fmt::print("bench comm {} x{} ({} MB, {}, {} rounds, compute {}s, sigma2 {}, straggler x{}, {}): sync {:.4f}s/round{}, "
@@ -297,11 +331,11 @@ int main(int argc, char** argv) {
       return 0;
     }
     if (*report_cmd) return run_report(report_args);
+  } catch (const Interrupted& e) {
+    spdlog::error("{}", e.what());
+    return 128 + e.signal;
   } catch (const std::exception& e) {
-    // LibTorch's errors carry a backtrace after the message: keep the one line.
-    const auto* torch_error = dynamic_cast<const c10::Error*>(&e);
-    const std::string msg = torch_error ? torch_error->what_without_backtrace() : e.what();
-    spdlog::error("{}", msg.substr(0, msg.find('\n')));
+    spdlog::error("{}", error_text(e));
     return 1;
   }
   return 0;

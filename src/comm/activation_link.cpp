@@ -3,6 +3,8 @@
 #include <fmt/format.h>
 #include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
 
+#include "util/error_text.h"
+
 namespace noloco {
 
 namespace {
@@ -69,10 +71,9 @@ void ActivationLink::recv(int peer, const ActivationHeader& expected, std::vecto
   try {
     pg_->recv(one, peer, tag)->wait(timeout_);
   } catch (const std::exception& e) {
-    const std::string what = e.what();
     throw std::runtime_error(fmt::format("no {} from worker {} (step {}, micro-batch {}): {}",
                                          message_kind_name(int64_t(expected.kind)), peer, expected.step,
-                                         expected.micro, what.substr(0, what.find('\n'))));
+                                         expected.micro, error_text(e)));
   }
   // The payload is received only into buffers of the size the header was checked to announce.
   const auto problem = check_message_header(header_of(expected, tensors),

@@ -22,6 +22,7 @@
 #include <nlohmann/json.hpp>
 
 #include "comm/etcd_store.h"
+#include "util/error_text.h"
 #include "util/files.h"
 
 namespace noloco {
@@ -95,7 +96,7 @@ std::string EtcdServer::binary() {
   return ::access("/usr/bin/etcd", X_OK) == 0 ? "/usr/bin/etcd" : "";
 }
 
-EtcdServer::EtcdServer(const std::string& bind, int port, const std::string& password) {
+EtcdServer::EtcdServer(const std::string& bind, int port, const std::string& password, bool (*interrupted)()) {
   const auto exe = binary();
   if (exe.empty())
     throw std::runtime_error("the launcher hosts the run's store on etcd, and no etcd was found (install etcd-server, "
@@ -159,6 +160,10 @@ EtcdServer::EtcdServer(const std::string& bind, int port, const std::string& pas
       return;
     } catch (const std::exception& e) {
       last_error = e.what();
+    }
+    if (interrupted && interrupted()) {
+      stop();
+      throw Interrupted(SIGINT);
     }
     if (std::chrono::steady_clock::now() > deadline) {
       stop();

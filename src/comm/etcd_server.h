@@ -14,8 +14,9 @@ namespace noloco {
 class EtcdServer {
  public:
   // Throws std::runtime_error with the reason (no etcd binary, cannot listen
-  // on `bind`, did not come up). port 0: a free one.
-  EtcdServer(const std::string& bind, int port, const std::string& password);
+  // on `bind`, did not come up, `interrupted` while waiting). port 0: a free one.
+  EtcdServer(const std::string& bind, int port, const std::string& password,
+             bool (*interrupted)() = nullptr);
   ~EtcdServer();
   EtcdServer(const EtcdServer&) = delete;
   EtcdServer& operator=(const EtcdServer&) = delete;

@@ -9,6 +9,8 @@
 #include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
 #include <torch/csrc/distributed/c10d/Store.hpp>
 
+#include "util/error_text.h"
+
 namespace noloco {
 
 namespace {
@@ -21,11 +23,6 @@ std::string members_key(const std::vector<Peer>& members) {
   std::string key;
   for (const auto& p : members) key += fmt::format("{}.{}_", p.rank, p.incarnation);
   return key;
-}
-
-std::string first_line(const std::exception& e) {
-  const std::string what = e.what();
-  return what.substr(0, std::min(what.find('\n'), size_t(200)));
 }
 
 torch::Tensor header_tensor(const MessageHeader& h) {
@@ -137,9 +134,9 @@ GlooGroup join_gloo_group(const StorePtr& store, const WorkerEnv& env, const std
                                                        options);
   } catch (const std::exception& e) {
     throw std::runtime_error(fmt::format(
-        "could not join the run at {}:{} as worker {} ({} {} of {}) within {}s (wrong NOLOCO_RUN_TOKEN, or the other "
-        "workers are gone): {}",
-        env.master_addr, env.master_port, env.rank, name, rank, world, timeout.count() / 1000, first_line(e)));
+        "could not join the run at {}:{} as worker {} ({} {} of {}) within {}s: a member did not come (it died, or "
+        "is unreachable at its bind address), or NOLOCO_RUN_TOKEN differs: {}",
+        env.master_addr, env.master_port, env.rank, name, rank, world, timeout.count() / 1000, error_text(e)));
   }
 }
 
@@ -153,9 +150,7 @@ GlooTransport::GlooTransport(std::function<StorePtr()> connect, const WorkerEnv&
       timeout_(timeout),
       run_id_(run_id_of(env.token)),
       store_(connect_()),
-      device_(gloo_device(bind)) {
-  if (self_.incarnation == 0) run_group_ = join(scope_, self_.rank, world_);
-}
+      device_(gloo_device(bind)) {}
 
 GlooTransport::~GlooTransport() {
   groups_.clear();
@@ -171,19 +166,20 @@ void GlooTransport::release(GlooGroup group) {
   releasing_ = std::thread([g = std::move(group)]() mutable { g.reset(); });
 }
 
-void GlooTransport::all_reduce_mean(torch::Tensor& t) {
-  if (!run_group_) throw std::runtime_error("a restarted worker is not part of the run-wide group");
-  all_reduce_mean_over(*run_group_, t, world_, timeout_, charge());
+c10d::ProcessGroupGloo& GlooTransport::run_group() {
+  if (self_.incarnation > 0) throw std::runtime_error("a restarted worker is not part of the run-wide group");
+  if (!run_group_) run_group_ = join(scope_, self_.rank, world_);
+  return *run_group_;
 }
 
+void GlooTransport::all_reduce_mean(torch::Tensor& t) { all_reduce_mean_over(run_group(), t, world_, timeout_, charge()); }
+
 std::vector<torch::Tensor> GlooTransport::all_gather(const torch::Tensor& bytes) {
-  if (!run_group_) throw std::runtime_error("a restarted worker is not part of the run-wide group");
-  return all_gather_over(*run_group_, bytes, world_, timeout_, charge());
+  return all_gather_over(run_group(), bytes, world_, timeout_, charge());
 }
 
 std::vector<torch::Tensor> GlooTransport::all_to_all(const torch::Tensor& bytes) {
-  if (!run_group_) throw std::runtime_error("a restarted worker is not part of the run-wide group");
-  return all_to_all_over(*run_group_, bytes, world_, timeout_, charge());
+  return all_to_all_over(run_group(), bytes, world_, timeout_, charge());
 }
 
 std::unique_ptr<Transport> GlooTransport::subgroup(const std::string& name, const std::vector<Peer>& members) {
@@ -322,7 +318,7 @@ ExchangeResult GlooTransport::exchange(const ExchangeRequest& request) {
     }
   } catch (const std::exception& e) {
     // A member died after announcing itself: go on without any of them.
-    spdlog::warn("exchange {} could not form its group; going on alone: {}", request.id, first_line(e));
+    spdlog::warn("exchange {} could not form its group; going on alone: {}", request.id, error_text(e));
     for (const auto& p : present) result.lost.push_back(p.rank);
     s.wait_seconds += since(start);
     s.comm_seconds += since(start);
@@ -357,7 +353,7 @@ ExchangeResult GlooTransport::exchange(const ExchangeRequest& request) {
       sends.push_back(pg->send(d, index_of(p.rank), tag + 1));
     }
   } catch (const std::exception& e) {
-    spdlog::warn("exchange {} failed to start: {}", request.id, first_line(e));
+    spdlog::warn("exchange {} failed to start: {}", request.id, error_text(e));
     failed = true;
   }
   for (auto& in : incoming) {

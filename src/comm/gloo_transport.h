@@ -44,8 +44,9 @@ class GlooTransport final : public Transport {
  public:
   // Member `self` of `world` in `scope` (e.g. "replicas", "stage1").
   // `connect` opens a new connection to the run's store. The run-wide group
-  // (collectives) is joined only by a first incarnation: Gloo cannot take a
-  // restarted rank back into a formed group.
+  // (collectives) is formed at the first collective, so that a method without
+  // any (NoLoCo) never waits for every worker to start; a restarted rank has
+  // none: Gloo cannot take it back into a formed group.
   GlooTransport(std::function<StorePtr()> connect, const WorkerEnv& env, std::string scope, Peer self, int world,
                 const std::string& bind, std::chrono::milliseconds timeout);
   ~GlooTransport() override;
@@ -66,6 +67,7 @@ class GlooTransport final : public Transport {
                          const std::function<bool(int)>& give_up, std::vector<int>* late, int64_t my_generation,
                          std::map<int, int64_t>* generations);
   GlooGroup join(const std::string& name, int rank, int world);
+  c10d::ProcessGroupGloo& run_group();
   // Destroys groups on a background thread (teardown is slow and off the training path).
   void release(GlooGroup group);
 
@@ -79,7 +81,7 @@ class GlooTransport final : public Transport {
   StorePtr store_;  // rendezvous and waits
   StorePtr watch_;  // the meeting watchdog's own connection (store_ is blocked in a wait meanwhile)
   std::shared_ptr<gloo::transport::Device> device_;  // one I/O loop for all of this worker's groups
-  GlooGroup run_group_;  // absent in a restarted worker
+  GlooGroup run_group_;  // formed at the first collective
   struct CachedGroup {
     std::string members;  // ranks and incarnations
     int64_t generation = 0;

@@ -11,6 +11,7 @@
 #include <chrono>
 #include <cstring>
 #include <thread>
+#include <fstream>
 #include <utility>
 
 #include <fmt/format.h>
@@ -20,6 +21,7 @@
 #include "comm/membership.h"
 #include "comm/store.h"
 #include "comm/heartbeat.h"
+#include "util/log.h"
 
 namespace noloco {
 
@@ -39,9 +41,59 @@ std::string WorkerExit::describe() const {
   return fmt::format("worker {} finished after {:.1f}s", rank, seconds);
 }
 
-std::vector<WorkerExit> launch_local_workers(const LaunchPlan& plan, const std::vector<std::string>& worker_args) {
+namespace {
+
+// SIGINT/SIGTERM are caught for the launch and restored after it.
+class ForwardedSignals {
+ public:
+  ForwardedSignals() {
+    struct sigaction sa {};
+    sa.sa_handler = on_signal;
+    sigemptyset(&sa.sa_mask);
+    ::sigaction(SIGINT, &sa, &old_int_);
+    ::sigaction(SIGTERM, &sa, &old_term_);
+  }
+  ~ForwardedSignals() {
+    ::sigaction(SIGINT, &old_int_, nullptr);
+    ::sigaction(SIGTERM, &old_term_, nullptr);
+  }
+  static bool pending() { return forwarded_signal.load() != 0; }
+
+ private:
+  struct sigaction old_int_ {}, old_term_ {};
+};
+
+int64_t available_memory_bytes() {
+  std::ifstream in("/proc/meminfo");
+  std::string key;
+  int64_t kb = 0;
+  std::string unit;
+  while (in >> key >> kb >> unit)
+    if (key == "MemAvailable:") return kb * 1024;
+  return int64_t(1) << 40;
+}
+
+}  // namespace
+
+void check_local_capacity(int64_t workers, int64_t bytes_per_worker, int64_t allowed) {
+  if (allowed > 0) {
+    if (workers > allowed)
+      throw std::invalid_argument(fmt::format("{} workers, more than max_local_workers={}", workers, allowed));
+    return;
+  }
+  const int64_t cores = std::max(1u, std::thread::hardware_concurrency());
+  const int64_t memory = available_memory_bytes();
+  const int64_t limit = std::min(8 * cores, std::max<int64_t>(1, memory / std::max<int64_t>(1, bytes_per_worker)));
+  if (workers > limit)
+    throw std::invalid_argument(fmt::format(
+        "{} workers on this machine ({} cores, {:.1f} GiB available): it hosts at most {} (8 per core, about {:.0f} MiB "
+        "each); set max_local_workers=N to start more anyway",
+        workers, cores, double(memory) / double(1 << 30), limit, double(bytes_per_worker) / double(1 << 20)));
+}
+
+LaunchResult launch_local_workers(const LaunchPlan& plan, const std::vector<std::string>& worker_args) {
   const auto& c = plan.comm;
-  const bool keep_going_on_failure = plan.keep_going_on_failure;
+  const ForwardedSignals signals;
   const auto start = std::chrono::steady_clock::now();
   const int n = plan.workers;
   const char* given = std::getenv("NOLOCO_RUN_TOKEN");
@@ -49,7 +101,7 @@ std::vector<WorkerExit> launch_local_workers(const LaunchPlan& plan, const std::
   // The run's store: etcd, on `bind` (behind capped links: the launcher's
   // address on their bridge), authenticated with the run's token.
   const std::string store_address = plan.links ? plan.links->host_address() : c.bind;
-  const EtcdServer etcd(store_address, int(c.port), token);
+  const EtcdServer etcd(store_address, int(c.port), token, &ForwardedSignals::pending);
   const auto timeout = std::chrono::milliseconds(int64_t(c.peer_timeout * 1000));
   const StorePtr store = c10::make_intrusive<EtcdStore>(etcd.endpoint(), "root", token, timeout);
 
@@ -58,19 +110,14 @@ std::vector<WorkerExit> launch_local_workers(const LaunchPlan& plan, const std::
   if (len <= 0) throw std::runtime_error("cannot find the noloco executable (/proc/self/exe)");
   exe[len] = '\0';
 
-  struct sigaction sa {};
-  sa.sa_handler = on_signal;
-  sigemptyset(&sa.sa_mask);
-  ::sigaction(SIGINT, &sa, nullptr);
-  ::sigaction(SIGTERM, &sa, nullptr);
-
   std::vector<pid_t> pids(size_t(n), -1);
-  auto spawn = [&](int r) {
+  auto spawn = [&](int r, bool restart) {
     std::vector<std::string> env_vars = {
         fmt::format("RANK={}", r),          fmt::format("WORLD_SIZE={}", n),
         fmt::format("LOCAL_RANK={}", r),    fmt::format("LOCAL_WORLD_SIZE={}", n),
         fmt::format("MASTER_ADDR={}", store_address), fmt::format("MASTER_PORT={}", etcd.port()),
         "TORCHELASTIC_USE_AGENT_STORE=True", "NOLOCO_RUN_TOKEN=" + token, "NOLOCO_STORE=" + etcd.endpoint()};
+    if (restart) env_vars.push_back("NOLOCO_RESTARTED=1");
     std::vector<std::string> args = worker_args;
     // Behind a capped link the worker listens on its own address there.
     if (plan.links) args.push_back("bind=" + plan.links->worker_address(r));
@@ -97,28 +144,37 @@ std::vector<WorkerExit> launch_local_workers(const LaunchPlan& plan, const std::
     }
     pids[size_t(r)] = pid;
   };
-  for (int r = 0; r < n; ++r) spawn(r);
+  int running = 0;
+  for (int r = 0; r < n && !ForwardedSignals::pending(); ++r, ++running) spawn(r, false);
   // A worker whose heartbeat stops is hung (or its machine is): kill it, so
   // the failure takes the path of a crash instead of stalling the run.
   HeartbeatWatch heartbeats(store, token);
   std::vector<std::string> why(static_cast<size_t>(n));
   auto last_check = std::chrono::steady_clock::now();
 
-  std::vector<WorkerExit> exits;
+  LaunchResult result;
   std::vector<int64_t> restarts_left(size_t(n), c.restarts);
-  int running = n;
   auto kill_all = [&](int sig) {
     for (auto pid : pids)
       if (pid > 0) ::kill(pid, sig);
   };
-  bool terminating = false, interrupted = false;
+  bool terminating = false;
   auto terminate_deadline = std::chrono::steady_clock::now();
-  while (running > 0) {
+  auto stop_all = [&](int sig) {
+    kill_all(sig);
+    if (!terminating) terminate_deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+    terminating = true;
+  };
+  auto take_signal = [&] {
     if (const int sig = forwarded_signal.exchange(0)) {
-      std::fprintf(stderr, "noloco: forwarding signal %d to the workers\n", sig);
-      kill_all(sig);
-      interrupted = true;
+      spdlog::info("forwarding signal {} to the workers", sig);
+      stop_all(sig);
+      result.signal = sig;
     }
+  };
+  take_signal();  // one that came while starting
+  while (running > 0) {
+    take_signal();
     int status = 0;
     const pid_t pid = ::waitpid(-1, &status, WNOHANG);
     if (pid > 0) {
@@ -136,48 +192,43 @@ std::vector<WorkerExit> launch_local_workers(const LaunchPlan& plan, const std::
       }
       *it = -1;
       --running;
-      if (!e.ok()) {
-        std::fprintf(stderr, "noloco: %s\n", e.describe().c_str());
+      if (!e.ok() && result.signal == 0) {
+        spdlog::info("{}", e.describe());
         // Later NoLoCo groupings of its stage leave it out.
         declare_dead(store, token, replica_scope(plan.stages, e.rank % plan.stages), e.rank / plan.stages);
-        if (!keep_going_on_failure && !terminating) {
-          std::fprintf(stderr, "noloco: method %s cannot continue without worker %d; stopping the others\n",
-                       plan.method.c_str(), e.rank);
-          kill_all(SIGTERM);
-          terminating = true;
-          terminate_deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
-        } else if (keep_going_on_failure && !interrupted && running > 0 && restarts_left[size_t(e.rank)] > 0) {
+        if (!plan.keep_going_on_failure && !terminating) {
+          spdlog::info("method {} cannot continue without worker {}; stopping the others", plan.method, e.rank);
+          stop_all(SIGTERM);
+        } else if (plan.keep_going_on_failure && running > 0 && restarts_left[size_t(e.rank)] > 0) {
           // It rejoins from a live replica; with none left there is nothing to rejoin.
           --restarts_left[size_t(e.rank)];
           e.restarted = true;
-          std::fprintf(stderr, "noloco: restarting worker %d; it will take its state from a live replica\n", e.rank);
+          spdlog::info("restarting worker {}; it will take its state from a live replica", e.rank);
           store->set(heartbeat_key(token, e.rank), std::vector<uint8_t>{'0'});  // silent until the new one beats
           heartbeats.reset(e.rank);
-          spawn(e.rank);
+          spawn(e.rank, true);
           ++running;
         }
       }
-      exits.push_back(e);
+      result.exits.push_back(e);
       continue;
     }
     if (terminating && std::chrono::steady_clock::now() > terminate_deadline) kill_all(SIGKILL);
-    if (std::chrono::steady_clock::now() - last_check > std::chrono::seconds(1)) {
+    if (!terminating && std::chrono::steady_clock::now() - last_check > std::chrono::seconds(1)) {
       last_check = std::chrono::steady_clock::now();
       for (int r = 0; r < n; ++r) {
         if (pids[size_t(r)] <= 0 || !why[size_t(r)].empty()) continue;
         const double silent = heartbeats.silent_seconds(r);
         if (silent <= c.heartbeat_timeout) continue;
         why[size_t(r)] = fmt::format("no heartbeat for {:.0f}s: hung", silent);
-        std::fprintf(stderr, "noloco: worker %d sent no heartbeat for %.0f s; killing it\n", r, silent);
+        spdlog::info("worker {} sent no heartbeat for {:.0f} s; killing it", r, silent);
         ::kill(pids[size_t(r)], SIGKILL);
       }
     }
     std::this_thread::sleep_for(std::chrono::milliseconds(50));
   }
-  std::stable_sort(exits.begin(), exits.end(), [](auto& a, auto& b) { return a.rank < b.rank; });
-  ::signal(SIGINT, SIG_DFL);
-  ::signal(SIGTERM, SIG_DFL);
-  return exits;
+  std::stable_sort(result.exits.begin(), result.exits.end(), [](auto& a, auto& b) { return a.rank < b.rank; });
+  return result;
 }
 
 }  // namespace noloco

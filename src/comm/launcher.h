@@ -32,9 +32,21 @@ struct LaunchPlan {
   const CappedLinks* links = nullptr;
 };
 
-// `worker_args` are the arguments after the program name (e.g. train CONFIG k=v...).
-// Supervises until all workers end; forwards SIGINT/SIGTERM. Exits are sorted
-// by rank, a restarted worker's in the order they happened.
-std::vector<WorkerExit> launch_local_workers(const LaunchPlan& plan, const std::vector<std::string>& worker_args);
+struct LaunchResult {
+  std::vector<WorkerExit> exits;  // by rank; a restarted worker's in the order they happened
+  int signal = 0;                 // SIGINT or SIGTERM that stopped the run, 0 if none did
+};
+
+// `worker_args` are the arguments after the program name (e.g. train CONFIG
+// k=v...). Hosts the run's store (etcd), starts the workers and supervises
+// them until all end. A SIGINT or SIGTERM at any moment (also while starting)
+// is forwarded to the workers started so far, which get 10 s before SIGKILL.
+LaunchResult launch_local_workers(const LaunchPlan& plan, const std::vector<std::string>& worker_args);
+
+// How many workers this machine can host: 8 per core, and its available
+// memory at `bytes_per_worker` each. Throws std::invalid_argument naming the
+// limit when `workers` exceeds it and `allowed` (an explicit maximum, 0:
+// none) does not permit it.
+void check_local_capacity(int64_t workers, int64_t bytes_per_worker, int64_t allowed);
 
 }  // namespace noloco

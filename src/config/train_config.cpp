@@ -59,6 +59,8 @@ Options config_options(TrainConfig& c) {
       .add("resume", c.run.resume, "continue from the newest complete checkpoint in out")
       .add("method", c.outer.method, "none | ddp | diloco | noloco")
       .add("replicas", c.run.replicas, "data-parallel replicas")
+      .add("max_local_workers", c.run.max_local_workers,
+           "local launcher: the most workers it starts; 0: what this machine can host (8 per core, memory)")
       .add("stages", c.pipeline.stages, "pipeline stages per replica (replicas x stages workers)")
       .add("stage_layers", c.pipeline.stage_layers, "layers per stage, e.g. 3,5; empty: balanced")
       .add("routing", c.pipeline.routing, "random | fixed: routing of micro-batches between stage replicas")
@@ -91,7 +93,7 @@ Options config_options(TrainConfig& c) {
            "root only); empty: no cap")
       .add("inject_crash", c.run.inject_crash,
            "failure drill: RANK:STEP[:checkpoint|:freeze][,...] kills that worker (SIGKILL) before that step, or "
-           "while writing its checkpoint, or freezes it (SIGSTOP)");
+           "while writing its checkpoint, or freezes it (SIGSTOP); RANK:startup kills it before it joins the run");
   return o;
 }
 
@@ -161,6 +163,7 @@ void TrainConfig::validate() const {
   if (method != "none" && method != "ddp" && method != "diloco" && method != "noloco")
     invalid(fmt::format("method must be none, ddp, diloco or noloco, got '{}'", method));
   positive("replicas", double(run.replicas));
+  non_negative("max_local_workers", double(run.max_local_workers));
   if (method == "none" && run.replicas > 1) invalid("replicas > 1 needs a method (ddp, diloco or noloco)");
   positive("stages", double(pipeline.stages));
   stage_layer_ranges(model.layers, pipeline.stages, pipeline.stage_layers);
@@ -169,6 +172,7 @@ void TrainConfig::validate() const {
   non_negative("outer_interval", double(outer.interval));
   positive("outer_lr", outer.lr);
   if (outer.group_size < 2) invalid(fmt::format("group_size must be >= 2, got {}", outer.group_size));
+
   const auto& wire = outer.wire_dtype;
   if (wire != "fp32" && wire != "bf16" && wire != "int8" && wire != "int4")
     invalid(fmt::format("wire_dtype must be fp32, bf16, int8 or int4, got '{}'", wire));
@@ -200,6 +204,14 @@ void TrainConfig::validate() const {
   }
 }
 
+void TrainConfig::validate_workers() const {
+  if (outer.method == "noloco" && outer.group_size > run.replicas)
+    invalid(fmt::format("group_size ({}) must not exceed replicas ({})", outer.group_size, run.replicas));
+  for (const auto& point : parse_crash_plan(run.inject_crash))
+    if (point.rank >= workers())
+      invalid(fmt::format("inject_crash: there is no worker {} (workers 0..{})", point.rank, workers() - 1));
+}
+
 std::vector<CrashPoint> parse_crash_plan(const std::string& plan) {
   std::vector<CrashPoint> points;
   std::stringstream list(plan);
@@ -211,7 +223,11 @@ std::vector<CrashPoint> parse_crash_plan(const std::string& plan) {
     if (parts.size() == 3 && parts[2] == "checkpoint") mode = CrashPoint::Mode::kill_in_checkpoint;
     if (parts.size() == 3 && parts[2] == "freeze") mode = CrashPoint::Mode::freeze;
     if (parts.size() != 2 && (parts.size() != 3 || mode == CrashPoint::Mode::kill))
-      invalid(fmt::format("inject_crash must be RANK:STEP[:checkpoint|:freeze][,...], got '{}'", plan));
+      invalid(fmt::format("inject_crash must be RANK:STEP[:checkpoint|:freeze] or RANK:startup[,...], got '{}'", plan));
+    if (parts.size() == 2 && parts[1] == "startup") {
+      points.push_back({parse_integer("inject_crash", parts[0]), 0, CrashPoint::Mode::startup});
+      continue;
+    }
     points.push_back({parse_integer("inject_crash", parts[0]), parse_integer("inject_crash", parts[1]), mode});
   }
   return points;
@@ -271,6 +287,8 @@ TrainConfig parse_config(const std::string& yaml_text, const std::vector<std::st
     for (const auto& kv : root) {
       if (!kv.first.IsScalar()) invalid(fmt::format("{}: keys must be plain names", origin));
       const auto key = kv.first.as<std::string>();
+      for (const auto& [seen, value] : pairs)
+        if (seen == key) invalid(fmt::format("{}: key '{}' appears twice", origin, key));
       if (!kv.second.IsScalar()) invalid(fmt::format("{}: value of '{}' must be a single value", origin, key));
       pairs.emplace_back(key, kv.second.as<std::string>());
     }

@@ -95,15 +95,19 @@ struct RunConfig {
   int64_t keep_checkpoints = 0;     // newest checkpoints kept per worker; 0: all
   bool resume = false;
   int64_t replicas = 1;
-  // Failure drills, "RANK:STEP[:checkpoint|:freeze][,...]"; see CrashPoint.
+  // Local launcher: the most workers it starts; 0: what the machine can host
+  // (8 per core, and memory).
+  int64_t max_local_workers = 0;
+  // Failure drills, "RANK:STEP[:checkpoint|:freeze]" or "RANK:startup", comma-separated; see CrashPoint.
   std::string inject_crash;
 };
 
 // A failure drill: worker `rank` is killed (SIGKILL) just before inner step
 // `step`, or halfway through writing that step's checkpoint, or frozen
-// (SIGSTOP) like a hung machine.
+// (SIGSTOP) like a hung machine, or killed while starting, before it joins
+// the run ("RANK:startup").
 struct CrashPoint {
-  enum class Mode { kill, kill_in_checkpoint, freeze };
+  enum class Mode { kill, kill_in_checkpoint, freeze, startup };
   int64_t rank = 0, step = 0;
   Mode mode = Mode::kill;
 };
@@ -133,6 +137,9 @@ struct TrainConfig {
   void resolve();
   // Throws std::invalid_argument naming the first bad key.
   void validate() const;
+  // What depends on the run's shape once it is known (replicas from
+  // WORLD_SIZE under torchrun): group size, failure-drill ranks.
+  void validate_workers() const;
   std::string to_yaml() const;
   int64_t workers() const { return run.replicas * pipeline.stages; }
 };

@@ -43,6 +43,9 @@ std::unique_ptr<Tokenizer> build_tokenizer(const DataConfig& c, const std::strin
 }  // namespace
 
 Corpus load_corpus(const DataConfig& c, int64_t context, const std::string& run_dir) {
+  for (const auto& path : {c.path, c.val_path})
+    if (!path.empty() && std::filesystem::is_directory(path))
+      throw std::invalid_argument(fmt::format("data file '{}' is a directory; give a text or token file", path));
   Corpus corpus;
   const bool saved = !run_dir.empty() && file_exists(run_dir + "/tokenizer.json");
   torch::Tensor all;

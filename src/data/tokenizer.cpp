@@ -208,11 +208,26 @@ std::unique_ptr<Tokenizer> load_tokenizer(const std::string& dir) {
   const auto type = j.value("type", "");
   if (type == "char") {
     std::string chars;
-    for (auto& b : j.at("bytes")) chars.push_back(char(b.get<int>()));
+    std::array<bool, 256> seen{};
+    const auto& bytes = j.value("bytes", nlohmann::json());
+    if (!bytes.is_array() || bytes.empty())
+      throw std::runtime_error(fmt::format("{}/tokenizer.json: 'bytes' must be a non-empty list", dir));
+    for (auto& b : bytes) {
+      if (!b.is_number_integer() || b.get<int64_t>() < 0 || b.get<int64_t>() > 255 || seen[size_t(b.get<int64_t>())])
+        throw std::runtime_error(
+            fmt::format("{}/tokenizer.json: {} is not a new byte value (0..255)", dir, b.dump()));
+      seen[size_t(b.get<int64_t>())] = true;
+      chars.push_back(char(b.get<int>()));
+    }
     return std::make_unique<CharTokenizer>(chars);
   }
   if (type == "sentencepiece") return load_sentencepiece(dir + "/" + j.at("model").get<std::string>());
-  if (type == "ids") return make_id_tokenizer(j.at("vocab_size").get<int64_t>());
+  if (type == "ids") {
+    const auto& v = j.value("vocab_size", nlohmann::json());
+    if (!v.is_number_integer() || v.get<int64_t>() < 1 || v.get<int64_t>() > 65536)
+      throw std::runtime_error(fmt::format("{}/tokenizer.json: vocab_size must be in [1, 65536]", dir));
+    return make_id_tokenizer(v.get<int64_t>());
+  }
   throw std::runtime_error(fmt::format("{}/tokenizer.json: unknown tokenizer type '{}'", dir, type));
 }
 

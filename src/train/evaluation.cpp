@@ -2,6 +2,7 @@
 
 #include <algorithm>
 
+#include "util/error_text.h"
 #include "util/log.h"
 
 namespace noloco {
@@ -31,8 +32,7 @@ ReplicaSpread evaluate_across_replicas(int64_t step, Transport& transport, Membe
       theta.copy_(own);
     }
   } catch (const std::exception& e) {
-    const std::string what = e.what();
-    spdlog::warn("mean-model evaluation skipped: {}", what.substr(0, std::min(what.find('\n'), size_t(200))));
+    spdlog::warn("mean-model evaluation skipped: {}", error_text(e));
   }
   return out;
 }

@@ -1,7 +1,8 @@
 // Failure drills for tests and rehearsals (`inject_crash`): this worker is
 // killed with SIGKILL just before a chosen inner step, or halfway through
 // writing a chosen step's checkpoint, or frozen with SIGSTOP like a hung
-// machine. A restarted worker (a later incarnation) runs on.
+// machine, or before it joins the run. A restarted worker (a later
+// incarnation) runs on.
 #pragma once
 #include <cstdint>
 #include <string>
@@ -11,12 +12,15 @@ namespace noloco {
 class FailureDrill {
  public:
   FailureDrill(const std::string& plan, int worker, int incarnation);
+  // Before the worker connects to the run.
+  void at_startup() const;
   void before_step(int64_t step) const;
   // Called between the files of the checkpoint of `step`.
   void inside_checkpoint(int64_t step) const;
 
  private:
   int64_t kill_at_ = -1, freeze_at_ = -1, kill_in_checkpoint_ = -1;
+  bool kill_at_startup_ = false;
 };
 
 }  // namespace noloco

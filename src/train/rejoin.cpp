@@ -2,6 +2,7 @@
 
 #include <chrono>
 
+#include "util/error_text.h"
 #include "util/log.h"
 
 namespace noloco {
@@ -37,8 +38,7 @@ std::vector<int> serve_rejoins(Membership& membership, Transport& transport, con
       transport.send_state(channel, state_header(bytes.numel()), bytes);
       served.push_back(who);
     } catch (const std::exception& e) {
-      const std::string what = e.what();
-      spdlog::warn("could not hand over state to replica {}: {}", who, what.substr(0, what.find('\n')));
+      spdlog::warn("could not hand over state to replica {}: {}", who, error_text(e));
     }
   }
   return served;
