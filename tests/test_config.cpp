@@ -127,3 +127,17 @@ TEST(Config, ShapeChecksOnceTheWorkerCountIsKnown) {
   ASSERT_EQ(plan.size(), 1u);
   EXPECT_EQ(plan[0].mode, CrashPoint::Mode::startup);
 }
+
+TEST(Config, FragmentsAndOverlapOnlyWhereTheyMeanSomething) {
+  EXPECT_NE(error_of("", {"method=noloco", "replicas=2", "outer_interval=4", "fragments=5"})
+                .find("fragments (5) must not exceed outer_interval (4)"),
+            std::string::npos);
+  EXPECT_NE(error_of("", {"method=ddp", "replicas=2", "overlap=true"}).find("apply to diloco and noloco"),
+            std::string::npos);
+  EXPECT_NE(error_of("", {"method=noloco", "replicas=2", "fragments=0"}).find("fragments must be >= 1"),
+            std::string::npos);
+  const auto c = parse_config("", {"method=noloco", "replicas=2", "fragments=4", "overlap=true"});
+  EXPECT_EQ(c.outer.fragments, 4);  // within the default H = 50
+  EXPECT_TRUE(c.outer.overlap);
+  EXPECT_NO_THROW(parse_config("", {"method=none", "replicas=4"})) << "independent replicas: the utilisation baseline";
+}

@@ -1,9 +1,11 @@
 #include <gtest/gtest.h>
 
+#include <deque>
 #include <set>
 
 #include "optim/grouping.h"
 #include "optim/outer.h"
+#include "optim/slow_weights.h"
 #include "config/train_config.h"
 
 using namespace noloco;
@@ -17,7 +19,7 @@ class FakeTransport final : public Transport {
   int world() const override { return 2; }
   void all_reduce_mean(torch::Tensor& t) override {
     sent = t.clone();
-    t.add_(peer).div_(2);
+    t.add_(next_peer()).div_(2);
   }
   std::vector<torch::Tensor> all_gather(const torch::Tensor&) override { throw std::logic_error("not used"); }
   std::vector<torch::Tensor> all_to_all(const torch::Tensor&) override { throw std::logic_error("not used"); }
@@ -26,13 +28,24 @@ class FakeTransport final : public Transport {
     sent = request.payload.view(dtype).clone();
     for (const auto& p : request.group) last_group.push_back(p.rank);
     ExchangeResult r;
-    r.received[1] = peer.to(dtype).contiguous().view(torch::kUInt8);
+    r.received[1] = next_peer().to(dtype).contiguous().view(torch::kUInt8);
     return r;
   }
   void send_state(const std::string&, const MessageHeader&, const torch::Tensor&) override {}
   torch::Tensor receive_state(const std::string&, const MessageHeader&) override { return {}; }
   std::unique_ptr<Transport> subgroup(const std::string&, const std::vector<Peer>&) override { return nullptr; }
+  // The peer's contribution: the next of `peers` while any are left, else `peer`.
+  // Exchanges may run on the overlap thread; the test only sets these up front.
+  torch::Tensor next_peer() {
+    ++exchanges;
+    if (peers.empty()) return peer;
+    auto p = peers.front();
+    peers.pop_front();
+    return p;
+  }
   torch::Tensor peer, sent;
+  std::deque<torch::Tensor> peers;
+  int exchanges = 0;
   c10::ScalarType wire_dtype = torch::kFloat32;
   std::vector<int> last_group;
 };
@@ -134,6 +147,114 @@ TEST(Outer, DdpAveragesTheFlatGradientInOneCollective) {
   comm.peer = torch::tensor({3.0f, 2.0f, 1.0f});
   outer->on_gradients(flat);
   expect_values(m.w.grad(), {2.0, 2.0, 2.0});  // the parameter's own .grad is a view of the flat buffer
+}
+
+TEST(Schedule, FragmentsSpreadOverThePeriodAndTheLastEndsIt) {
+  // H = 4, F = 2: fragment 0 after 2, 6, 10 steps, fragment 1 after 4, 8.
+  std::vector<std::pair<int, int64_t>> got;
+  for (int64_t step = 0; step < 10; ++step)
+    if (const auto due = fragment_due(step, 4, 2)) got.push_back(*due);
+  const std::vector<std::pair<int, int64_t>> want{{0, 0}, {1, 0}, {0, 1}, {1, 1}, {0, 2}};
+  EXPECT_EQ(got, want);
+  // F = 1 is the classic schedule: after H, 2H, ...
+  for (int64_t step = 0; step < 12; ++step) EXPECT_EQ(fragment_due(step, 4, 1).has_value(), (step + 1) % 4 == 0) << step;
+  // H = 4, F = 3: every fragment once per period, at steps ⌊(f+1)·H/F⌋ = 1, 2, 4.
+  std::vector<int> order;
+  for (int64_t step = 0; step < 8; ++step)
+    if (const auto due = fragment_due(step, 4, 3)) order.push_back(due->first);
+  EXPECT_EQ(order, (std::vector<int>{0, 1, 2, 0, 1, 2}));
+  const auto parts = split_fragments(10, 3);
+  ASSERT_EQ(parts.size(), 3u);
+  EXPECT_EQ(parts[0].numel + parts[1].numel + parts[2].numel, 10);
+  EXPECT_EQ(parts[1].offset, parts[0].numel);
+  EXPECT_THROW(split_fragments(2, 3), std::invalid_argument);
+}
+
+TEST(Outer, DiLoCoFragmentsSyncTheirOwnSliceByHand) {
+  auto c = outer_config("diloco", 0.0, 1.0, 1.0);
+  c.outer.fragments = 2;  // values [0, 1] after 2 steps of each period, value [2] after 4
+  Rig rig(c);
+  auto& [m, flat, comm, outer] = rig;
+  flat.values().copy_(torch::tensor({1.0f, 2.0f, 3.0f}));  // φ = 0, so Δ = θ
+  comm.peers = {torch::tensor({3.0f, 0.0f}), torch::tensor({5.0f})};
+  EXPECT_FALSE(outer->after_inner_step(0, flat).has_value());
+  auto first = outer->after_inner_step(1, flat);
+  ASSERT_TRUE(first.has_value());
+  EXPECT_EQ(first->fragment, 0);
+  expect_values(comm.sent, {1.0, 2.0});
+  expect_values(flat.values(), {2.0, 1.0, 3.0});  // β = 1, α = 0: θ ← mean
+  flat.values()[2] = 4.0f;
+  EXPECT_FALSE(outer->after_inner_step(2, flat).has_value());
+  auto second = outer->after_inner_step(3, flat);
+  ASSERT_TRUE(second.has_value());
+  EXPECT_EQ(second->fragment, 1);
+  expect_values(comm.sent, {4.0});
+  expect_values(flat.values(), {2.0, 1.0, 4.5});
+}
+
+TEST(Outer, OverlappedDiLoCoAppliesOnePeriodLateKeepingLocalProgressByHand) {
+  auto c = outer_config("diloco", 0.3, 0.7, 0.7);
+  c.outer.overlap = true;
+  Rig rig(c);
+  auto& [m, flat, comm, outer] = rig;
+  outer->load({{"outer.phi", torch::tensor({1.0f, 2.0f, -1.0f})},
+               {"outer.momentum", torch::zeros({3})},
+               {"outer.start", torch::tensor({1.0f, 2.0f, -1.0f})},
+               {"outer.pending_delta", torch::zeros({3})},
+               {"outer.pending_phi", torch::zeros({3})},
+               {"outer.pending_flags", torch::zeros({3}, torch::kFloat64)}});
+  comm.peers = {torch::tensor({0.1f, 0.3f, -0.2f}), torch::tensor({0.1f, 0.1f, 0.1f})};
+  flat.values().copy_(torch::tensor({1.5f, 1.0f, 0.0f}));  // Δ0 = [0.5, -1, 1]
+  // Period 1 ends: its exchange starts, nothing is applied, θ trains on.
+  EXPECT_FALSE(outer->after_inner_step(3, flat).has_value());
+  expect_values(flat.values(), {1.5, 1.0, 0.0});
+  flat.values().copy_(torch::tensor({2.0f, 1.0f, 0.5f}));  // progress in period 2: [0.5, 0, 0.5]
+  // Period 2 ends: period 1's mean Δ [0.3, -0.35, 0.4] is applied:
+  //   m = 0.7·[0.3, -0.35, 0.4] = [0.21, -0.245, 0.28], φ = [1.21, 1.755, -0.72], θ = φ + progress.
+  auto applied = outer->after_inner_step(7, flat);
+  ASSERT_TRUE(applied.has_value());
+  EXPECT_EQ(applied->outer_step, 0);
+  expect_values(flat.values(), {1.71, 1.755, -0.22});
+  // finish() applies period 2's exchange, whose Δ is the progress [0.5, 0, 0.5]:
+  //   mean Δ = [0.3, 0.05, 0.3], m = 0.3·m + 0.7·mean Δ = [0.273, -0.0385, 0.294], θ = φ = φ + m.
+  const auto rest = outer->finish(flat);
+  ASSERT_EQ(rest.size(), 1u);
+  EXPECT_EQ(rest[0].outer_step, 1);
+  expect_values(comm.sent, {0.5, 0.0, 0.5});
+  expect_values(flat.values(), {1.483, 1.7165, -0.426});
+  EXPECT_TRUE(outer->finish(flat).empty());
+}
+
+TEST(Outer, OverlappedNoLoCoStateWithAnExchangeInFlightResumesBitIdentically) {
+  auto c = outer_config("noloco", 0.5, 0.7, 0.4);
+  c.outer.overlap = true;
+  c.outer.fragments = 2;
+  const auto peer_small = [](float x) { return torch::tensor({x, 1.0f, 0.5f, -0.5f}); };
+  Rig a(c);
+  a.flat.values().copy_(torch::tensor({0.3f, -0.2f, 0.1f}));
+  // Fragment 0 holds 2 values, fragment 1 one: NoLoCo sends Δ then φ of the fragment.
+  a.comm.peers = {torch::tensor({0.1f, 0.2f, 0.0f, 0.1f}), torch::tensor({0.3f, 0.2f})};
+  a.outer->after_inner_step(1, a.flat);  // fragment 0 in flight
+  a.outer->after_inner_step(3, a.flat);  // fragment 1 in flight
+  TensorMap saved;
+  a.outer->save(saved);  // waits for both, keeps their results
+  EXPECT_EQ(a.comm.exchanges, 2);
+  Rig b(c);
+  b.outer->load(saved);
+  b.flat.values().copy_(a.flat.values());
+  for (auto* rig : {&a, &b}) {
+    rig->comm.peers = {peer_small(0.05f), torch::tensor({-0.1f, 0.7f})};
+    rig->flat.values().add_(torch::tensor({0.01f, 0.02f, -0.03f}));
+    rig->outer->after_inner_step(5, rig->flat);
+    rig->outer->after_inner_step(7, rig->flat);
+    rig->outer->finish(rig->flat);
+  }
+  EXPECT_EQ(b.comm.exchanges, 2) << "the resumed replica re-ran no exchange";
+  EXPECT_TRUE(torch::equal(a.flat.values(), b.flat.values()));
+  TensorMap sa, sb;
+  a.outer->save(sa);
+  b.outer->save(sb);
+  for (const auto& [key, value] : sa) EXPECT_TRUE(torch::equal(value, sb.at(key))) << key;
 }
 
 TEST(Grouping, PartitionIdenticalEverywhereAndChangingEachStep) {

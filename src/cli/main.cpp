@@ -138,7 +138,7 @@ int run_train(const std::string& config_path, const std::vector<std::string>& ov
   cfg.validate_workers();
   if (cfg.run.out.empty()) cfg.run.out = default_run_dir(cfg);
   const RunDirectory owned(cfg.run.out, cfg);
-  if (cfg.outer.method == "none" && stages == 1) {
+  if (cfg.outer.method == "none" && stages == 1 && cfg.run.replicas == 1) {
     train(cfg, WorkerInfo{});
     return 0;
   }
@@ -155,8 +155,8 @@ int run_train(const std::string& config_path, const std::vector<std::string>& ov
   plan.method = cfg.outer.method;
   plan.comm = cfg.comm;
   // A lost stage stalls every pipeline that routes through it, so only
-  // unpipelined NoLoCo carries on without a worker.
-  plan.keep_going_on_failure = cfg.outer.method == "noloco" && stages == 1;
+  // unpipelined NoLoCo (and independent replicas) carry on without a worker.
+  plan.keep_going_on_failure = (cfg.outer.method == "noloco" || cfg.outer.method == "none") && stages == 1;
   const auto links = capped_links(cfg, plan.workers);
   plan.links = links.get();
   if (stages > 1)

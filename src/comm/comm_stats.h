@@ -12,6 +12,16 @@ struct CommStats {
   double wait_seconds = 0;  // of which blocked on peers (time until their data arrived)
   int64_t collectives = 0;  // all-reduce and other collective calls
   int64_t messages = 0;     // point-to-point payloads sent
+
+  CommStats& operator+=(const CommStats& o) {
+    bytes_sent += o.bytes_sent;
+    bytes_received += o.bytes_received;
+    comm_seconds += o.comm_seconds;
+    wait_seconds += o.wait_seconds;
+    collectives += o.collectives;
+    messages += o.messages;
+    return *this;
+  }
 };
 
 // Pipeline activations and their gradients; evaluation passes are counted apart.

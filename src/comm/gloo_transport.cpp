@@ -30,8 +30,9 @@ torch::Tensor header_tensor(const MessageHeader& h) {
   return torch::tensor(std::vector<int64_t>(w.begin(), w.end()), torch::kInt64);
 }
 
-void all_reduce_mean_over(c10d::ProcessGroupGloo& pg, torch::Tensor& t, int world, std::chrono::milliseconds timeout,
-                          CommStats& s) {
+CommStats all_reduce_mean_over(c10d::ProcessGroupGloo& pg, torch::Tensor& t, int world,
+                               std::chrono::milliseconds timeout) {
+  CommStats s;
   const auto start = Clock::now();
   auto cpu = t.device().is_cpu() ? t : t.to(torch::kCPU);
   std::vector<torch::Tensor> tensors{cpu};
@@ -46,10 +47,12 @@ void all_reduce_mean_over(c10d::ProcessGroupGloo& pg, torch::Tensor& t, int worl
   const double dt = since(start);
   s.comm_seconds += dt;
   s.wait_seconds += dt;  // a collective is one barrier: all of it is waiting on the slowest
+  return s;
 }
 
 std::vector<torch::Tensor> all_gather_over(c10d::ProcessGroupGloo& pg, const torch::Tensor& bytes, int world,
                                            std::chrono::milliseconds timeout, CommStats& s) {
+  s = CommStats{};
   const auto start = Clock::now();
   std::vector<torch::Tensor> input{bytes.contiguous()};
   std::vector<std::vector<torch::Tensor>> output(1);
@@ -68,6 +71,7 @@ std::vector<torch::Tensor> all_gather_over(c10d::ProcessGroupGloo& pg, const tor
 std::vector<torch::Tensor> all_to_all_over(c10d::ProcessGroupGloo& pg, const torch::Tensor& bytes, int world,
                                            std::chrono::milliseconds timeout, CommStats& s) {
   TORCH_CHECK(bytes.numel() % world == 0, "all_to_all needs equal chunks");
+  s = CommStats{};
   const auto start = Clock::now();
   auto input = bytes.contiguous();
   auto output = torch::empty_like(input);
@@ -90,12 +94,18 @@ class GlooCollectives final : public Transport {
       : pg_(std::move(pg)), rank_(rank), world_(world), timeout_(timeout) {}
   int rank() const override { return rank_; }
   int world() const override { return world_; }
-  void all_reduce_mean(torch::Tensor& t) override { all_reduce_mean_over(*pg_, t, world_, timeout_, charge()); }
+  void all_reduce_mean(torch::Tensor& t) override { charge(all_reduce_mean_over(*pg_, t, world_, timeout_)); }
   std::vector<torch::Tensor> all_gather(const torch::Tensor& bytes) override {
-    return all_gather_over(*pg_, bytes, world_, timeout_, charge());
+    CommStats cost;
+    auto out = all_gather_over(*pg_, bytes, world_, timeout_, cost);
+    charge(cost);
+    return out;
   }
   std::vector<torch::Tensor> all_to_all(const torch::Tensor& bytes) override {
-    return all_to_all_over(*pg_, bytes, world_, timeout_, charge());
+    CommStats cost;
+    auto out = all_to_all_over(*pg_, bytes, world_, timeout_, cost);
+    charge(cost);
+    return out;
   }
   ExchangeResult exchange(const ExchangeRequest&) override {
     throw std::logic_error("a collectives-only group does no point-to-point exchanges");
@@ -162,6 +172,7 @@ GlooGroup GlooTransport::join(const std::string& name, int rank, int world) {
 }
 
 void GlooTransport::release(GlooGroup group) {
+  std::lock_guard<std::mutex> lock(release_mutex_);
   if (releasing_.joinable()) releasing_.join();  // the previous teardown: long done unless exchanges are back to back
   releasing_ = std::thread([g = std::move(group)]() mutable { g.reset(); });
 }
@@ -172,22 +183,30 @@ c10d::ProcessGroupGloo& GlooTransport::run_group() {
   return *run_group_;
 }
 
-void GlooTransport::all_reduce_mean(torch::Tensor& t) { all_reduce_mean_over(run_group(), t, world_, timeout_, charge()); }
+void GlooTransport::all_reduce_mean(torch::Tensor& t) { charge(all_reduce_mean_over(run_group(), t, world_, timeout_)); }
 
 std::vector<torch::Tensor> GlooTransport::all_gather(const torch::Tensor& bytes) {
-  return all_gather_over(run_group(), bytes, world_, timeout_, charge());
+  CommStats cost;
+  auto out = all_gather_over(run_group(), bytes, world_, timeout_, cost);
+  charge(cost);
+  return out;
 }
 
 std::vector<torch::Tensor> GlooTransport::all_to_all(const torch::Tensor& bytes) {
-  return all_to_all_over(run_group(), bytes, world_, timeout_, charge());
+  CommStats cost;
+  auto out = all_to_all_over(run_group(), bytes, world_, timeout_, cost);
+  charge(cost);
+  return out;
 }
 
 std::unique_ptr<Transport> GlooTransport::subgroup(const std::string& name, const std::vector<Peer>& members) {
   const auto me = std::find(members.begin(), members.end(), self_);
   if (me == members.end()) throw std::logic_error("subgroup without this member");
   const int index = int(me - members.begin()), size = int(members.size());
-  return std::make_unique<GlooCollectives>(join(scope_ + "/" + name + "/" + members_key(members), index, size),
-                                           index, size, timeout_);
+  // Its own store connection: an exchange may be meeting on store_ on another thread (overlap=true).
+  auto group = join_gloo_group(connect_(), env_, scope_ + "/" + name + "/" + members_key(members), index, size, device_,
+                               timeout_);
+  return std::make_unique<GlooCollectives>(std::move(group), index, size, timeout_);
 }
 
 std::vector<Peer> GlooTransport::meet(const std::string& key, const std::vector<Peer>& peers,
@@ -255,7 +274,7 @@ std::vector<Peer> GlooTransport::meet(const std::string& key, const std::vector<
 
 ExchangeResult GlooTransport::exchange(const ExchangeRequest& request) {
   const auto start = Clock::now();
-  auto& s = charge();
+  CommStats s;
   ExchangeResult result;
   std::vector<Peer> peers;
   for (const auto& p : request.group)
@@ -276,6 +295,7 @@ ExchangeResult GlooTransport::exchange(const ExchangeRequest& request) {
   if (present.empty()) {
     s.wait_seconds += since(start);
     s.comm_seconds += since(start);
+    charge(s);
     return result;
   }
   std::vector<Peer> members = present;
@@ -322,6 +342,7 @@ ExchangeResult GlooTransport::exchange(const ExchangeRequest& request) {
     for (const auto& p : present) result.lost.push_back(p.rank);
     s.wait_seconds += since(start);
     s.comm_seconds += since(start);
+    charge(s);
     return result;
   }
 
@@ -395,27 +416,30 @@ ExchangeResult GlooTransport::exchange(const ExchangeRequest& request) {
   }
   std::sort(result.lost.begin(), result.lost.end());
   s.comm_seconds += since(start);
+  charge(s);
   return result;
 }
 
 void GlooTransport::send_state(const std::string& channel, const MessageHeader& header, const torch::Tensor& bytes) {
   const auto start = Clock::now();
-  auto pg = join(scope_ + "/handover/" + channel, 0, 2);
+  auto pg = join_gloo_group(connect_(), env_, scope_ + "/handover/" + channel, 0, 2, device_, timeout_);
   auto stamped = header;
   stamped.run = run_id_;
   auto h = header_tensor(stamped);
   std::vector<torch::Tensor> hv{h}, dv{bytes.contiguous()};
   pg->send(hv, 1, 0)->wait(timeout_);
   pg->send(dv, 1, 1)->wait(timeout_);
-  charge().bytes_sent += uint64_t(bytes.nbytes());
-  charge().messages += 1;
-  charge().comm_seconds += since(start);
+  CommStats cost;
+  cost.bytes_sent = uint64_t(bytes.nbytes());
+  cost.messages = 1;
+  cost.comm_seconds = since(start);
+  charge(cost);
   release(std::move(pg));
 }
 
 torch::Tensor GlooTransport::receive_state(const std::string& channel, const MessageHeader& expected) {
   const auto start = Clock::now();
-  auto pg = join(scope_ + "/handover/" + channel, 1, 2);
+  auto pg = join_gloo_group(connect_(), env_, scope_ + "/handover/" + channel, 1, 2, device_, timeout_);
   auto h = torch::empty({MessageHeader::kWords}, torch::kInt64);
   std::vector<torch::Tensor> hv{h};
   pg->recv(hv, 0, 0)->wait(timeout_);
@@ -426,8 +450,10 @@ torch::Tensor GlooTransport::receive_state(const std::string& channel, const Mes
   auto bytes = torch::empty({expected.bytes}, torch::kUInt8);
   std::vector<torch::Tensor> dv{bytes};
   pg->recv(dv, 0, 1)->wait(timeout_);
-  charge().bytes_received += uint64_t(bytes.nbytes());
-  charge().comm_seconds += since(start);
+  CommStats cost;
+  cost.bytes_received = uint64_t(bytes.nbytes());
+  cost.comm_seconds = since(start);
+  charge(cost);
   release(std::move(pg));
   return bytes;
 }

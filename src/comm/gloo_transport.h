@@ -15,6 +15,7 @@
 #include <chrono>
 #include <functional>
 #include <list>
+#include <mutex>
 #include <memory>
 #include <string>
 #include <thread>
@@ -78,7 +79,7 @@ class GlooTransport final : public Transport {
   int world_;
   std::chrono::milliseconds timeout_;
   int64_t run_id_;
-  StorePtr store_;  // rendezvous and waits
+  StorePtr store_;  // exchanges' meetings and groups (one exchange at a time, on whichever thread runs them)
   StorePtr watch_;  // the meeting watchdog's own connection (store_ is blocked in a wait meanwhile)
   std::shared_ptr<gloo::transport::Device> device_;  // one I/O loop for all of this worker's groups
   GlooGroup run_group_;  // formed at the first collective
@@ -88,7 +89,7 @@ class GlooTransport final : public Transport {
     GlooGroup group;
   };
   std::list<CachedGroup> groups_;  // most recently used first
-  std::vector<GlooGroup> to_release_;
+  std::mutex release_mutex_;
   std::thread releasing_;
 };
 

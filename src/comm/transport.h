@@ -8,6 +8,7 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <vector>
 
@@ -66,12 +67,21 @@ class Transport {
   // evaluations across the live replicas; its traffic is its own.
   virtual std::unique_ptr<Transport> subgroup(const std::string& name, const std::vector<Peer>& members) = 0;
 
-  const CommStats& stats() const { return stats_; }
+  // What its traffic cost so far. Exchanges may run on a background thread
+  // (overlap=true) while the training thread reads this.
+  CommStats stats() const {
+    std::lock_guard<std::mutex> lock(stats_mutex_);
+    return stats_;
+  }
 
  protected:
-  CommStats& charge() { return stats_; }
+  void charge(const CommStats& cost) {
+    std::lock_guard<std::mutex> lock(stats_mutex_);
+    stats_ += cost;
+  }
 
  private:
+  mutable std::mutex stats_mutex_;
   CommStats stats_;
 };
 

@@ -57,7 +57,7 @@ Options config_options(TrainConfig& c) {
       .add("checkpoint_interval", c.run.checkpoint_interval, "steps between checkpoints; 0: at every evaluation")
       .add("keep_checkpoints", c.run.keep_checkpoints, "newest checkpoints kept per worker; 0: all")
       .add("resume", c.run.resume, "continue from the newest complete checkpoint in out")
-      .add("method", c.outer.method, "none | ddp | diloco | noloco")
+      .add("method", c.outer.method, "none (replicas train independently) | ddp | diloco | noloco")
       .add("replicas", c.run.replicas, "data-parallel replicas")
       .add("max_local_workers", c.run.max_local_workers,
            "local launcher: the most workers it starts; 0: what this machine can host (8 per core, memory)")
@@ -81,6 +81,10 @@ Options config_options(TrainConfig& c) {
            "how delta_phi sends phi: codec | coset (against the receiver's phi); empty: codec if lossless, else coset")
       .add("phi_bits", c.outer.phi_bits, "bits a value of coset-coded phi")
       .add("phi_every", c.outer.phi_every, "send phi (and pull toward the group) every this many outer steps")
+      .add("fragments", c.outer.fragments,
+           "diloco/noloco: synchronise the weights in this many slices at staggered steps of each period")
+      .add("overlap", c.outer.overlap,
+           "diloco/noloco: exchange while the next period trains; apply the result one period late")
       .add("bind", c.comm.bind, "address workers and the store listen on")
       .add("port", c.comm.port, "store port; 0: a free one")
       .add("peer_timeout", c.comm.peer_timeout, "seconds before a silent peer is given up")
@@ -164,7 +168,6 @@ void TrainConfig::validate() const {
     invalid(fmt::format("method must be none, ddp, diloco or noloco, got '{}'", method));
   positive("replicas", double(run.replicas));
   non_negative("max_local_workers", double(run.max_local_workers));
-  if (method == "none" && run.replicas > 1) invalid("replicas > 1 needs a method (ddp, diloco or noloco)");
   positive("stages", double(pipeline.stages));
   stage_layer_ranges(model.layers, pipeline.stages, pipeline.stage_layers);
   if (pipeline.routing != "random" && pipeline.routing != "fixed")
@@ -186,6 +189,11 @@ void TrainConfig::validate() const {
     invalid(fmt::format("phi_coding must be codec or coset, got '{}'", outer.phi_coding));
   if (outer.phi_bits < 2 || outer.phi_bits > 8) invalid(fmt::format("phi_bits must be in [2, 8], got {}", outer.phi_bits));
   if (outer.phi_every < 1) invalid(fmt::format("phi_every must be >= 1, got {}", outer.phi_every));
+  if (outer.fragments < 1) invalid(fmt::format("fragments must be >= 1, got {}", outer.fragments));
+  if ((method == "diloco" || method == "noloco") && outer.fragments > outer.interval)
+    invalid(fmt::format("fragments ({}) must not exceed outer_interval ({})", outer.fragments, outer.interval));
+  if ((outer.fragments > 1 || outer.overlap) && method != "diloco" && method != "noloco")
+    invalid("fragments and overlap apply to diloco and noloco");
   if (outer.message != "theta" && outer.message != "delta_phi")
     invalid(fmt::format("noloco_message must be theta or delta_phi, got '{}'", outer.message));
   if (outer.message == "theta" && outer.gamma != outer.lr)

@@ -62,10 +62,11 @@ void ErrorFeedbackChannel::load(const TensorMap& in) {
   if (residual_.defined()) load_state(in, "outer." + state_name_, residual_);
 }
 
-SlowWeightChannel::SlowWeightChannel(const CosetCodec& codec, int64_t numel, bool stochastic)
+SlowWeightChannel::SlowWeightChannel(const CosetCodec& codec, int64_t numel, bool stochastic, std::string state_name)
     : codec_(codec),
       numel_(numel),
       stochastic_(stochastic),
+      state_name_(std::move(state_name)),
       range_(torch::zeros({int64_t(codec.blocks(size_t(numel)))}, torch::kFloat32)) {}
 
 void SlowWeightChannel::encode(const torch::Tensor& phi, const torch::Tensor& delta, uint8_t* out,
@@ -102,8 +103,8 @@ torch::Tensor SlowWeightChannel::decode(const uint8_t* in, const torch::Tensor& 
   return out;
 }
 
-void SlowWeightChannel::save(TensorMap& out) const { out["outer.phi_range"] = range_; }
+void SlowWeightChannel::save(TensorMap& out) const { out["outer." + state_name_] = range_; }
 
-void SlowWeightChannel::load(const TensorMap& in) { load_state(in, "outer.phi_range", range_); }
+void SlowWeightChannel::load(const TensorMap& in) { load_state(in, "outer." + state_name_, range_); }
 
 }  // namespace noloco

@@ -44,7 +44,7 @@ class ErrorFeedbackChannel {
 // twice that; a block that did not decode widens its range.
 class SlowWeightChannel {
  public:
-  SlowWeightChannel(const CosetCodec& codec, int64_t numel, bool stochastic);
+  SlowWeightChannel(const CosetCodec& codec, int64_t numel, bool stochastic, std::string state_name);
   int64_t bytes() const { return int64_t(codec_.encoded_bytes(size_t(numel_))); }
   // `delta` (this replica's progress) sets the grid of blocks never observed.
   void encode(const torch::Tensor& phi, const torch::Tensor& delta, uint8_t* out, uint64_t seed) const;
@@ -58,6 +58,7 @@ class SlowWeightChannel {
   const CosetCodec& codec_;
   int64_t numel_;
   bool stochastic_;
+  std::string state_name_;
   torch::Tensor range_;  // per block: recent largest |φ_partner − φ_own|
 };
 

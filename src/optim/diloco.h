@@ -25,18 +25,22 @@ class DiLoCo final : public SlowWeightsMethod {
   void load(const TensorMap& in) override;
 
  protected:
-  OuterTerms exchange(int64_t outer_step, const torch::Tensor& theta, const torch::Tensor& phi,
-                      OuterSync& sync) override;
+  OuterTerms exchange(int64_t exchange_id, const Fragment& fragment, const torch::Tensor& theta,
+                      const torch::Tensor& phi, OuterSync& sync) override;
 
  private:
-  torch::Tensor compressed_mean(int64_t outer_step, const torch::Tensor& delta);
+  // The channels of one fragment of the weights.
+  struct Shards {
+    int64_t shard = 0;  // values a shard (the last one zero-padded)
+    std::vector<std::unique_ptr<ErrorFeedbackChannel>> to_owners;  // one per shard
+    std::unique_ptr<ErrorFeedbackChannel> owned_mean;             // this replica's shard of the mean
+  };
+  torch::Tensor compressed_mean(int64_t exchange_id, Shards& shards, const torch::Tensor& delta);
 
   uint64_t seed_;
   Transport& transport_;
   WireCodec codec_;
-  int64_t shard_ = 0;  // values a shard (the last one zero-padded)
-  std::vector<std::unique_ptr<ErrorFeedbackChannel>> to_owners_;  // one per shard
-  std::unique_ptr<ErrorFeedbackChannel> owned_mean_;             // this replica's shard of the mean
+  std::vector<Shards> shards_;  // by fragment
 };
 
 }  // namespace noloco

@@ -29,24 +29,28 @@ class NoLoCo final : public SlowWeightsMethod {
   void load(const TensorMap& in) override;
 
  protected:
-  OuterTerms exchange(int64_t outer_step, const torch::Tensor& theta, const torch::Tensor& phi,
-                      OuterSync& sync) override;
+  OuterTerms exchange(int64_t exchange_id, const Fragment& fragment, const torch::Tensor& theta,
+                      const torch::Tensor& phi, OuterSync& sync) override;
 
  private:
-  // This replica's group at `outer_step`, with the incarnations it is to meet.
-  std::vector<Peer> my_group(int64_t outer_step);
+  // This replica's group for exchange `id`, with the incarnations it is to meet.
+  std::vector<Peer> my_group(int64_t id);
   // Sends `payload` to the group; returns the payloads that arrived, by rank.
-  std::map<int, torch::Tensor> send(int64_t outer_step, const std::vector<Peer>& group, const torch::Tensor& payload,
+  std::map<int, torch::Tensor> send(int64_t id, const std::vector<Peer>& group, const torch::Tensor& payload,
                                     int64_t format, OuterSync& sync);
+  // The channels of one fragment.
+  struct Channels {
+    std::unique_ptr<ErrorFeedbackChannel> first;      // θ, or Δ with error feedback
+    std::unique_ptr<ErrorFeedbackChannel> phi_codec;  // φ through the codec (phi_coding=codec)
+    std::unique_ptr<SlowWeightChannel> phi_coset;     // φ coset-coded (phi_coding=coset)
+  };
 
   uint64_t seed_;
   Transport& transport_;
   Membership* membership_;
   WireCodec codec_;
   CosetCodec coset_;
-  std::unique_ptr<ErrorFeedbackChannel> first_;      // θ, or Δ with error feedback
-  std::unique_ptr<ErrorFeedbackChannel> phi_codec_;  // φ through the codec (phi_coding=codec)
-  std::unique_ptr<SlowWeightChannel> phi_coset_;     // φ coset-coded (phi_coding=coset)
+  std::vector<Channels> channels_;  // by fragment
 };
 
 }  // namespace noloco

@@ -20,6 +20,7 @@ namespace noloco {
 // What an outer step did, for the metrics log.
 struct OuterSync {
   int64_t outer_step = 0;
+  int fragment = 0;          // which fragment of the weights (fragments=F)
   std::vector<int> group;    // who it averaged with (all replicas for DiLoCo)
   std::vector<int> arrived;  // of those, whose data was counted
   uint64_t bytes = 0;        // payload bytes this replica sent for it
@@ -33,6 +34,8 @@ class OuterOptimizer {
   virtual void on_gradients(FlatParams&) {}
   // After inner step `step` (0-based); reports the outer step when one ran.
   virtual std::optional<OuterSync> after_inner_step(int64_t /*step*/, FlatParams&) { return std::nullopt; }
+  // After the last inner step: whatever is still in flight is applied and reported.
+  virtual std::vector<OuterSync> finish(FlatParams&) { return {}; }
   // State that must survive a restart (slow weights, momentum, residuals).
   virtual void save(TensorMap&) const {}
   virtual void load(const TensorMap&) {}

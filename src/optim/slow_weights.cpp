@@ -1,42 +1,225 @@
 #include "optim/slow_weights.h"
 
+#include <condition_variable>
+#include <deque>
+#include <mutex>
+#include <thread>
+
+#include <fmt/format.h>
+
 namespace noloco {
+
+namespace {
+
+// m ← α·m + β·mean_delta + γ·(mean_phi − φ);  φ ← φ + m
+void momentum_update(torch::Tensor& phi, torch::Tensor& momentum, const OuterTerms& terms, double alpha, double beta) {
+  momentum.mul_(alpha).add_(terms.mean_delta, beta);
+  if (terms.mean_phi.defined()) momentum.add_(terms.mean_phi - phi, terms.gamma);
+  phi.add_(momentum);
+}
+
+}  // namespace
 
 void outer_momentum_step(torch::Tensor& phi, torch::Tensor& momentum, torch::Tensor& theta, const OuterTerms& terms,
                          double alpha, double beta) {
   torch::NoGradGuard no_grad;
-  momentum.mul_(alpha).add_(terms.mean_delta, beta);
-  if (terms.mean_phi.defined()) momentum.add_(terms.mean_phi - phi, terms.gamma);
-  phi.add_(momentum);
+  momentum_update(phi, momentum, terms, alpha, beta);
   theta.copy_(phi);
 }
 
+std::vector<Fragment> split_fragments(int64_t numel, int64_t count) {
+  if (count < 1 || count > numel)
+    throw std::invalid_argument(fmt::format("fragments must be in [1, {}], got {}", numel, count));
+  std::vector<Fragment> out;
+  int64_t offset = 0;
+  for (int64_t f = 0; f < count; ++f) {
+    const int64_t n = numel / count + (f < numel % count ? 1 : 0);
+    out.push_back({int(f), offset, n});
+    offset += n;
+  }
+  return out;
+}
+
+std::optional<std::pair<int, int64_t>> fragment_due(int64_t step, int64_t period, int64_t count) {
+  const int64_t done = step + 1;
+  for (int64_t f = 0; f < count; ++f) {
+    const int64_t first = ((f + 1) * period) / count;  // fragment f's first synchronisation, after `first` steps
+    if (done >= first && (done - first) % period == 0) return std::make_pair(int(f), (done - first) / period);
+  }
+  return std::nullopt;
+}
+
+struct ExchangeThread::State {
+  std::mutex mutex;
+  std::condition_variable wake;
+  std::deque<std::function<void()>> jobs;
+  bool stop = false;
+  std::thread thread;
+};
+
+ExchangeThread::ExchangeThread() : state_(std::make_unique<State>()) {
+  state_->thread = std::thread([s = state_.get()] {
+    for (;;) {
+      std::function<void()> job;
+      {
+        std::unique_lock<std::mutex> lock(s->mutex);
+        s->wake.wait(lock, [&] { return s->stop || !s->jobs.empty(); });
+        if (s->jobs.empty()) return;  // stopping, and nothing left to run
+        job = std::move(s->jobs.front());
+        s->jobs.pop_front();
+      }
+      job();
+    }
+  });
+}
+
+ExchangeThread::~ExchangeThread() {
+  {
+    std::lock_guard<std::mutex> lock(state_->mutex);
+    state_->stop = true;
+  }
+  state_->wake.notify_one();
+  state_->thread.join();
+}
+
+void ExchangeThread::post(std::function<void()> job) {
+  {
+    std::lock_guard<std::mutex> lock(state_->mutex);
+    state_->jobs.push_back(std::move(job));
+  }
+  state_->wake.notify_one();
+}
+
 SlowWeightsMethod::SlowWeightsMethod(const OuterConfig& config, FlatParams& params)
-    : config_(config), phi_(params.values().detach().clone()), momentum_(torch::zeros_like(phi_)) {}
+    : config_(config),
+      fragments_(split_fragments(params.numel(), config.fragments)),
+      phi_(params.values().detach().clone()),
+      momentum_(torch::zeros_like(phi_)) {
+  if (config.fragments > config.interval)
+    throw std::invalid_argument(fmt::format("fragments ({}) must not exceed outer_interval ({})", config.fragments,
+                                            config.interval));
+  if (!config.overlap) return;
+  start_ = phi_.clone();
+  pending_.resize(fragments_.size());
+  thread_ = std::make_unique<ExchangeThread>();
+}
+
+SlowWeightsMethod::~SlowWeightsMethod() { thread_.reset(); }  // lets an exchange in flight end first
+
+std::string SlowWeightsMethod::fragment_state(const std::string& name, const Fragment& f) const {
+  return fragments_.size() == 1 ? name : fmt::format("{}.f{}", name, f.index);
+}
+
+SlowWeightsMethod::Result SlowWeightsMethod::wait(Pending& p) const {
+  if (!p.result) p.result = p.future.get();
+  return *p.result;
+}
+
+void SlowWeightsMethod::apply_late(const Fragment& f, const OuterTerms& terms, torch::Tensor& theta) {
+  auto phi = phi_.narrow(0, f.offset, f.numel), momentum = momentum_.narrow(0, f.offset, f.numel);
+  const auto progress = theta - start_.narrow(0, f.offset, f.numel);  // made while the exchange was in flight
+  momentum_update(phi, momentum, terms, config_.momentum, config_.lr);
+  theta.copy_(phi + progress);
+}
 
 std::optional<OuterSync> SlowWeightsMethod::after_inner_step(int64_t step, FlatParams& params) {
-  if ((step + 1) % config_.interval != 0) return std::nullopt;
-  OuterSync sync;
-  sync.outer_step = (step + 1) / config_.interval - 1;
+  const auto due = fragment_due(step, config_.interval, int64_t(fragments_.size()));
+  if (!due) return std::nullopt;
+  const Fragment f = fragments_[size_t(due->first)];
+  const int64_t outer_step = due->second, id = outer_step * int64_t(fragments_.size()) + f.index;
   torch::NoGradGuard no_grad;
-  auto& theta = params.values();
-  const auto terms = exchange(sync.outer_step, theta, phi_, sync);
-  outer_momentum_step(phi_, momentum_, theta, terms, config_.momentum, config_.lr);
-  return sync;
+  auto theta = params.values().narrow(0, f.offset, f.numel);
+  auto phi = phi_.narrow(0, f.offset, f.numel), momentum = momentum_.narrow(0, f.offset, f.numel);
+  if (!config_.overlap) {
+    OuterSync sync;
+    sync.outer_step = outer_step;
+    sync.fragment = f.index;
+    const auto terms = exchange(id, f, theta, phi, sync);
+    outer_momentum_step(phi, momentum, theta, terms, config_.momentum, config_.lr);
+    return sync;
+  }
+  // Overlap: apply the exchange of the last period, then start this period's.
+  std::optional<OuterSync> applied;
+  auto& pending = pending_[size_t(f.index)];
+  if (pending.active()) {
+    const auto r = wait(pending);
+    apply_late(f, r.terms, theta);
+    applied = r.sync;
+    pending = Pending{};
+  }
+  start_.narrow(0, f.offset, f.numel).copy_(theta);
+  pending.future = thread_->submit([this, id, f, outer_step, theta = theta.clone(), phi = phi.clone()] {
+    Result r;
+    r.sync.outer_step = outer_step;
+    r.sync.fragment = f.index;
+    r.terms = exchange(id, f, theta, phi, r.sync);
+    return r;
+  });
+  return applied;
+}
+
+std::vector<OuterSync> SlowWeightsMethod::finish(FlatParams& params) {
+  std::vector<OuterSync> applied;
+  if (!config_.overlap) return applied;
+  torch::NoGradGuard no_grad;
+  for (const auto& f : fragments_) {
+    auto& pending = pending_[size_t(f.index)];
+    if (!pending.active()) continue;
+    auto theta = params.values().narrow(0, f.offset, f.numel);
+    const auto r = wait(pending);
+    apply_late(f, r.terms, theta);
+    start_.narrow(0, f.offset, f.numel).copy_(theta);
+    applied.push_back(r.sync);
+    pending = Pending{};
+  }
+  return applied;
 }
 
 void SlowWeightsMethod::save(TensorMap& out) const {
   out["outer.phi"] = phi_;
   out["outer.momentum"] = momentum_;
+  if (!config_.overlap) return;
+  // An exchange in flight is finished and its result kept, so that a resumed
+  // or rejoined replica applies it at the next boundary as this one will.
+  out["outer.start"] = start_;
+  for (const auto& f : fragments_) {
+    auto& pending = pending_[size_t(f.index)];
+    const bool has = pending.active();
+    const auto r = has ? wait(pending) : Result{};
+    const bool has_phi = has && r.terms.mean_phi.defined();
+    out[fragment_state("outer.pending_delta", f)] = has ? r.terms.mean_delta : torch::zeros({f.numel});
+    out[fragment_state("outer.pending_phi", f)] = has_phi ? r.terms.mean_phi : torch::zeros({f.numel});
+    out[fragment_state("outer.pending_flags", f)] =
+        torch::tensor({double(has), double(has_phi), double(r.sync.outer_step)}, torch::kFloat64);
+  }
 }
 
 void SlowWeightsMethod::load(const TensorMap& in) {
-  auto phi = in.find("outer.phi"), m = in.find("outer.momentum");
-  TORCH_CHECK(phi != in.end() && m != in.end(), "checkpoint lacks the outer optimizer state");
-  TORCH_CHECK(phi->second.numel() == phi_.numel() && m->second.numel() == phi_.numel(),
-              "checkpoint outer state has the wrong size");
-  phi_.copy_(phi->second);
-  momentum_.copy_(m->second);
+  auto take = [&](const std::string& name, int64_t numel) {
+    const auto it = in.find(name);
+    TORCH_CHECK(it != in.end(), "checkpoint lacks ", name, " (saved with other overlap or fragments settings?)");
+    TORCH_CHECK(it->second.numel() == numel, name, " has ", it->second.numel(), " values, expected ", numel);
+    return it->second.reshape({numel});
+  };
+  phi_.copy_(take("outer.phi", phi_.numel()));  // copy_ converts the dtype
+  momentum_.copy_(take("outer.momentum", phi_.numel()));
+  if (!config_.overlap) return;
+  start_.copy_(take("outer.start", phi_.numel()));
+  for (const auto& f : fragments_) {
+    const auto flags = take(fragment_state("outer.pending_flags", f), 3).to(torch::kFloat64);
+    auto& pending = pending_[size_t(f.index)];
+    pending = Pending{};
+    if (flags[0].item<double>() == 0) continue;
+    Result r;
+    r.terms.mean_delta = take(fragment_state("outer.pending_delta", f), f.numel).clone();
+    if (flags[1].item<double>() != 0) {
+      r.terms.mean_phi = take(fragment_state("outer.pending_phi", f), f.numel).clone();
+      r.terms.gamma = config_.gamma;  // the pull's weight is the config's
+    }
+    r.sync.outer_step = int64_t(flags[2].item<double>());
+    r.sync.fragment = f.index;
+    pending.result = r;
+  }
 }
 
 }  // namespace noloco

@@ -248,23 +248,28 @@ nlohmann::json train(const TrainConfig& c, const WorkerInfo& w) {
     const double grad_norm = inner.clip_gradients(c.inner.clip);
     inner.step();
     const int64_t done = step + 1;
-    if (const auto sync = outer->after_inner_step(step, flat)) {
+    const bool last = done == c.inner.steps;
+    std::vector<OuterSync> syncs;
+    if (auto sync = outer->after_inner_step(step, flat)) syncs.push_back(std::move(*sync));
+    if (last)  // exchanges still in flight (overlap) are applied before the final evaluation
+      for (auto& sync : outer->finish(flat)) syncs.push_back(std::move(sync));
+    for (const auto& sync : syncs) {
       ++outer_steps;
-      outer_bytes += sync->bytes;
+      outer_bytes += sync.bytes;
       telemetry.write(record(done, "outer", w,
-                             {{"outer_step", sync->outer_step},
-                              {"group", sync->group},
-                              {"arrived", sync->arrived},
-                              {"bytes", sync->bytes},
-                              {"phi_blocks_failed", sync->phi_blocks_failed}}));
-      if (w.membership)
-        for (int to : serve_rejoins(*w.membership, *w.transport, state, done))
-          telemetry.write(record(done, "donate", w, {{"to", to}}));
+                             {{"outer_step", sync.outer_step},
+                              {"fragment", sync.fragment},
+                              {"group", sync.group},
+                              {"arrived", sync.arrived},
+                              {"bytes", sync.bytes},
+                              {"phi_blocks_failed", sync.phi_blocks_failed}}));
     }
+    if (!syncs.empty() && w.membership)
+      for (int to : serve_rejoins(*w.membership, *w.transport, state, done))
+        telemetry.write(record(done, "donate", w, {{"to", to}}));
     last_loss = loss;
     throughput.step(tokens_per_step, w.link ? w.link->stats().bytes_sent : 0);
 
-    const bool last = done == c.inner.steps;
     if (done % c.eval.log_interval == 0 || last) {
       auto r = record(done, "train", w, {{"lr", lr}, {"grad_norm", grad_norm}});
       if (model->computes_loss()) r["loss"] = loss;
