@@ -30,6 +30,7 @@
 #include "util/files.h"
 #include "util/error_text.h"
 #include "util/log.h"
+#include "util/process_runtime.h"
 #include "util/parse_number.h"
 
 #include <chrono>
@@ -272,6 +273,7 @@ int run_report(const std::vector<std::string>& args) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  prepare_process_runtime(argv);
   // A write to a peer that just died must come back as an error that the
   // exchange handles (average without it), not kill this worker with SIGPIPE.
   ::signal(SIGPIPE, SIG_IGN);

@@ -2,6 +2,8 @@
 
 #include <chrono>
 
+#include <sys/resource.h>
+
 #include "model/llama.h"
 #include "optim/flat_params.h"
 #include "optim/inner.h"
@@ -39,6 +41,12 @@ double measured_peak_tflops(const torch::Device& device, torch::ScalarType dtype
   }
   set_blas_threads(1);
   return best;
+}
+
+double peak_rss_mib() {
+  rusage usage{};
+  getrusage(RUSAGE_SELF, &usage);
+  return double(usage.ru_maxrss) / 1024.0;  // Linux reports KiB
 }
 
 }  // namespace
@@ -96,7 +104,8 @@ nlohmann::json bench_training(const TrainConfig& c, int64_t steps, double peak_t
           {"achieved_tflops", achieved},
           {"peak_tflops", peak},
           {"peak_source", measured ? "measured " + c.run.precision + " matmul" : "given"},
-          {"mfu", achieved / peak}};
+          {"mfu", achieved / peak},
+          {"peak_rss_mib", peak_rss_mib()}};
 }
 
 }  // namespace noloco

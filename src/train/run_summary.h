@@ -34,6 +34,8 @@ struct WorkerSummary {
   // Training bytes this worker sent per synchronisation (outer step; a step
   // under ddp), in bits per parameter of its model or stage.
   std::optional<double> bits_per_param_per_outer_step;
+  // Seconds the outer steps held up training (with overlap: waits for an exchange still in flight).
+  std::optional<double> outer_blocked_seconds;
   struct Rejoin {
     int64_t step = 0;
     int donor = 0;
@@ -58,6 +60,7 @@ struct RunSummary {
   std::optional<double> final_val_loss, final_val_loss_mean_model, weight_std;
   std::vector<double> final_val_loss_replicas;
   std::optional<double> bits_per_param_per_outer_step;  // mean over the workers that finished
+  std::optional<double> outer_blocked_seconds_per_replica;  // likewise
   uint64_t bytes_sent = 0, bytes_received = 0;
   double comm_seconds = 0, wait_seconds = 0, comm_seconds_per_replica = 0, wait_seconds_per_replica = 0;
   double seconds = 0;

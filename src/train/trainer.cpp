@@ -117,11 +117,20 @@ class Throughput {
   uint64_t activation_bytes_ = 0, window_activation_bytes_ = 0;
 };
 
+// What this worker's outer steps did: how many, the bytes they sent, and how
+// long they held up training (all of an exchange without overlap; only the
+// wait for one still in flight with it).
+struct OuterTally {
+  int64_t syncs = 0;
+  uint64_t bytes = 0;
+  double blocked_seconds = 0;
+};
+
 // This worker's summary_r<k>.json.
 WorkerSummary summarize_worker(const TrainConfig& c, const WorkerInfo& w, const ModelConfig& arch, WorkerModel& model,
                                int64_t stage_params, double seconds, double val_loss, double last_loss,
                                const ReplicaSpread& spread, const std::optional<Rejoined>& rejoined,
-                               int64_t syncs, uint64_t sync_bytes) {
+                               const OuterTally& outer) {
   WorkerSummary summary;
   summary.method = c.outer.method;
   summary.replicas = w.replicas;
@@ -141,7 +150,9 @@ WorkerSummary summarize_worker(const TrainConfig& c, const WorkerInfo& w, const 
   if (!std::isnan(spread.weight_std)) summary.weight_std = spread.weight_std;
   if (!std::isnan(spread.mean_model_loss)) summary.final_val_loss_mean_model = spread.mean_model_loss;
   if (rejoined) summary.rejoin = WorkerSummary::Rejoin{rejoined->step, rejoined->donor, rejoined->seconds};
-  if (syncs > 0) summary.bits_per_param_per_outer_step = 8.0 * double(sync_bytes) / double(syncs) / double(stage_params);
+  if (outer.syncs > 0)
+    summary.bits_per_param_per_outer_step = 8.0 * double(outer.bytes) / double(outer.syncs) / double(stage_params);
+  if (w.transport) summary.outer_blocked_seconds = outer.blocked_seconds;
   return summary;
 }
 
@@ -233,8 +244,7 @@ nlohmann::json train(const TrainConfig& c, const WorkerInfo& w) {
   uint64_t evaluation_bytes = 0;  // sent for evaluations across replicas, apart from training traffic
   double val_loss = std::nan(""), last_loss = std::nan("");
   ReplicaSpread spread;
-  int64_t outer_steps = 0;
-  uint64_t outer_bytes = 0;  // training traffic of the outer steps
+  OuterTally tally;
   Throughput throughput(first_step, c.inner.steps);
   for (int64_t step = first_step; step < c.inner.steps; ++step) {
     drill.before_step(step);
@@ -249,13 +259,15 @@ nlohmann::json train(const TrainConfig& c, const WorkerInfo& w) {
     inner.step();
     const int64_t done = step + 1;
     const bool last = done == c.inner.steps;
+    const auto outer_start = std::chrono::steady_clock::now();
     std::vector<OuterSync> syncs;
     if (auto sync = outer->after_inner_step(step, flat)) syncs.push_back(std::move(*sync));
     if (last)  // exchanges still in flight (overlap) are applied before the final evaluation
       for (auto& sync : outer->finish(flat)) syncs.push_back(std::move(sync));
+    tally.blocked_seconds += seconds_since(outer_start);
     for (const auto& sync : syncs) {
-      ++outer_steps;
-      outer_bytes += sync.bytes;
+      ++tally.syncs;
+      tally.bytes += sync.bytes;
       telemetry.write(record(done, "outer", w,
                              {{"outer_step", sync.outer_step},
                               {"fragment", sync.fragment},
@@ -272,6 +284,7 @@ nlohmann::json train(const TrainConfig& c, const WorkerInfo& w) {
 
     if (done % c.eval.log_interval == 0 || last) {
       auto r = record(done, "train", w, {{"lr", lr}, {"grad_norm", grad_norm}});
+      if (w.transport) r["outer_blocked_seconds"] = tally.blocked_seconds;
       if (model->computes_loss()) r["loss"] = loss;
       throughput.report(done, r);
       telemetry.write(r);
@@ -298,11 +311,11 @@ nlohmann::json train(const TrainConfig& c, const WorkerInfo& w) {
   if (first_step == c.inner.steps) val_loss = model->evaluate();  // resumed at the end: report anyway
   if (w.membership) w.membership->finish();
 
-  // Under ddp every step synchronises, and all its traffic is that.
+  // Under ddp every step synchronises, all its traffic is that, and it all blocks.
   const bool ddp = c.outer.method == "ddp";
+  if (ddp) tally = {c.inner.steps - first_step, w.transport->stats().bytes_sent, w.transport->stats().comm_seconds};
   const auto summary = summarize_worker(c, w, arch, *model, flat.numel(), seconds_since(start), val_loss, last_loss,
-                                        spread, rejoined, ddp ? c.inner.steps - first_step : outer_steps,
-                                        ddp ? w.transport->stats().bytes_sent : outer_bytes);
+                                        spread, rejoined, tally);
   const auto j = summary.to_json();
   write_json_atomic(fmt::format("{}/summary_r{}.json", out, w.rank), j);
   if (w.replicas * w.stages == 1) write_json_atomic(out + "/summary.json", summarize_lone_run(summary).to_json());

@@ -1,0 +1,42 @@
+#!/usr/bin/env bash
+# Our training step against the same step in plain PyTorch (Debian's
+# python3-torch, installed here rather than by setup.sh), run alternately so
+# both see the same machine; prints the median tokens/s of each, the ratio and
+# peak memory, for the Shakespeare shape and a larger one.
+#   scripts/bench_vs_pytorch.sh [REPEATS] [THREADS]
+set -euo pipefail
+cd "$(dirname "$0")/.."
+repeats=${1:-5}
+threads=${2:-1}
+sudo_if_needed() { if [ "$(id -u)" = 0 ]; then "$@"; else sudo "$@"; fi; }
+python3 -c 'import torch' 2>/dev/null || sudo_if_needed apt-get install -y --no-install-recommends python3-torch
+[ -x build/noloco ] || scripts/build.sh
+export OMP_WAIT_POLICY=${OMP_WAIT_POLICY:-passive}  # the same for both (ours would set it itself)
+
+shapes=(
+  "tiny: hidden=128 layers=4 heads=4 intermediate=384 context=64 batch=12 steps=40"
+  "larger: hidden=512 layers=8 heads=8 intermediate=1536 context=256 batch=8 steps=6"
+)
+for shape in "${shapes[@]}"; do
+  name=${shape%%:*}
+  kv=${shape#*: }
+  ours=() theirs=() ours_mem=0 theirs_mem=0
+  py_args=$(echo "$kv" | sed -E 's/([a-z]+)=/--\1 /g')
+  steps=$(echo "$kv" | sed -E 's/.*steps=([0-9]+).*/\1/')
+  for ((i = 0; i < repeats; i++)); do
+    o=$(build/noloco bench ${kv/steps=$steps/bench_steps=$steps} threads=$threads peak_tflops=1 2>/dev/null | tail -1)
+    t=$(python3 benchmarks/pytorch_step.py $py_args --threads "$threads")
+    ours+=("$(echo "$o" | python3 -c 'import json,sys;print(json.load(sys.stdin)["tokens_per_s"])')")
+    theirs+=("$(echo "$t" | python3 -c 'import json,sys;print(json.load(sys.stdin)["tokens_per_s"])')")
+    ours_mem=$(echo "$o" | python3 -c 'import json,sys;print(json.load(sys.stdin)["peak_rss_mib"])')
+    theirs_mem=$(echo "$t" | python3 -c 'import json,sys;print(json.load(sys.stdin)["peak_rss_mib"])')
+  done
+  python3 - "$name" "$threads" "$ours_mem" "$theirs_mem" "${ours[*]}" "${theirs[*]}" <<'PY'
+import statistics, sys
+name, threads, om, tm, o, t = sys.argv[1:]
+o = [float(v) for v in o.split()]; t = [float(v) for v in t.split()]
+mo, mt = statistics.median(o), statistics.median(t)
+print(f"{name} ({threads} thread(s), median of {len(o)} alternating runs): noloco {mo:.0f} tokens/s, "
+      f"PyTorch {mt:.0f} tokens/s, ratio {mo / mt:.2f}x; peak memory {float(om):.0f} MiB vs {float(tm):.0f} MiB")
+PY
+done

@@ -1,0 +1,20 @@
+// Process-wide choices made once, first thing in main(), before LibTorch
+// allocates or starts a thread (issue 18 has the measurements behind them):
+//  - glibc returns freed blocks above a dynamic threshold to the OS and maps
+//    them again on the next step, so every step wrote into fresh pages (page
+//    faults were 17.6% of a tiny model's step). Raising the mmap and trim
+//    thresholds keeps the step's memory mapped between steps.
+//    NOLOCO_KEEP_MEMORY=0 keeps glibc's defaults.
+//  - OpenMP threads spin while waiting by default; with more threads than free
+//    cores (several workers on a machine, or a busy one) the spinning starved
+//    the work (10x slower). Passive waiting unless OMP_WAIT_POLICY says
+//    otherwise; libgomp reads it only at load time, so the process re-executes
+//    itself once with it set.
+#pragma once
+
+namespace noloco {
+
+// May replace the process (execv) and not return.
+void prepare_process_runtime(char** argv);
+
+}  // namespace noloco
