@@ -141,14 +141,15 @@ struct EtcdStore::Http {
   }
 
   // Streams the watch of `key` from `revision` until it is put (true), or
-  // `deadline` passes (false).
+  // `deadline` passes (false; never before it: curl's timer may fire a little
+  // early, and the watch is then resumed for what is left).
   bool watch_put(const std::string& key, int64_t revision, Clock::time_point deadline) {
     struct Stream {
       std::string pending;
       bool put = false, failed = false;
       std::string why;
     } stream;
-    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now()).count();
+    const auto left = std::chrono::ceil<std::chrono::milliseconds>(deadline - Clock::now()).count();
     if (left <= 0) return false;
     CURL* w = curl_easy_init();
     const std::string body =
@@ -180,7 +181,7 @@ struct EtcdStore::Http {
     curl_easy_cleanup(w);
     if (stream.put) return true;
     if (stream.failed) throw std::runtime_error(fmt::format("store at {}: watch failed: {}", endpoint, stream.why));
-    if (rc == CURLE_OPERATION_TIMEDOUT) return false;
+    if (rc == CURLE_OPERATION_TIMEDOUT) return Clock::now() < deadline && watch_put(key, revision, deadline);
     throw std::runtime_error(fmt::format("store at {}: watch ended: {}", endpoint, curl_easy_strerror(rc)));
   }
 };
