@@ -15,21 +15,10 @@
 
 using namespace noloco;
 using noloco::testing::metrics_records;
-using noloco::testing::small_train_args;
-using noloco::testing::TempDir;
 
 namespace {
 
-class Compression : public ::testing::Test {
- protected:
-  void SetUp() override { noloco::testing::write_text(dir / "c.txt", noloco::testing::shakespeare(20000)); }
-  std::string run(const std::string& name, const std::string& extra) {
-    auto r = noloco::testing::run_cli(small_train_args(dir / "c.txt", dir / name) + " " + extra, 120);
-    EXPECT_EQ(r.exit_code, 0) << r.output;
-    return dir / name;
-  }
-  TempDir dir;
-};
+class Compression : public noloco::testing::LaunchedRuns {};
 
 CodecSpec int_spec(CodecSpec::Type type) {
   CodecSpec s;
@@ -76,9 +65,7 @@ TEST_F(Compression, ErrorFeedbackAndCosetStateResumeBitIdentically) {
   const auto whole = run("whole", common + " steps=12");
   run("split", common + " steps=6");
   const auto split = run("split", common + " steps=12 resume=true");
-  std::map<std::pair<int, int64_t>, double> a, b;
-  for (auto& r : metrics_records(whole, "train")) a[{r["replica"].get<int>(), r["step"].get<int64_t>()}] = r["loss"];
-  for (auto& r : metrics_records(split, "train")) b[{r["replica"].get<int>(), r["step"].get<int64_t>()}] = r["loss"];
+  const auto a = noloco::testing::train_losses(whole), b = noloco::testing::train_losses(split);
   ASSERT_EQ(a.size(), 24u);
   for (auto& [key, loss] : a) EXPECT_EQ(b.at(key), loss) << "replica " << key.first << " step " << key.second;
   for (int r = 0; r < 2; ++r) {

@@ -14,28 +14,13 @@
 
 using namespace noloco;
 using noloco::testing::metrics_records;
+using noloco::testing::train_losses;
 using noloco::testing::small_train_args;
-using noloco::testing::TempDir;
 namespace fs = std::filesystem;
 
 namespace {
 
-class Overlap : public ::testing::Test {
- protected:
-  void SetUp() override { noloco::testing::write_text(dir / "c.txt", noloco::testing::shakespeare(20000)); }
-  std::string run(const std::string& name, const std::string& extra) {
-    auto r = noloco::testing::run_cli(small_train_args(dir / "c.txt", dir / name) + " " + extra, 120);
-    EXPECT_EQ(r.exit_code, 0) << r.output;
-    return dir / name;
-  }
-  TempDir dir;
-};
-
-std::map<std::pair<int, int64_t>, double> losses(const std::string& run) {
-  std::map<std::pair<int, int64_t>, double> out;  // a resumed run's later records win
-  for (auto& r : metrics_records(run, "train")) out[{r["replica"].get<int>(), r["step"].get<int64_t>()}] = r["loss"];
-  return out;
-}
+class Overlap : public noloco::testing::LaunchedRuns {};
 
 }  // namespace
 
@@ -51,7 +36,7 @@ TEST_F(Overlap, ACheckpointWithExchangesInFlightResumesBitIdentically) {
     for (const char* later : {"step_00000009", "step_00000012"})
       fs::remove_all(fmt::format("{}/checkpoints/r{}/{}", split, r, later));
   run("split", common + " resume=true");
-  const auto a = losses(whole), b = losses(split);
+  const auto a = train_losses(whole), b = train_losses(split);
   ASSERT_EQ(a.size(), 24u);
   for (auto& [key, loss] : a) EXPECT_EQ(b.at(key), loss) << "replica " << key.first << " step " << key.second;
   for (int r = 0; r < 2; ++r) {

@@ -20,8 +20,6 @@
 
 using namespace noloco;
 using noloco::testing::metrics_records;
-using noloco::testing::small_train_args;
-using noloco::testing::TempDir;
 
 TEST(Routing, EveryBoundaryIsABijectionWithAMatchingInverse) {
   int not_identity = 0;
@@ -156,14 +154,9 @@ TEST(ActivationLink, RejectsAMessageThatTheRoutingDidNotAnnounce) {
 
 namespace {
 
-class Pipeline : public ::testing::Test {
+class Pipeline : public noloco::testing::LaunchedRuns {
  protected:
-  void SetUp() override { noloco::testing::write_text(dir / "c.txt", noloco::testing::shakespeare(20000)); }
-  std::string run(const std::string& name, const std::string& extra) {
-    auto r = noloco::testing::run_cli(small_train_args(dir / "c.txt", dir / name) + " " + extra, 180);
-    EXPECT_EQ(r.exit_code, 0) << r.output;
-    return dir / name;
-  }
+  Pipeline() { run_timeout_s = 180; }
   // replica -> step -> loss, from the workers that compute the loss.
   static std::map<int, std::map<int64_t, double>> losses(const std::string& run, const std::string& split) {
     std::map<int, std::map<int64_t, double>> out;
@@ -171,7 +164,6 @@ class Pipeline : public ::testing::Test {
       if (r.contains("loss")) out[r["replica"].get<int>()][r["step"].get<int64_t>()] = r["loss"].get<double>();
     return out;
   }
-  TempDir dir;
 };
 
 void expect_same_losses(const std::map<int, std::map<int64_t, double>>& a,

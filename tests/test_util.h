@@ -7,6 +7,8 @@
 #include <unistd.h>
 
 #include <array>
+#include <map>
+#include <utility>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -14,6 +16,7 @@
 #include <string>
 #include <vector>
 
+#include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
 namespace noloco::testing {
@@ -98,5 +101,27 @@ inline std::vector<nlohmann::json> metrics_records(const std::string& run, const
   }
   return out;
 }
+
+// Training losses of a run by (replica, step); a resumed run's later records win.
+inline std::map<std::pair<int, int64_t>, double> train_losses(const std::string& run) {
+  std::map<std::pair<int, int64_t>, double> out;
+  for (auto& r : metrics_records(run, "train"))
+    out[{r["replica"].get<int>(), r["step"].get<int64_t>()}] = r["loss"].get<double>();
+  return out;
+}
+
+// Tests that launch `train` runs of the small model on a Shakespeare sample in a temporary directory.
+class LaunchedRuns : public ::testing::Test {
+ protected:
+  void SetUp() override { write_text(dir / "c.txt", shakespeare(20000)); }
+  // Trains into dir/name with `extra` overrides, expecting exit 0 within run_timeout_s; returns the run directory.
+  std::string run(const std::string& name, const std::string& extra) {
+    auto r = run_cli(small_train_args(dir / "c.txt", dir / name) + " " + extra, run_timeout_s);
+    EXPECT_EQ(r.exit_code, 0) << r.output;
+    return dir / name;
+  }
+  int run_timeout_s = 120;
+  TempDir dir;
+};
 
 }  // namespace noloco::testing

@@ -9,47 +9,14 @@
 
 #include <fmt/format.h>
 
+#include "comm/wire_bytes.h"
 #include "util/splitmix.h"
 
 namespace noloco {
 
 namespace {
 
-[[noreturn]] void malformed(const std::string& why) { throw std::runtime_error("malformed payload: " + why); }
-
-uint32_t bits_of(float x) {
-  uint32_t b;
-  std::memcpy(&b, &x, 4);
-  return b;
-}
-
-float float_of(uint32_t b) {
-  float x;
-  std::memcpy(&x, &b, 4);
-  return x;
-}
-
-// Round to nearest even, as c10::BFloat16 does.
-uint16_t to_bf16(float x) {
-  if (std::isnan(x)) return 0x7fc0;
-  const uint32_t b = bits_of(x);
-  return uint16_t((b + ((b >> 16) & 1u) + 0x7fffu) >> 16);
-}
-
-// The smallest bf16 not below x (x >= 0), so a scale never shrinks.
-uint16_t to_bf16_up(float x) {
-  const uint32_t b = bits_of(x);
-  return uint16_t((b >> 16) + ((b & 0xffffu) != 0 ? 1u : 0u));
-}
-
-float from_bf16(uint16_t h) { return float_of(uint32_t(h) << 16); }
-
-void put16(uint8_t* p, uint16_t v) {
-  p[0] = uint8_t(v & 0xff);
-  p[1] = uint8_t(v >> 8);
-}
-
-uint16_t get16(const uint8_t* p) { return uint16_t(p[0] | (uint16_t(p[1]) << 8)); }
+using namespace wire;
 
 // A uniform draw in [0, 1) for element `i`, a pure function of (seed, i).
 float uniform(uint64_t seed, uint64_t i) {

@@ -2,11 +2,11 @@
 
 #include <algorithm>
 #include <cmath>
-#include <cstring>
 #include <stdexcept>
 
 #include <fmt/format.h>
 
+#include "comm/wire_bytes.h"
 #include "util/splitmix.h"
 
 namespace noloco {
@@ -15,28 +15,7 @@ namespace {
 
 constexpr double kMaxSteps = 1073741824.0;  // 2^30: grid indices stay exact in a double and in int64
 
-[[noreturn]] void malformed(const std::string& why) { throw std::runtime_error("malformed payload: " + why); }
-
-float from_bf16(uint16_t h) {
-  const uint32_t b = uint32_t(h) << 16;
-  float x;
-  std::memcpy(&x, &b, 4);
-  return x;
-}
-
-// Rounded up, so that a raised step never falls back below what was needed.
-uint16_t to_bf16_up(float x) {
-  uint32_t b;
-  std::memcpy(&b, &x, 4);
-  return uint16_t((b >> 16) + ((b & 0xffffu) != 0 ? 1u : 0u));
-}
-
-void put16(uint8_t* p, uint16_t v) {
-  p[0] = uint8_t(v & 0xff);
-  p[1] = uint8_t(v >> 8);
-}
-
-uint16_t get16(const uint8_t* p) { return uint16_t(p[0] | (uint16_t(p[1]) << 8)); }
+using namespace wire;
 
 double uniform(uint64_t seed, uint64_t i) { return double(splitmix64(seed ^ splitmix64(i)) >> 11) * 0x1.0p-53; }
 
