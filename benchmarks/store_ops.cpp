@@ -90,7 +90,7 @@ void BM_StoreWaitWakeUp(benchmark::State& state) {
   int64_t i = 0;
   for (auto _ : state) {
     const std::string key = "wake/" + std::to_string(state.range(0)) + "/" + std::to_string(i++);
-    std::thread t([&] { writer->set(key, {1}); });
+    std::thread t([&] { writer->set(key, std::vector<uint8_t>{1}); });
     s.wait({key});
     t.join();
   }

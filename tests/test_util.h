@@ -102,11 +102,12 @@ inline std::vector<nlohmann::json> metrics_records(const std::string& run, const
   return out;
 }
 
-// Training losses of a run by (replica, step); a resumed run's later records win.
+// Training losses of a run by (replica, step), from the workers that compute
+// the loss (a pipeline's last stage); a resumed run's later records win.
 inline std::map<std::pair<int, int64_t>, double> train_losses(const std::string& run) {
   std::map<std::pair<int, int64_t>, double> out;
   for (auto& r : metrics_records(run, "train"))
-    out[{r["replica"].get<int>(), r["step"].get<int64_t>()}] = r["loss"].get<double>();
+    if (r.contains("loss")) out[{r["replica"].get<int>(), r["step"].get<int64_t>()}] = r["loss"].get<double>();
   return out;
 }
 

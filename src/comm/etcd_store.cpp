@@ -200,6 +200,10 @@ EtcdStore::EtcdStore(std::string endpoint, std::string user, std::string passwor
 
 EtcdStore::~EtcdStore() = default;
 
+c10::intrusive_ptr<c10d::Store> EtcdStore::clone() {
+  return c10::make_intrusive<EtcdStore>(endpoint_, http_->user, http_->password, timeout_);
+}
+
 EtcdStore::Value EtcdStore::read(const std::string& key) {
   const auto j = http_->post("/v3/kv/range", {{"key", base64(key)}});
   Value v;

@@ -10,12 +10,7 @@ RMSNormImpl::RMSNormImpl(int64_t dim, double eps_) : eps(eps_) {
   weight = register_parameter("weight", torch::ones({dim}));
 }
 
-torch::Tensor RMSNormImpl::forward(const torch::Tensor& x) {
-  // HF computes the statistics in (at least) fp32 whatever the activation dtype.
-  auto xf = x.to(at::promote_types(x.scalar_type(), torch::kFloat32));
-  auto normed = xf * torch::rsqrt(xf.pow(2).mean(-1, /*keepdim=*/true) + eps);
-  return weight * normed.to(x.scalar_type());
-}
+torch::Tensor RMSNormImpl::forward(const torch::Tensor& x) { return shim::rms_norm(x, weight, eps); }
 
 RotaryTables rotary_tables(int64_t context, int64_t head_dim, double theta,
                            torch::TensorOptions options) {
@@ -30,7 +25,9 @@ RotaryTables rotary_tables(int64_t context, int64_t head_dim, double theta,
 
 torch::Tensor apply_rotary(const torch::Tensor& x, const RotaryTables& rope) {
   const auto T = x.size(-2), half = x.size(-1) / 2;
-  auto cos = rope.cos.narrow(0, 0, T), sin = rope.sin.narrow(0, 0, T);
+  // In the activations' dtype, as Hugging Face does: under bf16 autocast q and k
+  // stay bf16 instead of being promoted to fp32 and cast back for attention.
+  auto cos = rope.cos.narrow(0, 0, T).to(x.scalar_type()), sin = rope.sin.narrow(0, 0, T).to(x.scalar_type());
   auto rotated = torch::cat({-x.narrow(-1, half, half), x.narrow(-1, 0, half)}, -1);
   return x * cos + rotated * sin;
 }

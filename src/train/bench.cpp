@@ -105,7 +105,9 @@ nlohmann::json bench_training(const TrainConfig& c, int64_t steps, double peak_t
           {"peak_tflops", peak},
           {"peak_source", measured ? "measured " + c.run.precision + " matmul" : "given"},
           {"mfu", achieved / peak},
-          {"peak_rss_mib", peak_rss_mib()}};
+          {"peak_rss_mib", peak_rss_mib()},
+          {"peak_gpu_gib", device.is_cuda() ? shim::peak_cuda_allocated_bytes(device.index() < 0 ? 0 : device.index()) / double(1 << 30) : 0.0},
+          {"fused_adamw", inner.fused()}};
 }
 
 }  // namespace noloco
