@@ -11,6 +11,7 @@ Used by scripts/bench_vs_pytorch.sh and scripts/gpu_check.sh; run alone:
   python3 benchmarks/pytorch_step.py --hidden 128 --layers 4 --heads 4 --intermediate 384 --context 64 --batch 12
 """
 import argparse
+import contextlib
 import json
 import math
 import resource
@@ -127,10 +128,12 @@ def main():
     x = torch.randint(a.vocab, (a.batch, a.context), device=device)
     y = torch.randint(a.vocab, (a.batch, a.context), device=device)
     sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
+    # A CPU-only torch refuses even a disabled CUDA autocast.
+    autocast = (lambda: torch.autocast("cuda", dtype=torch.bfloat16)) if a.bf16 else contextlib.nullcontext
 
     def step():
         opt.zero_grad(set_to_none=False)
-        with torch.autocast("cuda", dtype=torch.bfloat16, enabled=a.bf16):
+        with autocast():
             logits = model(x)
         loss = F.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), y.reshape(-1))
         loss.backward()

@@ -9,7 +9,10 @@ cd "$(dirname "$0")/.."
 repeats=${1:-5}
 threads=${2:-1}
 sudo_if_needed() { if [ "$(id -u)" = 0 ]; then "$@"; else sudo "$@"; fi; }
-python3 -c 'import torch' 2>/dev/null || sudo_if_needed apt-get install -y --no-install-recommends python3-torch
+# Debian's interpreter, the one python3-torch installs into (a python3 earlier
+# on PATH, e.g. pyenv's, would not see it); PYTHON overrides.
+py=${PYTHON:-/usr/bin/python3}
+"$py" -c 'import torch' 2>/dev/null || sudo_if_needed apt-get install -y --no-install-recommends python3-torch
 [ -x build/noloco ] || scripts/build.sh
 export OMP_WAIT_POLICY=${OMP_WAIT_POLICY:-passive}  # the same for both (ours would set it itself)
 
@@ -25,7 +28,11 @@ for shape in "${shapes[@]}"; do
   steps=$(echo "$kv" | sed -E 's/.*steps=([0-9]+).*/\1/')
   for ((i = 0; i < repeats; i++)); do
     o=$(build/noloco bench ${kv/steps=$steps/bench_steps=$steps} threads=$threads peak_tflops=1 2>/dev/null | tail -1)
-    t=$(python3 benchmarks/pytorch_step.py $py_args --threads "$threads")
+    # PyTorch leaves OpenBLAS's own pool at one thread per core whatever
+    # set_num_threads says; we run BLAS single-threaded inside each intra-op
+    # thread (src/util/compute_threads.h). Capped here to the same count, so
+    # that threads=1 means one core for both.
+    t=$(OPENBLAS_NUM_THREADS=$threads "$py" benchmarks/pytorch_step.py $py_args --threads "$threads")
     ours+=("$(echo "$o" | python3 -c 'import json,sys;print(json.load(sys.stdin)["tokens_per_s"])')")
     theirs+=("$(echo "$t" | python3 -c 'import json,sys;print(json.load(sys.stdin)["tokens_per_s"])')")
     ours_mem=$(echo "$o" | python3 -c 'import json,sys;print(json.load(sys.stdin)["peak_rss_mib"])')
