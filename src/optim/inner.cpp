@@ -39,11 +39,13 @@ InnerOptimizer::InnerOptimizer(FlatParams& params, const InnerConfig& c, int64_t
       else
         decayed.emplace_back(offset, n);
     }
-    auto& g = groups_[decays ? 0 : 1];
-    g.values.push_back(params.values().narrow(0, offset, n));
-    g.grads.push_back(params.grads().narrow(0, offset, n));
-    g.exp_avg.push_back(exp_avg_.narrow(0, offset, n));
-    g.exp_avg_sq.push_back(exp_avg_sq_.narrow(0, offset, n));
+    if (fused_) {
+      auto& g = groups_[decays ? 0 : 1];
+      g.values.push_back(params.values().narrow(0, offset, n));
+      g.grads.push_back(params.grads().narrow(0, offset, n));
+      g.exp_avg.push_back(exp_avg_.narrow(0, offset, n));
+      g.exp_avg_sq.push_back(exp_avg_sq_.narrow(0, offset, n));
+    }
     offset += n;
   }
   if (fused_) {
@@ -81,7 +83,7 @@ void InnerOptimizer::step() {
 }
 
 // The operations and scalars of torch::optim::AdamW, in its order, so that the
-// result is bit-identical to it (tests/test_model.cpp checks), one chunk at a time.
+// result is bit-identical to it (tests/test_inner.cpp checks), one chunk at a time.
 void InnerOptimizer::step_in_chunks(double bias_correction1, double bias_correction2) {
   const double decay_factor = 1 - lr_ * weight_decay_;
   const double step_size = lr_ / bias_correction1;
