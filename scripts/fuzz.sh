@@ -10,12 +10,14 @@ if [ ! -f build-fuzz/build.ninja ]; then
 fi
 cmake --build build-fuzz > /dev/null
 corpus=build-fuzz/corpus
-mkdir -p "$corpus"/{config,safetensors,token_file,codec}
+mkdir -p "$corpus"/{config,safetensors,safetensors_index,token_file,codec}
 cp configs/*.yaml "$corpus/config/"
 printf 'lr: 1e-3\nsteps: 10\nmodel: 125m\nmethod: noloco\n' > "$corpus/config/small.yaml"
 # A valid safetensors file and a valid token file to mutate from.
 printf '\x40\x00\x00\x00\x00\x00\x00\x00{"a":{"dtype":"F32","shape":[2],"data_offsets":[0,8]}}           \x00\x00\x80\x3f\x00\x00\x00\x40' \
   > "$corpus/safetensors/seed.safetensors"
+printf '{"metadata":{"total_size":16},"weight_map":{"a":"model-00001-of-00002.safetensors","b":"model-00002-of-00002.safetensors"}}' \
+  > "$corpus/safetensors_index/index.json"
 head -c 1024 /dev/zero | tr '\0' '\1' > "$corpus/token_file/raw.bin"
 # llm.c layout: magic 20240520, version 1, 4 tokens, zero padding to 1024 bytes, then the tokens.
 { printf '\x88\xd8\x34\x01\x01\x00\x00\x00\x04\x00\x00\x00'; head -c 1012 /dev/zero; printf '\x01\x00\x02\x00\x03\x00\x04\x00'; } \
@@ -23,7 +25,7 @@ head -c 1024 /dev/zero | tr '\0' '\1' > "$corpus/token_file/raw.bin"
 # Outer-step payloads: a valid int4 message of 64 values (block 64) and a coset-coded one of 16 (block 8, 4 bits).
 { printf '\x02\x40\x00\x03\x00\x3c'; head -c 32 /dev/zero | tr '\0' '\x88'; } > "$corpus/codec/int4.bin"
 { printf '\x80\x10\x00\x00'; for b in 1 2; do printf '\x80\x3a\x00\x00'; done; head -c 8 /dev/zero; } > "$corpus/codec/coset.bin"
-for target in config safetensors token_file codec; do
+for target in config safetensors safetensors_index token_file codec; do
   echo "fuzz_$target: $runs runs"
   log=build-fuzz/fuzz_$target.log
   # libFuzzer exits non-zero on any crash, sanitizer report, leak or timeout,

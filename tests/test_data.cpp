@@ -25,7 +25,7 @@ TEST(Tokenizer, BpeTrainsToTheRequestedSizeAndRoundTrips) {
   TempDir dir;
   const std::string text = noloco::testing::shakespeare(200000);
   noloco::testing::write_text(dir / "corpus.txt", text);
-  auto tok = train_bpe_tokenizer(dir / "corpus.txt", 1000);
+  auto tok = train_bpe_tokenizer({dir / "corpus.txt"}, 1000);
   EXPECT_EQ(tok->vocab_size(), 1000);
   const std::string sample = text.substr(1000, 3000);
   const auto ids = tok->encode(sample);

@@ -7,16 +7,20 @@ using namespace noloco;
 
 namespace {
 
-ModelConfig small_config() {
+ModelConfig small_config(int64_t kv_heads = 0) {
   ModelConfig c;
   c.vocab_size = 11;
   c.hidden = 8;
   c.layers = 2;
-  c.heads = 2;
+  c.heads = kv_heads > 0 ? 4 : 2;
+  c.kv_heads = kv_heads;
   c.intermediate = 16;
   c.context = 6;
   return c;
 }
+
+// Multi-head and grouped-query (4 query heads sharing 2 key/value heads).
+const int64_t kKvHeadChoices[] = {0, 2};
 
 LlamaForCausalLM make_model(const ModelConfig& c, torch::ScalarType dtype = torch::kFloat32) {
   LlamaForCausalLM m(c);
@@ -32,41 +36,81 @@ LlamaForCausalLM make_model(const ModelConfig& c, torch::ScalarType dtype = torc
 }  // namespace
 
 TEST(Model, LogitShapeAndParameterCount) {
-  auto c = small_config();
-  auto m = make_model(c);
-  auto tokens = torch::randint(c.vocab_size, {3, 5}, torch::kInt64);
-  auto logits = m->forward(tokens);
-  EXPECT_EQ(logits.sizes(), (std::vector<int64_t>{3, 5, 11}));
-  int64_t n = 0;
-  for (auto& p : m->parameters()) n += p.numel();
-  EXPECT_EQ(n, c.num_params());
+  for (auto kv : kKvHeadChoices) {
+    auto c = small_config(kv);
+    auto m = make_model(c);
+    auto tokens = torch::randint(c.vocab_size, {3, 5}, torch::kInt64);
+    auto logits = m->forward(tokens);
+    EXPECT_EQ(logits.sizes(), (std::vector<int64_t>{3, 5, 11}));
+    int64_t n = 0;
+    for (auto& p : m->parameters()) n += p.numel();
+    EXPECT_EQ(n, c.num_params());
+  }
 }
 
 TEST(Model, ParameterNamesAreHuggingFaceLlama) {
-  auto c = small_config();
-  auto m = make_model(c);
-  auto named = m->named_parameters();
-  const auto expected = c.parameter_shapes();
-  ASSERT_EQ(named.size(), expected.size());
-  for (size_t i = 0; i < expected.size(); ++i) {
-    EXPECT_EQ(named[i].key(), expected[i].first);
-    EXPECT_EQ(named[i].value().sizes(), c10::IntArrayRef(expected[i].second));
+  for (auto kv : kKvHeadChoices) {
+    auto c = small_config(kv);
+    auto m = make_model(c);
+    auto named = m->named_parameters();
+    const auto expected = c.parameter_shapes();
+    ASSERT_EQ(named.size(), expected.size());
+    for (size_t i = 0; i < expected.size(); ++i) {
+      EXPECT_EQ(named[i].key(), expected[i].first);
+      EXPECT_EQ(named[i].value().sizes(), c10::IntArrayRef(expected[i].second));
+    }
+    EXPECT_EQ(expected.front().first, "model.embed_tokens.weight");
+    EXPECT_EQ(expected[1].first, "model.layers.0.self_attn.q_proj.weight");
+    EXPECT_EQ(expected[2].second, (std::vector<int64_t>{c.key_value_heads() * c.head_dim(), c.hidden}));
+    EXPECT_EQ(expected.back().first, "lm_head.weight");
   }
-  EXPECT_EQ(expected.front().first, "model.embed_tokens.weight");
-  EXPECT_EQ(expected[1].first, "model.layers.0.self_attn.q_proj.weight");
-  EXPECT_EQ(expected.back().first, "lm_head.weight");
 }
 
 TEST(Model, CausalityFutureTokensDoNotChangeEarlierLogits) {
-  auto c = small_config();
-  auto m = make_model(c);
+  for (auto kv : kKvHeadChoices) {
+    auto c = small_config(kv);
+    auto m = make_model(c);
+    torch::NoGradGuard g;
+    auto a = torch::tensor({{1, 2, 3, 4, 5, 6}}, torch::kInt64);
+    auto b = a.clone();
+    b[0][4] = 9;
+    auto la = m->forward(a), lb = m->forward(b);
+    EXPECT_TRUE(torch::allclose(la.narrow(1, 0, 4), lb.narrow(1, 0, 4), 0, 1e-6)) << "kv_heads " << kv;
+    EXPECT_GT((la.narrow(1, 4, 2) - lb.narrow(1, 4, 2)).abs().max().item<double>(), 1e-4);
+  }
+}
+
+// Grouped-query attention is multi-head attention whose key/value heads are
+// repeated across their group: copy a GQA model's weights into a multi-head
+// model with each k/v head's rows repeated, and the logits must agree.
+TEST(Model, GroupedQueryAttentionEqualsMultiHeadWithRepeatedKeyValueHeads) {
+  auto gqa_config = small_config(2);
+  auto gqa = make_model(gqa_config, torch::kFloat64);
+  auto mha_config = gqa_config;
+  mha_config.kv_heads = 0;
+  LlamaForCausalLM mha(mha_config);
+  mha->to(torch::kFloat64);
+  {
+    torch::NoGradGuard g;
+    const auto group = gqa_config.heads / gqa_config.kv_heads, d = gqa_config.head_dim();
+    auto source = gqa->named_parameters();
+    for (auto& p : mha->named_parameters()) {
+      auto w = source[p.key()];
+      const bool kv = p.key().find("k_proj") != std::string::npos || p.key().find("v_proj") != std::string::npos;
+      if (kv) w = w.view({gqa_config.kv_heads, d, -1}).repeat_interleave(group, 0).reshape(p.value().sizes());
+      p.value().copy_(w);
+    }
+  }
+  auto tokens = torch::tensor({{1, 5, 2, 9, 3, 7}, {4, 4, 0, 10, 7, 2}}, torch::kInt64);
   torch::NoGradGuard g;
-  auto a = torch::tensor({{1, 2, 3, 4, 5, 6}}, torch::kInt64);
-  auto b = a.clone();
-  b[0][4] = 9;
-  auto la = m->forward(a), lb = m->forward(b);
-  EXPECT_TRUE(torch::allclose(la.narrow(1, 0, 4), lb.narrow(1, 0, 4), 0, 1e-6));
-  EXPECT_GT((la.narrow(1, 4, 2) - lb.narrow(1, 4, 2)).abs().max().item<double>(), 1e-4);
+  const double diff = (gqa->forward(tokens) - mha->forward(tokens)).abs().max().item<double>();
+  EXPECT_LT(diff, 1e-12);
+  EXPECT_THROW(LlamaForCausalLM([&] {
+                 auto bad = gqa_config;
+                 bad.kv_heads = 3;
+                 return bad;
+               }()),
+               std::invalid_argument);
 }
 
 TEST(Model, RotaryMatchesHandComputedValues) {
@@ -91,8 +135,10 @@ TEST(Model, RMSNormMatchesHandComputedValues) {
   EXPECT_NEAR(y[0][1].item<double>(), 4.0 / rms, 1e-6);
 }
 
-TEST(Model, GradientMatchesFiniteDifferencesInDouble) {
-  auto c = small_config();
+class ModelGradient : public ::testing::TestWithParam<int64_t> {};
+
+TEST_P(ModelGradient, MatchesFiniteDifferencesInDouble) {
+  auto c = small_config(GetParam());
   c.layers = 1;
   auto m = make_model(c, torch::kFloat64);
   auto tokens = torch::tensor({{1, 5, 2, 9, 3}, {4, 4, 0, 10, 7}}, torch::kInt64);
@@ -124,6 +170,9 @@ TEST(Model, GradientMatchesFiniteDifferencesInDouble) {
   EXPECT_GT(checked, 100);
   RecordProperty("worst_relative_error", std::to_string(worst));
 }
+
+INSTANTIATE_TEST_SUITE_P(Model, ModelGradient, ::testing::ValuesIn(kKvHeadChoices),
+                         [](const auto& info) { return info.param > 0 ? std::string("GroupedQuery") : std::string("MultiHead"); });
 
 TEST(Model, ConfigValidationNamesTheProblem) {
   auto c = small_config();

@@ -1,5 +1,6 @@
 // The noloco command line: a thin layer over train/, model/ and comm/.
 #include <csignal>
+#include <optional>
 #include <iostream>
 #include <string>
 #include <vector>
@@ -14,8 +15,10 @@
 #include "config/options.h"
 #include "config/train_config.h"
 #include "data/dataset.h"
+#include "data/prepare.h"
 #include "data/tokenizer.h"
 #include "model/generate.h"
+#include "model/hf_directory.h"
 #include "model/llama.h"
 #include "sim/simulate.h"
 #include "train/bench.h"
@@ -28,6 +31,7 @@
 #include "train/run_summary.h"
 #include "train/trainer.h"
 #include "util/files.h"
+#include "util/human.h"
 #include "util/error_text.h"
 #include "util/log.h"
 #include "util/process_runtime.h"
@@ -61,13 +65,18 @@ int run_generate(const std::string& checkpoint, const std::vector<std::string>& 
   if (o.temperature < 0 || o.top_k < 0 || o.tokens < 0 || o.tokens > kMaxTokens)
     throw std::invalid_argument(fmt::format("temperature and top_k must be >= 0, tokens in [0, {}]", kMaxTokens));
   const auto path = find_checkpoint(checkpoint);
-  if (path.empty()) throw std::runtime_error(fmt::format("no checkpoint found at '{}'", checkpoint));
-  auto ckpt = read_whole_model(path);
-  auto tokenizer = load_tokenizer(path);
-  LlamaForCausalLM model(ckpt.model);
-  {
+  const bool hf = path.empty() && is_hf_directory(checkpoint);
+  if (path.empty() && !hf)
+    throw std::runtime_error(fmt::format("no checkpoint or Hugging Face directory found at '{}'", checkpoint));
+  std::optional<Checkpoint> ckpt;
+  if (!hf) ckpt = read_whole_model(path);
+  const auto tokenizer = load_tokenizer(hf ? checkpoint : path);
+  LlamaForCausalLM model(hf ? read_hf_config(checkpoint) : ckpt->model);
+  if (hf) {
+    load_hf_weights(model, checkpoint);
+  } else {
     torch::NoGradGuard no_grad;
-    for (auto& p : model->named_parameters()) p.value().copy_(ckpt.weights.at(p.key()));
+    for (auto& p : model->named_parameters()) p.value().copy_(ckpt->weights.at(p.key()));
   }
   model->to(torch::Device(device));
   const auto ids = generate(model, tokenizer->encode(prompt), o);
@@ -146,8 +155,7 @@ int run_train(const std::string& config_path, const std::vector<std::string>& ov
   const auto start = std::chrono::steady_clock::now();
   // Builds and saves the tokenizer once, before the workers load it.
   const auto corpus = load_corpus(cfg.data, cfg.model.context, cfg.run.out);
-  auto model = cfg.model;
-  model.vocab_size = corpus.tokenizer->vocab_size();
+  const auto model = with_vocabulary(cfg.model, *corpus.tokenizer);
   check_local_capacity(cfg.workers(), worker_memory_estimate(model.num_params()), cfg.run.max_local_workers);
   write_file_atomic(cfg.run.out + "/config.yaml", cfg.to_yaml());
   LaunchPlan plan;
@@ -255,6 +263,38 @@ int run_bench(const std::vector<std::string>& args) {
   return 0;
 }
 
+int run_export(const std::string& checkpoint, const std::string& hf_dir, const std::vector<std::string>& args) {
+  ExportOptions o;
+  std::string shard_size = "2GB";
+  Options options("export");
+  options.add("shard_size", shard_size, "largest weight file, e.g. 2GB, 500MB, 4GiB")
+      .add("dtype", o.dtype, "float32 | bfloat16 | float16");
+  options.parse(args);
+  o.shard_bytes = parse_byte_size("shard_size", shard_size);
+  export_hf(checkpoint, hf_dir, o);
+  fmt::print("exported {} to {}\n", checkpoint, hf_dir);
+  return 0;
+}
+
+int run_prepare(const std::vector<std::string>& args) {
+  PrepareOptions o;
+  Options options("prepare");
+  options.add("out", o.out, "output directory: train.bin, val.bin and the tokenizer")
+      .add("tokenizer", o.tokenizer, "bpe (trained on the inputs) | a sentencepiece .model | a directory holding one")
+      .add("vocab_size", o.vocab_size, "BPE vocabulary to train")
+      .add("val_fraction", o.val_fraction, "held out for validation (the tail of every chunk)");
+  o.inputs = options.parse_known(args);
+  for (const auto& input : o.inputs)
+    if (input.find('=') != std::string::npos)
+      throw std::invalid_argument(fmt::format("unknown prepare option '{}'", input));
+  const auto r = prepare_corpus(o);
+  fmt::print("{} file(s), {:.1f} MB -> {} train and {} val tokens (vocabulary {}) in {}; tokenized at {:.2f} MB/s\n",
+             r.files, double(r.bytes) / 1e6, format_count(double(r.train_tokens)), format_count(double(r.val_tokens)),
+             r.vocab_size, format_duration(r.seconds), double(r.bytes) / 1e6 / std::max(r.tokenize_seconds, 1e-9));
+  fmt::print("train on it with: noloco train CONFIG data={0}/train.bin val_data={0}/val.bin tokenizer={0}\n", o.out);
+  return 0;
+}
+
 int run_report(const std::vector<std::string>& args) {
   std::string out_dir;
   Options options("report");
@@ -291,13 +331,22 @@ int main(int argc, char** argv) {
   std::string checkpoint;
   std::vector<std::string> gen_args;
   auto* gen_cmd = app.add_subcommand("generate", "sample text from a checkpoint or run directory");
-  gen_cmd->add_option("checkpoint", checkpoint, "checkpoint directory or run directory")->required();
+  gen_cmd->add_option("checkpoint", checkpoint, "checkpoint, run or Hugging Face Llama directory")->required();
   gen_cmd->add_option("options", gen_args, "prompt=... temperature=0.8 top_k=40 seed=0 tokens=200 device=cpu");
 
   std::string hf_dir;
+  std::vector<std::string> export_args;
   auto* export_cmd = app.add_subcommand("export", "write a checkpoint in the Hugging Face Llama layout");
   export_cmd->add_option("checkpoint", checkpoint, "checkpoint directory or run directory")->required();
   export_cmd->add_option("hf_dir", hf_dir, "output directory")->required();
+  export_cmd->add_option("options", export_args, "shard_size=2GB dtype=float32|bfloat16|float16");
+
+  std::vector<std::string> prepare_args;
+  auto* prepare_cmd = app.add_subcommand("prepare", "tokenize text files or directories into train/val token files");
+  prepare_cmd->add_option("inputs", prepare_args,
+                          "files or directories, then out=DIR tokenizer=bpe|FILE.model|DIR vocab_size=8192 "
+                          "val_fraction=0.01")
+      ->required();
 
   std::vector<std::string> bench_args;
   auto* bench_cmd = app.add_subcommand("bench", "training throughput and model-FLOPs utilisation");
@@ -319,11 +368,8 @@ int main(int argc, char** argv) {
   try {
     if (*train_cmd) return run_train(config_path, overrides);
     if (*gen_cmd) return run_generate(checkpoint, gen_args);
-    if (*export_cmd) {
-      export_hf(checkpoint, hf_dir);
-      fmt::print("exported {} to {}\n", checkpoint, hf_dir);
-      return 0;
-    }
+    if (*export_cmd) return run_export(checkpoint, hf_dir, export_args);
+    if (*prepare_cmd) return run_prepare(prepare_args);
     if (*bench_cmd) return run_bench(bench_args);
     if (*sim_cmd) {
       const auto options = sim::parse_simulate_options(sim_args);

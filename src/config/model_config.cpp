@@ -1,9 +1,12 @@
 #include "config/model_config.h"
 
+#include <optional>
 #include <stdexcept>
 
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
+
+#include "util/files.h"
 
 namespace noloco {
 
@@ -14,12 +17,14 @@ int64_t ModelConfig::intermediate_size() const {
 }
 
 std::vector<std::pair<std::string, std::vector<int64_t>>> ModelConfig::parameter_shapes() const {
-  const int64_t h = hidden, f = intermediate_size();
+  const int64_t h = hidden, f = intermediate_size(), kv = key_value_heads() * head_dim();
   std::vector<std::pair<std::string, std::vector<int64_t>>> shapes = {{"model.embed_tokens.weight", {vocab_size, h}}};
   for (int64_t i = 0; i < layers; ++i) {
     const auto l = fmt::format("model.layers.{}.", i);
-    for (auto proj : {"q_proj", "k_proj", "v_proj", "o_proj"})
-      shapes.push_back({l + "self_attn." + proj + ".weight", {h, h}});
+    shapes.push_back({l + "self_attn.q_proj.weight", {h, h}});
+    shapes.push_back({l + "self_attn.k_proj.weight", {kv, h}});
+    shapes.push_back({l + "self_attn.v_proj.weight", {kv, h}});
+    shapes.push_back({l + "self_attn.o_proj.weight", {h, h}});
     shapes.push_back({l + "mlp.gate_proj.weight", {f, h}});
     shapes.push_back({l + "mlp.up_proj.weight", {f, h}});
     shapes.push_back({l + "mlp.down_proj.weight", {h, f}});
@@ -54,6 +59,9 @@ void ModelConfig::validate() const {
   if (heads <= 0) fail(fmt::format("heads must be positive, got {}", heads));
   if (hidden % heads != 0)
     fail(fmt::format("heads ({}) must divide hidden ({})", heads, hidden));
+  if (kv_heads < 0) fail(fmt::format("kv_heads must be >= 0, got {}", kv_heads));
+  if (heads % key_value_heads() != 0)
+    fail(fmt::format("kv_heads ({}) must divide heads ({})", key_value_heads(), heads));
   if (head_dim() % 2 != 0)
     fail(fmt::format("hidden/heads ({}) must be even for rotary embeddings", head_dim()));
   if (intermediate < 0) fail(fmt::format("intermediate must be >= 0, got {}", intermediate));
@@ -64,7 +72,7 @@ void ModelConfig::validate() const {
 
 nlohmann::json ModelConfig::to_json() const {
   return {{"vocab_size", vocab_size}, {"hidden", hidden},       {"layers", layers},
-          {"heads", heads},           {"intermediate", intermediate_size()},
+          {"heads", heads},           {"kv_heads", key_value_heads()}, {"intermediate", intermediate_size()},
           {"context", context},       {"rope_theta", rope_theta}, {"norm_eps", norm_eps}};
 }
 
@@ -74,6 +82,7 @@ ModelConfig ModelConfig::from_json(const nlohmann::json& j) {
   c.hidden = j.at("hidden").get<int64_t>();
   c.layers = j.at("layers").get<int64_t>();
   c.heads = j.at("heads").get<int64_t>();
+  c.kv_heads = j.value("kv_heads", int64_t(0));  // absent in checkpoints from before grouped-query attention
   c.intermediate = j.at("intermediate").get<int64_t>();
   c.context = j.at("context").get<int64_t>();
   c.rope_theta = j.at("rope_theta").get<double>();
@@ -90,7 +99,7 @@ nlohmann::json ModelConfig::to_hf_json() const {
           {"intermediate_size", intermediate_size()},
           {"num_hidden_layers", layers},
           {"num_attention_heads", heads},
-          {"num_key_value_heads", heads},
+          {"num_key_value_heads", key_value_heads()},
           {"max_position_embeddings", context},
           {"rope_theta", rope_theta},
           {"rms_norm_eps", norm_eps},
@@ -99,6 +108,69 @@ nlohmann::json ModelConfig::to_hf_json() const {
           {"attention_bias", false},
           {"mlp_bias", false},
           {"torch_dtype", "float32"}};
+}
+
+ModelConfig ModelConfig::from_hf_json(const nlohmann::json& j) {
+  auto fail = [](const std::string& m) { throw std::invalid_argument(m); };
+  if (!j.is_object()) fail("config.json is not a JSON object");
+  if (const auto a = j.find("architectures"); a != j.end()) {
+    if (!a->is_array() || a->size() != 1 || !(*a)[0].is_string() || (*a)[0] != "LlamaForCausalLM")
+      fail(fmt::format("architectures is {}: only LlamaForCausalLM is supported", a->dump()));
+  }
+  if (const auto t = j.find("model_type"); t != j.end() && *t != "llama")
+    fail(fmt::format("model_type is {}: only llama is supported", t->dump()));
+  auto integer = [&](const char* key, std::optional<int64_t> fallback) -> int64_t {
+    const auto it = j.find(key);
+    if (it == j.end() || it->is_null()) {
+      if (!fallback) fail(fmt::format("config.json has no '{}'", key));
+      return *fallback;
+    }
+    if (!it->is_number_integer()) fail(fmt::format("'{}' must be an integer, got {}", key, it->dump()));
+    return it->get<int64_t>();
+  };
+  auto number = [&](const char* key, double fallback) {
+    const auto it = j.find(key);
+    if (it == j.end() || it->is_null()) return fallback;
+    if (!it->is_number()) fail(fmt::format("'{}' must be a number, got {}", key, it->dump()));
+    return it->get<double>();
+  };
+  auto must_be = [&](const char* key, const nlohmann::json& allowed, const char* why) {
+    const auto it = j.find(key);
+    if (it != j.end() && !it->is_null() && *it != allowed)
+      fail(fmt::format("'{}' is {}: {}", key, it->dump(), why));
+  };
+  // HF's rope_scaling is null for plain rotary embeddings; "default" is the same thing.
+  if (const auto r = j.find("rope_scaling"); r != j.end() && !r->is_null()) {
+    const auto type = r->is_object() ? r->value("rope_type", r->value("type", std::string("?"))) : r->dump();
+    if (type != "default") fail(fmt::format("rope_scaling type '{}' is not implemented (plain rotary only)", type));
+  }
+  must_be("attention_bias", false, "attention biases are not implemented");
+  must_be("mlp_bias", false, "MLP biases are not implemented");
+  must_be("hidden_act", "silu", "only silu is implemented");
+  ModelConfig c;
+  c.vocab_size = integer("vocab_size", std::nullopt);
+  c.hidden = integer("hidden_size", std::nullopt);
+  c.layers = integer("num_hidden_layers", std::nullopt);
+  c.heads = integer("num_attention_heads", std::nullopt);
+  c.kv_heads = integer("num_key_value_heads", c.heads);
+  c.intermediate = integer("intermediate_size", std::nullopt);
+  c.context = integer("max_position_embeddings", 2048);
+  c.rope_theta = number("rope_theta", 10000.0);
+  c.norm_eps = number("rms_norm_eps", 1e-6);
+  if (c.heads > 0 && c.hidden % c.heads == 0 && integer("head_dim", c.hidden / c.heads) != c.hidden / c.heads)
+    fail(fmt::format("head_dim {} differs from hidden_size/num_attention_heads = {}: not implemented",
+                     integer("head_dim", 0), c.hidden / c.heads));
+  if (c.intermediate <= 0) fail(fmt::format("intermediate_size must be positive, got {}", c.intermediate));
+  c.validate();
+  return c;
+}
+
+ModelConfig read_hf_config(const std::string& dir) {
+  try {
+    return ModelConfig::from_hf_json(read_json(dir + "/config.json"));
+  } catch (const std::invalid_argument& e) {
+    throw std::invalid_argument(fmt::format("{}/config.json: {}", dir, e.what()));
+  }
 }
 
 ModelConfig model_preset(const std::string& name) {

@@ -14,12 +14,14 @@ struct ModelConfig {
   int64_t hidden = 128;
   int64_t layers = 4;
   int64_t heads = 4;
+  int64_t kv_heads = 0;  // key/value heads (grouped-query attention); 0: heads
   int64_t intermediate = 0;  // 0: Llama's rule, about 8/3 · hidden rounded up to 64
   int64_t context = 64;
   double rope_theta = 10000.0;
   double norm_eps = 1e-5;
 
   int64_t head_dim() const { return hidden / heads; }
+  int64_t key_value_heads() const { return kv_heads > 0 ? kv_heads : heads; }
   int64_t intermediate_size() const;
   // Hugging Face parameter names and shapes, in registration order.
   std::vector<std::pair<std::string, std::vector<int64_t>>> parameter_shapes() const;
@@ -34,7 +36,15 @@ struct ModelConfig {
   static ModelConfig from_json(const nlohmann::json& j);
   // Hugging Face LlamaConfig (config.json) for export.
   nlohmann::json to_hf_json() const;
+  // A LlamaForCausalLM config.json: context is max_position_embeddings.
+  // Throws std::invalid_argument naming the key of anything this model does
+  // not implement (rope_scaling, biases, another architecture...).
+  static ModelConfig from_hf_json(const nlohmann::json& j);
 };
+
+// A Hugging Face directory's config.json; throws std::invalid_argument naming
+// the directory and the key it cannot take.
+ModelConfig read_hf_config(const std::string& dir);
 
 // "tiny" (Shakespeare), and the paper's "125m", "1.3b", "6.8b".
 // Throws std::invalid_argument for an unknown name.

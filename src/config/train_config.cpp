@@ -1,5 +1,7 @@
 #include "config/train_config.h"
 
+#include <fstream>
+#include <optional>
 #include <sstream>
 #include <stdexcept>
 
@@ -22,13 +24,18 @@ Options config_options(TrainConfig& c) {
   Options o("config");
   o.add("data", c.data.path, "training text (.txt) or token file (.bin)")
       .add("val_data", c.data.val_path, "validation token file; default: last val_fraction of data")
-      .add("tokenizer", c.data.tokenizer, "char | bpe | path to a sentencepiece .model")
+      .add("tokenizer", c.data.tokenizer,
+           "char | bpe | path to a sentencepiece .model | a directory holding one (run, checkpoint, Hugging Face)")
       .add("vocab_size", c.data.vocab_size, "BPE vocabulary to train, or vocabulary of a token file")
       .add("val_fraction", c.data.val_fraction, "fraction of the corpus held out for validation")
       .add("model", c.preset, "preset: tiny | 125m | 1.3b | 6.8b (keys below override it)")
+      .add("init_from", c.init_from,
+           "Hugging Face Llama directory to start from: shape, weights and tokenizer (model keys must agree, "
+           "context may be shorter)")
       .add("hidden", c.model.hidden, "hidden size")
       .add("layers", c.model.layers, "decoder layers")
       .add("heads", c.model.heads, "attention heads")
+      .add("kv_heads", c.model.kv_heads, "key/value heads (grouped-query attention); 0: heads")
       .add("intermediate", c.model.intermediate, "MLP size; 0: 8/3·hidden rounded to 64")
       .add("context", c.model.context, "sequence length")
       .add("rope_theta", c.model.rope_theta, "rotary base")
@@ -99,6 +106,38 @@ Options config_options(TrainConfig& c) {
            "failure drill: RANK:STEP[:checkpoint|:freeze][,...] kills that worker (SIGKILL) before that step, or "
            "while writing its checkpoint, or freezes it (SIGSTOP); RANK:startup kills it before it joins the run");
   return o;
+}
+
+bool file_exists(const std::string& path) { return std::ifstream(path).good(); }
+
+// The model keys of a run with init_from must describe the imported model
+// (only the context, the training window, may differ); its tokenizer is the
+// directory's unless one is named.
+void adopt_imported_model(TrainConfig& c, const ModelConfig& hf, bool tokenizer_given) {
+  auto same = [&](const char* key, auto ours, auto theirs) {
+    if (ours != theirs)
+      invalid(fmt::format("{}={} disagrees with init_from {} ({}): drop the key", key, ours, c.init_from, theirs));
+  };
+  same("hidden", c.model.hidden, hf.hidden);
+  same("layers", c.model.layers, hf.layers);
+  same("heads", c.model.heads, hf.heads);
+  same("kv_heads", c.model.key_value_heads(), hf.key_value_heads());
+  same("intermediate", c.model.intermediate_size(), hf.intermediate_size());
+  same("rope_theta", c.model.rope_theta, hf.rope_theta);
+  same("norm_eps", c.model.norm_eps, hf.norm_eps);
+  if (c.model.context > hf.context)
+    invalid(fmt::format("context={} exceeds init_from {}'s max_position_embeddings ({})", c.model.context,
+                        c.init_from, hf.context));
+  if (tokenizer_given) return;
+  if (file_exists(c.init_from + "/tokenizer.model") || file_exists(c.init_from + "/noloco_tokenizer.json")) {
+    c.data.tokenizer = c.init_from;
+  } else if (c.data.path.size() > 4 && c.data.path.compare(c.data.path.size() - 4, 4, ".bin") == 0) {
+    if (c.data.vocab_size == 0) c.data.vocab_size = hf.vocab_size;
+  } else {
+    invalid(fmt::format("init_from {} has no tokenizer.model: name one with tokenizer=, or train on tokens "
+                        "prepared with it (data=FILE.bin)",
+                        c.init_from));
+  }
 }
 
 }  // namespace
@@ -308,15 +347,23 @@ TrainConfig parse_config(const std::string& yaml_text, const std::vector<std::st
   }
   TrainConfig c;
   auto options = config_options(c);
+  std::optional<ModelConfig> imported;
+  bool tokenizer_given = false;
   for (const auto& [k, v] : pairs) {
     if (!options.has(k)) invalid(fmt::format("unknown config key '{}' (see `noloco train --help`)", k));
     if (k == "model") {
       c.preset = v;
-      c.model = model_preset(v);
+      if (!imported) c.model = model_preset(v);
     }
+    if (k == "init_from" && !v.empty()) {
+      imported = read_hf_config(v);
+      c.model = *imported;
+    }
+    tokenizer_given |= k == "tokenizer";
   }
   for (const auto& [k, v] : pairs)
     if (k != "model") options.set(k, v);
+  if (imported) adopt_imported_model(c, *imported, tokenizer_given);
   c.resolve();
   c.validate();
   return c;

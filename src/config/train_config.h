@@ -129,6 +129,9 @@ std::vector<LayerRange> stage_layer_ranges(int64_t layers, int64_t stages, const
 struct TrainConfig {
   std::string preset = "tiny";  // key `model`; the model keys override its fields
   ModelConfig model = model_preset("tiny");
+  // A Hugging Face Llama directory the run starts from: its shape (only
+  // context may differ), its weights, and by default its tokenizer.
+  std::string init_from;
   DataConfig data;
   InnerConfig inner;
   OuterConfig outer;

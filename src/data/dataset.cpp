@@ -36,8 +36,8 @@ torch::Tensor to_tensor(const std::vector<uint16_t>& ids) {
 
 std::unique_ptr<Tokenizer> build_tokenizer(const DataConfig& c, const std::string& text) {
   if (c.tokenizer == "char") return make_char_tokenizer(text);
-  if (c.tokenizer == "bpe") return train_bpe_tokenizer(c.path, c.vocab_size);
-  return load_sentencepiece(c.tokenizer);
+  if (c.tokenizer == "bpe") return train_bpe_tokenizer({c.path}, c.vocab_size);
+  return open_tokenizer(c.tokenizer);
 }
 
 }  // namespace
@@ -56,7 +56,7 @@ Corpus load_corpus(const DataConfig& c, int64_t context, const std::string& run_
     } else if (c.tokenizer == "char" || c.tokenizer == "bpe") {
       corpus.tokenizer = make_id_tokenizer(c.vocab_size);
     } else {
-      corpus.tokenizer = load_sentencepiece(c.tokenizer);
+      corpus.tokenizer = open_tokenizer(c.tokenizer);
     }
     all = to_tensor(tokens);
   } else {
@@ -87,6 +87,16 @@ Corpus load_corpus(const DataConfig& c, int64_t context, const std::string& run_
         "corpus '{}' is too short: {} training and {} validation tokens, but one block needs {}", c.path,
         corpus.train.numel(), corpus.val.numel(), need));
   return corpus;
+}
+
+ModelConfig with_vocabulary(ModelConfig model, const Tokenizer& tokenizer) {
+  if (model.vocab_size == 0) {
+    model.vocab_size = tokenizer.vocab_size();
+  } else if (tokenizer.vocab_size() > model.vocab_size) {
+    throw std::invalid_argument(fmt::format("the tokenizer's {} tokens do not fit the model's vocabulary of {}",
+                                            tokenizer.vocab_size(), model.vocab_size));
+  }
+  return model;
 }
 
 WindowSampler::WindowSampler(torch::Tensor tokens, int64_t context, uint64_t seed)

@@ -22,6 +22,10 @@ struct Corpus {
 // Throws std::runtime_error / std::invalid_argument with one-line reasons.
 Corpus load_corpus(const DataConfig& config, int64_t context, const std::string& run_dir);
 
+// The model's vocabulary: the tokenizer's where the model does not fix one
+// (an imported model may have more rows than its tokenizer has tokens; never fewer).
+ModelConfig with_vocabulary(ModelConfig model, const Tokenizer& tokenizer);
+
 struct Batch {
   torch::Tensor inputs, targets;  // [B, T] int64
 };

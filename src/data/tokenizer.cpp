@@ -7,6 +7,7 @@
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 #include <dlfcn.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "data/spm_module.h"
@@ -16,6 +17,30 @@
 namespace noloco {
 
 namespace {
+
+constexpr const char* kOwnDescription = "tokenizer.json";    // in run and checkpoint directories
+constexpr const char* kHfDescription = "noloco_tokenizer.json";  // in exported directories
+
+// GPT-2's byte-to-character table, the one the tokenizers library's
+// ByteLevel pre-tokenizer uses: printable bytes stand for themselves, the
+// others for U+0100 onwards. Returned as UTF-8.
+std::string byte_level_char(uint8_t b) {
+  const bool printable = (b >= 33 && b <= 126) || (b >= 161 && b <= 172) || b >= 174;
+  uint32_t cp = b;
+  if (!printable) {
+    cp = 256;
+    for (int other = 0; other < b; ++other)
+      if (!((other >= 33 && other <= 126) || (other >= 161 && other <= 172) || other >= 174)) ++cp;
+  }
+  std::string out;
+  if (cp < 0x80) {
+    out.push_back(char(cp));
+  } else {
+    out.push_back(char(0xc0 | (cp >> 6)));
+    out.push_back(char(0x80 | (cp & 0x3f)));
+  }
+  return out;
+}
 
 class CharTokenizer : public Tokenizer {
  public:
@@ -41,14 +66,44 @@ class CharTokenizer : public Tokenizer {
     for (auto id : ids) s.push_back(id >= 0 && id < int32_t(chars_.size()) ? chars_[size_t(id)] : '?');
     return s;
   }
-  void save(const std::string& dir) const override {
-    // Store as byte values: the vocabulary need not be valid UTF-8.
-    std::vector<int> bytes(chars_.begin(), chars_.end());
-    for (auto& b : bytes) b = uint8_t(b);
-    write_json_atomic(dir + "/tokenizer.json", {{"type", "char"}, {"bytes", bytes}});
+  void save(const std::string& dir) const override { write_json_atomic(dir + "/" + kOwnDescription, description()); }
+  void save_hf(const std::string& dir) const override {
+    write_json_atomic(dir + "/" + kHfDescription, description());
+    // A BPE without merges over byte-level characters maps each byte to its id.
+    nlohmann::json vocab = nlohmann::json::object();
+    for (size_t i = 0; i < chars_.size(); ++i) vocab[byte_level_char(uint8_t(chars_[i]))] = i;
+    const nlohmann::json byte_level = {
+        {"type", "ByteLevel"}, {"add_prefix_space", false}, {"trim_offsets", false}, {"use_regex", false}};
+    write_json_atomic(dir + "/tokenizer.json",
+                      {{"version", "1.0"},
+                       {"truncation", nullptr},
+                       {"padding", nullptr},
+                       {"added_tokens", nlohmann::json::array()},
+                       {"normalizer", nullptr},
+                       {"pre_tokenizer", byte_level},
+                       {"post_processor", nullptr},
+                       {"decoder", byte_level},
+                       {"model",
+                        {{"type", "BPE"},
+                         {"dropout", nullptr},
+                         {"unk_token", nullptr},
+                         {"continuing_subword_prefix", nullptr},
+                         {"end_of_word_suffix", nullptr},
+                         {"fuse_unk", false},
+                         {"byte_fallback", false},
+                         {"vocab", vocab},
+                         {"merges", nlohmann::json::array()}}}});
+    write_json_atomic(dir + "/tokenizer_config.json",
+                      {{"tokenizer_class", "PreTrainedTokenizerFast"}, {"clean_up_tokenization_spaces", false}});
   }
 
  private:
+  nlohmann::json description() const {
+    // Byte values: the vocabulary need not be valid UTF-8.
+    std::vector<int> bytes(chars_.begin(), chars_.end());
+    for (auto& b : bytes) b = uint8_t(b);
+    return {{"type", "char"}, {"bytes", bytes}};
+  }
   std::string chars_;
   std::array<int32_t, 256> index_{};
 };
@@ -125,7 +180,20 @@ class SentencePieceTokenizer : public Tokenizer {
   }
   void save(const std::string& dir) const override {
     write_file_atomic(dir + "/tokenizer.model", serialized_);
-    write_json_atomic(dir + "/tokenizer.json", {{"type", "sentencepiece"}, {"model", "tokenizer.model"}});
+    write_json_atomic(dir + "/" + kOwnDescription, {{"type", "sentencepiece"}, {"model", "tokenizer.model"}});
+  }
+  void save_hf(const std::string& dir) const override {
+    write_file_atomic(dir + "/tokenizer.model", serialized_);
+    // Text is encoded as noloco trained on it: no BOS/EOS added. The special
+    // pieces are sentencepiece's (and Llama's) defaults.
+    write_json_atomic(dir + "/tokenizer_config.json", {{"tokenizer_class", "LlamaTokenizer"},
+                                                       {"add_bos_token", false},
+                                                       {"add_eos_token", false},
+                                                       {"unk_token", "<unk>"},
+                                                       {"bos_token", "<s>"},
+                                                       {"eos_token", "</s>"},
+                                                       {"legacy", true},
+                                                       {"clean_up_tokenization_spaces", false}});
   }
 
  private:
@@ -163,7 +231,10 @@ class IdTokenizer : public Tokenizer {
     return s;
   }
   void save(const std::string& dir) const override {
-    write_json_atomic(dir + "/tokenizer.json", {{"type", "ids"}, {"vocab_size", vocab_}});
+    write_json_atomic(dir + "/" + kOwnDescription, {{"type", "ids"}, {"vocab_size", vocab_}});
+  }
+  void save_hf(const std::string& dir) const override {
+    write_json_atomic(dir + "/" + kHfDescription, {{"type", "ids"}, {"vocab_size", vocab_}});
   }
 
  private:
@@ -182,13 +253,21 @@ std::unique_ptr<Tokenizer> make_char_tokenizer(const std::string& text) {
   return std::make_unique<CharTokenizer>(chars);
 }
 
-std::unique_ptr<Tokenizer> train_bpe_tokenizer(const std::string& text_path, int64_t vocab_size) {
+std::unique_ptr<Tokenizer> train_bpe_tokenizer(const std::vector<std::string>& text_paths, int64_t vocab_size) {
+  std::string inputs;
+  for (const auto& path : text_paths) {
+    if (path.find(',') != std::string::npos)
+      throw std::invalid_argument(fmt::format("cannot train a tokenizer on '{}': sentencepiece lists its inputs "
+                                              "comma-separated, so the file name must not contain a comma", path));
+    inputs += (inputs.empty() ? "" : ",") + path;
+  }
   std::string serialized, error;
   const std::string args = fmt::format(
       "--input={} --model_type=bpe --vocab_size={} --character_coverage=1.0 "
       "--byte_fallback=true --split_digits=true --num_threads=2 --minloglevel=2 "
-      "--remove_extra_whitespaces=false --normalization_rule_name=identity",
-      text_path, vocab_size);
+      "--remove_extra_whitespaces=false --normalization_rule_name=identity "
+      "--input_sentence_size=1000000 --shuffle_input_sentence=true",
+      inputs, vocab_size);
   if (SpmApi::get().train(&args, &serialized, &error) != 0)
     throw std::runtime_error("training the BPE tokenizer failed: " + error);
   return std::make_unique<SentencePieceTokenizer>(serialized);
@@ -198,24 +277,32 @@ std::unique_ptr<Tokenizer> load_sentencepiece(const std::string& model_path) {
   return std::make_unique<SentencePieceTokenizer>(read_file(model_path));
 }
 
+std::unique_ptr<Tokenizer> open_tokenizer(const std::string& path) {
+  struct stat st {};
+  if (::stat(path.c_str(), &st) == 0 && S_ISDIR(st.st_mode)) return load_tokenizer(path);
+  return load_sentencepiece(path);
+}
+
 std::unique_ptr<Tokenizer> make_id_tokenizer(int64_t vocab_size) {
   if (vocab_size <= 0) throw std::invalid_argument("vocab_size must be set for pre-tokenized data");
   return std::make_unique<IdTokenizer>(vocab_size);
 }
 
-std::unique_ptr<Tokenizer> load_tokenizer(const std::string& dir) {
-  const auto j = read_json(dir + "/tokenizer.json");
+namespace {
+
+std::unique_ptr<Tokenizer> described_tokenizer(const std::string& dir, const std::string& file,
+                                               const nlohmann::json& j) {
+  const auto where = dir + "/" + file;
   const auto type = j.value("type", "");
   if (type == "char") {
     std::string chars;
     std::array<bool, 256> seen{};
     const auto& bytes = j.value("bytes", nlohmann::json());
     if (!bytes.is_array() || bytes.empty())
-      throw std::runtime_error(fmt::format("{}/tokenizer.json: 'bytes' must be a non-empty list", dir));
+      throw std::runtime_error(fmt::format("{}: 'bytes' must be a non-empty list", where));
     for (auto& b : bytes) {
       if (!b.is_number_integer() || b.get<int64_t>() < 0 || b.get<int64_t>() > 255 || seen[size_t(b.get<int64_t>())])
-        throw std::runtime_error(
-            fmt::format("{}/tokenizer.json: {} is not a new byte value (0..255)", dir, b.dump()));
+        throw std::runtime_error(fmt::format("{}: {} is not a new byte value (0..255)", where, b.dump()));
       seen[size_t(b.get<int64_t>())] = true;
       chars.push_back(char(b.get<int>()));
     }
@@ -225,10 +312,28 @@ std::unique_ptr<Tokenizer> load_tokenizer(const std::string& dir) {
   if (type == "ids") {
     const auto& v = j.value("vocab_size", nlohmann::json());
     if (!v.is_number_integer() || v.get<int64_t>() < 1 || v.get<int64_t>() > 65536)
-      throw std::runtime_error(fmt::format("{}/tokenizer.json: vocab_size must be in [1, 65536]", dir));
+      throw std::runtime_error(fmt::format("{}: vocab_size must be in [1, 65536]", where));
     return make_id_tokenizer(v.get<int64_t>());
   }
-  throw std::runtime_error(fmt::format("{}/tokenizer.json: unknown tokenizer type '{}'", dir, type));
+  throw std::runtime_error(fmt::format("{}: unknown tokenizer type '{}'", where, type));
+}
+
+bool exists(const std::string& path) { return ::access(path.c_str(), F_OK) == 0; }
+
+}  // namespace
+
+std::unique_ptr<Tokenizer> load_tokenizer(const std::string& dir) {
+  if (exists(dir + "/" + kHfDescription))
+    return described_tokenizer(dir, kHfDescription, read_json(dir + "/" + kHfDescription));
+  // A Hugging Face directory's tokenizer.json is the tokenizers library's
+  // (no "type" at the top), not ours.
+  if (exists(dir + "/" + kOwnDescription)) {
+    const auto j = read_json(dir + "/" + kOwnDescription);
+    if (j.is_object() && j.contains("type")) return described_tokenizer(dir, kOwnDescription, j);
+  }
+  if (exists(dir + "/tokenizer.model")) return load_sentencepiece(dir + "/tokenizer.model");
+  throw std::runtime_error(fmt::format(
+      "{} holds no tokenizer noloco reads (a sentencepiece tokenizer.model, or noloco's own tokenizer.json)", dir));
 }
 
 }  // namespace noloco

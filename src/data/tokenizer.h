@@ -17,16 +17,27 @@ class Tokenizer {
   virtual std::vector<int32_t> encode(const std::string& text) const = 0;
   virtual std::string decode(const std::vector<int32_t>& ids) const = 0;
   virtual void save(const std::string& dir) const = 0;
+  // The tokenizer files of a Hugging Face model directory: tokenizer.model and
+  // tokenizer_config.json for sentencepiece; for the char and id vocabularies,
+  // which transformers has no class for, noloco_tokenizer.json (what save()
+  // writes, read back by load_tokenizer), and for char also a byte-level
+  // tokenizer.json that PreTrainedTokenizerFast loads.
+  virtual void save_hf(const std::string& dir) const = 0;
 };
 
 // Byte-level vocabulary of the bytes that occur in `text`, sorted (as nanoGPT's char model).
 std::unique_ptr<Tokenizer> make_char_tokenizer(const std::string& text);
-// Trains a sentencepiece BPE model on the file; the model is kept in memory.
-std::unique_ptr<Tokenizer> train_bpe_tokenizer(const std::string& text_path, int64_t vocab_size);
+// Trains a sentencepiece BPE model on the files (on a sample of a million
+// lines where they hold more); the model is kept in memory.
+std::unique_ptr<Tokenizer> train_bpe_tokenizer(const std::vector<std::string>& text_paths, int64_t vocab_size);
 std::unique_ptr<Tokenizer> load_sentencepiece(const std::string& model_path);
+// `path` as the tokenizer= key names one: a sentencepiece .model file, or a
+// directory holding a tokenizer (see load_tokenizer).
+std::unique_ptr<Tokenizer> open_tokenizer(const std::string& path);
 // For pre-tokenized data without a tokenizer: ids are printed as numbers.
 std::unique_ptr<Tokenizer> make_id_tokenizer(int64_t vocab_size);
-// Loads what Tokenizer::save wrote into `dir`.
+// The tokenizer of a run, checkpoint or Hugging Face directory: what
+// Tokenizer::save or save_hf wrote, or a tokenizer.model.
 std::unique_ptr<Tokenizer> load_tokenizer(const std::string& dir);
 
 }  // namespace noloco

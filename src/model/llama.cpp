@@ -36,21 +36,25 @@ static nn::Linear linear(int64_t in, int64_t out) {
   return nn::Linear(nn::LinearOptions(in, out).bias(false));
 }
 
-AttentionImpl::AttentionImpl(const ModelConfig& c) : heads(c.heads), head_dim(c.head_dim()) {
+AttentionImpl::AttentionImpl(const ModelConfig& c)
+    : heads(c.heads), kv_heads(c.key_value_heads()), head_dim(c.head_dim()) {
   q_proj = register_module("q_proj", linear(c.hidden, c.hidden));
-  k_proj = register_module("k_proj", linear(c.hidden, c.hidden));
-  v_proj = register_module("v_proj", linear(c.hidden, c.hidden));
+  k_proj = register_module("k_proj", linear(c.hidden, kv_heads * head_dim));
+  v_proj = register_module("v_proj", linear(c.hidden, kv_heads * head_dim));
   o_proj = register_module("o_proj", linear(c.hidden, c.hidden));
 }
 
 torch::Tensor AttentionImpl::forward(const torch::Tensor& x, const RotaryTables& rope) {
   const auto B = x.size(0), T = x.size(1);
-  auto split = [&](const torch::Tensor& t) {
-    return t.view({B, T, heads, head_dim}).transpose(1, 2);
+  auto split = [&](const torch::Tensor& t, int64_t n) { return t.view({B, T, n, head_dim}).transpose(1, 2); };
+  // Grouped-query attention: each key/value head serves heads/kv_heads
+  // consecutive query heads (HF's repeat_kv).
+  auto share = [&](const torch::Tensor& t) {
+    return kv_heads == heads ? t : t.repeat_interleave(heads / kv_heads, 1);
   };
-  auto q = apply_rotary(split(q_proj(x)), rope);
-  auto k = apply_rotary(split(k_proj(x)), rope);
-  auto v = split(v_proj(x));
+  auto q = apply_rotary(split(q_proj(x), heads), rope);
+  auto k = share(apply_rotary(split(k_proj(x), kv_heads), rope));
+  auto v = share(split(v_proj(x), kv_heads));
   auto y = shim::causal_attention(q, k, v);
   return o_proj(y.transpose(1, 2).reshape({B, T, heads * head_dim}));
 }

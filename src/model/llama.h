@@ -31,7 +31,7 @@ struct AttentionImpl : torch::nn::Module {
   explicit AttentionImpl(const ModelConfig& c);
   torch::Tensor forward(const torch::Tensor& x, const RotaryTables& rope);
   torch::nn::Linear q_proj{nullptr}, k_proj{nullptr}, v_proj{nullptr}, o_proj{nullptr};
-  int64_t heads, head_dim;
+  int64_t heads, kv_heads, head_dim;
 };
 TORCH_MODULE(Attention);
 

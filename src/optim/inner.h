@@ -14,10 +14,9 @@
 
 #include "config/train_config.h"
 #include "optim/flat_params.h"
+#include "util/tensor_map.h"
 
 namespace noloco {
-
-using TensorMap = std::map<std::string, torch::Tensor>;
 
 // Linear warmup to `lr`, then cosine decay to `min_lr` at `decay_steps`, constant after.
 double learning_rate(const InnerConfig& c, int64_t step);

@@ -39,7 +39,7 @@ class PipelineStage final : public WorkerModel {
                 torch::Device device, PipelinePlace place, ActivationLink& link)
       : o_(options), data_(data), device_(device), place_(place), link_(link), random_(pipeline.routing == "random") {
     LlamaForCausalLM whole(arch);
-    init_weights(whole, o_.seed);
+    initialise_weights(whole, o_);
     const auto ranges = stage_layer_ranges(arch.layers, place.stages, pipeline.stage_layers);
     stage_ = StageModule(whole, ranges.at(size_t(place.stage)), place.first(), place.last());
     stage_->to(device);

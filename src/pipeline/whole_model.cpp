@@ -1,5 +1,6 @@
 #include "pipeline/worker_model.h"
 
+#include "model/hf_directory.h"
 #include "util/torch_shim.h"
 
 namespace noloco {
@@ -10,7 +11,7 @@ class WholeModel final : public WorkerModel {
  public:
   WholeModel(const ModelConfig& model, const StepOptions& options, StepData data, torch::Device device)
       : o_(options), data_(data), device_(device), model_(model) {
-    init_weights(model_, o_.seed);
+    initialise_weights(model_, o_);
     model_->to(device);
   }
 
@@ -51,6 +52,14 @@ class WholeModel final : public WorkerModel {
 };
 
 }  // namespace
+
+void initialise_weights(LlamaForCausalLM& model, const StepOptions& options) {
+  if (options.init_from.empty()) {
+    init_weights(model, options.seed);
+  } else {
+    load_hf_weights(model, options.init_from);
+  }
+}
 
 std::unique_ptr<WorkerModel> make_whole_model(const ModelConfig& model, const StepOptions& options, StepData data,
                                               torch::Device device) {

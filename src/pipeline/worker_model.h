@@ -4,6 +4,7 @@
 #pragma once
 #include <cmath>
 #include <memory>
+#include <string>
 
 #include <torch/torch.h>
 
@@ -42,7 +43,12 @@ struct StepOptions {
   int64_t eval_batches = 1;
   bool bf16 = false;   // CUDA autocast
   uint64_t seed = 0;   // weight initialisation
+  std::string init_from;  // or a Hugging Face directory's weights
 };
+
+// The weights a run starts from: HF's initialisation from options.seed, or
+// options.init_from's weights.
+void initialise_weights(LlamaForCausalLM& model, const StepOptions& options);
 
 // The unpipelined model, initialised from options.seed, on `device`.
 std::unique_ptr<WorkerModel> make_whole_model(const ModelConfig& model, const StepOptions& options, StepData data,

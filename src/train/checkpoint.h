@@ -15,13 +15,9 @@
 
 #include "config/model_config.h"
 #include "optim/inner.h"
+#include "util/tensor_file.h"
 
 namespace noloco {
-
-void save_tensors(const std::string& path, const TensorMap& tensors,
-                  const std::map<std::string, std::string>& metadata = {});
-// Throws std::runtime_error naming the file on anything malformed.
-TensorMap load_tensors(const std::string& path, std::map<std::string, std::string>* metadata = nullptr);
 
 struct Checkpoint {
   ModelConfig model;

@@ -3,7 +3,10 @@
 #include <filesystem>
 
 #include <fmt/format.h>
+#include <nlohmann/json.hpp>
 
+#include "data/tokenizer.h"
+#include "model/hf_directory.h"
 #include "train/checkpoint.h"
 #include "util/files.h"
 
@@ -11,18 +14,33 @@ namespace noloco {
 
 namespace fs = std::filesystem;
 
-void export_hf(const std::string& checkpoint, const std::string& hf_dir) {
+namespace {
+
+torch::ScalarType export_dtype(const std::string& name) {
+  if (name == "float32") return torch::kFloat32;
+  if (name == "bfloat16") return torch::kBFloat16;
+  if (name == "float16") return torch::kFloat16;
+  throw std::invalid_argument(fmt::format("dtype must be float32, bfloat16 or float16, got '{}'", name));
+}
+
+}  // namespace
+
+void export_hf(const std::string& checkpoint, const std::string& hf_dir, const ExportOptions& options) {
+  const auto dtype = export_dtype(options.dtype);
+  if (options.shard_bytes == 0) throw std::invalid_argument("shard_size must be positive");
   const auto path = find_checkpoint(checkpoint);
   if (path.empty()) throw std::runtime_error(fmt::format("no checkpoint found at '{}'", checkpoint));
   const auto ckpt = read_whole_model(path);
-  fs::create_directories(hf_dir);
+  const auto tokenizer = load_tokenizer(path);
   // Our parameter names are already LlamaForCausalLM's.
-  save_tensors(hf_dir + "/model.safetensors", ckpt.weights, {{"format", "pt"}});
-  write_json_atomic(hf_dir + "/config.json", ckpt.model.to_hf_json());
-  for (auto f : {"tokenizer.json", "tokenizer.model"}) {
-    const fs::path src = fs::path(path) / f;
-    if (fs::exists(src)) fs::copy_file(src, fs::path(hf_dir) / f, fs::copy_options::overwrite_existing);
-  }
+  write_hf_weights(hf_dir, ckpt.weights, options.shard_bytes, dtype);
+  auto config = ckpt.model.to_hf_json();
+  config["torch_dtype"] = options.dtype;
+  write_json_atomic(hf_dir + "/config.json", config);
+  // An earlier export's tokenizer files would describe another vocabulary.
+  for (auto f : {"tokenizer.json", "tokenizer.model", "tokenizer_config.json", "noloco_tokenizer.json"})
+    fs::remove(fs::path(hf_dir) / f);
+  tokenizer->save_hf(hf_dir);
 }
 
 }  // namespace noloco

@@ -65,7 +65,8 @@ nlohmann::json record(int64_t step, const char* split, const WorkerInfo& w, nloh
 
 std::unique_ptr<WorkerModel> make_worker_model(const TrainConfig& c, const ModelConfig& model, StepData data,
                                                torch::Device device, const WorkerInfo& w) {
-  const StepOptions options{c.inner.batch, c.inner.grad_accum, c.eval.batches, c.run.precision == "bf16", c.run.seed};
+  const StepOptions options{c.inner.batch, c.inner.grad_accum, c.eval.batches, c.run.precision == "bf16",
+                            c.run.seed, c.init_from};
   if (w.stages == 1) return make_whole_model(model, options, data, device);
   return make_pipeline_stage(model, c.pipeline, options, data, device, {w.replica, w.replicas, w.stage, w.stages},
                              *w.link);
@@ -180,7 +181,8 @@ int64_t restore(const TrainConfig& c, const WorkerInfo& w, Checkpointer& checkpo
 
 void announce(const TrainConfig& c, const ModelConfig& arch, const Corpus& corpus, const torch::Device& device,
               const WorkerInfo& w, const std::string& out) {
-  spdlog::info("{} model, {} parameters, {} training FLOPs/token, vocab {} ({}), {} train / {} val tokens", c.preset,
+  spdlog::info("{} model, {} parameters, {} training FLOPs/token, vocab {} ({}), {} train / {} val tokens",
+               c.init_from.empty() ? c.preset : c.init_from,
                format_count(double(arch.num_params())), format_count(arch.train_flops_per_token()), arch.vocab_size,
                corpus.tokenizer->kind(), format_count(double(corpus.train.numel())),
                format_count(double(corpus.val.numel())));
@@ -211,8 +213,7 @@ nlohmann::json train(const TrainConfig& c, const WorkerInfo& w) {
   const torch::Device device = pick_device(c.run.device);
 
   const Corpus corpus = load_corpus(c.data, c.model.context, out);
-  ModelConfig arch = c.model;
-  arch.vocab_size = corpus.tokenizer->vocab_size();
+  const ModelConfig arch = with_vocabulary(c.model, *corpus.tokenizer);
   if (w.rank == 0) write_file_atomic(out + "/config.yaml", c.to_yaml());
   if (lead) announce(c, arch, corpus, device, w, out);
 

@@ -55,4 +55,25 @@ double parse_bit_rate(const std::string& key, const std::string& text) {
   return rate;
 }
 
+uint64_t parse_byte_size(const std::string& key, const std::string& text) {
+  size_t digits = 0;
+  while (digits < text.size() && (std::isdigit(static_cast<unsigned char>(text[digits])) || text[digits] == '.'))
+    ++digits;
+  const std::string unit = text.substr(digits);
+  const double factor = unit.empty() || unit == "B" ? 1
+                        : unit == "KB"             ? 1e3
+                        : unit == "MB"             ? 1e6
+                        : unit == "GB"             ? 1e9
+                        : unit == "KiB"            ? 1024.0
+                        : unit == "MiB"            ? 1048576.0
+                        : unit == "GiB"            ? 1073741824.0
+                                                   : 0;
+  if (digits == 0 || factor == 0)
+    throw std::invalid_argument(
+        fmt::format("{}: '{}' is not a size (a number with B, KB, MB, GB, KiB, MiB or GiB, e.g. 2GB)", key, text));
+  const double bytes = parse_real(key, text.substr(0, digits)) * factor;
+  if (!(bytes >= 1 && bytes < 1e18)) throw std::invalid_argument(fmt::format("{}: '{}' is out of range", key, text));
+  return uint64_t(bytes);
+}
+
 }  // namespace noloco

@@ -16,4 +16,8 @@ double parse_non_negative(const std::string& key, const std::string& text);
 // per second, between 100 kbit/s and 100 gbit/s.
 double parse_bit_rate(const std::string& key, const std::string& text);
 
+// A size in bytes as Hugging Face writes shard sizes: "2GB" (10^9), "500MB",
+// "4GiB" (2^30), "100KB", or a plain byte count; at least 1.
+uint64_t parse_byte_size(const std::string& key, const std::string& text);
+
 }  // namespace noloco
