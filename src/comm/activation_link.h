@@ -1,6 +1,7 @@
 // Point-to-point transport of pipeline activations and their gradients
 // between the stages of different replicas, over its own Gloo process group.
 #pragma once
+#include <algorithm>
 #include <chrono>
 #include <functional>
 #include <map>
@@ -43,6 +44,10 @@ class ActivationLink {
   void finish_sends();
 
   const PipelineStats& stats() const { return stats_; }
+  // The stage reports how many micro-batches it holds, for PipelineStats.
+  void note_micro_batches_held(int64_t held) {
+    stats_.peak_micro_batches_held = std::max(stats_.peak_micro_batches_held, held);
+  }
 
  private:
   int next_tag(std::map<int, int64_t>& counters, int peer);

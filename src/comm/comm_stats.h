@@ -30,6 +30,10 @@ struct PipelineStats {
   double idle_seconds = 0;  // blocked waiting for activations or gradients (transfer included)
   int64_t messages = 0;
   uint64_t evaluation_bytes_sent = 0;
+  // The most micro-batches whose activations the stage held at once (its
+  // activation memory in units of one micro-batch): M under GPipe, at most
+  // stages - stage under 1F1B.
+  int64_t peak_micro_batches_held = 0;
 };
 
 }  // namespace noloco

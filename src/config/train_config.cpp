@@ -71,6 +71,9 @@ Options config_options(TrainConfig& c) {
       .add("stages", c.pipeline.stages, "pipeline stages per replica (replicas x stages workers)")
       .add("stage_layers", c.pipeline.stage_layers, "layers per stage, e.g. 3,5; empty: balanced")
       .add("routing", c.pipeline.routing, "random | fixed: routing of micro-batches between stage replicas")
+      .add("schedule", c.pipeline.schedule,
+           "gpipe | 1f1b: all forwards then all backwards, or one forward one backward (activation memory bounded "
+           "by stages, not micro-batches); the same gradients")
       .add("outer_interval", c.outer.interval, "H, inner steps per outer step; 0: 100 diloco, 50 noloco")
       .add("outer_momentum", c.outer.momentum, "alpha; <0: 0.3 diloco, 0.5 noloco")
       .add("outer_lr", c.outer.lr, "beta, outer learning rate")
@@ -211,6 +214,8 @@ void TrainConfig::validate() const {
   stage_layer_ranges(model.layers, pipeline.stages, pipeline.stage_layers);
   if (pipeline.routing != "random" && pipeline.routing != "fixed")
     invalid(fmt::format("routing must be random or fixed, got '{}'", pipeline.routing));
+  if (pipeline.schedule != "gpipe" && pipeline.schedule != "1f1b")
+    invalid(fmt::format("schedule must be gpipe or 1f1b, got '{}'", pipeline.schedule));
   non_negative("outer_interval", double(outer.interval));
   positive("outer_lr", outer.lr);
   if (outer.group_size < 2) invalid(fmt::format("group_size must be >= 2, got {}", outer.group_size));

@@ -79,6 +79,7 @@ struct PipelineConfig {
   int64_t stages = 1;
   std::string stage_layers;         // layer counts per stage, "3,5"; empty: balanced
   std::string routing = "random";  // random | fixed
+  std::string schedule = "gpipe";  // gpipe | 1f1b
 };
 
 struct EvalConfig {

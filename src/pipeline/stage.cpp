@@ -37,7 +37,8 @@ class PipelineStage final : public WorkerModel {
  public:
   PipelineStage(const ModelConfig& arch, const PipelineConfig& pipeline, const StepOptions& options, StepData data,
                 torch::Device device, PipelinePlace place, ActivationLink& link)
-      : o_(options), data_(data), device_(device), place_(place), link_(link), random_(pipeline.routing == "random") {
+      : o_(options), data_(data), device_(device), place_(place), link_(link), random_(pipeline.routing == "random"),
+        one_f_one_b_(pipeline.schedule == "1f1b") {
     LlamaForCausalLM whole(arch);
     initialise_weights(whole, o_);
     const auto ranges = stage_layer_ranges(arch.layers, place.stages, pipeline.stage_layers);
@@ -57,7 +58,7 @@ class PipelineStage final : public WorkerModel {
     const int s = place_.stage, d = place_.replica;
     std::vector<InFlight> flights(static_cast<size_t>(M));
     double loss_sum = 0;
-    for (int64_t m = 0; m < M; ++m) {
+    auto forward = [&](int64_t m) {
       auto& f = flights[size_t(m)];
       if (!place_.last()) f.to = route_permutation(o_.seed, step, m, s, place_.replicas, random_)[size_t(d)];
       if (place_.first()) {
@@ -84,10 +85,8 @@ class PipelineStage final : public WorkerModel {
         link_.send(place_.worker(f.to, s + 1), {MessageKind::activations, step, m, s, f.origin},
                    {f.output.to(torch::kFloat32), f.labels});
       }
-    }
-    // Backward in the same micro-batch order, so gradients accumulate in the
-    // order of the unpipelined run.
-    for (int64_t m = 0; m < M; ++m) {
+    };
+    auto backward = [&](int64_t m) {
       auto& f = flights[size_t(m)];
       if (place_.last()) {
         f.output.backward();
@@ -100,6 +99,19 @@ class PipelineStage final : public WorkerModel {
         link_.send(place_.worker(f.from, s - 1), {MessageKind::gradients, step, m, s - 1, f.origin},
                    {f.input.grad()});
       f = InFlight{};  // this micro-batch's activations are no longer needed
+    };
+    // Backward always in micro-batch order, so gradients accumulate in the
+    // order of the unpipelined run under either schedule. GPipe runs every
+    // forward first; 1F1B runs stages-1-s forwards ahead, then alternates, so
+    // stage s holds at most stages-s micro-batches' activations. Every worker
+    // of a stage follows the same order, so random routing cannot deadlock it.
+    const int64_t ahead = one_f_one_b_ ? std::min<int64_t>(place_.stages - 1 - s, M) : M;
+    int64_t forwards = 0;
+    while (forwards < ahead) forward(forwards++);
+    for (int64_t m = 0; m < M; ++m) {
+      if (forwards < M) forward(forwards++);
+      link_.note_micro_batches_held(forwards - m);
+      backward(m);
     }
     link_.finish_sends();
     return place_.last() ? loss_sum : std::nan("");
@@ -152,6 +164,7 @@ class PipelineStage final : public WorkerModel {
   PipelinePlace place_;
   ActivationLink& link_;
   bool random_;
+  bool one_f_one_b_;
   StageModule stage_{nullptr};
   int64_t evaluations_ = 0;
 };

@@ -52,7 +52,8 @@ void WorkerTraffic::add_to(nlohmann::json& j) const {
               {"stage", stage},
               {"activation_bytes_sent", pipeline->bytes_sent},
               {"activation_bytes_received", pipeline->bytes_received},
-              {"pipeline_idle_seconds", pipeline->idle_seconds}});
+              {"pipeline_idle_seconds", pipeline->idle_seconds},
+              {"peak_micro_batches_held", pipeline->peak_micro_batches_held}});
 }
 
 WorkerTraffic WorkerTraffic::from_json(const nlohmann::json& j) {
@@ -75,6 +76,7 @@ WorkerTraffic WorkerTraffic::from_json(const nlohmann::json& j) {
     p.bytes_sent = j.value("activation_bytes_sent", uint64_t(0));
     p.bytes_received = j.value("activation_bytes_received", uint64_t(0));
     p.idle_seconds = j.value("pipeline_idle_seconds", 0.0);
+    p.peak_micro_batches_held = j.value("peak_micro_batches_held", int64_t(0));
     t.pipeline = p;
   }
   return t;

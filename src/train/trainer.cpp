@@ -189,8 +189,8 @@ void announce(const TrainConfig& c, const ModelConfig& arch, const Corpus& corpu
   spdlog::info("method {}, {} replica(s), device {}, {} threads, run dir {}", c.outer.method, w.replicas, device.str(),
                torch::get_num_threads(), out);
   if (w.stages > 1)
-    spdlog::info("{} pipeline stages, {} routing, {} micro-batches per step (GPipe)", w.stages, c.pipeline.routing,
-                 c.inner.grad_accum);
+    spdlog::info("{} pipeline stages, {} routing, {} micro-batches per step ({})", w.stages, c.pipeline.routing,
+                 c.inner.grad_accum, c.pipeline.schedule == "1f1b" ? "1F1B" : "GPipe");
 }
 
 }  // namespace
