@@ -157,9 +157,12 @@ ModelConfig ModelConfig::from_hf_json(const nlohmann::json& j) {
   c.context = integer("max_position_embeddings", 2048);
   c.rope_theta = number("rope_theta", 10000.0);
   c.norm_eps = number("rms_norm_eps", 1e-6);
-  if (c.heads > 0 && c.hidden % c.heads == 0 && integer("head_dim", c.hidden / c.heads) != c.hidden / c.heads)
-    fail(fmt::format("head_dim {} differs from hidden_size/num_attention_heads = {}: not implemented",
-                     integer("head_dim", 0), c.hidden / c.heads));
+  if (c.heads > 0 && c.hidden % c.heads == 0) {
+    const int64_t head_dim = integer("head_dim", c.hidden / c.heads);
+    if (head_dim != c.hidden / c.heads)
+      fail(fmt::format("head_dim {} differs from hidden_size/num_attention_heads = {}: not implemented", head_dim,
+                       c.hidden / c.heads));
+  }
   if (c.intermediate <= 0) fail(fmt::format("intermediate_size must be positive, got {}", c.intermediate));
   c.validate();
   return c;

@@ -1,6 +1,5 @@
 #include "config/train_config.h"
 
-#include <fstream>
 #include <optional>
 #include <sstream>
 #include <stdexcept>
@@ -9,6 +8,7 @@
 #include <yaml-cpp/yaml.h>
 
 #include "config/options.h"
+#include "data/tokenizer.h"
 #include "util/files.h"
 #include "util/parse_number.h"
 
@@ -111,8 +111,6 @@ Options config_options(TrainConfig& c) {
   return o;
 }
 
-bool file_exists(const std::string& path) { return std::ifstream(path).good(); }
-
 // The model keys of a run with init_from must describe the imported model
 // (only the context, the training window, may differ); its tokenizer is the
 // directory's unless one is named.
@@ -132,9 +130,9 @@ void adopt_imported_model(TrainConfig& c, const ModelConfig& hf, bool tokenizer_
     invalid(fmt::format("context={} exceeds init_from {}'s max_position_embeddings ({})", c.model.context,
                         c.init_from, hf.context));
   if (tokenizer_given) return;
-  if (file_exists(c.init_from + "/tokenizer.model") || file_exists(c.init_from + "/noloco_tokenizer.json")) {
+  if (holds_tokenizer(c.init_from)) {
     c.data.tokenizer = c.init_from;
-  } else if (c.data.path.size() > 4 && c.data.path.compare(c.data.path.size() - 4, 4, ".bin") == 0) {
+  } else if (ends_with(c.data.path, ".bin")) {
     if (c.data.vocab_size == 0) c.data.vocab_size = hf.vocab_size;
   } else {
     invalid(fmt::format("init_from {} has no tokenizer.model: name one with tokenizer=, or train on tokens "

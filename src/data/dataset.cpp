@@ -1,7 +1,5 @@
 #include "data/dataset.h"
 
-#include <sys/stat.h>
-
 #include <filesystem>
 
 #include <fmt/format.h>
@@ -13,15 +11,6 @@
 namespace noloco {
 
 namespace {
-
-bool file_exists(const std::string& p) {
-  struct stat st {};
-  return ::stat(p.c_str(), &st) == 0;
-}
-
-bool ends_with(const std::string& s, const std::string& suffix) {
-  return s.size() >= suffix.size() && s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
-}
 
 torch::Tensor to_tensor(const std::vector<int32_t>& ids) {
   auto t = torch::empty({int64_t(ids.size())}, torch::kInt64);

@@ -318,22 +318,32 @@ std::unique_ptr<Tokenizer> described_tokenizer(const std::string& dir, const std
   throw std::runtime_error(fmt::format("{}: unknown tokenizer type '{}'", where, type));
 }
 
-bool exists(const std::string& path) { return ::access(path.c_str(), F_OK) == 0; }
+constexpr const char* kSentencePieceModel = "tokenizer.model";
+
+// The file of `dir` that load_tokenizer reads, in its order of preference; empty if none.
+std::string tokenizer_file(const std::string& dir) {
+  if (file_exists(dir + "/" + kHfDescription)) return kHfDescription;
+  // A Hugging Face directory's tokenizer.json is the tokenizers library's
+  // (no "type" at the top), not ours.
+  if (file_exists(dir + "/" + kOwnDescription)) {
+    const auto j = read_json(dir + "/" + kOwnDescription);
+    if (j.is_object() && j.contains("type")) return kOwnDescription;
+  }
+  if (file_exists(dir + "/" + kSentencePieceModel)) return kSentencePieceModel;
+  return "";
+}
 
 }  // namespace
 
+bool holds_tokenizer(const std::string& dir) { return !tokenizer_file(dir).empty(); }
+
 std::unique_ptr<Tokenizer> load_tokenizer(const std::string& dir) {
-  if (exists(dir + "/" + kHfDescription))
-    return described_tokenizer(dir, kHfDescription, read_json(dir + "/" + kHfDescription));
-  // A Hugging Face directory's tokenizer.json is the tokenizers library's
-  // (no "type" at the top), not ours.
-  if (exists(dir + "/" + kOwnDescription)) {
-    const auto j = read_json(dir + "/" + kOwnDescription);
-    if (j.is_object() && j.contains("type")) return described_tokenizer(dir, kOwnDescription, j);
-  }
-  if (exists(dir + "/tokenizer.model")) return load_sentencepiece(dir + "/tokenizer.model");
-  throw std::runtime_error(fmt::format(
-      "{} holds no tokenizer noloco reads (a sentencepiece tokenizer.model, or noloco's own tokenizer.json)", dir));
+  const auto file = tokenizer_file(dir);
+  if (file.empty())
+    throw std::runtime_error(fmt::format(
+        "{} holds no tokenizer noloco reads (a sentencepiece tokenizer.model, or noloco's own tokenizer.json)", dir));
+  if (file == kSentencePieceModel) return load_sentencepiece(dir + "/" + file);
+  return described_tokenizer(dir, file, read_json(dir + "/" + file));
 }
 
 }  // namespace noloco

@@ -39,5 +39,7 @@ std::unique_ptr<Tokenizer> make_id_tokenizer(int64_t vocab_size);
 // The tokenizer of a run, checkpoint or Hugging Face directory: what
 // Tokenizer::save or save_hf wrote, or a tokenizer.model.
 std::unique_ptr<Tokenizer> load_tokenizer(const std::string& dir);
+// Whether `dir` holds a tokenizer load_tokenizer reads.
+bool holds_tokenizer(const std::string& dir);
 
 }  // namespace noloco

@@ -13,6 +13,8 @@ std::string read_file(const std::string& path);
 // crash leaves either the old file or the new one, never a torn one.
 void write_file_atomic(const std::string& path, std::string_view bytes);
 nlohmann::json read_json(const std::string& path);
+bool file_exists(const std::string& path);
+bool ends_with(std::string_view text, std::string_view suffix);
 void write_json_atomic(const std::string& path, const nlohmann::json& j);
 
 }  // namespace noloco

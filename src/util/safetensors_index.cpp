@@ -6,6 +6,8 @@
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
+#include "util/files.h"
+
 namespace noloco {
 
 namespace {
@@ -16,8 +18,7 @@ namespace {
 
 bool plain_shard_name(const std::string& f) {
   const std::string suffix = ".safetensors";
-  return f.size() > suffix.size() && f.compare(f.size() - suffix.size(), suffix.size(), suffix) == 0 &&
-         f.find('/') == std::string::npos && f.find('\\') == std::string::npos && f[0] != '.';
+  return f.size() > suffix.size() && ends_with(f, suffix) && f.find('/') == std::string::npos && f.find('\\') == std::string::npos && f[0] != '.';
 }
 
 }  // namespace
