@@ -65,6 +65,13 @@ TEST(Config, BrokenYaml) { EXPECT_NE(error_of("lr: [1, 2\n", {}).find("not valid
 TEST(Config, MoreStagesThanLayers) { EXPECT_NE(error_of("layers: 2\n", {"stages=3"}).find("stages must be in [1, layers=2]"), std::string::npos); }
 TEST(Config, StageLayersMustCoverTheModel) { EXPECT_NE(error_of("layers: 4\n", {"stages=2", "stage_layers=1,2"}).find("summing to layers=4"), std::string::npos); }
 TEST(Config, RestartsOnlyForNoLoCo) { EXPECT_NE(error_of("", {"method=ddp", "restarts=1"}).find("restarts needs method=noloco"), std::string::npos); }
+TEST(Config, PipelinedRestartsNeedRandomRouting) {
+  const std::vector<std::string> base{"method=noloco", "restarts=1", "layers=2", "stages=2"};
+  EXPECT_NO_THROW(parse_config("", base));
+  auto fixed = base;
+  fixed.push_back("routing=fixed");
+  EXPECT_NE(error_of("", fixed).find("routing=random with pipeline stages"), std::string::npos) << error_of("", fixed);
+}
 TEST(Config, CrashPlanModes) {
   const auto plan = parse_crash_plan(parse_config("", {"inject_crash=1:5,2:6:checkpoint,3:7:freeze"}).run.inject_crash);
   ASSERT_EQ(plan.size(), 3u);

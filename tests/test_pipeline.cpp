@@ -2,6 +2,9 @@
 // transport's checks, and pipelined runs against unpipelined references.
 #include <gtest/gtest.h>
 
+#include <future>
+#include <optional>
+
 #include <fmt/format.h>
 
 #include <algorithm>
@@ -22,6 +25,7 @@
 
 using namespace noloco;
 using noloco::testing::metrics_records;
+using noloco::testing::small_train_args;
 
 TEST(Routing, EveryBoundaryIsABijectionWithAMatchingInverse) {
   int not_identity = 0;
@@ -58,16 +62,67 @@ TEST(Routing, FixedRoutingIsTheIdentity) {
     EXPECT_EQ(route_permutation(1, step, 0, 0, 4, false), (std::vector<int>{0, 1, 2, 3}));
 }
 
-TEST(Routing, OriginFollowsTheForwardRoutesBack) {
+TEST(Routing, LiveRoutesAreThePermutationsWhileEveryWorkerIsLive) {
   const int replicas = 5, stages = 4;
-  for (int64_t micro = 0; micro < 4; ++micro)
+  const LiveReplicas all(stages, {0, 1, 2, 3, 4});
+  for (int64_t micro = 0; micro < 4; ++micro) {
+    const auto routes = live_routes(99, 11, micro, replicas, all, true);
+    ASSERT_EQ(routes.size(), size_t(replicas));
     for (int start = 0; start < replicas; ++start) {
+      EXPECT_EQ(routes[size_t(start)].origin, start);
       int at = start;
-      for (int stage = 1; stage < stages; ++stage) {
-        at = route_permutation(99, 11, micro, stage - 1, replicas, true)[size_t(at)];
-        EXPECT_EQ(micro_batch_origin(99, 11, micro, stage, at, replicas, true), start);
+      for (int stage = 0; stage < stages; ++stage) {
+        if (stage > 0) at = route_permutation(99, 11, micro, stage - 1, replicas, true)[size_t(at)];
+        EXPECT_EQ(routes[size_t(start)].replica[size_t(stage)], at);
       }
     }
+  }
+}
+
+TEST(Routing, LiveRoutesGoAroundLostWorkersAndSpreadTheirShare) {
+  // Replica 2 of stage 1 and replica 0 of stage 2 are lost; stage 0 has all four.
+  const int replicas = 4;
+  const LiveReplicas live{{0, 1, 2, 3}, {0, 1, 3}, {1, 2, 3}};
+  std::map<int, int> stand_ins;  // stage-1 replica -> micro-batches it took for position 2
+  for (int64_t step = 0; step < 30; ++step)
+    for (int64_t micro = 0; micro < 4; ++micro) {
+      const auto routes = live_routes(5, step, micro, replicas, live, true);
+      ASSERT_EQ(routes.size(), 4u) << "one route per live first-stage replica";
+      ASSERT_EQ(live_routes(5, step, micro, replicas, live, true)[1].replica, routes[1].replica) << "pure function";
+      std::map<int, int> load;
+      for (const auto& r : routes) {
+        EXPECT_EQ(r.replica[0], r.origin);
+        EXPECT_NE(r.replica[1], 2) << "never routed to a lost worker";
+        EXPECT_NE(r.replica[2], 0);
+        load[r.replica[1]] += 1;
+      }
+      int total = 0;
+      for (auto [replica, n] : load) total += n;
+      EXPECT_EQ(total, 4);
+      // The position replica 2 would have served at stage 1:
+      const auto perm = route_permutation(5, step, micro, 0, replicas, true);
+      const int origin = invert_permutation(perm)[2];
+      stand_ins[routes[size_t(origin)].replica[1]] += 1;
+    }
+  EXPECT_EQ(stand_ins.size(), 3u) << "the lost worker's share spreads over every live worker of its stage";
+  for (auto [replica, n] : stand_ins) EXPECT_GT(n, 20) << "replica " << replica;
+  // A lost first-stage replica: its data is not trained on, nobody waits for it.
+  const auto routes = live_routes(5, 0, 0, replicas, {{0, 1, 3}, {0, 1, 2, 3}}, true);
+  ASSERT_EQ(routes.size(), 3u);
+  EXPECT_EQ(routes[2].origin, 3);
+  EXPECT_THROW(live_routes(5, 0, 0, replicas, {{0, 1}, {}}, true), std::runtime_error);
+}
+
+TEST(Routing, EvaluationRoutesFollowEachReplicasOwnPipeline) {
+  const LiveReplicas all(3, {0, 1, 2});
+  for (const auto& r : evaluation_routes(1, 3, all)) EXPECT_EQ(r.replica, std::vector<int>(3, r.origin));
+  const auto routes = evaluation_routes(1, 3, {{0, 2}, {0, 1, 2}, {1, 2}});
+  ASSERT_EQ(routes.size(), 2u) << "one per live last-stage replica";
+  EXPECT_EQ(routes[0].origin, 1);
+  EXPECT_NE(routes[0].replica[0], 1) << "a lost first stage is stood in for";
+  EXPECT_EQ((std::vector<int>{routes[0].replica[1], routes[0].replica[2]}), (std::vector<int>{1, 1}));
+  EXPECT_EQ(routes[1].replica, (std::vector<int>{2, 2, 2}));
+  EXPECT_EQ(evaluation_routes(1, 3, {{0, 2}, {0, 1, 2}, {1, 2}})[0].replica, routes[0].replica) << "stable";
 }
 
 TEST(Routing, StageLayerRanges) {
@@ -116,20 +171,33 @@ TEST(StageModule, StagesComposeToTheWholeModelAndPartitionItsParameters) {
   EXPECT_EQ(names, whole_names) << "stage parameters keep the whole model's (Hugging Face) names";
 }
 
-// Two ActivationLinks in one process (one thread each) over a real store.
+namespace {
+
+constexpr std::chrono::milliseconds kLinkTimeout{5000};
+
+// Stage `rank` of a one-replica, two-stage run on this machine; rank 0 hosts the store.
+WorkerEnv stage_env(int rank, int port) {
+  WorkerEnv env;
+  env.rank = rank;
+  env.world = 2;
+  env.master_port = port;
+  env.token = "pipeline-test";
+  return env;
+}
+
+}  // namespace
+
+// Two ActivationLinks in one process (one thread each) over a real store:
+// the two stages of one replica.
 TEST(ActivationLink, RejectsAMessageThatTheRoutingDidNotAnnounce) {
   const int port = noloco::testing::free_port();
   std::string error;
   torch::Tensor received;
   auto worker = [&](int rank) {
-    WorkerEnv env;
-    env.rank = rank;
-    env.world = 2;
-    env.master_port = port;
-    env.token = "pipeline-test";
-    const auto timeout = std::chrono::milliseconds(5000);
-    const auto store = connect_store(env, timeout);
-    ActivationLink link(store, env, "127.0.0.1", timeout);
+    const auto env = stage_env(rank, port);
+    const auto store = connect_store(env, kLinkTimeout);
+    ActivationLink link(store, env, 2, 0, "127.0.0.1", kLinkTimeout);
+    ASSERT_EQ(link.enter("step/3").stages, (std::vector<std::vector<Peer>>{{{0, 0}}, {{0, 0}}}));
     const auto payload = torch::arange(6, torch::kFloat32);
     if (rank == 0) {
       link.send(1, {MessageKind::activations, 3, 1, 0, /*origin=*/1}, {payload});  // claims another origin
@@ -141,7 +209,7 @@ TEST(ActivationLink, RejectsAMessageThatTheRoutingDidNotAnnounce) {
       } catch (const std::exception& e) {
         error = e.what();
       }
-      link.recv(0, {MessageKind::activations, 3, 1, 0, 0}, in);
+      EXPECT_TRUE(link.recv(0, {MessageKind::activations, 3, 1, 0, 0}, in));
       received = in[0];
     }
   };
@@ -152,6 +220,54 @@ TEST(ActivationLink, RejectsAMessageThatTheRoutingDidNotAnnounce) {
   EXPECT_NE(error.find("data of replica 1, expected 0 (workers disagree on the routes)"), std::string::npos) << error;
   ASSERT_TRUE(received.defined());
   EXPECT_TRUE(torch::equal(received, torch::arange(6, torch::kFloat32)));
+}
+
+// A dropped micro-batch is announced, not awaited; a neighbour whose pair
+// fails (here: its group is torn down) is lost, and the next roster leaves it out.
+TEST(ActivationLink, DroppedNoticesAndALostNeighbour) {
+  const int port = noloco::testing::free_port();
+  std::promise<void> received_two, done;
+  auto second = received_two.get_future();
+  auto finished = done.get_future();
+  PipelineStats stats;
+  std::optional<Roster> next;
+  auto worker = [&](int rank) {
+    const auto env = stage_env(rank, port);
+    const auto store = connect_store(env, kLinkTimeout);  // rank 0 hosts it: kept to the end
+    {
+      ActivationLink link(store, env, 2, 0, "127.0.0.1", kLinkTimeout);
+      link.enter("step/0");
+      const auto payload = torch::arange(6, torch::kFloat32);
+      std::vector<torch::Tensor> in{torch::zeros({6})};
+      if (rank == 0) {
+        link.send_dropped(1, {MessageKind::activations, 0, 0, 0, 0});
+        link.send(1, {MessageKind::activations, 0, 1, 0, 0}, {payload});
+        link.finish_sends();
+        second.wait();
+      } else {
+        EXPECT_FALSE(link.recv(0, {MessageKind::activations, 0, 0, 0, 0}, in)) << "dropped upstream";
+        EXPECT_TRUE(link.recv(0, {MessageKind::activations, 0, 1, 0, 0}, in));
+        EXPECT_TRUE(torch::equal(in[0], payload));
+        received_two.set_value();
+        EXPECT_FALSE(link.recv(0, {MessageKind::activations, 0, 2, 0, 0}, in)) << "worker 0 is gone";
+        EXPECT_FALSE(link.recv(0, {MessageKind::activations, 0, 3, 0, 0}, in)) << "and stays lost";
+        link.send(0, {MessageKind::gradients, 0, 1, 0, 0}, {payload});  // to a lost worker: nothing is sent
+        link.finish_sends();
+        stats = link.stats();
+        next = link.enter("step/1");
+      }
+    }  // worker 0's link goes here: worker 1's pair with it fails
+    if (rank == 0) finished.wait();  // it hosts the store
+    else done.set_value();
+  };
+  std::thread b(worker, 1);
+  worker(0);
+  b.join();
+  EXPECT_EQ(stats.micro_batches_dropped, 3);
+  EXPECT_EQ(stats.peers_lost, 1);
+  ASSERT_TRUE(next);
+  EXPECT_TRUE(next->stages[0].empty()) << "the next step routes around worker 0";
+  EXPECT_EQ(next->stages[1], (std::vector<Peer>{{0, 0}}));
 }
 
 namespace {
@@ -297,4 +413,63 @@ TEST_F(Pipeline, OneForwardOneBackwardEqualsGPipeWithBoundedActivations) {
     EXPECT_EQ(held(gpipe), 5) << "worker " << worker;
     EXPECT_EQ(held(interleaved), 3 - stage) << "worker " << worker;
   }
+}
+
+// Issue 15: with random routing a stage worker killed mid-run is routed
+// around. The run finishes without it (exit 3: done, but not whole) with a
+// validation loss close to that of the run without the kill.
+TEST_F(Pipeline, RandomRoutingGoesAroundAKilledStageWorker) {
+  const std::string common =
+      "method=noloco replicas=4 stages=2 batch=2 grad_accum=2 steps=40 outer_interval=5 eval_interval=20";
+  const auto intact = run("intact", common);
+  auto r = noloco::testing::run_cli(
+      small_train_args(dir / "c.txt", dir / "killed") + " " + common + " inject_crash=3:12", run_timeout_s);
+  ASSERT_EQ(r.exit_code, 3) << r.output;
+  EXPECT_NE(r.output.find("finished with 7 of 8 workers"), std::string::npos) << r.output;
+  const auto a = read_json(intact + "/summary.json"), b = read_json(dir / "killed/summary.json");
+  const double reference = a["final_val_loss"].get<double>(), survived = b["final_val_loss"].get<double>();
+  EXPECT_NEAR(survived, reference, 0.02 * reference);
+  EXPECT_EQ(b["final_val_loss_replicas"].size(), 3u) << "the last stages of replicas 0, 2 and 3";
+  const auto trained = losses(dir / "killed", "train");
+  for (int d : {0, 2, 3}) EXPECT_EQ(trained.at(d).size(), 40u) << "replica " << d << " lost no step";
+  EXPECT_EQ(trained.at(1).size(), 12u);
+}
+
+// With restarts=1 the killed worker comes back: it takes its stage's state
+// from a live replica of that stage and is routed to again.
+TEST_F(Pipeline, AKilledStageWorkerRestartsAndRejoinsItsStage) {
+  const auto run_dir = run("rejoin", "method=noloco replicas=4 stages=2 batch=2 grad_accum=2 steps=40 outer_interval=5 "
+                                     "eval_interval=20 inject_crash=3:12 restarts=1");
+  const auto summary = read_json(run_dir + "/summary.json");
+  EXPECT_EQ(summary["replicas_finished"].size(), 8u);
+  EXPECT_TRUE(summary["replicas_failed"].empty());
+  ASSERT_EQ(summary["replicas_restarted"].size(), 1u);
+  EXPECT_EQ(summary["replicas_restarted"][0]["worker"], 3);
+  const auto worker = read_json(run_dir + "/summary_r3.json");
+  ASSERT_TRUE(worker.contains("rejoined_at_step")) << worker.dump();
+  const auto step = worker["rejoined_at_step"].get<int64_t>();
+  EXPECT_GT(step, 12) << "from a live replica, after the crash";
+  EXPECT_EQ(step % 5, 0) << "handed over after an outer step";
+  EXPECT_EQ(worker["rejoin_donor"].get<int>() == 1, false) << "a live replica of stage 1, not itself";
+  // Back in the routing: losses of replica 1's last stage after the rejoin.
+  const auto trained = losses(run_dir, "train");
+  size_t after = 0;
+  for (auto& [s, loss] : trained.at(1)) after += s > step;
+  EXPECT_GT(after, 0u) << "worker 3 computed losses again after rejoining at step " << step;
+  EXPECT_EQ(trained.at(1).rbegin()->first, 40);
+}
+
+// Fixed routing has nowhere else to send a lost worker's micro-batches, and
+// no routing goes around a stage that lost every worker.
+TEST_F(Pipeline, FixedRoutingOrAWholeLostStageStopsWithAClearError) {
+  const std::string common = "method=noloco replicas=2 stages=2 batch=2 steps=30 outer_interval=5";
+  auto r = noloco::testing::run_cli(
+      small_train_args(dir / "c.txt", dir / "fixed") + " " + common + " routing=fixed inject_crash=3:5", 120);
+  EXPECT_EQ(r.exit_code, 1) << r.output;
+  EXPECT_NE(r.output.find("worker 3 was killed by signal 9"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("with routing=fixed a pipeline has nowhere else to send"), std::string::npos) << r.output;
+  r = noloco::testing::run_cli(
+      small_train_args(dir / "c.txt", dir / "stage") + " " + common + " inject_crash=1:5,3:8", 120);
+  EXPECT_EQ(r.exit_code, 1) << r.output;
+  EXPECT_NE(r.output.find("pipeline stage 1 has no live worker left"), std::string::npos) << r.output;
 }

@@ -163,9 +163,10 @@ int run_train(const std::string& config_path, const std::vector<std::string>& ov
   plan.stages = stages;
   plan.method = cfg.outer.method;
   plan.comm = cfg.comm;
-  // A lost stage stalls every pipeline that routes through it, so only
-  // unpipelined NoLoCo (and independent replicas) carry on without a worker.
-  plan.keep_going_on_failure = (cfg.outer.method == "noloco" || cfg.outer.method == "none") && stages == 1;
+  // NoLoCo (and independent replicas) carry on without a worker; in a
+  // pipeline only random routing can send its micro-batches elsewhere.
+  plan.keep_going_on_failure = (cfg.outer.method == "noloco" || cfg.outer.method == "none") &&
+                               (stages == 1 || cfg.pipeline.routing == "random");
   const auto links = capped_links(cfg, plan.workers);
   plan.links = links.get();
   if (stages > 1)
@@ -180,12 +181,18 @@ int run_train(const std::string& config_path, const std::vector<std::string>& ov
                                      cfg.inner.grad_accum, exits, seconds);
   write_json_atomic(cfg.run.out + "/summary.json", summary.to_json());
   if (launched.signal) throw Interrupted(launched.signal);
+  if (!launched.stopped.empty()) throw std::runtime_error(launched.stopped);
   if (!plan.keep_going_on_failure && !summary.failed.empty()) {
     // Name the worker that failed first, not the ones stopped because of it.
     const auto first = std::min_element(exits.begin(), exits.end(), [](const WorkerExit& a, const WorkerExit& b) {
       return !a.ok() && (b.ok() || a.seconds < b.seconds);
     });
-    throw std::runtime_error(fmt::format("{} run failed: {}", cfg.outer.method, first->describe()));
+    const bool fixed_pipeline = stages > 1 && cfg.pipeline.routing == "fixed";
+    throw std::runtime_error(fmt::format(
+        "{} run failed: {}{}", cfg.outer.method, first->describe(),
+        fixed_pipeline ? "; with routing=fixed a pipeline has nowhere else to send a lost worker's micro-batches "
+                         "(routing=random goes around it)"
+                       : ""));
   }
   if (summary.finished.empty()) throw std::runtime_error("no worker finished; see the messages above");
   std::cout << "\n" << comparison_table({cfg.run.out});

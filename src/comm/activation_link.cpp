@@ -4,6 +4,7 @@
 #include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
 
 #include "util/error_text.h"
+#include "util/log.h"
 
 namespace noloco {
 
@@ -11,23 +12,78 @@ namespace {
 using Clock = std::chrono::steady_clock;
 }  // namespace
 
-ActivationLink::ActivationLink(const StorePtr& store, const WorkerEnv& env, const std::string& bind,
-                               std::chrono::milliseconds timeout)
-    : rank_(env.rank), timeout_(timeout), run_id_(run_id_of(env.token)) {
-  pg_ = join_gloo_group(store, env, "pipeline", env.rank, env.world, gloo_device(bind), timeout);
-}
+ActivationLink::ActivationLink(const StorePtr& store, const WorkerEnv& env, int stages, int incarnation,
+                               const std::string& bind, std::chrono::milliseconds timeout)
+    : store_(store),
+      env_(env),
+      stages_(stages),
+      self_{env.rank, incarnation},
+      bind_(bind),
+      timeout_(timeout),
+      run_id_(run_id_of(env.token)),
+      rosters_(store, env.token, stages, env.world / stages),
+      device_(gloo_device(bind)) {}
 
 ActivationLink::~ActivationLink() {
   try {
     finish_sends();
   } catch (const std::exception&) {
-    // a peer already gone: nothing left to deliver to
+    // nothing left to deliver to
   }
 }
 
-int ActivationLink::next_tag(std::map<int, int64_t>& counters, int peer) {
+const Roster& ActivationLink::enter(const std::string& name) {
+  roster_ = rosters_.snapshot(name);
+  std::vector<Peer> listed;  // global ranks, in rank order
+  for (int s = 0; s < stages_; ++s)
+    for (const auto& p : roster_->stages[size_t(s)]) listed.push_back({p.rank * stages_ + s, p.incarnation});
+  std::sort(listed.begin(), listed.end(), [](const Peer& a, const Peer& b) { return a.rank < b.rank; });
+  const auto me = std::find(listed.begin(), listed.end(), self_);
+  if (me == listed.end()) {
+    if (was_listed_)
+      throw std::runtime_error(fmt::format(
+          "worker {} was given up by its pipeline neighbours (roster {} leaves it out); it stops so that it can be "
+          "restarted",
+          self_.rank, name));
+    return *roster_;
+  }
+  was_listed_ = true;
+  const bool all_known = std::all_of(listed.begin(), listed.end(), [&](const Peer& p) {
+    return std::find(members_.begin(), members_.end(), p) != members_.end();
+  });
+  if (pg_ && all_known) return *roster_;
+  // Everyone listed reaches this roster (finishing the step before needs
+  // nothing of the step after), so forming the group here cannot deadlock.
+  finish_sends();
+  if (pg_) retired_.push_back(std::move(pg_));
+  pg_ = join_gloo_group(store_, env_, "pipeline/" + name, int(me - listed.begin()), int(listed.size()), device_,
+                        timeout_);
+  members_ = listed;
+  lost_.clear();
+  sent_to_.assign(listed.size(), 0);
+  received_from_.assign(listed.size(), 0);
+  return *roster_;
+}
+
+int ActivationLink::member_of(int peer) const {
+  if (lost_.count(peer)) return -1;
+  for (size_t i = 0; i < members_.size(); ++i)
+    if (members_[i].rank == peer) return int(i);
+  return -1;
+}
+
+void ActivationLink::lose(int peer, const std::string& why) {
+  const int member = member_of(peer);
+  if (member < 0) return;
+  spdlog::warn("lost pipeline worker {}: {}", peer, why);
+  lost_.insert(peer);
+  stats_.peers_lost += 1;
+  rosters_.declare_lost(peer % stages_, {peer / stages_, members_[size_t(member)].incarnation});
+}
+
+int ActivationLink::next_tag(std::vector<int64_t>& counters, int member) {
   // Each message is a header and up to two tensors: three consecutive tags.
-  return int((counters[peer]++ % (1 << 28)) * 3);
+  return int((counters[size_t(member)]++ % (1 << 28)) * 3);
 }
 
 MessageHeader ActivationLink::header_of(const ActivationHeader& h, const std::vector<torch::Tensor>& tensors) const {
@@ -42,57 +98,105 @@ MessageHeader ActivationLink::header_of(const ActivationHeader& h, const std::ve
   return m;
 }
 
-void ActivationLink::send(int peer, const ActivationHeader& header, const std::vector<torch::Tensor>& tensors) {
-  TORCH_CHECK(tensors.size() <= 2, "a pipeline message carries at most two tensors");
-  const int tag = next_tag(sent_to_, peer);
-  std::vector<torch::Tensor> keep;
-  for (const auto& t : tensors) keep.push_back(t.detach().to(torch::kCPU).contiguous());
-  const auto w = header_of(header, keep).words();
-  keep.insert(keep.begin(), torch::tensor(std::vector<int64_t>(w.begin(), w.end()), torch::kInt64));
+void ActivationLink::post(int peer, const MessageHeader& header, std::vector<torch::Tensor> payload, bool evaluation) {
+  const int member = member_of(peer);
+  if (member < 0) return;  // lost: what it would have received is dropped at its other neighbours
+  const int tag = next_tag(sent_to_, member);
+  const auto w = header.words();
+  payload.insert(payload.begin(), torch::tensor(std::vector<int64_t>(w.begin(), w.end()), torch::kInt64));
   std::vector<c10::intrusive_ptr<c10d::Work>> works;
-  const bool evaluation = header.kind == MessageKind::evaluation;
-  for (size_t i = 0; i < keep.size(); ++i) {
-    std::vector<torch::Tensor> one{keep[i]};
-    works.push_back(pg_->send(one, peer, tag + int(i)));
-    if (i == 0) continue;
-    (evaluation ? stats_.evaluation_bytes_sent : stats_.bytes_sent) += keep[i].nbytes();
+  try {
+    for (size_t i = 0; i < payload.size(); ++i) {
+      std::vector<torch::Tensor> one{payload[i]};
+      works.push_back(pg_->send(one, member, tag + int(i)));
+    }
+  } catch (const std::exception& e) {
+    lose(peer, error_text(e));
+    return;
   }
+  for (size_t i = 1; i < payload.size(); ++i)
+    (evaluation ? stats_.evaluation_bytes_sent : stats_.bytes_sent) += payload[i].nbytes();
   if (!evaluation) stats_.messages += 1;
-  waits_.push_back([works, keep, timeout = timeout_] {
-    for (auto& w : works) w->wait(timeout);
-  });
+  pending_.push_back({peer, [works, payload, timeout = timeout_] {
+                        for (auto& w : works) w->wait(timeout);
+                      }});
 }
 
-void ActivationLink::recv(int peer, const ActivationHeader& expected, std::vector<torch::Tensor>& tensors) {
-  const int tag = next_tag(received_from_, peer);
+void ActivationLink::send(int peer, const ActivationHeader& header, const std::vector<torch::Tensor>& tensors) {
+  TORCH_CHECK(tensors.size() <= 2, "a pipeline message carries at most two tensors");
+  std::vector<torch::Tensor> payload;
+  for (const auto& t : tensors) payload.push_back(t.detach().to(torch::kCPU).contiguous());
+  const auto announced = header_of(header, payload);
+  post(peer, announced, std::move(payload), header.kind == MessageKind::evaluation);
+}
+
+void ActivationLink::send_dropped(int peer, const ActivationHeader& header) {
+  auto notice = header_of(header, {});
+  notice.format = MessageHeader::kDropped;
+  post(peer, notice, {}, header.kind == MessageKind::evaluation);
+}
+
+bool ActivationLink::recv(int peer, const ActivationHeader& expected, std::vector<torch::Tensor>& tensors) {
+  const bool evaluation = expected.kind == MessageKind::evaluation;
+  const int member = member_of(peer);
+  if (member < 0) {
+    if (!evaluation) stats_.micro_batches_dropped += 1;
+    return false;
+  }
+  const int tag = next_tag(received_from_, member);
   const auto start = Clock::now();
+  auto charge_idle = [&] {
+    if (!evaluation) stats_.idle_seconds += std::chrono::duration<double>(Clock::now() - start).count();
+  };
+  auto failed = [&](const std::exception& e) {
+    lose(peer, fmt::format("no {} (step {}, micro-batch {}): {}", message_kind_name(int64_t(expected.kind)),
+                           expected.step, expected.micro, error_text(e)));
+    if (!evaluation) stats_.micro_batches_dropped += 1;
+    charge_idle();
+    return false;
+  };
   auto header = torch::empty({MessageHeader::kWords}, torch::kInt64);
   std::vector<torch::Tensor> one{header};
   try {
-    pg_->recv(one, peer, tag)->wait(timeout_);
+    pg_->recv(one, member, tag)->wait(timeout_);
   } catch (const std::exception& e) {
-    throw std::runtime_error(fmt::format("no {} from worker {} (step {}, micro-batch {}): {}",
-                                         message_kind_name(int64_t(expected.kind)), peer, expected.step,
-                                         expected.micro, error_text(e)));
+    return failed(e);
+  }
+  const auto got = MessageHeader::from_words(header.data_ptr<int64_t>());
+  auto notice = header_of(expected, {});
+  notice.format = MessageHeader::kDropped;
+  if (check_message_header(notice, got).empty()) {
+    if (!evaluation) stats_.micro_batches_dropped += 1;
+    charge_idle();
+    return false;
   }
   // The payload is received only into buffers of the size the header was checked to announce.
-  const auto problem = check_message_header(header_of(expected, tensors),
-                                            MessageHeader::from_words(header.data_ptr<int64_t>()));
+  const auto problem = check_message_header(header_of(expected, tensors), got);
   if (!problem.empty())
     throw std::runtime_error(fmt::format("rejected a pipeline message from worker {}: {}", peer, problem));
-  const bool evaluation = expected.kind == MessageKind::evaluation;
-  for (size_t i = 0; i < tensors.size(); ++i) {
-    std::vector<torch::Tensor> in{tensors[i]};
-    pg_->recv(in, peer, tag + 1 + int(i))->wait(timeout_);
-    if (!evaluation) stats_.bytes_received += tensors[i].nbytes();
+  try {
+    for (size_t i = 0; i < tensors.size(); ++i) {
+      std::vector<torch::Tensor> in{tensors[i]};
+      pg_->recv(in, member, tag + 1 + int(i))->wait(timeout_);
+      if (!evaluation) stats_.bytes_received += tensors[i].nbytes();
+    }
+  } catch (const std::exception& e) {
+    return failed(e);
   }
-  if (!evaluation) stats_.idle_seconds += std::chrono::duration<double>(Clock::now() - start).count();
+  charge_idle();
+  return true;
 }
 
 void ActivationLink::finish_sends() {
-  auto waits = std::move(waits_);
-  waits_.clear();
-  for (auto& wait : waits) wait();
+  auto pending = std::move(pending_);
+  pending_.clear();
+  for (auto& p : pending) {
+    try {
+      p.wait();
+    } catch (const std::exception& e) {
+      lose(p.peer, error_text(e));
+    }
+  }
 }
 
 }  // namespace noloco

@@ -1,11 +1,16 @@
 // Point-to-point transport of pipeline activations and their gradients
-// between the stages of different replicas, over its own Gloo process group.
+// between the stages of different replicas, over a Gloo process group of the
+// live workers. A lost neighbour (its pair fails: the process died, or the
+// launcher killed it for a stopped heartbeat) does not stop the worker: the
+// micro-batches routed through it are dropped, the neighbours downstream (or
+// upstream, for gradients) are told, and the next step's roster leaves it out.
 #pragma once
 #include <algorithm>
 #include <chrono>
 #include <functional>
-#include <map>
 #include <memory>
+#include <optional>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -13,6 +18,7 @@
 
 #include "comm/comm_stats.h"
 #include "comm/gloo_transport.h"
+#include "comm/membership.h"
 #include "comm/message.h"
 
 namespace noloco {
@@ -21,7 +27,7 @@ namespace noloco {
 // routing says it must be, before the payload is used.
 struct ActivationHeader {
   MessageKind kind = MessageKind::activations;
-  int64_t step = 0;  // the inner step, or the evaluation number
+  int64_t step = 0;  // the inner step (of an evaluation: the step it follows)
   int64_t micro = 0;
   int64_t boundary = 0;
   int64_t origin = 0;  // the data replica the micro-batch's tokens came from
@@ -29,18 +35,33 @@ struct ActivationHeader {
 
 class ActivationLink {
  public:
-  // All workers of the run (global ranks) in one group named "pipeline".
-  ActivationLink(const StorePtr& store, const WorkerEnv& env, const std::string& bind,
+  // Worker env.rank (replica-major over `stages`) in its `incarnation`.
+  ActivationLink(const StorePtr& store, const WorkerEnv& env, int stages, int incarnation, const std::string& bind,
                  std::chrono::milliseconds timeout);
   ~ActivationLink();
 
+  // Takes the roster named `name` (a step; all workers ask for the same names
+  // in the same order) and, when it lists a worker the current group lacks (the
+  // first roster, or a restarted worker back in), forms a new group of the
+  // listed workers. This worker may be missing from it: a restarted one not
+  // yet back sits the step out. Throws if it was in an earlier roster and is
+  // not now (its neighbours gave it up: it must be restarted to come back).
+  const Roster& enter(const std::string& name);
+  int incarnation() const { return self_.incarnation; }
+  // The roster entered last, if any.
+  const std::optional<Roster>& roster() const { return roster_; }
+
   // Starts sending `tensors` (CPU or device) to worker `peer`; returns at once.
   void send(int peer, const ActivationHeader& header, const std::vector<torch::Tensor>& tensors);
+  // Tells worker `peer` that the message `header` announces will not come.
+  void send_dropped(int peer, const ActivationHeader& header);
   // Receives into `tensors` (CPU, preallocated with the expected shapes and
-  // dtypes) from worker `peer`; throws naming the difference if its header is
-  // not `expected`. Time spent blocked is charged as idle.
-  void recv(int peer, const ActivationHeader& expected, std::vector<torch::Tensor>& tensors);
-  // Waits until every send has left; call before the sent tensors are reused.
+  // dtypes) from worker `peer`. False if the micro-batch was dropped (a
+  // notice came, or the pair failed: the peer is lost); throws naming the
+  // difference if its header is not `expected`. Time blocked counts as idle.
+  bool recv(int peer, const ActivationHeader& expected, std::vector<torch::Tensor>& tensors);
+  // Waits until every send has left (or its peer is lost); call before the
+  // sent tensors are reused.
   void finish_sends();
 
   const PipelineStats& stats() const { return stats_; }
@@ -50,16 +71,35 @@ class ActivationLink {
   }
 
  private:
-  int next_tag(std::map<int, int64_t>& counters, int peer);
+  int next_tag(std::vector<int64_t>& counters, int member);
   MessageHeader header_of(const ActivationHeader& h, const std::vector<torch::Tensor>& tensors) const;
+  // The group rank of worker `peer`; -1 if it is not in the group or is lost.
+  int member_of(int peer) const;
+  void lose(int peer, const std::string& why);
+  void post(int peer, const MessageHeader& header, std::vector<torch::Tensor> payload, bool evaluation);
 
-  int rank_;
+  StorePtr store_;
+  WorkerEnv env_;
+  int stages_;
+  Peer self_;  // rank: this worker's global rank
+  std::string bind_;
   std::chrono::milliseconds timeout_;
   int64_t run_id_;
+  PipelineRoster rosters_;
+  std::optional<Roster> roster_;
+  bool was_listed_ = false;
+  std::shared_ptr<gloo::transport::Device> device_;
   GlooGroup pg_;
-  // Messages per directed pair, counted identically by sender and receiver: their tags.
-  std::map<int, int64_t> sent_to_, received_from_;
-  std::vector<std::function<void()>> waits_;  // one per send in flight; keeps its tensors alive
+  std::vector<GlooGroup> retired_;  // earlier groups: peers may still be reading from them
+  std::vector<Peer> members_;       // of pg_, by group rank (rank: global worker rank)
+  std::set<int> lost_;              // global ranks whose pair failed in this group
+  // Messages per directed pair (by group rank), counted identically by sender and receiver: their tags.
+  std::vector<int64_t> sent_to_, received_from_;
+  struct Pending {
+    int peer;
+    std::function<void()> wait;  // keeps its tensors alive
+  };
+  std::vector<Pending> pending_;
   PipelineStats stats_;
 };
 

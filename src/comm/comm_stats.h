@@ -34,6 +34,10 @@ struct PipelineStats {
   // activation memory in units of one micro-batch): M under GPipe, at most
   // stages - stage under 1F1B.
   int64_t peak_micro_batches_held = 0;
+  // Micro-batches this worker gave up because a worker on their route was
+  // lost (its own, plus notices from neighbours), and the neighbours it lost.
+  int64_t micro_batches_dropped = 0;
+  int64_t peers_lost = 0;
 };
 
 }  // namespace noloco

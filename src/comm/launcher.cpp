@@ -154,6 +154,13 @@ LaunchResult launch_local_workers(const LaunchPlan& plan, const std::vector<std:
 
   LaunchResult result;
   std::vector<int64_t> restarts_left(size_t(n), c.restarts);
+  std::vector<bool> lost(size_t(n), false);  // failed and not restarted
+  // A pipeline stage whose every worker is lost: nothing can route through it.
+  auto stage_is_lost = [&](int stage) {
+    for (int r = stage; r < n; r += plan.stages)
+      if (!lost[size_t(r)]) return false;
+    return plan.stages > 1;
+  };
   auto kill_all = [&](int sig) {
     for (auto pid : pids)
       if (pid > 0) ::kill(pid, sig);
@@ -208,6 +215,14 @@ LaunchResult launch_local_workers(const LaunchPlan& plan, const std::vector<std:
           heartbeats.reset(e.rank);
           spawn(e.rank, true);
           ++running;
+        }
+        lost[size_t(e.rank)] = !e.restarted;
+        const int stage = e.rank % plan.stages;
+        if (plan.keep_going_on_failure && !terminating && stage_is_lost(stage)) {
+          result.stopped = fmt::format("pipeline stage {} has no live worker left (all {} of its workers failed)",
+                                       stage, n / plan.stages);
+          spdlog::info("{}; stopping the others", result.stopped);
+          stop_all(SIGTERM);
         }
       }
       result.exits.push_back(e);

@@ -26,7 +26,8 @@ struct LaunchPlan {
   std::string method;   // for messages
   CommConfig comm;
   // Unless set, the first failed worker ends the others; with it, a failed
-  // worker is restarted up to comm.restarts times.
+  // worker is restarted up to comm.restarts times, and a pipelined run is
+  // stopped once a stage has no worker left.
   bool keep_going_on_failure = false;
   // Each worker in its own network namespace behind a capped link (null: loopback).
   const CappedLinks* links = nullptr;
@@ -35,6 +36,7 @@ struct LaunchPlan {
 struct LaunchResult {
   std::vector<WorkerExit> exits;  // by rank; a restarted worker's in the order they happened
   int signal = 0;                 // SIGINT or SIGTERM that stopped the run, 0 if none did
+  std::string stopped;            // why the launcher stopped a run that carries on without workers, if it did
 };
 
 // `worker_args` are the arguments after the program name (e.g. train CONFIG

@@ -28,6 +28,15 @@ std::map<int, int> parse_incarnations(const std::string& text) {
   return out;
 }
 
+std::string peer_item(const Peer& p) {
+  return p.incarnation == 0 ? std::to_string(p.rank) : fmt::format("{}.{}", p.rank, p.incarnation);
+}
+
+Peer peer_of(const std::string& item) {
+  const auto dot = item.find('.');
+  return {std::stoi(item.substr(0, dot)), dot == std::string::npos ? 0 : std::stoi(item.substr(dot + 1))};
+}
+
 }  // namespace
 
 std::string replica_scope(int stages, int stage) {
@@ -63,14 +72,13 @@ std::vector<Peer> Membership::snapshot(const std::string& name) {
     for (int r = 0; r < world_; ++r) {
       if (list_has(dead, std::to_string(r))) continue;
       const auto g = incarnations.find(r);
-      alive += g == incarnations.end() || g->second == 0 ? fmt::format("{},", r) : fmt::format("{}.{},", r, g->second);
+      alive += peer_item({r, g == incarnations.end() ? 0 : g->second}) + ",";
     }
     text = set_once(*members_, key, alive);
   }
   std::vector<Peer> out;
   for (const auto& item : list_items(text)) {
-    const auto dot = item.find('.');
-    const Peer p{std::stoi(item.substr(0, dot)), dot == std::string::npos ? 0 : std::stoi(item.substr(dot + 1))};
+    const Peer p = peer_of(item);
     if (p.rank == rank_ && p.incarnation != incarnation_) continue;  // an earlier life of this replica
     out.push_back(p);
   }
@@ -156,6 +164,55 @@ std::vector<std::pair<int, std::string>> Membership::claim_requests() {
 void Membership::finish() {
   std::lock_guard<std::mutex> lock(mutex_);
   append_item(*members_, "finished", std::to_string(rank_));
+}
+
+bool Roster::holds(int stage, const Peer& p) const {
+  const auto& live = stages.at(size_t(stage));
+  return std::find(live.begin(), live.end(), p) != live.end();
+}
+
+bool Roster::whole(int replicas) const {
+  return std::all_of(stages.begin(), stages.end(), [&](const auto& live) { return int(live.size()) == replicas; });
+}
+
+PipelineRoster::PipelineRoster(StorePtr store, const std::string& token, int stages, int replicas)
+    : store_(std::move(store)),
+      rosters_(run_scope(store_, token, "pipeline/rosters")),
+      token_(token),
+      stages_(stages),
+      replicas_(replicas) {}
+
+Roster PipelineRoster::snapshot(const std::string& name) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  std::string text = read_or_empty(*rosters_, name);
+  if (text.empty()) {
+    for (int s = 0; s < stages_; ++s) {
+      const auto members = members_scope(store_, token_, replica_scope(stages_, s));
+      const std::string dead = read_or_empty(*members, "dead"), lost = read_or_empty(*members, "lost");
+      const auto incarnations = parse_incarnations(read_or_empty(*members, "incarnations"));
+      for (int r = 0; r < replicas_; ++r) {
+        const auto g = incarnations.find(r);
+        const Peer p{r, g == incarnations.end() ? 0 : g->second};
+        if (!list_has(dead, std::to_string(r)) && !list_has(lost, fmt::format("{}.{}", r, p.incarnation)))
+          text += peer_item(p) + ",";
+      }
+      text += "|";
+    }
+    text = set_once(*rosters_, name, text);
+  }
+  Roster roster;
+  roster.stages.resize(size_t(stages_));
+  size_t stage = 0, from = 0;
+  for (size_t bar = text.find('|'); bar != std::string::npos && stage < roster.stages.size();
+       from = bar + 1, bar = text.find('|', from), ++stage)
+    for (const auto& item : list_items(text.substr(from, bar - from))) roster.stages[stage].push_back(peer_of(item));
+  return roster;
+}
+
+void PipelineRoster::declare_lost(int stage, const Peer& peer) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  append_item(*members_scope(store_, token_, replica_scope(stages_, stage)), "lost",
+              fmt::format("{}.{}", peer.rank, peer.incarnation));
 }
 
 }  // namespace noloco

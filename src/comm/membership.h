@@ -79,6 +79,34 @@ class Membership {
   std::set<std::string> seen_requests_;
 };
 
+// Who serves each pipeline stage, per step: the live replicas of every
+// stage, from the stages' memberships (deaths the launcher declared,
+// restarted workers' incarnations) and the losses neighbours noticed, frozen
+// under a name (a step) by the first worker to ask, so every worker routes
+// that step over the same live workers without a barrier.
+struct Roster {
+  std::vector<std::vector<Peer>> stages;  // by stage: live replicas (rank = replica), sorted
+
+  bool holds(int stage, const Peer& p) const;
+  // Whether every replica of every stage is live.
+  bool whole(int replicas) const;
+};
+
+class PipelineRoster {
+ public:
+  PipelineRoster(StorePtr store, const std::string& token, int stages, int replicas);
+  Roster snapshot(const std::string& name);
+  // A neighbour's pair with `peer` of `stage` failed: later rosters leave
+  // that incarnation out (a restarted one is not affected).
+  void declare_lost(int stage, const Peer& peer);
+
+ private:
+  std::mutex mutex_;
+  StorePtr store_, rosters_;
+  std::string token_;
+  int stages_, replicas_;
+};
+
 // The membership scope of the replicas of pipeline stage `stage` ("replicas" without a pipeline).
 std::string replica_scope(int stages, int stage);
 

@@ -32,6 +32,10 @@ struct MessageHeader {
   int64_t bytes = 0;     // payload size
   int64_t format = 0;    // what the payload bytes encode (a codec or dtype id)
 
+  // `format` of a pipeline notice with no payload: the micro-batch was
+  // dropped upstream (or downstream, for gradients) because a worker was lost.
+  static constexpr int64_t kDropped = -1;
+
   std::array<int64_t, kWords> words() const;
   static MessageHeader from_words(const int64_t* words);
   static constexpr size_t kBytes = kWords * sizeof(int64_t);

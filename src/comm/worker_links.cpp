@@ -18,7 +18,10 @@ WorkerLinks join_as_worker(const WorkerEnv& env, const CommConfig& comm, int sta
     links.transport = std::make_unique<GlooTransport>(connect, env, scope, links.membership->self(), replicas,
                                                       comm.bind, timeout);
   }
-  if (stages > 1) links.link = std::make_unique<ActivationLink>(links.store, env, comm.bind, timeout);
+  if (stages > 1)
+    links.link = std::make_unique<ActivationLink>(links.store, env, stages,
+                                                  links.membership ? links.membership->incarnation() : 0, comm.bind,
+                                                  timeout);
   return links;
 }
 

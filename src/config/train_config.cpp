@@ -246,8 +246,9 @@ void TrainConfig::validate() const {
   non_negative("restarts", double(comm.restarts));
   positive("heartbeat_timeout", comm.heartbeat_timeout);
   if (!comm.rate.empty()) parse_bit_rate("rate", comm.rate);
-  if (comm.restarts > 0 && (method != "noloco" || pipeline.stages > 1))
-    invalid("restarts needs method=noloco without pipeline stages (only NoLoCo can take a replica back mid-run)");
+  if (comm.restarts > 0 && (method != "noloco" || (pipeline.stages > 1 && pipeline.routing != "random")))
+    invalid("restarts needs method=noloco, and routing=random with pipeline stages (only NoLoCo can take a replica "
+            "back mid-run, and only random routing sends micro-batches around a lost worker)");
   for (const auto& point : parse_crash_plan(run.inject_crash)) {
     if (point.rank < 0 || point.step < 0)
       invalid(fmt::format("inject_crash: RANK and STEP must be >= 0 in '{}'", run.inject_crash));

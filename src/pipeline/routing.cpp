@@ -1,10 +1,45 @@
 #include "pipeline/routing.h"
 
 #include <algorithm>
+#include <stdexcept>
+#include <string>
 
 #include "util/splitmix.h"
 
 namespace noloco {
+
+namespace {
+
+// The replica that serves `position` at `stage`: itself while live, else one
+// of the stage's live replicas, drawn from `salt`.
+int serving_replica(const std::vector<int>& live, int position, int stage, uint64_t salt) {
+  if (live.empty()) throw std::runtime_error("pipeline stage " + std::to_string(stage) + " has no live worker left");
+  if (std::binary_search(live.begin(), live.end(), position)) return position;
+  return live[size_t(splitmix64(salt ^ splitmix64(uint64_t(stage) * 0x9e37ULL + uint64_t(position))) % live.size())];
+}
+
+std::vector<Route> follow(uint64_t seed, int64_t step, int64_t micro, int replicas, const LiveReplicas& live,
+                          bool random, const std::vector<int>& starts) {
+  const int stages = int(live.size());
+  std::vector<std::vector<int>> perms;
+  for (int boundary = 0; boundary + 1 < stages; ++boundary)
+    perms.push_back(route_permutation(seed, step, micro, boundary, replicas, random));
+  const uint64_t salt = splitmix64(seed ^ splitmix64(0x7374616e64ULL + uint64_t(step) * 0x10001ULL + uint64_t(micro)));
+  std::vector<Route> routes;
+  for (int start : starts) {
+    Route r;
+    r.origin = start;
+    int position = start;
+    for (int s = 0; s < stages; ++s) {
+      if (s > 0) position = perms[size_t(s - 1)][size_t(position)];
+      r.replica.push_back(serving_replica(live[size_t(s)], position, s, salt));
+    }
+    routes.push_back(std::move(r));
+  }
+  return routes;
+}
+
+}  // namespace
 
 std::vector<int> route_permutation(uint64_t seed, int64_t step, int64_t micro, int boundary, int replicas,
                                    bool random) {
@@ -26,12 +61,14 @@ std::vector<int> invert_permutation(const std::vector<int>& perm) {
   return inverse;
 }
 
-int micro_batch_origin(uint64_t seed, int64_t step, int64_t micro, int stage, int replica, int replicas,
-                       bool random) {
-  int d = replica;
-  for (int boundary = stage - 1; boundary >= 0; --boundary)
-    d = invert_permutation(route_permutation(seed, step, micro, boundary, replicas, random))[size_t(d)];
-  return d;
+std::vector<Route> live_routes(uint64_t seed, int64_t step, int64_t micro, int replicas, const LiveReplicas& live,
+                               bool random) {
+  return follow(seed, step, micro, replicas, live, random, live.at(0));
+}
+
+std::vector<Route> evaluation_routes(uint64_t seed, int replicas, const LiveReplicas& live) {
+  // The positions are fixed, so the stand-ins are too: the same for every evaluation.
+  return follow(seed, 0, 0, replicas, live, false, live.back());
 }
 
 }  // namespace noloco

@@ -3,6 +3,8 @@
 #include <string>
 #include <vector>
 
+#include <fmt/format.h>
+
 #include "util/torch_shim.h"
 
 namespace noloco {
@@ -49,56 +51,81 @@ class PipelineStage final : public WorkerModel {
   torch::nn::Module& module() override { return *stage_; }
   bool computes_loss() const override { return place_.last(); }
 
-  double train_step(int64_t step) override {
-    struct InFlight {
-      torch::Tensor input, output, labels;
+  StepOutcome train_step(int64_t step) override {
+    // One flight per route through this worker: one per micro-batch when
+    // every worker is live; none, or several, for some micro-batches when the
+    // routing goes around lost workers.
+    struct Flight {
+      int64_t micro = 0;
       int origin = 0, from = 0, to = 0;  // data replica; replicas of the previous and next stage
+      torch::Tensor input, output, labels;
+      bool dropped = false;
     };
     const int64_t M = o_.grad_accum;
     const int s = place_.stage, d = place_.replica;
-    std::vector<InFlight> flights(static_cast<size_t>(M));
+    const auto& roster = link_.enter(fmt::format("step/{}", step));
+    if (!roster.holds(s, self())) return {};  // restarted, and not routed to yet
+    const auto live = live_replicas(roster);
+    std::vector<std::vector<Flight>> flights(static_cast<size_t>(M));
+    for (int64_t m = 0; m < M; ++m)
+      for (const auto& r : live_routes(o_.seed, step, m, place_.replicas, live, random_))
+        if (r.replica[size_t(s)] == d)
+          flights[size_t(m)].push_back({m, r.origin, place_.first() ? d : r.replica[size_t(s - 1)],
+                                        place_.last() ? d : r.replica[size_t(s + 1)]});
+    auto activations = [&](const Flight& f, int boundary) {
+      return ActivationHeader{MessageKind::activations, step, f.micro, boundary, f.origin};
+    };
+    auto gradients = [&](const Flight& f, int boundary) {
+      return ActivationHeader{MessageKind::gradients, step, f.micro, boundary, f.origin};
+    };
     double loss_sum = 0;
+    int64_t completed = 0;
     auto forward = [&](int64_t m) {
-      auto& f = flights[size_t(m)];
-      if (!place_.last()) f.to = route_permutation(o_.seed, step, m, s, place_.replicas, random_)[size_t(d)];
-      if (place_.first()) {
-        auto b = data_.train.sample(uint64_t(step * M + m), d * o_.batch, o_.batch);
-        f.input = b.inputs.to(device_);
-        f.labels = b.targets;
-        f.origin = d;
-      } else {
-        f.from = invert_permutation(route_permutation(o_.seed, step, m, s - 1, place_.replicas, random_))[size_t(d)];
-        f.origin = micro_batch_origin(o_.seed, step, m, s, d, place_.replicas, random_);
-        auto in = activation_buffers();
-        link_.recv(place_.worker(f.from, s - 1), {MessageKind::activations, step, m, s - 1, f.origin}, in);
-        f.input = in[0].to(device_).requires_grad_(true);
-        f.labels = in[1];
-      }
-      {
-        shim::CudaBf16Autocast autocast(o_.bf16);
-        f.output = stage_->forward(f.input);
-        if (place_.last()) f.output = next_token_loss(f.output, f.labels.to(device_)) / double(M);
-      }
-      if (place_.last()) {
-        loss_sum += f.output.item<double>();
-      } else {
-        link_.send(place_.worker(f.to, s + 1), {MessageKind::activations, step, m, s, f.origin},
-                   {f.output.to(torch::kFloat32), f.labels});
+      for (auto& f : flights[size_t(m)]) {
+        if (place_.first()) {
+          auto b = data_.train.sample(uint64_t(step * M + m), f.origin * o_.batch, o_.batch);
+          f.input = b.inputs.to(device_);
+          f.labels = b.targets;
+        } else {
+          auto in = activation_buffers();
+          if (!link_.recv(place_.worker(f.from, s - 1), activations(f, s - 1), in)) {
+            f.dropped = true;
+            if (!place_.last()) link_.send_dropped(place_.worker(f.to, s + 1), activations(f, s));
+            continue;
+          }
+          f.input = in[0].to(device_).requires_grad_(true);
+          f.labels = in[1];
+        }
+        {
+          shim::CudaBf16Autocast autocast(o_.bf16);
+          f.output = stage_->forward(f.input);
+          if (place_.last()) f.output = next_token_loss(f.output, f.labels.to(device_)) / double(M);
+        }
+        if (place_.last()) {
+          loss_sum += f.output.item<double>();
+        } else {
+          link_.send(place_.worker(f.to, s + 1), activations(f, s), {f.output.to(torch::kFloat32), f.labels});
+        }
       }
     };
     auto backward = [&](int64_t m) {
-      auto& f = flights[size_t(m)];
-      if (place_.last()) {
-        f.output.backward();
-      } else {
-        std::vector<torch::Tensor> grad{hidden_buffer()};
-        link_.recv(place_.worker(f.to, s + 1), {MessageKind::gradients, step, m, s, f.origin}, grad);
-        f.output.backward(grad[0].to(device_));
+      for (auto& f : flights[size_t(m)]) {
+        if (f.dropped) continue;
+        if (place_.last()) {
+          f.output.backward();
+        } else {
+          std::vector<torch::Tensor> grad{hidden_buffer()};
+          if (!link_.recv(place_.worker(f.to, s + 1), gradients(f, s), grad)) {
+            if (!place_.first()) link_.send_dropped(place_.worker(f.from, s - 1), gradients(f, s - 1));
+            f = Flight{};
+            continue;
+          }
+          f.output.backward(grad[0].to(device_));
+        }
+        ++completed;
+        if (!place_.first()) link_.send(place_.worker(f.from, s - 1), gradients(f, s - 1), {f.input.grad()});
+        f = Flight{};  // this micro-batch's activations are no longer needed
       }
-      if (!place_.first())
-        link_.send(place_.worker(f.from, s - 1), {MessageKind::gradients, step, m, s - 1, f.origin},
-                   {f.input.grad()});
-      f = InFlight{};  // this micro-batch's activations are no longer needed
     };
     // Backward always in micro-batch order, so gradients accumulate in the
     // order of the unpipelined run under either schedule. GPipe runs every
@@ -114,42 +141,78 @@ class PipelineStage final : public WorkerModel {
       backward(m);
     }
     link_.finish_sends();
-    return place_.last() ? loss_sum : std::nan("");
+    if (completed == 0) return {};
+    // Each micro-batch's loss was scaled by 1/M: make the gradient the mean
+    // over the micro-batches this worker did complete.
+    if (completed != M) {
+      torch::NoGradGuard no_grad;
+      for (auto& p : stage_->parameters())
+        if (p.grad().defined()) p.grad().mul_(double(M) / double(completed));
+    }
+    const double loss = completed == M ? loss_sum : loss_sum * double(M) / double(completed);
+    return {place_.last() ? loss : std::nan(""), completed};
   }
 
-  // Always along the replica's own pipeline (fixed routing), so a replica's
-  // validation loss is its own weights'.
-  double evaluate() override {
+  // Along each replica's own pipeline (fixed routing), so a replica's
+  // validation loss is its own weights'; a lost worker's place is taken by a
+  // live worker of its stage.
+  double evaluate(int64_t step) override {
     torch::NoGradGuard no_grad;
     const int s = place_.stage, d = place_.replica;
-    const int64_t evaluation = evaluations_++;
+    const auto& roster = link_.roster() ? *link_.roster() : link_.enter(fmt::format("evaluation/{}", step));
+    if (!roster.holds(s, self())) return std::nan("");
+    std::vector<Route> mine;
+    for (const auto& r : evaluation_routes(o_.seed, place_.replicas, live_replicas(roster)))
+      if (r.replica[size_t(s)] == d) mine.push_back(r);
     double sum = 0;
+    bool whole = true;
     for (int64_t i = 0; i < o_.eval_batches; ++i) {
-      torch::Tensor x, labels;
-      if (place_.first()) {
-        auto b = data_.val.sample(uint64_t(i), 0, o_.batch);
-        x = b.inputs.to(device_);
-        labels = b.targets;
-      } else {
-        auto in = activation_buffers();
-        link_.recv(place_.worker(d, s - 1), {MessageKind::evaluation, evaluation, i, s - 1, d}, in);
-        x = in[0].to(device_);
-        labels = in[1];
-      }
-      shim::CudaBf16Autocast autocast(o_.bf16);
-      auto out = stage_->forward(x);
-      if (place_.last()) {
-        sum += next_token_loss(out, labels.to(device_)).item<double>();
-      } else {
-        link_.send(place_.worker(d, s + 1), {MessageKind::evaluation, evaluation, i, s, d},
-                   {out.to(torch::kFloat32), labels});
+      for (const auto& r : mine) {
+        const ActivationHeader incoming{MessageKind::evaluation, step, i, s - 1, r.origin},
+            outgoing{MessageKind::evaluation, step, i, s, r.origin};
+        torch::Tensor x, labels;
+        if (place_.first()) {
+          auto b = data_.val.sample(uint64_t(i), 0, o_.batch);
+          x = b.inputs.to(device_);
+          labels = b.targets;
+        } else {
+          auto in = activation_buffers();
+          if (!link_.recv(place_.worker(r.replica[size_t(s - 1)], s - 1), incoming, in)) {
+            whole = false;
+            if (!place_.last()) link_.send_dropped(place_.worker(r.replica[size_t(s + 1)], s + 1), outgoing);
+            continue;
+          }
+          x = in[0].to(device_);
+          labels = in[1];
+        }
+        shim::CudaBf16Autocast autocast(o_.bf16);
+        auto out = stage_->forward(x);
+        if (place_.last()) {
+          sum += next_token_loss(out, labels.to(device_)).item<double>();
+        } else {
+          link_.send(place_.worker(r.replica[size_t(s + 1)], s + 1), outgoing, {out.to(torch::kFloat32), labels});
+        }
       }
     }
     link_.finish_sends();
-    return place_.last() ? sum / double(o_.eval_batches) : std::nan("");
+    return place_.last() && whole && !mine.empty() ? sum / double(o_.eval_batches) : std::nan("");
+  }
+
+  // The mean model's pass runs along replica 0's own pipeline, which exists only while no worker is lost.
+  bool evaluates_mean_model(int group_rank) const override {
+    return group_rank == 0 && link_.roster() && link_.roster()->whole(place_.replicas);
   }
 
  private:
+  Peer self() const { return {place_.replica, link_.incarnation()}; }
+  static LiveReplicas live_replicas(const Roster& roster) {
+    LiveReplicas live;
+    for (const auto& stage : roster.stages) {
+      live.emplace_back();
+      for (const auto& p : stage) live.back().push_back(p.rank);
+    }
+    return live;
+  }
   torch::Tensor hidden_buffer() const {
     return torch::empty({o_.batch, stage_->config.context, stage_->config.hidden}, torch::kFloat32);
   }
@@ -166,7 +229,6 @@ class PipelineStage final : public WorkerModel {
   bool random_;
   bool one_f_one_b_;
   StageModule stage_{nullptr};
-  int64_t evaluations_ = 0;
 };
 
 }  // namespace

@@ -1,7 +1,7 @@
 // One pipeline stage of one replica: a contiguous slice of the model's layers,
-// run with the GPipe schedule (all micro-batches forward, then all backward),
-// exchanging activations with the neighbouring stages of the replicas that
-// the routing picks for each micro-batch.
+// run with the GPipe or 1F1B schedule, exchanging activations with the
+// neighbouring stages of the replicas that the routing picks for each
+// micro-batch among the step's live workers.
 #pragma once
 #include <memory>
 

@@ -18,7 +18,7 @@ class WholeModel final : public WorkerModel {
   torch::nn::Module& module() override { return *model_; }
   LlamaForCausalLM* whole_model() override { return &model_; }
 
-  double train_step(int64_t step) override {
+  StepOutcome train_step(int64_t step) override {
     double loss_sum = 0;
     for (int64_t micro = 0; micro < o_.grad_accum; ++micro) {
       auto b = data_.train.sample(uint64_t(step * o_.grad_accum + micro), data_.replica * o_.batch, o_.batch);
@@ -30,10 +30,10 @@ class WholeModel final : public WorkerModel {
       loss.backward();
       loss_sum += loss.item<double>();
     }
-    return loss_sum;
+    return {loss_sum, o_.grad_accum};
   }
 
-  double evaluate() override {
+  double evaluate(int64_t) override {
     torch::NoGradGuard no_grad;
     double sum = 0;
     for (int64_t i = 0; i < o_.eval_batches; ++i) {

@@ -13,18 +13,29 @@
 
 namespace noloco {
 
+// What a worker's step produced.
+struct StepOutcome {
+  double loss = std::nan("");  // mean over its micro-batches; NaN where the loss is not computed
+  // Micro-batches whose gradients it accumulated: grad_accum, or fewer (or
+  // more) on a pipeline worker when workers were lost; 0: nothing to apply.
+  int64_t micro_batches = 0;
+};
+
 class WorkerModel {
  public:
   virtual ~WorkerModel() = default;
   // The parameters this worker owns, named as in the whole model.
   virtual torch::nn::Module& module() = 0;
-  // Accumulates the gradients of step `step` (grad_accum micro-batches) and
-  // returns its loss, or NaN on a worker that does not compute the loss.
-  virtual double train_step(int64_t step) = 0;
-  // Mean validation loss over eval_batches, NaN where not computed.
-  virtual double evaluate() = 0;
+  // Accumulates the gradients of step `step` (the mean over its micro-batches).
+  virtual StepOutcome train_step(int64_t step) = 0;
+  // Mean validation loss over eval_batches after step `step`, NaN where not computed.
+  virtual double evaluate(int64_t step) = 0;
   // Whether train_step and evaluate return losses here.
   virtual bool computes_loss() const { return true; }
+  // Whether this worker, as member `group_rank` of the evaluation group of
+  // its replicas, evaluates their mean model (all workers that do must form
+  // whole pipelines).
+  virtual bool evaluates_mean_model(int group_rank) const { return group_rank == 0; }
   // The whole model, where this worker holds all of it (for samples).
   virtual LlamaForCausalLM* whole_model() { return nullptr; }
 };

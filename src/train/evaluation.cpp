@@ -8,7 +8,7 @@
 namespace noloco {
 
 ReplicaSpread evaluate_across_replicas(int64_t step, Transport& transport, Membership& membership, FlatParams& flat,
-                                       const std::function<double()>& evaluate) {
+                                       WorkerModel& model) {
   ReplicaSpread out;
   torch::NoGradGuard no_grad;
   auto& theta = flat.values();
@@ -24,11 +24,11 @@ ReplicaSpread evaluate_across_replicas(int64_t step, Transport& transport, Membe
     group->all_reduce_mean(var);
     out.bytes_sent = group->stats().bytes_sent;
     out.weight_std = var.mean().sqrt().item<double>();
-    // The first live replica (in a pipeline: of every stage) evaluates the mean model.
-    if (group->rank() == 0) {
+    // The first live replica (in a pipeline: of every stage, while none is lost) evaluates the mean model.
+    if (model.evaluates_mean_model(group->rank())) {
       auto own = theta.clone();
       theta.copy_(mean);
-      out.mean_model_loss = evaluate();
+      out.mean_model_loss = model.evaluate(step);
       theta.copy_(own);
     }
   } catch (const std::exception& e) {

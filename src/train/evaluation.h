@@ -9,6 +9,7 @@
 #include "comm/membership.h"
 #include "comm/transport.h"
 #include "optim/flat_params.h"
+#include "pipeline/worker_model.h"
 
 namespace noloco {
 
@@ -18,8 +19,8 @@ struct ReplicaSpread {
   uint64_t bytes_sent = 0;
 };
 
-// `evaluate` is the worker's validation loss of its current weights.
+// After inner step `step`; `model` holds `flat`'s weights.
 ReplicaSpread evaluate_across_replicas(int64_t step, Transport& transport, Membership& membership, FlatParams& flat,
-                                       const std::function<double()>& evaluate);
+                                       WorkerModel& model);
 
 }  // namespace noloco

@@ -53,7 +53,9 @@ void WorkerTraffic::add_to(nlohmann::json& j) const {
               {"activation_bytes_sent", pipeline->bytes_sent},
               {"activation_bytes_received", pipeline->bytes_received},
               {"pipeline_idle_seconds", pipeline->idle_seconds},
-              {"peak_micro_batches_held", pipeline->peak_micro_batches_held}});
+              {"peak_micro_batches_held", pipeline->peak_micro_batches_held},
+              {"micro_batches_dropped", pipeline->micro_batches_dropped},
+              {"pipeline_peers_lost", pipeline->peers_lost}});
 }
 
 WorkerTraffic WorkerTraffic::from_json(const nlohmann::json& j) {
@@ -77,6 +79,8 @@ WorkerTraffic WorkerTraffic::from_json(const nlohmann::json& j) {
     p.bytes_received = j.value("activation_bytes_received", uint64_t(0));
     p.idle_seconds = j.value("pipeline_idle_seconds", 0.0);
     p.peak_micro_batches_held = j.value("peak_micro_batches_held", int64_t(0));
+    p.micro_batches_dropped = j.value("micro_batches_dropped", int64_t(0));
+    p.peers_lost = j.value("pipeline_peers_lost", int64_t(0));
     t.pipeline = p;
   }
   return t;
@@ -155,7 +159,8 @@ nlohmann::json RunSummary::to_json() const {
               {"micro_batches", micro_batches},
               {"activation_bytes_sent", activation_bytes_sent},
               {"activation_bytes_per_step", activation_bytes_per_step},
-              {"pipeline_idle_seconds_per_stage", pipeline_idle_seconds_per_stage}});
+              {"pipeline_idle_seconds_per_stage", pipeline_idle_seconds_per_stage},
+              {"micro_batches_dropped", micro_batches_dropped}});
   return j;
 }
 
@@ -189,6 +194,7 @@ RunSummary RunSummary::from_json(const nlohmann::json& j) {
   s.activation_bytes_sent = j.value("activation_bytes_sent", uint64_t(0));
   s.activation_bytes_per_step = j.value("activation_bytes_per_step", 0.0);
   s.pipeline_idle_seconds_per_stage = j.value("pipeline_idle_seconds_per_stage", std::vector<double>{});
+  s.micro_batches_dropped = j.value("micro_batches_dropped", int64_t(0));
   return s;
 }
 
@@ -276,7 +282,10 @@ RunSummary summarize_run(const std::string& run_dir, const std::string& method, 
       run.wait_seconds += w.traffic.comm->wait_seconds;
       run.collectives += w.traffic.comm->collectives;
     }
-    if (w.traffic.pipeline) run.activation_bytes_sent += w.traffic.pipeline->bytes_sent;
+    if (w.traffic.pipeline) {
+      run.activation_bytes_sent += w.traffic.pipeline->bytes_sent;
+      run.micro_batches_dropped += w.traffic.pipeline->micro_batches_dropped;
+    }
     auto& spread = stage_spread[size_t(e.rank % stages)];
     if (w.weight_std && std::isnan(spread.second)) spread = {double(w.stage_params), *w.weight_std};
     stage_idle[size_t(e.rank % stages)].push_back(w.traffic.pipeline ? w.traffic.pipeline->idle_seconds : 0.0);

@@ -70,6 +70,8 @@ struct RunSummary {
   uint64_t activation_bytes_sent = 0;
   double activation_bytes_per_step = 0;
   std::vector<double> pipeline_idle_seconds_per_stage;
+  // Summed over the workers: micro-batches given up because a worker on their route was lost.
+  int64_t micro_batches_dropped = 0;
 
   nlohmann::json to_json() const;
   static RunSummary from_json(const nlohmann::json& j);

@@ -144,10 +144,8 @@ WorkerSummary summarize_worker(const TrainConfig& c, const WorkerInfo& w, const 
   summary.stage_params = stage_params;
   summary.device = c.run.device;
   summary.traffic = traffic_of(w);
-  if (model.computes_loss()) {
-    summary.final_val_loss = val_loss;
-    summary.final_train_loss = last_loss;
-  }
+  if (model.computes_loss() && std::isfinite(val_loss)) summary.final_val_loss = val_loss;
+  if (model.computes_loss() && std::isfinite(last_loss)) summary.final_train_loss = last_loss;
   if (!std::isnan(spread.weight_std)) summary.weight_std = spread.weight_std;
   if (!std::isnan(spread.mean_model_loss)) summary.final_val_loss_mean_model = spread.mean_model_loss;
   if (rejoined) summary.rejoin = WorkerSummary::Rejoin{rejoined->step, rejoined->donor, rejoined->seconds};
@@ -252,12 +250,18 @@ nlohmann::json train(const TrainConfig& c, const WorkerInfo& w) {
     const double lr = learning_rate(c.inner, step);
     inner.set_lr(lr);
     flat.grads().zero_();
-    const double loss = model->train_step(step);
-    if (model->computes_loss() && !std::isfinite(loss))
+    const StepOutcome outcome = model->train_step(step);
+    const double loss = outcome.loss;
+    if (model->computes_loss() && outcome.micro_batches > 0 && !std::isfinite(loss))
       throw std::runtime_error(fmt::format("loss became {} at step {} (lower lr?)", loss, step));
-    outer->on_gradients(flat);
-    const double grad_norm = inner.clip_gradients(c.inner.clip);
-    inner.step();
+    // A pipeline worker whose micro-batches were all dropped (or that sits out
+    // the step, restarted and not yet routed to) has nothing to apply.
+    double grad_norm = 0;
+    if (outcome.micro_batches > 0) {
+      outer->on_gradients(flat);
+      grad_norm = inner.clip_gradients(c.inner.clip);
+      inner.step();
+    }
     const int64_t done = step + 1;
     const bool last = done == c.inner.steps;
     const auto outer_start = std::chrono::steady_clock::now();
@@ -280,24 +284,24 @@ nlohmann::json train(const TrainConfig& c, const WorkerInfo& w) {
     if (!syncs.empty() && w.membership)
       for (int to : serve_rejoins(*w.membership, *w.transport, state, done))
         telemetry.write(record(done, "donate", w, {{"to", to}}));
-    last_loss = loss;
+    if (std::isfinite(loss)) last_loss = loss;
     throughput.step(tokens_per_step, w.link ? w.link->stats().bytes_sent : 0);
 
     if (done % c.eval.log_interval == 0 || last) {
       auto r = record(done, "train", w, {{"lr", lr}, {"grad_norm", grad_norm}});
       if (w.transport) r["outer_blocked_seconds"] = tally.blocked_seconds;
-      if (model->computes_loss()) r["loss"] = loss;
+      if (std::isfinite(loss)) r["loss"] = loss;
       throughput.report(done, r);
       telemetry.write(r);
     }
     if (done % c.eval.interval == 0 || last) {
-      val_loss = model->evaluate();
+      val_loss = model->evaluate(done);
       if (across_replicas) {
-        spread = evaluate_across_replicas(done, *w.transport, *w.membership, flat, [&] { return model->evaluate(); });
+        spread = evaluate_across_replicas(done, *w.transport, *w.membership, flat, *model);
         evaluation_bytes += spread.bytes_sent;
       }
       auto r = record(done, "val", w, {{"lr", lr}});
-      if (model->computes_loss()) r["loss"] = val_loss;
+      if (std::isfinite(val_loss)) r["loss"] = val_loss;
       if (!std::isnan(spread.weight_std)) r["weight_std"] = spread.weight_std;
       if (!std::isnan(spread.weight_std) && w.stages > 1) r["stage_params"] = flat.numel();
       if (!std::isnan(spread.mean_model_loss)) r["loss_mean_model"] = spread.mean_model_loss;
@@ -309,7 +313,7 @@ nlohmann::json train(const TrainConfig& c, const WorkerInfo& w) {
     }
     checkpoints.after_step(done);
   }
-  if (first_step == c.inner.steps) val_loss = model->evaluate();  // resumed at the end: report anyway
+  if (first_step == c.inner.steps) val_loss = model->evaluate(first_step);  // resumed at the end: report anyway
   if (w.membership) w.membership->finish();
 
   // Under ddp every step synchronises, all its traffic is that, and it all blocks.
