@@ -285,7 +285,7 @@ nlohmann::json train(const TrainConfig& c, const WorkerInfo& w) {
       for (int to : serve_rejoins(*w.membership, *w.transport, state, done))
         telemetry.write(record(done, "donate", w, {{"to", to}}));
     if (std::isfinite(loss)) last_loss = loss;
-    throughput.step(tokens_per_step, w.link ? w.link->stats().bytes_sent : 0);
+    throughput.step(outcome.micro_batches > 0 ? tokens_per_step : 0, w.link ? w.link->stats().bytes_sent : 0);
 
     if (done % c.eval.log_interval == 0 || last) {
       auto r = record(done, "train", w, {{"lr", lr}, {"grad_norm", grad_norm}});
