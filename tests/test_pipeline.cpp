@@ -435,6 +435,21 @@ TEST_F(Pipeline, RandomRoutingGoesAroundAKilledStageWorker) {
   EXPECT_EQ(trained.at(1).size(), 12u);
 }
 
+// A hung stage worker (SIGSTOP) is killed by the launcher once its heartbeat
+// is silent for heartbeat_timeout, long before peer_timeout; then it is
+// routed around like a crashed one.
+TEST_F(Pipeline, AHungStageWorkerIsKilledByItsHeartbeatAndRoutedAround) {
+  auto r = noloco::testing::run_cli(small_train_args(dir / "c.txt", dir / "hung") +
+                                        " method=noloco replicas=4 stages=2 batch=2 grad_accum=2 steps=40 outer_interval=5"
+                                        " peer_timeout=600 heartbeat_timeout=4 inject_crash=3:12:freeze",
+                                    run_timeout_s);
+  ASSERT_EQ(r.exit_code, 3) << r.output;
+  EXPECT_NE(r.output.find("worker 3 sent no heartbeat for"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("finished with 7 of 8 workers"), std::string::npos) << r.output;
+  const auto trained = losses(dir / "hung", "train");
+  for (int d : {0, 2, 3}) EXPECT_EQ(trained.at(d).size(), 40u) << "replica " << d;
+}
+
 // With restarts=1 the killed worker comes back: it takes its stage's state
 // from a live replica of that stage and is routed to again.
 TEST_F(Pipeline, AKilledStageWorkerRestartsAndRejoinsItsStage) {
