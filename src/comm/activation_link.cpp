@@ -18,7 +18,6 @@ ActivationLink::ActivationLink(const StorePtr& store, const WorkerEnv& env, int 
       env_(env),
       stages_(stages),
       self_{env.rank, incarnation},
-      bind_(bind),
       timeout_(timeout),
       run_id_(run_id_of(env.token)),
       rosters_(store, env.token, stages, env.world / stages),

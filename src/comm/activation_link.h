@@ -82,7 +82,6 @@ class ActivationLink {
   WorkerEnv env_;
   int stages_;
   Peer self_;  // rank: this worker's global rank
-  std::string bind_;
   std::chrono::milliseconds timeout_;
   int64_t run_id_;
   PipelineRoster rosters_;
