@@ -44,8 +44,33 @@ TEST(Report, TableMatchesSummariesAndPlotsAreWritten) {
                                                   dir / method, common));
     ASSERT_EQ(r.exit_code, 0) << r.output;
   }
-  const auto md = write_report({dir / "noloco", dir / "diloco"}, dir / "report");
+  const auto md = write_report({dir / "noloco", dir / "diloco"}, dir / "report", /*target_loss=*/100.0);
   EXPECT_EQ(read_file(dir / "report/report.md"), md);
+  // Every loss is below 100: each run reaches it at its first validation (step 4),
+  // timed by the last of its replicas to log that validation.
+  for (auto method : {"noloco", "diloco"}) {
+    double seconds = -1, evaluating = -1;
+    std::istringstream metrics(read_file(dir / method + "/metrics.jsonl"));
+    for (std::string line; std::getline(metrics, line);) {
+      const auto j = nlohmann::json::parse(line);
+      if (j.value("split", "") == "val" && j["step"] == 4 && j["elapsed"].get<double>() >= seconds) {
+        seconds = j["elapsed"].get<double>();
+        evaluating = j["evaluation_seconds"].get<double>();
+      }
+    }
+    EXPECT_GT(evaluating, 0) << method;
+    EXPECT_LT(evaluating, seconds) << method;
+    ASSERT_GE(seconds, 0) << method;
+    const auto cells = row_of(md, method);
+    ASSERT_EQ(cells.size(), 12u) << md;  // the comparison row; the time row comes after it
+    const auto timed = row_of(time_to_loss_table({dir / method}, 100.0), method);
+    ASSERT_EQ(timed.size(), 6u);
+    EXPECT_EQ(timed[2], "4");
+    EXPECT_EQ(timed[3], fmt::format("{:.0f}", seconds));
+    EXPECT_EQ(timed[4], fmt::format("{:.0f}", evaluating));
+    EXPECT_NE(md.find("| " + timed[2] + " | " + timed[3] + " |"), std::string::npos) << md;
+  }
+  EXPECT_EQ(row_of(time_to_loss_table({dir / "noloco"}, 0.01), "noloco")[2], "not reached");
   for (auto method : {"noloco", "diloco"}) {
     const auto summary = read_json(dir / method + "/summary.json");
     const auto cells = row_of(md, method);

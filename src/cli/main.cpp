@@ -304,14 +304,19 @@ int run_prepare(const std::vector<std::string>& args) {
 
 int run_report(const std::vector<std::string>& args) {
   std::string out_dir;
+  double target_loss = 0;
   Options options("report");
-  options.add("out", out_dir, "write report.md and plots here");
+  options.add("out", out_dir, "write report.md and plots here")
+      .add("target_loss", target_loss, "also time each run to its first validation loss at most this (0: off)");
   const auto runs = options.parse_known(args);
   if (runs.empty()) throw std::invalid_argument("report needs at least one run directory");
+  if (target_loss < 0) throw std::invalid_argument("report needs target_loss >= 0");
+  const auto target = target_loss > 0 ? std::optional<double>(target_loss) : std::nullopt;
   if (out_dir.empty()) {
     std::cout << comparison_table(runs);
+    if (target) std::cout << "\n" << time_to_loss_table(runs, *target);
   } else {
-    std::cout << write_report(runs, out_dir);
+    std::cout << write_report(runs, out_dir, target);
     fmt::print("\nwrote {}/report.md and its plots\n", out_dir);
   }
   return 0;

@@ -10,6 +10,7 @@
 
 #include "train/run_summary.h"
 #include "util/files.h"
+#include "util/human.h"
 #include "util/svg_plot.h"
 
 namespace noloco {
@@ -18,12 +19,16 @@ namespace {
 
 struct Curves {
   std::vector<std::pair<double, double>> loss_by_step, loss_by_bytes, std_by_step;
+  // Per validation step, from its last replica to log it: seconds since
+  // training began, and how many of them went to evaluating.
+  std::vector<std::pair<double, double>> seconds;
 };
 
-// Per validation step: the replicas' mean loss, the weight spread, and the
-// training bytes all replicas had sent by then.
+// Per validation step: the replicas' mean loss, the weight spread, the
+// training bytes all replicas had sent by then, and the wall-clock.
 Curves read_curves(const std::string& run_dir) {
   std::map<int64_t, std::vector<double>> val;
+  std::map<int64_t, std::pair<double, double>> val_seconds;
   // step -> stage -> (parameters, weight std): a pipeline logs the spread per stage
   std::map<int64_t, std::map<int, std::pair<double, double>>> spread;
   std::map<int, std::map<int64_t, double>> sent;  // worker -> step -> cumulative bytes
@@ -34,6 +39,8 @@ Curves read_curves(const std::string& run_dir) {
     const auto step = j.value("step", int64_t(0));
     if (j["split"] == "val") {
       if (j.contains("loss")) val[step].push_back(j["loss"].get<double>());
+      if (j.contains("elapsed") && j["elapsed"].get<double>() >= val_seconds[step].first)
+        val_seconds[step] = {j["elapsed"].get<double>(), j.value("evaluation_seconds", 0.0)};
       if (j.contains("weight_std"))
         spread[step][j.value("stage", 0)] = {j.value("stage_params", 1.0), j["weight_std"].get<double>()};
     } else if (j["split"] == "train" && j.contains("bytes_sent")) {
@@ -52,6 +59,7 @@ Curves read_curves(const std::string& run_dir) {
       if (it != by_step.begin()) bytes += std::prev(it)->second;
     }
     c.loss_by_bytes.emplace_back(bytes, mean);
+    c.seconds.push_back(val_seconds.count(step) ? val_seconds[step] : std::pair{std::nan(""), std::nan("")});
   }
   for (auto& [step, by_stage] : spread) {
     std::vector<std::pair<double, double>> stages;
@@ -70,7 +78,31 @@ std::string method_color(const std::string& method) {
 
 }  // namespace
 
-std::string write_report(const std::vector<std::string>& run_dirs, const std::string& out_dir) {
+std::string time_to_loss_table(const std::vector<std::string>& run_dirs, double target) {
+  std::string t = fmt::format(
+      "| run | method | first val step ≤ {0} | wall s to it | of which evaluating | training bytes to it "
+      "|\n|---|---|---|---|---|---|\n",
+      target);
+  for (const auto& dir : run_dirs) {
+    const auto c = read_curves(dir);
+    const auto name = std::filesystem::path(dir).filename().string();
+    const auto method = RunSummary::read(dir).method;
+    size_t i = 0;
+    while (i < c.loss_by_step.size() && !(c.loss_by_step[i].second <= target)) ++i;
+    if (i == c.loss_by_step.size()) {
+      t += fmt::format("| {} | {} | not reached | – | – | – |\n", name, method);
+    } else {
+      auto seconds = [](double s) { return std::isnan(s) ? std::string("–") : fmt::format("{:.0f}", s); };
+      t += fmt::format("| {} | {} | {:.0f} | {} | {} | {} |\n", name, method, c.loss_by_step[i].first,
+                       seconds(c.seconds[i].first), seconds(c.seconds[i].second),
+                       format_count(c.loss_by_bytes[i].first));
+    }
+  }
+  return t;
+}
+
+std::string write_report(const std::vector<std::string>& run_dirs, const std::string& out_dir,
+                         std::optional<double> target_loss) {
   std::filesystem::create_directories(out_dir);
   std::vector<PlotSeries> by_step, by_bytes, spread;
   std::map<std::string, int> seen_methods;
@@ -98,6 +130,7 @@ std::string write_report(const std::vector<std::string>& run_dirs, const std::st
                    "column evaluates the average of the replicas' weights. Bytes count training traffic only.\n\n"
                    "![validation loss against step](val_loss_vs_step.svg)\n\n"
                    "![validation loss against bytes](val_loss_vs_bytes.svg)\n";
+  if (target_loss) md += "\n" + time_to_loss_table(run_dirs, *target_loss);
   if (!spread.empty()) {
     write_file_atomic(out_dir + "/weight_std_vs_step.svg",
                       line_chart_svg(spread, {"Spread of weights across replicas", "inner step",

@@ -241,6 +241,7 @@ nlohmann::json train(const TrainConfig& c, const WorkerInfo& w) {
   const int64_t tokens_per_step = c.inner.batch * c.inner.grad_accum * arch.context;
   const bool across_replicas = w.transport && w.membership && w.replicas > 1;
   uint64_t evaluation_bytes = 0;  // sent for evaluations across replicas, apart from training traffic
+  double evaluation_seconds = 0;  // likewise: time to a target loss is training time, the rest is ours
   double val_loss = std::nan(""), last_loss = std::nan("");
   ReplicaSpread spread;
   OuterTally tally;
@@ -295,12 +296,16 @@ nlohmann::json train(const TrainConfig& c, const WorkerInfo& w) {
       telemetry.write(r);
     }
     if (done % c.eval.interval == 0 || last) {
+      const auto evaluation_start = Clock::now();
       val_loss = model->evaluate(done);
       if (across_replicas) {
         spread = evaluate_across_replicas(done, *w.transport, *w.membership, flat, *model);
         evaluation_bytes += spread.bytes_sent;
       }
-      auto r = record(done, "val", w, {{"lr", lr}});
+      evaluation_seconds += seconds_since(evaluation_start);
+      // So that `report target_loss=` can time runs to a loss.
+      auto r = record(done, "val", w,
+                      {{"lr", lr}, {"elapsed", seconds_since(start)}, {"evaluation_seconds", evaluation_seconds}});
       if (std::isfinite(val_loss)) r["loss"] = val_loss;
       if (!std::isnan(spread.weight_std)) r["weight_std"] = spread.weight_std;
       if (!std::isnan(spread.weight_std) && w.stages > 1) r["stage_params"] = flat.numel();
