@@ -146,5 +146,8 @@ TEST(Config, FragmentsAndOverlapOnlyWhereTheyMeanSomething) {
   const auto c = parse_config("", {"method=noloco", "replicas=2", "fragments=4", "overlap=true"});
   EXPECT_EQ(c.outer.fragments, 4);  // within the default H = 50
   EXPECT_TRUE(c.outer.overlap);
+  EXPECT_NE(error_of("", {"method=noloco", "replicas=2", "eager=true"}).find("eager needs overlap=true"),
+            std::string::npos);
+  EXPECT_TRUE(parse_config("", {"method=diloco", "replicas=2", "overlap=true", "eager=true"}).outer.eager);
   EXPECT_NO_THROW(parse_config("", {"method=none", "replicas=4"})) << "independent replicas: the utilisation baseline";
 }

@@ -225,6 +225,40 @@ TEST(Outer, OverlappedDiLoCoAppliesOnePeriodLateKeepingLocalProgressByHand) {
   EXPECT_TRUE(outer->finish(flat).empty());
 }
 
+TEST(Outer, EagerOverlapStepsWithTheOwnDeltaAndTheLateMeanReplacesItByHand) {
+  auto c = outer_config("diloco", 0.3, 0.7, 0.7);
+  c.outer.overlap = true;
+  c.outer.eager = true;
+  Rig rig(c);
+  auto& [m, flat, comm, outer] = rig;
+  outer->load({{"outer.phi", torch::tensor({1.0f, 2.0f, -1.0f})},
+               {"outer.momentum", torch::zeros({3})},
+               {"outer.start", torch::tensor({1.0f, 2.0f, -1.0f})},
+               {"outer.pending_delta", torch::zeros({3})},
+               {"outer.pending_phi", torch::zeros({3})},
+               {"outer.pending_flags", torch::zeros({3}, torch::kFloat64)}});
+  comm.peers = {torch::tensor({0.1f, 0.3f, -0.2f}), torch::tensor({0.1f, 0.1f, 0.1f})};
+  flat.values().copy_(torch::tensor({1.5f, 1.0f, 0.0f}));  // Δ0 = [0.5, -1, 1]
+  // Period 1 ends: its exchange starts with Δ0, and θ takes the replica's own
+  // outer step at once: φ + 0.3·0 + 0.7·Δ0.
+  EXPECT_FALSE(outer->after_inner_step(3, flat).has_value());
+  expect_values(flat.values(), {1.35, 1.3, -0.3});
+  flat.values().add_(torch::tensor({0.5f, 0.0f, 0.5f}));  // progress in period 2
+  // Period 2 ends: the mean Δ [0.3, -0.35, 0.4] gives m = [0.21, -0.245, 0.28],
+  // φ = [1.21, 1.755, -0.72], θ = φ + progress = [1.71, 1.755, -0.22] (as without
+  // eager), whose Δ [0.5, 0, 0.5] is sent; then the eager step
+  // θ = φ + 0.3·m + 0.7·Δ = [1.623, 1.6815, -0.286].
+  auto applied = outer->after_inner_step(7, flat);
+  ASSERT_TRUE(applied.has_value());
+  EXPECT_EQ(applied->outer_step, 0);
+  expect_values(flat.values(), {1.623, 1.6815, -0.286});
+  // finish(): mean Δ [0.3, 0.05, 0.3], m = [0.273, -0.0385, 0.294]; no progress
+  // since the eager step, so θ = φ, the same end as without eager.
+  ASSERT_EQ(outer->finish(flat).size(), 1u);
+  expect_values(comm.sent, {0.5, 0.0, 0.5});  // period 2's Δ, measured from φ, not from the eager step
+  expect_values(flat.values(), {1.483, 1.7165, -0.426});
+}
+
 TEST(Outer, OverlappedNoLoCoStateWithAnExchangeInFlightResumesBitIdentically) {
   auto c = outer_config("noloco", 0.5, 0.7, 0.4);
   c.outer.overlap = true;

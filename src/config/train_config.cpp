@@ -95,6 +95,9 @@ Options config_options(TrainConfig& c) {
            "diloco/noloco: synchronise the weights in this many slices at staggered steps of each period")
       .add("overlap", c.outer.overlap,
            "diloco/noloco: exchange while the next period trains; apply the result one period late")
+      .add("eager", c.outer.eager,
+           "with overlap: take the outer step with the replica's own delta at once; the exchange's result, a period "
+           "later, corrects it")
       .add("bind", c.comm.bind, "address workers and the store listen on")
       .add("port", c.comm.port, "store port; 0: a free one")
       .add("peer_timeout", c.comm.peer_timeout, "seconds before a silent peer is given up")
@@ -236,6 +239,7 @@ void TrainConfig::validate() const {
     invalid(fmt::format("fragments ({}) must not exceed outer_interval ({})", outer.fragments, outer.interval));
   if ((outer.fragments > 1 || outer.overlap) && method != "diloco" && method != "noloco")
     invalid("fragments and overlap apply to diloco and noloco");
+  if (outer.eager && !outer.overlap) invalid("eager needs overlap=true (it corrects an exchange that arrives late)");
   if (outer.message != "theta" && outer.message != "delta_phi")
     invalid(fmt::format("noloco_message must be theta or delta_phi, got '{}'", outer.message));
   if (outer.message == "theta" && outer.gamma != outer.lr)

@@ -58,9 +58,11 @@ struct OuterConfig {
   int64_t phi_bits = 4;
   int64_t phi_every = 1;  // φ travels (and pulls) every phi_every-th outer step
   // Schedules (optim/slow_weights.h): the weights in `fragments` slices
-  // synchronised at staggered steps; exchanges overlapped with the next period.
+  // synchronised at staggered steps; exchanges overlapped with the next period,
+  // with `eager`: each replica stepping with its own Δ meanwhile.
   int64_t fragments = 1;
   bool overlap = false;
+  bool eager = false;
 };
 
 // The network: where to listen, how long to wait for whom.

@@ -147,7 +147,6 @@ std::optional<OuterSync> SlowWeightsMethod::after_inner_step(int64_t step, FlatP
     applied = r.sync;
     pending = Pending{};
   }
-  start_.narrow(0, f.offset, f.numel).copy_(theta);
   pending.future = thread_->submit([this, id, f, outer_step, theta = theta.clone(), phi = phi.clone()] {
     Result r;
     r.sync.outer_step = outer_step;
@@ -155,6 +154,11 @@ std::optional<OuterSync> SlowWeightsMethod::after_inner_step(int64_t step, FlatP
     r.terms = exchange(id, f, theta, phi, r.sync);
     return r;
   });
+  // Eager: the outer step with this replica's own Δ (and no pull: the partners'
+  // φ is not known yet) now, so the next period trains from where the outer
+  // step will roughly be; apply_late swaps it for the real one.
+  if (config_.eager) theta.copy_(phi + config_.momentum * momentum + config_.lr * (theta - phi));
+  start_.narrow(0, f.offset, f.numel).copy_(theta);
   return applied;
 }
 

@@ -13,6 +13,8 @@
 //    the next period trains, and is applied one period late, keeping the
 //    local progress made meanwhile: θ ← φ_new + (θ − θ_start). Checkpoints and
 //    state hand-overs wait for the exchange in flight and keep its result.
+//    With eager=true each replica meanwhile trains from its own outer step
+//    θ_start = φ + α·m + β·Δ_own, which the late result replaces.
 #pragma once
 #include <functional>
 #include <future>
