@@ -79,6 +79,20 @@ void expect_values(const torch::Tensor& t, std::vector<double> expected) {
   for (size_t i = 0; i < expected.size(); ++i) EXPECT_NEAR(t[long(i)].item<double>(), expected[i], 1e-6) << i;
 }
 
+// The by-hand overlap tests' start: φ = [1, 2, -1], m = 0, nothing in flight,
+// θ = [1.5, 1, 0] (Δ0 = [0.5, -1, 1]); the peer sends [0.1, 0.3, -0.2] in the
+// first exchange and [0.1, 0.1, 0.1] in the second.
+void load_overlap_example(Rig& rig) {
+  rig.outer->load({{"outer.phi", torch::tensor({1.0f, 2.0f, -1.0f})},
+                   {"outer.momentum", torch::zeros({3})},
+                   {"outer.start", torch::tensor({1.0f, 2.0f, -1.0f})},
+                   {"outer.pending_delta", torch::zeros({3})},
+                   {"outer.pending_phi", torch::zeros({3})},
+                   {"outer.pending_flags", torch::zeros({3}, torch::kFloat64)}});
+  rig.comm.peers = {torch::tensor({0.1f, 0.3f, -0.2f}), torch::tensor({0.1f, 0.1f, 0.1f})};
+  rig.flat.values().copy_(torch::tensor({1.5f, 1.0f, 0.0f}));
+}
+
 }  // namespace
 
 TEST(Outer, NoLoCoStepByHandWithDistinctAlphaBetaGamma) {
@@ -196,15 +210,8 @@ TEST(Outer, OverlappedDiLoCoAppliesOnePeriodLateKeepingLocalProgressByHand) {
   auto c = outer_config("diloco", 0.3, 0.7, 0.7);
   c.outer.overlap = true;
   Rig rig(c);
+  load_overlap_example(rig);
   auto& [m, flat, comm, outer] = rig;
-  outer->load({{"outer.phi", torch::tensor({1.0f, 2.0f, -1.0f})},
-               {"outer.momentum", torch::zeros({3})},
-               {"outer.start", torch::tensor({1.0f, 2.0f, -1.0f})},
-               {"outer.pending_delta", torch::zeros({3})},
-               {"outer.pending_phi", torch::zeros({3})},
-               {"outer.pending_flags", torch::zeros({3}, torch::kFloat64)}});
-  comm.peers = {torch::tensor({0.1f, 0.3f, -0.2f}), torch::tensor({0.1f, 0.1f, 0.1f})};
-  flat.values().copy_(torch::tensor({1.5f, 1.0f, 0.0f}));  // Δ0 = [0.5, -1, 1]
   // Period 1 ends: its exchange starts, nothing is applied, θ trains on.
   EXPECT_FALSE(outer->after_inner_step(3, flat).has_value());
   expect_values(flat.values(), {1.5, 1.0, 0.0});
@@ -230,15 +237,8 @@ TEST(Outer, EagerOverlapStepsWithTheOwnDeltaAndTheLateMeanReplacesItByHand) {
   c.outer.overlap = true;
   c.outer.eager = true;
   Rig rig(c);
+  load_overlap_example(rig);
   auto& [m, flat, comm, outer] = rig;
-  outer->load({{"outer.phi", torch::tensor({1.0f, 2.0f, -1.0f})},
-               {"outer.momentum", torch::zeros({3})},
-               {"outer.start", torch::tensor({1.0f, 2.0f, -1.0f})},
-               {"outer.pending_delta", torch::zeros({3})},
-               {"outer.pending_phi", torch::zeros({3})},
-               {"outer.pending_flags", torch::zeros({3}, torch::kFloat64)}});
-  comm.peers = {torch::tensor({0.1f, 0.3f, -0.2f}), torch::tensor({0.1f, 0.1f, 0.1f})};
-  flat.values().copy_(torch::tensor({1.5f, 1.0f, 0.0f}));  // Δ0 = [0.5, -1, 1]
   // Period 1 ends: its exchange starts with Δ0, and θ takes the replica's own
   // outer step at once: φ + 0.3·0 + 0.7·Δ0.
   EXPECT_FALSE(outer->after_inner_step(3, flat).has_value());
