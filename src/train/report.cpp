@@ -76,17 +76,22 @@ std::string method_color(const std::string& method) {
   return "#7f7f7f";
 }
 
-}  // namespace
+// One run as the report shows it: its directory's name, method and curves.
+struct Run {
+  std::string name, method;
+  Curves curves;
+};
 
-std::string time_to_loss_table(const std::vector<std::string>& run_dirs, double target) {
+Run read_run(const std::string& dir) {
+  return {std::filesystem::path(dir).filename().string(), RunSummary::read(dir).method, read_curves(dir)};
+}
+
+std::string time_to_loss_table(const std::vector<Run>& runs, double target) {
   std::string t = fmt::format(
       "| run | method | first val step ≤ {0} | wall s to it | of which evaluating | training bytes to it "
       "|\n|---|---|---|---|---|---|\n",
       target);
-  for (const auto& dir : run_dirs) {
-    const auto c = read_curves(dir);
-    const auto name = std::filesystem::path(dir).filename().string();
-    const auto method = RunSummary::read(dir).method;
+  for (const auto& [name, method, c] : runs) {
     size_t i = 0;
     while (i < c.loss_by_step.size() && !(c.loss_by_step[i].second <= target)) ++i;
     if (i == c.loss_by_step.size()) {
@@ -101,16 +106,24 @@ std::string time_to_loss_table(const std::vector<std::string>& run_dirs, double 
   return t;
 }
 
+}  // namespace
+
+std::string time_to_loss_table(const std::vector<std::string>& run_dirs, double target) {
+  std::vector<Run> runs;
+  for (const auto& dir : run_dirs) runs.push_back(read_run(dir));
+  return time_to_loss_table(runs, target);
+}
+
 std::string write_report(const std::vector<std::string>& run_dirs, const std::string& out_dir,
                          std::optional<double> target_loss) {
   std::filesystem::create_directories(out_dir);
   std::vector<PlotSeries> by_step, by_bytes, spread;
   std::map<std::string, int> seen_methods;
-  for (const auto& dir : run_dirs) {
-    const std::string method = RunSummary::read(dir).method;
-    const auto curves = read_curves(dir);
+  std::vector<Run> runs;
+  for (const auto& dir : run_dirs) runs.push_back(read_run(dir));
+  for (const auto& [name, method, curves] : runs) {
     PlotSeries s;
-    s.name = fmt::format("{} ({})", std::filesystem::path(dir).filename().string(), method);
+    s.name = fmt::format("{} ({})", name, method);
     s.color = method_color(method);
     s.dashed = seen_methods[method]++ > 0;  // a second run of a method: same colour, dashed
     s.points = curves.loss_by_step;
@@ -130,7 +143,7 @@ std::string write_report(const std::vector<std::string>& run_dirs, const std::st
                    "column evaluates the average of the replicas' weights. Bytes count training traffic only.\n\n"
                    "![validation loss against step](val_loss_vs_step.svg)\n\n"
                    "![validation loss against bytes](val_loss_vs_bytes.svg)\n";
-  if (target_loss) md += "\n" + time_to_loss_table(run_dirs, *target_loss);
+  if (target_loss) md += "\n" + time_to_loss_table(runs, *target_loss);
   if (!spread.empty()) {
     write_file_atomic(out_dir + "/weight_std_vs_step.svg",
                       line_chart_svg(spread, {"Spread of weights across replicas", "inner step",
