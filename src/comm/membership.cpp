@@ -130,10 +130,16 @@ int Membership::request_state(std::chrono::milliseconds timeout) {
         return std::stoi(std::string(donor.begin(), donor.end()));
       }
       const auto dead = read_or_empty(*members_, "dead"), finished = read_or_empty(*members_, "finished");
-      bool anyone = false;
-      for (int r = 0; r < world_; ++r)
-        anyone |= r != rank_ && !list_has(dead, std::to_string(r)) && !list_has(finished, std::to_string(r));
-      if (!anyone) throw std::runtime_error("no live replica is left to rejoin from");
+      bool anyone = false, someone_finished = false;
+      for (int r = 0; r < world_; ++r) {
+        if (r == rank_) continue;
+        const bool done = list_has(finished, std::to_string(r));
+        someone_finished |= done;
+        anyone |= !done && !list_has(dead, std::to_string(r));
+      }
+      if (!anyone)
+        throw std::runtime_error(someone_finished ? "the run finished before this worker could rejoin it"
+                                                  : "no live replica is left to rejoin from");
     }
     if (Clock::now() > deadline)
       throw std::runtime_error(fmt::format("no live replica handed over its state within {} s", timeout.count() / 1000));
