@@ -4,9 +4,9 @@
 
 namespace noloco {
 
-namespace {
-
 torch::Tensor cpu_fp32(const torch::Tensor& t) { return t.detach().to(torch::kCPU, torch::kFloat32).contiguous(); }
+
+namespace {
 
 // max |x| of every block of `block` values (the last one may be short).
 torch::Tensor block_peaks(const torch::Tensor& x, int64_t block) {

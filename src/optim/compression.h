@@ -17,6 +17,10 @@ namespace noloco {
 // The wire codec a config asks for.
 CodecSpec codec_spec(const OuterConfig& config);
 
+// What every codec encodes from: a contiguous fp32 copy on the CPU (the
+// weights may live on a GPU or train in another precision).
+torch::Tensor cpu_fp32(const torch::Tensor& t);
+
 // An increment (the pseudo-gradient Δ) through a wire codec with error
 // feedback: what the codec could not carry this time is added to what is
 // sent next time, so compression delays information instead of losing it.

@@ -9,8 +9,6 @@ namespace noloco {
 
 namespace {
 
-torch::Tensor cpu_fp32(const torch::Tensor& t) { return t.detach().to(torch::kCPU, torch::kFloat32).contiguous(); }
-
 // The mean of this replica's own values and the others' decoded ones, summed
 // in rank order from zero.
 torch::Tensor rank_ordered_mean(int me, const torch::Tensor& own, const std::map<int, torch::Tensor>& others) {
