@@ -1,5 +1,6 @@
 #include <gtest/gtest.h>
 
+#include <map>
 #include <sstream>
 
 #include <fmt/format.h>
@@ -44,7 +45,7 @@ TEST(Report, TableMatchesSummariesAndPlotsAreWritten) {
                                                   dir / method, common));
     ASSERT_EQ(r.exit_code, 0) << r.output;
   }
-  const auto md = write_report({dir / "noloco", dir / "diloco"}, dir / "report", /*target_loss=*/100.0);
+  const auto md = write_report({dir / "noloco", dir / "diloco"}, dir / "report", {100.0, std::pair{int64_t(2), int64_t(8)}});
   EXPECT_EQ(read_file(dir / "report/report.md"), md);
   // Every loss is below 100: each run reaches it at its first validation (step 4),
   // timed by the last of its replicas to log that validation.
@@ -71,6 +72,31 @@ TEST(Report, TableMatchesSummariesAndPlotsAreWritten) {
     EXPECT_NE(md.find("| " + timed[2] + " | " + timed[3] + " |"), std::string::npos) << md;
   }
   EXPECT_EQ(row_of(time_to_loss_table({dir / "noloco"}, 0.01), "noloco")[2], "not reached");
+  // Throughput between steps 2 and 8: each replica's tokens (8 steps of batch 2
+  // x context 32 by step 8) over its own seconds, summed over the replicas.
+  std::map<std::string, double> tokens_per_second;
+  for (auto method : {"noloco", "diloco"}) {
+    std::map<int, std::map<int64_t, std::pair<double, double>>> at;
+    std::istringstream metrics(read_file(dir / method + "/metrics.jsonl"));
+    for (std::string line; std::getline(metrics, line);) {
+      const auto j = nlohmann::json::parse(line);
+      if (j.value("split", "") == "train")
+        at[j["replica"].get<int>()][j["step"].get<int64_t>()] = {j["tokens"].get<double>(), j["elapsed"].get<double>()};
+    }
+    ASSERT_EQ(at.size(), 2u);
+    for (auto& [replica, by_step] : at) {
+      EXPECT_EQ(by_step.at(8).first, 8 * 2 * 32) << method;
+      tokens_per_second[method] += (by_step.at(8).first - by_step.at(2).first) / (by_step.at(8).second - by_step.at(2).second);
+    }
+    const auto cells = row_of(md.substr(md.find("tokens/s, steps 2–8")), method);
+    ASSERT_EQ(cells.size(), 5u) << md;
+    EXPECT_EQ(cells[2], "2");
+    EXPECT_EQ(cells[3], fmt::format("{:.0f}", tokens_per_second[method]));
+  }
+  const auto shares = throughput_table({dir / "diloco", dir / "noloco"}, 2, 8);
+  EXPECT_EQ(row_of(shares, "diloco")[4], "100.0%");
+  EXPECT_EQ(row_of(shares, "noloco")[4], fmt::format("{:.1f}%", 100 * tokens_per_second["noloco"] / tokens_per_second["diloco"]));
+  EXPECT_EQ(row_of(throughput_table({dir / "noloco"}, 3, 8), "noloco")[3], "–") << "no records at step 3";
   for (auto method : {"noloco", "diloco"}) {
     const auto summary = read_json(dir / method + "/summary.json");
     const auto cells = row_of(md, method);

@@ -303,20 +303,39 @@ int run_prepare(const std::vector<std::string>& args) {
 }
 
 int run_report(const std::vector<std::string>& args) {
-  std::string out_dir;
+  std::string out_dir, throughput;
   double target_loss = 0;
   Options options("report");
   options.add("out", out_dir, "write report.md and plots here")
-      .add("target_loss", target_loss, "also time each run to its first validation loss at most this (0: off)");
+      .add("target_loss", target_loss, "also time each run to its first validation loss at most this (0: off)")
+      .add("throughput", throughput, "FROM:TO: also tokens/s between these steps, and as a share of the first run's");
   const auto runs = options.parse_known(args);
   if (runs.empty()) throw std::invalid_argument("report needs at least one run directory");
   if (target_loss < 0) throw std::invalid_argument("report needs target_loss >= 0");
-  const auto target = target_loss > 0 ? std::optional<double>(target_loss) : std::nullopt;
+  ReportOptions report;
+  if (target_loss > 0) report.target_loss = target_loss;
+  if (!throughput.empty()) {
+    const auto colon = throughput.find(':');
+    const auto bad = std::invalid_argument(
+        fmt::format("report throughput wants two steps FROM:TO with 0 <= FROM < TO, got '{}'", throughput));
+    if (colon == std::string::npos) throw bad;
+    int64_t from = -1, to = -1;
+    try {
+      from = parse_integer("throughput", throughput.substr(0, colon));
+      to = parse_integer("throughput", throughput.substr(colon + 1));
+    } catch (const std::invalid_argument&) {
+      throw bad;
+    }
+    if (from < 0 || to <= from) throw bad;
+    report.throughput_steps = std::pair{from, to};
+  }
   if (out_dir.empty()) {
     std::cout << comparison_table(runs);
-    if (target) std::cout << "\n" << time_to_loss_table(runs, *target);
+    if (report.target_loss) std::cout << "\n" << time_to_loss_table(runs, *report.target_loss);
+    if (report.throughput_steps)
+      std::cout << "\n" << throughput_table(runs, report.throughput_steps->first, report.throughput_steps->second);
   } else {
-    std::cout << write_report(runs, out_dir, target);
+    std::cout << write_report(runs, out_dir, report);
     fmt::print("\nwrote {}/report.md and its plots\n", out_dir);
   }
   return 0;

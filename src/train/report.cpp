@@ -22,6 +22,8 @@ struct Curves {
   // Per validation step, from its last replica to log it: seconds since
   // training began, and how many of them went to evaluating.
   std::vector<std::pair<double, double>> seconds;
+  // replica -> step -> (tokens, seconds) since its process began, from train records
+  std::map<int, std::map<int64_t, std::pair<double, double>>> progress;
 };
 
 // Per validation step: the replicas' mean loss, the weight spread, the
@@ -32,6 +34,7 @@ Curves read_curves(const std::string& run_dir) {
   // step -> stage -> (parameters, weight std): a pipeline logs the spread per stage
   std::map<int64_t, std::map<int, std::pair<double, double>>> spread;
   std::map<int, std::map<int64_t, double>> sent;  // worker -> step -> cumulative bytes
+  Curves c;
   std::istringstream in(read_file(run_dir + "/metrics.jsonl"));
   for (std::string line; std::getline(in, line);) {
     const auto j = nlohmann::json::parse(line, nullptr, false);
@@ -43,11 +46,12 @@ Curves read_curves(const std::string& run_dir) {
         val_seconds[step] = {j["elapsed"].get<double>(), j.value("evaluation_seconds", 0.0)};
       if (j.contains("weight_std"))
         spread[step][j.value("stage", 0)] = {j.value("stage_params", 1.0), j["weight_std"].get<double>()};
-    } else if (j["split"] == "train" && j.contains("bytes_sent")) {
-      sent[j.value("worker", j.value("replica", 0))][step] = j["bytes_sent"].get<double>();
+    } else if (j["split"] == "train") {
+      if (j.contains("bytes_sent")) sent[j.value("worker", j.value("replica", 0))][step] = j["bytes_sent"].get<double>();
+      if (j.contains("tokens") && j.contains("elapsed") && j.value("stage", 0) == 0)
+        c.progress[j.value("replica", 0)][step] = {j["tokens"].get<double>(), j["elapsed"].get<double>()};
     }
   }
-  Curves c;
   for (auto& [step, losses] : val) {
     double mean = 0;
     for (double l : losses) mean += l;
@@ -106,21 +110,54 @@ std::string time_to_loss_table(const std::vector<Run>& runs, double target) {
   return t;
 }
 
-}  // namespace
+std::string throughput_table(const std::vector<Run>& runs, int64_t from, int64_t to) {
+  std::string t = fmt::format(
+      "| run | method | replicas timed | tokens/s, steps {}–{} | of the first run's |\n|---|---|---|---|---|\n", from, to);
+  double first = std::nan("");
+  for (const auto& [name, method, c] : runs) {
+    double tokens_per_second = 0;
+    int timed = 0;
+    for (const auto& [replica, by_step] : c.progress) {
+      const auto a = by_step.find(from), b = by_step.find(to);
+      if (a == by_step.end() || b == by_step.end()) continue;
+      const double tokens = b->second.first - a->second.first, seconds = b->second.second - a->second.second;
+      if (tokens < 0 || seconds <= 0) continue;  // the two records come from different lives of the process
+      tokens_per_second += tokens / seconds;
+      ++timed;
+    }
+    if (timed == 0) {
+      t += fmt::format("| {} | {} | 0 | – | – |\n", name, method);
+      continue;
+    }
+    if (std::isnan(first)) first = tokens_per_second;
+    t += fmt::format("| {} | {} | {} | {:.0f} | {:.1f}% |\n", name, method, timed, tokens_per_second,
+                     100.0 * tokens_per_second / first);
+  }
+  return t;
+}
 
-std::string time_to_loss_table(const std::vector<std::string>& run_dirs, double target) {
+std::vector<Run> read_runs(const std::vector<std::string>& run_dirs) {
   std::vector<Run> runs;
   for (const auto& dir : run_dirs) runs.push_back(read_run(dir));
-  return time_to_loss_table(runs, target);
+  return runs;
+}
+
+}  // namespace
+
+std::string throughput_table(const std::vector<std::string>& run_dirs, int64_t from, int64_t to) {
+  return throughput_table(read_runs(run_dirs), from, to);
+}
+
+std::string time_to_loss_table(const std::vector<std::string>& run_dirs, double target) {
+  return time_to_loss_table(read_runs(run_dirs), target);
 }
 
 std::string write_report(const std::vector<std::string>& run_dirs, const std::string& out_dir,
-                         std::optional<double> target_loss) {
+                         const ReportOptions& options) {
   std::filesystem::create_directories(out_dir);
   std::vector<PlotSeries> by_step, by_bytes, spread;
   std::map<std::string, int> seen_methods;
-  std::vector<Run> runs;
-  for (const auto& dir : run_dirs) runs.push_back(read_run(dir));
+  const auto runs = read_runs(run_dirs);
   for (const auto& [name, method, curves] : runs) {
     PlotSeries s;
     s.name = fmt::format("{} ({})", name, method);
@@ -143,7 +180,9 @@ std::string write_report(const std::vector<std::string>& run_dirs, const std::st
                    "column evaluates the average of the replicas' weights. Bytes count training traffic only.\n\n"
                    "![validation loss against step](val_loss_vs_step.svg)\n\n"
                    "![validation loss against bytes](val_loss_vs_bytes.svg)\n";
-  if (target_loss) md += "\n" + time_to_loss_table(runs, *target_loss);
+  if (options.target_loss) md += "\n" + time_to_loss_table(runs, *options.target_loss);
+  if (options.throughput_steps)
+    md += "\n" + throughput_table(runs, options.throughput_steps->first, options.throughput_steps->second);
   if (!spread.empty()) {
     write_file_atomic(out_dir + "/weight_std_vs_step.svg",
                       line_chart_svg(spread, {"Spread of weights across replicas", "inner step",

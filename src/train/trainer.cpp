@@ -95,6 +95,7 @@ class Throughput {
   Throughput(int64_t first_step, int64_t last_step) : first_(first_step), last_(last_step) {}
   void step(int64_t tokens, uint64_t activation_bytes) {
     tokens_ += tokens;
+    total_tokens_ += tokens;
     steps_ += 1;
     activation_bytes_ = activation_bytes;
   }
@@ -103,6 +104,7 @@ class Throughput {
     r["tokens_per_s"] = double(tokens_) / std::max(seconds_since(window_), 1e-9);
     const double elapsed = seconds_since(start_);
     r["elapsed"] = elapsed;
+    r["tokens"] = total_tokens_;  // since this process began, like `elapsed`: `report throughput=` takes windows
     r["eta_seconds"] = elapsed / double(done - first_) * double(last_ - done);
     if (r.contains("activation_bytes_sent"))
       r["activation_bytes_per_step"] = double(activation_bytes_ - window_activation_bytes_) / double(steps_);
@@ -114,7 +116,7 @@ class Throughput {
  private:
   int64_t first_, last_;
   Clock::time_point start_ = Clock::now(), window_ = Clock::now();
-  int64_t tokens_ = 0, steps_ = 0;
+  int64_t tokens_ = 0, steps_ = 0, total_tokens_ = 0;
   uint64_t activation_bytes_ = 0, window_activation_bytes_ = 0;
 };
 
