@@ -57,6 +57,12 @@ TEST(Config, HeadsMustDivideHidden) { EXPECT_NE(error_of("", {"heads=5"}).find("
 TEST(Config, NotANumber) { EXPECT_NE(error_of("", {"steps=ten"}).find("steps: 'ten' is not an integer"), std::string::npos); }
 TEST(Config, TrailingGarbage) { EXPECT_NE(error_of("", {"lr=1e-3x"}).find("not a finite number"), std::string::npos); }
 TEST(Config, BadEnum) { EXPECT_NE(error_of("", {"method=gossip"}).find("method must be"), std::string::npos); }
+TEST(Config, SpreadIntervalIsAMultipleOfEvalInterval) {
+  EXPECT_NE(error_of("", {"eval_interval=100", "spread_interval=250"})
+                .find("spread_interval (250) must be a multiple of eval_interval (100)"),
+            std::string::npos);
+  EXPECT_EQ(parse_config("", {"eval_interval=100", "spread_interval=500"}).eval.spread_interval, 500);
+}
 TEST(Config, MinLrAboveLr) { EXPECT_NE(error_of("", {"min_lr=0.1"}).find("must not exceed"), std::string::npos); }
 TEST(Config, OverrideWithoutEquals) { EXPECT_NE(error_of("", {"steps"}).find("not key=value"), std::string::npos); }
 TEST(Config, YamlNotAMapping) { EXPECT_NE(error_of("- a\n- b\n", {}).find("expected a mapping"), std::string::npos); }

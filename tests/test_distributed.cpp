@@ -65,6 +65,26 @@ TEST_F(Distributed, NoLoCoWithTheWholeGroupEqualsDiLoCo) {
   EXPECT_EQ(metrics_records(noloco, "outer").size(), 2u * 3u);
 }
 
+// On slow links the weight spread and the mean model's loss (two weight
+// all-reduces) can be measured less often than the validation loss; the last
+// validation always has them, so the summary does.
+TEST_F(Distributed, TheSpreadIsMeasuredEverySpreadIntervalAndAtTheEnd) {
+  const auto run_dir = run("spread", "method=noloco replicas=2 batch=2 steps=10 outer_interval=2 eval_interval=2 "
+                                     "spread_interval=4");
+  std::map<int, std::set<int64_t>> validated, spread;
+  for (auto& r : metrics_records(run_dir, "val")) {
+    validated[r["replica"].get<int>()].insert(r["step"].get<int64_t>());
+    if (r.contains("weight_std")) spread[r["replica"].get<int>()].insert(r["step"].get<int64_t>());
+  }
+  for (int replica : {0, 1}) {
+    EXPECT_EQ(validated[replica], (std::set<int64_t>{2, 4, 6, 8, 10}));
+    EXPECT_EQ(spread[replica], (std::set<int64_t>{4, 8, 10})) << "replica " << replica;
+  }
+  const auto summary = read_json(run_dir + "/summary.json");
+  EXPECT_TRUE(summary.contains("weight_std"));
+  EXPECT_TRUE(summary.contains("final_val_loss_mean_model"));
+}
+
 TEST_F(Distributed, NoLoCoGroupsPartitionNoCollectivesModelSizedMessages) {
   const auto run_dir = run("noloco4", "method=noloco replicas=4 batch=2 steps=12 outer_interval=3");
   std::map<int64_t, std::map<int, std::vector<int>>> groups;  // outer step -> replica -> its group

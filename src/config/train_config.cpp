@@ -53,6 +53,8 @@ Options config_options(TrainConfig& c) {
       .add("clip", c.inner.clip, "global gradient-norm clip; 0 disables")
       .add("eval_interval", c.eval.interval, "steps between evaluations")
       .add("eval_batches", c.eval.batches, "validation batches per evaluation")
+      .add("spread_interval", c.eval.spread_interval,
+           "steps between evaluations across replicas (weight std, mean model); 0: every evaluation")
       .add("log_interval", c.eval.log_interval, "steps between progress lines")
       .add("sample_tokens", c.eval.sample_tokens, "tokens generated at each evaluation; 0: none")
       .add("sample_prompt", c.eval.sample_prompt, "prompt of the evaluation samples")
@@ -195,6 +197,10 @@ void TrainConfig::validate() const {
   non_negative("clip", inner.clip);
   positive("eval_interval", double(eval.interval));
   positive("eval_batches", double(eval.batches));
+  non_negative("spread_interval", double(eval.spread_interval));
+  if (eval.spread_interval % eval.interval != 0)
+    invalid(fmt::format("spread_interval ({}) must be a multiple of eval_interval ({})", eval.spread_interval,
+                        eval.interval));
   positive("log_interval", double(eval.log_interval));
   non_negative("sample_tokens", double(eval.sample_tokens));
   non_negative("threads", double(run.threads));

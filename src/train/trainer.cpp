@@ -300,7 +300,8 @@ nlohmann::json train(const TrainConfig& c, const WorkerInfo& w) {
     if (done % c.eval.interval == 0 || last) {
       const auto evaluation_start = Clock::now();
       val_loss = model->evaluate(done);
-      if (across_replicas) {
+      spread = ReplicaSpread{};  // a validation without the spread logs none, not the previous one
+      if (across_replicas && (last || c.eval.spread_interval == 0 || done % c.eval.spread_interval == 0)) {
         spread = evaluate_across_replicas(done, *w.transport, *w.membership, flat, *model);
         evaluation_bytes += spread.bytes_sent;
       }
