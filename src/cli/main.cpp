@@ -330,10 +330,7 @@ int run_report(const std::vector<std::string>& args) {
     report.throughput_steps = std::pair{from, to};
   }
   if (out_dir.empty()) {
-    std::cout << comparison_table(runs);
-    if (report.target_loss) std::cout << "\n" << time_to_loss_table(runs, *report.target_loss);
-    if (report.throughput_steps)
-      std::cout << "\n" << throughput_table(runs, report.throughput_steps->first, report.throughput_steps->second);
+    std::cout << report_tables(runs, report);
   } else {
     std::cout << write_report(runs, out_dir, report);
     fmt::print("\nwrote {}/report.md and its plots\n", out_dir);

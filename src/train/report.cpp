@@ -142,7 +142,19 @@ std::vector<Run> read_runs(const std::vector<std::string>& run_dirs) {
   return runs;
 }
 
+std::string requested_tables(const std::vector<Run>& runs, const ReportOptions& options) {
+  std::string md;
+  if (options.target_loss) md += "\n" + time_to_loss_table(runs, *options.target_loss);
+  if (options.throughput_steps)
+    md += "\n" + throughput_table(runs, options.throughput_steps->first, options.throughput_steps->second);
+  return md;
+}
+
 }  // namespace
+
+std::string report_tables(const std::vector<std::string>& run_dirs, const ReportOptions& options) {
+  return comparison_table(run_dirs) + requested_tables(read_runs(run_dirs), options);
+}
 
 std::string throughput_table(const std::vector<std::string>& run_dirs, int64_t from, int64_t to) {
   return throughput_table(read_runs(run_dirs), from, to);
@@ -180,9 +192,7 @@ std::string write_report(const std::vector<std::string>& run_dirs, const std::st
                    "column evaluates the average of the replicas' weights. Bytes count training traffic only.\n\n"
                    "![validation loss against step](val_loss_vs_step.svg)\n\n"
                    "![validation loss against bytes](val_loss_vs_bytes.svg)\n";
-  if (options.target_loss) md += "\n" + time_to_loss_table(runs, *options.target_loss);
-  if (options.throughput_steps)
-    md += "\n" + throughput_table(runs, options.throughput_steps->first, options.throughput_steps->second);
+  md += requested_tables(runs, options);
   if (!spread.empty()) {
     write_file_atomic(out_dir + "/weight_std_vs_step.svg",
                       line_chart_svg(spread, {"Spread of weights across replicas", "inner step",

@@ -14,6 +14,9 @@ struct ReportOptions {
   std::optional<std::pair<int64_t, int64_t>> throughput_steps;  // adds throughput_table
 };
 
+// The comparison table and the tables `options` ask for, without plots.
+std::string report_tables(const std::vector<std::string>& run_dirs, const ReportOptions& options);
+
 // Writes out_dir/report.md and its plots, and the tables `options` ask for;
 // returns the Markdown.
 std::string write_report(const std::vector<std::string>& run_dirs, const std::string& out_dir,
