@@ -136,9 +136,11 @@ TEST(Config, ShapeChecksOnceTheWorkerCountIsKnown) {
   } catch (const std::invalid_argument& e) {
     EXPECT_NE(std::string(e.what()).find("no worker 5"), std::string::npos);
   }
-  const auto plan = parse_crash_plan("3:startup");
-  ASSERT_EQ(plan.size(), 1u);
+  const auto plan = parse_crash_plan("3:startup,1:startup:freeze");
+  ASSERT_EQ(plan.size(), 2u);
   EXPECT_EQ(plan[0].mode, CrashPoint::Mode::startup);
+  EXPECT_EQ(plan[1].mode, CrashPoint::Mode::freeze_at_startup);
+  EXPECT_THROW(parse_crash_plan("1:startup:checkpoint"), std::invalid_argument);
 }
 
 TEST(Config, FragmentsAndOverlapOnlyWhereTheyMeanSomething) {

@@ -19,6 +19,7 @@
 #include <nlohmann/json.hpp>
 
 #include "test_util.h"
+#include "comm/etcd_server.h"
 #include "comm/message.h"
 #include "train/checkpoint.h"
 #include "util/files.h"
@@ -292,28 +293,26 @@ TEST(MessageHeader, RejectsOtherRunsKindsExchangesSizesAndFormats) {
 }
 
 TEST_F(Distributed, AWorkerWithTheWrongTokenCannotJoin) {
-  const int port = noloco::testing::free_port();
   const std::string run_dir = dir / "guarded";
   noloco::testing::CliResult main_run;
   std::thread runner([&] {
     main_run = noloco::testing::run_cli(small_train_args(dir / "c.txt", run_dir) +
-                                            " method=noloco replicas=2 batch=2 steps=100000 outer_interval=10 port=" +
-                                            std::to_string(port),
+                                            " method=noloco replicas=2 batch=2 steps=100000 outer_interval=10",
                                         90);
   });
-  // Wait until the run is training (its workers have joined), then try to join it.
-  for (int i = 0; i < 300 && !std::filesystem::exists(run_dir + "/metrics.jsonl"); ++i)
-    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  // Once the run is training (its workers have joined), try to join its store with another token.
+  const bool training = noloco::testing::wait_for_record(run_dir, "train", 60);
+  const pid_t worker = noloco::testing::worker_of(run_dir, 0);
+  const std::string store = worker > 0 ? noloco::testing::environment_of(worker, "NOLOCO_STORE") : "";
   const auto stray = noloco::testing::run_cli(
       "train configs/shakespeare.yaml data=" + dir / "c.txt" + " out=" + dir / "stray" +
           " method=noloco replicas=2 peer_timeout=3 hidden=32 layers=2 heads=2 intermediate=64 context=32",
-      30,
-      "RANK=1 WORLD_SIZE=2 MASTER_ADDR=127.0.0.1 MASTER_PORT=" + std::to_string(port) +
-          " TORCHELASTIC_USE_AGENT_STORE=True NOLOCO_STORE=http://127.0.0.1:" + std::to_string(port) +
-          " NOLOCO_RUN_TOKEN=not-the-token");
+      30, "RANK=1 WORLD_SIZE=2 TORCHELASTIC_USE_AGENT_STORE=True NOLOCO_STORE=" + store + " NOLOCO_RUN_TOKEN=not-the-token");
   // Ctrl-C to the launcher ends the run: it forwards the signal to its workers.
   EXPECT_EQ(::system(("pkill -INT -f '[n]oloco train .*out=" + run_dir + " '").c_str()), 0);
   runner.join();
+  ASSERT_TRUE(training) << main_run.output;
+  ASSERT_EQ(store.rfind("unix://", 0), 0u) << "the launcher's store is a private unix socket: " << store;
   EXPECT_NE(stray.exit_code, 0) << stray.output;
   EXPECT_NE(stray.exit_code, 124) << "the stray worker hung: " << stray.output;
   EXPECT_NE(stray.output.find("could not join the run"), std::string::npos) << stray.output;
@@ -345,25 +344,6 @@ TEST_F(Distributed, TheLauncherRefusesMoreWorkersThanTheMachineHosts) {
   EXPECT_NE(r.output.find("more than max_local_workers=2"), std::string::npos) << r.output;
 }
 
-namespace {
-
-// The launcher of the run in `run_dir`: the noloco process given out=run_dir
-// whose command line does not end with it (its workers' do).
-pid_t launcher_of(const std::string& run_dir) {
-  for (const auto& entry : std::filesystem::directory_iterator("/proc")) {
-    const auto name = entry.path().filename().string();
-    if (name.find_first_not_of("0123456789") != std::string::npos) continue;
-    std::string cmdline = noloco::testing::read_text(entry.path().string() + "/cmdline");
-    std::replace(cmdline.begin(), cmdline.end(), '\0', ' ');
-    const std::string out = "out=" + run_dir + " ";
-    if (cmdline.rfind(NOLOCO_BINARY " train ", 0) != 0 || cmdline.find(out) == std::string::npos) continue;
-    if (cmdline.size() >= out.size() && cmdline.compare(cmdline.size() - out.size(), out.size(), out) == 0) continue;
-    return pid_t(std::stol(name));
-  }
-  return -1;
-}
-
-}  // namespace
 
 TEST_F(Distributed, ASignalWhileStartingStopsTheLauncherAndEveryWorker) {
   const std::string run = dir / "interrupted";
@@ -373,7 +353,7 @@ TEST_F(Distributed, ASignalWhileStartingStopsTheLauncherAndEveryWorker) {
   });
   // While it starts its store and workers (it writes config.yaml just before), to the launcher alone.
   pid_t pid = -1;
-  for (int i = 0; i < 1000 && ((pid = launcher_of(run)) < 0 || !std::filesystem::exists(run + "/config.yaml")); ++i)
+  for (int i = 0; i < 1000 && ((pid = noloco::testing::launcher_of(run)) < 0 || !std::filesystem::exists(run + "/config.yaml")); ++i)
     std::this_thread::sleep_for(std::chrono::milliseconds(10));
   ASSERT_GT(pid, 0);
   std::this_thread::sleep_for(std::chrono::milliseconds(200));
@@ -382,4 +362,135 @@ TEST_F(Distributed, ASignalWhileStartingStopsTheLauncherAndEveryWorker) {
   EXPECT_EQ(result.exit_code, 128 + 2) << result.output;  // not 124: the 60 s bound was not reached
   EXPECT_NE(result.output.find("interrupted by signal 2"), std::string::npos) << result.output;
   EXPECT_NE(::system(("pgrep -f '[n]oloco train .*out=" + run + "' > /dev/null").c_str()), 0) << "a worker outlived it";
+}
+
+
+// Issue 32's drill: worker 1 is killed and rejoins; then worker 2 is killed.
+// The rejoin emptied the store's list of dead workers, and declaring the
+// second death spun the launcher on the store for ever. The run must end by
+// itself, with a summary naming both failures and no process left.
+TEST_F(Distributed, ASecondFailureAfterARejoinEndsTheRun) {
+  const std::string run = dir / "twice";
+  noloco::testing::CliResult result;
+  std::thread launcher([&] {
+    result = noloco::testing::run_cli(small_train_args(dir / "c.txt", run) +
+                                          " method=noloco replicas=4 batch=2 steps=4000 outer_interval=10"
+                                          " eval_interval=1000 log_interval=100 restarts=1 inject_crash=1:25",
+                                      240);
+  });
+  // The event the drill is about: worker 1 back, from a live peer's state.
+  const bool rejoined = noloco::testing::wait_for_record(run, "rejoin", 180);
+  pid_t second = -1;
+  if (rejoined)
+    for (int i = 0; i < 100 && (second = noloco::testing::worker_of(run, 2)) < 0; ++i)
+      std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  if (second > 0) ::kill(second, SIGKILL);
+  launcher.join();
+  ASSERT_TRUE(rejoined) << result.output;
+  ASSERT_GT(second, 0) << "worker 2 was not found to kill";
+  // 0 when worker 2 rejoined too (restarts=1 each), 3 when the run ended before it could.
+  EXPECT_TRUE(result.exit_code == 0 || result.exit_code == 3) << result.exit_code << "\n" << result.output;
+  const auto summary = read_json(run + "/summary.json");
+  std::set<int> failed;
+  for (const auto& f : summary["replicas_restarted"]) failed.insert(f["replica"].get<int>());
+  for (const auto& f : summary["replicas_failed"]) failed.insert(f["replica"].get<int>());
+  EXPECT_EQ(failed, (std::set<int>{1, 2})) << summary.dump();
+  EXPECT_NE(::system(("pgrep -f '[n]oloco train .*out=" + run + "' > /dev/null").c_str()), 0) << "a worker outlived it";
+}
+
+// A launcher whose store stops answering (etcd frozen) still stops on
+// SIGTERM, with every worker, within the bound of one store call.
+TEST_F(Distributed, TheLauncherAnswersSIGTERMWhileItsStoreIsFrozen) {
+  const std::string run = dir / "frozen_store";
+  noloco::testing::CliResult result;
+  std::thread launcher([&] {
+    result = noloco::testing::run_cli(small_train_args(dir / "c.txt", run) +
+                                          " method=noloco replicas=2 batch=2 steps=1000000 outer_interval=10",
+                                      120);
+  });
+  const bool training = noloco::testing::wait_for_record(run, "train", 60);
+  const pid_t pid = noloco::testing::launcher_of(run);
+  const pid_t etcd = pid > 0 ? noloco::testing::child_of(pid, EtcdServer::binary()) : -1;
+  if (etcd > 0) ::kill(etcd, SIGSTOP);
+  std::this_thread::sleep_for(std::chrono::milliseconds(1500));  // the launcher's heartbeat reads now block
+  const auto t0 = std::chrono::steady_clock::now();
+  if (pid > 0) ::kill(pid, SIGTERM);
+  launcher.join();
+  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  if (etcd > 0) ::kill(etcd, SIGKILL);  // gone with its launcher already, unless the test failed
+  ASSERT_TRUE(training) << result.output;
+  ASSERT_GT(etcd, 0) << "the run's etcd was not found";
+  EXPECT_EQ(result.exit_code, 128 + SIGTERM) << result.output;
+  EXPECT_LT(seconds, 40) << "stopped only after " << seconds << " s";
+  EXPECT_NE(::system(("pgrep -f '[n]oloco train .*out=" + run + "' > /dev/null").c_str()), 0) << "a worker outlived it";
+}
+
+// Issue 32: replica 0's newest checkpoint is incomplete (checksums.json lost
+// in a crash), the others' complete. All four resume at the newest step every
+// replica holds, instead of replica 0 alone at an older one; with no common
+// step the resume is refused in one line naming the workers.
+TEST_F(Distributed, ReplicasResumeAtTheNewestStepTheyAllHold) {
+  const std::string common = "method=noloco replicas=4 batch=2 outer_interval=3 checkpoint_interval=3";
+  const auto split = run("split", common + " steps=6");
+  const auto step6 = find_checkpoint(split + "/checkpoints/r0");
+  ASSERT_NE(step6.find("step_00000006"), std::string::npos) << step6;
+  std::filesystem::remove(step6 + "/checksums.json");
+  auto r = noloco::testing::run_cli(small_train_args(dir / "c.txt", split) + " " + common + " steps=9 resume=true", 120);
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  // Every replica went back to step 3: steps 4 to 6 were trained twice, once in each life.
+  std::map<int, int> step4;
+  for (auto& rec : metrics_records(split, "train"))
+    if (rec["step"].get<int64_t>() == 4) ++step4[rec["replica"].get<int>()];
+  EXPECT_EQ(step4, (std::map<int, int>{{0, 2}, {1, 2}, {2, 2}, {3, 2}}));
+  // Every replica's newest checkpoint is now step 9, reached from step 3: each trained 6 steps in this life.
+  for (int k = 0; k < 4; ++k) {
+    const auto sub = split + "/checkpoints/r" + std::to_string(k);
+    EXPECT_NE(find_checkpoint(sub).find("step_00000009"), std::string::npos) << k;
+    if (k > 0) EXPECT_TRUE(std::filesystem::exists(sub + "/step_00000006.superseded")) << "kept, not deleted: " << k;
+  }
+  EXPECT_NE(r.output.find("resumed from"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("at step 3"), std::string::npos) << r.output;
+  // No common step: replica 0 holds only step 3 complete, replica 1 only steps 6 and 9.
+  for (const char* step : {"6", "9"})
+    std::filesystem::remove(split + "/checkpoints/r0/step_0000000" + step + "/checksums.json");
+  std::filesystem::remove(split + "/checkpoints/r1/step_00000003/checksums.json");
+  const auto summary_before = noloco::testing::read_text(split + "/summary.json");
+  r = noloco::testing::run_cli(small_train_args(dir / "c.txt", split) + " " + common + " steps=12 resume=true", 120);
+  EXPECT_NE(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("hold no complete checkpoint of one common step"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("worker 0: newest step 3, worker 1: newest step 9"), std::string::npos) << r.output;
+  EXPECT_EQ(noloco::testing::read_text(split + "/summary.json"), summary_before) << "a refused resume keeps the summary";
+}
+
+// Issue 33: a worker frozen before its first heartbeat was never killed (it
+// was "starting up" for ever) and the launcher waited for it after the others
+// finished. Supervision starts with the process: silent past the start-up
+// allowance (30 s, or heartbeat_timeout if longer), it is killed as hung.
+TEST_F(Distributed, AWorkerFrozenBeforeItsFirstHeartbeatIsKilled) {
+  auto r = noloco::testing::run_cli(small_train_args(dir / "c.txt", dir / "frozen_start") +
+                                        " method=noloco replicas=3 batch=2 steps=60 outer_interval=10"
+                                        " heartbeat_timeout=4 peer_timeout=10 inject_crash=1:startup:freeze",
+                                    120);
+  ASSERT_EQ(r.exit_code, 3) << r.output;
+  const auto summary = read_json(dir / "frozen_start/summary.json");
+  EXPECT_EQ(summary["replicas_finished"].get<std::vector<int>>(), (std::vector<int>{0, 2}));
+  ASSERT_EQ(summary["replicas_failed"].size(), 1u);
+  EXPECT_NE(summary["replicas_failed"][0]["reason"].get<std::string>().find("no heartbeat"), std::string::npos);
+}
+
+// Issue 33: resume=true with fewer steps than a finished run holds used to
+// fail in every worker after rewriting config.yaml and summary.json. It is
+// refused before anything in the run directory changes.
+TEST_F(Distributed, ARefusedResumeRewritesNothing) {
+  const auto done = run("done", "method=noloco replicas=2 batch=2 steps=12 outer_interval=3 checkpoint_interval=6");
+  const auto config = noloco::testing::read_text(done + "/config.yaml");
+  const auto summary = noloco::testing::read_text(done + "/summary.json");
+  auto r = noloco::testing::run_cli(small_train_args(dir / "c.txt", done) +
+                                        " method=noloco replicas=2 batch=2 steps=6 outer_interval=3 resume=true",
+                                    60);
+  EXPECT_EQ(r.exit_code, 1) << r.output;
+  EXPECT_NE(r.output.find("holds a checkpoint of step 12, past steps=6"), std::string::npos) << r.output;
+  EXPECT_EQ(std::count(r.output.begin(), r.output.end(), '\n'), 1) << "one line: " << r.output;
+  EXPECT_EQ(noloco::testing::read_text(done + "/config.yaml"), config);
+  EXPECT_EQ(noloco::testing::read_text(done + "/summary.json"), summary);
 }

@@ -175,14 +175,26 @@ namespace {
 
 constexpr std::chrono::milliseconds kLinkTimeout{5000};
 
-// Stage `rank` of a one-replica, two-stage run on this machine; rank 0 hosts the store.
+// Stage `rank` of a one-replica, two-stage run on this machine, whose store
+// the test hosts (as torchrun's agent would: a TCPStore, see hosted_store).
 WorkerEnv stage_env(int rank, int port) {
   WorkerEnv env;
   env.rank = rank;
   env.world = 2;
   env.master_port = port;
+  env.agent_store = true;
   env.token = "pipeline-test";
   return env;
+}
+
+StorePtr hosted_store(int port) {
+  c10d::TCPStoreOptions o;
+  o.port = uint16_t(port);
+  o.isServer = true;
+  o.waitWorkers = false;
+  o.numWorkers = c10::nullopt;
+  o.timeout = kLinkTimeout;
+  return c10::make_intrusive<c10d::TCPStore>("127.0.0.1", o);
 }
 
 }  // namespace
@@ -191,6 +203,7 @@ WorkerEnv stage_env(int rank, int port) {
 // the two stages of one replica.
 TEST(ActivationLink, RejectsAMessageThatTheRoutingDidNotAnnounce) {
   const int port = noloco::testing::free_port();
+  const auto host = hosted_store(port);
   std::string error;
   torch::Tensor received;
   auto worker = [&](int rank) {
@@ -226,6 +239,7 @@ TEST(ActivationLink, RejectsAMessageThatTheRoutingDidNotAnnounce) {
 // fails (here: its group is torn down) is lost, and the next roster leaves it out.
 TEST(ActivationLink, DroppedNoticesAndALostNeighbour) {
   const int port = noloco::testing::free_port();
+  const auto host = hosted_store(port);
   std::promise<void> received_two, done;
   auto second = received_two.get_future();
   auto finished = done.get_future();
@@ -233,7 +247,7 @@ TEST(ActivationLink, DroppedNoticesAndALostNeighbour) {
   std::optional<Roster> next;
   auto worker = [&](int rank) {
     const auto env = stage_env(rank, port);
-    const auto store = connect_store(env, kLinkTimeout);  // rank 0 hosts it: kept to the end
+    const auto store = connect_store(env, kLinkTimeout);
     {
       ActivationLink link(store, env, 2, 0, "127.0.0.1", kLinkTimeout);
       link.enter("step/0");
@@ -257,7 +271,7 @@ TEST(ActivationLink, DroppedNoticesAndALostNeighbour) {
         next = link.enter("step/1");
       }
     }  // worker 0's link goes here: worker 1's pair with it fails
-    if (rank == 0) finished.wait();  // it hosts the store
+    if (rank == 0) finished.wait();  // until worker 1 has seen it lost
     else done.set_value();
   };
   std::thread b(worker, 1);

@@ -7,8 +7,11 @@
 #include <ifaddrs.h>
 #include <netinet/in.h>
 #include <sys/socket.h>
+#include <sys/un.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <chrono>
 #include <thread>
 
@@ -16,6 +19,7 @@
 
 #include "comm/etcd_server.h"
 #include "comm/etcd_store.h"
+#include "comm/store.h"
 #include "test_util.h"
 
 using namespace noloco;
@@ -79,6 +83,9 @@ TEST(EtcdStore, KeepsTheSemanticsOfTCPStore) {
   EXPECT_EQ(store.getNumKeys(), 3);
   EXPECT_TRUE(store.deleteKey("a"));
   EXPECT_FALSE(store.deleteKey("a"));
+  // A key holding the empty value matches an empty `expected`, as in TCPStore.
+  store.set("emptied", {});
+  EXPECT_EQ(text(store.compareSet("emptied", {}, bytes("again"))), "again");
   // get and wait block until another connection writes the key, and time out otherwise.
   std::thread writer([&] {
     EtcdStore other(server.endpoint(), "root", "secret", std::chrono::milliseconds(3000));
@@ -90,6 +97,20 @@ TEST(EtcdStore, KeepsTheSemanticsOfTCPStore) {
   const auto t0 = std::chrono::steady_clock::now();
   EXPECT_THROW(store.wait({"never"}, std::chrono::milliseconds(300)), std::runtime_error);
   EXPECT_GE(std::chrono::steady_clock::now() - t0, std::chrono::milliseconds(300));
+}
+
+// Issue 32: a rejoin emptied the list of dead workers, and the next death
+// declared spun the launcher on the store forever.
+TEST(EtcdStore, AListEmptiedAndAppendedAgainHoldsTheNewItem) {
+  SKIP_WITHOUT_ETCD();
+  EtcdServer server("127.0.0.1", 0, "secret");
+  EtcdStore store(server.endpoint(), "root", "secret", std::chrono::milliseconds(3000));
+  append_item(store, "dead", "1");
+  remove_item(store, "dead", "1");
+  EXPECT_EQ(read_or_empty(store, "dead"), "");
+  EXPECT_TRUE(store.check({"dead"}));  // emptied, not deleted
+  append_item(store, "dead", "2");
+  EXPECT_EQ(read_or_empty(store, "dead"), "2,");
 }
 
 TEST(EtcdStore, OnlyTheRunTokenGetsIn) {
@@ -124,41 +145,124 @@ TEST(EtcdServer, ListensOnlyWhereItIsTold) {
   }
 }
 
-// Issue 12's probe: a stranger connects to the store's port and sends one
-// byte, or a length of 2^30, and holds the connection. The run goes on.
+// Issue 12's probe, on the store a run without a launcher has (worker 0
+// hosts an etcd on bind:MASTER_PORT; it used to be c10d's TCPStore, which
+// listened on every interface and froze under this probe): a stranger
+// connects to the store's port and sends one byte, or a length of 2^30, and
+// holds the connection. The run goes on, and the port is not open elsewhere.
 TEST(EtcdServer, AStrangersHeldConnectionsDoNotStallARun) {
   SKIP_WITHOUT_ETCD();
   TempDir dir;
   noloco::testing::write_text(dir / "c.txt", noloco::testing::shakespeare(20000));
   const int port = noloco::testing::free_port();
   const std::string run = dir / "run";
-  noloco::testing::CliResult result;
-  std::thread runner([&] {
-    result = noloco::testing::run_cli(noloco::testing::small_train_args(dir / "c.txt", run) +
-                                          fmt::format(" method=noloco replicas=2 batch=2 steps=100000 outer_interval=5 "
-                                                      "port={} peer_timeout=10",
-                                                      port),
-                                      90);
-  });
+  noloco::testing::CliResult results[2];
+  std::vector<std::thread> workers;
+  for (int rank = 0; rank < 2; ++rank)
+    workers.emplace_back([&, rank] {
+      results[rank] = noloco::testing::run_cli(
+          noloco::testing::small_train_args(dir / "c.txt", run) +
+              " method=noloco replicas=2 batch=2 steps=100000 outer_interval=5 peer_timeout=10",
+          90,
+          fmt::format("RANK={} WORLD_SIZE=2 LOCAL_WORLD_SIZE=2 MASTER_ADDR=127.0.0.1 MASTER_PORT={} "
+                      "NOLOCO_RUN_TOKEN=strangers-test",
+                      rank, port));
+    });
   auto lines = [&] {
     const auto t = noloco::testing::read_text(run + "/metrics.jsonl");
     return std::count(t.begin(), t.end(), '\n');
   };
-  for (int i = 0; i < 300 && lines() < 20; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  for (int i = 0; i < 600 && lines() < 20; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  const auto elsewhere = other_address();
+  const int there = elsewhere.empty() ? -1 : connect_to(elsewhere, port);
   const int one_byte = connect_to("127.0.0.1", port), huge = connect_to("127.0.0.1", port);
-  ASSERT_GE(one_byte, 0);
-  ASSERT_GE(huge, 0);
-  ASSERT_EQ(::send(one_byte, "\x02", 1, 0), 1);
+  bool sent = one_byte >= 0 && huge >= 0 && ::send(one_byte, "\x02", 1, 0) == 1;
   const char length[9] = {0, 0, 0, 0, 0x40, 0, 0, 0, 0};  // \x00 then 2^30, little-endian
-  ASSERT_EQ(::send(huge, length, 9, 0), 9);
+  sent = sent && ::send(huge, length, 9, 0) == 9;
   const auto before = lines();
   std::this_thread::sleep_for(std::chrono::seconds(12));  // longer than peer_timeout: TCPStore would have failed the run
   const auto after = lines();
-  ::close(one_byte);
-  ::close(huge);
-  EXPECT_GT(after, before + 20) << "training stalled while a stranger held the store";
+  for (int fd : {one_byte, huge, there})
+    if (fd >= 0) ::close(fd);
   EXPECT_EQ(::system(("pkill -INT -f '[n]oloco train .*out=" + run + " '").c_str()), 0);
-  runner.join();
-  EXPECT_EQ(result.output.find("Socket Timeout"), std::string::npos) << result.output;
-  EXPECT_EQ(result.output.find("exited with code"), std::string::npos) << result.output;
+  for (auto& w : workers) w.join();
+  ASSERT_TRUE(sent) << results[0].output;
+  EXPECT_LT(there, 0) << "worker 0's store answered on " << elsewhere << " (bind is 127.0.0.1)";
+  EXPECT_GT(after, before + 20) << "training stalled while a stranger held the store";
+  for (const auto& r : results) {
+    EXPECT_EQ(r.output.find("Socket Timeout"), std::string::npos) << r.output;
+    EXPECT_NE(r.exit_code, 124) << r.output;
+  }
+}
+
+// Issue 33: the store used to listen before authentication was on, and a
+// local process that read its port from etcd's command line got in first,
+// made a root user of its own and read the run token. Now a store on a TCP
+// port opens it only once authentication is on: a stranger hammering the
+// port while the store starts never gets a request through.
+TEST(EtcdServer, NobodyGetsInBeforeAuthenticationIsOn) {
+  SKIP_WITHOUT_ETCD();
+  const int port = noloco::testing::free_port();
+  std::atomic<bool> up{false};
+  std::atomic<int> accepted{0};
+  std::string last_refusal;
+  std::thread stranger([&] {
+    // No time-based loop: it tries until the store is up, then once more.
+    for (bool last = false; !last;) {
+      last = up.load();
+      EtcdStore anonymous(fmt::format("http://127.0.0.1:{}", port), "", "", std::chrono::milliseconds(500));
+      try {
+        anonymous.request("/v3/auth/user/add", R"({"name":"root","password":"stolen"})");
+        ++accepted;
+      } catch (const std::runtime_error&) {
+      }
+      try {
+        anonymous.set("planted", bytes("x"));
+        ++accepted;
+      } catch (const std::runtime_error& e) {
+        last_refusal = e.what();
+      }
+      if (!last) std::this_thread::sleep_for(std::chrono::milliseconds(2));
+    }
+  });
+  {
+    EtcdServer server("127.0.0.1", port, "the-token");
+    up = true;
+    stranger.join();
+    EXPECT_THROW(EtcdStore(server.endpoint(), "root", "stolen", std::chrono::milliseconds(2000)), std::runtime_error);
+    EtcdStore owner(server.endpoint(), "root", "the-token", std::chrono::milliseconds(2000));
+    EXPECT_FALSE(owner.check({"planted"}));
+  }
+  EXPECT_EQ(accepted.load(), 0);
+  // The last try reached the store, which refused it (not a closed port).
+  EXPECT_EQ(last_refusal.find("connect"), std::string::npos) << last_refusal;
+  EXPECT_FALSE(last_refusal.empty());
+}
+
+// The launcher's store is a unix socket in a directory only its owner can
+// enter: another local user cannot even connect to it (a stranger's held or
+// bloating requests, and any race with its set-up, need a connection).
+TEST(EtcdServer, TheLaunchersStoreIsReachableOnlyByItsUser) {
+  SKIP_WITHOUT_ETCD();
+  if (::geteuid() != 0) GTEST_SKIP() << "skipped: needs root to try as another user";
+  EtcdServer server("the-token");
+  ASSERT_EQ(server.endpoint().rfind("unix://", 0), 0u) << server.endpoint();
+  EXPECT_EQ(server.port(), 0);
+  const std::string path = server.endpoint().substr(7);
+  EtcdStore owner(server.endpoint(), "root", "the-token", std::chrono::milliseconds(2000));
+  owner.set("k", bytes("v"));
+  const pid_t child = ::fork();
+  if (child == 0) {
+    if (::setgid(65534) != 0 || ::setuid(65534) != 0) ::_exit(2);
+    const int fd = ::socket(AF_UNIX, SOCK_STREAM, 0);
+    sockaddr_un addr{};
+    addr.sun_family = AF_UNIX;
+    std::snprintf(addr.sun_path, sizeof addr.sun_path, "%s", path.c_str());
+    const bool refused = ::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) != 0 && errno == EACCES;
+    ::_exit(refused ? 0 : 1);
+  }
+  int status = 0;
+  ::waitpid(child, &status, 0);
+  ASSERT_TRUE(WIFEXITED(status));
+  EXPECT_EQ(WEXITSTATUS(status), 0) << "user nobody could connect to " << path;
 }

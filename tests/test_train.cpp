@@ -6,6 +6,7 @@
 #include <fmt/format.h>
 
 #include "test_util.h"
+#include "data/token_file.h"
 #include "train/checkpoint.h"
 #include "config/train_config.h"
 #include "train/export.h"
@@ -161,6 +162,31 @@ TEST(BadInput, HeadsNotDividingHidden) {
   expect_one_line_error(noloco::testing::run_cli("train configs/shakespeare.yaml heads=3"), "must divide hidden");
 }
 
+// Issue 33: an id beyond the vocabulary in the validation file was found only
+// at the first evaluation, in the workers; fragments beyond a worker's
+// parameters failed in every worker. Both are refused before any worker starts.
+TEST(BadInput, DataAndFragmentsAreCheckedBeforeAnyWorkerStarts) {
+  TempDir dir;
+  std::vector<int32_t> train(4000), val(400);
+  for (size_t i = 0; i < train.size(); ++i) train[i] = int32_t(i % 64);
+  for (size_t i = 0; i < val.size(); ++i) val[i] = int32_t(i % 64);
+  val[123] = 64;
+  write_token_file(dir / "train.bin", train);
+  write_token_file(dir / "val.bin", val);
+  const std::string data = " data=" + dir / "train.bin" + " val_data=" + dir / "val.bin" + " vocab_size=64";
+  expect_one_line_error(noloco::testing::run_cli("train configs/shakespeare.yaml method=noloco replicas=2 out=" +
+                                                 dir / "r1" + data),
+                        "val.bin' holds token id 64 outside the vocabulary of 64");
+  expect_one_line_error(noloco::testing::run_cli("train configs/shakespeare.yaml out=" + dir / "r2" + data),
+                        "val.bin' holds token id 64 outside the vocabulary of 64");
+  noloco::testing::write_text(dir / "c.txt", noloco::testing::shakespeare(20000));
+  expect_one_line_error(
+      noloco::testing::run_cli("train configs/shakespeare.yaml method=noloco replicas=2 hidden=8 layers=1 heads=1 "
+                               "intermediate=8 outer_interval=100000 steps=100000 fragments=50000 out=" +
+                               dir / "r3 data=" + dir / "c.txt"),
+      "fragments=50000 exceeds the");
+}
+
 TEST(BadInput, MissingConfigFile) {
   expect_one_line_error(noloco::testing::run_cli("train configs/nope.yaml"), "cannot open 'configs/nope.yaml'");
 }
@@ -191,6 +217,21 @@ TEST_F(Cli, GenerateFromARunDirectory) {
 }
 
 // ---- checkpoints and run directories under careless or hostile use (issue 12) ----
+
+// Issue 33: a worker killed (or out of disk) while writing its first
+// checkpoint leaves only step_N.tmp, which was never a checkpoint; resume used
+// to be refused for good. It starts afresh.
+TEST_F(BadCheckpoint, AnUnfinishedFirstCheckpointDoesNotBlockResume) {
+  std::string cli = "train configs/shakespeare.yaml";
+  for (auto& a : args("run", {"steps=4", "checkpoint_interval=2"})) cli += " " + a;
+  const auto killed = noloco::testing::run_cli(cli + " inject_crash=0:2:checkpoint", 60);
+  ASSERT_EQ(killed.exit_code, 128 + 9) << killed.output;
+  ASSERT_TRUE(std::filesystem::exists(dir / "run/checkpoints/r0/step_00000002.tmp"));
+  const auto resumed = noloco::testing::run_cli(cli + " resume=true", 60);
+  EXPECT_EQ(resumed.exit_code, 0) << resumed.output;
+  EXPECT_NE(resumed.output.find("holds no checkpoint; starting from scratch"), std::string::npos) << resumed.output;
+  EXPECT_TRUE(std::filesystem::exists(dir / "run/checkpoints/r0/step_00000004/checksums.json"));
+}
 
 TEST_F(BadCheckpoint, ResumeWithoutLatestTakesTheNewestCompleteCheckpoint) {
   train_run("run", {"steps=4", "checkpoint_interval=2"});

@@ -6,7 +6,10 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <array>
+#include <chrono>
+#include <thread>
 #include <map>
 #include <utility>
 #include <cstdio>
@@ -124,5 +127,80 @@ class LaunchedRuns : public ::testing::Test {
   int run_timeout_s = 120;
   TempDir dir;
 };
+
+// The launcher of the run in `run_dir`: the noloco process given out=run_dir
+// whose command line does not end with it (its workers' do).
+inline pid_t launcher_of(const std::string& run_dir) {
+  for (const auto& entry : std::filesystem::directory_iterator("/proc")) {
+    const auto name = entry.path().filename().string();
+    if (name.find_first_not_of("0123456789") != std::string::npos) continue;
+    std::string cmdline = read_text(entry.path().string() + "/cmdline");
+    std::replace(cmdline.begin(), cmdline.end(), '\0', ' ');
+    const std::string out = "out=" + run_dir + " ";
+    if (cmdline.rfind(NOLOCO_BINARY " train ", 0) != 0 || cmdline.find(out) == std::string::npos) continue;
+    if (cmdline.size() >= out.size() && cmdline.compare(cmdline.size() - out.size(), out.size(), out) == 0) continue;
+    return pid_t(std::stol(name));
+  }
+  return -1;
+}
+
+// The value of variable `name` in the environment of process `pid` ("" if unset).
+inline std::string environment_of(pid_t pid, const std::string& name) {
+  const auto vars = read_text("/proc/" + std::to_string(pid) + "/environ");
+  for (size_t pos = 0; pos < vars.size();) {
+    const size_t end = std::min(vars.find('\0', pos), vars.size());
+    if (vars.compare(pos, name.size() + 1, name + "=") == 0) return vars.substr(pos + name.size() + 1, end - pos - name.size() - 1);
+    pos = end + 1;
+  }
+  return "";
+}
+
+// The process of worker `rank` of the run in `run_dir` (-1 if none): its
+// command line ends with out=run_dir and its environment holds RANK=rank.
+inline pid_t worker_of(const std::string& run_dir, int rank) {
+  for (const auto& entry : std::filesystem::directory_iterator("/proc")) {
+    const auto name = entry.path().filename().string();
+    if (name.find_first_not_of("0123456789") != std::string::npos) continue;
+    std::string cmdline = read_text(entry.path().string() + "/cmdline");
+    std::replace(cmdline.begin(), cmdline.end(), '\0', ' ');
+    const std::string out = "out=" + run_dir + " ";
+    if (cmdline.rfind(NOLOCO_BINARY " train ", 0) != 0 || cmdline.size() < out.size() ||
+        cmdline.compare(cmdline.size() - out.size(), out.size(), out) != 0)
+      continue;
+    const pid_t pid = pid_t(std::stol(name));
+    if (environment_of(pid, "RANK") == std::to_string(rank)) return pid;
+  }
+  return -1;
+}
+
+// A child of `parent` whose command line starts with `program` (-1 if none).
+inline pid_t child_of(pid_t parent, const std::string& program) {
+  for (const auto& entry : std::filesystem::directory_iterator("/proc")) {
+    const auto name = entry.path().filename().string();
+    if (name.find_first_not_of("0123456789") != std::string::npos) continue;
+    const auto stat = read_text(entry.path().string() + "/stat");
+    const auto close = stat.rfind(')');
+    if (close == std::string::npos) continue;
+    std::istringstream rest(stat.substr(close + 2));
+    char state = 0;
+    pid_t ppid = 0;
+    rest >> state >> ppid;
+    if (ppid != parent) continue;
+    if (read_text(entry.path().string() + "/cmdline").rfind(program, 0) == 0) return pid_t(std::stol(name));
+  }
+  return -1;
+}
+
+// Waits (bounded) until `run_dir`'s metrics hold a record of `split`.
+inline bool wait_for_record(const std::string& run_dir, const std::string& split, int seconds) {
+  for (int i = 0; i < seconds * 20; ++i) {
+    if (std::filesystem::exists(run_dir + "/metrics.jsonl") &&
+        read_text(run_dir + "/metrics.jsonl").find("\"split\":\"" + split + "\"") != std::string::npos)
+      return true;
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  return false;
+}
+
 
 }  // namespace noloco::testing

@@ -103,6 +103,10 @@ WorkerInfo worker_info(const WorkerEnv& env, int stages, const WorkerLinks& link
   w.transport = links.transport.get();
   w.membership = links.membership.get();
   w.link = links.link.get();
+  const auto timeout = std::max(std::chrono::milliseconds(600000), links.timeout);
+  w.agree_resume_step = [store = links.store, env, stages, timeout](const std::vector<int64_t>& steps) {
+    return agree_resume_step(store, env.token, env.rank, env.world, stages, steps, timeout);
+  };
   return w;
 }
 
@@ -113,6 +117,21 @@ constexpr int kFinishedWithLosses = 3;
 // two moments and the outer method's slow weights and momentum (activations
 // depend on the batch and are left to the margin of max_local_workers).
 int64_t worker_memory_estimate(int64_t params) { return (int64_t(200) << 20) + 24 * params; }
+
+// Each fragment needs at least one of a worker's parameters: checked before
+// any worker starts (a pipeline stage holds at least one layer).
+void check_fragments(int64_t fragments, const ModelConfig& model, int stages) {
+  int64_t smallest = 0;
+  for (const auto& [name, shape] : model.parameter_shapes()) {
+    if (stages > 1 && name.find("layers.0.") == std::string::npos) continue;
+    int64_t n = 1;
+    for (const int64_t d : shape) n *= d;
+    smallest += n;
+  }
+  if (fragments > smallest)
+    throw std::invalid_argument(fmt::format("fragments={} exceeds the {} parameters a worker {}holds", fragments, smallest,
+                                            stages > 1 ? "of a pipeline stage at least " : ""));
+}
 
 // The capped network of a local launch with rate=..., or none.
 std::unique_ptr<CappedLinks> capped_links(const TrainConfig& cfg, int workers) {
@@ -157,6 +176,7 @@ int run_train(const std::string& config_path, const std::vector<std::string>& ov
   const auto corpus = load_corpus(cfg.data, cfg.model.context, cfg.run.out);
   const auto model = with_vocabulary(cfg.model, *corpus.tokenizer);
   check_local_capacity(cfg.workers(), worker_memory_estimate(model.num_params()), cfg.run.max_local_workers);
+  check_fragments(cfg.outer.fragments, model, stages);
   write_file_atomic(cfg.run.out + "/config.yaml", cfg.to_yaml());
   LaunchPlan plan;
   plan.workers = int(cfg.workers());
@@ -179,7 +199,9 @@ int run_train(const std::string& config_path, const std::vector<std::string>& ov
   const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   const auto summary = summarize_run(cfg.run.out, cfg.outer.method, cfg.run.replicas, stages, cfg.pipeline.routing,
                                      cfg.inner.grad_accum, exits, seconds);
-  write_json_atomic(cfg.run.out + "/summary.json", summary.to_json());
+  // A resume that every worker refused leaves the summary of the run it resumed.
+  if (!summary.finished.empty() || !cfg.run.resume || !file_exists(cfg.run.out + "/summary.json"))
+    write_json_atomic(cfg.run.out + "/summary.json", summary.to_json());
   if (launched.signal) throw Interrupted(launched.signal);
   if (!launched.stopped.empty()) throw std::runtime_error(launched.stopped);
   if (!plan.keep_going_on_failure && !summary.failed.empty()) {

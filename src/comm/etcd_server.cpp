@@ -96,25 +96,48 @@ std::string EtcdServer::binary() {
   return ::access("/usr/bin/etcd", X_OK) == 0 ? "/usr/bin/etcd" : "";
 }
 
-EtcdServer::EtcdServer(const std::string& bind, int port, const std::string& password, bool (*interrupted)()) {
-  const auto exe = binary();
-  if (exe.empty())
-    throw std::runtime_error("the launcher hosts the run's store on etcd, and no etcd was found (install etcd-server, "
-                             "or set NOLOCO_ETCD)");
+void EtcdServer::make_directory() {
   const auto root = temp_root();
   remove_leftovers(root);
   std::string tmpl = fmt::format("{}/{}{}-XXXXXX", root, kDirPrefix, ::getpid());
   if (!::mkdtemp(tmpl.data())) throw std::runtime_error(fmt::format("cannot create {}: {}", tmpl, std::strerror(errno)));
   dir_ = tmpl;
-  ::chmod(dir_.c_str(), 0700);
+  ::chmod(dir_.c_str(), 0700);  // mkdtemp's already; said again because the sockets' privacy rests on it
+}
+
+// etcd names a unix socket "unix://NAME:PORT" and creates the file NAME:PORT in its working directory.
+constexpr const char* kClientSocket = "client.sock:1";
+
+EtcdServer::EtcdServer(const std::string& password, bool (*interrupted)()) {
+  make_directory();
+  endpoint_ = fmt::format("unix://{}/{}", dir_, kClientSocket);
+  start(fmt::format("unix://{}", kClientSocket), endpoint_, password, interrupted, /*enable_auth=*/true);
+}
+
+EtcdServer::EtcdServer(const std::string& bind, int port, const std::string& password, bool (*interrupted)()) {
   port_ = port > 0 ? port : free_port(bind);
+  make_directory();
+  const std::string private_endpoint = fmt::format("unix://{}/{}", dir_, kClientSocket);
+  start(fmt::format("unix://{}", kClientSocket), private_endpoint, password, interrupted, /*enable_auth=*/true);
+  stop_process();
   endpoint_ = fmt::format("http://{}:{}", bind, port_);
+  start(endpoint_, endpoint_, password, interrupted, /*enable_auth=*/false);
+}
+
+void EtcdServer::start(const std::string& client_url, const std::string& endpoint, const std::string& password,
+                       bool (*interrupted)(), bool enable_auth) {
+  const auto exe = binary();
+  if (exe.empty()) {
+    stop();
+    throw std::runtime_error("the run's store is an etcd, and no etcd was found (install etcd-server, or set "
+                             "NOLOCO_ETCD)");
+  }
   const std::string peer = "unix://peer.sock:1";  // a socket file in dir_, not a port
   std::vector<std::string> args = {exe,
                                    "--name=noloco",
                                    "--data-dir=" + dir_ + "/data",
-                                   "--listen-client-urls=" + endpoint_,
-                                   "--advertise-client-urls=" + endpoint_,
+                                   "--listen-client-urls=" + client_url,
+                                   "--advertise-client-urls=" + client_url,
                                    "--listen-peer-urls=" + peer,
                                    "--initial-advertise-peer-urls=" + peer,
                                    "--initial-cluster=noloco=" + peer,
@@ -127,9 +150,9 @@ EtcdServer::EtcdServer(const std::string& bind, int port, const std::string& pas
   pid_ = ::fork();
   if (pid_ < 0) throw std::runtime_error(fmt::format("fork failed: {}", std::strerror(errno)));
   if (pid_ == 0) {
-    ::prctl(PR_SET_PDEATHSIG, SIGKILL);  // the store dies with its launcher
-    ::setpgid(0, 0);                     // and does not take the launcher's Ctrl-C before the launcher does
-    const int fd = ::open(log.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0600);
+    ::prctl(PR_SET_PDEATHSIG, SIGKILL);  // the store dies with its host
+    ::setpgid(0, 0);                     // and does not take the host's Ctrl-C before the host does
+    const int fd = ::open(log.c_str(), O_WRONLY | O_CREAT | O_APPEND, 0600);
     if (fd >= 0) {
       ::dup2(fd, 1);
       ::dup2(fd, 2);
@@ -141,7 +164,7 @@ EtcdServer::EtcdServer(const std::string& bind, int port, const std::string& pas
     ::execv(exe.c_str(), argv.data());
     ::_exit(127);
   }
-  // Up within 20 s, then authentication on before anyone else connects.
+  // Up within 20 s: authentication is switched on (first start), or a login works (restart).
   const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(20);
   std::string last_error;
   for (;;) {
@@ -150,13 +173,17 @@ EtcdServer::EtcdServer(const std::string& bind, int port, const std::string& pas
       pid_ = -1;
       const auto why = tail_of(log);
       stop();
-      throw std::runtime_error(fmt::format("etcd did not start on {}: {}", endpoint_, why));
+      throw std::runtime_error(fmt::format("etcd did not start on {}: {}", endpoint, why));
     }
     try {
-      EtcdStore admin(endpoint_, "", "", std::chrono::milliseconds(2000));
-      admin.request("/v3/auth/user/add", nlohmann::json{{"name", "root"}, {"password", password}}.dump());
-      admin.request("/v3/auth/user/grant", R"({"user":"root","role":"root"})");
-      admin.request("/v3/auth/enable", "{}");
+      if (enable_auth) {
+        EtcdStore admin(endpoint, "", "", std::chrono::milliseconds(2000));
+        admin.request("/v3/auth/user/add", nlohmann::json{{"name", "root"}, {"password", password}}.dump());
+        admin.request("/v3/auth/user/grant", R"({"user":"root","role":"root"})");
+        admin.request("/v3/auth/enable", "{}");
+      } else {
+        const EtcdStore login(endpoint, "root", password, std::chrono::milliseconds(2000));
+      }
       return;
     } catch (const std::exception& e) {
       last_error = e.what();
@@ -167,7 +194,7 @@ EtcdServer::EtcdServer(const std::string& bind, int port, const std::string& pas
     }
     if (std::chrono::steady_clock::now() > deadline) {
       stop();
-      throw std::runtime_error(fmt::format("etcd on {} did not come up within 20 s: {}", endpoint_, last_error));
+      throw std::runtime_error(fmt::format("etcd on {} did not come up within 20 s: {}", endpoint, last_error));
     }
     std::this_thread::sleep_for(std::chrono::milliseconds(50));
   }
@@ -176,6 +203,13 @@ EtcdServer::EtcdServer(const std::string& bind, int port, const std::string& pas
 EtcdServer::~EtcdServer() { stop(); }
 
 void EtcdServer::stop() {
+  stop_process();
+  std::error_code ec;
+  if (!dir_.empty()) fs::remove_all(dir_, ec);
+  dir_.clear();
+}
+
+void EtcdServer::stop_process() {
   if (pid_ > 0) {
     ::kill(pid_, SIGTERM);
     for (int i = 0; i < 100 && ::waitpid(pid_, nullptr, WNOHANG) == 0; ++i)
@@ -186,9 +220,6 @@ void EtcdServer::stop() {
     }
     pid_ = -1;
   }
-  std::error_code ec;
-  if (!dir_.empty()) fs::remove_all(dir_, ec);
-  dir_.clear();
 }
 
 }  // namespace noloco

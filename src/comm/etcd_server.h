@@ -1,34 +1,54 @@
-// The store our launcher hosts for its workers: a one-member etcd started for
-// the run, listening on `bind` only (its peer port is a unix socket in its
-// private data directory), with authentication on (user root; password: the
-// run's token) before any worker connects. Stopped and removed with the run;
-// it dies with the launcher, and the next launcher removes what a killed one
-// left in the temporary directory.
+// The run's store when nobody else hosts one: a one-member etcd started for
+// the run (its peer port a unix socket in its private data directory), with
+// authentication on (user root; password: the run's token) before anyone
+// else can reach it. Stopped and removed with the run; it dies with its host
+// process, and the next one removes what a killed one left in the temporary
+// directory.
+//
+// Two kinds. The launcher's store is a unix socket in that private (0700)
+// directory: its local workers reach it through the file system (from their
+// own network namespaces too), and nobody else, on the network or another
+// local user, can connect at all. A store other machines reach (worker 0
+// hosting it, as under PyTorch's env://) listens on `bind`:`port` only, and
+// opens that port after authentication is on: etcd is first started on the
+// private socket alone, the root user made and authentication enabled there,
+// then restarted on the TCP port.
 #pragma once
 #include <sys/types.h>
 
 #include <string>
+#include <vector>
 
 namespace noloco {
 
 class EtcdServer {
  public:
-  // Throws std::runtime_error with the reason (no etcd binary, cannot listen
-  // on `bind`, did not come up, `interrupted` while waiting). port 0: a free one.
-  EtcdServer(const std::string& bind, int port, const std::string& password,
-             bool (*interrupted)() = nullptr);
+  // The launcher's store, on a private unix socket. Throws std::runtime_error
+  // with the reason (no etcd binary, did not come up, `interrupted` while waiting).
+  explicit EtcdServer(const std::string& password, bool (*interrupted)() = nullptr);
+  // A store on `bind`:`port` (port 0: a free one); also throws when it cannot
+  // listen there.
+  EtcdServer(const std::string& bind, int port, const std::string& password, bool (*interrupted)() = nullptr);
   ~EtcdServer();
   EtcdServer(const EtcdServer&) = delete;
   EtcdServer& operator=(const EtcdServer&) = delete;
 
-  // http://bind:port
+  // unix:///path/to/client.sock, or http://bind:port
   const std::string& endpoint() const { return endpoint_; }
+  // The TCP port; 0 on a unix socket.
   int port() const { return port_; }
 
   // The etcd binary: $NOLOCO_ETCD, else etcd on PATH or /usr/bin/etcd; empty if none.
   static std::string binary();
 
  private:
+  void make_directory();
+  // Starts etcd serving clients at `client_url` (reached at `endpoint`) and
+  // waits until it answers: with `enable_auth`, by making the root user and
+  // switching authentication on; else by a login as root. Throws otherwise.
+  void start(const std::string& client_url, const std::string& endpoint, const std::string& password,
+             bool (*interrupted)(), bool enable_auth);
+  void stop_process();
   void stop();
   std::string dir_, endpoint_;
   int port_ = 0;

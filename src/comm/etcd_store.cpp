@@ -5,6 +5,7 @@
 #include <cstdlib>
 #include <mutex>
 #include <stdexcept>
+#include <string_view>
 
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
@@ -76,6 +77,8 @@ std::vector<uint8_t> as_bytes(const std::string& s) { return {s.begin(), s.end()
 
 struct EtcdStore::Http {
   std::string endpoint, user, password, token;
+  std::string base;         // what request paths are appended to
+  std::string unix_socket;  // the socket's path for a unix:// endpoint, else empty
   std::chrono::milliseconds timeout;
   CURL* curl = nullptr;
 
@@ -84,7 +87,8 @@ struct EtcdStore::Http {
   }
 
   void common(CURL* c, const std::string& path, const std::string& body, curl_slist* headers, long timeout_ms) const {
-    curl_easy_setopt(c, CURLOPT_URL, (endpoint + path).c_str());
+    curl_easy_setopt(c, CURLOPT_URL, (base + path).c_str());
+    if (!unix_socket.empty()) curl_easy_setopt(c, CURLOPT_UNIX_SOCKET_PATH, unix_socket.c_str());
     curl_easy_setopt(c, CURLOPT_POSTFIELDS, body.c_str());
     curl_easy_setopt(c, CURLOPT_POSTFIELDSIZE, long(body.size()));
     curl_easy_setopt(c, CURLOPT_HTTPHEADER, headers);
@@ -109,7 +113,14 @@ struct EtcdStore::Http {
     common(curl, path, body, h, long(timeout.count()));
     curl_easy_setopt(curl, CURLOPT_WRITEFUNCTION, append_body);
     curl_easy_setopt(curl, CURLOPT_WRITEDATA, &response);
-    const CURLcode rc = curl_easy_perform(curl);
+    CURLcode rc = curl_easy_perform(curl);
+    // A request that timed out is asked once more: a process stopped for a
+    // while (SIGSTOP, a VM paused) finds its timer run out on waking, though
+    // the store never failed it.
+    if (rc == CURLE_OPERATION_TIMEDOUT) {
+      response.clear();
+      rc = curl_easy_perform(curl);
+    }
     curl_slist_free_all(h);
     if (rc != CURLE_OK)
       throw std::runtime_error(fmt::format("store at {}: {}", endpoint, curl_easy_strerror(rc)));
@@ -190,6 +201,13 @@ EtcdStore::EtcdStore(std::string endpoint, std::string user, std::string passwor
     : c10d::Store(timeout), endpoint_(std::move(endpoint)), http_(std::make_unique<Http>()) {
   curl_once();
   http_->endpoint = endpoint_;
+  constexpr std::string_view kUnix = "unix://";
+  if (endpoint_.rfind(kUnix, 0) == 0) {
+    http_->unix_socket = endpoint_.substr(kUnix.size());
+    http_->base = "http://localhost";
+  } else {
+    http_->base = endpoint_;
+  }
   http_->user = std::move(user);
   http_->password = std::move(password);
   http_->timeout = timeout;
@@ -223,21 +241,34 @@ void EtcdStore::set(const std::string& key, const std::vector<uint8_t>& value) {
 std::vector<uint8_t> EtcdStore::compareSet(const std::string& key, const std::vector<uint8_t>& expected,
                                            const std::vector<uint8_t>& desired) {
   const auto k = base64(key);
-  // Absent and expected empty, or holding exactly `expected`: write; either way read back.
-  const Json compare = expected.empty()
-                           ? Json{{"target", "CREATE"}, {"key", k}, {"create_revision", "0"}, {"result", "EQUAL"}}
-                           : Json{{"target", "VALUE"}, {"key", k}, {"value", base64(as_string(expected))},
-                                  {"result", "EQUAL"}};
-  const auto j = http_->post(
-      "/v3/kv/txn", {{"compare", Json::array({compare})},
-                     {"success", Json::array({{{"request_put", {{"key", k}, {"value", base64(as_string(desired))}}}}})},
-                     {"failure", Json::array({{{"request_range", {{"key", k}}}}})}});
-  if (j.value("succeeded", false)) return desired;
-  const auto& responses = j.value("responses", Json::array());
-  const auto kvs = responses.empty() ? Json::array()
-                                     : responses[0].value("response_range", Json::object()).value("kvs", Json::array());
-  // TCPStore's answer for an absent key and a non-empty `expected`: `expected` itself.
-  return kvs.empty() ? expected : as_bytes(unbase64(kvs[0].value("value", "")));
+  const auto put = Json::array({{{"request_put", {{"key", k}, {"value", base64(as_string(desired))}}}}});
+  const auto range = Json::array({{{"request_range", {{"key", k}}}}});
+  // Holding exactly `expected`: write; either way read back. An empty
+  // `expected` matches an absent key and, as in TCPStore, a key holding the
+  // empty value (a list emptied by remove_item): the second is compared by
+  // revision, since etcd's VALUE compare cannot name an empty value reliably.
+  Json compare = expected.empty()
+                     ? Json{{"target", "CREATE"}, {"key", k}, {"create_revision", "0"}, {"result", "EQUAL"}}
+                     : Json{{"target", "VALUE"}, {"key", k}, {"value", base64(as_string(expected))}, {"result", "EQUAL"}};
+  // Bounded: each round either writes or finds the key changed under it.
+  for (int attempt = 0; attempt < 1000; ++attempt) {
+    const auto j = http_->post("/v3/kv/txn", {{"compare", Json::array({compare})}, {"success", put}, {"failure", range}});
+    if (j.value("succeeded", false)) return desired;
+    const auto& responses = j.value("responses", Json::array());
+    const auto kvs = responses.empty()
+                         ? Json::array()
+                         : responses[0].value("response_range", Json::object()).value("kvs", Json::array());
+    // TCPStore's answer for an absent key and a non-empty `expected`: `expected` itself.
+    if (kvs.empty()) {
+      if (!expected.empty()) return expected;
+      continue;  // deleted meanwhile: create it
+    }
+    auto value = as_bytes(unbase64(kvs[0].value("value", "")));
+    if (!expected.empty() || !value.empty()) return value;
+    compare = Json{{"target", "MOD"}, {"key", k}, {"mod_revision", std::to_string(number(kvs[0], "mod_revision"))},
+                   {"result", "EQUAL"}};
+  }
+  throw std::runtime_error(fmt::format("store at {}: compare-and-set of a key kept changing for 1000 rounds", endpoint_));
 }
 
 std::vector<uint8_t> EtcdStore::get(const std::string& key) {

@@ -22,7 +22,7 @@ namespace noloco {
 class EtcdStore final : public c10d::Store {
  public:
   // `endpoint`: "http://host:port" (or https://, with NOLOCO_STORE_CA naming a
-  // CA bundle). Authenticates as `user` with `password` unless `user` is
+  // CA bundle), or "unix:///path/to/socket". Authenticates as `user` with `password` unless `user` is
   // empty. Throws std::runtime_error naming the endpoint on failure
   // (unreachable, or refused: wrong password).
   EtcdStore(std::string endpoint, std::string user, std::string password, std::chrono::milliseconds timeout);

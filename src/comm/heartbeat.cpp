@@ -14,11 +14,13 @@ Heartbeat::Heartbeat(StorePtr store, const std::string& token, int worker, std::
   store->add(key, 1);
   thread_ = std::thread([this, store, key, period] {
     std::unique_lock<std::mutex> lock(mutex_);
+    int failures = 0;  // in a row: one is a hiccup (a paused process, a busy store), three the store gone
     while (!wake_.wait_for(lock, period, [this] { return stop_; })) {
       try {
         store->add(key, 1);
+        failures = 0;
       } catch (const std::exception&) {
-        return;  // the store is gone: the run is over
+        if (++failures == 3) return;  // the run is over
       }
     }
   });
@@ -40,13 +42,23 @@ double HeartbeatWatch::silent_seconds(int worker) {
   const auto now = std::chrono::steady_clock::now();
   const int64_t count = store_->add(heartbeat_key(token_, worker), 0);
   auto& seen = seen_[worker];
+  if (count == 0 && seen.expected)  // started and not beating yet: silent since it started
+    return std::chrono::duration<double>(now - seen.since).count();
   if (count != seen.count || count == 0) {
-    seen = {count, now};
+    seen.count = count;
+    seen.since = now;
     return 0;
   }
   return std::chrono::duration<double>(now - seen.since).count();
 }
 
-void HeartbeatWatch::reset(int worker) { seen_.erase(worker); }
+bool HeartbeatWatch::beating(int worker) const {
+  const auto it = seen_.find(worker);
+  return it != seen_.end() && it->second.count > 0;
+}
+
+void HeartbeatWatch::expect(int worker) {
+  seen_[worker] = Seen{0, std::chrono::steady_clock::now(), true};
+}
 
 }  // namespace noloco

@@ -41,8 +41,12 @@ class HeartbeatWatch {
   // Reads `worker`'s counter; returns the seconds since it last changed, or 0
   // if it never beat since watching began (starting up) or changed just now.
   double silent_seconds(int worker);
-  // Forget what was seen of `worker` (it was restarted).
-  void reset(int worker);
+  // `worker` was started just now, its counter at zero: from now on, until
+  // its first beat, silent_seconds counts from this moment (a process frozen
+  // before its first beat is silent, not starting up forever).
+  void expect(int worker);
+  // Whether `worker`'s counter has moved past zero.
+  bool beating(int worker) const;
 
  private:
   StorePtr store_;
@@ -50,6 +54,7 @@ class HeartbeatWatch {
   struct Seen {
     int64_t count = -1;
     std::chrono::steady_clock::time_point since;
+    bool expected = false;
   };
   std::map<int, Seen> seen_;
 };

@@ -12,6 +12,7 @@
 #include <cstring>
 #include <thread>
 #include <fstream>
+#include <memory>
 #include <utility>
 
 #include <fmt/format.h>
@@ -29,7 +30,17 @@ namespace {
 
 std::atomic<int> forwarded_signal{0};
 
-void on_signal(int sig) { forwarded_signal = sig; }
+// The workers' pids, for the signal handler: it passes SIGINT/SIGTERM on at
+// once, so a launcher held up in a store call still stops its run at every
+// moment (the supervision loop sees the signal when the call returns).
+std::atomic<pid_t>* signalled_pids = nullptr;
+std::atomic<int> signalled_count{0};
+
+void on_signal(int sig) {
+  forwarded_signal = sig;
+  for (int i = 0; i < signalled_count.load(); ++i)
+    if (const pid_t pid = signalled_pids[i].load(); pid > 0) ::kill(pid, sig);
+}
 
 }  // namespace
 
@@ -46,7 +57,10 @@ namespace {
 // SIGINT/SIGTERM are caught for the launch and restored after it.
 class ForwardedSignals {
  public:
-  ForwardedSignals() {
+  explicit ForwardedSignals(int workers) : pids_(new std::atomic<pid_t>[size_t(workers)]) {
+    for (int i = 0; i < workers; ++i) pids_[size_t(i)] = -1;
+    signalled_pids = pids_.get();
+    signalled_count = workers;
     struct sigaction sa {};
     sa.sa_handler = on_signal;
     sigemptyset(&sa.sa_mask);
@@ -56,10 +70,15 @@ class ForwardedSignals {
   ~ForwardedSignals() {
     ::sigaction(SIGINT, &old_int_, nullptr);
     ::sigaction(SIGTERM, &old_term_, nullptr);
+    signalled_count = 0;
+    signalled_pids = nullptr;
   }
   static bool pending() { return forwarded_signal.load() != 0; }
+  // Worker `rank` is now process `pid` (-1: none).
+  void track(int rank, pid_t pid) { pids_[size_t(rank)] = pid; }
 
  private:
+  std::unique_ptr<std::atomic<pid_t>[]> pids_;
   struct sigaction old_int_ {}, old_term_ {};
 };
 
@@ -93,16 +112,18 @@ void check_local_capacity(int64_t workers, int64_t bytes_per_worker, int64_t all
 
 LaunchResult launch_local_workers(const LaunchPlan& plan, const std::vector<std::string>& worker_args) {
   const auto& c = plan.comm;
-  const ForwardedSignals signals;
-  const auto start = std::chrono::steady_clock::now();
   const int n = plan.workers;
+  ForwardedSignals signals(n);
+  const auto start = std::chrono::steady_clock::now();
   const char* given = std::getenv("NOLOCO_RUN_TOKEN");
   const std::string token = given && *given ? given : new_run_token();
-  // The run's store: etcd, on `bind` (behind capped links: the launcher's
-  // address on their bridge), authenticated with the run's token.
-  const std::string store_address = plan.links ? plan.links->host_address() : c.bind;
-  const EtcdServer etcd(store_address, int(c.port), token, &ForwardedSignals::pending);
-  const auto timeout = std::chrono::milliseconds(int64_t(c.peer_timeout * 1000));
+  // The run's store: etcd on a unix socket only the launcher's user can
+  // reach (its workers too, from their network namespaces behind capped
+  // links), authenticated with the run's token.
+  const EtcdServer etcd(token, &ForwardedSignals::pending);
+  // Short: the supervision loop must come back to signals and exits, and a
+  // local store that does not answer a small request in seconds is in trouble.
+  const auto timeout = std::min(std::chrono::milliseconds(int64_t(c.peer_timeout * 1000)), std::chrono::milliseconds(5000));
   const StorePtr store = c10::make_intrusive<EtcdStore>(etcd.endpoint(), "root", token, timeout);
 
   char exe[4096];
@@ -111,11 +132,13 @@ LaunchResult launch_local_workers(const LaunchPlan& plan, const std::vector<std:
   exe[len] = '\0';
 
   std::vector<pid_t> pids(size_t(n), -1);
+  // A worker whose heartbeat stops is hung (or its machine is): kill it, so
+  // the failure takes the path of a crash instead of stalling the run.
+  HeartbeatWatch heartbeats(store, token);
   auto spawn = [&](int r, bool restart) {
     std::vector<std::string> env_vars = {
         fmt::format("RANK={}", r),          fmt::format("WORLD_SIZE={}", n),
         fmt::format("LOCAL_RANK={}", r),    fmt::format("LOCAL_WORLD_SIZE={}", n),
-        fmt::format("MASTER_ADDR={}", store_address), fmt::format("MASTER_PORT={}", etcd.port()),
         "TORCHELASTIC_USE_AGENT_STORE=True", "NOLOCO_RUN_TOKEN=" + token, "NOLOCO_STORE=" + etcd.endpoint()};
     if (restart) env_vars.push_back("NOLOCO_RESTARTED=1");
     std::vector<std::string> args = worker_args;
@@ -143,12 +166,11 @@ LaunchResult launch_local_workers(const LaunchPlan& plan, const std::vector<std:
       ::_exit(127);
     }
     pids[size_t(r)] = pid;
+    signals.track(r, pid);
+    heartbeats.expect(r);  // supervised from its start: one frozen before its first beat is hung too
   };
   int running = 0;
   for (int r = 0; r < n && !ForwardedSignals::pending(); ++r, ++running) spawn(r, false);
-  // A worker whose heartbeat stops is hung (or its machine is): kill it, so
-  // the failure takes the path of a crash instead of stalling the run.
-  HeartbeatWatch heartbeats(store, token);
   std::vector<std::string> why(static_cast<size_t>(n));
   auto last_check = std::chrono::steady_clock::now();
 
@@ -198,11 +220,17 @@ LaunchResult launch_local_workers(const LaunchPlan& plan, const std::vector<std:
         e.exit_code = WEXITSTATUS(status);
       }
       *it = -1;
+      signals.track(int(it - pids.begin()), -1);
       --running;
       if (!e.ok() && result.signal == 0) {
         spdlog::info("{}", e.describe());
         // Later NoLoCo groupings of its stage leave it out.
-        declare_dead(store, token, replica_scope(plan.stages, e.rank % plan.stages), e.rank / plan.stages);
+        try {
+          declare_dead(store, token, replica_scope(plan.stages, e.rank % plan.stages), e.rank / plan.stages);
+        } catch (const std::exception& error) {
+          // Its partners notice by themselves (a closed connection, a silent heartbeat).
+          spdlog::warn("could not record worker {}'s failure in the store: {}", e.rank, error.what());
+        }
         if (!plan.keep_going_on_failure && !terminating) {
           spdlog::info("method {} cannot continue without worker {}; stopping the others", plan.method, e.rank);
           stop_all(SIGTERM);
@@ -211,8 +239,11 @@ LaunchResult launch_local_workers(const LaunchPlan& plan, const std::vector<std:
           --restarts_left[size_t(e.rank)];
           e.restarted = true;
           spdlog::info("restarting worker {}; it will take its state from a live replica", e.rank);
-          store->set(heartbeat_key(token, e.rank), std::vector<uint8_t>{'0'});  // silent until the new one beats
-          heartbeats.reset(e.rank);
+          try {
+            store->set(heartbeat_key(token, e.rank), std::vector<uint8_t>{'0'});  // silent until the new one beats
+          } catch (const std::exception& error) {
+            spdlog::warn("could not reset worker {}'s heartbeat: {}", e.rank, error.what());
+          }
           spawn(e.rank, true);
           ++running;
         }
@@ -233,8 +264,18 @@ LaunchResult launch_local_workers(const LaunchPlan& plan, const std::vector<std:
       last_check = std::chrono::steady_clock::now();
       for (int r = 0; r < n; ++r) {
         if (pids[size_t(r)] <= 0 || !why[size_t(r)].empty()) continue;
-        const double silent = heartbeats.silent_seconds(r);
-        if (silent <= c.heartbeat_timeout) continue;
+        // Starting up (loading LibTorch and the data on a busy machine) may
+        // take longer than a beat's period; never longer than this.
+        constexpr double kStartupSeconds = 30;
+        double silent = 0;
+        try {
+          silent = heartbeats.silent_seconds(r);
+        } catch (const std::exception& error) {
+          spdlog::warn("could not read worker {}'s heartbeat: {}", r, error.what());
+          break;  // the store is busy: look again in a second
+        }
+        const double allowed = heartbeats.beating(r) ? c.heartbeat_timeout : std::max(c.heartbeat_timeout, kStartupSeconds);
+        if (silent <= allowed) continue;
         why[size_t(r)] = fmt::format("no heartbeat for {:.0f}s: hung", silent);
         spdlog::info("worker {} sent no heartbeat for {:.0f} s; killing it", r, silent);
         ::kill(pids[size_t(r)], SIGKILL);

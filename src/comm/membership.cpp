@@ -47,6 +47,58 @@ void declare_dead(const StorePtr& store, const std::string& token, const std::st
   append_item(*members_scope(store, token, scope), "dead", std::to_string(rank));
 }
 
+int64_t choose_resume_step(const std::map<int, std::vector<int64_t>>& steps_by_worker) {
+  std::map<int64_t, int> holders;  // step -> how many workers hold it
+  bool any = false;
+  for (const auto& [worker, steps] : steps_by_worker) {
+    any |= !steps.empty();
+    for (const int64_t s : std::set<int64_t>(steps.begin(), steps.end())) ++holders[s];
+  }
+  if (!any) return 0;
+  for (auto it = holders.rbegin(); it != holders.rend(); ++it)
+    if (it->second == int(steps_by_worker.size())) return it->first;
+  std::string held;
+  for (const auto& [worker, steps] : steps_by_worker)
+    held += fmt::format("{}worker {}: {}", held.empty() ? "" : ", ", worker,
+                        steps.empty() ? std::string("none") : fmt::format("newest step {}", steps.back()));
+  throw std::runtime_error(fmt::format(
+      "resume=true: the workers hold no complete checkpoint of one common step ({}); remove the run's checkpoints "
+      "to start afresh, or restore the missing ones",
+      held));
+}
+
+int64_t agree_resume_step(const StorePtr& store, const std::string& token, int worker, int workers, int stages,
+                          const std::vector<int64_t>& steps, std::chrono::milliseconds timeout) {
+  const auto resume = run_scope(store, token, "resume");
+  std::string mine;
+  for (const int64_t s : steps) mine += std::to_string(s) + ",";
+  resume->set(fmt::format("steps/{}", worker), std::vector<uint8_t>(mine.begin(), mine.end()));
+  std::map<int, std::vector<int64_t>> held;
+  const auto deadline = Clock::now() + timeout;
+  for (;;) {
+    std::vector<int> missing;
+    for (int w = 0; w < workers; ++w) {
+      if (held.count(w)) continue;
+      const std::string key = fmt::format("steps/{}", w);
+      if (!resume->check({key})) {
+        missing.push_back(w);
+        continue;
+      }
+      auto& list = held[w];
+      for (const auto& item : list_items(read_or_empty(*resume, key))) list.push_back(std::stoll(item));
+    }
+    if (missing.empty()) return choose_resume_step(held);
+    for (const int w : missing)
+      if (list_has(read_or_empty(*members_scope(store, token, replica_scope(stages, w % stages)), "dead"),
+                   std::to_string(w / stages)))
+        throw std::runtime_error(fmt::format("worker {} failed before the run agreed on the step to resume from", w));
+    if (Clock::now() > deadline)
+      throw std::runtime_error(fmt::format("worker {} did not say which checkpoints it holds within {} s", missing[0],
+                                           timeout.count() / 1000));
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  }
+}
+
 Membership::Membership(StorePtr store, const WorkerEnv& env, const std::string& scope, int rank, int world,
                        std::chrono::milliseconds heartbeat_timeout)
     : store_(std::move(store)),

@@ -107,6 +107,21 @@ class PipelineRoster {
   int stages_, replicas_;
 };
 
+// The step a resumed run continues from, the same for all its workers (a
+// worker resumed alone at another step would wait out every exchange): the
+// newest step whose checkpoint every worker holds complete, 0 when none holds
+// any. `steps_by_worker` lists each worker's complete checkpoints. Throws
+// std::runtime_error naming the workers and their newest steps when no step
+// is held by all (some hold none, or no step is common).
+int64_t choose_resume_step(const std::map<int, std::vector<int64_t>>& steps_by_worker);
+
+// Each of the run's `workers` posts the steps it holds complete and reads
+// everyone's; returns choose_resume_step of them. Gives up (throwing, naming
+// who is missing) after `timeout`, or as soon as a missing worker is
+// declared dead in its stage's membership.
+int64_t agree_resume_step(const StorePtr& store, const std::string& token, int worker, int workers, int stages,
+                          const std::vector<int64_t>& steps, std::chrono::milliseconds timeout);
+
 // The membership scope of the replicas of pipeline stage `stage` ("replicas" without a pipeline).
 std::string replica_scope(int stages, int stage);
 

@@ -2,6 +2,8 @@
 
 #include <functional>
 #include <random>
+#include <stdexcept>
+#include <thread>
 
 #include <fmt/format.h>
 #include <torch/csrc/distributed/c10d/PrefixStore.hpp>
@@ -16,14 +18,28 @@ std::vector<uint8_t> bytes_of(const std::string& s) { return {s.begin(), s.end()
 }  // namespace
 
 StorePtr connect_store(const WorkerEnv& env, std::chrono::milliseconds timeout) {
-  if (!env.store_url.empty()) return c10::make_intrusive<EtcdStore>(env.store_url, "root", env.token, timeout);
-  c10d::TCPStoreOptions opts;
-  opts.port = uint16_t(env.master_port);
-  opts.isServer = env.rank == 0 && !env.agent_store;
-  opts.numWorkers = c10::nullopt;
-  opts.waitWorkers = false;
-  opts.timeout = timeout;
-  return c10::make_intrusive<c10d::TCPStore>(env.master_addr, opts);
+  if (env.store_url.empty()) {
+    if (!env.agent_store)
+      throw std::logic_error("connect_store: without torchrun's agent the store is an etcd (store_url unset)");
+    c10d::TCPStoreOptions opts;
+    opts.port = uint16_t(env.master_port);
+    opts.isServer = false;
+    opts.numWorkers = c10::nullopt;
+    opts.waitWorkers = false;
+    opts.timeout = timeout;
+    return c10::make_intrusive<c10d::TCPStore>(env.master_addr, opts);
+  }
+  // Worker 0's store may still be starting: try again until the timeout.
+  const auto deadline = std::chrono::steady_clock::now() + timeout;
+  for (;;) {
+    try {
+      return c10::make_intrusive<EtcdStore>(env.store_url, "root", env.token, timeout);
+    } catch (const std::runtime_error& e) {
+      const std::string why = e.what();
+      if (why.find("could not join") != std::string::npos || std::chrono::steady_clock::now() > deadline) throw;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  }
 }
 
 StorePtr run_scope(const StorePtr& store, const std::string& token, const std::string& scope) {
@@ -51,9 +67,23 @@ bool list_has(const std::string& text, const std::string& item) {
   return ("," + text).find("," + item + ",") != std::string::npos;
 }
 
+namespace {
+
+// Each round either writes or sees the list changed by another writer; a
+// store that answers neither (a broken compareSet) must not spin a process
+// forever.
+constexpr int kListRounds = 1000;
+
+[[noreturn]] void list_kept_changing(const std::string& key) {
+  throw std::runtime_error(fmt::format("store: the list {} kept changing for {} rounds", key, kListRounds));
+}
+
+}  // namespace
+
 void append_item(c10d::Store& store, const std::string& key, const std::string& item) {
   std::string current = read_or_empty(store, key);
-  while (!list_has(current, item)) {
+  for (int round = 0; !list_has(current, item); ++round) {
+    if (round == kListRounds) list_kept_changing(key);
     const auto result = store.compareSet(key, bytes_of(current), bytes_of(current + item + ","));
     current.assign(result.begin(), result.end());
   }
@@ -61,7 +91,8 @@ void append_item(c10d::Store& store, const std::string& key, const std::string& 
 
 void remove_item(c10d::Store& store, const std::string& key, const std::string& item) {
   std::string current = read_or_empty(store, key);
-  while (list_has(current, item)) {
+  for (int round = 0; list_has(current, item); ++round) {
+    if (round == kListRounds) list_kept_changing(key);
     std::string wanted = "," + current;
     wanted.erase(wanted.find("," + item + ","), item.size() + 1);
     const auto result = store.compareSet(key, bytes_of(current), bytes_of(wanted.substr(1)));

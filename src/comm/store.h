@@ -15,7 +15,9 @@ namespace noloco {
 using StorePtr = c10::intrusive_ptr<c10d::Store>;
 
 // A new connection to the run's store: etcd at env.store_url (our launcher's,
-// or one the user runs), else a TCPStore hosted by torchrun's agent or by worker 0.
+// one the user runs, or the one worker 0 hosts), else torchrun's TCPStore.
+// Waits up to `timeout` for an etcd that is not up yet; a wrong token is
+// refused at once.
 StorePtr connect_store(const WorkerEnv& env, std::chrono::milliseconds timeout);
 // The keys of `scope` in the run with `token`: "noloco/<token>/<scope>/...".
 StorePtr run_scope(const StorePtr& store, const std::string& token, const std::string& scope);

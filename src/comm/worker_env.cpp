@@ -34,8 +34,10 @@ bool worker_env_from_environment(WorkerEnv& env) {
     throw std::invalid_argument("NOLOCO_RUN_TOKEN is not set: give every worker of the run the same secret token");
   env.token = token;
   if (const char* store = std::getenv("NOLOCO_STORE")) env.store_url = store;
-  if (!env.store_url.empty() && env.store_url.rfind("http://", 0) != 0 && env.store_url.rfind("https://", 0) != 0)
-    throw std::invalid_argument(fmt::format("NOLOCO_STORE='{}' is not an etcd endpoint (http[s]://host:port)", env.store_url));
+  if (!env.store_url.empty() && env.store_url.rfind("http://", 0) != 0 && env.store_url.rfind("https://", 0) != 0 &&
+      env.store_url.rfind("unix://", 0) != 0)
+    throw std::invalid_argument(fmt::format(
+        "NOLOCO_STORE='{}' is not an etcd endpoint (http[s]://host:port or unix:///path)", env.store_url));
   const char* agent = std::getenv("TORCHELASTIC_USE_AGENT_STORE");
   env.agent_store = agent && std::string(agent) == "True";
   if (env.world < 1 || env.rank >= env.world)

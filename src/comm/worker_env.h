@@ -11,8 +11,10 @@ struct WorkerEnv {
   int master_port = 0;
   bool agent_store = false;  // the store is hosted by the launcher (ours or torchrun's), not rank 0
   std::string token;         // NOLOCO_RUN_TOKEN: the run's shared secret
-  // NOLOCO_STORE: an etcd endpoint (http[s]://host:port) holding the run's
-  // store, as our launcher sets; empty: a c10d TCPStore at MASTER_ADDR:MASTER_PORT.
+  // NOLOCO_STORE: an etcd endpoint (http[s]://host:port, or unix:///path as
+  // our launcher sets) holding the run's store. Empty: under torchrun's agent,
+  // its c10d TCPStore at MASTER_ADDR:MASTER_PORT; without one, an etcd that
+  // worker 0 hosts there.
   std::string store_url;
 };
 

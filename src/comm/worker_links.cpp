@@ -1,15 +1,25 @@
 #include "comm/worker_links.h"
 
+#include <fmt/format.h>
+
 namespace noloco {
 
 WorkerLinks join_as_worker(const WorkerEnv& env, const CommConfig& comm, int stages, bool outer_method) {
   const auto timeout = std::chrono::milliseconds(int64_t(comm.peer_timeout * 1000));
   const int stage = env.rank % stages, replica = env.rank / stages, replicas = env.world / stages;
   WorkerLinks links;
-  links.store = connect_store(env, timeout);  // worker 0 hosts the store when no launcher does
+  links.timeout = timeout;
   auto client = env;
-  client.agent_store = true;  // further connections are clients of whoever hosts it
+  if (env.store_url.empty() && !env.agent_store) {
+    if (env.rank == 0) {
+      links.hosted_store = std::make_unique<EtcdServer>(comm.bind, env.master_port, env.token);
+      client.store_url = links.hosted_store->endpoint();
+    } else {
+      client.store_url = fmt::format("http://{}:{}", env.master_addr, env.master_port);
+    }
+  }
   const auto connect = [client, timeout] { return connect_store(client, timeout); };
+  links.store = connect();
   links.heartbeat = std::make_unique<Heartbeat>(connect(), env.token, env.rank);
   if (outer_method) {
     const auto scope = replica_scope(stages, stage);

@@ -5,6 +5,7 @@
 #include <memory>
 
 #include "comm/activation_link.h"
+#include "comm/etcd_server.h"
 #include "comm/gloo_transport.h"
 #include "comm/heartbeat.h"
 #include "comm/membership.h"
@@ -13,7 +14,11 @@
 namespace noloco {
 
 struct WorkerLinks {
+  // Worker 0 of a run that nobody else hosts a store for (no launcher, no
+  // torchrun agent, no NOLOCO_STORE) hosts it: an etcd on bind:MASTER_PORT.
+  std::unique_ptr<EtcdServer> hosted_store;
   StorePtr store;
+  std::chrono::milliseconds timeout{0};  // peer_timeout: for a store call, or a peer's message
   std::unique_ptr<Heartbeat> heartbeat;
   std::unique_ptr<Membership> membership;  // among the replicas of this worker's stage
   std::unique_ptr<Transport> transport;    // likewise; null for method none

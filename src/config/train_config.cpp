@@ -100,8 +100,7 @@ Options config_options(TrainConfig& c) {
       .add("eager", c.outer.eager,
            "with overlap: take the outer step with the replica's own delta at once; the exchange's result, a period "
            "later, corrects it")
-      .add("bind", c.comm.bind, "address workers and the store listen on")
-      .add("port", c.comm.port, "store port; 0: a free one")
+      .add("bind", c.comm.bind, "address workers listen on (and the store, when worker 0 hosts it; the launcher's store is a private unix socket)")
       .add("peer_timeout", c.comm.peer_timeout, "seconds before a silent peer is given up")
       .add("restarts", c.comm.restarts,
            "noloco: restart a failed worker up to this many times; it rejoins from a live peer")
@@ -112,7 +111,8 @@ Options config_options(TrainConfig& c) {
            "root only); empty: no cap")
       .add("inject_crash", c.run.inject_crash,
            "failure drill: RANK:STEP[:checkpoint|:freeze][,...] kills that worker (SIGKILL) before that step, or "
-           "while writing its checkpoint, or freezes it (SIGSTOP); RANK:startup kills it before it joins the run");
+           "while writing its checkpoint, or freezes it (SIGSTOP); RANK:startup[:freeze] kills (freezes) it before it "
+           "joins the run");
   return o;
 }
 
@@ -131,6 +131,7 @@ void adopt_imported_model(TrainConfig& c, const ModelConfig& hf, bool tokenizer_
   same("intermediate", c.model.intermediate_size(), hf.intermediate_size());
   same("rope_theta", c.model.rope_theta, hf.rope_theta);
   same("norm_eps", c.model.norm_eps, hf.norm_eps);
+  c.model.rope_scaling = hf.rope_scaling;  // no key of ours: always the directory's
   if (c.model.context > hf.context)
     invalid(fmt::format("context={} exceeds init_from {}'s max_position_embeddings ({})", c.model.context,
                         c.init_from, hf.context));
@@ -140,8 +141,8 @@ void adopt_imported_model(TrainConfig& c, const ModelConfig& hf, bool tokenizer_
   } else if (ends_with(c.data.path, ".bin")) {
     if (c.data.vocab_size == 0) c.data.vocab_size = hf.vocab_size;
   } else {
-    invalid(fmt::format("init_from {} has no tokenizer.model: name one with tokenizer=, or train on tokens "
-                        "prepared with it (data=FILE.bin)",
+    invalid(fmt::format("init_from {} has no tokenizer (tokenizer.model or a byte-level BPE tokenizer.json): name "
+                        "one with tokenizer=, or train on tokens prepared with it (data=FILE.bin)",
                         c.init_from));
   }
 }
@@ -251,7 +252,6 @@ void TrainConfig::validate() const {
   if (outer.message == "theta" && outer.gamma != outer.lr)
     invalid(fmt::format("noloco_message=theta needs gamma = outer_lr (got gamma {}, outer_lr {}); use delta_phi",
                         outer.gamma, outer.lr));
-  if (comm.port < 0 || comm.port > 65535) invalid(fmt::format("port must be in [0, 65535], got {}", comm.port));
   positive("peer_timeout", comm.peer_timeout);
   non_negative("restarts", double(comm.restarts));
   positive("heartbeat_timeout", comm.heartbeat_timeout);
@@ -284,9 +284,14 @@ std::vector<CrashPoint> parse_crash_plan(const std::string& plan) {
     if (parts.size() == 3 && parts[2] == "checkpoint") mode = CrashPoint::Mode::kill_in_checkpoint;
     if (parts.size() == 3 && parts[2] == "freeze") mode = CrashPoint::Mode::freeze;
     if (parts.size() != 2 && (parts.size() != 3 || mode == CrashPoint::Mode::kill))
-      invalid(fmt::format("inject_crash must be RANK:STEP[:checkpoint|:freeze] or RANK:startup[,...], got '{}'", plan));
-    if (parts.size() == 2 && parts[1] == "startup") {
-      points.push_back({parse_integer("inject_crash", parts[0]), 0, CrashPoint::Mode::startup});
+      invalid(fmt::format("inject_crash must be RANK:STEP[:checkpoint|:freeze] or RANK:startup[:freeze][,...], got '{}'",
+                          plan));
+    if (parts[1] == "startup") {
+      if (mode == CrashPoint::Mode::kill_in_checkpoint)
+        invalid(fmt::format("inject_crash: a worker starting up writes no checkpoint, in '{}'", plan));
+      points.push_back({parse_integer("inject_crash", parts[0]), 0,
+                        mode == CrashPoint::Mode::freeze ? CrashPoint::Mode::freeze_at_startup
+                                                         : CrashPoint::Mode::startup});
       continue;
     }
     points.push_back({parse_integer("inject_crash", parts[0]), parse_integer("inject_crash", parts[1]), mode});

@@ -68,7 +68,6 @@ struct OuterConfig {
 // The network: where to listen, how long to wait for whom.
 struct CommConfig {
   std::string bind = "127.0.0.1";
-  int64_t port = 0;  // store port; 0: pick a free one
   double peer_timeout = 60;
   double heartbeat_timeout = 30;  // seconds without a heartbeat before a worker counts as hung
   int64_t restarts = 0;           // times the launcher restarts a failed worker, which rejoins from a live peer
@@ -118,7 +117,7 @@ struct RunConfig {
 // (SIGSTOP) like a hung machine, or killed while starting, before it joins
 // the run ("RANK:startup").
 struct CrashPoint {
-  enum class Mode { kill, kill_in_checkpoint, freeze, startup };
+  enum class Mode { kill, kill_in_checkpoint, freeze, startup, freeze_at_startup };
   int64_t rank = 0, step = 0;
   Mode mode = Mode::kill;
 };

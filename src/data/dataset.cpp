@@ -19,9 +19,6 @@ torch::Tensor to_tensor(const std::vector<int32_t>& ids) {
   return t;
 }
 
-torch::Tensor to_tensor(const std::vector<uint16_t>& ids) {
-  return to_tensor(std::vector<int32_t>(ids.begin(), ids.end()));
-}
 
 std::unique_ptr<Tokenizer> build_tokenizer(const DataConfig& c, const std::string& text) {
   if (c.tokenizer == "char") return make_char_tokenizer(text);
@@ -59,12 +56,17 @@ Corpus load_corpus(const DataConfig& c, int64_t context, const std::string& run_
     corpus.tokenizer->save(run_dir);
   }
   const int64_t vocab = corpus.tokenizer->vocab_size();
-  if (all.numel() > 0 && all.max().item<int64_t>() >= vocab)
-    throw std::invalid_argument(fmt::format("'{}' holds token id {} outside the vocabulary of {}", c.path,
-                                            all.max().item<int64_t>(), vocab));
+  // Checked here, before any worker starts, not at the first evaluation.
+  const auto check_ids = [vocab](const std::string& path, const torch::Tensor& ids) {
+    if (ids.numel() > 0 && ids.max().item<int64_t>() >= vocab)
+      throw std::invalid_argument(
+          fmt::format("'{}' holds token id {} outside the vocabulary of {}", path, ids.max().item<int64_t>(), vocab));
+  };
+  check_ids(c.path, all);
   if (!c.val_path.empty()) {
     corpus.train = all;
     corpus.val = to_tensor(read_token_file(c.val_path));
+    check_ids(c.val_path, corpus.val);
   } else {
     const int64_t n_val = int64_t(double(all.numel()) * c.val_fraction);
     corpus.train = all.narrow(0, 0, all.numel() - n_val);

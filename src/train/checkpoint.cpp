@@ -10,6 +10,7 @@
 
 #include <fmt/format.h>
 
+#include "data/tokenizer.h"
 #include "util/crc32c.h"
 #include "util/files.h"
 #include "util/log.h"
@@ -21,32 +22,39 @@ namespace noloco {
 namespace fs = std::filesystem;
 
 namespace {
-
 constexpr const char* kChecksums = "checksums.json";
+}  // namespace
 
-std::string hex(uint32_t crc) { return fmt::format("{:08x}", crc); }
-
-// step_<N> directories of `dir` that are complete, oldest first.
-std::vector<std::pair<int64_t, fs::path>> complete_checkpoints(const fs::path& dir) {
+std::vector<StepDirectory> step_directories(const std::string& dir) {
   static const std::regex name("step_([0-9]{1,18})");
-  std::vector<std::pair<int64_t, fs::path>> out;
+  std::vector<StepDirectory> out;
   std::error_code ec;
   for (const auto& e : fs::directory_iterator(dir, ec)) {
     std::smatch m;
     const auto file = e.path().filename().string();
     if (!e.is_directory() || !std::regex_match(file, m, name)) continue;
-    if (fs::exists(e.path() / kChecksums)) out.emplace_back(std::stoll(m[1]), e.path());
+    out.push_back({std::stoll(m[1]), e.path().string(), fs::exists(e.path() / kChecksums)});
   }
-  std::sort(out.begin(), out.end());
+  std::sort(out.begin(), out.end(), [](const auto& a, const auto& b) { return a.step < b.step; });
   return out;
 }
 
-bool has_step_directories(const fs::path& dir) {
-  std::error_code ec;
-  for (const auto& e : fs::directory_iterator(dir, ec))
-    if (e.is_directory() && e.path().filename().string().rfind("step_", 0) == 0) return true;
-  return false;
+namespace {
+
+std::string hex(uint32_t crc) { return fmt::format("{:08x}", crc); }
+
+// step_<N> directories of `dir` that are complete, oldest first.
+std::vector<std::pair<int64_t, fs::path>> complete_checkpoints(const fs::path& dir) {
+  std::vector<std::pair<int64_t, fs::path>> out;
+  for (const auto& d : step_directories(dir.string()))
+    if (d.complete) out.emplace_back(d.step, d.path);
+  return out;
 }
+
+// Whether `dir` holds step directories, complete or not (a step_<N>.tmp, a
+// write that never finished, was never a checkpoint: the next write of that
+// step replaces it).
+bool has_step_directories(const fs::path& dir) { return !step_directories(dir.string()).empty(); }
 
 void fsync_directory(const fs::path& dir) {
   const int fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY);
@@ -128,7 +136,7 @@ std::string write_checkpoint(const std::string& dir, int64_t step, const Checkpo
   if (halfway) halfway();
   put("state.safetensors", serialize_tensors(ckpt.state, {}));
   put("state.json", ckpt.info.dump(2) + "\n");
-  for (auto f : {"tokenizer.json", "tokenizer.model"}) {
+  for (const auto& f : tokenizer_files()) {
     const fs::path src = fs::path(tokenizer_dir) / f;
     if (fs::exists(src)) put(f, read_file(src.string()));
   }
@@ -147,7 +155,10 @@ std::string write_checkpoint(const std::string& dir, int64_t step, const Checkpo
 
 std::string find_checkpoint(const std::string& path) {
   const fs::path p(path);
-  if (fs::exists(p / "model.safetensors")) return p.string();
+  // A checkpoint by what it is (its state, its checksums), not by the weight
+  // file's name, which a Hugging Face directory shares.
+  if (fs::exists(p / "model.safetensors") && (fs::exists(p / "state.json") || fs::exists(p / kChecksums)))
+    return p.string();
   for (const fs::path& d : {p, p / "checkpoints" / "r0"}) {
     const auto complete = complete_checkpoints(d);
     if (!complete.empty()) return complete.back().second.string();
@@ -156,6 +167,16 @@ std::string find_checkpoint(const std::string& path) {
                                            d.string(), kChecksums));
   }
   return "";
+}
+
+std::vector<int64_t> complete_checkpoint_steps(const std::string& dir) {
+  std::vector<int64_t> steps;
+  for (const auto& [step, path] : complete_checkpoints(dir)) steps.push_back(step);
+  return steps;
+}
+
+std::string checkpoint_path(const std::string& dir, int64_t step) {
+  return (fs::path(dir) / fmt::format("step_{:08d}", step)).string();
 }
 
 Checkpoint read_checkpoint(const std::string& dir, bool with_state) {

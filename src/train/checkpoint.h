@@ -33,10 +33,25 @@ struct Checkpoint {
 std::string write_checkpoint(const std::string& dir, int64_t step, const Checkpoint& ckpt,
                              const std::string& tokenizer_dir, const std::function<void()>& halfway = {},
                              int64_t keep = 0);
-// `path` is a checkpoint directory, a directory of checkpoints (its newest
-// complete one), or a run directory (its checkpoints/r0). Empty string if it
-// holds none; throws if it holds step directories of which none is complete.
+// `path` is a checkpoint directory (model.safetensors with state.json or
+// checksums.json: a Hugging Face directory is none), a directory of
+// checkpoints (its newest complete one), or a run directory (its
+// checkpoints/r0). Empty string if it holds none; throws if it holds step
+// directories of which none is complete.
 std::string find_checkpoint(const std::string& path);
+// The step_<N> directories of a directory of checkpoints, oldest first;
+// complete ones hold checksums.json (written last). step_<N>.tmp (a write
+// that never finished) is none.
+struct StepDirectory {
+  int64_t step;
+  std::string path;
+  bool complete;
+};
+std::vector<StepDirectory> step_directories(const std::string& dir);
+// The steps of the complete checkpoints in a directory of checkpoints, oldest first.
+std::vector<int64_t> complete_checkpoint_steps(const std::string& dir);
+// The checkpoint of `step` in a directory of checkpoints.
+std::string checkpoint_path(const std::string& dir, int64_t step);
 // Loads and checks a checkpoint: every file against its checksum, state.json's
 // fields, and weights that match the model config exactly (a pipeline
 // stage's: its slice of the model, with the whole model's names). Throws

@@ -1,10 +1,16 @@
 #include "train/checkpointer.h"
 
+#include <filesystem>
+
 #include <fmt/format.h>
+
+#include "util/log.h"
 
 #include "train/checkpoint.h"
 
 namespace noloco {
+
+namespace fs = std::filesystem;
 
 Checkpointer::Checkpointer(std::string dir, int64_t every, int64_t keep, int64_t last_step, const ModelConfig& model,
                            std::string run_dir, nlohmann::json info, const TrainingState& state,
@@ -19,9 +25,20 @@ Checkpointer::Checkpointer(std::string dir, int64_t every, int64_t keep, int64_t
       state_(state),
       drill_(drill) {}
 
-int64_t Checkpointer::resume() {
-  const auto path = find_checkpoint(dir_);
-  if (path.empty()) return 0;
+std::vector<int64_t> Checkpointer::complete_steps() const { return complete_checkpoint_steps(dir_); }
+
+void Checkpointer::resume_at(int64_t step) {
+  for (const auto& later : step_directories(dir_)) {
+    if (later.step <= step) continue;
+    const auto& from = later.path;
+    std::string to = from + ".superseded";
+    for (int n = 2; fs::exists(to); ++n) to = fmt::format("{}.superseded{}", from, n);
+    fs::rename(from, to);
+    spdlog::warn("{}: the run resumes at step {}, which every worker holds; this later {}checkpoint is kept as {}",
+                 from, step, later.complete ? "" : "incomplete ", to);
+  }
+  if (step == 0) return;
+  const auto path = checkpoint_path(dir_, step);
   auto ckpt = read_checkpoint(path, /*with_state=*/true);
   if (ckpt.model.to_json() != model_.to_json())
     throw std::runtime_error(fmt::format("{}: checkpoint model {} does not match the config {}", path,
@@ -30,9 +47,10 @@ int64_t Checkpointer::resume() {
     if (ckpt.info.at(key) != info_.at(key))
       throw std::runtime_error(fmt::format("{}: a checkpoint of {} {}, this worker has {} {}", path, key,
                                            ckpt.info.at(key).dump(), key, info_.at(key).dump()));
-  const int64_t step = ckpt.info.at("step").get<int64_t>();
-  if (step > last_step_)
-    throw std::runtime_error(fmt::format("{}: a checkpoint of step {}, past steps={}", path, step, last_step_));
+  const int64_t held = ckpt.info.at("step").get<int64_t>();
+  if (held > last_step_)
+    throw std::runtime_error(fmt::format("{}: a checkpoint of step {}, past steps={}", path, held, last_step_));
+  if (held != step) throw std::runtime_error(fmt::format("{}: holds step {}, not {}", path, held, step));
   torch::NoGradGuard no_grad;
   for (auto& [name, t] : state_.params.named()) {
     const auto it = ckpt.weights.find(name);
@@ -42,7 +60,6 @@ int64_t Checkpointer::resume() {
   }
   state_.inner.load(ckpt.state, ckpt.info.at("adam_steps").get<int64_t>());
   state_.outer.load(ckpt.state);
-  return step;
 }
 
 void Checkpointer::after_step(int64_t done) {

@@ -3,6 +3,7 @@
 // latest one. The format itself is checkpoint.h's.
 #pragma once
 #include <string>
+#include <vector>
 
 #include <nlohmann/json.hpp>
 
@@ -19,9 +20,13 @@ class Checkpointer {
   // worker sits) is stored with each; the tokenizer files are copied from `run_dir`.
   Checkpointer(std::string dir, int64_t every, int64_t keep, int64_t last_step, const ModelConfig& model,
                std::string run_dir, nlohmann::json info, const TrainingState& state, const FailureDrill& drill);
-  // Loads the newest complete checkpoint into the state; returns its step, 0
-  // if there is none. Throws if it is another worker's, or past the last step.
-  int64_t resume();
+  // The steps of this worker's complete checkpoints, oldest first.
+  std::vector<int64_t> complete_steps() const;
+  // Loads the checkpoint of `step` (0: none, start afresh) into the state.
+  // Step directories after it (a run resumed at an older step that all its
+  // workers hold) are renamed aside to `<name>.superseded`, never
+  // deleted. Throws if it is another worker's, or past the last step.
+  void resume_at(int64_t step);
   // After inner step `done` (1-based): writes a checkpoint if one is due.
   void after_step(int64_t done);
   const std::string& dir() const { return dir_; }

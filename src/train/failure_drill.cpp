@@ -15,12 +15,14 @@ FailureDrill::FailureDrill(const std::string& plan, int worker, int incarnation)
       case CrashPoint::Mode::freeze: freeze_at_ = point.step; break;
       case CrashPoint::Mode::kill_in_checkpoint: kill_in_checkpoint_ = point.step; break;
       case CrashPoint::Mode::startup: kill_at_startup_ = true; break;
+      case CrashPoint::Mode::freeze_at_startup: freeze_at_startup_ = true; break;
     }
   }
 }
 
 void FailureDrill::at_startup() const {
   if (kill_at_startup_) ::raise(SIGKILL);
+  if (freeze_at_startup_) ::raise(SIGSTOP);
 }
 
 void FailureDrill::before_step(int64_t step) const {

@@ -1,7 +1,7 @@
 // Failure drills for tests and rehearsals (`inject_crash`): this worker is
 // killed with SIGKILL just before a chosen inner step, or halfway through
 // writing a chosen step's checkpoint, or frozen with SIGSTOP like a hung
-// machine, or before it joins the run. A restarted worker (a later
+// machine, or killed or frozen before it joins the run (before its first heartbeat). A restarted worker (a later
 // incarnation) runs on.
 #pragma once
 #include <cstdint>
@@ -20,7 +20,7 @@ class FailureDrill {
 
  private:
   int64_t kill_at_ = -1, freeze_at_ = -1, kill_in_checkpoint_ = -1;
-  bool kill_at_startup_ = false;
+  bool kill_at_startup_ = false, freeze_at_startup_ = false;
 };
 
 }  // namespace noloco

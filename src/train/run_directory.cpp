@@ -12,6 +12,7 @@
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
+#include "train/checkpoint.h"
 #include "util/files.h"
 
 namespace noloco {
@@ -47,6 +48,16 @@ void check_same_run(const fs::path& dir, const TrainConfig& now) {
   differs("replicas", std::to_string(before.run.replicas), std::to_string(now.run.replicas));
   differs("stages", std::to_string(before.pipeline.stages), std::to_string(now.pipeline.stages));
   differs("data", before.data.path, now.data.path);
+  // A run resumes forwards: a checkpoint past `steps` would make every worker
+  // refuse it after the run directory had been rewritten.
+  std::error_code ec;
+  for (const auto& worker : fs::directory_iterator(dir / "checkpoints", ec)) {
+    const auto steps = complete_checkpoint_steps(worker.path().string());
+    if (!steps.empty() && steps.back() > now.inner.steps)
+      throw std::invalid_argument(fmt::format(
+          "resume=true: {} holds a checkpoint of step {}, past steps={} (a run resumes to the same or a later step)",
+          worker.path().string(), steps.back(), now.inner.steps));
+  }
 }
 
 }  // namespace

@@ -15,6 +15,7 @@
 #include "optim/outer.h"
 #include "pipeline/stage.h"
 #include "pipeline/worker_model.h"
+#include "train/checkpoint.h"
 #include "train/checkpointer.h"
 #include "train/evaluation.h"
 #include "train/failure_drill.h"
@@ -173,7 +174,15 @@ int64_t restore(const TrainConfig& c, const WorkerInfo& w, Checkpointer& checkpo
     return rejoined->step;
   }
   if (!c.run.resume) return 0;
-  const int64_t step = checkpoints.resume();
+  const auto steps = checkpoints.complete_steps();
+  int64_t step = 0;
+  if (w.agree_resume_step) {
+    step = w.agree_resume_step(steps);
+  } else {
+    find_checkpoint(checkpoints.dir());  // refuses step directories none of which is complete
+    step = steps.empty() ? 0 : steps.back();
+  }
+  checkpoints.resume_at(step);
   if (lead && step == 0) spdlog::info("resume=true but {} holds no checkpoint; starting from scratch", checkpoints.dir());
   if (lead && step > 0) spdlog::info("resumed from {} at step {}", checkpoints.dir(), step);
   return step;
@@ -214,7 +223,6 @@ nlohmann::json train(const TrainConfig& c, const WorkerInfo& w) {
 
   const Corpus corpus = load_corpus(c.data, c.model.context, out);
   const ModelConfig arch = with_vocabulary(c.model, *corpus.tokenizer);
-  if (w.rank == 0) write_file_atomic(out + "/config.yaml", c.to_yaml());
   if (lead) announce(c, arch, corpus, device, w, out);
 
   const WindowSampler train_windows(corpus.train, arch.context, c.run.seed);
@@ -239,6 +247,8 @@ nlohmann::json train(const TrainConfig& c, const WorkerInfo& w) {
 
   std::optional<Rejoined> rejoined;
   const int64_t first_step = restore(c, w, checkpoints, state, telemetry, lead, rejoined);
+  // Only now: a resume refused above leaves the run's config as it was.
+  if (w.rank == 0) write_file_atomic(out + "/config.yaml", c.to_yaml());
 
   const int64_t tokens_per_step = c.inner.batch * c.inner.grad_accum * arch.context;
   const bool across_replicas = w.transport && w.membership && w.replicas > 1;

@@ -1,7 +1,9 @@
 // The training loop, the same for every method: the outer optimizer hooks in
 // after backward and after each inner step.
 #pragma once
+#include <functional>
 #include <string>
+#include <vector>
 
 #include <nlohmann/json.hpp>
 
@@ -21,6 +23,10 @@ struct WorkerInfo {
   Transport* transport = nullptr;
   Membership* membership = nullptr;
   ActivationLink* link = nullptr;  // to the other stages; null without a pipeline
+  // With resume=true: given this worker's complete checkpoint steps, the step
+  // the whole run resumes from (agreed with the other workers). Unset: a lone
+  // worker, which takes its newest.
+  std::function<int64_t(const std::vector<int64_t>&)> agree_resume_step;
   bool verbose = true;             // print progress and samples
 };
 

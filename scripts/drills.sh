@@ -1,0 +1,79 @@
+#!/usr/bin/env bash
+# Randomized failure drills (issue 32): 4-replica NoLoCo runs of a small model
+# in which one or two workers are killed, frozen or killed halfway through a
+# checkpoint, at random ranks and steps, with and without restarts. Every run
+# must end by itself within twice the undisturbed run's wall time, write its
+# summary and leave no process behind. Writes a Markdown table.
+#
+#   scripts/drills.sh [RUNS] [OUT_DIR]     (defaults: 20, runs/drills)
+#   DRILL_SEED=7 scripts/drills.sh ...     (the same drills again)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+runs=${1:-20}
+out=${2:-runs/drills}
+seed=${DRILL_SEED:-$RANDOM}
+RANDOM=$seed
+bin=build/noloco
+[ -x "$bin" ] || { echo "drills: build first (scripts/build.sh)" >&2; exit 1; }
+rm -rf "$out"
+mkdir -p "$out"
+steps=1500
+common=(train configs/shakespeare.yaml hidden=32 layers=2 heads=2 context=32 batch=4 steps=$steps warmup=10
+        eval_interval=100 eval_batches=2 log_interval=100 sample_tokens=0 method=noloco replicas=4
+        outer_interval=20 heartbeat_timeout=5 peer_timeout=10)
+
+# Seconds since the epoch, with fractions.
+now() { date +%s.%N; }
+
+# Whether any process of the run in $1 is left.
+leftovers() { pgrep -f "[n]oloco train .*out=$1( |$)" > /dev/null && echo yes || echo no; }
+
+start=$(now)
+"$bin" "${common[@]}" out="$out/undisturbed" > "$out/undisturbed.log" 2>&1
+base=$(echo "$(now) - $start" | bc)
+limit=$(echo "2 * $base" | bc)
+echo "drills: undisturbed run ${base%.*} s; each drill must end within ${limit%.*} s (seed $seed)"
+
+table="$out/drills.md"
+{
+  echo "| # | failures | restarts | exit | wall s | within 2x | summary | finished | failed / restarted | processes left |"
+  echo "|---|---|---|---|---|---|---|---|---|---|"
+} > "$table"
+ok=0
+for ((i = 1; i <= runs; i++)); do
+  failures=$((1 + RANDOM % 2))
+  first=$((RANDOM % 4))
+  plan=""
+  for ((f = 0; f < failures; f++)); do
+    rank=$(((first + f * (1 + RANDOM % 3)) % 4))
+    case $((RANDOM % 3)) in
+      0) point="$rank:$((20 + RANDOM % (steps - 40)))" ;;
+      1) point="$rank:$((20 + RANDOM % (steps - 40))):freeze" ;;
+      2) point="$rank:$((100 * (1 + RANDOM % (steps / 100 - 1)))):checkpoint" ;;
+    esac
+    plan+="${plan:+,}$point"
+  done
+  restarts=$((RANDOM % 2))
+  dir="$out/drill_$i"
+  t0=$(now)
+  set +e
+  timeout -k 10 "$limit" "$bin" "${common[@]}" restarts=$restarts inject_crash="$plan" out="$dir" > "$dir.log" 2>&1
+  code=$?
+  set -e
+  wall=$(echo "$(now) - $t0" | bc)
+  sleep 1
+  left=$(leftovers "$dir")
+  [ "$left" = yes ] && pkill -9 -f "[n]oloco train .*out=$dir( |$)" || true
+  summary=no finished="" lost=""
+  if [ -f "$dir/summary.json" ]; then
+    summary=yes
+    finished=$(python3 -c 'import json,sys; s=json.load(open(sys.argv[1])); print(",".join(map(str,s["replicas_finished"])))' "$dir/summary.json")
+    lost=$(python3 -c 'import json,sys; s=json.load(open(sys.argv[1])); print(" ".join([f"{f[\"replica\"]}" for f in s["replicas_failed"]] + [f"{f[\"replica\"]}(restarted)" for f in s.get("replicas_restarted",[])]))' "$dir/summary.json")
+  fi
+  within=$([ "$code" -ne 124 ] && [ "$code" -ne 137 ] && echo yes || echo no)
+  [ "$within" = yes ] && [ "$summary" = yes ] && [ "$left" = no ] && ok=$((ok + 1))
+  printf '| %d | `%s` | %d | %d | %.0f | %s | %s | %s | %s | %s |\n' "$i" "$plan" "$restarts" "$code" "$wall" "$within" \
+    "$summary" "$finished" "$lost" "$left" | tee -a "$table"
+done
+echo "drills: $ok of $runs ended by themselves within ${limit%.*} s with a summary and no process left (seed $seed)" | tee -a "$table"
+[ "$ok" -eq "$runs" ]
