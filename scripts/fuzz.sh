@@ -10,7 +10,7 @@ if [ ! -f build-fuzz/build.ninja ]; then
 fi
 cmake --build build-fuzz > /dev/null
 corpus=build-fuzz/corpus
-mkdir -p "$corpus"/{config,safetensors,safetensors_index,token_file,codec}
+mkdir -p "$corpus"/{config,safetensors,safetensors_index,token_file,codec,tokenizer_json}
 cp configs/*.yaml "$corpus/config/"
 printf 'lr: 1e-3\nsteps: 10\nmodel: 125m\nmethod: noloco\n' > "$corpus/config/small.yaml"
 # A valid safetensors file and a valid token file to mutate from.
@@ -25,13 +25,32 @@ head -c 1024 /dev/zero | tr '\0' '\1' > "$corpus/token_file/raw.bin"
 # Outer-step payloads: a valid int4 message of 64 values (block 64) and a coset-coded one of 16 (block 8, 4 bits).
 { printf '\x02\x40\x00\x03\x00\x3c'; head -c 32 /dev/zero | tr '\0' '\x88'; } > "$corpus/codec/int4.bin"
 { printf '\x80\x10\x00\x00'; for b in 1 2; do printf '\x80\x3a\x00\x00'; done; head -c 8 /dev/zero; } > "$corpus/codec/coset.bin"
-for target in config safetensors safetensors_index token_file codec; do
+# A byte-level BPE tokenizer.json (every byte, one merge, a Split pre-tokenizer, an added token), a NUL, a text.
+python3 - "$corpus/tokenizer_json/seed" <<'PY'
+import json, sys
+printable = lambda b: 33 <= b <= 126 or 161 <= b <= 172 or b >= 174
+chars, n = {}, 256
+for b in range(256):
+    if printable(b): chars[b] = chr(b)
+    else: chars[b] = chr(n); n += 1
+vocab = {chars[b]: b for b in range(256)}
+vocab["ab"] = 256
+tok = {"normalizer": None, "added_tokens": [{"id": 257, "content": "<|end|>", "special": True}],
+       "pre_tokenizer": {"type": "Sequence", "pretokenizers": [
+           {"type": "Split", "pattern": {"Regex": r"\p{L}+|\p{N}{1,3}|\s+"}, "behavior": "Isolated", "invert": False},
+           {"type": "ByteLevel", "add_prefix_space": False, "use_regex": False}]},
+       "decoder": {"type": "ByteLevel"}, "model": {"type": "BPE", "vocab": vocab, "merges": ["a b"]}}
+open(sys.argv[1], "wb").write(json.dumps(tok).encode() + b"\0" + "abc 1234 café<|end|>".encode())
+PY
+for target in config safetensors safetensors_index token_file codec tokenizer_json; do
   echo "fuzz_$target: $runs runs"
   log=build-fuzz/fuzz_$target.log
   # libFuzzer exits non-zero on any crash, sanitizer report, leak or timeout,
   # and saves the input that caused it under build-fuzz/.
   set +e
-  build-fuzz/fuzz_$target -runs="$runs" -max_len=4096 -timeout=10 -rss_limit_mb=2048 -print_final_stats=1 \
+  max_len=4096
+  [ "$target" = tokenizer_json ] && max_len=16384  # the seed's vocabulary alone is ~4 KB
+  build-fuzz/fuzz_$target -runs="$runs" -max_len=$max_len -timeout=10 -rss_limit_mb=2048 -print_final_stats=1 \
     -artifact_prefix=build-fuzz/ "$corpus/$target" > "$log" 2>&1
   rc=$?
   set -e

@@ -5,7 +5,7 @@ packages=(
   build-essential cmake ninja-build ccache pkg-config procps iproute2
   libtorch-dev libopenblas0-pthread libgloo-dev etcd-server libcurl4-openssl-dev
   libsentencepiece-dev libyaml-cpp-dev libcli11-dev nlohmann-json3-dev
-  libspdlog-dev libfmt-dev libgtest-dev libbenchmark-dev
+  libspdlog-dev libfmt-dev libgtest-dev libbenchmark-dev libpcre2-dev
   clang libclang-rt-14-dev
 )
 missing=()

@@ -41,14 +41,26 @@ TEST(Tokenizer, BpeTrainsToTheRequestedSizeAndRoundTrips) {
 
 TEST(TokenFile, LlmcLayoutRoundTrip) {
   TempDir dir;
-  std::vector<uint16_t> tokens = {0, 1, 65535, 42, 7};
+  std::vector<int32_t> tokens = {0, 1, 65535, 42, 7};
   write_token_file(dir / "t.bin", tokens);
   EXPECT_EQ(read_token_file(dir / "t.bin"), tokens);
-  EXPECT_EQ(noloco::testing::read_text(dir / "t.bin").size(), 1024u + 2 * tokens.size());
+  auto bytes = noloco::testing::read_text(dir / "t.bin");
+  EXPECT_EQ(bytes.size(), 1024u + 2 * tokens.size());
+  EXPECT_EQ(bytes.substr(0, 8), std::string("\x88\xd8\x34\x01\x01\x00\x00\x00", 8));  // 20240520, version 1
+  // An id past uint16 (a Llama 3 vocabulary): llm.c's uint32 layout, magic 20240801, version 7.
+  tokens.push_back(128255);
+  write_token_file(dir / "w.bin", tokens);
+  EXPECT_EQ(read_token_file(dir / "w.bin"), tokens);
+  bytes = noloco::testing::read_text(dir / "w.bin");
+  EXPECT_EQ(bytes.size(), 1024u + 4 * tokens.size());
+  EXPECT_EQ(bytes.substr(0, 8), std::string("\xa1\xd9\x34\x01\x07\x00\x00\x00", 8));
+  EXPECT_EQ(bytes.substr(1024 + 4 * 5, 4), std::string("\xff\xf4\x01\x00", 4));  // 128255 little-endian
+  bytes[4] = 1;  // version 1 with the uint32 magic
+  EXPECT_THROW(parse_token_file(bytes), std::runtime_error);
 }
 
 TEST(TokenFile, RawNanoGptLayout) {
-  EXPECT_EQ(parse_token_file(std::string("\x01\x00\x02\x01", 4)), (std::vector<uint16_t>{1, 258}));
+  EXPECT_EQ(parse_token_file(std::string("\x01\x00\x02\x01", 4)), (std::vector<int32_t>{1, 258}));
   EXPECT_THROW(parse_token_file(std::string("\x01\x00\x02", 3)), std::runtime_error);
 }
 
@@ -77,7 +89,7 @@ TEST(Corpus, SplitsTheLastTenPercentForValidation) {
 
 TEST(Corpus, TokenFileNeedsVocabularyAndIsChecked) {
   TempDir dir;
-  write_token_file(dir / "t.bin", std::vector<uint16_t>(2000, 3));
+  write_token_file(dir / "t.bin", std::vector<int32_t>(2000, 3));
   TrainConfig c;
   c.data.path = dir / "t.bin";
   c.data.vocab_size = 50;

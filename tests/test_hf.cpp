@@ -14,6 +14,7 @@
 #include "data/tokenizer.h"
 #include "model/hf_directory.h"
 #include "test_util.h"
+#include "tokenizer_fixtures.h"
 #include "train/checkpoint.h"
 #include "train/export.h"
 #include "train/trainer.h"
@@ -196,7 +197,8 @@ TEST(HfDirectory, MalformedDirectoriesAreNamedInOneLine) {
     write_json_atomic(dir / "config.json", bad);
     expect_error(needle);
   };
-  refused("rope_scaling", {{"rope_type", "llama3"}, {"factor", 8.0}}, "rope_scaling type 'llama3' is not implemented");
+  refused("rope_scaling", {{"rope_type", "yarn"}, {"factor", 8.0}}, "rope_scaling type 'yarn' is not implemented");
+  refused("rope_scaling", {{"rope_type", "llama3"}, {"factor", 8.0}}, "rope_scaling llama3 needs a number 'low_freq_factor'");
   refused("attention_bias", true, "'attention_bias' is true: attention biases are not implemented");
   refused("architectures", {"MistralForCausalLM"}, "only LlamaForCausalLM is supported");
   refused("hidden_act", "gelu", "'hidden_act' is \"gelu\"");
@@ -349,14 +351,94 @@ TEST(Prepare, StreamsFilesIntoTokenFilesWithTheirTokenizer) {
 TEST(Prepare, TokenFileWriterLeavesNoPartialFile) {
   TempDir dir;
   {
-    TokenFileWriter w(dir / "t.bin");
+    TokenFileWriter w(dir / "t.bin", false);
     w.append({1, 2, 3}, 0, 3);
     EXPECT_THROW(w.append({70000}, 0, 1), std::runtime_error);
   }
   EXPECT_FALSE(fs::exists(dir / "t.bin"));
   EXPECT_FALSE(fs::exists(dir / "t.bin.tmp"));
-  TokenFileWriter w(dir / "t.bin");
+  TokenFileWriter w(dir / "t.bin", false);
   w.append({5, 6, 65535, 7}, 1, 2);
   w.finish();
-  EXPECT_EQ(read_token_file(dir / "t.bin"), (std::vector<uint16_t>{6, 65535}));
+  EXPECT_EQ(read_token_file(dir / "t.bin"), (std::vector<int32_t>{6, 65535}));
+  TokenFileWriter wide(dir / "w.bin", true);
+  wide.append({70000, 128000}, 0, 2);
+  wide.finish();
+  EXPECT_EQ(read_token_file(dir / "w.bin"), (std::vector<int32_t>{70000, 128000}));
+}
+
+// Issue 31: directories shaped like Llama 3.2 (rope_scaling llama3, tied
+// embeddings, grouped-query attention, head_dim given, a byte-level BPE
+// tokenizer.json past 65 536 ids) and SmolLM2 (tied, GQA, digits one by one),
+// small. Each as one model.safetensors, as such models are published: import
+// gives the logits of the model written, generate works on the directory,
+// prepare writes uint32 token files where the vocabulary needs them, and a
+// run started from it exports the same tokenizer and rope scaling back.
+TEST_F(HfRun, Llama32AndSmolLM2ShapedDirectoriesRoundTrip) {
+  struct Shape {
+    std::string name;
+    ModelConfig model;
+    nlohmann::json tokenizer;
+  };
+  ModelConfig llama = small_model(2);
+  llama.vocab_size = 70001;
+  llama.rope_theta = 500000.0;
+  llama.rope_scaling = RopeScaling{"llama3", 32.0, 1.0, 4.0, 8192};
+  auto llama_tokenizer = noloco::testing::llama3_style();
+  llama_tokenizer["added_tokens"].push_back({{"id", 70000}, {"content", "<|eot_id|>"}, {"special", true}});
+  ModelConfig smol = small_model(1);
+  smol.vocab_size = 257;
+  for (const auto& shape : {Shape{"llama32", llama, llama_tokenizer}, Shape{"smollm2", smol, noloco::testing::smollm2_style()}}) {
+    SCOPED_TRACE(shape.name);
+    const std::string hf = dir / shape.name;
+    torch::manual_seed(3);
+    LlamaForCausalLM model(shape.model);
+    {
+      torch::NoGradGuard g;
+      model->lm_head->weight.copy_(model->model->embed_tokens->weight);  // tied
+    }
+    auto weights = weights_of(model);
+    weights.erase("lm_head.weight");  // a tied model's file holds the embeddings once
+    write_hf_weights(hf, weights, uint64_t(1) << 40, torch::kFloat32);
+    auto config = shape.model.to_hf_json();
+    config["tie_word_embeddings"] = true;
+    write_json_atomic(hf + "/config.json", config);
+    noloco::testing::write_text(hf + "/tokenizer.json", shape.tokenizer.dump());
+    ASSERT_TRUE(fs::exists(hf + "/model.safetensors"));
+
+    auto back = imported(hf);
+    EXPECT_TRUE(torch::equal(logits(back), logits(model)));
+    EXPECT_EQ(back->config.rope_scaling, shape.model.rope_scaling);
+
+    const auto generated = noloco::testing::run_cli("generate " + hf + " tokens=8 temperature=0 prompt=the", 60);
+    EXPECT_EQ(generated.exit_code, 0) << generated.output;
+
+    noloco::testing::write_text(dir / "text.txt", noloco::testing::shakespeare(4000) + "<|eot_id|>\n");
+    PrepareOptions p;
+    p.inputs = {dir / "text.txt"};
+    p.out = dir / (shape.name + "_tokens");
+    p.tokenizer = hf;
+    prepare_corpus(p);
+    const auto bytes = noloco::testing::read_text(p.out + "/train.bin");
+    const int32_t magic = int32_t(uint8_t(bytes[0]) | (uint8_t(bytes[1]) << 8) | (uint8_t(bytes[2]) << 16) |
+                                  (uint8_t(bytes[3]) << 24));
+    EXPECT_EQ(magic, shape.model.vocab_size > 65536 ? 20240801 : 20240520);
+    const auto val = read_token_file(p.out + "/val.bin");
+    if (shape.model.vocab_size > 65536) EXPECT_NE(std::find(val.begin(), val.end(), 70000), val.end());
+
+    train_run(shape.name + "_run", {"init_from=" + hf, "data=" + p.out + "/train.bin", "val_data=" + p.out + "/val.bin",
+                                    "steps=1", "context=16", "batch=2"});
+    ExportOptions o;
+    export_hf(dir / (shape.name + "_run"), dir / (shape.name + "_export"), o);
+    EXPECT_EQ(noloco::testing::read_text(dir / (shape.name + "_export/tokenizer.json")), shape.tokenizer.dump());
+    EXPECT_EQ(read_hf_config(dir / (shape.name + "_export")).rope_scaling, shape.model.rope_scaling);
+    const auto ckpt = read_whole_model(find_checkpoint(dir / (shape.name + "_run")));
+    LlamaForCausalLM trained(ckpt.model);
+    {
+      torch::NoGradGuard g;
+      for (auto& param : trained->named_parameters()) param.value().copy_(ckpt.weights.at(param.key()));
+    }
+    auto exported = imported(dir / (shape.name + "_export"));
+    EXPECT_TRUE(torch::equal(logits(exported), logits(trained)));
+  }
 }

@@ -1,4 +1,8 @@
 #include <gtest/gtest.h>
+
+#include <map>
+
+#include <nlohmann/json.hpp>
 #include <torch/torch.h>
 
 #include "model/llama.h"
@@ -115,7 +119,10 @@ TEST(Model, GroupedQueryAttentionEqualsMultiHeadWithRepeatedKeyValueHeads) {
 
 TEST(Model, RotaryMatchesHandComputedValues) {
   // head_dim 4, theta 10000: inverse frequencies 1 and 0.01; position 1.
-  auto rope = rotary_tables(2, 4, 10000.0, torch::TensorOptions().dtype(torch::kFloat64));
+  ModelConfig c;
+  c.hidden = 4, c.heads = 1, c.rope_theta = 10000.0;
+  ASSERT_EQ(c.rope_inverse_frequencies(), (std::vector<double>{1.0, 0.01}));
+  auto rope = rotary_tables(2, c.rope_inverse_frequencies(), torch::TensorOptions().dtype(torch::kFloat64));
   auto x = torch::tensor({1.0, 2.0, 3.0, 4.0}, torch::kFloat64).view({1, 1, 1, 4}).repeat({1, 1, 2, 1});
   auto y = apply_rotary(x, rope);
   const double c1 = std::cos(1.0), s1 = std::sin(1.0), c2 = std::cos(0.01), s2 = std::sin(0.01);
@@ -125,6 +132,36 @@ TEST(Model, RotaryMatchesHandComputedValues) {
     EXPECT_NEAR(y[0][0][1][i].item<double>(), expected[i], 1e-12) << i;
     EXPECT_NEAR(y[0][0][0][i].item<double>(), x[0][0][0][i].item<double>(), 1e-12);  // position 0: identity
   }
+}
+
+// Llama 3.2 1B's rope_scaling (type llama3, factor 32, low_freq_factor 1,
+// high_freq_factor 4, original_max_position_embeddings 8192, rope_theta
+// 500000, head_dim 64). Expected values computed apart from this code (a
+// Python transcription of Meta's published apply_scaling): wavelengths under
+// 8192/4 are kept, over 8192/1 divided by 32, and the three frequencies
+// between interpolated. Tolerance: 1e-12 relative.
+TEST(Model, Llama3RopeScalingMatchesIndependentValues) {
+  ModelConfig c;
+  c.hidden = 64 * 32, c.heads = 32, c.rope_theta = 500000.0;
+  c.rope_scaling = RopeScaling{"llama3", 32.0, 1.0, 4.0, 8192};
+  const auto inv = c.rope_inverse_frequencies();
+  ASSERT_EQ(inv.size(), 32u);
+  const std::map<int, double> expected = {{0, 1.0},
+                                          {14, 0.003211445994752591},
+                                          {15, 0.001290547928209264},
+                                          {16, 0.00042955679655936815},
+                                          {17, 9.70828780262767e-05},
+                                          {18, 1.9461638184831125e-05},
+                                          {31, 9.41830672543491e-08}};
+  for (const auto& [i, v] : expected) EXPECT_NEAR(inv[size_t(i)] / v, 1.0, 1e-12) << i;
+  // linear: every frequency divided by the factor.
+  c.rope_scaling = RopeScaling{"linear", 4.0};
+  EXPECT_NEAR(c.rope_inverse_frequencies()[0], 0.25, 1e-15);
+  // It travels through checkpoints' metadata and config.json.
+  c.vocab_size = 10, c.layers = 1;
+  c.rope_scaling = RopeScaling{"llama3", 32.0, 1.0, 4.0, 8192};
+  EXPECT_EQ(ModelConfig::from_json(c.to_json()).rope_scaling, c.rope_scaling);
+  EXPECT_EQ(ModelConfig::from_hf_json(c.to_hf_json()).rope_scaling, c.rope_scaling);
 }
 
 TEST(Model, RMSNormMatchesHandComputedValues) {

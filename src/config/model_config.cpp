@@ -1,5 +1,6 @@
 #include "config/model_config.h"
 
+#include <cmath>
 #include <optional>
 #include <stdexcept>
 
@@ -14,6 +15,35 @@ int64_t ModelConfig::intermediate_size() const {
   if (intermediate > 0) return intermediate;
   const int64_t raw = (8 * hidden) / 3;
   return (raw + 63) / 64 * 64;
+}
+
+std::vector<double> ModelConfig::rope_inverse_frequencies() const {
+  std::vector<double> inv;
+  const int64_t d = head_dim();
+  for (int64_t i = 0; i < d; i += 2) inv.push_back(std::pow(rope_theta, -double(i) / double(d)));
+  const auto& s = rope_scaling;
+  if (s.type == "linear")
+    for (auto& f : inv) f /= s.factor;
+  if (s.type == "llama3") {
+    // Llama 3.1's rule: wavelengths shorter than original_context /
+    // high_freq_factor stay, longer than original_context / low_freq_factor
+    // are stretched by `factor`, and the band between is interpolated.
+    const double pi = std::acos(-1.0);
+    const double low_wavelen = double(s.original_context) / s.low_freq_factor;
+    const double high_wavelen = double(s.original_context) / s.high_freq_factor;
+    for (auto& f : inv) {
+      const double wavelen = 2 * pi / f;
+      if (wavelen < high_wavelen) continue;
+      if (wavelen > low_wavelen) {
+        f /= s.factor;
+        continue;
+      }
+      const double smooth =
+          (double(s.original_context) / wavelen - s.low_freq_factor) / (s.high_freq_factor - s.low_freq_factor);
+      f = (1 - smooth) * f / s.factor + smooth * f;
+    }
+  }
+  return inv;
 }
 
 std::vector<std::pair<std::string, std::vector<int64_t>>> ModelConfig::parameter_shapes() const {
@@ -68,12 +98,59 @@ void ModelConfig::validate() const {
   if (context <= 0) fail(fmt::format("context must be positive, got {}", context));
   if (!(rope_theta > 0)) fail(fmt::format("rope_theta must be positive, got {}", rope_theta));
   if (!(norm_eps > 0)) fail(fmt::format("norm_eps must be positive, got {}", norm_eps));
+  const auto& r = rope_scaling;
+  if (r.type != "none" && r.type != "linear" && r.type != "llama3")
+    fail(fmt::format("rope_scaling type '{}' is not implemented (none, linear, llama3)", r.type));
+  if (!(r.factor > 0)) fail(fmt::format("rope_scaling factor must be positive, got {}", r.factor));
+  if (r.type == "llama3" && !(r.high_freq_factor > r.low_freq_factor && r.low_freq_factor > 0 && r.original_context > 0))
+    fail("rope_scaling llama3 needs high_freq_factor > low_freq_factor > 0 and original_max_position_embeddings > 0");
 }
+
+namespace {
+
+nlohmann::json rope_scaling_json(const RopeScaling& r) {
+  if (r.type == "none") return nullptr;
+  if (r.type == "linear") return {{"rope_type", "linear"}, {"factor", r.factor}};
+  return {{"rope_type", r.type},
+          {"factor", r.factor},
+          {"low_freq_factor", r.low_freq_factor},
+          {"high_freq_factor", r.high_freq_factor},
+          {"original_max_position_embeddings", r.original_context}};
+}
+
+// config.json's rope_scaling (rope_type, or type in older files); throws naming what is not implemented.
+RopeScaling rope_scaling_of(const nlohmann::json& j) {
+  RopeScaling r;
+  if (j.is_null()) return r;
+  if (!j.is_object()) throw std::invalid_argument(fmt::format("'rope_scaling' must be an object, got {}", j.dump()));
+  const auto type = j.value("rope_type", j.value("type", std::string("?")));
+  if (type == "default") return r;
+  if (type != "linear" && type != "llama3")
+    throw std::invalid_argument(
+        fmt::format("rope_scaling type '{}' is not implemented (default, linear and llama3 are)", type));
+  auto number = [&](const char* key) {
+    const auto it = j.find(key);
+    if (it == j.end() || !it->is_number())
+      throw std::invalid_argument(fmt::format("rope_scaling {} needs a number '{}'", type, key));
+    return it->get<double>();
+  };
+  r.type = type;
+  r.factor = number("factor");
+  if (type == "llama3") {
+    r.low_freq_factor = number("low_freq_factor");
+    r.high_freq_factor = number("high_freq_factor");
+    r.original_context = int64_t(number("original_max_position_embeddings"));
+  }
+  return r;
+}
+
+}  // namespace
 
 nlohmann::json ModelConfig::to_json() const {
   return {{"vocab_size", vocab_size}, {"hidden", hidden},       {"layers", layers},
           {"heads", heads},           {"kv_heads", key_value_heads()}, {"intermediate", intermediate_size()},
-          {"context", context},       {"rope_theta", rope_theta}, {"norm_eps", norm_eps}};
+          {"context", context},       {"rope_theta", rope_theta}, {"norm_eps", norm_eps},
+          {"rope_scaling", rope_scaling_json(rope_scaling)}};
 }
 
 ModelConfig ModelConfig::from_json(const nlohmann::json& j) {
@@ -87,6 +164,7 @@ ModelConfig ModelConfig::from_json(const nlohmann::json& j) {
   c.context = j.at("context").get<int64_t>();
   c.rope_theta = j.at("rope_theta").get<double>();
   c.norm_eps = j.at("norm_eps").get<double>();
+  c.rope_scaling = rope_scaling_of(j.value("rope_scaling", nlohmann::json()));  // absent before rope scaling
   c.validate();
   return c;
 }
@@ -103,6 +181,8 @@ nlohmann::json ModelConfig::to_hf_json() const {
           {"max_position_embeddings", context},
           {"rope_theta", rope_theta},
           {"rms_norm_eps", norm_eps},
+          {"rope_scaling", rope_scaling_json(rope_scaling)},
+          {"head_dim", head_dim()},
           {"hidden_act", "silu"},
           {"tie_word_embeddings", false},
           {"attention_bias", false},
@@ -139,11 +219,6 @@ ModelConfig ModelConfig::from_hf_json(const nlohmann::json& j) {
     if (it != j.end() && !it->is_null() && *it != allowed)
       fail(fmt::format("'{}' is {}: {}", key, it->dump(), why));
   };
-  // HF's rope_scaling is null for plain rotary embeddings; "default" is the same thing.
-  if (const auto r = j.find("rope_scaling"); r != j.end() && !r->is_null()) {
-    const auto type = r->is_object() ? r->value("rope_type", r->value("type", std::string("?"))) : r->dump();
-    if (type != "default") fail(fmt::format("rope_scaling type '{}' is not implemented (plain rotary only)", type));
-  }
   must_be("attention_bias", false, "attention biases are not implemented");
   must_be("mlp_bias", false, "MLP biases are not implemented");
   must_be("hidden_act", "silu", "only silu is implemented");
@@ -157,6 +232,8 @@ ModelConfig ModelConfig::from_hf_json(const nlohmann::json& j) {
   c.context = integer("max_position_embeddings", 2048);
   c.rope_theta = number("rope_theta", 10000.0);
   c.norm_eps = number("rms_norm_eps", 1e-6);
+  // HF's rope_scaling is null for plain rotary embeddings; "default" is the same thing.
+  c.rope_scaling = rope_scaling_of(j.value("rope_scaling", nlohmann::json()));
   if (c.heads > 0 && c.hidden % c.heads == 0) {
     const int64_t head_dim = integer("head_dim", c.hidden / c.heads);
     if (head_dim != c.hidden / c.heads)

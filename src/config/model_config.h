@@ -9,6 +9,18 @@
 
 namespace noloco {
 
+// Rotary frequencies stretched for long contexts, as config.json's rope_scaling says.
+struct RopeScaling {
+  std::string type = "none";  // none | linear (every frequency / factor) | llama3 (Llama 3.1+'s banded rule)
+  double factor = 1.0;
+  double low_freq_factor = 1.0, high_freq_factor = 4.0;  // llama3
+  int64_t original_context = 8192;                       // llama3: original_max_position_embeddings
+  bool operator==(const RopeScaling& o) const {
+    return type == o.type && factor == o.factor && low_freq_factor == o.low_freq_factor &&
+           high_freq_factor == o.high_freq_factor && original_context == o.original_context;
+  }
+};
+
 struct ModelConfig {
   int64_t vocab_size = 0;  // set from the tokenizer when 0
   int64_t hidden = 128;
@@ -19,10 +31,13 @@ struct ModelConfig {
   int64_t context = 64;
   double rope_theta = 10000.0;
   double norm_eps = 1e-5;
+  RopeScaling rope_scaling;
 
   int64_t head_dim() const { return hidden / heads; }
   int64_t key_value_heads() const { return kv_heads > 0 ? kv_heads : heads; }
   int64_t intermediate_size() const;
+  // The rotary inverse frequencies theta^(-2i/head_dim), i < head_dim/2, after rope_scaling.
+  std::vector<double> rope_inverse_frequencies() const;
   // Hugging Face parameter names and shapes, in registration order.
   std::vector<std::pair<std::string, std::vector<int64_t>>> parameter_shapes() const;
   int64_t num_params() const;

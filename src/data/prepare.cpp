@@ -114,16 +114,14 @@ PrepareResult prepare_corpus(const PrepareOptions& o) {
     throw std::invalid_argument("prepare takes tokenizer=bpe, a sentencepiece .model or a directory holding one "
                                 "(a char vocabulary is built from the text at training time: give data=FILE.txt)");
   } else {
-    tokenizer = open_tokenizer(o.tokenizer);
+    tokenizer = open_tokenizer(o.tokenizer);  // a .model file, or a directory (tokenizer.model or tokenizer.json)
   }
   r.vocab_size = tokenizer->vocab_size();
-  if (r.vocab_size > 65536)
-    throw std::invalid_argument(
-        fmt::format("a vocabulary of {} does not fit the uint16 token files", r.vocab_size));
   fs::create_directories(o.out);
   tokenizer->save(o.out);
 
-  TokenFileWriter train(o.out + "/train.bin"), val(o.out + "/val.bin");
+  const bool wide = r.vocab_size > 65536;  // uint32 ids past uint16's range
+  TokenFileWriter train(o.out + "/train.bin", wide), val(o.out + "/val.bin", wide);
   const auto tokenizing = std::chrono::steady_clock::now();  // throughput without the tokenizer's training
   Progress progress("tokenizing", r.bytes);
   int64_t done = 0;

@@ -15,38 +15,68 @@
 namespace noloco {
 
 namespace {
-constexpr int32_t kMagic = 20240520;
+// llm.c's headers: uint16 tokens (GPT-2 and other vocabularies up to 65 536),
+// and the uint32 tokens its Llama 3 data uses.
+constexpr int32_t kMagic16 = 20240520, kVersion16 = 1;
+constexpr int32_t kMagic32 = 20240801, kVersion32 = 7;
 constexpr size_t kHeaderInts = 256;
 constexpr size_t kHeaderBytes = kHeaderInts * sizeof(int32_t);
 
-int32_t read_le32(const std::string& b, size_t index) {
+int32_t read_le32(const std::string& b, size_t offset) {
   uint32_t v = 0;
-  for (int i = 3; i >= 0; --i) v = (v << 8) | uint8_t(b[index * 4 + size_t(i)]);
+  for (int i = 3; i >= 0; --i) v = (v << 8) | uint8_t(b[offset + size_t(i)]);
   return int32_t(v);
+}
+
+std::string token_file_header(int64_t tokens, bool wide) {
+  std::string out(kHeaderBytes, '\0');
+  const int32_t header[3] = {wide ? kMagic32 : kMagic16, wide ? kVersion32 : kVersion16, int32_t(tokens)};
+  for (int h = 0; h < 3; ++h)
+    for (int i = 0; i < 4; ++i) out[size_t(h * 4 + i)] = char((uint32_t(header[h]) >> (8 * i)) & 0xff);
+  return out;
+}
+
+void append_ids(std::string& out, const int32_t* ids, size_t count, bool wide) {
+  const size_t width = wide ? 4 : 2;
+  const size_t at = out.size();
+  out.resize(at + width * count);
+  for (size_t i = 0; i < count; ++i)
+    for (size_t b = 0; b < width; ++b) out[at + width * i + b] = char((uint32_t(ids[i]) >> (8 * b)) & 0xff);
 }
 }  // namespace
 
-std::vector<uint16_t> parse_token_file(const std::string& bytes) {
-  size_t start = 0, count = 0;
-  if (bytes.size() >= kHeaderBytes && read_le32(bytes, 0) == kMagic) {
-    const int32_t version = read_le32(bytes, 1), n = read_le32(bytes, 2);
-    if (version != 1)
-      throw std::runtime_error(fmt::format("token file version {} (only 1, uint16, is supported)", version));
-    if (n < 0 || size_t(n) > (bytes.size() - kHeaderBytes) / 2)
+std::vector<int32_t> parse_token_file(const std::string& bytes) {
+  size_t start = 0, count = 0, width = 2;
+  const int32_t magic = bytes.size() >= kHeaderBytes ? read_le32(bytes, 0) : 0;
+  if (magic == kMagic16 || magic == kMagic32) {
+    const int32_t version = read_le32(bytes, 4), n = read_le32(bytes, 8);
+    width = magic == kMagic32 ? 4 : 2;
+    if (version != (magic == kMagic32 ? kVersion32 : kVersion16))
+      throw std::runtime_error(fmt::format("token file version {} with magic {} (noloco reads version 1 with {}, "
+                                           "uint16, and version 7 with {}, uint32)",
+                                           version, magic, kMagic16, kMagic32));
+    if (n < 0 || size_t(n) > (bytes.size() - kHeaderBytes) / width)
       throw std::runtime_error(fmt::format("token file header claims {} tokens but holds {}", n,
-                                           (bytes.size() - kHeaderBytes) / 2));
+                                           (bytes.size() - kHeaderBytes) / width));
     start = kHeaderBytes, count = size_t(n);
   } else {
     if (bytes.size() % 2 != 0) throw std::runtime_error("raw token file has an odd number of bytes");
     count = bytes.size() / 2;
   }
-  std::vector<uint16_t> tokens(count);
-  for (size_t i = 0; i < count; ++i)
-    tokens[i] = uint16_t(uint8_t(bytes[start + 2 * i]) | (uint8_t(bytes[start + 2 * i + 1]) << 8));
+  std::vector<int32_t> tokens(count);
+  for (size_t i = 0; i < count; ++i) {
+    const size_t at = start + width * i;
+    if (width == 2) {
+      tokens[i] = int32_t(uint8_t(bytes[at]) | (uint8_t(bytes[at + 1]) << 8));
+    } else {
+      tokens[i] = read_le32(bytes, at);
+      if (tokens[i] < 0) throw std::runtime_error(fmt::format("token {} has id {} (beyond 2^31)", i, uint32_t(tokens[i])));
+    }
+  }
   return tokens;
 }
 
-std::vector<uint16_t> read_token_file(const std::string& path) {
+std::vector<int32_t> read_token_file(const std::string& path) {
   try {
     return parse_token_file(read_file(path));
   } catch (const std::runtime_error& e) {
@@ -54,29 +84,21 @@ std::vector<uint16_t> read_token_file(const std::string& path) {
   }
 }
 
-namespace {
-std::string token_file_header(int64_t tokens) {
-  std::string out(kHeaderBytes, '\0');
-  const int32_t header[3] = {kMagic, 1, int32_t(tokens)};
-  for (int h = 0; h < 3; ++h)
-    for (int i = 0; i < 4; ++i) out[size_t(h * 4 + i)] = char((uint32_t(header[h]) >> (8 * i)) & 0xff);
-  return out;
-}
-}  // namespace
-
-void write_token_file(const std::string& path, const std::vector<uint16_t>& tokens) {
-  std::string out = token_file_header(int64_t(tokens.size()));
-  for (auto t : tokens) {
-    out.push_back(char(t & 0xff));
-    out.push_back(char(t >> 8));
+void write_token_file(const std::string& path, const std::vector<int32_t>& tokens) {
+  bool wide = false;
+  for (const int32_t t : tokens) {
+    if (t < 0) throw std::runtime_error(fmt::format("{}: token id {} is negative", path, t));
+    wide |= t > 65535;
   }
+  std::string out = token_file_header(int64_t(tokens.size()), wide);
+  append_ids(out, tokens.data(), tokens.size(), wide);
   write_file_atomic(path, out);
 }
 
-TokenFileWriter::TokenFileWriter(std::string path) : path_(std::move(path)), tmp_(path_ + ".tmp") {
+TokenFileWriter::TokenFileWriter(std::string path, bool wide) : path_(std::move(path)), tmp_(path_ + ".tmp"), wide_(wide) {
   file_ = std::fopen(tmp_.c_str(), "wb");
   if (!file_) throw std::runtime_error(fmt::format("cannot write {}: {}", tmp_, std::strerror(errno)));
-  const auto header = token_file_header(0);
+  const auto header = token_file_header(0, wide_);
   if (std::fwrite(header.data(), 1, header.size(), file_) != header.size())
     throw std::runtime_error(fmt::format("cannot write {}: {}", tmp_, std::strerror(errno)));
 }
@@ -91,20 +113,20 @@ void TokenFileWriter::append(const std::vector<int32_t>& ids, size_t first, size
   // The header counts tokens in an int32.
   if (count_ + int64_t(count) > int64_t(INT32_MAX))
     throw std::runtime_error(fmt::format("{}: more than {} tokens do not fit one token file", path_, INT32_MAX));
-  std::string bytes(2 * count, '\0');
   for (size_t i = 0; i < count; ++i) {
     const int32_t id = ids[first + i];
-    if (id < 0 || id > 65535) throw std::runtime_error(fmt::format("{}: token id {} does not fit uint16", path_, id));
-    bytes[2 * i] = char(id & 0xff);
-    bytes[2 * i + 1] = char(id >> 8);
+    if (id < 0 || (!wide_ && id > 65535))
+      throw std::runtime_error(fmt::format("{}: token id {} does not fit uint16", path_, id));
   }
+  std::string bytes;
+  append_ids(bytes, ids.data() + first, count, wide_);
   if (std::fwrite(bytes.data(), 1, bytes.size(), file_) != bytes.size())
     throw std::runtime_error(fmt::format("cannot write {}: {}", tmp_, std::strerror(errno)));
   count_ += int64_t(count);
 }
 
 void TokenFileWriter::finish() {
-  const auto header = token_file_header(count_);
+  const auto header = token_file_header(count_, wide_);
   const bool ok = std::fseek(file_, 0, SEEK_SET) == 0 && std::fwrite(header.data(), 1, 12, file_) == 12 &&
                   std::fflush(file_) == 0 && ::fsync(::fileno(file_)) == 0;
   const bool closed = std::fclose(file_) == 0;

@@ -10,6 +10,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "data/byte_level_bpe.h"
 #include "data/spm_module.h"
 
 #include "util/files.h"
@@ -20,27 +21,6 @@ namespace {
 
 constexpr const char* kOwnDescription = "tokenizer.json";    // in run and checkpoint directories
 constexpr const char* kHfDescription = "noloco_tokenizer.json";  // in exported directories
-
-// GPT-2's byte-to-character table, the one the tokenizers library's
-// ByteLevel pre-tokenizer uses: printable bytes stand for themselves, the
-// others for U+0100 onwards. Returned as UTF-8.
-std::string byte_level_char(uint8_t b) {
-  const bool printable = (b >= 33 && b <= 126) || (b >= 161 && b <= 172) || b >= 174;
-  uint32_t cp = b;
-  if (!printable) {
-    cp = 256;
-    for (int other = 0; other < b; ++other)
-      if (!((other >= 33 && other <= 126) || (other >= 161 && other <= 172) || other >= 174)) ++cp;
-  }
-  std::string out;
-  if (cp < 0x80) {
-    out.push_back(char(cp));
-  } else {
-    out.push_back(char(0xc0 | (cp >> 6)));
-    out.push_back(char(0x80 | (cp & 0x3f)));
-  }
-  return out;
-}
 
 class CharTokenizer : public Tokenizer {
  public:
@@ -309,31 +289,49 @@ std::unique_ptr<Tokenizer> described_tokenizer(const std::string& dir, const std
     return std::make_unique<CharTokenizer>(chars);
   }
   if (type == "sentencepiece") return load_sentencepiece(dir + "/" + j.at("model").get<std::string>());
+  if (type == "byte_level_bpe") return load_byte_level_bpe(dir, j.at("file").get<std::string>());
   if (type == "ids") {
     const auto& v = j.value("vocab_size", nlohmann::json());
-    if (!v.is_number_integer() || v.get<int64_t>() < 1 || v.get<int64_t>() > 65536)
-      throw std::runtime_error(fmt::format("{}: vocab_size must be in [1, 65536]", where));
+    if (!v.is_number_integer() || v.get<int64_t>() < 1 || v.get<int64_t>() > (int64_t(1) << 31))
+      throw std::runtime_error(fmt::format("{}: vocab_size must be in [1, 2^31]", where));
     return make_id_tokenizer(v.get<int64_t>());
   }
   throw std::runtime_error(fmt::format("{}: unknown tokenizer type '{}'", where, type));
 }
 
 constexpr const char* kSentencePieceModel = "tokenizer.model";
+// A Hugging Face directory's tokenizer.json is the tokenizers library's (no
+// "type" at the top), not ours: same name, told apart by what it holds.
+constexpr const char* kHfTokenizersFile = "tokenizer.json";
 
 // The file of `dir` that load_tokenizer reads, in its order of preference; empty if none.
 std::string tokenizer_file(const std::string& dir) {
   if (file_exists(dir + "/" + kHfDescription)) return kHfDescription;
-  // A Hugging Face directory's tokenizer.json is the tokenizers library's
-  // (no "type" at the top), not ours.
   if (file_exists(dir + "/" + kOwnDescription)) {
     const auto j = read_json(dir + "/" + kOwnDescription);
     if (j.is_object() && j.contains("type")) return kOwnDescription;
   }
   if (file_exists(dir + "/" + kSentencePieceModel)) return kSentencePieceModel;
+  if (is_hf_tokenizer_json(dir + "/" + kHfTokenizersFile)) return kHfTokenizersFile;
   return "";
 }
 
 }  // namespace
+
+std::unique_ptr<Tokenizer> load_byte_level_bpe(const std::string& dir, const std::string& file) {
+  // The tokenizer_config.json that came with it (special tokens, chat template) travels along.
+  const std::string config = file == kHfTokenizersFile ? "tokenizer_config.json" : "hf_tokenizer_config.json";
+  return std::make_unique<ByteLevelBpe>(read_file(dir + "/" + file),
+                                        file_exists(dir + "/" + config) ? read_file(dir + "/" + config) : "",
+                                        dir + "/" + file);
+}
+
+const std::vector<std::string>& tokenizer_files() {
+  static const std::vector<std::string> files = {kOwnDescription, kHfDescription, kSentencePieceModel,
+                                                 "tokenizer_config.json", "hf_tokenizer.json",
+                                                 "hf_tokenizer_config.json"};
+  return files;
+}
 
 bool holds_tokenizer(const std::string& dir) { return !tokenizer_file(dir).empty(); }
 
@@ -341,8 +339,11 @@ std::unique_ptr<Tokenizer> load_tokenizer(const std::string& dir) {
   const auto file = tokenizer_file(dir);
   if (file.empty())
     throw std::runtime_error(fmt::format(
-        "{} holds no tokenizer noloco reads (a sentencepiece tokenizer.model, or noloco's own tokenizer.json)", dir));
+        "{} holds no tokenizer noloco reads (a sentencepiece tokenizer.model, a byte-level BPE tokenizer.json, or "
+        "noloco's own tokenizer.json)",
+        dir));
   if (file == kSentencePieceModel) return load_sentencepiece(dir + "/" + file);
+  if (file == kHfTokenizersFile && is_hf_tokenizer_json(dir + "/" + file)) return load_byte_level_bpe(dir, file);
   return described_tokenizer(dir, file, read_json(dir + "/" + file));
 }
 

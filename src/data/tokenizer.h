@@ -1,4 +1,5 @@
-// Text <-> token ids. Each tokenizer saves itself into a directory (run or
+// Text <-> token ids: characters, sentencepiece BPE, byte-level BPE from a
+// Hugging Face tokenizer.json, or bare ids. Each tokenizer saves itself into a directory (run or
 // checkpoint) so generation and resume use exactly the vocabulary trained on.
 #pragma once
 #include <cstdint>
@@ -41,5 +42,10 @@ std::unique_ptr<Tokenizer> make_id_tokenizer(int64_t vocab_size);
 std::unique_ptr<Tokenizer> load_tokenizer(const std::string& dir);
 // Whether `dir` holds a tokenizer load_tokenizer reads.
 bool holds_tokenizer(const std::string& dir);
+// A byte-level BPE tokenizer from the tokenizers library's `file` in `dir`
+// (with the tokenizer_config.json beside it, if any).
+std::unique_ptr<Tokenizer> load_byte_level_bpe(const std::string& dir, const std::string& file);
+// The names of every file a saved tokenizer may consist of (to copy one, or clear one away).
+const std::vector<std::string>& tokenizer_files();
 
 }  // namespace noloco

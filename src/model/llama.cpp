@@ -12,10 +12,10 @@ RMSNormImpl::RMSNormImpl(int64_t dim, double eps_) : eps(eps_) {
 
 torch::Tensor RMSNormImpl::forward(const torch::Tensor& x) { return shim::rms_norm(x, weight, eps); }
 
-RotaryTables rotary_tables(int64_t context, int64_t head_dim, double theta,
+RotaryTables rotary_tables(int64_t context, const std::vector<double>& inverse_frequencies,
                            torch::TensorOptions options) {
   auto f64 = torch::TensorOptions().dtype(torch::kFloat64);
-  auto inv_freq = torch::pow(theta, -torch::arange(0, head_dim, 2, f64) / double(head_dim));
+  auto inv_freq = torch::tensor(inverse_frequencies, f64);
   auto freqs = torch::outer(torch::arange(context, f64), inv_freq);
   auto emb = torch::cat({freqs, freqs}, -1);
   auto dtype = options.has_dtype() ? options.dtype() : caffe2::TypeMeta::Make<float>();
@@ -97,7 +97,7 @@ LlamaForCausalLMImpl::LlamaForCausalLMImpl(const ModelConfig& c) : config(c) {
 
 const RotaryTables& cached_rotary_tables(RotaryTables& cache, const ModelConfig& c, const torch::Tensor& like) {
   if (!cache.cos.defined() || cache.cos.device() != like.device() || cache.cos.scalar_type() != like.scalar_type()) {
-    cache = rotary_tables(c.context, c.head_dim(), c.rope_theta,
+    cache = rotary_tables(c.context, c.rope_inverse_frequencies(),
                           torch::TensorOptions().dtype(like.scalar_type()).device(like.device()));
   }
   return cache;

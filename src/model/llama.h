@@ -20,7 +20,7 @@ TORCH_MODULE(RMSNorm);
 struct RotaryTables {
   torch::Tensor cos, sin;
 };
-RotaryTables rotary_tables(int64_t context, int64_t head_dim, double theta,
+RotaryTables rotary_tables(int64_t context, const std::vector<double>& inverse_frequencies,
                            torch::TensorOptions options = {});
 // `cache` refilled for c's tables only when `like`'s device or dtype changes.
 const RotaryTables& cached_rotary_tables(RotaryTables& cache, const ModelConfig& c, const torch::Tensor& like);

@@ -38,8 +38,7 @@ void export_hf(const std::string& checkpoint, const std::string& hf_dir, const E
   config["torch_dtype"] = options.dtype;
   write_json_atomic(hf_dir + "/config.json", config);
   // An earlier export's tokenizer files would describe another vocabulary.
-  for (auto f : {"tokenizer.json", "tokenizer.model", "tokenizer_config.json", "noloco_tokenizer.json"})
-    fs::remove(fs::path(hf_dir) / f);
+  for (const auto& f : tokenizer_files()) fs::remove(fs::path(hf_dir) / f);
   tokenizer->save_hf(hf_dir);
 }
 
