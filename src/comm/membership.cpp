@@ -178,7 +178,7 @@ int Membership::request_state(std::chrono::milliseconds timeout) {
     {
       std::lock_guard<std::mutex> lock(mutex_);
       if (members_->check({"donor/" + me})) {
-        const auto donor = members_->get("donor/" + me);
+        const auto donor = members_->get("donor/" + me);  // "rank.incarnation"
         return std::stoi(std::string(donor.begin(), donor.end()));
       }
       const auto dead = read_or_empty(*members_, "dead"), finished = read_or_empty(*members_, "finished");
@@ -212,7 +212,9 @@ std::vector<std::pair<int, std::string>> Membership::claim_requests() {
     if (!seen_requests_.insert(request).second) continue;
     const int who = std::stoi(request.substr(0, request.find('.')));
     if (who == rank_) continue;
-    const auto mine = std::to_string(rank_);
+    // Claimed as this incarnation: a restarted replica must not take a request
+    // that its earlier life claimed (and served) for its own.
+    const auto mine = request_name();
     if (set_once(*members_, "donor/" + request, mine) != mine) continue;  // another replica serves it
     won.emplace_back(who, request);
   }
