@@ -68,7 +68,7 @@ for ((i = 1; i <= runs; i++)); do
   if [ -f "$dir/summary.json" ]; then
     summary=yes
     finished=$(python3 -c 'import json,sys; s=json.load(open(sys.argv[1])); print(",".join(map(str,s["replicas_finished"])))' "$dir/summary.json")
-    lost=$(python3 -c 'import json,sys; s=json.load(open(sys.argv[1])); print(" ".join([f"{f[\"replica\"]}" for f in s["replicas_failed"]] + [f"{f[\"replica\"]}(restarted)" for f in s.get("replicas_restarted",[])]))' "$dir/summary.json")
+    lost=$(python3 -c 'import json,sys; s=json.load(open(sys.argv[1])); print(" ".join([str(f["replica"]) for f in s["replicas_failed"]] + [str(f["replica"]) + "(restarted)" for f in s.get("replicas_restarted", [])]))' "$dir/summary.json")
   fi
   within=$([ "$code" -ne 124 ] && [ "$code" -ne 137 ] && echo yes || echo no)
   [ "$within" = yes ] && [ "$summary" = yes ] && [ "$left" = no ] && ok=$((ok + 1))
