@@ -41,8 +41,8 @@ TEST(Config, MethodDefaultsFromThePaper) {
   EXPECT_EQ(n.outer.interval, 50);
   EXPECT_DOUBLE_EQ(n.outer.momentum, 0.5);
   EXPECT_DOUBLE_EQ(n.outer.gamma, n.outer.lr);
-  EXPECT_EQ(n.outer.message, "theta");
-  EXPECT_EQ(parse_config("", {"method=noloco", "replicas=4", "gamma=0.4"}).outer.message, "delta_phi");
+  EXPECT_EQ(n.outer.message, NolocoMessage::theta);
+  EXPECT_EQ(parse_config("", {"method=noloco", "replicas=4", "gamma=0.4"}).outer.message, NolocoMessage::delta_phi);
 }
 
 TEST(Config, ResolvedYamlParsesBackToTheSameConfig) {

@@ -269,7 +269,7 @@ TEST_F(HfRun, ExportedRunImportsIntoGenerateAndInitFrom) {
   EXPECT_EQ(cfg.model.kv_heads, 2);
   EXPECT_EQ(cfg.model.hidden, 32);
   EXPECT_EQ(cfg.model.context, 16);
-  EXPECT_EQ(cfg.data.tokenizer, dir / "hf");
+  EXPECT_EQ(cfg.data.model_dir, dir / "hf");  // its tokenizer, when the corpus is read
   EXPECT_NE(error_of([&] { parse_config("", {"init_from=" + (dir / "hf"), "hidden=64"}); })
                 .find("hidden=64 disagrees with init_from"),
             std::string::npos);
@@ -278,6 +278,7 @@ TEST_F(HfRun, ExportedRunImportsIntoGenerateAndInitFrom) {
             std::string::npos);
   // With a vanishing learning rate one step leaves the imported weights in place.
   train_run("b", {"init_from=" + (dir / "hf"), "steps=1", "lr=1e-20", "min_lr=0"});
+  EXPECT_EQ(load_tokenizer(dir / "b")->encode("ROMEO: the"), load_tokenizer(dir / "hf")->encode("ROMEO: the"));
   const auto trained = load_tensors(find_checkpoint(dir / "a") + "/model.safetensors");
   const auto resumed = load_tensors(find_checkpoint(dir / "b") + "/model.safetensors");
   ASSERT_EQ(trained.size(), resumed.size());

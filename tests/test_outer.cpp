@@ -3,7 +3,7 @@
 #include <deque>
 #include <set>
 
-#include "optim/grouping.h"
+#include "comm/grouping.h"
 #include "optim/outer.h"
 #include "optim/slow_weights.h"
 #include "config/train_config.h"
@@ -32,7 +32,7 @@ class FakeTransport final : public Transport {
     return r;
   }
   void send_state(const std::string&, const MessageHeader&, const torch::Tensor&) override {}
-  torch::Tensor receive_state(const std::string&, const MessageHeader&) override { return {}; }
+  torch::Tensor receive_state(const std::string&, const MessageHeader&, int64_t) override { return {}; }
   std::unique_ptr<Transport> subgroup(const std::string&, const std::vector<Peer>&) override { return nullptr; }
   // The peer's contribution: the next of `peers` while any are left, else `peer`.
   // Exchanges may run on the overlap thread; the test only sets these up front.
@@ -70,7 +70,7 @@ TrainConfig outer_config(const std::string& method, double alpha, double beta, d
   c.outer.momentum = alpha;
   c.outer.lr = beta;
   c.outer.gamma = gamma;
-  c.outer.message = gamma == beta ? "theta" : "delta_phi";
+  c.outer.message = gamma == beta ? NolocoMessage::theta : NolocoMessage::delta_phi;
   return c;
 }
 
@@ -85,10 +85,7 @@ void expect_values(const torch::Tensor& t, std::vector<double> expected) {
 void load_overlap_example(Rig& rig) {
   rig.outer->load({{"outer.phi", torch::tensor({1.0f, 2.0f, -1.0f})},
                    {"outer.momentum", torch::zeros({3})},
-                   {"outer.start", torch::tensor({1.0f, 2.0f, -1.0f})},
-                   {"outer.pending_delta", torch::zeros({3})},
-                   {"outer.pending_phi", torch::zeros({3})},
-                   {"outer.pending_flags", torch::zeros({3}, torch::kFloat64)}});
+                   {"outer.start", torch::tensor({1.0f, 2.0f, -1.0f})}});
   rig.comm.peers = {torch::tensor({0.1f, 0.3f, -0.2f}), torch::tensor({0.1f, 0.1f, 0.1f})};
   rig.flat.values().copy_(torch::tensor({1.5f, 1.0f, 0.0f}));
 }
@@ -130,7 +127,7 @@ TEST(Outer, NoLoCoWithGammaEqualBetaSendsOnlyTheta) {
 
 TEST(Outer, NoLoCoBf16WireHalvesThePayload) {
   auto c = outer_config("noloco", 0.5, 0.7, 0.7);
-  c.outer.wire_dtype = "bf16";
+  c.outer.wire_dtype = WireDtype::bf16;
   Rig rig(c);
   auto& [m, flat, comm, outer] = rig;
   comm.wire_dtype = torch::kBFloat16;
@@ -230,6 +227,36 @@ TEST(Outer, OverlappedDiLoCoAppliesOnePeriodLateKeepingLocalProgressByHand) {
   expect_values(comm.sent, {0.5, 0.0, 0.5});
   expect_values(flat.values(), {1.483, 1.7165, -0.426});
   EXPECT_TRUE(outer->finish(flat).empty());
+}
+
+// A checkpoint written before the pending state was typed (float64 flags
+// {pending, has φ, outer step}) loads as one written now: the same pending
+// result, applied at the next boundary, saved back without flags.
+TEST(Outer, APendingResultSavedWithLegacyFlagsLoadsAndSavesTyped) {
+  auto c = outer_config("diloco", 0.5, 0.7, 0.7);
+  c.outer.overlap = true;
+  Rig rig(c);
+  rig.outer->load({{"outer.phi", torch::tensor({1.0f, 2.0f, -1.0f})},
+                   {"outer.momentum", torch::zeros({3})},
+                   {"outer.start", torch::tensor({1.0f, 2.0f, -1.0f})},
+                   {"outer.pending_delta", torch::tensor({0.2f, 0.0f, -0.2f})},
+                   {"outer.pending_phi", torch::zeros({3})},
+                   {"outer.pending_flags", torch::tensor({1.0, 0.0, 5.0}, torch::kFloat64)}});
+  TensorMap saved;
+  rig.outer->save(saved);
+  EXPECT_EQ(saved.count("outer.pending_flags"), 0u);
+  EXPECT_EQ(saved.count("outer.pending_phi"), 0u);  // the flags said: no φ mean (the zeros are no pull toward 0)
+  EXPECT_EQ(saved.at("outer.pending_outer_step").item<int64_t>(), 5);
+  expect_values(saved.at("outer.pending_delta"), {0.2, 0.0, -0.2});
+  // At the next boundary it is applied: m = 0.7·[0.2, 0, -0.2], φ = [1.14, 2, -1.14].
+  rig.flat.values().copy_(torch::tensor({1.0f, 2.0f, -1.0f}));
+  rig.comm.peer = torch::zeros({3});
+  const auto applied = rig.outer->after_inner_step(3, rig.flat);
+  ASSERT_TRUE(applied.has_value());
+  EXPECT_EQ(applied->outer_step, 5);
+  TensorMap after;
+  rig.outer->save(after);
+  expect_values(after.at("outer.phi"), {1.14, 2.0, -1.14});
 }
 
 TEST(Outer, EagerOverlapStepsWithTheOwnDeltaAndTheLateMeanReplacesItByHand) {

@@ -50,8 +50,9 @@ TEST_F(Overlap, ACheckpointWithExchangesInFlightResumesBitIdentically) {
   }
   // The saved step-6 state held both exchanges' results, to be applied later.
   const auto mid = load_tensors(whole + "/checkpoints/r0/step_00000006/state.safetensors");
-  EXPECT_EQ(mid.at("outer.pending_flags.f0")[0].item<double>(), 1.0);
-  EXPECT_EQ(mid.at("outer.pending_flags.f1")[0].item<double>(), 1.0);
+  EXPECT_EQ(mid.at("outer.pending_outer_step.f0").item<int64_t>(), 1);
+  EXPECT_EQ(mid.at("outer.pending_outer_step.f1").item<int64_t>(), 0);
+  EXPECT_EQ(mid.count("outer.pending_flags.f0"), 0u);
 }
 
 TEST_F(Overlap, DiLoCoAppliesEachFragmentsExchangeOnceAndOnePeriodLate) {

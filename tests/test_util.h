@@ -94,10 +94,13 @@ inline std::string small_train_args(const std::string& data, const std::string& 
          " eval_batches=2 log_interval=1 sample_tokens=0 peer_timeout=30";
 }
 
-// The records of one split ("train", "val", "outer") of a run's metrics.jsonl.
+// The records of one split ("train", "val", "outer") of a run's metrics.jsonl;
+// of a run still going, the complete lines written so far.
 inline std::vector<nlohmann::json> metrics_records(const std::string& run, const std::string& split) {
   std::vector<nlohmann::json> out;
-  std::istringstream in(read_text(run + "/metrics.jsonl"));
+  auto text = read_text(run + "/metrics.jsonl");
+  text.resize(text.rfind('\n') == std::string::npos ? 0 : text.rfind('\n') + 1);
+  std::istringstream in(text);
   for (std::string line; std::getline(in, line);) {
     auto j = nlohmann::json::parse(line);
     if (j["split"] == split) out.push_back(j);

@@ -160,14 +160,14 @@ int run_train(const std::string& config_path, const std::vector<std::string>& ov
     // joined, it cannot ask the store which start this is; the launcher
     // tells a restart by its environment.)
     if (!std::getenv("NOLOCO_RESTARTED")) FailureDrill(cfg.run.inject_crash, env.rank, 0).at_startup();
-    const auto links = join_as_worker(env, cfg.comm, stages, cfg.outer.method != "none");
+    const auto links = join_as_worker(env, cfg.comm, stages, cfg.outer.method != Method::none);
     train(cfg, worker_info(env, stages, links));
     return 0;
   }
   cfg.validate_workers();
   if (cfg.run.out.empty()) cfg.run.out = default_run_dir(cfg);
   const RunDirectory owned(cfg.run.out, cfg);
-  if (cfg.outer.method == "none" && stages == 1 && cfg.run.replicas == 1) {
+  if (cfg.outer.method == Method::none && stages == 1 && cfg.run.replicas == 1) {
     train(cfg, WorkerInfo{});
     return 0;
   }
@@ -181,23 +181,20 @@ int run_train(const std::string& config_path, const std::vector<std::string>& ov
   LaunchPlan plan;
   plan.workers = int(cfg.workers());
   plan.stages = stages;
-  plan.method = cfg.outer.method;
+  plan.method = choice_name(cfg.outer.method);
   plan.comm = cfg.comm;
-  // NoLoCo (and independent replicas) carry on without a worker; in a
-  // pipeline only random routing can send its micro-batches elsewhere.
-  plan.keep_going_on_failure = (cfg.outer.method == "noloco" || cfg.outer.method == "none") &&
-                               (stages == 1 || cfg.pipeline.routing == "random");
+  plan.keep_going_on_failure = survives_lost_workers(cfg.outer.method, cfg.pipeline.routing, stages);
   const auto links = capped_links(cfg, plan.workers);
   plan.links = links.get();
   if (stages > 1)
     spdlog::info("launching {} replicas x {} stages = {} {} workers, run dir {}", cfg.run.replicas, stages,
-                 plan.workers, cfg.outer.method, cfg.run.out);
+                 plan.workers, plan.method, cfg.run.out);
   else
-    spdlog::info("launching {} {} workers, run dir {}", cfg.run.replicas, cfg.outer.method, cfg.run.out);
+    spdlog::info("launching {} {} workers, run dir {}", cfg.run.replicas, plan.method, cfg.run.out);
   const auto launched = launch_local_workers(plan, worker_command({"train", config_path}, overrides, cfg.run.out));
   const auto& exits = launched.exits;
   const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-  const auto summary = summarize_run(cfg.run.out, cfg.outer.method, cfg.run.replicas, stages, cfg.pipeline.routing,
+  const auto summary = summarize_run(cfg.run.out, plan.method, cfg.run.replicas, stages, choice_name(cfg.pipeline.routing),
                                      cfg.inner.grad_accum, exits, seconds);
   // A resume that every worker refused leaves the summary of the run it resumed.
   if (!summary.finished.empty() || !cfg.run.resume || !file_exists(cfg.run.out + "/summary.json"))
@@ -209,9 +206,9 @@ int run_train(const std::string& config_path, const std::vector<std::string>& ov
     const auto first = std::min_element(exits.begin(), exits.end(), [](const WorkerExit& a, const WorkerExit& b) {
       return !a.ok() && (b.ok() || a.seconds < b.seconds);
     });
-    const bool fixed_pipeline = stages > 1 && cfg.pipeline.routing == "fixed";
+    const bool fixed_pipeline = stages > 1 && cfg.pipeline.routing == Routing::fixed;
     throw std::runtime_error(fmt::format(
-        "{} run failed: {}{}", cfg.outer.method, first->describe(),
+        "{} run failed: {}{}", plan.method, first->describe(),
         fixed_pipeline ? "; with routing=fixed a pipeline has nowhere else to send a lost worker's micro-batches "
                          "(routing=random goes around it)"
                        : ""));
@@ -235,7 +232,7 @@ int run_comm_bench(const std::vector<std::string>& args) {
   CommBenchOptions options;
   auto cfg = parse_config("", comm_bench_options(options).parse_known(args));
   validate(options);
-  if (cfg.outer.method == "none") throw std::invalid_argument("bench comm needs method=ddp, diloco or noloco");
+  if (cfg.outer.method == Method::none) throw std::invalid_argument("bench comm needs method=ddp, diloco or noloco");
   if (cfg.run.out.empty()) cfg.run.out = "runs/bench_comm";
   WorkerEnv env;
   if (worker_env_from_environment(env)) {
@@ -248,7 +245,7 @@ int run_comm_bench(const std::vector<std::string>& args) {
   std::filesystem::create_directories(cfg.run.out);
   LaunchPlan plan;
   plan.workers = int(cfg.run.replicas);
-  plan.method = cfg.outer.method;
+  plan.method = choice_name(cfg.outer.method);
   plan.comm = cfg.comm;
   check_local_capacity(plan.workers, worker_memory_estimate(int64_t(options.megabytes * 1e6 / 4)),
                        cfg.run.max_local_workers);
@@ -261,7 +258,7 @@ int run_comm_bench(const std::vector<std::string>& args) {
   const auto s = summarize_comm_bench(cfg, options);
   fmt::print("bench comm {} x{} ({} MB, {}, {} rounds, compute {}s, sigma2 {}, straggler x{}, {}): sync {:.4f}s/round{}, "
              "idle {:.4f}s/round, median idle of workers 1..N-1 {:.4f}s/round\n",
-             cfg.outer.method, cfg.run.replicas, options.megabytes, cfg.outer.wire_dtype, options.rounds,
+             plan.method, cfg.run.replicas, options.megabytes, choice_name(cfg.outer.wire_dtype), options.rounds,
              options.compute, options.sigma2, options.straggler,
              cfg.comm.rate.empty() ? "loopback" : "links at " + cfg.comm.rate,
              s["sync_seconds_per_round"].get<double>(),

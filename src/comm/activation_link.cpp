@@ -1,8 +1,8 @@
 #include "comm/activation_link.h"
 
 #include <fmt/format.h>
-#include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
 
+#include "comm/framed.h"
 #include "util/error_text.h"
 #include "util/log.h"
 
@@ -81,8 +81,8 @@ void ActivationLink::lose(int peer, const std::string& why) {
 }
 
 int ActivationLink::next_tag(std::vector<int64_t>& counters, int member) {
-  // Each message is a header and up to two tensors: three consecutive tags.
-  return int((counters[size_t(member)]++ % (1 << 28)) * 3);
+  constexpr int kTags = framed_tags(2);  // a pipeline message carries at most two tensors
+  return int((counters[size_t(member)]++ % (1 << 28)) * kTags);
 }
 
 MessageHeader ActivationLink::header_of(const ActivationHeader& h, const std::vector<torch::Tensor>& tensors) const {
@@ -101,24 +101,16 @@ void ActivationLink::post(int peer, const MessageHeader& header, std::vector<tor
   const int member = member_of(peer);
   if (member < 0) return;  // lost: what it would have received is dropped at its other neighbours
   const int tag = next_tag(sent_to_, member);
-  const auto w = header.words();
-  payload.insert(payload.begin(), torch::tensor(std::vector<int64_t>(w.begin(), w.end()), torch::kInt64));
-  std::vector<c10::intrusive_ptr<c10d::Work>> works;
+  std::shared_ptr<FramedSend> send;
   try {
-    for (size_t i = 0; i < payload.size(); ++i) {
-      std::vector<torch::Tensor> one{payload[i]};
-      works.push_back(pg_->send(one, member, tag + int(i)));
-    }
+    send = std::make_shared<FramedSend>(*pg_, member, tag, header, std::move(payload));
   } catch (const std::exception& e) {
     lose(peer, error_text(e));
     return;
   }
-  for (size_t i = 1; i < payload.size(); ++i)
-    (evaluation ? stats_.evaluation_bytes_sent : stats_.bytes_sent) += payload[i].nbytes();
+  (evaluation ? stats_.evaluation_bytes_sent : stats_.bytes_sent) += send->payload_bytes();
   if (!evaluation) stats_.messages += 1;
-  pending_.push_back({peer, [works, payload, timeout = timeout_] {
-                        for (auto& w : works) w->wait(timeout);
-                      }});
+  pending_.push_back({peer, [send, timeout = timeout_] { send->wait(timeout); }});
 }
 
 void ActivationLink::send(int peer, const ActivationHeader& header, const std::vector<torch::Tensor>& tensors) {
@@ -130,9 +122,7 @@ void ActivationLink::send(int peer, const ActivationHeader& header, const std::v
 }
 
 void ActivationLink::send_dropped(int peer, const ActivationHeader& header) {
-  auto notice = header_of(header, {});
-  notice.format = MessageHeader::kDropped;
-  post(peer, notice, {}, header.kind == MessageKind::evaluation);
+  post(peer, dropped_notice(header_of(header, {})), {}, header.kind == MessageKind::evaluation);
 }
 
 bool ActivationLink::recv(int peer, const ActivationHeader& expected, std::vector<torch::Tensor>& tensors) {
@@ -144,45 +134,37 @@ bool ActivationLink::recv(int peer, const ActivationHeader& expected, std::vecto
   }
   const int tag = next_tag(received_from_, member);
   const auto start = Clock::now();
-  auto charge_idle = [&] {
-    if (!evaluation) stats_.idle_seconds += std::chrono::duration<double>(Clock::now() - start).count();
-  };
-  auto failed = [&](const std::exception& e) {
-    lose(peer, fmt::format("no {} (step {}, micro-batch {}): {}", message_kind_name(int64_t(expected.kind)),
-                           expected.step, expected.micro, error_text(e)));
-    if (!evaluation) stats_.micro_batches_dropped += 1;
-    charge_idle();
-    return false;
-  };
-  auto header = torch::empty({MessageHeader::kWords}, torch::kInt64);
-  std::vector<torch::Tensor> one{header};
-  try {
-    pg_->recv(one, member, tag)->wait(timeout_);
-  } catch (const std::exception& e) {
-    return failed(e);
-  }
-  const auto got = MessageHeader::from_words(header.data_ptr<int64_t>());
-  auto notice = header_of(expected, {});
-  notice.format = MessageHeader::kDropped;
-  if (check_message_header(notice, got).empty()) {
-    if (!evaluation) stats_.micro_batches_dropped += 1;
-    charge_idle();
-    return false;
-  }
-  // The payload is received only into buffers of the size the header was checked to announce.
-  const auto problem = check_message_header(header_of(expected, tensors), got);
-  if (!problem.empty())
-    throw std::runtime_error(fmt::format("rejected a pipeline message from worker {}: {}", peer, problem));
-  try {
-    for (size_t i = 0; i < tensors.size(); ++i) {
-      std::vector<torch::Tensor> in{tensors[i]};
-      pg_->recv(in, member, tag + 1 + int(i))->wait(timeout_);
-      if (!evaluation) stats_.bytes_received += tensors[i].nbytes();
+  auto dropped = [&] {
+    if (!evaluation) {
+      stats_.micro_batches_dropped += 1;
+      stats_.idle_seconds += std::chrono::duration<double>(Clock::now() - start).count();
     }
+    return false;
+  };
+  auto lost = [&](const std::string& why) {
+    lose(peer, fmt::format("no {} (step {}, micro-batch {}): {}", message_kind_name(int64_t(expected.kind)),
+                           expected.step, expected.micro, why));
+    return dropped();
+  };
+  // Header first: a dropped notice may come instead, and the payload is only
+  // received into buffers of the size the header was checked to announce.
+  std::optional<FramedReceive> in;
+  try {
+    in.emplace(*pg_, member, tag, header_of(expected, tensors), tensors, /*eager=*/false);
   } catch (const std::exception& e) {
-    return failed(e);
+    return lost(error_text(e));
   }
-  charge_idle();
+  switch (in->wait(timeout_)) {
+    case Delivery::received: break;
+    case Delivery::dropped: return dropped();
+    case Delivery::rejected:
+      throw std::runtime_error(fmt::format("rejected a pipeline message from worker {}: {}", peer, in->problem()));
+    case Delivery::peer_lost: return lost(in->problem());
+  }
+  if (!evaluation) {
+    for (const auto& t : tensors) stats_.bytes_received += t.nbytes();
+    stats_.idle_seconds += std::chrono::duration<double>(Clock::now() - start).count();
+  }
   return true;
 }
 

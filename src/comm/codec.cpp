@@ -29,14 +29,6 @@ size_t ceil_div(size_t a, size_t b) { return (a + b - 1) / b; }
 
 }  // namespace
 
-CodecSpec::Type codec_type(const std::string& name) {
-  if (name == "fp32") return CodecSpec::Type::fp32;
-  if (name == "bf16") return CodecSpec::Type::bf16;
-  if (name == "int8") return CodecSpec::Type::int8;
-  if (name == "int4") return CodecSpec::Type::int4;
-  throw std::invalid_argument(fmt::format("wire_dtype must be fp32, bf16, int8 or int4, got '{}'", name));
-}
-
 const char* codec_type_name(CodecSpec::Type type) {
   switch (type) {
     case CodecSpec::Type::fp32: return "fp32";

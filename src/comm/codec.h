@@ -28,7 +28,6 @@ struct CodecSpec {
 };
 
 // "fp32" | "bf16" | "int8" | "int4"; throws std::invalid_argument.
-CodecSpec::Type codec_type(const std::string& name);
 const char* codec_type_name(CodecSpec::Type type);
 
 class WireCodec {

@@ -9,6 +9,7 @@
 #include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
 #include <torch/csrc/distributed/c10d/Store.hpp>
 
+#include "comm/framed.h"
 #include "util/error_text.h"
 
 namespace noloco {
@@ -23,11 +24,6 @@ std::string members_key(const std::vector<Peer>& members) {
   std::string key;
   for (const auto& p : members) key += fmt::format("{}.{}_", p.rank, p.incarnation);
   return key;
-}
-
-torch::Tensor header_tensor(const MessageHeader& h) {
-  const auto w = h.words();
-  return torch::tensor(std::vector<int64_t>(w.begin(), w.end()), torch::kInt64);
 }
 
 CommStats all_reduce_mean_over(c10d::ProcessGroupGloo& pg, torch::Tensor& t, int world,
@@ -113,7 +109,7 @@ class GlooCollectives final : public Transport {
   void send_state(const std::string&, const MessageHeader&, const torch::Tensor&) override {
     throw std::logic_error("a collectives-only group hands over no state");
   }
-  torch::Tensor receive_state(const std::string&, const MessageHeader&) override {
+  torch::Tensor receive_state(const std::string&, const MessageHeader&, int64_t) override {
     throw std::logic_error("a collectives-only group hands over no state");
   }
   std::unique_ptr<Transport> subgroup(const std::string&, const std::vector<Peer>&) override {
@@ -160,10 +156,53 @@ GlooTransport::GlooTransport(std::function<StorePtr()> connect, const WorkerEnv&
       timeout_(timeout),
       run_id_(run_id_of(env.token)),
       store_(connect_()),
-      device_(gloo_device(bind)) {}
+      device_(gloo_device(bind)),
+      p2p_groups_([this](GlooGroup g) { release(std::move(g)); }) {}
+
+P2pGroupCache::P2pGroupCache(std::function<void(GlooGroup)> release) : release_(std::move(release)) {}
+
+P2pGroupCache::~P2pGroupCache() = default;
+
+void P2pGroupCache::clear() { groups_.clear(); }
+
+int64_t P2pGroupCache::generation(const std::string& members) const {
+  const auto it = find(members);
+  return it == groups_.end() ? 0 : it->generation;
+}
+
+GlooGroup P2pGroupCache::reuse(const std::string& members) {
+  const auto it = find(members);
+  groups_.splice(groups_.begin(), groups_, it);
+  return it->group;
+}
+
+void P2pGroupCache::keep(const std::string& members, int64_t generation, GlooGroup group) {
+  forget(members);
+  groups_.push_front({members, generation, std::move(group)});
+  constexpr size_t kMaxGroups = 64;
+  if (groups_.size() > kMaxGroups) {
+    release_(std::move(groups_.back().group));
+    groups_.pop_back();
+  }
+}
+
+void P2pGroupCache::forget(const std::string& members) {
+  const auto it = find(members);
+  if (it == groups_.end()) return;
+  release_(std::move(it->group));
+  groups_.erase(it);
+}
+
+std::list<P2pGroupCache::Entry>::const_iterator P2pGroupCache::find(const std::string& members) const {
+  return std::find_if(groups_.begin(), groups_.end(), [&](const Entry& e) { return e.members == members; });
+}
+
+std::list<P2pGroupCache::Entry>::iterator P2pGroupCache::find(const std::string& members) {
+  return std::find_if(groups_.begin(), groups_.end(), [&](const Entry& e) { return e.members == members; });
+}
 
 GlooTransport::~GlooTransport() {
-  groups_.clear();
+  p2p_groups_.clear();
   if (releasing_.joinable()) releasing_.join();
 }
 
@@ -274,7 +313,7 @@ std::vector<Peer> GlooTransport::meet(const std::string& key, const std::vector<
 
 ExchangeResult GlooTransport::exchange(const ExchangeRequest& request) {
   const auto start = Clock::now();
-  CommStats s;
+  CommStats cost;
   ExchangeResult result;
   std::vector<Peer> peers;
   for (const auto& p : request.group)
@@ -283,141 +322,112 @@ ExchangeResult GlooTransport::exchange(const ExchangeRequest& request) {
   TORCH_CHECK(request.payload.scalar_type() == torch::kUInt8 && request.payload.is_contiguous() &&
                   request.header.bytes == request.payload.numel(),
               "exchange payloads are contiguous bytes described by their header");
-
-  // Reuse the group of the last exchange among exactly these members, if
-  // every one of them still holds the same one (the generation they announce).
   const std::string planned = members_key(request.group);
-  auto cached = std::find_if(groups_.begin(), groups_.end(), [&](const CachedGroup& g) { return g.members == planned; });
-  const int64_t my_generation = cached != groups_.end() ? cached->generation : 0;
   std::map<int, int64_t> generations;
   const auto present = meet(fmt::format("{}/{}", request.id, planned), peers, request.give_up, &result.lost,
-                            my_generation, &generations);
-  if (present.empty()) {
-    s.wait_seconds += since(start);
-    s.comm_seconds += since(start);
-    charge(s);
-    return result;
-  }
-  std::vector<Peer> members = present;
-  members.push_back(self_);
-  std::sort(members.begin(), members.end(), [](const Peer& a, const Peer& b) { return a.rank < b.rank; });
-  auto index_of = [&](int rank) {
-    return int(std::find_if(members.begin(), members.end(), [&](const Peer& p) { return p.rank == rank; }) -
-               members.begin());
-  };
+                            p2p_groups_.generation(planned), &generations);
   const bool whole = present.size() == peers.size();
-  const bool reuse = whole && my_generation != 0 &&
-                     std::all_of(present.begin(), present.end(),
-                                 [&](const Peer& p) { return generations[p.rank] == my_generation; });
-  auto drop_cached = [&] {
-    if (cached == groups_.end()) return;
-    release(std::move(cached->group));
-    groups_.erase(cached);
-    cached = groups_.end();
-  };
-  GlooGroup pg;
-  try {
-    if (reuse) {
-      groups_.splice(groups_.begin(), groups_, cached);
-      pg = cached->group;
-    } else {
-      // Named by this exchange, so that no member can ever meet a stale group.
-      const int64_t generation = request.id + 1;
-      pg = join(fmt::format("{}/p2p/{}/{}", scope_, members_key(members), generation), index_of(self_.rank),
-                int(members.size()));
-      if (whole) {
-        drop_cached();
-        groups_.push_front({planned, generation, pg});
-        constexpr size_t kMaxGroups = 64;
-        if (groups_.size() > kMaxGroups) {
-          release(std::move(groups_.back().group));
-          groups_.pop_back();
-        }
-        cached = groups_.begin();
-      }
+  auto group = present.empty() ? GlooGroup() : acquire_group(request.id, planned, whole, present, generations);
+  if (!group) {
+    for (const auto& p : present) result.lost.push_back(p.rank);
+    cost.wait_seconds += since(start);
+  } else {
+    const bool failed = trade(*group, request, present, start, &result, &cost);
+    // A failed group is never used again (a timed-out Gloo pair stays
+    // closed); one formed for part of the group is not kept either.
+    if (!whole) {
+      release(std::move(group));
+    } else if (failed) {
+      group.reset();
+      p2p_groups_.forget(planned);
     }
+  }
+  std::sort(result.lost.begin(), result.lost.end());
+  cost.comm_seconds += since(start);
+  charge(cost);
+  return result;
+}
+
+GlooGroup GlooTransport::acquire_group(int64_t exchange, const std::string& planned, bool whole,
+                                       const std::vector<Peer>& present, const std::map<int, int64_t>& generations) {
+  // Reuse the group of the last exchange among exactly these members, if
+  // every one of them still holds the same one (the generation they announce).
+  const int64_t mine = p2p_groups_.generation(planned);
+  const bool reuse = whole && mine != 0 && std::all_of(present.begin(), present.end(), [&](const Peer& p) {
+                       return generations.at(p.rank) == mine;
+                     });
+  if (reuse) return p2p_groups_.reuse(planned);
+  auto members = with_self(present);
+  const int index = int(std::find(members.begin(), members.end(), self_) - members.begin());
+  try {
+    // Named by this exchange, so that no member can ever meet a stale group.
+    const int64_t generation = exchange + 1;
+    auto group =
+        join(fmt::format("{}/p2p/{}/{}", scope_, members_key(members), generation), index, int(members.size()));
+    if (whole) p2p_groups_.keep(planned, generation, group);
+    return group;
   } catch (const std::exception& e) {
     // A member died after announcing itself: go on without any of them.
-    spdlog::warn("exchange {} could not form its group; going on alone: {}", request.id, error_text(e));
-    for (const auto& p : present) result.lost.push_back(p.rank);
-    s.wait_seconds += since(start);
-    s.comm_seconds += since(start);
-    charge(s);
-    return result;
+    spdlog::warn("exchange {} could not form its group; going on alone: {}", exchange, error_text(e));
+    return GlooGroup();
   }
+}
 
-  // Every receive is posted before any send: on Gloo's one socket per pair,
-  // a receive posted late makes the two directions take turns.
-  const int tag = int(request.id % (int64_t(1) << 29)) * 2;
+bool GlooTransport::trade(c10d::ProcessGroupGloo& group, const ExchangeRequest& request,
+                          const std::vector<Peer>& present, Clock::time_point start, ExchangeResult* result,
+                          CommStats* cost) {
+  const auto members = with_self(present);
+  auto member_of = [&](const Peer& p) { return int(std::find(members.begin(), members.end(), p) - members.begin()); };
+  const int tag = int(request.id % (int64_t(1) << 29)) * framed_tags(1);
   auto expected = request.header;
   expected.run = run_id_;
-  const auto my_header = header_tensor(expected);
-  struct Incoming {
-    Peer peer;
-    torch::Tensor header, payload;
-    c10::intrusive_ptr<c10d::Work> header_work, payload_work;
-  };
-  std::vector<Incoming> incoming;
-  std::vector<c10::intrusive_ptr<c10d::Work>> sends;
+  // Every receive is posted before any send: on Gloo's one socket per pair,
+  // a receive posted late makes the two directions take turns.
+  std::vector<FramedReceive> incoming;
+  std::vector<FramedSend> sends;
   bool failed = false;
   try {
-    for (const auto& p : present) {
-      Incoming in{p, torch::empty({MessageHeader::kWords}, torch::kInt64), torch::empty_like(request.payload), {}, {}};
-      std::vector<torch::Tensor> h{in.header}, d{in.payload};
-      in.header_work = pg->recv(h, index_of(p.rank), tag);
-      in.payload_work = pg->recv(d, index_of(p.rank), tag + 1);
-      incoming.push_back(std::move(in));
-    }
-    for (const auto& p : present) {
-      std::vector<torch::Tensor> h{my_header}, d{request.payload};
-      sends.push_back(pg->send(h, index_of(p.rank), tag));
-      sends.push_back(pg->send(d, index_of(p.rank), tag + 1));
-    }
+    for (const auto& p : present)
+      incoming.emplace_back(group, member_of(p), tag, expected, std::vector<torch::Tensor>{torch::empty_like(request.payload)},
+                            /*eager=*/true);
+    for (const auto& p : present) sends.emplace_back(group, member_of(p), tag, expected, std::vector<torch::Tensor>{request.payload});
   } catch (const std::exception& e) {
     spdlog::warn("exchange {} failed to start: {}", request.id, error_text(e));
     failed = true;
   }
-  for (auto& in : incoming) {
-    try {
-      in.header_work->wait(timeout_);
-      in.payload_work->wait(timeout_);
-      const auto problem = check_message_header(expected, MessageHeader::from_words(in.header.data_ptr<int64_t>()));
-      if (!problem.empty()) {
-        spdlog::error("rejected a message from worker {}: {}", in.peer.rank, problem);
-        result.lost.push_back(in.peer.rank);
-        continue;
-      }
-      result.received[in.peer.rank] = in.payload;
-      s.bytes_received += uint64_t(in.payload.numel());
-    } catch (const std::exception& e) {
-      result.lost.push_back(in.peer.rank);  // died or timed out during the exchange: its pair is closed
-      failed = true;
+  for (size_t i = 0; i < incoming.size(); ++i) {
+    const int rank = present[i].rank;
+    switch (incoming[i].wait(timeout_)) {
+      case Delivery::received:
+        result->received[rank] = incoming[i].parts()[0];
+        cost->bytes_received += uint64_t(request.payload.numel());
+        break;
+      case Delivery::rejected:
+        spdlog::error("rejected a message from worker {}: {}", rank, incoming[i].problem());
+        result->lost.push_back(rank);
+        break;
+      default:  // died or timed out during the exchange: its pair is closed
+        result->lost.push_back(rank);
+        failed = true;
     }
   }
-  s.wait_seconds += since(start);
-  for (size_t i = 0; i < sends.size(); ++i) {
+  cost->wait_seconds += since(start);
+  for (auto& send : sends) {
     try {
-      sends[i]->wait(timeout_);
-      if (i % 2 == 1) {  // the payload; headers (72 bytes) are not counted as training traffic
-        s.bytes_sent += uint64_t(request.payload.numel());
-        s.messages += 1;
-      }
+      send.wait(timeout_);
+      cost->bytes_sent += send.payload_bytes();  // headers (72 bytes) are not counted as training traffic
+      cost->messages += 1;
     } catch (const std::exception&) {
       failed = true;
     }
   }
-  // A failed group is never used again (a timed-out Gloo pair stays closed);
-  // one formed for part of the group is not kept either.
-  if (!whole) {
-    release(std::move(pg));
-  } else if (failed) {
-    pg.reset();
-    drop_cached();
-  }
-  std::sort(result.lost.begin(), result.lost.end());
-  s.comm_seconds += since(start);
-  charge(s);
-  return result;
+  return failed;
+}
+
+std::vector<Peer> GlooTransport::with_self(std::vector<Peer> peers) const {
+  peers.push_back(self_);
+  std::sort(peers.begin(), peers.end(), [](const Peer& a, const Peer& b) { return a.rank < b.rank; });
+  return peers;
 }
 
 void GlooTransport::send_state(const std::string& channel, const MessageHeader& header, const torch::Tensor& bytes) {
@@ -425,31 +435,29 @@ void GlooTransport::send_state(const std::string& channel, const MessageHeader& 
   auto pg = join_gloo_group(connect_(), env_, scope_ + "/handover/" + channel, 0, 2, device_, timeout_);
   auto stamped = header;
   stamped.run = run_id_;
-  auto h = header_tensor(stamped);
-  std::vector<torch::Tensor> hv{h}, dv{bytes.contiguous()};
-  pg->send(hv, 1, 0)->wait(timeout_);
-  pg->send(dv, 1, 1)->wait(timeout_);
+  FramedSend send(*pg, 1, 0, stamped, {bytes.contiguous()});
+  send.wait(timeout_);
   CommStats cost;
-  cost.bytes_sent = uint64_t(bytes.nbytes());
+  cost.bytes_sent = send.payload_bytes();
   cost.messages = 1;
   cost.comm_seconds = since(start);
   charge(cost);
   release(std::move(pg));
 }
 
-torch::Tensor GlooTransport::receive_state(const std::string& channel, const MessageHeader& expected) {
+torch::Tensor GlooTransport::receive_state(const std::string& channel, const MessageHeader& expected,
+                                           int64_t max_bytes) {
   const auto start = Clock::now();
   auto pg = join_gloo_group(connect_(), env_, scope_ + "/handover/" + channel, 1, 2, device_, timeout_);
-  auto h = torch::empty({MessageHeader::kWords}, torch::kInt64);
-  std::vector<torch::Tensor> hv{h};
-  pg->recv(hv, 0, 0)->wait(timeout_);
   auto stamped = expected;
   stamped.run = run_id_;
-  const auto problem = check_message_header(stamped, MessageHeader::from_words(h.data_ptr<int64_t>()));
-  if (!problem.empty()) throw std::runtime_error("rejected the state offered to this worker: " + problem);
-  auto bytes = torch::empty({expected.bytes}, torch::kUInt8);
-  std::vector<torch::Tensor> dv{bytes};
-  pg->recv(dv, 0, 1)->wait(timeout_);
+  FramedReceive receive(*pg, 0, 0, stamped, max_bytes);
+  switch (receive.wait(timeout_)) {
+    case Delivery::received: break;
+    case Delivery::rejected: throw std::runtime_error("rejected the state offered to this worker: " + receive.problem());
+    default: throw std::runtime_error("the state's donor was lost during the hand-over: " + receive.problem());
+  }
+  auto bytes = receive.parts()[0];
   CommStats cost;
   cost.bytes_received = uint64_t(bytes.nbytes());
   cost.comm_seconds = since(start);

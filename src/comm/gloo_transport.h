@@ -41,6 +41,34 @@ GlooGroup join_gloo_group(const StorePtr& store, const WorkerEnv& env, const std
                           const std::shared_ptr<gloo::transport::Device>& device, std::chrono::milliseconds timeout);
 std::shared_ptr<gloo::transport::Device> gloo_device(const std::string& bind);
 
+// The groups of recent point-to-point exchanges, by their members (ranks and
+// incarnations), most recently used first; a member's generation names the
+// group it holds, so that all members can tell whether they hold the same one.
+class P2pGroupCache {
+ public:
+  explicit P2pGroupCache(std::function<void(GlooGroup)> release);
+  ~P2pGroupCache();
+  // 0: none held.
+  int64_t generation(const std::string& members) const;
+  GlooGroup reuse(const std::string& members);
+  // Replaces whatever was held for `members`.
+  void keep(const std::string& members, int64_t generation, GlooGroup group);
+  // After a failure: never used again.
+  void forget(const std::string& members);
+  void clear();
+
+ private:
+  struct Entry {
+    std::string members;
+    int64_t generation = 0;
+    GlooGroup group;
+  };
+  std::list<Entry>::const_iterator find(const std::string& members) const;
+  std::list<Entry>::iterator find(const std::string& members);
+  std::function<void(GlooGroup)> release_;
+  std::list<Entry> groups_;
+};
+
 class GlooTransport final : public Transport {
  public:
   // Member `self` of `world` in `scope` (e.g. "replicas", "stage1").
@@ -58,7 +86,7 @@ class GlooTransport final : public Transport {
   std::vector<torch::Tensor> all_to_all(const torch::Tensor& bytes) override;
   ExchangeResult exchange(const ExchangeRequest& request) override;
   void send_state(const std::string& channel, const MessageHeader& header, const torch::Tensor& bytes) override;
-  torch::Tensor receive_state(const std::string& channel, const MessageHeader& expected) override;
+  torch::Tensor receive_state(const std::string& channel, const MessageHeader& expected, int64_t max_bytes) override;
   std::unique_ptr<Transport> subgroup(const std::string& name, const std::vector<Peer>& members) override;
 
  private:
@@ -67,6 +95,15 @@ class GlooTransport final : public Transport {
   std::vector<Peer> meet(const std::string& key, const std::vector<Peer>& peers,
                          const std::function<bool(int)>& give_up, std::vector<int>* late, int64_t my_generation,
                          std::map<int, int64_t>* generations);
+  // The group for an exchange among `present` (and this member): the cached
+  // one if every member holds it, else a new one; null if it cannot be formed.
+  GlooGroup acquire_group(int64_t exchange, const std::string& planned, bool whole, const std::vector<Peer>& present,
+                          const std::map<int, int64_t>& generations);
+  // Sends this member's message to each of `present` and receives theirs;
+  // true if a pair failed (the group must not be used again).
+  bool trade(c10d::ProcessGroupGloo& group, const ExchangeRequest& request, const std::vector<Peer>& present,
+             std::chrono::steady_clock::time_point start, ExchangeResult* result, CommStats* cost);
+  std::vector<Peer> with_self(std::vector<Peer> peers) const;
   GlooGroup join(const std::string& name, int rank, int world);
   c10d::ProcessGroupGloo& run_group();
   // Destroys groups on a background thread (teardown is slow and off the training path).
@@ -83,12 +120,7 @@ class GlooTransport final : public Transport {
   StorePtr watch_;  // the meeting watchdog's own connection (store_ is blocked in a wait meanwhile)
   std::shared_ptr<gloo::transport::Device> device_;  // one I/O loop for all of this worker's groups
   GlooGroup run_group_;  // formed at the first collective
-  struct CachedGroup {
-    std::string members;  // ranks and incarnations
-    int64_t generation = 0;
-    GlooGroup group;
-  };
-  std::list<CachedGroup> groups_;  // most recently used first
+  P2pGroupCache p2p_groups_;
   std::mutex release_mutex_;
   std::thread releasing_;
 };

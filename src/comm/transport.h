@@ -59,10 +59,12 @@ class Transport {
   // Point-to-point only; never throws for a peer's failure (it is `lost`).
   virtual ExchangeResult exchange(const ExchangeRequest& request) = 0;
   // The hand-over of a training state on `channel` (named identically by both
-  // ends): the donor sends, the restarted member receives a payload of
-  // expected.bytes after checking its header (the transport stamps `run`). Throw on failure.
+  // ends): the donor sends, the restarted member receives a payload of at most
+  // `max_bytes` after checking its header (the transport stamps `run`; the
+  // size is the header's). Throw on failure.
   virtual void send_state(const std::string& channel, const MessageHeader& header, const torch::Tensor& bytes) = 0;
-  virtual torch::Tensor receive_state(const std::string& channel, const MessageHeader& expected) = 0;
+  virtual torch::Tensor receive_state(const std::string& channel, const MessageHeader& expected,
+                                      int64_t max_bytes) = 0;
   // Collectives among just `members` (sorted; this member included), for
   // evaluations across the live replicas; its traffic is its own.
   virtual std::unique_ptr<Transport> subgroup(const std::string& name, const std::vector<Peer>& members) = 0;

@@ -4,8 +4,11 @@
 #pragma once
 #include <cstdint>
 #include <functional>
+#include <type_traits>
 #include <string>
 #include <vector>
+
+#include "config/choices.h"
 
 namespace noloco {
 
@@ -13,7 +16,8 @@ class Options {
  public:
   explicit Options(std::string what) : what_(std::move(what)) {}
 
-  // Binds `name` to `target` (int, int64_t, uint64_t, double, bool, std::string).
+  // Binds `name` to `target` (int, int64_t, uint64_t, double, bool,
+  // std::string, or a choice of config/choices.h).
   template <class T>
   Options& add(const std::string& name, T& target, const std::string& help);
 
@@ -56,8 +60,12 @@ std::string format_option_value(const T& value);
 template <class T>
 Options& Options::add(const std::string& name, T& target, const std::string& help) {
   T* p = &target;
-  options_.push_back({name, help, [p, name](const std::string& v) { *p = parse_option_value<T>(name, v); },
-                      [p] { return format_option_value(*p); }});
+  if constexpr (std::is_enum_v<T>)
+    options_.push_back({name, help, [p, name](const std::string& v) { *p = parse_choice<T>(name, v); },
+                        [p] { return choice_name(*p); }});
+  else
+    options_.push_back({name, help, [p, name](const std::string& v) { *p = parse_option_value<T>(name, v); },
+                        [p] { return format_option_value(*p); }});
   return *this;
 }
 

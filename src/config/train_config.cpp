@@ -8,7 +8,6 @@
 #include <yaml-cpp/yaml.h>
 
 #include "config/options.h"
-#include "data/tokenizer.h"
 #include "util/files.h"
 #include "util/parse_number.h"
 
@@ -136,15 +135,8 @@ void adopt_imported_model(TrainConfig& c, const ModelConfig& hf, bool tokenizer_
     invalid(fmt::format("context={} exceeds init_from {}'s max_position_embeddings ({})", c.model.context,
                         c.init_from, hf.context));
   if (tokenizer_given) return;
-  if (holds_tokenizer(c.init_from)) {
-    c.data.tokenizer = c.init_from;
-  } else if (ends_with(c.data.path, ".bin")) {
-    if (c.data.vocab_size == 0) c.data.vocab_size = hf.vocab_size;
-  } else {
-    invalid(fmt::format("init_from {} has no tokenizer (tokenizer.model or a byte-level BPE tokenizer.json): name "
-                        "one with tokenizer=, or train on tokens prepared with it (data=FILE.bin)",
-                        c.init_from));
-  }
+  c.data.model_dir = c.init_from;
+  if (ends_with(c.data.path, ".bin") && c.data.vocab_size == 0) c.data.vocab_size = hf.vocab_size;
 }
 
 }  // namespace
@@ -159,14 +151,15 @@ std::vector<ConfigKey> config_keys() {
 
 void TrainConfig::resolve() {
   if (inner.decay_steps == 0) inner.decay_steps = inner.steps;
-  if (outer.interval == 0) outer.interval = outer.method == "diloco" ? 100 : 50;
-  if (outer.momentum < 0) outer.momentum = outer.method == "diloco" ? 0.3 : 0.5;
+  if (outer.interval == 0) outer.interval = outer.method == Method::diloco ? 100 : 50;
+  if (outer.momentum < 0) outer.momentum = outer.method == Method::diloco ? 0.3 : 0.5;
   if (outer.gamma < 0) outer.gamma = outer.lr;
   // With γ = β the pull folds into the mean of θ: β·mean(Δ) + β·(mean φ − φ_i) = β·(mean θ − φ_i).
-  const bool lossless = outer.wire_dtype == "fp32" && outer.topk == 0;
-  const bool theta_codec = outer.topk == 0 && (outer.wire_dtype == "fp32" || outer.wire_dtype == "bf16");
-  if (outer.message.empty()) outer.message = outer.gamma == outer.lr && theta_codec ? "theta" : "delta_phi";
-  if (outer.phi_coding.empty()) outer.phi_coding = lossless ? "codec" : "coset";
+  const bool lossless = outer.wire_dtype == WireDtype::fp32 && outer.topk == 0;
+  const bool theta_codec = outer.topk == 0 && (outer.wire_dtype == WireDtype::fp32 || outer.wire_dtype == WireDtype::bf16);
+  if (outer.message == NolocoMessage::automatic)
+    outer.message = outer.gamma == outer.lr && theta_codec ? NolocoMessage::theta : NolocoMessage::delta_phi;
+  if (outer.phi_coding == PhiCoding::automatic) outer.phi_coding = lossless ? PhiCoding::codec : PhiCoding::coset;
 }
 
 void TrainConfig::validate() const {
@@ -210,53 +203,38 @@ void TrainConfig::validate() const {
   const auto& device = run.device;
   if (device != "cpu" && device != "cuda" && device.rfind("cuda:", 0) != 0)
     invalid(fmt::format("device must be cpu, cuda or cuda:N, got '{}'", device));
-  if (run.precision != "fp32" && run.precision != "bf16")
-    invalid(fmt::format("precision must be fp32 or bf16, got '{}'", run.precision));
-  if (run.precision == "bf16" && device.rfind("cuda", 0) != 0) invalid("precision=bf16 needs device=cuda");
-  const auto& method = outer.method;
-  if (method != "none" && method != "ddp" && method != "diloco" && method != "noloco")
-    invalid(fmt::format("method must be none, ddp, diloco or noloco, got '{}'", method));
+  if (run.precision == Precision::bf16 && device.rfind("cuda", 0) != 0) invalid("precision=bf16 needs device=cuda");
+  const auto method = outer.method;
   positive("replicas", double(run.replicas));
   non_negative("max_local_workers", double(run.max_local_workers));
   positive("stages", double(pipeline.stages));
   stage_layer_ranges(model.layers, pipeline.stages, pipeline.stage_layers);
-  if (pipeline.routing != "random" && pipeline.routing != "fixed")
-    invalid(fmt::format("routing must be random or fixed, got '{}'", pipeline.routing));
-  if (pipeline.schedule != "gpipe" && pipeline.schedule != "1f1b")
-    invalid(fmt::format("schedule must be gpipe or 1f1b, got '{}'", pipeline.schedule));
   non_negative("outer_interval", double(outer.interval));
   positive("outer_lr", outer.lr);
   if (outer.group_size < 2) invalid(fmt::format("group_size must be >= 2, got {}", outer.group_size));
 
-  const auto& wire = outer.wire_dtype;
-  if (wire != "fp32" && wire != "bf16" && wire != "int8" && wire != "int4")
-    invalid(fmt::format("wire_dtype must be fp32, bf16, int8 or int4, got '{}'", wire));
   if (!(outer.topk >= 0 && outer.topk < 1)) invalid(fmt::format("topk must be in [0, 1), got {}", outer.topk));
-  const bool lossy = wire != "fp32" || outer.topk > 0;
-  if (lossy && method == "ddp")
+  const bool lossy = outer.wire_dtype != WireDtype::fp32 || outer.topk > 0;
+  if (lossy && method == Method::ddp)
     invalid("wire_dtype and topk apply to diloco and noloco; ddp all-reduces fp32 gradients");
   if (outer.quant_block < 8 || outer.quant_block > 4096)
     invalid(fmt::format("quant_block must be in [8, 4096], got {}", outer.quant_block));
-  if (outer.phi_coding != "codec" && outer.phi_coding != "coset")
-    invalid(fmt::format("phi_coding must be codec or coset, got '{}'", outer.phi_coding));
   if (outer.phi_bits < 2 || outer.phi_bits > 8) invalid(fmt::format("phi_bits must be in [2, 8], got {}", outer.phi_bits));
   if (outer.phi_every < 1) invalid(fmt::format("phi_every must be >= 1, got {}", outer.phi_every));
   if (outer.fragments < 1) invalid(fmt::format("fragments must be >= 1, got {}", outer.fragments));
-  if ((method == "diloco" || method == "noloco") && outer.fragments > outer.interval)
+  if (has_outer_steps(method) && outer.fragments > outer.interval)
     invalid(fmt::format("fragments ({}) must not exceed outer_interval ({})", outer.fragments, outer.interval));
-  if ((outer.fragments > 1 || outer.overlap) && method != "diloco" && method != "noloco")
+  if ((outer.fragments > 1 || outer.overlap) && !has_outer_steps(method))
     invalid("fragments and overlap apply to diloco and noloco");
   if (outer.eager && !outer.overlap) invalid("eager needs overlap=true (it corrects an exchange that arrives late)");
-  if (outer.message != "theta" && outer.message != "delta_phi")
-    invalid(fmt::format("noloco_message must be theta or delta_phi, got '{}'", outer.message));
-  if (outer.message == "theta" && outer.gamma != outer.lr)
+  if (outer.message == NolocoMessage::theta && outer.gamma != outer.lr)
     invalid(fmt::format("noloco_message=theta needs gamma = outer_lr (got gamma {}, outer_lr {}); use delta_phi",
                         outer.gamma, outer.lr));
   positive("peer_timeout", comm.peer_timeout);
   non_negative("restarts", double(comm.restarts));
   positive("heartbeat_timeout", comm.heartbeat_timeout);
   if (!comm.rate.empty()) parse_bit_rate("rate", comm.rate);
-  if (comm.restarts > 0 && (method != "noloco" || (pipeline.stages > 1 && pipeline.routing != "random")))
+  if (comm.restarts > 0 && !takes_back_restarted(method, pipeline.routing, pipeline.stages))
     invalid("restarts needs method=noloco, and routing=random with pipeline stages (only NoLoCo can take a replica "
             "back mid-run, and only random routing sends micro-batches around a lost worker)");
   for (const auto& point : parse_crash_plan(run.inject_crash)) {
@@ -266,7 +244,7 @@ void TrainConfig::validate() const {
 }
 
 void TrainConfig::validate_workers() const {
-  if (outer.method == "noloco" && outer.group_size > run.replicas)
+  if (outer.method == Method::noloco && outer.group_size > run.replicas)
     invalid(fmt::format("group_size ({}) must not exceed replicas ({})", outer.group_size, run.replicas));
   for (const auto& point : parse_crash_plan(run.inject_crash))
     if (point.rank >= workers())

@@ -6,6 +6,7 @@
 #include <string>
 #include <vector>
 
+#include "config/choices.h"
 #include "config/model_config.h"
 
 namespace noloco {
@@ -16,6 +17,9 @@ struct DataConfig {
   std::string tokenizer = "char";                 // char | bpe | path to a sentencepiece .model
   int64_t vocab_size = 0;                         // BPE size to train, or the vocabulary of a token file
   double val_fraction = 0.1;
+  // init_from's directory when no tokenizer is named: its tokenizer, if it
+  // holds one, is the run's (data/dataset.h looks; a config does not read files).
+  std::string model_dir;
 };
 
 // The inner optimizer (AdamW), its schedule, and the batch it steps on.
@@ -35,26 +39,23 @@ struct InnerConfig {
 
 // The outer method wrapped around the inner optimizer (optim/).
 struct OuterConfig {
-  std::string method = "none";  // none | ddp | diloco | noloco
+  Method method = Method::none;
   int64_t interval = 0;         // H; 0: 100 for diloco, 50 for noloco
   double momentum = -1;         // α; < 0: 0.3 for diloco, 0.5 for noloco
   double lr = 0.7;              // β
   double gamma = -1;            // γ; < 0: equal to β
   int64_t group_size = 2;       // n
   // The wire format of DiLoCo's and NoLoCo's messages (optim/compression.h).
-  std::string wire_dtype = "fp32";  // fp32 | bf16 | int8 | int4
+  WireDtype wire_dtype = WireDtype::fp32;
   double topk = 0;                  // fraction of each 4096-value chunk sent; 0: dense
   bool error_feedback = true;       // what a lossy codec drops from Δ is sent next time
   int64_t quant_block = 64;         // values sharing one int8/int4 scale
   bool stochastic_rounding = false;
-  // What a NoLoCo replica sends: "theta" (θ alone; the pull folds into the
-  // mean when γ = β) or "delta_phi" (Δ and φ, any γ). Empty: theta when γ = β
-  // and the codec is fp32 or bf16, else delta_phi.
-  std::string message;
-  // How delta_phi sends φ: "codec" (the codec above, no error feedback) or
-  // "coset" (coset coding against the receiver's own φ, phi_bits a value).
-  // Empty: codec for a lossless codec, else coset.
-  std::string phi_coding;
+  // automatic: theta when γ = β and the codec is fp32 or bf16, else delta_phi.
+  NolocoMessage message = NolocoMessage::automatic;
+  // codec: the codec above, without error feedback; coset: phi_bits a value.
+  // automatic: codec for a lossless codec, else coset.
+  PhiCoding phi_coding = PhiCoding::automatic;
   int64_t phi_bits = 4;
   int64_t phi_every = 1;  // φ travels (and pulls) every phi_every-th outer step
   // Schedules (optim/slow_weights.h): the weights in `fragments` slices
@@ -79,8 +80,8 @@ struct CommConfig {
 struct PipelineConfig {
   int64_t stages = 1;
   std::string stage_layers;         // layer counts per stage, "3,5"; empty: balanced
-  std::string routing = "random";  // random | fixed
-  std::string schedule = "gpipe";  // gpipe | 1f1b
+  Routing routing = Routing::random;
+  Schedule schedule = Schedule::gpipe;
 };
 
 struct EvalConfig {
@@ -98,7 +99,7 @@ struct EvalConfig {
 struct RunConfig {
   uint64_t seed = 1337;
   std::string device = "cpu";      // cpu | cuda | cuda:N
-  std::string precision = "fp32";  // fp32 | bf16 (autocast, CUDA only)
+  Precision precision = Precision::fp32;  // bf16: autocast, CUDA only
   int64_t threads = 0;             // intra-op threads; 0: cores / local workers
   std::string out;                 // run directory; default runs/<method>-<time>
   int64_t checkpoint_interval = 0;  // 0: at every evaluation

@@ -20,7 +20,19 @@ torch::Tensor to_tensor(const std::vector<int32_t>& ids) {
 }
 
 
+// The tokenizer of the model the run starts from (init_from), if it holds one.
+std::unique_ptr<Tokenizer> model_tokenizer(const DataConfig& c) {
+  if (c.model_dir.empty() || !holds_tokenizer(c.model_dir)) return nullptr;
+  return load_tokenizer(c.model_dir);
+}
+
 std::unique_ptr<Tokenizer> build_tokenizer(const DataConfig& c, const std::string& text) {
+  if (auto t = model_tokenizer(c)) return t;
+  if (!c.model_dir.empty())
+    throw std::invalid_argument(fmt::format(
+        "init_from {} has no tokenizer (tokenizer.model or a byte-level BPE tokenizer.json): name one with "
+        "tokenizer=, or train on tokens prepared with it (data=FILE.bin)",
+        c.model_dir));
   if (c.tokenizer == "char") return make_char_tokenizer(text);
   if (c.tokenizer == "bpe") return train_bpe_tokenizer({c.path}, c.vocab_size);
   return open_tokenizer(c.tokenizer);
@@ -39,6 +51,8 @@ Corpus load_corpus(const DataConfig& c, int64_t context, const std::string& run_
     const auto tokens = read_token_file(c.path);
     if (saved) {
       corpus.tokenizer = load_tokenizer(run_dir);
+    } else if (auto t = model_tokenizer(c)) {
+      corpus.tokenizer = std::move(t);
     } else if (c.tokenizer == "char" || c.tokenizer == "bpe") {
       corpus.tokenizer = make_id_tokenizer(c.vocab_size);
     } else {

@@ -28,7 +28,12 @@ void load_state(const TensorMap& in, const std::string& name, torch::Tensor& int
 
 CodecSpec codec_spec(const OuterConfig& c) {
   CodecSpec s;
-  s.type = codec_type(c.wire_dtype);
+  switch (c.wire_dtype) {
+    case WireDtype::fp32: s.type = CodecSpec::Type::fp32; break;
+    case WireDtype::bf16: s.type = CodecSpec::Type::bf16; break;
+    case WireDtype::int8: s.type = CodecSpec::Type::int8; break;
+    case WireDtype::int4: s.type = CodecSpec::Type::int4; break;
+  }
   s.topk = c.topk;
   s.block = c.quant_block;
   s.stochastic = c.stochastic_rounding;

@@ -29,15 +29,15 @@ NoLoCo::NoLoCo(const OuterConfig& config, uint64_t seed, OuterLinks links, FlatP
       membership_(links.membership),
       codec_(codec_spec(config)),
       coset_(int(config.phi_bits), config.quant_block) {
-  const bool theta = config.message == "theta";
+  const bool theta = config.message == NolocoMessage::theta;
   for (const auto& f : fragments()) {
     Channels c;
     c.first = std::make_unique<ErrorFeedbackChannel>(codec_, config.error_feedback && !theta, f.numel,
                                                      fragment_state("residual", f));
-    if (!theta && config.phi_coding == "coset")
+    if (!theta && config.phi_coding == PhiCoding::coset)
       c.phi_coset = std::make_unique<SlowWeightChannel>(coset_, f.numel, config.stochastic_rounding,
                                                         fragment_state("phi_range", f));
-    if (!theta && config.phi_coding == "codec")
+    if (!theta && config.phi_coding == PhiCoding::codec)
       c.phi_codec = std::make_unique<ErrorFeedbackChannel>(codec_, /*error_feedback=*/false, f.numel, "");
     channels_.push_back(std::move(c));
   }
@@ -103,7 +103,7 @@ OuterTerms NoLoCo::exchange(int64_t id, const Fragment& fragment, const torch::T
                             OuterSync& sync) {
   const auto group = my_group(id);
   auto& c = channels_[size_t(fragment.index)];
-  const bool theta_message = config_.message == "theta";
+  const bool theta_message = config_.message == NolocoMessage::theta;
   const bool with_phi = !theta_message && (sync.outer_step + 1) % config_.phi_every == 0;
   const auto own = cpu_fp32(theta_message ? theta : theta - phi), own_phi = cpu_fp32(phi);
   const int64_t first_bytes = c.first->bytes();

@@ -17,7 +17,7 @@
 #include <memory>
 
 #include "optim/compression.h"
-#include "optim/grouping.h"
+#include "comm/grouping.h"
 #include "optim/slow_weights.h"
 
 namespace noloco {

@@ -3,6 +3,7 @@
 #include <condition_variable>
 #include <deque>
 #include <mutex>
+#include <optional>
 #include <thread>
 
 #include <fmt/format.h>
@@ -16,6 +17,25 @@ void momentum_update(torch::Tensor& phi, torch::Tensor& momentum, const OuterTer
   momentum.mul_(alpha).add_(terms.mean_delta, beta);
   if (terms.mean_phi.defined()) momentum.add_(terms.mean_phi - phi, terms.gamma);
   phi.add_(momentum);
+}
+
+struct SavedPending {
+  int64_t outer_step = 0;
+  bool has_phi = false;
+};
+
+// What a state map says was pending for one fragment: the outer step of the
+// saved result, and whether it holds a φ mean. Checkpoints written before
+// 2026-11 said it in a float64 flags tensor {pending, has φ, outer step}.
+std::optional<SavedPending> saved_pending(const TensorMap& in, const std::string& outer_step, const std::string& phi,
+                                          const std::string& legacy_flags) {
+  if (const auto it = in.find(outer_step); it != in.end() && it->second.numel() == 1)
+    return SavedPending{it->second.reshape({1})[0].item<int64_t>(), in.count(phi) > 0};
+  if (const auto it = in.find(legacy_flags); it != in.end() && it->second.numel() == 3) {
+    const auto flags = it->second.to(torch::kFloat64);
+    if (flags[0].item<double>() != 0) return SavedPending{int64_t(flags[2].item<double>()), flags[1].item<double>() != 0};
+  }
+  return std::nullopt;
 }
 
 }  // namespace
@@ -186,15 +206,15 @@ void SlowWeightsMethod::save(TensorMap& out) const {
   // An exchange in flight is finished and its result kept, so that a resumed
   // or rejoined replica applies it at the next boundary as this one will.
   out["outer.start"] = start_;
+  // What is pending is told by which tensors exist: a Δ mean, maybe a φ mean,
+  // and the outer step they belong to.
   for (const auto& f : fragments_) {
     auto& pending = pending_[size_t(f.index)];
-    const bool has = pending.active();
-    const auto r = has ? wait(pending) : Result{};
-    const bool has_phi = has && r.terms.mean_phi.defined();
-    out[fragment_state("outer.pending_delta", f)] = has ? r.terms.mean_delta : torch::zeros({f.numel});
-    out[fragment_state("outer.pending_phi", f)] = has_phi ? r.terms.mean_phi : torch::zeros({f.numel});
-    out[fragment_state("outer.pending_flags", f)] =
-        torch::tensor({double(has), double(has_phi), double(r.sync.outer_step)}, torch::kFloat64);
+    if (!pending.active()) continue;
+    const auto r = wait(pending);
+    out[fragment_state("outer.pending_delta", f)] = r.terms.mean_delta;
+    if (r.terms.mean_phi.defined()) out[fragment_state("outer.pending_phi", f)] = r.terms.mean_phi;
+    out[fragment_state("outer.pending_outer_step", f)] = torch::tensor({r.sync.outer_step}, torch::kInt64);
   }
 }
 
@@ -210,17 +230,18 @@ void SlowWeightsMethod::load(const TensorMap& in) {
   if (!config_.overlap) return;
   start_.copy_(take("outer.start", phi_.numel()));
   for (const auto& f : fragments_) {
-    const auto flags = take(fragment_state("outer.pending_flags", f), 3).to(torch::kFloat64);
     auto& pending = pending_[size_t(f.index)];
     pending = Pending{};
-    if (flags[0].item<double>() == 0) continue;
+    const auto saved = saved_pending(in, fragment_state("outer.pending_outer_step", f),
+                                     fragment_state("outer.pending_phi", f), fragment_state("outer.pending_flags", f));
+    if (!saved) continue;
     Result r;
     r.terms.mean_delta = take(fragment_state("outer.pending_delta", f), f.numel).clone();
-    if (flags[1].item<double>() != 0) {
+    if (saved->has_phi) {
       r.terms.mean_phi = take(fragment_state("outer.pending_phi", f), f.numel).clone();
       r.terms.gamma = config_.gamma;  // the pull's weight is the config's
     }
-    r.sync.outer_step = int64_t(flags[2].item<double>());
+    r.sync.outer_step = saved->outer_step;
     r.sync.fragment = f.index;
     pending.result = r;
   }

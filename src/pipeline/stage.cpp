@@ -39,8 +39,8 @@ class PipelineStage final : public WorkerModel {
  public:
   PipelineStage(const ModelConfig& arch, const PipelineConfig& pipeline, const StepOptions& options, StepData data,
                 torch::Device device, PipelinePlace place, ActivationLink& link)
-      : o_(options), data_(data), device_(device), place_(place), link_(link), random_(pipeline.routing == "random"),
-        one_f_one_b_(pipeline.schedule == "1f1b") {
+      : o_(options), data_(data), device_(device), place_(place), link_(link), random_(pipeline.routing == Routing::random),
+        one_f_one_b_(pipeline.schedule == Schedule::one_f_one_b) {
     LlamaForCausalLM whole(arch);
     initialise_weights(whole, o_);
     const auto ranges = stage_layer_ranges(arch.layers, place.stages, pipeline.stage_layers);

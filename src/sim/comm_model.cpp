@@ -6,7 +6,7 @@
 #include <random>
 #include <stdexcept>
 
-#include "optim/grouping.h"
+#include "comm/grouping.h"
 
 namespace noloco::sim {
 

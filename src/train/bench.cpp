@@ -68,7 +68,7 @@ nlohmann::json bench_training(const TrainConfig& c, int64_t steps, double peak_t
     flat.grads().zero_();
     torch::Tensor loss;
     {
-      shim::CudaBf16Autocast autocast(c.run.precision == "bf16");
+      shim::CudaBf16Autocast autocast(c.run.precision == Precision::bf16);
       loss = model->loss(x, y);
     }
     loss.backward();
@@ -90,9 +90,9 @@ nlohmann::json bench_training(const TrainConfig& c, int64_t steps, double peak_t
   const double tps = tokens / seconds;
   const double achieved = tps * arch.train_flops_per_token() / 1e12;
   const bool measured = peak_tflops <= 0;
-  const double peak = measured ? measured_peak_tflops(device, c.run.precision == "bf16" ? torch::kBFloat16 : torch::kFloat32) : peak_tflops;
+  const double peak = measured ? measured_peak_tflops(device, c.run.precision == Precision::bf16 ? torch::kBFloat16 : torch::kFloat32) : peak_tflops;
   return {{"model", c.preset},
-          {"precision", c.run.precision},
+          {"precision", choice_name(c.run.precision)},
           {"device", device.str()},
           {"params", arch.num_params()},
           {"batch", c.inner.batch},
@@ -103,7 +103,7 @@ nlohmann::json bench_training(const TrainConfig& c, int64_t steps, double peak_t
           {"tokens_per_s", tps},
           {"achieved_tflops", achieved},
           {"peak_tflops", peak},
-          {"peak_source", measured ? "measured " + c.run.precision + " matmul" : "given"},
+          {"peak_source", measured ? "measured " + choice_name(c.run.precision) + " matmul" : "given"},
           {"mfu", achieved / peak},
           {"peak_rss_mib", peak_rss_mib()},
           {"peak_gpu_gib", device.is_cuda() ? shim::peak_cuda_allocated_bytes(device.index() < 0 ? 0 : device.index()) / double(1 << 30) : 0.0},

@@ -64,7 +64,7 @@ nlohmann::json comm_bench_worker(const TrainConfig& c, const CommBenchOptions& o
     }
     flat.values().add_(torch::randn_like(flat.values()), 1e-3);  // progress since the last outer step
     const auto t0 = Clock::now();
-    if (c.outer.method == "ddp") {
+    if (c.outer.method == Method::ddp) {
       method->on_gradients(flat);
     } else {
       method->after_inner_step(round, flat);
@@ -151,13 +151,13 @@ nlohmann::json summarize_comm_bench(const TrainConfig& c, const CommBenchOptions
   // the bytes it sends have crossed its own link.
   const double bytes_per_round = bytes / replicas;
   const double ideal = c.comm.rate.empty() ? 0.0 : 8 * bytes_per_round / parse_bit_rate("rate", c.comm.rate);
-  nlohmann::json s = {{"method", c.outer.method},
+  nlohmann::json s = {{"method", choice_name(c.outer.method)},
                       {"replicas", c.run.replicas},
                       {"megabytes", o.megabytes},
                       {"rounds", o.rounds},
                       {"compute", o.compute},
                       {"sigma2", o.sigma2},
-                      {"wire_dtype", c.outer.wire_dtype},
+                      {"wire_dtype", choice_name(c.outer.wire_dtype)},
                       {"sync_seconds_per_round", sync / replicas},
                       {"idle_seconds_per_round", idle / replicas},
                       {"wall_seconds", wall},
@@ -177,8 +177,9 @@ nlohmann::json summarize_comm_bench(const TrainConfig& c, const CommBenchOptions
     write_file_atomic(csv, csv_header() + "\n");
   }
   std::ofstream f(csv, std::ios::app);
-  f << fmt::format("{},{},{},{},{},{},{},{:.6f},{:.6f},{:.3f},{},{:.6f},{},{:.0f},{:.6f}\n", c.outer.method,
-                   c.run.replicas, o.megabytes, o.rounds, o.compute, o.sigma2, c.outer.wire_dtype, sync / replicas,
+  f << fmt::format("{},{},{},{},{},{},{},{:.6f},{:.6f},{:.3f},{},{:.6f},{},{:.0f},{:.6f}\n", choice_name(c.outer.method),
+                   c.run.replicas, o.megabytes, o.rounds, o.compute, o.sigma2, choice_name(c.outer.wire_dtype),
+                   sync / replicas,
                    idle / replicas, wall, o.straggler, median_others, c.comm.rate, bytes_per_round, ideal);
   f.close();
   plot_comm_bench(csv, c.run.out + "/bench_comm.svg");

@@ -51,27 +51,14 @@ void Checkpointer::resume_at(int64_t step) {
   if (held > last_step_)
     throw std::runtime_error(fmt::format("{}: a checkpoint of step {}, past steps={}", path, held, last_step_));
   if (held != step) throw std::runtime_error(fmt::format("{}: holds step {}, not {}", path, held, step));
-  torch::NoGradGuard no_grad;
-  for (auto& [name, t] : state_.params.named()) {
-    const auto it = ckpt.weights.find(name);
-    if (it == ckpt.weights.end())
-      throw std::runtime_error(fmt::format("{}: checkpoint lacks {} (another stage's checkpoint?)", path, name));
-    t.copy_(it->second);
-  }
-  state_.inner.load(ckpt.state, ckpt.info.at("adam_steps").get<int64_t>());
-  state_.outer.load(ckpt.state);
+  restore_training_state(state_, {ckpt.weights, ckpt.state, ckpt.info}, path);
 }
 
 void Checkpointer::after_step(int64_t done) {
   if (done % every_ != 0 && done != last_step_) return;
-  Checkpoint ck;
-  ck.model = model_;
-  for (auto& [name, t] : state_.params.named()) ck.weights[name] = t;
-  state_.inner.save(ck.state);
-  state_.outer.save(ck.state);
-  ck.info = info_;
-  ck.info["step"] = done;
-  ck.info["adam_steps"] = state_.inner.steps_taken();
+  auto snap = capture_training_state(state_, done);
+  Checkpoint ck{model_, std::move(snap.weights), std::move(snap.state), info_};
+  ck.info.update(snap.counters);
   write_checkpoint(dir_, done, ck, run_dir_, [&] { drill_.inside_checkpoint(done); }, keep_);
 }
 

@@ -9,10 +9,14 @@ namespace noloco {
 
 namespace {
 
+// The hand-over's payload format: a safetensors buffer (the earlier packed layout had 0).
+constexpr int64_t kStateFormat = 1;
+
 MessageHeader state_header(int64_t bytes) {
   MessageHeader h;
   h.kind = int64_t(MessageKind::state);
   h.bytes = bytes;
+  h.format = kStateFormat;
   return h;
 }
 
@@ -23,8 +27,9 @@ Rejoined rejoin_from_peer(Membership& membership, Transport& transport, const Tr
   const auto start = std::chrono::steady_clock::now();
   Rejoined r;
   r.donor = membership.request_state(timeout);
-  const auto bytes = transport.receive_state(membership.handover_channel(), state_header(training_state_bytes(state)));
-  r.step = unpack_training_state(bytes, state);
+  const auto bytes =
+      transport.receive_state(membership.handover_channel(), state_header(0), training_state_max_bytes(state));
+  r.step = deserialize_training_state(bytes, state);
   membership.rejoined();
   r.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   return r;
@@ -34,7 +39,7 @@ std::vector<int> serve_rejoins(Membership& membership, Transport& transport, con
   std::vector<int> served;
   for (const auto& [who, channel] : membership.claim_requests()) {
     try {
-      const auto bytes = pack_training_state(state, step);
+      const auto bytes = serialize_training_state(state, step);
       transport.send_state(channel, state_header(bytes.numel()), bytes);
       served.push_back(who);
     } catch (const std::exception& e) {

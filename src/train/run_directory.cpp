@@ -44,7 +44,7 @@ void check_same_run(const fs::path& dir, const TrainConfig& now) {
                                               dir.string(), what, a, b));
   };
   differs("model", before.model.to_json().dump(), now.model.to_json().dump());
-  differs("method", before.outer.method, now.outer.method);
+  differs("method", choice_name(before.outer.method), choice_name(now.outer.method));
   differs("replicas", std::to_string(before.run.replicas), std::to_string(now.run.replicas));
   differs("stages", std::to_string(before.pipeline.stages), std::to_string(now.pipeline.stages));
   differs("data", before.data.path, now.data.path);

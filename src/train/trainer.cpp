@@ -66,7 +66,7 @@ nlohmann::json record(int64_t step, const char* split, const WorkerInfo& w, nloh
 
 std::unique_ptr<WorkerModel> make_worker_model(const TrainConfig& c, const ModelConfig& model, StepData data,
                                                torch::Device device, const WorkerInfo& w) {
-  const StepOptions options{c.inner.batch, c.inner.grad_accum, c.eval.batches, c.run.precision == "bf16",
+  const StepOptions options{c.inner.batch, c.inner.grad_accum, c.eval.batches, c.run.precision == Precision::bf16,
                             c.run.seed, c.init_from};
   if (w.stages == 1) return make_whole_model(model, options, data, device);
   return make_pipeline_stage(model, c.pipeline, options, data, device, {w.replica, w.replicas, w.stage, w.stages},
@@ -136,10 +136,10 @@ WorkerSummary summarize_worker(const TrainConfig& c, const WorkerInfo& w, const 
                                const ReplicaSpread& spread, const std::optional<Rejoined>& rejoined,
                                const OuterTally& outer) {
   WorkerSummary summary;
-  summary.method = c.outer.method;
+  summary.method = choice_name(c.outer.method);
   summary.replicas = w.replicas;
   summary.stages = w.stages;
-  summary.routing = c.pipeline.routing;
+  summary.routing = choice_name(c.pipeline.routing);
   summary.steps = c.inner.steps;
   summary.tokens = c.inner.batch * c.inner.grad_accum * arch.context * c.inner.steps;
   summary.seconds = seconds;
@@ -163,7 +163,7 @@ WorkerSummary summarize_worker(const TrainConfig& c, const WorkerInfo& w, const 
 int64_t restore(const TrainConfig& c, const WorkerInfo& w, Checkpointer& checkpoints, const TrainingState& state,
                 Telemetry& telemetry, bool lead, std::optional<Rejoined>& rejoined) {
   if (w.membership && w.membership->incarnation() > 0) {
-    if (c.outer.method != "noloco")
+    if (!takes_back_restarted(c.outer.method, c.pipeline.routing, w.stages))
       throw std::runtime_error(fmt::format("worker {} was restarted, but only a noloco run can take it back", w.rank));
     const auto timeout = std::max(std::chrono::milliseconds(int64_t(c.comm.peer_timeout * 1000)),
                                   std::chrono::milliseconds(600000));
@@ -195,11 +195,12 @@ void announce(const TrainConfig& c, const ModelConfig& arch, const Corpus& corpu
                format_count(double(arch.num_params())), format_count(arch.train_flops_per_token()), arch.vocab_size,
                corpus.tokenizer->kind(), format_count(double(corpus.train.numel())),
                format_count(double(corpus.val.numel())));
-  spdlog::info("method {}, {} replica(s), device {}, {} threads, run dir {}", c.outer.method, w.replicas, device.str(),
+  spdlog::info("method {}, {} replica(s), device {}, {} threads, run dir {}", choice_name(c.outer.method), w.replicas, device.str(),
                torch::get_num_threads(), out);
   if (w.stages > 1)
-    spdlog::info("{} pipeline stages, {} routing, {} micro-batches per step ({})", w.stages, c.pipeline.routing,
-                 c.inner.grad_accum, c.pipeline.schedule == "1f1b" ? "1F1B" : "GPipe");
+    spdlog::info("{} pipeline stages, {} routing, {} micro-batches per step ({})", w.stages,
+                 choice_name(c.pipeline.routing), c.inner.grad_accum,
+                 c.pipeline.schedule == Schedule::one_f_one_b ? "1F1B" : "GPipe");
 }
 
 }  // namespace
@@ -208,7 +209,7 @@ std::string default_run_dir(const TrainConfig& c) {
   std::time_t now = std::time(nullptr);
   char stamp[32];
   std::strftime(stamp, sizeof stamp, "%Y%m%d-%H%M%S", std::localtime(&now));
-  return fmt::format("runs/{}-{}", c.outer.method == "none" ? "single" : c.outer.method, stamp);
+  return fmt::format("runs/{}-{}", c.outer.method == Method::none ? "single" : choice_name(c.outer.method), stamp);
 }
 
 nlohmann::json train(const TrainConfig& c, const WorkerInfo& w) {
@@ -237,7 +238,7 @@ nlohmann::json train(const TrainConfig& c, const WorkerInfo& w) {
                            c.run.checkpoint_interval > 0 ? c.run.checkpoint_interval : c.eval.interval,
                            c.run.keep_checkpoints, c.inner.steps, arch, out,
                            {{"seed", c.run.seed},
-                            {"method", c.outer.method},
+                            {"method", choice_name(c.outer.method)},
                             {"replica", w.replica},
                             {"replicas", w.replicas},
                             {"stage", w.stage},
@@ -335,7 +336,7 @@ nlohmann::json train(const TrainConfig& c, const WorkerInfo& w) {
   if (w.membership) w.membership->finish();
 
   // Under ddp every step synchronises, all its traffic is that, and it all blocks.
-  const bool ddp = c.outer.method == "ddp";
+  const bool ddp = c.outer.method == Method::ddp;
   if (ddp) tally = {c.inner.steps - first_step, w.transport->stats().bytes_sent, w.transport->stats().comm_seconds};
   const auto summary = summarize_worker(c, w, arch, *model, flat.numel(), seconds_since(start), val_loss, last_loss,
                                         spread, rejoined, tally);

@@ -1,75 +1,86 @@
 #include "train/training_state.h"
 
 #include <cstring>
+#include <set>
+
+#include <fmt/format.h>
+
+#include "util/error_text.h"
+#include "util/safetensors.h"
+#include "util/tensor_file.h"
 
 namespace noloco {
 
-namespace {
-
-constexpr int64_t kCounters = 2;  // step, AdamW steps
-
-TensorMap outer_state(const OuterOptimizer& outer) {
-  TensorMap m;
-  outer.save(m);
-  return m;
+StateSnapshot capture_training_state(const TrainingState& s, int64_t step) {
+  StateSnapshot snap;
+  for (auto& [name, t] : s.params.named()) snap.weights[name] = t;
+  s.inner.save(snap.state);
+  s.outer.save(snap.state);
+  snap.counters = {{"step", step}, {"adam_steps", s.inner.steps_taken()}};
+  return snap;
 }
 
-int64_t value_count(const TrainingState& s) {
-  int64_t n = 3 * s.params.numel();
-  for (auto& [name, t] : outer_state(s.outer)) n += t.numel();
-  return n;
-}
-
-}  // namespace
-
-int64_t training_state_bytes(const TrainingState& s) {
-  return kCounters * int64_t(sizeof(int64_t)) + value_count(s) * int64_t(sizeof(float));
-}
-
-torch::Tensor pack_training_state(const TrainingState& s, int64_t step) {
-  TensorMap adam;
-  s.inner.save(adam);
-  std::vector<torch::Tensor> parts{s.params.values().detach()};
-  for (const char* moment : {"adam.exp_avg.", "adam.exp_avg_sq."})
-    for (auto& [name, t] : s.params.named()) {
-      const auto it = adam.find(moment + name);
-      parts.push_back(it != adam.end() ? it->second : torch::zeros_like(t));
-    }
-  for (auto& [name, t] : outer_state(s.outer)) parts.push_back(t);
-  for (auto& p : parts) p = p.detach().reshape({-1}).to(torch::kCPU, torch::kFloat32);
-  const auto values = torch::cat(parts);
-  auto bytes = torch::empty({training_state_bytes(s)}, torch::kUInt8);
-  const int64_t counters[kCounters] = {step, s.inner.steps_taken()};
-  std::memcpy(bytes.data_ptr(), counters, sizeof counters);
-  std::memcpy(bytes.data_ptr<uint8_t>() + sizeof counters, values.data_ptr(), size_t(values.nbytes()));
-  return bytes;
-}
-
-int64_t unpack_training_state(const torch::Tensor& bytes, const TrainingState& s) {
-  TORCH_CHECK(bytes.numel() == training_state_bytes(s), "peer state has ", bytes.numel(), " bytes, expected ",
-              training_state_bytes(s));
-  int64_t counters[kCounters];
-  std::memcpy(counters, bytes.data_ptr(), sizeof counters);
-  TORCH_CHECK(counters[0] >= 0 && counters[1] >= 0 && counters[1] <= counters[0] + 1,
-              "peer state has implausible counters (step ", counters[0], ", AdamW steps ", counters[1], ")");
-  auto packed = torch::empty({value_count(s)}, torch::kFloat32);
-  std::memcpy(packed.data_ptr(), bytes.data_ptr<uint8_t>() + sizeof counters, size_t(packed.nbytes()));
-  torch::NoGradGuard no_grad;
-  int64_t offset = 0;
-  auto take = [&](const torch::Tensor& like) {
-    auto t = packed.narrow(0, offset, like.numel()).view(like.sizes());
-    offset += like.numel();
-    return t;
+int64_t restore_training_state(const TrainingState& s, const StateSnapshot& snap, const std::string& source) {
+  auto counter = [&](const char* key) {
+    const auto it = snap.counters.find(key);
+    if (it == snap.counters.end() || !it->is_number_integer())
+      throw std::runtime_error(fmt::format("{}: counter '{}' is missing or not an integer", source, key));
+    return it->get<int64_t>();
   };
-  s.params.values().copy_(take(s.params.values()));
-  TensorMap adam;
-  for (const char* moment : {"adam.exp_avg.", "adam.exp_avg_sq."})
-    for (auto& [name, t] : s.params.named()) adam[moment + name] = take(t);
-  s.inner.load(adam, counters[1]);
-  TensorMap restored;
-  for (auto& [name, t] : outer_state(s.outer)) restored[name] = take(t);
-  s.outer.load(restored);
-  return counters[0];
+  const int64_t step = counter("step"), adam_steps = counter("adam_steps");
+  if (step < 0 || adam_steps < 0 || adam_steps > step + 1)
+    throw std::runtime_error(
+        fmt::format("{}: implausible counters (step {}, AdamW steps {})", source, step, adam_steps));
+  torch::NoGradGuard no_grad;
+  for (auto& [name, t] : s.params.named()) {
+    const auto it = snap.weights.find(name);
+    if (it == snap.weights.end())
+      throw std::runtime_error(fmt::format("{}: lacks {} (another stage's state?)", source, name));
+    if (!it->second.sizes().equals(t.sizes()))
+      throw std::runtime_error(fmt::format("{}: {} has shape {}, this model's is {}", source, name,
+                                           c10::str(it->second.sizes()), c10::str(t.sizes())));
+  }
+  try {
+    for (auto& [name, t] : s.params.named()) t.copy_(snap.weights.at(name));
+    s.inner.load(snap.state, adam_steps);
+    s.outer.load(snap.state);
+  } catch (const std::exception& e) {
+    throw std::runtime_error(fmt::format("{}: {}", source, error_text(e)));
+  }
+  return step;
+}
+
+torch::Tensor serialize_training_state(const TrainingState& s, int64_t step) {
+  auto snap = capture_training_state(s, step);
+  TensorMap all = snap.state;
+  for (auto& [name, t] : snap.weights) all[name] = t;
+  const auto bytes = serialize_tensors(all, {{"counters", snap.counters.dump()}});
+  auto out = torch::empty({int64_t(bytes.size())}, torch::kUInt8);
+  std::memcpy(out.data_ptr(), bytes.data(), bytes.size());
+  return out;
+}
+
+int64_t deserialize_training_state(const torch::Tensor& bytes, const TrainingState& s) {
+  const std::string source = "the state handed over";
+  const auto file = parse_safetensors(std::string(reinterpret_cast<const char*>(bytes.data_ptr()), size_t(bytes.numel())));
+  StateSnapshot snap;
+  const auto counters = file.metadata.find("counters");
+  if (counters != file.metadata.end()) snap.counters = nlohmann::json::parse(counters->second, nullptr, false);
+  if (!snap.counters.is_object()) throw std::runtime_error(source + ": no counters in its metadata");
+  std::set<std::string> weights;
+  for (auto& [name, t] : s.params.named()) weights.insert(name);
+  for (auto& [name, t] : tensors_of(file)) (weights.count(name) ? snap.weights : snap.state)[name] = t;
+  return restore_training_state(s, snap, source);
+}
+
+int64_t training_state_max_bytes(const TrainingState& s) {
+  const auto snap = capture_training_state(s, 0);
+  int64_t n = 0;
+  for (const auto* part : {&snap.weights, &snap.state})
+    for (auto& [name, t] : *part) n += int64_t(t.nbytes()) + 256;
+  // A donor's state may also hold exchange results in flight (overlap=true),
+  // which a fresh one lacks: at most two values per weight.
+  return 2 * n + (int64_t(1) << 16);
 }
 
 }  // namespace noloco

@@ -1,4 +1,4 @@
-#include "optim/grouping.h"
+#include "comm/grouping.h"
 
 #include <algorithm>
 
