@@ -7,6 +7,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cstring>
@@ -110,11 +111,226 @@ void check_local_capacity(int64_t workers, int64_t bytes_per_worker, int64_t all
         workers, cores, double(memory) / double(1 << 30), limit, double(bytes_per_worker) / double(1 << 20)));
 }
 
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+std::string own_executable() {
+  char exe[4096];
+  const ssize_t len = ::readlink("/proc/self/exe", exe, sizeof exe - 1);
+  if (len <= 0) throw std::runtime_error("cannot find the noloco executable (/proc/self/exe)");
+  exe[len] = '\0';
+  return exe;
+}
+
+// The launcher's side of a local run: starts the workers, reaps their exits
+// and applies the failure policy (restart, stop the others), and kills a
+// worker whose heartbeat stops, so that a hang takes the path of a crash.
+class WorkerSupervisor {
+ public:
+  WorkerSupervisor(const LaunchPlan& plan, std::vector<std::string> worker_args, std::string token,
+                   std::string store_endpoint, StorePtr store, ForwardedSignals& signals)
+      : plan_(plan),
+        n_(plan.workers),
+        worker_args_(std::move(worker_args)),
+        token_(std::move(token)),
+        endpoint_(std::move(store_endpoint)),
+        store_(std::move(store)),
+        signals_(signals),
+        exe_(own_executable()),
+        heartbeats_(store_, token_),
+        pids_(size_t(n_), -1),
+        why_(size_t(n_)),
+        restarts_left_(size_t(n_), plan.comm.restarts),
+        lost_(size_t(n_), false) {}
+
+  void spawn(int rank, bool restart);
+  int running() const { return running_; }
+  // Forwards a SIGINT/SIGTERM the launcher got; the run ends with it.
+  void take_signal(LaunchResult& result);
+  // Records one worker that exited, if any did, and acts on it; false if none did.
+  bool reap(LaunchResult& result);
+  // Once a second: kills the workers whose heartbeat stopped; after a stop
+  // request, kills whoever outlived its grace period.
+  void check_workers();
+
+ private:
+  void on_failure(WorkerExit& e, LaunchResult& result);
+  // A pipeline stage whose every worker is lost: nothing can route through it.
+  bool stage_is_lost(int stage) const;
+  void kill_all(int sig);
+  void stop_all(int sig);
+
+  const LaunchPlan& plan_;
+  const int n_;
+  const std::vector<std::string> worker_args_;
+  const std::string token_, endpoint_;
+  const StorePtr store_;
+  ForwardedSignals& signals_;
+  const std::string exe_;
+  const Clock::time_point start_ = Clock::now();
+  HeartbeatWatch heartbeats_;
+  std::vector<pid_t> pids_;
+  std::vector<std::string> why_;  // why the launcher itself killed a worker
+  std::vector<int64_t> restarts_left_;
+  std::vector<bool> lost_;  // failed and not restarted
+  int running_ = 0;
+  bool terminating_ = false;
+  Clock::time_point terminate_deadline_;
+  Clock::time_point last_check_ = Clock::now();
+};
+
+void WorkerSupervisor::spawn(int r, bool restart) {
+  std::vector<std::string> env_vars = {
+      fmt::format("RANK={}", r),          fmt::format("WORLD_SIZE={}", n_),
+      fmt::format("LOCAL_RANK={}", r),    fmt::format("LOCAL_WORLD_SIZE={}", n_),
+      "TORCHELASTIC_USE_AGENT_STORE=True", "NOLOCO_RUN_TOKEN=" + token_, "NOLOCO_STORE=" + endpoint_};
+  if (restart) env_vars.push_back("NOLOCO_RESTARTED=1");
+  std::vector<std::string> args = worker_args_;
+  // Behind a capped link the worker listens on its own address there.
+  if (plan_.links) args.push_back("bind=" + plan_.links->worker_address(r));
+  const std::string netns = plan_.links ? plan_.links->netns_path(r) : "";
+  const pid_t pid = ::fork();
+  if (pid < 0) throw std::runtime_error(fmt::format("fork failed: {}", std::strerror(errno)));
+  if (pid == 0) {
+    // A worker must not outlive its launcher.
+    ::prctl(PR_SET_PDEATHSIG, SIGTERM);
+    if (!netns.empty()) {
+      const int fd = ::open(netns.c_str(), O_RDONLY | O_CLOEXEC);
+      if (fd < 0 || ::setns(fd, CLONE_NEWNET) != 0) {
+        std::fprintf(stderr, "noloco: error: worker %d cannot enter %s: %s\n", r, netns.c_str(), std::strerror(errno));
+        ::_exit(126);
+      }
+    }
+    for (auto& e : env_vars) ::putenv(e.data());
+    std::vector<char*> argv{const_cast<char*>(exe_.c_str())};
+    for (auto& a : args) argv.push_back(const_cast<char*>(a.c_str()));
+    argv.push_back(nullptr);
+    ::execv(exe_.c_str(), argv.data());
+    std::fprintf(stderr, "noloco: error: cannot start worker %d: %s\n", r, std::strerror(errno));
+    ::_exit(127);
+  }
+  pids_[size_t(r)] = pid;
+  signals_.track(r, pid);
+  heartbeats_.expect(r);  // supervised from its start: one frozen before its first beat is hung too
+  ++running_;
+}
+
+void WorkerSupervisor::take_signal(LaunchResult& result) {
+  if (const int sig = forwarded_signal.exchange(0)) {
+    spdlog::info("forwarding signal {} to the workers", sig);
+    stop_all(sig);
+    result.signal = sig;
+  }
+}
+
+bool WorkerSupervisor::reap(LaunchResult& result) {
+  int status = 0;
+  const pid_t pid = ::waitpid(-1, &status, WNOHANG);
+  if (pid <= 0) return false;
+  const auto it = std::find(pids_.begin(), pids_.end(), pid);
+  if (it == pids_.end()) return true;
+  WorkerExit e;
+  e.rank = int(it - pids_.begin());
+  e.why = std::exchange(why_[size_t(e.rank)], "");
+  e.seconds = std::chrono::duration<double>(Clock::now() - start_).count();
+  if (WIFSIGNALED(status)) {
+    e.signal = WTERMSIG(status);
+    e.exit_code = -1;
+  } else {
+    e.exit_code = WEXITSTATUS(status);
+  }
+  *it = -1;
+  signals_.track(e.rank, -1);
+  --running_;
+  if (!e.ok() && result.signal == 0) on_failure(e, result);
+  result.exits.push_back(e);
+  return true;
+}
+
+void WorkerSupervisor::on_failure(WorkerExit& e, LaunchResult& result) {
+  spdlog::info("{}", e.describe());
+  // Later NoLoCo groupings of its stage leave it out.
+  try {
+    declare_dead(store_, token_, replica_scope(plan_.stages, e.rank % plan_.stages), e.rank / plan_.stages);
+  } catch (const std::exception& error) {
+    // Its partners notice by themselves (a closed connection, a silent heartbeat).
+    spdlog::warn("could not record worker {}'s failure in the store: {}", e.rank, error.what());
+  }
+  if (!plan_.keep_going_on_failure && !terminating_) {
+    spdlog::info("method {} cannot continue without worker {}; stopping the others", plan_.method, e.rank);
+    stop_all(SIGTERM);
+  } else if (plan_.keep_going_on_failure && running_ > 0 && restarts_left_[size_t(e.rank)] > 0) {
+    // It rejoins from a live replica; with none left there is nothing to rejoin.
+    --restarts_left_[size_t(e.rank)];
+    e.restarted = true;
+    spdlog::info("restarting worker {}; it will take its state from a live replica", e.rank);
+    try {
+      store_->set(heartbeat_key(token_, e.rank), std::vector<uint8_t>{'0'});  // silent until the new one beats
+    } catch (const std::exception& error) {
+      spdlog::warn("could not reset worker {}'s heartbeat: {}", e.rank, error.what());
+    }
+    spawn(e.rank, true);
+  }
+  lost_[size_t(e.rank)] = !e.restarted;
+  const int stage = e.rank % plan_.stages;
+  if (plan_.keep_going_on_failure && !terminating_ && stage_is_lost(stage)) {
+    result.stopped = fmt::format("pipeline stage {} has no live worker left (all {} of its workers failed)", stage,
+                                 n_ / plan_.stages);
+    spdlog::info("{}; stopping the others", result.stopped);
+    stop_all(SIGTERM);
+  }
+}
+
+void WorkerSupervisor::check_workers() {
+  if (terminating_) {
+    if (Clock::now() > terminate_deadline_) kill_all(SIGKILL);
+    return;
+  }
+  if (Clock::now() - last_check_ < std::chrono::seconds(1)) return;
+  last_check_ = Clock::now();
+  for (int r = 0; r < n_; ++r) {
+    if (pids_[size_t(r)] <= 0 || !why_[size_t(r)].empty()) continue;
+    // Starting up (loading LibTorch and the data on a busy machine) may
+    // take longer than a beat's period; never longer than this.
+    constexpr double kStartupSeconds = 30;
+    double silent = 0;
+    try {
+      silent = heartbeats_.silent_seconds(r);
+    } catch (const std::exception& error) {
+      spdlog::warn("could not read worker {}'s heartbeat: {}", r, error.what());
+      return;  // the store is busy: look again in a second
+    }
+    const double timeout = plan_.comm.heartbeat_timeout;
+    const double allowed = heartbeats_.beating(r) ? timeout : std::max(timeout, kStartupSeconds);
+    if (silent <= allowed) continue;
+    why_[size_t(r)] = fmt::format("no heartbeat for {:.0f}s: hung", silent);
+    spdlog::info("worker {} sent no heartbeat for {:.0f} s; killing it", r, silent);
+    ::kill(pids_[size_t(r)], SIGKILL);
+  }
+}
+
+bool WorkerSupervisor::stage_is_lost(int stage) const {
+  for (int r = stage; r < n_; r += plan_.stages)
+    if (!lost_[size_t(r)]) return false;
+  return plan_.stages > 1;
+}
+
+void WorkerSupervisor::kill_all(int sig) {
+  for (auto pid : pids_)
+    if (pid > 0) ::kill(pid, sig);
+}
+
+void WorkerSupervisor::stop_all(int sig) {
+  kill_all(sig);
+  if (!terminating_) terminate_deadline_ = Clock::now() + std::chrono::seconds(10);
+  terminating_ = true;
+}
+
+}  // namespace
+
 LaunchResult launch_local_workers(const LaunchPlan& plan, const std::vector<std::string>& worker_args) {
-  const auto& c = plan.comm;
-  const int n = plan.workers;
-  ForwardedSignals signals(n);
-  const auto start = std::chrono::steady_clock::now();
+  ForwardedSignals signals(plan.workers);
   const char* given = std::getenv("NOLOCO_RUN_TOKEN");
   const std::string token = given && *given ? given : new_run_token();
   // The run's store: etcd on a unix socket only the launcher's user can
@@ -123,164 +339,18 @@ LaunchResult launch_local_workers(const LaunchPlan& plan, const std::vector<std:
   const EtcdServer etcd(token, &ForwardedSignals::pending);
   // Short: the supervision loop must come back to signals and exits, and a
   // local store that does not answer a small request in seconds is in trouble.
-  const auto timeout = std::min(std::chrono::milliseconds(int64_t(c.peer_timeout * 1000)), std::chrono::milliseconds(5000));
+  const auto timeout =
+      std::min(std::chrono::milliseconds(int64_t(plan.comm.peer_timeout * 1000)), std::chrono::milliseconds(5000));
   const StorePtr store = c10::make_intrusive<EtcdStore>(etcd.endpoint(), "root", token, timeout);
-
-  char exe[4096];
-  const ssize_t len = ::readlink("/proc/self/exe", exe, sizeof exe - 1);
-  if (len <= 0) throw std::runtime_error("cannot find the noloco executable (/proc/self/exe)");
-  exe[len] = '\0';
-
-  std::vector<pid_t> pids(size_t(n), -1);
-  // A worker whose heartbeat stops is hung (or its machine is): kill it, so
-  // the failure takes the path of a crash instead of stalling the run.
-  HeartbeatWatch heartbeats(store, token);
-  auto spawn = [&](int r, bool restart) {
-    std::vector<std::string> env_vars = {
-        fmt::format("RANK={}", r),          fmt::format("WORLD_SIZE={}", n),
-        fmt::format("LOCAL_RANK={}", r),    fmt::format("LOCAL_WORLD_SIZE={}", n),
-        "TORCHELASTIC_USE_AGENT_STORE=True", "NOLOCO_RUN_TOKEN=" + token, "NOLOCO_STORE=" + etcd.endpoint()};
-    if (restart) env_vars.push_back("NOLOCO_RESTARTED=1");
-    std::vector<std::string> args = worker_args;
-    // Behind a capped link the worker listens on its own address there.
-    if (plan.links) args.push_back("bind=" + plan.links->worker_address(r));
-    const std::string netns = plan.links ? plan.links->netns_path(r) : "";
-    const pid_t pid = ::fork();
-    if (pid < 0) throw std::runtime_error(fmt::format("fork failed: {}", std::strerror(errno)));
-    if (pid == 0) {
-      // A worker must not outlive its launcher.
-      ::prctl(PR_SET_PDEATHSIG, SIGTERM);
-      if (!netns.empty()) {
-        const int fd = ::open(netns.c_str(), O_RDONLY | O_CLOEXEC);
-        if (fd < 0 || ::setns(fd, CLONE_NEWNET) != 0) {
-          std::fprintf(stderr, "noloco: error: worker %d cannot enter %s: %s\n", r, netns.c_str(), std::strerror(errno));
-          ::_exit(126);
-        }
-      }
-      for (auto& e : env_vars) ::putenv(e.data());
-      std::vector<char*> argv{exe};
-      for (auto& a : args) argv.push_back(const_cast<char*>(a.c_str()));
-      argv.push_back(nullptr);
-      ::execv(exe, argv.data());
-      std::fprintf(stderr, "noloco: error: cannot start worker %d: %s\n", r, std::strerror(errno));
-      ::_exit(127);
-    }
-    pids[size_t(r)] = pid;
-    signals.track(r, pid);
-    heartbeats.expect(r);  // supervised from its start: one frozen before its first beat is hung too
-  };
-  int running = 0;
-  for (int r = 0; r < n && !ForwardedSignals::pending(); ++r, ++running) spawn(r, false);
-  std::vector<std::string> why(static_cast<size_t>(n));
-  auto last_check = std::chrono::steady_clock::now();
+  WorkerSupervisor workers(plan, worker_args, token, etcd.endpoint(), store, signals);
+  for (int r = 0; r < plan.workers && !ForwardedSignals::pending(); ++r) workers.spawn(r, false);
 
   LaunchResult result;
-  std::vector<int64_t> restarts_left(size_t(n), c.restarts);
-  std::vector<bool> lost(size_t(n), false);  // failed and not restarted
-  // A pipeline stage whose every worker is lost: nothing can route through it.
-  auto stage_is_lost = [&](int stage) {
-    for (int r = stage; r < n; r += plan.stages)
-      if (!lost[size_t(r)]) return false;
-    return plan.stages > 1;
-  };
-  auto kill_all = [&](int sig) {
-    for (auto pid : pids)
-      if (pid > 0) ::kill(pid, sig);
-  };
-  bool terminating = false;
-  auto terminate_deadline = std::chrono::steady_clock::now();
-  auto stop_all = [&](int sig) {
-    kill_all(sig);
-    if (!terminating) terminate_deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
-    terminating = true;
-  };
-  auto take_signal = [&] {
-    if (const int sig = forwarded_signal.exchange(0)) {
-      spdlog::info("forwarding signal {} to the workers", sig);
-      stop_all(sig);
-      result.signal = sig;
-    }
-  };
-  take_signal();  // one that came while starting
-  while (running > 0) {
-    take_signal();
-    int status = 0;
-    const pid_t pid = ::waitpid(-1, &status, WNOHANG);
-    if (pid > 0) {
-      const auto it = std::find(pids.begin(), pids.end(), pid);
-      if (it == pids.end()) continue;
-      WorkerExit e;
-      e.rank = int(it - pids.begin());
-      e.why = std::exchange(why[size_t(e.rank)], "");
-      e.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-      if (WIFSIGNALED(status)) {
-        e.signal = WTERMSIG(status);
-        e.exit_code = -1;
-      } else {
-        e.exit_code = WEXITSTATUS(status);
-      }
-      *it = -1;
-      signals.track(int(it - pids.begin()), -1);
-      --running;
-      if (!e.ok() && result.signal == 0) {
-        spdlog::info("{}", e.describe());
-        // Later NoLoCo groupings of its stage leave it out.
-        try {
-          declare_dead(store, token, replica_scope(plan.stages, e.rank % plan.stages), e.rank / plan.stages);
-        } catch (const std::exception& error) {
-          // Its partners notice by themselves (a closed connection, a silent heartbeat).
-          spdlog::warn("could not record worker {}'s failure in the store: {}", e.rank, error.what());
-        }
-        if (!plan.keep_going_on_failure && !terminating) {
-          spdlog::info("method {} cannot continue without worker {}; stopping the others", plan.method, e.rank);
-          stop_all(SIGTERM);
-        } else if (plan.keep_going_on_failure && running > 0 && restarts_left[size_t(e.rank)] > 0) {
-          // It rejoins from a live replica; with none left there is nothing to rejoin.
-          --restarts_left[size_t(e.rank)];
-          e.restarted = true;
-          spdlog::info("restarting worker {}; it will take its state from a live replica", e.rank);
-          try {
-            store->set(heartbeat_key(token, e.rank), std::vector<uint8_t>{'0'});  // silent until the new one beats
-          } catch (const std::exception& error) {
-            spdlog::warn("could not reset worker {}'s heartbeat: {}", e.rank, error.what());
-          }
-          spawn(e.rank, true);
-          ++running;
-        }
-        lost[size_t(e.rank)] = !e.restarted;
-        const int stage = e.rank % plan.stages;
-        if (plan.keep_going_on_failure && !terminating && stage_is_lost(stage)) {
-          result.stopped = fmt::format("pipeline stage {} has no live worker left (all {} of its workers failed)",
-                                       stage, n / plan.stages);
-          spdlog::info("{}; stopping the others", result.stopped);
-          stop_all(SIGTERM);
-        }
-      }
-      result.exits.push_back(e);
-      continue;
-    }
-    if (terminating && std::chrono::steady_clock::now() > terminate_deadline) kill_all(SIGKILL);
-    if (!terminating && std::chrono::steady_clock::now() - last_check > std::chrono::seconds(1)) {
-      last_check = std::chrono::steady_clock::now();
-      for (int r = 0; r < n; ++r) {
-        if (pids[size_t(r)] <= 0 || !why[size_t(r)].empty()) continue;
-        // Starting up (loading LibTorch and the data on a busy machine) may
-        // take longer than a beat's period; never longer than this.
-        constexpr double kStartupSeconds = 30;
-        double silent = 0;
-        try {
-          silent = heartbeats.silent_seconds(r);
-        } catch (const std::exception& error) {
-          spdlog::warn("could not read worker {}'s heartbeat: {}", r, error.what());
-          break;  // the store is busy: look again in a second
-        }
-        const double allowed = heartbeats.beating(r) ? c.heartbeat_timeout : std::max(c.heartbeat_timeout, kStartupSeconds);
-        if (silent <= allowed) continue;
-        why[size_t(r)] = fmt::format("no heartbeat for {:.0f}s: hung", silent);
-        spdlog::info("worker {} sent no heartbeat for {:.0f} s; killing it", r, silent);
-        ::kill(pids[size_t(r)], SIGKILL);
-      }
-    }
+  workers.take_signal(result);  // one that came while starting
+  while (workers.running() > 0) {
+    workers.take_signal(result);
+    if (workers.reap(result)) continue;
+    workers.check_workers();
     std::this_thread::sleep_for(std::chrono::milliseconds(50));
   }
   std::stable_sort(result.exits.begin(), result.exits.end(), [](auto& a, auto& b) { return a.rank < b.rank; });

@@ -86,10 +86,10 @@ Options config_options(TrainConfig& c) {
       .add("quant_block", c.outer.quant_block, "values sharing one int8/int4 scale (and one coset step)")
       .add("stochastic_rounding", c.outer.stochastic_rounding, "unbiased stochastic rounding of integer codes")
       .add("noloco_message", c.outer.message,
-           "what a NoLoCo replica sends: theta (needs gamma = outer_lr) | delta_phi; empty: theta for fp32/bf16 "
+           "what a NoLoCo replica sends: theta (needs gamma = outer_lr) | delta_phi | auto: theta for fp32/bf16 "
            "with gamma = outer_lr, else delta_phi")
       .add("phi_coding", c.outer.phi_coding,
-           "how delta_phi sends phi: codec | coset (against the receiver's phi); empty: codec if lossless, else coset")
+           "how delta_phi sends phi: codec | coset (against the receiver's phi) | auto: codec if lossless, else coset")
       .add("phi_bits", c.outer.phi_bits, "bits a value of coset-coded phi")
       .add("phi_every", c.outer.phi_every, "send phi (and pull toward the group) every this many outer steps")
       .add("fragments", c.outer.fragments,
