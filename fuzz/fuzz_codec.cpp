@@ -6,8 +6,8 @@
 #include <stdexcept>
 #include <vector>
 
-#include "comm/codec.h"
-#include "comm/coset_codec.h"
+#include "wire/codec.h"
+#include "wire/coset_codec.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   if (size < 4) return 0;

@@ -8,9 +8,9 @@
 
 #include <torch/torch.h>
 
-#include "comm/codec.h"
-#include "comm/coset_codec.h"
-#include "optim/compression.h"
+#include "wire/codec.h"
+#include "wire/coset_codec.h"
+#include "wire/channels.h"
 
 using namespace noloco;
 

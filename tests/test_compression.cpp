@@ -7,8 +7,8 @@
 
 #include <fmt/format.h>
 
-#include "comm/codec.h"
-#include "comm/coset_codec.h"
+#include "wire/codec.h"
+#include "wire/coset_codec.h"
 #include "test_util.h"
 #include "train/checkpoint.h"
 #include "util/files.h"

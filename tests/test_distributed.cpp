@@ -20,7 +20,7 @@
 
 #include "test_util.h"
 #include "comm/etcd_server.h"
-#include "comm/message.h"
+#include "wire/message.h"
 #include "train/checkpoint.h"
 #include "util/files.h"
 

@@ -19,7 +19,7 @@
 #include "comm/comm_stats.h"
 #include "comm/gloo_transport.h"
 #include "comm/membership.h"
-#include "comm/message.h"
+#include "wire/message.h"
 
 namespace noloco {
 

@@ -16,7 +16,7 @@
 #include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
 #include <torch/torch.h>
 
-#include "comm/message.h"
+#include "wire/message.h"
 
 namespace noloco {
 

@@ -15,7 +15,7 @@
 #include <torch/torch.h>
 
 #include "comm/comm_stats.h"
-#include "comm/message.h"
+#include "wire/message.h"
 
 namespace noloco {
 

@@ -45,7 +45,7 @@ struct OuterConfig {
   double lr = 0.7;              // β
   double gamma = -1;            // γ; < 0: equal to β
   int64_t group_size = 2;       // n
-  // The wire format of DiLoCo's and NoLoCo's messages (optim/compression.h).
+  // The wire format of DiLoCo's and NoLoCo's messages (wire/channels.h).
   WireDtype wire_dtype = WireDtype::fp32;
   double topk = 0;                  // fraction of each 4096-value chunk sent; 0: dense
   bool error_feedback = true;       // what a lossy codec drops from Δ is sent next time

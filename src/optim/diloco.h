@@ -13,7 +13,7 @@
 #include <memory>
 #include <vector>
 
-#include "optim/compression.h"
+#include "wire/channels.h"
 #include "optim/slow_weights.h"
 
 namespace noloco {

@@ -29,34 +29,18 @@ NoLoCo::NoLoCo(const OuterConfig& config, uint64_t seed, OuterLinks links, FlatP
       membership_(links.membership),
       codec_(codec_spec(config)),
       coset_(int(config.phi_bits), config.quant_block) {
-  const bool theta = config.message == NolocoMessage::theta;
-  for (const auto& f : fragments()) {
-    Channels c;
-    c.first = std::make_unique<ErrorFeedbackChannel>(codec_, config.error_feedback && !theta, f.numel,
-                                                     fragment_state("residual", f));
-    if (!theta && config.phi_coding == PhiCoding::coset)
-      c.phi_coset = std::make_unique<SlowWeightChannel>(coset_, f.numel, config.stochastic_rounding,
-                                                        fragment_state("phi_range", f));
-    if (!theta && config.phi_coding == PhiCoding::codec)
-      c.phi_codec = std::make_unique<ErrorFeedbackChannel>(codec_, /*error_feedback=*/false, f.numel, "");
-    channels_.push_back(std::move(c));
-  }
+  for (const auto& f : fragments())
+    messages_.emplace_back(config, codec_, coset_, f.numel, [&](const std::string& name) { return fragment_state(name, f); });
 }
 
 void NoLoCo::save(TensorMap& out) const {
   SlowWeightsMethod::save(out);  // first: it waits for an exchange in flight, which uses the channels
-  for (const auto& c : channels_) {
-    c.first->save(out);
-    if (c.phi_coset) c.phi_coset->save(out);
-  }
+  for (const auto& m : messages_) m.save(out);
 }
 
 void NoLoCo::load(const TensorMap& in) {
   SlowWeightsMethod::load(in);
-  for (const auto& c : channels_) {
-    c.first->load(in);
-    if (c.phi_coset) c.phi_coset->load(in);
-  }
+  for (auto& m : messages_) m.load(in);
 }
 
 std::vector<Peer> NoLoCo::my_group(int64_t id) {
@@ -99,50 +83,47 @@ std::map<int, torch::Tensor> NoLoCo::send(int64_t id, const std::vector<Peer>& g
   return std::move(result.received);
 }
 
+std::map<int, NolocoParts> NoLoCo::decode(NolocoMessageCodec& message, const std::map<int, torch::Tensor>& arrived,
+                                          bool with_phi, const torch::Tensor& own_phi, OuterSync& sync) {
+  std::map<int, NolocoParts> decoded;
+  for (const auto& [r, bytes] : arrived) {
+    try {
+      decoded[r] = message.decode(bytes, with_phi, own_phi, &sync.phi_blocks_failed);
+    } catch (const std::runtime_error& e) {
+      spdlog::error("rejected the outer-step message of replica {}: {}", r, e.what());
+    }
+  }
+  if (sync.phi_blocks_failed * 10 > message.phi_blocks(own_phi.numel()))
+    spdlog::warn("outer step {}: {} blocks of slow weights were further from a partner's than its grid covered; "
+                 "no pull there this time", sync.outer_step, sync.phi_blocks_failed);
+  sync.arrived.push_back(transport_.rank());
+  for (const auto& [r, parts] : decoded) sync.arrived.push_back(r);
+  std::sort(sync.arrived.begin(), sync.arrived.end());
+  return decoded;
+}
+
 OuterTerms NoLoCo::exchange(int64_t id, const Fragment& fragment, const torch::Tensor& theta, const torch::Tensor& phi,
                             OuterSync& sync) {
   const auto group = my_group(id);
-  auto& c = channels_[size_t(fragment.index)];
-  const bool theta_message = config_.message == NolocoMessage::theta;
+  auto& message = messages_[size_t(fragment.index)];
+  const bool theta_message = message.carries_theta();
   const bool with_phi = !theta_message && (sync.outer_step + 1) % config_.phi_every == 0;
-  const auto own = cpu_fp32(theta_message ? theta : theta - phi), own_phi = cpu_fp32(phi);
-  const int64_t first_bytes = c.first->bytes();
-  const int64_t phi_bytes = !with_phi ? 0 : c.phi_coset ? c.phi_coset->bytes() : c.phi_codec->bytes();
-  auto payload = torch::empty({first_bytes + phi_bytes}, torch::kUInt8);
-  auto* out = payload.data_ptr<uint8_t>();
+  const NolocoParts own{cpu_fp32(theta_message ? theta : theta - phi), cpu_fp32(phi)};
   const uint64_t seed = splitmix64(seed_ ^ splitmix64(uint64_t(id) * 1000003u + uint64_t(transport_.rank())));
-  c.first->encode(own, out, seed);
-  if (with_phi && c.phi_coset) c.phi_coset->encode(own_phi, own, out + first_bytes, ~seed);
-  if (with_phi && c.phi_codec) c.phi_codec->encode(own_phi, out + first_bytes, ~seed);
-  const int64_t format = codec_.format_id() ^ (theta_message ? int64_t(1) << 40 : 0) ^
-                         (!with_phi ? 0 : c.phi_coset ? coset_.format_id() << 41 : int64_t(1) << 42);
+  const auto payload = message.encode(own, with_phi, seed);
+  const auto arrived = send(id, group, payload, message.format_id(with_phi), sync);
+  const auto decoded = decode(message, arrived, with_phi, own.phi, sync);
 
-  // Decode every arrival before using any of it: a malformed one is left out whole.
+  // The means over this replica's exact values and what it decoded, in rank order.
   std::map<int, torch::Tensor> firsts, phis;
-  int64_t failed_blocks = 0;
-  for (const auto& [r, bytes] : send(id, group, payload, format, sync)) {
-    try {
-      const auto* in = bytes.data_ptr<uint8_t>();
-      auto first = c.first->decode(in);
-      if (with_phi) phis[r] = c.phi_coset ? c.phi_coset->decode(in + first_bytes, own_phi, &failed_blocks)
-                                          : c.phi_codec->decode(in + first_bytes);
-      firsts[r] = first;
-    } catch (const std::runtime_error& e) {
-      spdlog::error("rejected the outer-step message of replica {}: {}", r, e.what());
-      phis.erase(r);
-    }
+  for (const auto& [r, parts] : decoded) {
+    firsts[r] = parts.first;
+    if (with_phi) phis[r] = parts.phi;
   }
-  sync.phi_blocks_failed = failed_blocks;
-  if (with_phi && c.phi_coset && failed_blocks * 10 > int64_t(coset_.blocks(size_t(phi.numel()))))
-    spdlog::warn("outer step {}: {} blocks of slow weights were further from a partner's than its grid covered; "
-                 "no pull there this time", sync.outer_step, failed_blocks);
-  sync.arrived.push_back(transport_.rank());
-  for (const auto& [r, t] : firsts) sync.arrived.push_back(r);
-  std::sort(sync.arrived.begin(), sync.arrived.end());
-  const auto mean_first = rank_ordered_mean(transport_.rank(), own, firsts).to(theta.device());
+  const auto mean_first = rank_ordered_mean(transport_.rank(), own.first, firsts).to(theta.device());
   if (theta_message) return {mean_first - phi, {}, 0};
   if (!with_phi) return {mean_first, {}, 0};
-  return {mean_first, rank_ordered_mean(transport_.rank(), own_phi, phis).to(theta.device()), config_.gamma};
+  return {mean_first, rank_ordered_mean(transport_.rank(), own.phi, phis).to(theta.device()), config_.gamma};
 }
 
 }  // namespace noloco

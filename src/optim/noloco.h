@@ -16,9 +16,9 @@
 #pragma once
 #include <memory>
 
-#include "optim/compression.h"
 #include "comm/grouping.h"
 #include "optim/slow_weights.h"
+#include "wire/noloco_message.h"
 
 namespace noloco {
 
@@ -38,19 +38,16 @@ class NoLoCo final : public SlowWeightsMethod {
   // Sends `payload` to the group; returns the payloads that arrived, by rank.
   std::map<int, torch::Tensor> send(int64_t id, const std::vector<Peer>& group, const torch::Tensor& payload,
                                     int64_t format, OuterSync& sync);
-  // The channels of one fragment.
-  struct Channels {
-    std::unique_ptr<ErrorFeedbackChannel> first;      // θ, or Δ with error feedback
-    std::unique_ptr<ErrorFeedbackChannel> phi_codec;  // φ through the codec (phi_coding=codec)
-    std::unique_ptr<SlowWeightChannel> phi_coset;     // φ coset-coded (phi_coding=coset)
-  };
+  // The arrivals decoded; a malformed one is left out whole.
+  std::map<int, NolocoParts> decode(NolocoMessageCodec& message, const std::map<int, torch::Tensor>& arrived,
+                                    bool with_phi, const torch::Tensor& own_phi, OuterSync& sync);
 
   uint64_t seed_;
   Transport& transport_;
   Membership* membership_;
   WireCodec codec_;
   CosetCodec coset_;
-  std::vector<Channels> channels_;  // by fragment
+  std::vector<NolocoMessageCodec> messages_;  // by fragment
 };
 
 }  // namespace noloco

@@ -27,7 +27,6 @@ struct CodecSpec {
   bool stochastic = false;  // stochastic rounding of the integer codes
 };
 
-// "fp32" | "bf16" | "int8" | "int4"; throws std::invalid_argument.
 const char* codec_type_name(CodecSpec::Type type);
 
 class WireCodec {

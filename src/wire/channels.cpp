@@ -1,4 +1,4 @@
-#include "optim/compression.h"
+#include "wire/channels.h"
 
 #include <algorithm>
 

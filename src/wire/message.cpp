@@ -1,4 +1,4 @@
-#include "comm/message.h"
+#include "wire/message.h"
 
 #include <fmt/format.h>
 

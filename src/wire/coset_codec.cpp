@@ -1,4 +1,4 @@
-#include "comm/coset_codec.h"
+#include "wire/coset_codec.h"
 
 #include <algorithm>
 #include <cmath>
@@ -6,7 +6,7 @@
 
 #include <fmt/format.h>
 
-#include "comm/wire_bytes.h"
+#include "wire/bytes.h"
 #include "util/splitmix.h"
 
 namespace noloco {

@@ -1,4 +1,4 @@
-#include "comm/codec.h"
+#include "wire/codec.h"
 
 #include <algorithm>
 #include <cmath>
@@ -9,7 +9,7 @@
 
 #include <fmt/format.h>
 
-#include "comm/wire_bytes.h"
+#include "wire/bytes.h"
 #include "util/splitmix.h"
 
 namespace noloco {

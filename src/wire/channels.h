@@ -7,8 +7,8 @@
 
 #include <torch/torch.h>
 
-#include "comm/codec.h"
-#include "comm/coset_codec.h"
+#include "wire/codec.h"
+#include "wire/coset_codec.h"
 #include "config/train_config.h"
 #include "optim/inner.h"
 
@@ -43,7 +43,7 @@ class ErrorFeedbackChannel {
 };
 
 // Slow weights φ by coset coding against the receiver's own φ (see
-// comm/coset_codec.h). Each replica learns, per block, how far its partners'
+// wire/coset_codec.h). Each replica learns, per block, how far its partners'
 // φ have been from its own, and sends with a grid just fine enough for
 // twice that; a block that did not decode widens its range.
 class SlowWeightChannel {
