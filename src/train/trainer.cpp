@@ -212,146 +212,225 @@ std::string default_run_dir(const TrainConfig& c) {
   return fmt::format("runs/{}-{}", c.outer.method == Method::none ? "single" : choice_name(c.outer.method), stamp);
 }
 
-nlohmann::json train(const TrainConfig& c, const WorkerInfo& w) {
-  const auto start = Clock::now();
+namespace {
+
+std::string prepared_run_dir(const TrainConfig& c) {
   const std::string out = c.run.out.empty() ? default_run_dir(c) : c.run.out;
   fs::create_directories(out);
-  // The worker that prints: replica 0's, on the stage that sees the loss.
-  const bool lead = w.replica == 0 && w.stage == w.stages - 1 && w.verbose;
+  return out;
+}
+
+// Intra-op threads first: the device and the model are made under them.
+torch::Device compute_device(const TrainConfig& c, const WorkerInfo& w) {
   const int cores = std::max(1, int(std::thread::hardware_concurrency()));
   set_compute_threads(c.run.threads > 0 ? int(c.run.threads) : std::max(1, cores / std::max(1, w.local_world)));
-  const torch::Device device = pick_device(c.run.device);
+  return pick_device(c.run.device);
+}
 
-  const Corpus corpus = load_corpus(c.data, c.model.context, out);
-  const ModelConfig arch = with_vocabulary(c.model, *corpus.tokenizer);
-  if (lead) announce(c, arch, corpus, device, w, out);
+// What one inner step did, for the progress line.
+struct InnerStepResult {
+  double lr = 0, loss = std::nan(""), grad_norm = 0;
+  int64_t micro_batches = 0;
+};
 
-  const WindowSampler train_windows(corpus.train, arch.context, c.run.seed);
-  const WindowSampler val_windows(corpus.val, arch.context, kEvalSeed);
-  const auto model = make_worker_model(c, arch, {train_windows, val_windows, w.replica}, device, w);
-  FlatParams flat(model->module());
-  InnerOptimizer inner(flat, c.inner);
-  const auto outer = make_outer_optimizer(c.outer, c.run.seed, {w.transport, w.membership}, flat);
-  const TrainingState state{flat, inner, *outer};
-  const FailureDrill drill(c.run.inject_crash, w.rank, w.membership ? w.membership->incarnation() : 0);
-  Checkpointer checkpoints(fmt::format("{}/checkpoints/r{}", out, w.rank),
-                           c.run.checkpoint_interval > 0 ? c.run.checkpoint_interval : c.eval.interval,
-                           c.run.keep_checkpoints, c.inner.steps, arch, out,
-                           {{"seed", c.run.seed},
-                            {"method", choice_name(c.outer.method)},
-                            {"replica", w.replica},
-                            {"replicas", w.replicas},
-                            {"stage", w.stage},
-                            {"stages", w.stages}},
-                           state, drill);
-  Telemetry telemetry(out, w.rank, c.inner.steps, lead);
+// One worker's training: everything train() builds once, and the parts of
+// its loop. The loop itself is train(), below.
+class WorkerRun {
+ public:
+  WorkerRun(const TrainConfig& c, const WorkerInfo& w);
+  int64_t first_step() const { return first_step_; }
+  void before_step(int64_t step) const { drill_.before_step(step); }
+  InnerStepResult inner_step(int64_t step);
+  // After inner step `done` (1-based): the outer method's step, if one is due
+  // (the last step also applies what is still in flight), then the rejoins it serves.
+  void outer_step(int64_t done, bool last);
+  void log_progress(int64_t done, bool last, const InnerStepResult& s);
+  void evaluate(int64_t done, bool last, double lr);
+  void checkpoint(int64_t done) { checkpoints_.after_step(done); }
+  nlohmann::json finish();
 
-  std::optional<Rejoined> rejoined;
-  const int64_t first_step = restore(c, w, checkpoints, state, telemetry, lead, rejoined);
+ private:
+  const TrainConfig& c_;
+  const WorkerInfo& w_;
+  const Clock::time_point start_ = Clock::now();
+  const std::string out_;
+  // The worker that prints: replica 0's, on the stage that sees the loss.
+  const bool lead_;
+  const torch::Device device_;
+  const Corpus corpus_;
+  const ModelConfig arch_;
+  const WindowSampler train_windows_, val_windows_;
+  const std::unique_ptr<WorkerModel> model_;
+  FlatParams flat_;
+  InnerOptimizer inner_;
+  const std::unique_ptr<OuterOptimizer> outer_;
+  const TrainingState state_;
+  const FailureDrill drill_;
+  Checkpointer checkpoints_;
+  Telemetry telemetry_;
+  std::optional<Rejoined> rejoined_;
+  int64_t first_step_ = 0;
+
+  const int64_t tokens_per_step_;
+  uint64_t evaluation_bytes_ = 0;  // sent for evaluations across replicas, apart from training traffic
+  double evaluation_seconds_ = 0;  // likewise: time to a target loss is training time, the rest is ours
+  double val_loss_ = std::nan(""), last_loss_ = std::nan("");
+  ReplicaSpread spread_;
+  OuterTally tally_;
+  std::optional<Throughput> throughput_;
+};
+
+WorkerRun::WorkerRun(const TrainConfig& c, const WorkerInfo& w)
+    : c_(c),
+      w_(w),
+      out_(prepared_run_dir(c)),
+      lead_(w.replica == 0 && w.stage == w.stages - 1 && w.verbose),
+      device_(compute_device(c, w)),
+      corpus_(load_corpus(c.data, c.model.context, out_)),
+      arch_(with_vocabulary(c.model, *corpus_.tokenizer)),
+      train_windows_(corpus_.train, arch_.context, c.run.seed),
+      val_windows_(corpus_.val, arch_.context, kEvalSeed),
+      model_(make_worker_model(c, arch_, {train_windows_, val_windows_, w.replica}, device_, w)),
+      flat_(model_->module()),
+      inner_(flat_, c.inner),
+      outer_(make_outer_optimizer(c.outer, c.run.seed, {w.transport, w.membership}, flat_)),
+      state_{flat_, inner_, *outer_},
+      drill_(c.run.inject_crash, w.rank, w.membership ? w.membership->incarnation() : 0),
+      checkpoints_(fmt::format("{}/checkpoints/r{}", out_, w.rank),
+                   c.run.checkpoint_interval > 0 ? c.run.checkpoint_interval : c.eval.interval,
+                   c.run.keep_checkpoints, c.inner.steps, arch_, out_,
+                   {{"seed", c.run.seed},
+                    {"method", choice_name(c.outer.method)},
+                    {"replica", w.replica},
+                    {"replicas", w.replicas},
+                    {"stage", w.stage},
+                    {"stages", w.stages}},
+                   state_, drill_),
+      telemetry_(out_, w.rank, c.inner.steps, lead_),
+      tokens_per_step_(c.inner.batch * c.inner.grad_accum * arch_.context) {
+  if (lead_) announce(c, arch_, corpus_, device_, w, out_);
+  first_step_ = restore(c, w, checkpoints_, state_, telemetry_, lead_, rejoined_);
   // Only now: a resume refused above leaves the run's config as it was.
-  if (w.rank == 0) write_file_atomic(out + "/config.yaml", c.to_yaml());
+  if (w.rank == 0) write_file_atomic(out_ + "/config.yaml", c.to_yaml());
+  throughput_.emplace(first_step_, c.inner.steps);
+}
 
-  const int64_t tokens_per_step = c.inner.batch * c.inner.grad_accum * arch.context;
-  const bool across_replicas = w.transport && w.membership && w.replicas > 1;
-  uint64_t evaluation_bytes = 0;  // sent for evaluations across replicas, apart from training traffic
-  double evaluation_seconds = 0;  // likewise: time to a target loss is training time, the rest is ours
-  double val_loss = std::nan(""), last_loss = std::nan("");
-  ReplicaSpread spread;
-  OuterTally tally;
-  Throughput throughput(first_step, c.inner.steps);
-  for (int64_t step = first_step; step < c.inner.steps; ++step) {
-    drill.before_step(step);
-    const double lr = learning_rate(c.inner, step);
-    inner.set_lr(lr);
-    flat.grads().zero_();
-    const StepOutcome outcome = model->train_step(step);
-    const double loss = outcome.loss;
-    if (model->computes_loss() && outcome.micro_batches > 0 && !std::isfinite(loss))
-      throw std::runtime_error(fmt::format("loss became {} at step {} (lower lr?)", loss, step));
-    // A pipeline worker whose micro-batches were all dropped (or that sits out
-    // the step, restarted and not yet routed to) has nothing to apply.
-    double grad_norm = 0;
-    if (outcome.micro_batches > 0) {
-      outer->on_gradients(flat);
-      grad_norm = inner.clip_gradients(c.inner.clip);
-      inner.step();
-    }
-    const int64_t done = step + 1;
-    const bool last = done == c.inner.steps;
-    const auto outer_start = std::chrono::steady_clock::now();
-    std::vector<OuterSync> syncs;
-    if (auto sync = outer->after_inner_step(step, flat)) syncs.push_back(std::move(*sync));
-    if (last)  // exchanges still in flight (overlap) are applied before the final evaluation
-      for (auto& sync : outer->finish(flat)) syncs.push_back(std::move(sync));
-    tally.blocked_seconds += seconds_since(outer_start);
-    for (const auto& sync : syncs) {
-      ++tally.syncs;
-      tally.bytes += sync.bytes;
-      telemetry.write(record(done, "outer", w,
-                             {{"outer_step", sync.outer_step},
-                              {"fragment", sync.fragment},
-                              {"group", sync.group},
-                              {"arrived", sync.arrived},
-                              {"bytes", sync.bytes},
-                              {"phi_blocks_failed", sync.phi_blocks_failed}}));
-    }
-    if (!syncs.empty() && w.membership)
-      for (int to : serve_rejoins(*w.membership, *w.transport, state, done))
-        telemetry.write(record(done, "donate", w, {{"to", to}}));
-    if (std::isfinite(loss)) last_loss = loss;
-    throughput.step(outcome.micro_batches > 0 ? tokens_per_step : 0, w.link ? w.link->stats().bytes_sent : 0);
-
-    if (done % c.eval.log_interval == 0 || last) {
-      auto r = record(done, "train", w, {{"lr", lr}, {"grad_norm", grad_norm}});
-      if (w.transport) r["outer_blocked_seconds"] = tally.blocked_seconds;
-      if (std::isfinite(loss)) r["loss"] = loss;
-      throughput.report(done, r);
-      telemetry.write(r);
-    }
-    if (done % c.eval.interval == 0 || last) {
-      const auto evaluation_start = Clock::now();
-      val_loss = model->evaluate(done);
-      spread = ReplicaSpread{};  // a validation without the spread logs none, not the previous one
-      if (across_replicas && (last || c.eval.spread_interval == 0 || done % c.eval.spread_interval == 0)) {
-        spread = evaluate_across_replicas(done, *w.transport, *w.membership, flat, *model);
-        evaluation_bytes += spread.bytes_sent;
-      }
-      evaluation_seconds += seconds_since(evaluation_start);
-      // So that `report target_loss=` can time runs to a loss.
-      auto r = record(done, "val", w,
-                      {{"lr", lr}, {"elapsed", seconds_since(start)}, {"evaluation_seconds", evaluation_seconds}});
-      if (std::isfinite(val_loss)) r["loss"] = val_loss;
-      if (!std::isnan(spread.weight_std)) r["weight_std"] = spread.weight_std;
-      if (!std::isnan(spread.weight_std) && w.stages > 1) r["stage_params"] = flat.numel();
-      if (!std::isnan(spread.mean_model_loss)) r["loss_mean_model"] = spread.mean_model_loss;
-      if (w.transport) r["eval_bytes_sent"] = evaluation_bytes;
-      if (w.link) r["eval_activation_bytes_sent"] = w.link->stats().evaluation_bytes_sent;
-      telemetry.write(r);
-      if (lead && c.eval.sample_tokens > 0 && !last)
-        spdlog::info("sample:\n{}", sample_text(*model, *corpus.tokenizer, c.eval, c.run.seed + uint64_t(done)));
-    }
-    checkpoints.after_step(done);
+InnerStepResult WorkerRun::inner_step(int64_t step) {
+  InnerStepResult s;
+  s.lr = learning_rate(c_.inner, step);
+  inner_.set_lr(s.lr);
+  flat_.grads().zero_();
+  const StepOutcome outcome = model_->train_step(step);
+  s.loss = outcome.loss;
+  s.micro_batches = outcome.micro_batches;
+  if (model_->computes_loss() && outcome.micro_batches > 0 && !std::isfinite(s.loss))
+    throw std::runtime_error(fmt::format("loss became {} at step {} (lower lr?)", s.loss, step));
+  // A pipeline worker whose micro-batches were all dropped (or that sits out
+  // the step, restarted and not yet routed to) has nothing to apply.
+  if (outcome.micro_batches > 0) {
+    outer_->on_gradients(flat_);
+    s.grad_norm = inner_.clip_gradients(c_.inner.clip);
+    inner_.step();
   }
-  if (first_step == c.inner.steps) val_loss = model->evaluate(first_step);  // resumed at the end: report anyway
-  if (w.membership) w.membership->finish();
+  if (std::isfinite(s.loss)) last_loss_ = s.loss;
+  throughput_->step(s.micro_batches > 0 ? tokens_per_step_ : 0, w_.link ? w_.link->stats().bytes_sent : 0);
+  return s;
+}
 
+void WorkerRun::outer_step(int64_t done, bool last) {
+  const auto outer_start = Clock::now();
+  std::vector<OuterSync> syncs;
+  if (auto sync = outer_->after_inner_step(done - 1, flat_)) syncs.push_back(std::move(*sync));
+  if (last)  // exchanges still in flight (overlap) are applied before the final evaluation
+    for (auto& sync : outer_->finish(flat_)) syncs.push_back(std::move(sync));
+  tally_.blocked_seconds += seconds_since(outer_start);
+  for (const auto& sync : syncs) {
+    ++tally_.syncs;
+    tally_.bytes += sync.bytes;
+    telemetry_.write(record(done, "outer", w_,
+                            {{"outer_step", sync.outer_step},
+                             {"fragment", sync.fragment},
+                             {"group", sync.group},
+                             {"arrived", sync.arrived},
+                             {"bytes", sync.bytes},
+                             {"phi_blocks_failed", sync.phi_blocks_failed}}));
+  }
+  if (!syncs.empty() && w_.membership)
+    for (int to : serve_rejoins(*w_.membership, *w_.transport, state_, done))
+      telemetry_.write(record(done, "donate", w_, {{"to", to}}));
+}
+
+void WorkerRun::log_progress(int64_t done, bool last, const InnerStepResult& s) {
+  if (done % c_.eval.log_interval != 0 && !last) return;
+  auto r = record(done, "train", w_, {{"lr", s.lr}, {"grad_norm", s.grad_norm}});
+  if (w_.transport) r["outer_blocked_seconds"] = tally_.blocked_seconds;
+  if (std::isfinite(s.loss)) r["loss"] = s.loss;
+  throughput_->report(done, r);
+  telemetry_.write(r);
+}
+
+void WorkerRun::evaluate(int64_t done, bool last, double lr) {
+  const auto evaluation_start = Clock::now();
+  val_loss_ = model_->evaluate(done);
+  spread_ = ReplicaSpread{};  // a validation without the spread logs none, not the previous one
+  const bool across_replicas = w_.transport && w_.membership && w_.replicas > 1;
+  if (across_replicas && (last || c_.eval.spread_interval == 0 || done % c_.eval.spread_interval == 0)) {
+    spread_ = evaluate_across_replicas(done, *w_.transport, *w_.membership, flat_, *model_);
+    evaluation_bytes_ += spread_.bytes_sent;
+  }
+  evaluation_seconds_ += seconds_since(evaluation_start);
+  // So that `report target_loss=` can time runs to a loss.
+  auto r = record(done, "val", w_,
+                  {{"lr", lr}, {"elapsed", seconds_since(start_)}, {"evaluation_seconds", evaluation_seconds_}});
+  if (std::isfinite(val_loss_)) r["loss"] = val_loss_;
+  if (!std::isnan(spread_.weight_std)) r["weight_std"] = spread_.weight_std;
+  if (!std::isnan(spread_.weight_std) && w_.stages > 1) r["stage_params"] = flat_.numel();
+  if (!std::isnan(spread_.mean_model_loss)) r["loss_mean_model"] = spread_.mean_model_loss;
+  if (w_.transport) r["eval_bytes_sent"] = evaluation_bytes_;
+  if (w_.link) r["eval_activation_bytes_sent"] = w_.link->stats().evaluation_bytes_sent;
+  telemetry_.write(r);
+  if (lead_ && c_.eval.sample_tokens > 0 && !last)
+    spdlog::info("sample:\n{}", sample_text(*model_, *corpus_.tokenizer, c_.eval, c_.run.seed + uint64_t(done)));
+}
+
+nlohmann::json WorkerRun::finish() {
+  if (first_step_ == c_.inner.steps) val_loss_ = model_->evaluate(first_step_);  // resumed at the end: report anyway
+  if (w_.membership) w_.membership->finish();
   // Under ddp every step synchronises, all its traffic is that, and it all blocks.
-  const bool ddp = c.outer.method == Method::ddp;
-  if (ddp) tally = {c.inner.steps - first_step, w.transport->stats().bytes_sent, w.transport->stats().comm_seconds};
-  const auto summary = summarize_worker(c, w, arch, *model, flat.numel(), seconds_since(start), val_loss, last_loss,
-                                        spread, rejoined, tally);
+  if (c_.outer.method == Method::ddp)
+    tally_ = {c_.inner.steps - first_step_, w_.transport->stats().bytes_sent, w_.transport->stats().comm_seconds};
+  const auto summary = summarize_worker(c_, w_, arch_, *model_, flat_.numel(), seconds_since(start_), val_loss_,
+                                        last_loss_, spread_, rejoined_, tally_);
   const auto j = summary.to_json();
-  write_json_atomic(fmt::format("{}/summary_r{}.json", out, w.rank), j);
-  if (w.replicas * w.stages == 1) write_json_atomic(out + "/summary.json", summarize_lone_run(summary).to_json());
-  if (lead) {
-    spdlog::info("done: final val loss {:.4f} (ppl {:.2f}) | {} steps | {} tokens | {} | {} params", val_loss,
-                 std::exp(val_loss), c.inner.steps, format_count(double(summary.tokens)),
-                 format_duration(summary.seconds), format_count(double(arch.num_params())));
-    if (c.eval.sample_tokens > 0)
-      spdlog::info("sample:\n{}", sample_text(*model, *corpus.tokenizer, c.eval, c.run.seed + uint64_t(c.inner.steps)));
-    spdlog::info("run dir: {}", out);
+  write_json_atomic(fmt::format("{}/summary_r{}.json", out_, w_.rank), j);
+  if (w_.replicas * w_.stages == 1) write_json_atomic(out_ + "/summary.json", summarize_lone_run(summary).to_json());
+  if (lead_) {
+    spdlog::info("done: final val loss {:.4f} (ppl {:.2f}) | {} steps | {} tokens | {} | {} params", val_loss_,
+                 std::exp(val_loss_), c_.inner.steps, format_count(double(summary.tokens)),
+                 format_duration(summary.seconds), format_count(double(arch_.num_params())));
+    if (c_.eval.sample_tokens > 0)
+      spdlog::info("sample:\n{}",
+                   sample_text(*model_, *corpus_.tokenizer, c_.eval, c_.run.seed + uint64_t(c_.inner.steps)));
+    spdlog::info("run dir: {}", out_);
   }
   return j;
+}
+
+}  // namespace
+
+nlohmann::json train(const TrainConfig& c, const WorkerInfo& w) {
+  WorkerRun run(c, w);
+  for (int64_t step = run.first_step(); step < c.inner.steps; ++step) {
+    run.before_step(step);
+    const auto inner = run.inner_step(step);
+    const int64_t done = step + 1;
+    const bool last = done == c.inner.steps;
+    run.outer_step(done, last);
+    run.log_progress(done, last, inner);
+    if (done % c.eval.interval == 0 || last) run.evaluate(done, last, inner.lr);
+    run.checkpoint(done);
+  }
+  return run.finish();
 }
 
 }  // namespace noloco
