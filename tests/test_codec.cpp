@@ -162,6 +162,22 @@ TEST(Codec, DecoderRefusesMalformedBytes) {
   EXPECT_NE(decode_error(top, b, n), "");
 }
 
+// Values that are not finite leave their block without a scale: the
+// receiver refuses the message instead of reading zeros (max over NaN is 0).
+TEST(Codec, ANonFiniteValueMakesItsBlockUndecodable) {
+  for (auto type : {CodecSpec::Type::int8, CodecSpec::Type::int4}) {
+    const WireCodec codec(spec(type));
+    const size_t n = 130;  // three blocks of 64, the last short
+    for (float bad : {NAN, INFINITY}) {
+      auto x = normal_values(n, 1.0f, 3);
+      x[70] = bad;
+      std::vector<uint8_t> b(codec.encoded_bytes(n));
+      codec.encode(x.data(), n, b.data(), 1);
+      EXPECT_NE(decode_error(codec, b, n).find("block 1 has scale nan"), std::string::npos) << codec_type_name(type);
+    }
+  }
+}
+
 TEST(CosetCode, RecoversWithinTheRangeAndFlagsWhatFallsOutside) {
   const CosetCodec c(4, 64);
   const size_t n = 256;

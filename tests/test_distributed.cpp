@@ -294,12 +294,9 @@ TEST(MessageHeader, RejectsOtherRunsKindsExchangesSizesAndFormats) {
 
 TEST_F(Distributed, AWorkerWithTheWrongTokenCannotJoin) {
   const std::string run_dir = dir / "guarded";
-  noloco::testing::CliResult main_run;
-  std::thread runner([&] {
-    main_run = noloco::testing::run_cli(small_train_args(dir / "c.txt", run_dir) +
+  noloco::testing::BackgroundCli runner(small_train_args(dir / "c.txt", run_dir) +
                                             " method=noloco replicas=2 batch=2 steps=100000 outer_interval=10",
                                         90);
-  });
   // Once the run is training (its workers have joined), try to join its store with another token.
   const bool training = noloco::testing::wait_for_record(run_dir, "train", 60);
   const pid_t worker = noloco::testing::worker_of(run_dir, 0);
@@ -310,7 +307,7 @@ TEST_F(Distributed, AWorkerWithTheWrongTokenCannotJoin) {
       30, "RANK=1 WORLD_SIZE=2 TORCHELASTIC_USE_AGENT_STORE=True NOLOCO_STORE=" + store + " NOLOCO_RUN_TOKEN=not-the-token");
   // Ctrl-C to the launcher ends the run: it forwards the signal to its workers.
   EXPECT_EQ(::system(("pkill -INT -f '[n]oloco train .*out=" + run_dir + " '").c_str()), 0);
-  runner.join();
+  const auto& main_run = runner.wait();
   ASSERT_TRUE(training) << main_run.output;
   ASSERT_EQ(store.rfind("unix://", 0), 0u) << "the launcher's store is a private unix socket: " << store;
   EXPECT_NE(stray.exit_code, 0) << stray.output;
@@ -347,10 +344,7 @@ TEST_F(Distributed, TheLauncherRefusesMoreWorkersThanTheMachineHosts) {
 
 TEST_F(Distributed, ASignalWhileStartingStopsTheLauncherAndEveryWorker) {
   const std::string run = dir / "interrupted";
-  noloco::testing::CliResult result;
-  std::thread launcher([&] {
-    result = noloco::testing::run_cli(small_train_args(dir / "c.txt", run) + " method=noloco replicas=8 steps=100000", 60);
-  });
+  noloco::testing::BackgroundCli launcher(small_train_args(dir / "c.txt", run) + " method=noloco replicas=8 steps=100000", 60);
   // While it starts its store and workers (it writes config.yaml just before), to the launcher alone.
   pid_t pid = -1;
   for (int i = 0; i < 1000 && ((pid = noloco::testing::launcher_of(run)) < 0 || !std::filesystem::exists(run + "/config.yaml")); ++i)
@@ -358,7 +352,7 @@ TEST_F(Distributed, ASignalWhileStartingStopsTheLauncherAndEveryWorker) {
   ASSERT_GT(pid, 0);
   std::this_thread::sleep_for(std::chrono::milliseconds(200));
   EXPECT_EQ(::kill(pid, SIGINT), 0);
-  launcher.join();
+  const auto& result = launcher.wait();
   EXPECT_EQ(result.exit_code, 128 + 2) << result.output;  // not 124: the 60 s bound was not reached
   EXPECT_NE(result.output.find("interrupted by signal 2"), std::string::npos) << result.output;
   EXPECT_NE(::system(("pgrep -f '[n]oloco train .*out=" + run + "' > /dev/null").c_str()), 0) << "a worker outlived it";
@@ -373,13 +367,10 @@ TEST_F(Distributed, ASignalWhileStartingStopsTheLauncherAndEveryWorker) {
 // summary naming both failures, no such wait and no process left.
 TEST_F(Distributed, ASecondFailureAfterARejoinEndsTheRun) {
   const std::string run = dir / "twice";
-  noloco::testing::CliResult result;
-  std::thread launcher([&] {
-    result = noloco::testing::run_cli(small_train_args(dir / "c.txt", run) +
+  noloco::testing::BackgroundCli launcher(small_train_args(dir / "c.txt", run) +
                                           " method=noloco replicas=4 batch=2 steps=4000 outer_interval=10"
                                           " eval_interval=1000 log_interval=100 restarts=1 inject_crash=1:25",
                                       240);
-  });
   // The event the drill is about: worker 1 back, from a live peer's state.
   const bool rejoined = noloco::testing::wait_for_record(run, "rejoin", 180);
   int donor = -1;
@@ -390,7 +381,7 @@ TEST_F(Distributed, ASecondFailureAfterARejoinEndsTheRun) {
       std::this_thread::sleep_for(std::chrono::milliseconds(50));
   }
   if (second > 0) ::kill(second, SIGKILL);
-  launcher.join();
+  const auto& result = launcher.wait();
   ASSERT_TRUE(rejoined) << result.output;
   ASSERT_GT(second, 0) << "the donor, worker " << donor << ", was not found to kill";
   EXPECT_EQ(result.output.find("could not hand over state"), std::string::npos) << result.output;
@@ -408,12 +399,9 @@ TEST_F(Distributed, ASecondFailureAfterARejoinEndsTheRun) {
 // SIGTERM, with every worker, within the bound of one store call.
 TEST_F(Distributed, TheLauncherAnswersSIGTERMWhileItsStoreIsFrozen) {
   const std::string run = dir / "frozen_store";
-  noloco::testing::CliResult result;
-  std::thread launcher([&] {
-    result = noloco::testing::run_cli(small_train_args(dir / "c.txt", run) +
+  noloco::testing::BackgroundCli launcher(small_train_args(dir / "c.txt", run) +
                                           " method=noloco replicas=2 batch=2 steps=1000000 outer_interval=10",
                                       120);
-  });
   const bool training = noloco::testing::wait_for_record(run, "train", 60);
   const pid_t pid = noloco::testing::launcher_of(run);
   const pid_t etcd = pid > 0 ? noloco::testing::child_of(pid, EtcdServer::binary()) : -1;
@@ -421,7 +409,7 @@ TEST_F(Distributed, TheLauncherAnswersSIGTERMWhileItsStoreIsFrozen) {
   std::this_thread::sleep_for(std::chrono::milliseconds(1500));  // the launcher's heartbeat reads now block
   const auto t0 = std::chrono::steady_clock::now();
   if (pid > 0) ::kill(pid, SIGTERM);
-  launcher.join();
+  const auto& result = launcher.wait();
   const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   if (etcd > 0) ::kill(etcd, SIGKILL);  // gone with its launcher already, unless the test failed
   ASSERT_TRUE(training) << result.output;

@@ -235,6 +235,72 @@ TEST(ActivationLink, RejectsAMessageThatTheRoutingDidNotAnnounce) {
   EXPECT_TRUE(torch::equal(received, torch::arange(6, torch::kFloat32)));
 }
 
+// Coded activations (int8 forward, int4 gradients back): values within half
+// a quantisation step, the coded bytes counted, evaluations exact, and a
+// payload that does not decode (NaN activations give a NaN scale) refused
+// and dropped, never applied.
+TEST(ActivationLink, CodedActivationsDecodeWithinAStepAndAMalformedOneIsDropped) {
+  const int port = noloco::testing::free_port();
+  const auto host = hosted_store(port);
+  const ActivationCodecs codecs{{CodecSpec::Type::int8, 0, 64, false}, {CodecSpec::Type::int4, 0, 64, true}};
+  const auto values = torch::linspace(-1, 1, 256, torch::kFloat32);
+  std::vector<torch::Tensor> got(4);
+  PipelineStats stats;
+  bool nan_delivered = true;
+  auto worker = [&](int rank) {
+    const auto env = stage_env(rank, port);
+    const auto store = connect_store(env, kLinkTimeout);
+    ActivationLink link(store, env, 2, 0, "127.0.0.1", kLinkTimeout, codecs);
+    link.enter("step/1");
+    const auto labels = torch::arange(8, torch::kInt64);
+    if (rank == 0) {
+      link.send(1, {MessageKind::activations, 1, 0, 0, 0}, {values, labels});
+      link.send(1, {MessageKind::evaluation, 1, 0, 0, 0}, {values, labels});
+      link.send(1, {MessageKind::activations, 1, 1, 0, 0}, {torch::full({256}, NAN), labels});
+      std::vector<torch::Tensor> grad{torch::zeros({256})};
+      EXPECT_TRUE(link.recv(1, {MessageKind::gradients, 1, 0, 0, 0}, grad));
+      got[3] = grad[0];
+      link.finish_sends();
+    } else {
+      for (int64_t micro : {0, 1}) {
+        std::vector<torch::Tensor> in{torch::zeros({256}), torch::zeros({8}, torch::kInt64)};
+        const bool delivered = link.recv(0, {MessageKind::activations, 1, micro, 0, 0}, in);
+        if (micro == 0) {
+          EXPECT_TRUE(delivered);
+          got[0] = in[0];
+          got[1] = in[1];
+        } else {
+          nan_delivered = delivered;
+        }
+        if (micro == 0) {
+          std::vector<torch::Tensor> eval{torch::zeros({256}), torch::zeros({8}, torch::kInt64)};
+          EXPECT_TRUE(link.recv(0, {MessageKind::evaluation, 1, 0, 0, 0}, eval));
+          got[2] = eval[0];
+        }
+      }
+      link.send(0, {MessageKind::gradients, 1, 0, 0, 0}, {values});
+      link.finish_sends();
+      stats = link.stats();
+    }
+  };
+  std::thread a(worker, 0), b(worker, 1);
+  a.join();
+  b.join();
+  ASSERT_TRUE(got[0].defined() && got[2].defined() && got[3].defined());
+  // int8: scale max|x|/127 per 64 values (bf16, rounded up); int4: /7.
+  EXPECT_LE((got[0] - values).abs().max().item<float>(), 1.01f / 127 / 2 * 1.01f);
+  EXPECT_GT((got[0] - values).abs().max().item<float>(), 0.0f);
+  EXPECT_TRUE(torch::equal(got[1], torch::arange(8, torch::kInt64)));
+  EXPECT_TRUE(torch::equal(got[2], values)) << "evaluations travel exact";
+  EXPECT_LE((got[3] - values).abs().max().item<float>(), 1.01f / 7 * 1.01f);  // stochastic: within one step
+  EXPECT_FALSE(nan_delivered) << "a malformed payload is never applied";
+  EXPECT_EQ(stats.micro_batches_dropped, 1);
+  // Received for training: 2 int8 activations (256 + 4 scales of 2 bytes) with their labels.
+  EXPECT_EQ(stats.bytes_received, uint64_t(2 * (256 + 4 * 2 + 8 * 8)));
+  // Sent: one int4 gradient message (128 + 4 scales of 2 bytes).
+  EXPECT_EQ(stats.bytes_sent, uint64_t(128 + 4 * 2));
+}
+
 // A dropped micro-batch is announced, not awaited; a neighbour whose pair
 // fails (here: its group is torn down) is lost, and the next roster leaves it out.
 TEST(ActivationLink, DroppedNoticesAndALostNeighbour) {
@@ -325,6 +391,28 @@ TEST_F(Pipeline, FixedRoutingWithTwoStagesMatchesTheUnpipelinedRun) {
   const double B = 4, T = 32, H = 32, M = 2;
   EXPECT_EQ(summary["activation_bytes_per_step"].get<double>(), M * (B * T * H * 4 + B * T * 8 + B * T * H * 4));
   EXPECT_EQ(summary["pipeline_idle_seconds_per_stage"].size(), 2u);
+  EXPECT_EQ(summary["activation_codec"], "fp32");
+}
+
+// activation_codec=int8 (and int4 gradients): what crosses the boundary is
+// the coded bytes, 1 (int8) or 1/2 (int4) a value plus a bf16 scale per 64
+// values; training goes on close to the fp32 run, and the summary says how.
+TEST_F(Pipeline, CodedActivationsCrossTheBoundaryInTheirCodedSize) {
+  const std::string common = "batch=4 grad_accum=2 steps=12 clip=0 eval_interval=6 stages=2 routing=fixed";
+  const auto coded = run("coded", common + " activation_codec=int8 activation_grad_codec=int4");
+  const auto exact = run("exact", common);
+  const auto summary = read_json(coded + "/summary.json");
+  const double B = 4, T = 32, H = 32, M = 2, scales = B * T * H / 64 * 2;
+  EXPECT_EQ(summary["activation_bytes_per_step"].get<double>(),
+            M * ((B * T * H + scales) + B * T * 8 + (B * T * H / 2 + scales)));
+  EXPECT_EQ(summary["activation_codec"], "int8");
+  EXPECT_EQ(summary["activation_grad_codec"], "int4");
+  const auto a = losses(coded, "val"), b = losses(exact, "val");
+  ASSERT_EQ(a.at(0).size(), 2u);
+  for (const auto& [step, loss] : b.at(0)) {
+    EXPECT_NE(a.at(0).at(step), loss) << "coded: not the exact run";
+    EXPECT_NEAR(a.at(0).at(step), loss, 0.02 * loss) << "step " << step;
+  }
 }
 
 // Outer methods act per stage across the replicas of that stage; with fixed
@@ -470,13 +558,10 @@ TEST_F(Pipeline, AHungStageWorkerIsKilledByItsHeartbeatAndRoutedAround) {
 // meets the store again, lands well before the end even on a loaded machine.
 TEST_F(Pipeline, AKilledStageWorkerRestartsAndRejoinsItsStage) {
   const std::string run_dir = dir / "rejoin";
-  noloco::testing::CliResult result;
-  std::thread launcher([&] {
-    result = noloco::testing::run_cli(small_train_args(dir / "c.txt", run_dir) +
+  noloco::testing::BackgroundCli launcher(small_train_args(dir / "c.txt", run_dir) +
                                           " method=noloco replicas=4 stages=2 batch=2 grad_accum=2 steps=1000000"
                                           " outer_interval=5 inject_crash=3:12 restarts=1",
                                       240);
-  });
   // The events the test is about: worker 3 (replica 1, stage 1) back from a
   // live replica's state, then computing replica 1's losses again.
   std::optional<nlohmann::json> rejoin;
@@ -494,7 +579,7 @@ TEST_F(Pipeline, AKilledStageWorkerRestartsAndRejoinsItsStage) {
     trained_after = trained.count(1) && trained.at(1).rbegin()->first > (*rejoin)["step"].get<int64_t>();
   }
   EXPECT_EQ(::system(("pkill -INT -f '[n]oloco train .*out=" + run_dir + " '").c_str()), 0);
-  launcher.join();
+  const auto& result = launcher.wait();
   ASSERT_TRUE(rejoin) << result.output;
   EXPECT_EQ((*rejoin)["replica"], 1);
   EXPECT_EQ((*rejoin)["stage"], 1);

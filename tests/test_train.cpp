@@ -260,13 +260,12 @@ TEST_F(BadCheckpoint, ANewRunNeverOverwritesAnotherOrTakesItsDirectory) {
 TEST_F(BadCheckpoint, TwoRunsCannotShareADirectory) {
   std::string cli = "train configs/shakespeare.yaml";
   for (auto& a : args("run", {"steps=100000", "eval_interval=100000"})) cli += " " + a;
-  noloco::testing::CliResult first;
-  std::thread runner([&] { first = noloco::testing::run_cli(cli, 60); });
+  noloco::testing::BackgroundCli runner(cli, 60);
   for (int i = 0; i < 300 && !std::filesystem::exists(dir / "run/metrics.jsonl"); ++i)
     std::this_thread::sleep_for(std::chrono::milliseconds(100));
   const auto second = noloco::testing::run_cli(cli + " resume=true", 30);
   EXPECT_EQ(::system(("pkill -INT -f '[n]oloco train .*out=" + dir / "run" + " '").c_str()), 0);
-  runner.join();
+  const auto& first = runner.wait();
   expect_one_line_error(second, "is in use by another run (pid ");
 }
 

@@ -87,6 +87,25 @@ inline CliResult run_cli(const std::string& args, int timeout_s = 120, const std
   return r;
 }
 
+// A `noloco` command running on its own thread while the test acts on the
+// run (kills a worker, sends a signal); wait() joins it.
+class BackgroundCli {
+ public:
+  BackgroundCli(const std::string& args, int timeout_s, const std::string& env = "")
+      : thread_([this, args, timeout_s, env] { result_ = run_cli(args, timeout_s, env); }) {}
+  ~BackgroundCli() {
+    if (thread_.joinable()) thread_.join();
+  }
+  const CliResult& wait() {
+    if (thread_.joinable()) thread_.join();
+    return result_;
+  }
+
+ private:
+  CliResult result_;
+  std::thread thread_;
+};
+
 // `train` arguments for a small, fast model on `data`, writing to `out`.
 inline std::string small_train_args(const std::string& data, const std::string& out) {
   return "train configs/shakespeare.yaml data=" + data + " out=" + out +

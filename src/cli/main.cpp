@@ -11,7 +11,7 @@
 
 #include "comm/capped_links.h"
 #include "comm/launcher.h"
-#include "comm/worker_links.h"
+#include "comm/worker_connections.h"
 #include "config/options.h"
 #include "config/train_config.h"
 #include "data/dataset.h"
@@ -31,6 +31,7 @@
 #include "train/run_summary.h"
 #include "train/trainer.h"
 #include "util/files.h"
+#include "wire/channels.h"
 #include "util/human.h"
 #include "util/error_text.h"
 #include "util/log.h"
@@ -92,7 +93,7 @@ std::vector<std::string> worker_command(std::vector<std::string> command, const 
   return command;
 }
 
-WorkerInfo worker_info(const WorkerEnv& env, int stages, const WorkerLinks& links) {
+WorkerInfo worker_info(const WorkerEnv& env, int stages, const WorkerConnections& links) {
   WorkerInfo w;
   w.rank = env.rank;
   w.stages = stages;
@@ -160,7 +161,10 @@ int run_train(const std::string& config_path, const std::vector<std::string>& ov
     // joined, it cannot ask the store which start this is; the launcher
     // tells a restart by its environment.)
     if (!std::getenv("NOLOCO_RESTARTED")) FailureDrill(cfg.run.inject_crash, env.rank, 0).at_startup();
-    const auto links = join_as_worker(env, cfg.comm, stages, cfg.outer.method != Method::none);
+    // Gradients are rounded stochastically: unbiased, as SGD wants them.
+    const ActivationCodecs codecs{codec_spec(cfg.pipeline.activation_codec, cfg.outer.quant_block, false),
+                                  codec_spec(cfg.pipeline.activation_grad_codec, cfg.outer.quant_block, true)};
+    const auto links = join_as_worker(env, cfg.comm, stages, cfg.outer.method != Method::none, codecs);
     train(cfg, worker_info(env, stages, links));
     return 0;
   }
@@ -194,8 +198,10 @@ int run_train(const std::string& config_path, const std::vector<std::string>& ov
   const auto launched = launch_local_workers(plan, worker_command({"train", config_path}, overrides, cfg.run.out));
   const auto& exits = launched.exits;
   const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-  const auto summary = summarize_run(cfg.run.out, plan.method, cfg.run.replicas, stages, choice_name(cfg.pipeline.routing),
-                                     cfg.inner.grad_accum, exits, seconds);
+  auto summary = summarize_run(cfg.run.out, plan.method, cfg.run.replicas, stages, choice_name(cfg.pipeline.routing),
+                               cfg.inner.grad_accum, exits, seconds);
+  summary.activation_codec = choice_name(cfg.pipeline.activation_codec);
+  summary.activation_grad_codec = choice_name(cfg.pipeline.activation_grad_codec);
   // A resume that every worker refused leaves the summary of the run it resumed.
   if (!summary.finished.empty() || !cfg.run.resume || !file_exists(cfg.run.out + "/summary.json"))
     write_json_atomic(cfg.run.out + "/summary.json", summary.to_json());

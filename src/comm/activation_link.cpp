@@ -3,23 +3,42 @@
 #include <fmt/format.h>
 
 #include "comm/framed.h"
+#include "util/splitmix.h"
 #include "util/error_text.h"
 #include "util/log.h"
 
 namespace noloco {
 
 namespace {
+
 using Clock = std::chrono::steady_clock;
+
+// Stochastic rounding's seed: the same on a re-run, different per message.
+uint64_t message_seed(const ActivationHeader& h) {
+  return splitmix64(splitmix64(splitmix64(uint64_t(h.step) * 31 + uint64_t(h.kind)) + uint64_t(h.micro)) +
+                    uint64_t(h.boundary) * 1000003u + uint64_t(h.origin));
+}
+
+torch::Tensor encoded(const WireCodec& codec, const torch::Tensor& values, uint64_t seed) {
+  const auto x = values.to(torch::kFloat32).contiguous();
+  auto out = torch::empty({int64_t(codec.encoded_bytes(size_t(x.numel())))}, torch::kUInt8);
+  codec.encode(x.data_ptr<float>(), size_t(x.numel()), out.data_ptr<uint8_t>(), seed);
+  return out;
+}
+
 }  // namespace
 
 ActivationLink::ActivationLink(const StorePtr& store, const WorkerEnv& env, int stages, int incarnation,
-                               const std::string& bind, std::chrono::milliseconds timeout)
+                               const std::string& bind, std::chrono::milliseconds timeout,
+                               const ActivationCodecs& codecs)
     : store_(store),
       env_(env),
       stages_(stages),
       self_{env.rank, incarnation},
       timeout_(timeout),
       run_id_(run_id_of(env.token)),
+      activation_codec_(codecs.activations),
+      gradient_codec_(codecs.gradients),
       rosters_(store, env.token, stages, env.world / stages),
       device_(gloo_device(bind)) {}
 
@@ -113,11 +132,21 @@ void ActivationLink::post(int peer, const MessageHeader& header, std::vector<tor
   pending_.push_back({peer, [send, timeout = timeout_] { send->wait(timeout); }});
 }
 
+const WireCodec* ActivationLink::codec_for(MessageKind kind) const {
+  const WireCodec* codec = kind == MessageKind::activations ? &activation_codec_
+                           : kind == MessageKind::gradients ? &gradient_codec_
+                                                            : nullptr;
+  return codec && !codec->lossless() ? codec : nullptr;
+}
+
 void ActivationLink::send(int peer, const ActivationHeader& header, const std::vector<torch::Tensor>& tensors) {
   TORCH_CHECK(tensors.size() <= 2, "a pipeline message carries at most two tensors");
+  const WireCodec* codec = codec_for(header.kind);
   std::vector<torch::Tensor> payload;
   for (const auto& t : tensors) payload.push_back(t.detach().to(torch::kCPU).contiguous());
-  const auto announced = header_of(header, payload);
+  if (codec && !payload.empty()) payload[0] = encoded(*codec, payload[0], message_seed(header));
+  auto announced = header_of(header, payload);
+  if (codec) announced.format = codec->format_id();
   post(peer, announced, std::move(payload), header.kind == MessageKind::evaluation);
 }
 
@@ -148,9 +177,15 @@ bool ActivationLink::recv(int peer, const ActivationHeader& expected, std::vecto
   };
   // Header first: a dropped notice may come instead, and the payload is only
   // received into buffers of the size the header was checked to announce.
+  const WireCodec* codec = codec_for(expected.kind);
+  auto wire = tensors;
+  if (codec && !wire.empty())
+    wire[0] = torch::empty({int64_t(codec->encoded_bytes(size_t(tensors[0].numel())))}, torch::kUInt8);
+  auto announced = header_of(expected, wire);
+  if (codec) announced.format = codec->format_id();
   std::optional<FramedReceive> in;
   try {
-    in.emplace(*pg_, member, tag, header_of(expected, tensors), tensors, /*eager=*/false);
+    in.emplace(*pg_, member, tag, announced, wire, /*eager=*/false);
   } catch (const std::exception& e) {
     return lost(error_text(e));
   }
@@ -161,10 +196,22 @@ bool ActivationLink::recv(int peer, const ActivationHeader& expected, std::vecto
       throw std::runtime_error(fmt::format("rejected a pipeline message from worker {}: {}", peer, in->problem()));
     case Delivery::peer_lost: return lost(in->problem());
   }
-  if (!evaluation) {
-    for (const auto& t : tensors) stats_.bytes_received += t.nbytes();
-    stats_.idle_seconds += std::chrono::duration<double>(Clock::now() - start).count();
+  if (!evaluation)
+    for (const auto& t : wire) stats_.bytes_received += t.nbytes();  // what crossed the wire, decodable or not
+  if (codec && !wire.empty()) {
+    auto& values = tensors[0];
+    TORCH_CHECK(values.scalar_type() == torch::kFloat32 && values.is_contiguous(),
+                "coded pipeline values are received into contiguous fp32 buffers");
+    try {
+      codec->decode(wire[0].data_ptr<uint8_t>(), size_t(wire[0].numel()), size_t(values.numel()),
+                    values.data_ptr<float>());
+    } catch (const std::runtime_error& e) {
+      spdlog::error("refused a pipeline message from worker {} (step {}, micro-batch {}): {}; dropped", peer,
+                    expected.step, expected.micro, e.what());
+      return dropped();
+    }
   }
+  if (!evaluation) stats_.idle_seconds += std::chrono::duration<double>(Clock::now() - start).count();
   return true;
 }
 

@@ -19,6 +19,7 @@
 #include "comm/comm_stats.h"
 #include "comm/gloo_transport.h"
 #include "comm/membership.h"
+#include "wire/codec.h"
 #include "wire/message.h"
 
 namespace noloco {
@@ -33,11 +34,18 @@ struct ActivationHeader {
   int64_t origin = 0;  // the data replica the micro-batch's tokens came from
 };
 
+// How training traffic between stages is coded on the wire, per direction
+// (wire/codec.h). The first tensor of a message (hidden states, or their
+// gradients) goes through it; labels and evaluation traffic stay exact.
+struct ActivationCodecs {
+  CodecSpec activations, gradients;
+};
+
 class ActivationLink {
  public:
   // Worker env.rank (replica-major over `stages`) in its `incarnation`.
   ActivationLink(const StorePtr& store, const WorkerEnv& env, int stages, int incarnation, const std::string& bind,
-                 std::chrono::milliseconds timeout);
+                 std::chrono::milliseconds timeout, const ActivationCodecs& codecs = {});
   ~ActivationLink();
 
   // Takes the roster named `name` (a step; all workers ask for the same names
@@ -57,8 +65,9 @@ class ActivationLink {
   void send_dropped(int peer, const ActivationHeader& header);
   // Receives into `tensors` (CPU, preallocated with the expected shapes and
   // dtypes) from worker `peer`. False if the micro-batch was dropped (a
-  // notice came, or the pair failed: the peer is lost); throws naming the
-  // difference if its header is not `expected`. Time blocked counts as idle.
+  // notice came, the pair failed: the peer is lost, or its coded payload was
+  // malformed: refused, never applied); throws naming the difference if its
+  // header is not `expected`. Time blocked counts as idle.
   bool recv(int peer, const ActivationHeader& expected, std::vector<torch::Tensor>& tensors);
   // Waits until every send has left (or its peer is lost); call before the
   // sent tensors are reused.
@@ -72,6 +81,8 @@ class ActivationLink {
 
  private:
   int next_tag(std::vector<int64_t>& counters, int member);
+  // The codec a message of `kind` goes through; null: sent as it is.
+  const WireCodec* codec_for(MessageKind kind) const;
   MessageHeader header_of(const ActivationHeader& h, const std::vector<torch::Tensor>& tensors) const;
   // The group rank of worker `peer`; -1 if it is not in the group or is lost.
   int member_of(int peer) const;
@@ -84,6 +95,7 @@ class ActivationLink {
   Peer self_;  // rank: this worker's global rank
   std::chrono::milliseconds timeout_;
   int64_t run_id_;
+  WireCodec activation_codec_, gradient_codec_;
   PipelineRoster rosters_;
   std::optional<Roster> roster_;
   bool was_listed_ = false;

@@ -1,13 +1,14 @@
-#include "comm/worker_links.h"
+#include "comm/worker_connections.h"
 
 #include <fmt/format.h>
 
 namespace noloco {
 
-WorkerLinks join_as_worker(const WorkerEnv& env, const CommConfig& comm, int stages, bool outer_method) {
+WorkerConnections join_as_worker(const WorkerEnv& env, const CommConfig& comm, int stages, bool outer_method,
+                                 const ActivationCodecs& codecs) {
   const auto timeout = std::chrono::milliseconds(int64_t(comm.peer_timeout * 1000));
   const int stage = env.rank % stages, replica = env.rank / stages, replicas = env.world / stages;
-  WorkerLinks links;
+  WorkerConnections links;
   links.timeout = timeout;
   auto client = env;
   if (env.store_url.empty() && !env.agent_store) {
@@ -31,7 +32,7 @@ WorkerLinks join_as_worker(const WorkerEnv& env, const CommConfig& comm, int sta
   if (stages > 1)
     links.link = std::make_unique<ActivationLink>(links.store, env, stages,
                                                   links.membership ? links.membership->incarnation() : 0, comm.bind,
-                                                  timeout);
+                                                  timeout, codecs);
   return links;
 }
 

@@ -13,7 +13,7 @@
 
 namespace noloco {
 
-struct WorkerLinks {
+struct WorkerConnections {
   // Worker 0 of a run that nobody else hosts a store for (no launcher, no
   // torchrun agent, no NOLOCO_STORE) hosts it: an etcd on bind:MASTER_PORT.
   std::unique_ptr<EtcdServer> hosted_store;
@@ -27,6 +27,7 @@ struct WorkerLinks {
 
 // Joins the run this process was launched into as worker env.rank, laid out
 // replica-major over `stages` pipeline stages.
-WorkerLinks join_as_worker(const WorkerEnv& env, const CommConfig& comm, int stages, bool outer_method);
+WorkerConnections join_as_worker(const WorkerEnv& env, const CommConfig& comm, int stages, bool outer_method,
+                                 const ActivationCodecs& codecs = {});
 
 }  // namespace noloco

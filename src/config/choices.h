@@ -22,6 +22,9 @@ enum class NolocoMessage { automatic, theta, delta_phi };
 enum class PhiCoding { automatic, codec, coset };
 enum class Precision { fp32, bf16 };
 enum class WireDtype { fp32, bf16, int8, int4 };
+// The codec of pipeline activations and their gradients between stages;
+// `same` (the gradients' key only): as the activations.
+enum class ActivationCodec { same, fp32, bf16, int8, int4 };
 
 template <class E>
 struct ChoiceNames;
@@ -63,6 +66,15 @@ template <>
 struct ChoiceNames<WireDtype> {
   static constexpr std::array<std::pair<WireDtype, const char*>, 4> all{
       {{WireDtype::fp32, "fp32"}, {WireDtype::bf16, "bf16"}, {WireDtype::int8, "int8"}, {WireDtype::int4, "int4"}}};
+};
+
+template <>
+struct ChoiceNames<ActivationCodec> {
+  static constexpr std::array<std::pair<ActivationCodec, const char*>, 5> all{{{ActivationCodec::same, "same"},
+                                                                              {ActivationCodec::fp32, "fp32"},
+                                                                              {ActivationCodec::bf16, "bf16"},
+                                                                              {ActivationCodec::int8, "int8"},
+                                                                              {ActivationCodec::int4, "int4"}}};
 };
 
 template <class E>

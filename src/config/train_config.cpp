@@ -75,6 +75,12 @@ Options config_options(TrainConfig& c) {
       .add("schedule", c.pipeline.schedule,
            "gpipe | 1f1b: all forwards then all backwards, or one forward one backward (activation memory bounded "
            "by stages, not micro-batches); the same gradients")
+      .add("activation_codec", c.pipeline.activation_codec,
+           "pipeline activations between stages on the wire: fp32 | bf16 | int8 | int4 (quant_block values a "
+           "scale); evaluations stay fp32")
+      .add("activation_grad_codec", c.pipeline.activation_grad_codec,
+           "their gradients, back between stages: same (as activation_codec) | fp32 | bf16 | int8 | int4 "
+           "(integer codes stochastically rounded: unbiased)")
       .add("outer_interval", c.outer.interval, "H, inner steps per outer step; 0: 100 diloco, 50 noloco")
       .add("outer_momentum", c.outer.momentum, "alpha; <0: 0.3 diloco, 0.5 noloco")
       .add("outer_lr", c.outer.lr, "beta, outer learning rate")
@@ -154,6 +160,7 @@ void TrainConfig::resolve() {
   if (outer.interval == 0) outer.interval = outer.method == Method::diloco ? 100 : 50;
   if (outer.momentum < 0) outer.momentum = outer.method == Method::diloco ? 0.3 : 0.5;
   if (outer.gamma < 0) outer.gamma = outer.lr;
+  if (pipeline.activation_grad_codec == ActivationCodec::same) pipeline.activation_grad_codec = pipeline.activation_codec;
   // With γ = β the pull folds into the mean of θ: β·mean(Δ) + β·(mean φ − φ_i) = β·(mean θ − φ_i).
   const bool lossless = outer.wire_dtype == WireDtype::fp32 && outer.topk == 0;
   const bool theta_codec = outer.topk == 0 && (outer.wire_dtype == WireDtype::fp32 || outer.wire_dtype == WireDtype::bf16);
@@ -209,6 +216,8 @@ void TrainConfig::validate() const {
   non_negative("max_local_workers", double(run.max_local_workers));
   positive("stages", double(pipeline.stages));
   stage_layer_ranges(model.layers, pipeline.stages, pipeline.stage_layers);
+  if (pipeline.activation_codec == ActivationCodec::same)
+    invalid("activation_codec must be fp32, bf16, int8 or int4 (same is for activation_grad_codec)");
   non_negative("outer_interval", double(outer.interval));
   positive("outer_lr", outer.lr);
   if (outer.group_size < 2) invalid(fmt::format("group_size must be >= 2, got {}", outer.group_size));

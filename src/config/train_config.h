@@ -82,6 +82,9 @@ struct PipelineConfig {
   std::string stage_layers;         // layer counts per stage, "3,5"; empty: balanced
   Routing routing = Routing::random;
   Schedule schedule = Schedule::gpipe;
+  // Training traffic between stages (comm/activation_link.h); evaluations stay exact.
+  ActivationCodec activation_codec = ActivationCodec::fp32;
+  ActivationCodec activation_grad_codec = ActivationCodec::same;
 };
 
 struct EvalConfig {

@@ -65,8 +65,8 @@ torch::Tensor DiLoCo::compressed_mean(int64_t exchange_id, Shards& shards, const
   return out.narrow(0, 0, n).to(delta.device());
 }
 
-OuterTerms DiLoCo::exchange(int64_t exchange_id, const Fragment& fragment, const torch::Tensor& theta,
-                            const torch::Tensor& phi, OuterSync& sync) {
+OuterTerms DiLoCo::group_means(int64_t exchange_id, const Fragment& fragment, const torch::Tensor& theta,
+                               const torch::Tensor& phi, OuterSync& sync) {
   auto delta = theta - phi;
   const auto sent_before = transport_.stats().bytes_sent;
   if (codec_.lossless()) {

@@ -25,8 +25,8 @@ class DiLoCo final : public SlowWeightsMethod {
   void load(const TensorMap& in) override;
 
  protected:
-  OuterTerms exchange(int64_t exchange_id, const Fragment& fragment, const torch::Tensor& theta,
-                      const torch::Tensor& phi, OuterSync& sync) override;
+  OuterTerms group_means(int64_t exchange_id, const Fragment& fragment, const torch::Tensor& theta,
+                         const torch::Tensor& phi, OuterSync& sync) override;
 
  private:
   // The channels of one fragment of the weights.

@@ -22,7 +22,7 @@ torch::Tensor rank_ordered_mean(int me, const torch::Tensor& own, const std::map
 
 }  // namespace
 
-NoLoCo::NoLoCo(const OuterConfig& config, uint64_t seed, OuterLinks links, FlatParams& params)
+NoLoCo::NoLoCo(const OuterConfig& config, uint64_t seed, ReplicaPeers links, FlatParams& params)
     : SlowWeightsMethod(config, params),
       seed_(seed),
       transport_(*links.transport),
@@ -102,8 +102,8 @@ std::map<int, NolocoParts> NoLoCo::decode(NolocoMessageCodec& message, const std
   return decoded;
 }
 
-OuterTerms NoLoCo::exchange(int64_t id, const Fragment& fragment, const torch::Tensor& theta, const torch::Tensor& phi,
-                            OuterSync& sync) {
+OuterTerms NoLoCo::group_means(int64_t id, const Fragment& fragment, const torch::Tensor& theta,
+                               const torch::Tensor& phi, OuterSync& sync) {
   const auto group = my_group(id);
   auto& message = messages_[size_t(fragment.index)];
   const bool theta_message = message.carries_theta();

@@ -24,13 +24,13 @@ namespace noloco {
 
 class NoLoCo final : public SlowWeightsMethod {
  public:
-  NoLoCo(const OuterConfig& config, uint64_t seed, OuterLinks links, FlatParams& params);
+  NoLoCo(const OuterConfig& config, uint64_t seed, ReplicaPeers links, FlatParams& params);
   void save(TensorMap& out) const override;
   void load(const TensorMap& in) override;
 
  protected:
-  OuterTerms exchange(int64_t exchange_id, const Fragment& fragment, const torch::Tensor& theta,
-                      const torch::Tensor& phi, OuterSync& sync) override;
+  OuterTerms group_means(int64_t exchange_id, const Fragment& fragment, const torch::Tensor& theta,
+                         const torch::Tensor& phi, OuterSync& sync) override;
 
  private:
   // This replica's group for exchange `id`, with the incarnations it is to meet.

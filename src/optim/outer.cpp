@@ -6,7 +6,7 @@
 
 namespace noloco {
 
-std::unique_ptr<OuterOptimizer> make_outer_optimizer(const OuterConfig& c, uint64_t seed, OuterLinks links,
+std::unique_ptr<OuterOptimizer> make_outer_optimizer(const OuterConfig& c, uint64_t seed, ReplicaPeers links,
                                                      FlatParams& params) {
   if (c.method == Method::none) return std::make_unique<OuterOptimizer>();
   TORCH_CHECK(links.transport != nullptr, "method ", choice_name(c.method), " needs a transport");

@@ -44,12 +44,12 @@ class OuterOptimizer {
 // Where a method's traffic goes: the transport among the replicas of this
 // worker's stage, and (for NoLoCo) who of them is alive. Both may be null
 // for method "none"; membership may be null where every replica always is.
-struct OuterLinks {
+struct ReplicaPeers {
   Transport* transport = nullptr;
   Membership* membership = nullptr;
 };
 
-std::unique_ptr<OuterOptimizer> make_outer_optimizer(const OuterConfig& config, uint64_t seed, OuterLinks links,
+std::unique_ptr<OuterOptimizer> make_outer_optimizer(const OuterConfig& config, uint64_t seed, ReplicaPeers links,
                                                      FlatParams& params);
 
 }  // namespace noloco

@@ -154,7 +154,7 @@ std::optional<OuterSync> SlowWeightsMethod::after_inner_step(int64_t step, FlatP
     OuterSync sync;
     sync.outer_step = outer_step;
     sync.fragment = f.index;
-    const auto terms = exchange(id, f, theta, phi, sync);
+    const auto terms = group_means(id, f, theta, phi, sync);
     outer_momentum_step(phi, momentum, theta, terms, config_.momentum, config_.lr);
     return sync;
   }
@@ -171,7 +171,7 @@ std::optional<OuterSync> SlowWeightsMethod::after_inner_step(int64_t step, FlatP
     Result r;
     r.sync.outer_step = outer_step;
     r.sync.fragment = f.index;
-    r.terms = exchange(id, f, theta, phi, r.sync);
+    r.terms = group_means(id, f, theta, phi, r.sync);
     return r;
   });
   // Eager: the outer step with this replica's own Δ (and no pull: the partners'

@@ -77,11 +77,12 @@ class SlowWeightsMethod : public OuterOptimizer {
   void load(const TensorMap& in) override;
 
  protected:
-  // The exchange of `fragment` (all the weights without fragments) named
+  // The means over this replica's group (mean Δ, and mean φ for a pull) from
+  // the exchange of `fragment` (all the weights without fragments) named
   // `exchange_id` (the same on every replica), over this replica's θ and φ of
   // that fragment. With overlap it runs on the exchange thread, on copies.
-  virtual OuterTerms exchange(int64_t exchange_id, const Fragment& fragment, const torch::Tensor& theta,
-                              const torch::Tensor& phi, OuterSync& sync) = 0;
+  virtual OuterTerms group_means(int64_t exchange_id, const Fragment& fragment, const torch::Tensor& theta,
+                                 const torch::Tensor& phi, OuterSync& sync) = 0;
   const std::vector<Fragment>& fragments() const { return fragments_; }
   // State names of per-fragment state: `name`, or `name`.f<k> with fragments.
   std::string fragment_state(const std::string& name, const Fragment& f) const;

@@ -44,7 +44,7 @@ void validate(const CommBenchOptions& o) {
     throw std::invalid_argument("bench comm needs rounds >= 1, megabytes > 0, compute >= 0, sigma2 >= 0, straggler > 0");
 }
 
-nlohmann::json comm_bench_worker(const TrainConfig& c, const CommBenchOptions& o, OuterLinks links) {
+nlohmann::json comm_bench_worker(const TrainConfig& c, const CommBenchOptions& o, ReplicaPeers links) {
   torch::manual_seed(c.run.seed + uint64_t(links.transport->rank()));
   Weights weights(std::max<int64_t>(1, int64_t(o.megabytes * 1e6 / 4)));
   FlatParams flat(weights);

@@ -27,7 +27,7 @@ Options comm_bench_options(CommBenchOptions& o);
 // Throws std::invalid_argument on values out of range.
 void validate(const CommBenchOptions& o);
 // One worker's measurement; written to out/bench_comm_r<rank>.json.
-nlohmann::json comm_bench_worker(const TrainConfig& c, const CommBenchOptions& o, OuterLinks links);
+nlohmann::json comm_bench_worker(const TrainConfig& c, const CommBenchOptions& o, ReplicaPeers links);
 // Launcher side: mean over workers, appended as a row to out/bench_comm.csv.
 nlohmann::json summarize_comm_bench(const TrainConfig& c, const CommBenchOptions& o);
 

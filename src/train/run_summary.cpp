@@ -156,6 +156,8 @@ nlohmann::json RunSummary::to_json() const {
   if (stages > 1)
     j.update({{"stages", stages},
               {"routing", routing},
+              {"activation_codec", activation_codec},
+              {"activation_grad_codec", activation_grad_codec},
               {"micro_batches", micro_batches},
               {"activation_bytes_sent", activation_bytes_sent},
               {"activation_bytes_per_step", activation_bytes_per_step},
@@ -191,6 +193,8 @@ RunSummary RunSummary::from_json(const nlohmann::json& j) {
   s.stages = j.value("stages", int64_t(1));
   s.micro_batches = j.value("micro_batches", int64_t(1));
   s.routing = j.value("routing", "");
+  s.activation_codec = j.value("activation_codec", "fp32");
+  s.activation_grad_codec = j.value("activation_grad_codec", "fp32");
   s.activation_bytes_sent = j.value("activation_bytes_sent", uint64_t(0));
   s.activation_bytes_per_step = j.value("activation_bytes_per_step", 0.0);
   s.pipeline_idle_seconds_per_stage = j.value("pipeline_idle_seconds_per_stage", std::vector<double>{});

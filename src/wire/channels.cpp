@@ -26,6 +26,20 @@ void load_state(const TensorMap& in, const std::string& name, torch::Tensor& int
 
 }  // namespace
 
+CodecSpec codec_spec(ActivationCodec codec, int64_t block, bool stochastic) {
+  CodecSpec s;
+  switch (codec) {
+    case ActivationCodec::fp32: s.type = CodecSpec::Type::fp32; break;
+    case ActivationCodec::bf16: s.type = CodecSpec::Type::bf16; break;
+    case ActivationCodec::int8: s.type = CodecSpec::Type::int8; break;
+    case ActivationCodec::int4: s.type = CodecSpec::Type::int4; break;
+    case ActivationCodec::same: throw std::logic_error("activation codec 'same' is resolved with the config");
+  }
+  s.block = block;
+  s.stochastic = stochastic;
+  return s;
+}
+
 CodecSpec codec_spec(const OuterConfig& c) {
   CodecSpec s;
   switch (c.wire_dtype) {

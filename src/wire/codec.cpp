@@ -98,7 +98,25 @@ void WireCodec::encode_dense(const float* x, size_t n, uint8_t* out, uint64_t se
   for (size_t b = 0; b < blocks; ++b) {
     const size_t first = b * block, last = std::min(n, first + block);
     float peak = 0;
-    for (size_t i = first; i < last; ++i) peak = std::max(peak, std::fabs(x[i]));
+    bool finite = true;
+    for (size_t i = first; i < last; ++i) {
+      peak = std::max(peak, std::fabs(x[i]));
+      finite = finite && std::isfinite(x[i]);
+    }
+    if (!finite) {
+      // A block holding NaN or infinity has no scale: its NaN scale makes
+      // every receiver refuse the message instead of reading zeros.
+      put16(out + 2 * b, 0x7fc0);
+      for (size_t i = first; i < last; ++i) {
+        if (spec_.type == CodecSpec::Type::int8) {
+          codes[i] = 0;
+        } else {
+          uint8_t& byte = codes[i / 2];
+          byte = i % 2 == 0 ? uint8_t((byte & 0xf0) | 8) : uint8_t((byte & 0x0f) | (8 << 4));
+        }
+      }
+      continue;
+    }
     const uint16_t scale_bits = to_bf16_up(peak / float(qmax));
     put16(out + 2 * b, scale_bits);
     const float scale = from_bf16(scale_bits);
