@@ -385,11 +385,11 @@ TEST_F(Pipeline, FixedRoutingWithTwoStagesMatchesTheUnpipelinedRun) {
   const auto whole = run("whole", common);
   expect_same_losses(losses(piped, "train"), losses(whole, "train"), 12);
   expect_same_losses(losses(piped, "val"), losses(whole, "val"), 2);
-  // Per step: M micro-batches cross the boundary forward (activations fp32 +
-  // labels int64) and back (gradients fp32).
+  // Per step: M micro-batches cross the boundary forward (activations fp32;
+  // the last stage samples the labels itself) and back (gradients fp32).
   const auto summary = read_json(piped + "/summary.json");
   const double B = 4, T = 32, H = 32, M = 2;
-  EXPECT_EQ(summary["activation_bytes_per_step"].get<double>(), M * (B * T * H * 4 + B * T * 8 + B * T * H * 4));
+  EXPECT_EQ(summary["activation_bytes_per_step"].get<double>(), M * (B * T * H * 4 + B * T * H * 4));
   EXPECT_EQ(summary["pipeline_idle_seconds_per_stage"].size(), 2u);
   EXPECT_EQ(summary["activation_codec"], "fp32");
 }
@@ -404,7 +404,7 @@ TEST_F(Pipeline, CodedActivationsCrossTheBoundaryInTheirCodedSize) {
   const auto summary = read_json(coded + "/summary.json");
   const double B = 4, T = 32, H = 32, M = 2, scales = B * T * H / 64 * 2;
   EXPECT_EQ(summary["activation_bytes_per_step"].get<double>(),
-            M * ((B * T * H + scales) + B * T * 8 + (B * T * H / 2 + scales)));
+            M * ((B * T * H + scales) + (B * T * H / 2 + scales)));
   EXPECT_EQ(summary["activation_codec"], "int8");
   EXPECT_EQ(summary["activation_grad_codec"], "int4");
   const auto a = losses(coded, "val"), b = losses(exact, "val");

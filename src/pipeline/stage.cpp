@@ -82,20 +82,21 @@ class PipelineStage final : public WorkerModel {
     int64_t completed = 0;
     auto forward = [&](int64_t m) {
       for (auto& f : flights[size_t(m)]) {
+        // Every worker holds the data: the last stage takes the labels of the
+        // micro-batch's origin itself, so they never cross the network.
+        const auto batch = [&] { return data_.train.sample(uint64_t(step * M + m), f.origin * o_.batch, o_.batch); };
         if (place_.first()) {
-          auto b = data_.train.sample(uint64_t(step * M + m), f.origin * o_.batch, o_.batch);
-          f.input = b.inputs.to(device_);
-          f.labels = b.targets;
+          f.input = batch().inputs.to(device_);
         } else {
-          auto in = activation_buffers();
+          std::vector<torch::Tensor> in{hidden_buffer()};
           if (!link_.recv(place_.worker(f.from, s - 1), activations(f, s - 1), in)) {
             f.dropped = true;
             if (!place_.last()) link_.send_dropped(place_.worker(f.to, s + 1), activations(f, s));
             continue;
           }
           f.input = in[0].to(device_).requires_grad_(true);
-          f.labels = in[1];
         }
+        if (place_.last()) f.labels = batch().targets;
         {
           shim::CudaBf16Autocast autocast(o_.bf16);
           f.output = stage_->forward(f.input);
@@ -104,7 +105,7 @@ class PipelineStage final : public WorkerModel {
         if (place_.last()) {
           loss_sum += f.output.item<double>();
         } else {
-          link_.send(place_.worker(f.to, s + 1), activations(f, s), {f.output.to(torch::kFloat32), f.labels});
+          link_.send(place_.worker(f.to, s + 1), activations(f, s), {f.output.to(torch::kFloat32)});
         }
       }
     };
@@ -170,27 +171,24 @@ class PipelineStage final : public WorkerModel {
       for (const auto& r : mine) {
         const ActivationHeader incoming{MessageKind::evaluation, step, i, s - 1, r.origin},
             outgoing{MessageKind::evaluation, step, i, s, r.origin};
-        torch::Tensor x, labels;
+        torch::Tensor x;
         if (place_.first()) {
-          auto b = data_.val.sample(uint64_t(i), 0, o_.batch);
-          x = b.inputs.to(device_);
-          labels = b.targets;
+          x = data_.val.sample(uint64_t(i), 0, o_.batch).inputs.to(device_);
         } else {
-          auto in = activation_buffers();
+          std::vector<torch::Tensor> in{hidden_buffer()};
           if (!link_.recv(place_.worker(r.replica[size_t(s - 1)], s - 1), incoming, in)) {
             whole = false;
             if (!place_.last()) link_.send_dropped(place_.worker(r.replica[size_t(s + 1)], s + 1), outgoing);
             continue;
           }
           x = in[0].to(device_);
-          labels = in[1];
         }
         shim::CudaBf16Autocast autocast(o_.bf16);
         auto out = stage_->forward(x);
         if (place_.last()) {
-          sum += next_token_loss(out, labels.to(device_)).item<double>();
+          sum += next_token_loss(out, data_.val.sample(uint64_t(i), 0, o_.batch).targets.to(device_)).item<double>();
         } else {
-          link_.send(place_.worker(r.replica[size_t(s + 1)], s + 1), outgoing, {out.to(torch::kFloat32), labels});
+          link_.send(place_.worker(r.replica[size_t(s + 1)], s + 1), outgoing, {out.to(torch::kFloat32)});
         }
       }
     }
@@ -215,10 +213,6 @@ class PipelineStage final : public WorkerModel {
   }
   torch::Tensor hidden_buffer() const {
     return torch::empty({o_.batch, stage_->config.context, stage_->config.hidden}, torch::kFloat32);
-  }
-  // What arrives from the previous stage: hidden states and the labels.
-  std::vector<torch::Tensor> activation_buffers() const {
-    return {hidden_buffer(), torch::empty({o_.batch, stage_->config.context}, torch::kInt64)};
   }
 
   StepOptions o_;

@@ -13,7 +13,7 @@ namespace noloco {
 enum class MessageKind : int64_t {
   exchange = 1,     // an outer-step exchange of a NoLoCo group
   state = 2,        // a live replica's training state, handed to a restarted one
-  activations = 3,  // pipeline: a micro-batch's hidden states and labels
+  activations = 3,  // pipeline: a micro-batch's hidden states (the last stage samples the labels itself)
   gradients = 4,    // pipeline: their gradients, back along the same route
   evaluation = 5,   // pipeline: hidden states of an evaluation pass
 };
