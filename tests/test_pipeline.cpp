@@ -21,6 +21,7 @@
 #include "pipeline/stage.h"
 #include "test_util.h"
 #include "train/checkpoint.h"
+#include "train/report.h"
 #include "util/files.h"
 
 using namespace noloco;
@@ -407,6 +408,10 @@ TEST_F(Pipeline, CodedActivationsCrossTheBoundaryInTheirCodedSize) {
             M * ((B * T * H + scales) + (B * T * H / 2 + scales)));
   EXPECT_EQ(summary["activation_codec"], "int8");
   EXPECT_EQ(summary["activation_grad_codec"], "int4");
+  // `report` plots the two runs' final losses against their activation bytes.
+  const auto md = write_report({coded, exact}, dir / "report", {});
+  EXPECT_NE(md.find("(val_loss_vs_activation_bytes.svg)"), std::string::npos) << md;
+  EXPECT_NE(read_file(dir / "report/val_loss_vs_activation_bytes.svg").find("<polyline"), std::string::npos);
   const auto a = losses(coded, "val"), b = losses(exact, "val");
   ASSERT_EQ(a.at(0).size(), 2u);
   for (const auto& [step, loss] : b.at(0)) {

@@ -1,5 +1,6 @@
 #include "train/report.h"
 
+#include <algorithm>
 #include <filesystem>
 #include <cmath>
 #include <map>
@@ -150,6 +151,26 @@ std::string requested_tables(const std::vector<Run>& runs, const ReportOptions& 
   return md;
 }
 
+// Pipelined runs' final validation loss against the activation bytes a step
+// moved, one point a run (each labelled by its codecs in the run list), as
+// one line from the most bytes to the fewest; empty with fewer than two.
+std::vector<PlotSeries> loss_by_activation_bytes(const std::vector<std::string>& run_dirs) {
+  PlotSeries s;
+  s.name = "pipelined runs";
+  s.color = method_color("noloco");
+  for (const auto& dir : run_dirs) {
+    const auto path = dir + "/summary.json";
+    if (!file_exists(path)) continue;
+    const auto j = read_json(path);
+    if (j.value("stages", int64_t(1)) < 2 || !j.contains("final_val_loss") || !j["final_val_loss"].is_number())
+      continue;
+    s.points.emplace_back(j.value("activation_bytes_per_step", 0.0), j["final_val_loss"].get<double>());
+  }
+  if (s.points.size() < 2) return {};
+  std::sort(s.points.begin(), s.points.end());
+  return {s};
+}
+
 }  // namespace
 
 std::string report_tables(const std::vector<std::string>& run_dirs, const ReportOptions& options) {
@@ -193,6 +214,14 @@ std::string write_report(const std::vector<std::string>& run_dirs, const std::st
                    "![validation loss against step](val_loss_vs_step.svg)\n\n"
                    "![validation loss against bytes](val_loss_vs_bytes.svg)\n";
   md += requested_tables(runs, options);
+  if (const auto activations = loss_by_activation_bytes(run_dirs); !activations.empty()) {
+    write_file_atomic(out_dir + "/val_loss_vs_activation_bytes.svg",
+                      line_chart_svg(activations, {"Pipelines: validation loss against activation traffic",
+                                                   "activation bytes per step (coded, both directions)",
+                                                   "final validation loss (mean over replicas)", /*log_y=*/false,
+                                                   /*log_x=*/true}));
+    md += "\n![final validation loss against activation bytes per step](val_loss_vs_activation_bytes.svg)\n";
+  }
   if (!spread.empty()) {
     write_file_atomic(out_dir + "/weight_std_vs_step.svg",
                       line_chart_svg(spread, {"Spread of weights across replicas", "inner step",
