@@ -1,5 +1,6 @@
-// libFuzzer target: a peer's outer-step payload. The first bytes choose the
-// codec (type, top-k, block, coset bits) and the length; the rest is the
+// libFuzzer target: a peer's coded payload (outer-step messages and pipeline
+// activations share these decoders). The first bytes choose the codec (type,
+// top-k, block, coset bits) and the length; the rest is the
 // payload. Decoding must give values or a std::runtime_error, never a crash,
 // an out-of-bounds access or undefined behaviour.
 #include <cstdint>
