@@ -8,7 +8,10 @@ namespace noloco {
 class Ddp final : public OuterOptimizer {
  public:
   explicit Ddp(Transport& transport) : transport_(transport) {}
-  void on_gradients(FlatParams& params) override { transport_.all_reduce_mean(params.grads()); }
+  bool on_gradients(FlatParams& params) override {
+    transport_.all_reduce_mean(params.grads());
+    return true;
+  }
 
  private:
   Transport& transport_;

@@ -30,8 +30,9 @@ struct OuterSync {
 class OuterOptimizer {
  public:
   virtual ~OuterOptimizer() = default;
-  // After backward, before clipping: DDP averages gradients here.
-  virtual void on_gradients(FlatParams&) {}
+  // After backward, before clipping: DDP averages gradients here. True when
+  // it synchronised (an outer step of its own, counted as one).
+  virtual bool on_gradients(FlatParams&) { return false; }
   // After inner step `step` (0-based); reports the outer step when one ran.
   virtual std::optional<OuterSync> after_inner_step(int64_t /*step*/, FlatParams&) { return std::nullopt; }
   // After the last inner step: whatever is still in flight is applied and reported.

@@ -247,6 +247,9 @@ class WorkerRun {
   void log_progress(int64_t done, bool last, const InnerStepResult& s);
   void evaluate(int64_t done, bool last, double lr);
   void checkpoint(int64_t done) { checkpoints_.after_step(done); }
+  // The outer method's hook on the gradients (DDP's all-reduce), tallied as
+  // an outer step when it synchronised.
+  void synchronise_gradients();
   nlohmann::json finish();
 
  private:
@@ -328,13 +331,22 @@ InnerStepResult WorkerRun::inner_step(int64_t step) {
   // A pipeline worker whose micro-batches were all dropped (or that sits out
   // the step, restarted and not yet routed to) has nothing to apply.
   if (outcome.micro_batches > 0) {
-    outer_->on_gradients(flat_);
+    synchronise_gradients();
     s.grad_norm = inner_.clip_gradients(c_.inner.clip);
     inner_.step();
   }
   if (std::isfinite(s.loss)) last_loss_ = s.loss;
   throughput_->step(s.micro_batches > 0 ? tokens_per_step_ : 0, w_.link ? w_.link->stats().bytes_sent : 0);
   return s;
+}
+
+void WorkerRun::synchronise_gradients() {
+  const auto start = Clock::now();
+  const uint64_t sent_before = w_.transport ? w_.transport->stats().bytes_sent : 0;
+  if (!outer_->on_gradients(flat_)) return;
+  ++tally_.syncs;
+  tally_.bytes += w_.transport->stats().bytes_sent - sent_before;
+  tally_.blocked_seconds += seconds_since(start);
 }
 
 void WorkerRun::outer_step(int64_t done, bool last) {
@@ -396,9 +408,6 @@ void WorkerRun::evaluate(int64_t done, bool last, double lr) {
 nlohmann::json WorkerRun::finish() {
   if (first_step_ == c_.inner.steps) val_loss_ = model_->evaluate(first_step_);  // resumed at the end: report anyway
   if (w_.membership) w_.membership->finish();
-  // Under ddp every step synchronises, all its traffic is that, and it all blocks.
-  if (c_.outer.method == Method::ddp)
-    tally_ = {c_.inner.steps - first_step_, w_.transport->stats().bytes_sent, w_.transport->stats().comm_seconds};
   const auto summary = summarize_worker(c_, w_, arch_, *model_, flat_.numel(), seconds_since(start_), val_loss_,
                                         last_loss_, spread_, rejoined_, tally_);
   const auto j = summary.to_json();
