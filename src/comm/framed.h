@@ -66,7 +66,6 @@ class FramedReceive {
   Delivery wait(std::chrono::milliseconds timeout);
   const std::string& problem() const { return problem_; }
   std::vector<torch::Tensor>& parts() { return parts_; }
-  const MessageHeader& header() const { return got_; }
 
  private:
   void post_parts();

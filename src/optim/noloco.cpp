@@ -93,7 +93,7 @@ std::map<int, NolocoParts> NoLoCo::decode(NolocoMessageCodec& message, const std
       spdlog::error("rejected the outer-step message of replica {}: {}", r, e.what());
     }
   }
-  if (sync.phi_blocks_failed * 10 > message.phi_blocks(own_phi.numel()))
+  if (sync.phi_blocks_failed * 10 > message.phi_blocks())
     spdlog::warn("outer step {}: {} blocks of slow weights were further from a partner's than its grid covered; "
                  "no pull there this time", sync.outer_step, sync.phi_blocks_failed);
   sync.arrived.push_back(transport_.rank());

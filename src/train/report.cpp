@@ -152,19 +152,15 @@ std::string requested_tables(const std::vector<Run>& runs, const ReportOptions& 
 }
 
 // Pipelined runs' final validation loss against the activation bytes a step
-// moved, one point a run (each labelled by its codecs in the run list), as
-// one line from the most bytes to the fewest; empty with fewer than two.
+// moved, one point a run, joined in order of bytes; empty with fewer than two.
 std::vector<PlotSeries> loss_by_activation_bytes(const std::vector<std::string>& run_dirs) {
   PlotSeries s;
   s.name = "pipelined runs";
   s.color = method_color("noloco");
   for (const auto& dir : run_dirs) {
-    const auto path = dir + "/summary.json";
-    if (!file_exists(path)) continue;
-    const auto j = read_json(path);
-    if (j.value("stages", int64_t(1)) < 2 || !j.contains("final_val_loss") || !j["final_val_loss"].is_number())
-      continue;
-    s.points.emplace_back(j.value("activation_bytes_per_step", 0.0), j["final_val_loss"].get<double>());
+    const auto summary = RunSummary::read(dir);
+    if (summary.stages > 1 && summary.final_val_loss)
+      s.points.emplace_back(summary.activation_bytes_per_step, *summary.final_val_loss);
   }
   if (s.points.size() < 2) return {};
   std::sort(s.points.begin(), s.points.end());

@@ -9,7 +9,7 @@ namespace noloco {
 NolocoMessageCodec::NolocoMessageCodec(const OuterConfig& config, const WireCodec& codec, const CosetCodec& coset,
                                        int64_t numel,
                                        const std::function<std::string(const std::string&)>& state_name)
-    : codec_(codec), coset_(coset) {
+    : codec_(codec), coset_(coset), numel_(numel) {
   const bool theta = config.message == NolocoMessage::theta;
   first_ = std::make_unique<ErrorFeedbackChannel>(codec, config.error_feedback && !theta, numel, state_name("residual"));
   if (!theta && config.phi_coding == PhiCoding::coset)
@@ -55,8 +55,8 @@ NolocoParts NolocoMessageCodec::decode(const torch::Tensor& bytes, bool with_phi
   return parts;
 }
 
-int64_t NolocoMessageCodec::phi_blocks(int64_t numel) const {
-  return phi_coset_ ? int64_t(coset_.blocks(size_t(numel))) : 0;
+int64_t NolocoMessageCodec::phi_blocks() const {
+  return phi_coset_ ? int64_t(coset_.blocks(size_t(numel_))) : 0;
 }
 
 void NolocoMessageCodec::save(TensorMap& out) const {

@@ -43,13 +43,14 @@ class NolocoMessageCodec {
   NolocoParts decode(const torch::Tensor& bytes, bool with_phi, const torch::Tensor& own_phi,
                      int64_t* failed_blocks);
   // The blocks φ is coset-coded in (0 when it is not).
-  int64_t phi_blocks(int64_t numel) const;
+  int64_t phi_blocks() const;
   void save(TensorMap& out) const;
   void load(const TensorMap& in);
 
  private:
   const WireCodec& codec_;
   const CosetCodec& coset_;
+  int64_t numel_;
   std::unique_ptr<ErrorFeedbackChannel> first_;      // θ, or Δ with error feedback
   std::unique_ptr<ErrorFeedbackChannel> phi_codec_;  // φ through the codec
   std::unique_ptr<SlowWeightChannel> phi_coset_;     // φ coset-coded
