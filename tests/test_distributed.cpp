@@ -156,23 +156,31 @@ TEST_F(Distributed, NoLoCoWithEightReplicasSurvivesTwoKilledWorkers) {
   ASSERT_EQ(summary["replicas_failed"].size(), 2u);
   for (auto& f : summary["replicas_failed"]) EXPECT_TRUE(f.contains("seconds")) << "when it failed";
   // A dead replica's partner averages without it. Deaths are noticed without
-  // any global barrier, so the outer step from which groupings leave a dead
-  // replica out varies; but once left out it stays out, and long after the
-  // deaths (the last outer step) every group is whole.
-  std::map<int64_t, bool> dead_grouped;  // outer step -> some group still holds a dead replica
+  // any global barrier, so the outer step whose grouping first leaves a dead
+  // replica out varies; but every replica draws from the same live members at
+  // an outer step, a dead replica once left out stays out, and long after the
+  // deaths (the last outer step) it is out.
+  std::map<int64_t, std::vector<int>> members;  // outer step -> the live replicas its groups came from
   for (auto& rec : metrics_records(dir / "crash", "outer")) {
-    const auto group = rec["group"].get<std::vector<int>>(), arrived = rec["arrived"].get<std::vector<int>>();
+    const auto outer = rec["outer_step"].get<int64_t>();
+    const auto live = rec["members"].get<std::vector<int>>(), group = rec["group"].get<std::vector<int>>(),
+               arrived = rec["arrived"].get<std::vector<int>>();
+    if (!members.count(outer)) members[outer] = live;
+    EXPECT_EQ(live, members[outer]) << "one outer step, one set of members: " << rec.dump();
+    for (int g : group) EXPECT_TRUE(std::count(live.begin(), live.end(), g)) << rec.dump();
     const bool with_dead = std::count(group.begin(), group.end(), a) || std::count(group.begin(), group.end(), b);
-    dead_grouped[rec["outer_step"].get<int64_t>()] |= with_dead;
     if (!with_dead) EXPECT_EQ(arrived, group) << rec.dump();
   }
-  ASSERT_EQ(dead_grouped.size(), 15u);
-  bool excluded = false;
-  for (auto& [outer, grouped] : dead_grouped) {
-    if (excluded) EXPECT_FALSE(grouped) << "a dead replica came back into the groupings at outer step " << outer;
-    excluded = excluded || (outer > std::max(step_a, step_b) / 3 && !grouped);
+  ASSERT_EQ(members.size(), 15u);
+  for (int dead : {a, b}) {
+    bool left_out = false;
+    for (auto& [outer, live] : members) {
+      const bool in = std::count(live.begin(), live.end(), dead);
+      EXPECT_FALSE(left_out && in) << "dead replica " << dead << " came back into the members at outer step " << outer;
+      left_out = left_out || !in;
+    }
+    EXPECT_TRUE(left_out) << "dead replica " << dead << " never left the members";
   }
-  EXPECT_FALSE(dead_grouped.rbegin()->second);
   EXPECT_EQ(metrics_records(dir / "crash", "train").size(), 6u * 45u + size_t(step_a + step_b));
 }
 

@@ -76,7 +76,7 @@ OuterTerms DiLoCo::group_means(int64_t exchange_id, const Fragment& fragment, co
   }
   sync.bytes = transport_.stats().bytes_sent - sent_before;
   for (int r = 0; r < transport_.world(); ++r) sync.group.push_back(r);
-  sync.arrived = sync.group;
+  sync.members = sync.arrived = sync.group;
   return {delta, {}, 0};
 }
 

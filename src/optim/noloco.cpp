@@ -43,7 +43,7 @@ void NoLoCo::load(const TensorMap& in) {
   for (auto& m : messages_) m.load(in);
 }
 
-std::vector<Peer> NoLoCo::my_group(int64_t id) {
+std::vector<Peer> NoLoCo::my_group(int64_t id, OuterSync& sync) {
   std::vector<Peer> members;
   if (membership_) {
     members = membership_->snapshot(std::to_string(id));
@@ -52,6 +52,7 @@ std::vector<Peer> NoLoCo::my_group(int64_t id) {
   }
   std::vector<int> ranks;
   for (const auto& p : members) ranks.push_back(p.rank);
+  sync.members = ranks;
   for (const auto& g : noloco_groups(seed_, id, ranks, int(config_.group_size))) {
     if (std::find(g.begin(), g.end(), transport_.rank()) == g.end()) continue;
     std::vector<Peer> group;
@@ -104,7 +105,7 @@ std::map<int, NolocoParts> NoLoCo::decode(NolocoMessageCodec& message, const std
 
 OuterTerms NoLoCo::group_means(int64_t id, const Fragment& fragment, const torch::Tensor& theta,
                                const torch::Tensor& phi, OuterSync& sync) {
-  const auto group = my_group(id);
+  const auto group = my_group(id, sync);
   auto& message = messages_[size_t(fragment.index)];
   const bool theta_message = message.carries_theta();
   const bool with_phi = !theta_message && (sync.outer_step + 1) % config_.phi_every == 0;

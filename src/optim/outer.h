@@ -21,6 +21,7 @@ namespace noloco {
 struct OuterSync {
   int64_t outer_step = 0;
   int fragment = 0;          // which fragment of the weights (fragments=F)
+  std::vector<int> members;  // the live replicas its grouping was drawn from
   std::vector<int> group;    // who it averaged with (all replicas for DiLoCo)
   std::vector<int> arrived;  // of those, whose data was counted
   uint64_t bytes = 0;        // payload bytes this replica sent for it

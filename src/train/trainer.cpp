@@ -362,6 +362,7 @@ void WorkerRun::outer_step(int64_t done, bool last) {
     telemetry_.write(record(done, "outer", w_,
                             {{"outer_step", sync.outer_step},
                              {"fragment", sync.fragment},
+                             {"members", sync.members},
                              {"group", sync.group},
                              {"arrived", sync.arrived},
                              {"bytes", sync.bytes},
