@@ -1,6 +1,6 @@
 // libFuzzer target: a peer's coded payload (outer-step messages and pipeline
 // activations share these decoders). The first bytes choose the codec (type,
-// top-k, block, coset bits) and the length; the rest is the
+// top-k or rotation, block, coset bits) and the length; the rest is the
 // payload. Decoding must give values or a std::runtime_error, never a crash,
 // an out-of-bounds access or undefined behaviour.
 #include <cstdint>
@@ -25,8 +25,10 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
       coset.decode(payload, bytes, n, side.data(), out.data(), &failed);
     } else {
       noloco::CodecSpec spec;
-      spec.type = noloco::CodecSpec::Type(choice % 4);
-      spec.topk = (choice >> 2) % 4 == 0 ? 0.0 : 0.01 * double((choice >> 2) % 4);
+      spec.type = noloco::CodecSpec::Type(choice % 6);
+      const int variant = (choice / 6) % 5;  // dense, rotated, or one of three top-k fractions
+      spec.rotate = variant == 1 && spec.type != noloco::CodecSpec::Type::fp32 && spec.type != noloco::CodecSpec::Type::bf16;
+      spec.topk = variant < 2 ? 0.0 : 0.01 * double(variant - 1);
       spec.block = block;
       const noloco::WireCodec codec(spec);
       codec.decode(payload, bytes, n, out.data());

@@ -32,12 +32,24 @@ std::vector<float> round_trip(const WireCodec& c, const std::vector<float>& x, u
   return y;
 }
 
-CodecSpec spec(CodecSpec::Type type, double topk = 0, bool stochastic = false) {
+CodecSpec spec(CodecSpec::Type type, double topk = 0, bool stochastic = false, bool rotate = false) {
   CodecSpec s;
   s.type = type;
   s.topk = topk;
   s.stochastic = stochastic;
+  s.rotate = rotate;
   return s;
+}
+
+constexpr CodecSpec::Type kIntegerTypes[] = {CodecSpec::Type::int8, CodecSpec::Type::int4, CodecSpec::Type::int3,
+                                             CodecSpec::Type::int2};
+int qmax_of(CodecSpec::Type type) {
+  switch (type) {
+    case CodecSpec::Type::int8: return 127;
+    case CodecSpec::Type::int4: return 7;
+    case CodecSpec::Type::int3: return 3;
+    default: return 1;
+  }
 }
 
 std::string decode_error(const WireCodec& c, std::vector<uint8_t> bytes, size_t n) {
@@ -59,10 +71,15 @@ TEST(Codec, ByteCountsAreExactAndKnownFromTheLengthAlone) {
   EXPECT_EQ(WireCodec(spec(CodecSpec::Type::int8)).encoded_bytes(n), 16u * 2 + 1000);
   EXPECT_EQ(WireCodec(spec(CodecSpec::Type::int4)).encoded_bytes(n), 16u * 2 + 500);
   EXPECT_EQ(WireCodec(spec(CodecSpec::Type::int4)).encoded_bytes(1001), 16u * 2 + 501);
+  EXPECT_EQ(WireCodec(spec(CodecSpec::Type::int3)).encoded_bytes(n), 16u * 2 + 375);
+  EXPECT_EQ(WireCodec(spec(CodecSpec::Type::int3)).encoded_bytes(1001), 16u * 2 + 376);  // 3003 bits
+  EXPECT_EQ(WireCodec(spec(CodecSpec::Type::int2)).encoded_bytes(n), 16u * 2 + 250);
+  EXPECT_EQ(WireCodec(spec(CodecSpec::Type::int2, 0, false, true)).encoded_bytes(n), 16u * 2 + 250);
   // Top 1% of a 4096-value chunk and of a 904-value remainder: 41 + 10 positions of 12 bits, then int4 values.
   const WireCodec top(spec(CodecSpec::Type::int4, 0.01));
   EXPECT_EQ(top.encoded_bytes(5000), size_t((51 * 12 + 7) / 8 + 2 * 1 + (51 + 1) / 2));
-  for (auto type : {CodecSpec::Type::fp32, CodecSpec::Type::bf16, CodecSpec::Type::int8, CodecSpec::Type::int4}) {
+  for (auto type : {CodecSpec::Type::fp32, CodecSpec::Type::bf16, CodecSpec::Type::int8, CodecSpec::Type::int4,
+                    CodecSpec::Type::int3, CodecSpec::Type::int2}) {
     const WireCodec c(spec(type, 0.05));
     const auto x = normal_values(n, 1.0f, 3);
     std::vector<uint8_t> bytes(c.encoded_bytes(n));
@@ -80,9 +97,9 @@ TEST(Codec, Fp32IsExactAndBf16MatchesLibTorch) {
 }
 
 TEST(Codec, IntegerCodesStayWithinHalfAScale) {
-  for (auto type : {CodecSpec::Type::int8, CodecSpec::Type::int4}) {
-    const int qmax = type == CodecSpec::Type::int8 ? 127 : 7;
-    auto x = normal_values(1000, 0.01f, 2);
+  for (auto type : kIntegerTypes) {
+    const int qmax = qmax_of(type);
+    auto x = normal_values(1001, 0.01f, 2);  // odd: int4 and int3 end inside a byte
     x[5] = 0.5f;  // one outlier: its block's scale grows, the others' do not
     const auto y = round_trip(WireCodec(spec(type)), x);
     for (size_t b = 0; b * 64 < x.size(); ++b) {
@@ -94,25 +111,65 @@ TEST(Codec, IntegerCodesStayWithinHalfAScale) {
     }
   }
   const std::vector<float> zeros(100, 0.0f);
-  EXPECT_EQ(round_trip(WireCodec(spec(CodecSpec::Type::int4)), zeros), zeros);
+  for (auto type : kIntegerTypes) EXPECT_EQ(round_trip(WireCodec(spec(type)), zeros), zeros);
+}
+
+// The rotation is orthogonal: a block's error in the rotated coordinates,
+// at most half a scale a value, is its error after rotating back (in the
+// L2 norm). Where a few channels carry outliers, as hidden states do, it
+// spreads them, the scale falls, and with 7 or more levels a side the error
+// with it (int3 and int2 round the spread values too coarsely to gain here).
+TEST(Codec, RotatedBlocksKeepTheL2BoundAndShrinkTheErrorOfOutliers) {
+  const size_t n = 64 * 40 + 10;  // 40 whole blocks (rotated) and a short one (as it is)
+  auto x = normal_values(n, 1.0f, 11);
+  for (size_t i = 3; i < n; i += 64) x[i] *= 30;  // one outlier channel in every block
+  for (auto type : kIntegerTypes) {
+    const WireCodec plain(spec(type)), rotated(spec(type, 0, false, true));
+    const auto y = round_trip(rotated, x), z = round_trip(plain, x);
+    double rotated_error = 0, plain_error = 0;
+    for (size_t b = 0; b * 64 < n; ++b) {
+      const size_t first = b * 64, last = std::min(n, first + 64);
+      double energy = 0, error = 0;
+      for (size_t i = first; i < last; ++i) {
+        energy += double(x[i]) * x[i];
+        error += double(y[i] - x[i]) * (y[i] - x[i]);
+        plain_error += double(z[i] - x[i]) * (z[i] - x[i]);
+      }
+      rotated_error += error;
+      // The rotated peak is at most the block's L2 norm, so the scale is at most norm/qmax.
+      const double scale = std::sqrt(energy) / qmax_of(type) * (1 + 1.0 / 128);
+      EXPECT_LE(std::sqrt(error), std::sqrt(double(last - first)) * scale / 2 * 1.0001)
+          << codec_type_name(type) << " block " << b;
+    }
+    if (qmax_of(type) >= 7) EXPECT_LT(rotated_error, 0.5 * plain_error) << codec_type_name(type);
+    EXPECT_NE(WireCodec(spec(type)).format_id(), rotated.format_id()) << "peers must agree on the rotation";
+  }
+  EXPECT_THROW(WireCodec(spec(CodecSpec::Type::bf16, 0, false, true)), std::invalid_argument);
+  EXPECT_THROW(WireCodec(spec(CodecSpec::Type::int4, 0.1, false, true)), std::invalid_argument);
+  auto odd_block = spec(CodecSpec::Type::int4, 0, false, true);
+  odd_block.block = 96;
+  EXPECT_THROW(WireCodec{odd_block}, std::invalid_argument);
 }
 
 TEST(Codec, StochasticRoundingIsUnbiasedAndDeterministicPerSeed) {
-  const WireCodec c(spec(CodecSpec::Type::int4, 0, /*stochastic=*/true));
-  auto x = normal_values(64, 1.0f, 4);
-  std::vector<double> mean(x.size(), 0.0);
-  const int draws = 4000;
-  for (int s = 0; s < draws; ++s) {
-    const auto y = round_trip(c, x, uint64_t(s));
-    for (size_t i = 0; i < x.size(); ++i) mean[i] += y[i] / draws;
+  for (bool rotate : {false, true}) {
+    SCOPED_TRACE(rotate ? "rotated" : "as it is");
+    const WireCodec c(spec(CodecSpec::Type::int4, 0, /*stochastic=*/true, rotate));
+    auto x = normal_values(64, 1.0f, 4);
+    std::vector<double> mean(x.size(), 0.0);
+    const int draws = 4000;
+    for (int s = 0; s < draws; ++s) {
+      const auto y = round_trip(c, x, uint64_t(s));
+      for (size_t i = 0; i < x.size(); ++i) mean[i] += y[i] / draws;
+    }
+    double energy = 0, peak = 0;
+    for (float v : x) energy += double(v) * v, peak = std::max(peak, double(std::fabs(v)));
+    const double scale = (rotate ? std::sqrt(energy) : peak) / 7.0;  // a rotated block's peak is at most its norm
+    // Each draw is off by at most one scale a (rotated) value; the mean of 4000 by about scale/sqrt(4000)/2.
+    for (size_t i = 0; i < x.size(); ++i) EXPECT_NEAR(mean[i], x[i], 4 * scale / std::sqrt(draws)) << i;
+    EXPECT_EQ(round_trip(c, x, 9), round_trip(c, x, 9));
+    EXPECT_NE(round_trip(c, x, 9), round_trip(c, x, 10));
   }
-  float peak = 0;
-  for (float v : x) peak = std::max(peak, std::fabs(v));
-  const double scale = peak / 7.0;
-  // Each draw is off by at most one scale; the mean of 4000 by about scale/sqrt(4000)/2.
-  for (size_t i = 0; i < x.size(); ++i) EXPECT_NEAR(mean[i], x[i], 4 * scale / std::sqrt(draws)) << i;
-  EXPECT_EQ(round_trip(c, x, 9), round_trip(c, x, 9));
-  EXPECT_NE(round_trip(c, x, 9), round_trip(c, x, 10));
 }
 
 TEST(Codec, TopKSendsTheLargestOfEachChunkAndZeroesTheRest) {
@@ -152,11 +209,21 @@ TEST(Codec, DecoderRefusesMalformedBytes) {
   b[0] = 0xff, b[1] = 0x7f;  // a NaN scale
   EXPECT_NE(decode_error(int8, b, n).find("block 0 has scale"), std::string::npos);
   b = encoded(int8);
-  b[2 * 2 + 3] = 0x80;  // int8 -128, never written
-  EXPECT_NE(decode_error(int8, b, n).find("-128"), std::string::npos);
+  b[2 * 2 + 3] = 0x00;  // offset code 0 (-128), never written
+  EXPECT_NE(decode_error(int8, b, n).find("int8 code -128"), std::string::npos);
   b = encoded(int4);
   b[2 * 2 + 1] &= 0xf0;  // nibble 0 (-8), never written
-  EXPECT_NE(decode_error(int4, b, n).find("-8"), std::string::npos);
+  EXPECT_NE(decode_error(int4, b, n).find("int4 code -8"), std::string::npos);
+  const WireCodec int3(spec(CodecSpec::Type::int3)), int2(spec(CodecSpec::Type::int2));
+  b = encoded(int3);
+  b[2 * 2] &= 0xf8;  // the first 3-bit code 0 (-4), never written
+  EXPECT_NE(decode_error(int3, b, n).find("int3 code -4"), std::string::npos);
+  b = encoded(int3);
+  b.back() |= 0x80;  // 300 bits of codes: the last byte's top 4 bits are padding
+  EXPECT_NE(decode_error(int3, b, n).find("int3 padding is not zero"), std::string::npos);
+  b = encoded(int2);
+  b[2 * 2 + 7] &= 0x3f;  // code 0 (-2), never written
+  EXPECT_NE(decode_error(int2, b, n).find("int2 code -2"), std::string::npos);
   b = encoded(top);
   std::swap(b[0], b[1]);  // positions out of order
   EXPECT_NE(decode_error(top, b, n), "");
@@ -165,15 +232,17 @@ TEST(Codec, DecoderRefusesMalformedBytes) {
 // Values that are not finite leave their block without a scale: the
 // receiver refuses the message instead of reading zeros (max over NaN is 0).
 TEST(Codec, ANonFiniteValueMakesItsBlockUndecodable) {
-  for (auto type : {CodecSpec::Type::int8, CodecSpec::Type::int4}) {
-    const WireCodec codec(spec(type));
-    const size_t n = 130;  // three blocks of 64, the last short
-    for (float bad : {NAN, INFINITY}) {
-      auto x = normal_values(n, 1.0f, 3);
-      x[70] = bad;
-      std::vector<uint8_t> b(codec.encoded_bytes(n));
-      codec.encode(x.data(), n, b.data(), 1);
-      EXPECT_NE(decode_error(codec, b, n).find("block 1 has scale nan"), std::string::npos) << codec_type_name(type);
+  for (auto type : kIntegerTypes) {
+    for (bool rotate : {false, true}) {
+      const WireCodec codec(spec(type, 0, false, rotate));
+      const size_t n = 130;  // three blocks of 64, the last short
+      for (float bad : {NAN, INFINITY}) {
+        auto x = normal_values(n, 1.0f, 3);
+        x[70] = bad;
+        std::vector<uint8_t> b(codec.encoded_bytes(n));
+        codec.encode(x.data(), n, b.data(), 1);
+        EXPECT_NE(decode_error(codec, b, n).find("block 1 has scale nan"), std::string::npos) << codec_type_name(type);
+      }
     }
   }
 }

@@ -398,6 +398,7 @@ TEST_F(Pipeline, FixedRoutingWithTwoStagesMatchesTheUnpipelinedRun) {
 // activation_codec=int8 (and int4 gradients): what crosses the boundary is
 // the coded bytes, 1 (int8) or 1/2 (int4) a value plus a bf16 scale per 64
 // values; training goes on close to the fp32 run, and the summary says how.
+// The same for rotated int3 activations and int2 gradients (3/8 and 2/8).
 TEST_F(Pipeline, CodedActivationsCrossTheBoundaryInTheirCodedSize) {
   const std::string common = "batch=4 grad_accum=2 steps=12 clip=0 eval_interval=6 stages=2 routing=fixed";
   const auto coded = run("coded", common + " activation_codec=int8 activation_grad_codec=int4");
@@ -408,6 +409,15 @@ TEST_F(Pipeline, CodedActivationsCrossTheBoundaryInTheirCodedSize) {
             M * ((B * T * H + scales) + (B * T * H / 2 + scales)));
   EXPECT_EQ(summary["activation_codec"], "int8");
   EXPECT_EQ(summary["activation_grad_codec"], "int4");
+  EXPECT_EQ(summary["activation_rotation"], false);
+  const auto low = run("low", common + " activation_codec=int3 activation_grad_codec=int2 activation_rotation=true");
+  const auto low_summary = read_json(low + "/summary.json");
+  EXPECT_EQ(low_summary["activation_bytes_per_step"].get<double>(),
+            M * ((B * T * H * 3 / 8 + scales) + (B * T * H * 2 / 8 + scales)));
+  EXPECT_EQ(low_summary["activation_rotation"], true);
+  const auto low_val = losses(low, "val"), exact_val = losses(exact, "val");
+  for (const auto& [step, loss] : exact_val.at(0))
+    EXPECT_NEAR(low_val.at(0).at(step), loss, 0.05 * loss) << "rotated int3/int2, step " << step;
   // `report` plots the two runs' final losses against their activation bytes.
   const auto md = write_report({coded, exact}, dir / "report", {});
   EXPECT_NE(md.find("(val_loss_vs_activation_bytes.svg)"), std::string::npos) << md;

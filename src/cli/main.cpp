@@ -162,8 +162,9 @@ int run_train(const std::string& config_path, const std::vector<std::string>& ov
     // tells a restart by its environment.)
     if (!std::getenv("NOLOCO_RESTARTED")) FailureDrill(cfg.run.inject_crash, env.rank, 0).at_startup();
     // Gradients are rounded stochastically: unbiased, as SGD wants them.
-    const ActivationCodecs codecs{codec_spec(cfg.pipeline.activation_codec, cfg.outer.quant_block, false),
-                                  codec_spec(cfg.pipeline.activation_grad_codec, cfg.outer.quant_block, true)};
+    const auto& p = cfg.pipeline;
+    const ActivationCodecs codecs{codec_spec(p.activation_codec, cfg.outer.quant_block, false, p.activation_rotation),
+                                  codec_spec(p.activation_grad_codec, cfg.outer.quant_block, true, p.activation_rotation)};
     const auto links = join_as_worker(env, cfg.comm, stages, cfg.outer.method != Method::none, codecs);
     train(cfg, worker_info(env, stages, links));
     return 0;
@@ -202,6 +203,7 @@ int run_train(const std::string& config_path, const std::vector<std::string>& ov
                                cfg.inner.grad_accum, exits, seconds);
   summary.activation_codec = choice_name(cfg.pipeline.activation_codec);
   summary.activation_grad_codec = choice_name(cfg.pipeline.activation_grad_codec);
+  summary.activation_rotation = cfg.pipeline.activation_rotation;
   // A resume that every worker refused leaves the summary of the run it resumed.
   if (!summary.finished.empty() || !cfg.run.resume || !file_exists(cfg.run.out + "/summary.json"))
     write_json_atomic(cfg.run.out + "/summary.json", summary.to_json());

@@ -21,10 +21,10 @@ enum class NolocoMessage { automatic, theta, delta_phi };
 // against the receiver's own φ; automatic until the config is resolved.
 enum class PhiCoding { automatic, codec, coset };
 enum class Precision { fp32, bf16 };
-enum class WireDtype { fp32, bf16, int8, int4 };
+enum class WireDtype { fp32, bf16, int8, int4, int3, int2 };
 // The codec of pipeline activations and their gradients between stages;
 // `same` (the gradients' key only): as the activations.
-enum class ActivationCodec { same, fp32, bf16, int8, int4 };
+enum class ActivationCodec { same, fp32, bf16, int8, int4, int3, int2 };
 
 template <class E>
 struct ChoiceNames;
@@ -64,17 +64,23 @@ struct ChoiceNames<Precision> {
 };
 template <>
 struct ChoiceNames<WireDtype> {
-  static constexpr std::array<std::pair<WireDtype, const char*>, 4> all{
-      {{WireDtype::fp32, "fp32"}, {WireDtype::bf16, "bf16"}, {WireDtype::int8, "int8"}, {WireDtype::int4, "int4"}}};
+  static constexpr std::array<std::pair<WireDtype, const char*>, 6> all{{{WireDtype::fp32, "fp32"},
+                                                                        {WireDtype::bf16, "bf16"},
+                                                                        {WireDtype::int8, "int8"},
+                                                                        {WireDtype::int4, "int4"},
+                                                                        {WireDtype::int3, "int3"},
+                                                                        {WireDtype::int2, "int2"}}};
 };
 
 template <>
 struct ChoiceNames<ActivationCodec> {
-  static constexpr std::array<std::pair<ActivationCodec, const char*>, 5> all{{{ActivationCodec::same, "same"},
+  static constexpr std::array<std::pair<ActivationCodec, const char*>, 7> all{{{ActivationCodec::same, "same"},
                                                                               {ActivationCodec::fp32, "fp32"},
                                                                               {ActivationCodec::bf16, "bf16"},
                                                                               {ActivationCodec::int8, "int8"},
-                                                                              {ActivationCodec::int4, "int4"}}};
+                                                                              {ActivationCodec::int4, "int4"},
+                                                                              {ActivationCodec::int3, "int3"},
+                                                                              {ActivationCodec::int2, "int2"}}};
 };
 
 template <class E>

@@ -76,17 +76,21 @@ Options config_options(TrainConfig& c) {
            "gpipe | 1f1b: all forwards then all backwards, or one forward one backward (activation memory bounded "
            "by stages, not micro-batches); the same gradients")
       .add("activation_codec", c.pipeline.activation_codec,
-           "pipeline activations between stages on the wire: fp32 | bf16 | int8 | int4 (quant_block values a "
-           "scale); evaluations stay fp32")
+           "pipeline activations between stages on the wire: fp32 | bf16 | int8 | int4 | int3 | int2 (quant_block "
+           "values a scale; int2 is ternary); evaluations stay fp32")
       .add("activation_grad_codec", c.pipeline.activation_grad_codec,
-           "their gradients, back between stages: same (as activation_codec) | fp32 | bf16 | int8 | int4 "
-           "(integer codes stochastically rounded: unbiased)")
+           "their gradients, back between stages: same (as activation_codec) | fp32 | bf16 | int8 | int4 | int3 | "
+           "int2 (integer codes stochastically rounded: unbiased)")
+      .add("activation_rotation", c.pipeline.activation_rotation,
+           "integer activation codes (both directions): a randomized Hadamard rotation of each quant_block "
+           "(a power of two) before coding, which spreads outliers so fewer bits suffice")
       .add("outer_interval", c.outer.interval, "H, inner steps per outer step; 0: 100 diloco, 50 noloco")
       .add("outer_momentum", c.outer.momentum, "alpha; <0: 0.3 diloco, 0.5 noloco")
       .add("outer_lr", c.outer.lr, "beta, outer learning rate")
       .add("gamma", c.outer.gamma, "NoLoCo pull toward the group mean; <0: equal to outer_lr")
       .add("group_size", c.outer.group_size, "NoLoCo group size n")
-      .add("wire_dtype", c.outer.wire_dtype, "wire codec of diloco/noloco messages: fp32 | bf16 | int8 | int4")
+      .add("wire_dtype", c.outer.wire_dtype,
+           "wire codec of diloco/noloco messages: fp32 | bf16 | int8 | int4 | int3 | int2")
       .add("topk", c.outer.topk, "fraction of each 4096-value chunk sent (largest first); 0: dense")
       .add("error_feedback", c.outer.error_feedback, "add what a lossy codec dropped from delta to the next message (diloco; noloco delta_phi)")
       .add("quant_block", c.outer.quant_block, "values sharing one int8/int4 scale (and one coset step)")
@@ -217,7 +221,9 @@ void TrainConfig::validate() const {
   positive("stages", double(pipeline.stages));
   stage_layer_ranges(model.layers, pipeline.stages, pipeline.stage_layers);
   if (pipeline.activation_codec == ActivationCodec::same)
-    invalid("activation_codec must be fp32, bf16, int8 or int4 (same is for activation_grad_codec)");
+    invalid("activation_codec must be fp32, bf16, int8, int4, int3 or int2 (same is for activation_grad_codec)");
+  if (pipeline.activation_rotation && (outer.quant_block <= 0 || (outer.quant_block & (outer.quant_block - 1)) != 0))
+    invalid(fmt::format("activation_rotation needs quant_block a power of two, got {}", outer.quant_block));
   non_negative("outer_interval", double(outer.interval));
   positive("outer_lr", outer.lr);
   if (outer.group_size < 2) invalid(fmt::format("group_size must be >= 2, got {}", outer.group_size));

@@ -158,6 +158,7 @@ nlohmann::json RunSummary::to_json() const {
               {"routing", routing},
               {"activation_codec", activation_codec},
               {"activation_grad_codec", activation_grad_codec},
+              {"activation_rotation", activation_rotation},
               {"micro_batches", micro_batches},
               {"activation_bytes_sent", activation_bytes_sent},
               {"activation_bytes_per_step", activation_bytes_per_step},
@@ -195,6 +196,7 @@ RunSummary RunSummary::from_json(const nlohmann::json& j) {
   s.routing = j.value("routing", "");
   s.activation_codec = j.value("activation_codec", "fp32");
   s.activation_grad_codec = j.value("activation_grad_codec", "fp32");
+  s.activation_rotation = j.value("activation_rotation", false);
   s.activation_bytes_sent = j.value("activation_bytes_sent", uint64_t(0));
   s.activation_bytes_per_step = j.value("activation_bytes_per_step", 0.0);
   s.pipeline_idle_seconds_per_stage = j.value("pipeline_idle_seconds_per_stage", std::vector<double>{});

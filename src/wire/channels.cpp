@@ -26,28 +26,19 @@ void load_state(const TensorMap& in, const std::string& name, torch::Tensor& int
 
 }  // namespace
 
-CodecSpec codec_spec(ActivationCodec codec, int64_t block, bool stochastic) {
+CodecSpec codec_spec(ActivationCodec codec, int64_t block, bool stochastic, bool rotate) {
+  if (codec == ActivationCodec::same) throw std::logic_error("activation codec 'same' is resolved with the config");
   CodecSpec s;
-  switch (codec) {
-    case ActivationCodec::fp32: s.type = CodecSpec::Type::fp32; break;
-    case ActivationCodec::bf16: s.type = CodecSpec::Type::bf16; break;
-    case ActivationCodec::int8: s.type = CodecSpec::Type::int8; break;
-    case ActivationCodec::int4: s.type = CodecSpec::Type::int4; break;
-    case ActivationCodec::same: throw std::logic_error("activation codec 'same' is resolved with the config");
-  }
+  s.type = codec_type_named(choice_name(codec));
   s.block = block;
   s.stochastic = stochastic;
+  s.rotate = rotate && s.type != CodecSpec::Type::fp32 && s.type != CodecSpec::Type::bf16;
   return s;
 }
 
 CodecSpec codec_spec(const OuterConfig& c) {
   CodecSpec s;
-  switch (c.wire_dtype) {
-    case WireDtype::fp32: s.type = CodecSpec::Type::fp32; break;
-    case WireDtype::bf16: s.type = CodecSpec::Type::bf16; break;
-    case WireDtype::int8: s.type = CodecSpec::Type::int8; break;
-    case WireDtype::int4: s.type = CodecSpec::Type::int4; break;
-  }
+  s.type = codec_type_named(choice_name(c.wire_dtype));
   s.topk = c.topk;
   s.block = c.quant_block;
   s.stochastic = c.stochastic_rounding;

@@ -16,8 +16,9 @@ namespace noloco {
 
 // The wire codec a config asks for.
 CodecSpec codec_spec(const OuterConfig& config);
-// The codec of one direction of pipeline traffic (a resolved choice: not `same`).
-CodecSpec codec_spec(ActivationCodec codec, int64_t block, bool stochastic);
+// The codec of one direction of pipeline traffic (a resolved choice: not
+// `same`); `rotate` applies to the integer codes only.
+CodecSpec codec_spec(ActivationCodec codec, int64_t block, bool stochastic, bool rotate);
 
 // What every codec encodes from: a contiguous fp32 copy on the CPU (the
 // weights may live on a GPU or train in another precision).

@@ -23,9 +23,67 @@ float uniform(uint64_t seed, uint64_t i) {
   return float(splitmix64(seed ^ splitmix64(i)) >> 40) * (1.0f / 16777216.0f);
 }
 
-int qmax_of(CodecSpec::Type t) { return t == CodecSpec::Type::int8 ? 127 : 7; }
+// Bits of an integer code: q in [-qmax, qmax], qmax = 2^(bits-1) - 1,
+// stored offset (q + 2^(bits-1)) in a little-endian bit stream, so the
+// lowest code (offset 0) is never written and padding bits are zero.
+int bits_of_type(CodecSpec::Type t) {
+  switch (t) {
+    case CodecSpec::Type::int8: return 8;
+    case CodecSpec::Type::int4: return 4;
+    case CodecSpec::Type::int3: return 3;
+    case CodecSpec::Type::int2: return 2;
+    case CodecSpec::Type::fp32:
+    case CodecSpec::Type::bf16: break;
+  }
+  return 0;
+}
 
 size_t ceil_div(size_t a, size_t b) { return (a + b - 1) / b; }
+
+void put_code(uint8_t* codes, size_t i, int bits, unsigned offset_code) {
+  const size_t bit = i * size_t(bits);
+  const unsigned v = offset_code << (bit % 8);
+  codes[bit / 8] |= uint8_t(v & 0xff);
+  if (bit % 8 + size_t(bits) > 8) codes[bit / 8 + 1] |= uint8_t(v >> 8);
+}
+
+unsigned get_code(const uint8_t* codes, size_t i, int bits) {
+  const size_t bit = i * size_t(bits);
+  unsigned v = codes[bit / 8];
+  if (bit % 8 + size_t(bits) > 8) v |= unsigned(codes[bit / 8 + 1]) << 8;
+  return (v >> (bit % 8)) & ((1u << bits) - 1);
+}
+
+// The randomized Hadamard transform of one block of length m (a power of
+// two): y = H·D·x/√m, D a fixed ±1 diagonal drawn from the position. It is
+// orthogonal, so it keeps the block's energy but spreads an outlier over
+// every value, and the peak that sets the block's scale falls toward the
+// typical magnitude. Its inverse is x = D·H·y/√m.
+float rotation_sign(size_t i) { return (splitmix64(0x726f74617465ull ^ splitmix64(i)) & 1) ? -1.0f : 1.0f; }
+
+void hadamard(float* v, size_t m) {
+  for (size_t h = 1; h < m; h *= 2)
+    for (size_t i = 0; i < m; i += 2 * h)
+      for (size_t j = i; j < i + h; ++j) {
+        const float a = v[j], b = v[j + h];
+        v[j] = a + b;
+        v[j + h] = a - b;
+      }
+  const float norm = 1.0f / std::sqrt(float(m));
+  for (size_t i = 0; i < m; ++i) v[i] *= norm;
+}
+
+void rotate_block(const float* x, size_t first, size_t m, float* y) {
+  for (size_t i = 0; i < m; ++i) y[i] = x[i] * rotation_sign(first + i);
+  hadamard(y, m);
+}
+
+void unrotate_block(float* v, size_t first, size_t m) {
+  hadamard(v, m);
+  for (size_t i = 0; i < m; ++i) v[i] *= rotation_sign(first + i);
+}
+
+bool integer(CodecSpec::Type t) { return bits_of_type(t) > 0; }
 
 }  // namespace
 
@@ -35,8 +93,17 @@ const char* codec_type_name(CodecSpec::Type type) {
     case CodecSpec::Type::bf16: return "bf16";
     case CodecSpec::Type::int8: return "int8";
     case CodecSpec::Type::int4: return "int4";
+    case CodecSpec::Type::int3: return "int3";
+    case CodecSpec::Type::int2: return "int2";
   }
   return "?";
+}
+
+CodecSpec::Type codec_type_named(const std::string& name) {
+  for (auto t : {CodecSpec::Type::fp32, CodecSpec::Type::bf16, CodecSpec::Type::int8, CodecSpec::Type::int4,
+                 CodecSpec::Type::int3, CodecSpec::Type::int2})
+    if (name == codec_type_name(t)) return t;
+  throw std::invalid_argument("no wire codec named '" + name + "'");
 }
 
 WireCodec::WireCodec(CodecSpec spec) : spec_(spec) {
@@ -44,6 +111,8 @@ WireCodec::WireCodec(CodecSpec spec) : spec_(spec) {
     throw std::invalid_argument(fmt::format("topk must be in [0, 1), got {}", spec_.topk));
   if (spec_.block < 8 || spec_.block > 4096)
     throw std::invalid_argument(fmt::format("quant_block must be in [8, 4096], got {}", spec_.block));
+  if (spec_.rotate && (!integer(spec_.type) || spec_.topk > 0 || (spec_.block & (spec_.block - 1)) != 0))
+    throw std::invalid_argument("rotation needs a dense integer codec and a power-of-two quant_block");
 }
 
 size_t WireCodec::chunk_k(size_t chunk_len) const {
@@ -51,14 +120,11 @@ size_t WireCodec::chunk_k(size_t chunk_len) const {
 }
 
 size_t WireCodec::dense_bytes(size_t n) const {
-  const size_t scales = 2 * ceil_div(n, size_t(spec_.block));
   switch (spec_.type) {
     case CodecSpec::Type::fp32: return 4 * n;
     case CodecSpec::Type::bf16: return 2 * n;
-    case CodecSpec::Type::int8: return scales + n;
-    case CodecSpec::Type::int4: return scales + ceil_div(n, 2);
+    default: return 2 * ceil_div(n, size_t(spec_.block)) + ceil_div(n * size_t(bits_of_type(spec_.type)), 8);
   }
-  return 0;
 }
 
 size_t WireCodec::encoded_bytes(size_t n) const {
@@ -69,13 +135,15 @@ size_t WireCodec::encoded_bytes(size_t n) const {
 }
 
 int64_t WireCodec::format_id() const {
-  return (int64_t(spec_.type) + 1) | (spec_.block << 8) | (int64_t(std::llround(spec_.topk * 1e6)) << 24);
+  return (int64_t(spec_.type) + 1) | (spec_.rotate ? 0x80 : 0) | (spec_.block << 8) |
+         (int64_t(std::llround(spec_.topk * 1e6)) << 24);
 }
 
 std::string WireCodec::describe() const {
   std::string s = codec_type_name(spec_.type);
-  if (spec_.type == CodecSpec::Type::int8 || spec_.type == CodecSpec::Type::int4)
-    s += fmt::format(" ({}-value blocks{})", spec_.block, spec_.stochastic ? ", stochastic rounding" : "");
+  if (integer(spec_.type))
+    s += fmt::format(" ({}-value blocks{}{})", spec_.block, spec_.rotate ? ", rotated" : "",
+                     spec_.stochastic ? ", stochastic rounding" : "");
   if (spec_.topk > 0) s += fmt::format(", top {:g}%", spec_.topk * 100);
   return s;
 }
@@ -88,33 +156,30 @@ void WireCodec::encode_dense(const float* x, size_t n, uint8_t* out, uint64_t se
     case CodecSpec::Type::bf16:
       for (size_t i = 0; i < n; ++i) put16(out + 2 * i, to_bf16(x[i]));
       return;
-    case CodecSpec::Type::int8:
-    case CodecSpec::Type::int4: break;
+    default: break;
   }
-  const int qmax = qmax_of(spec_.type);
+  const int bits = bits_of_type(spec_.type), qmax = (1 << (bits - 1)) - 1;
   const size_t block = size_t(spec_.block), blocks = ceil_div(n, block);
   uint8_t* codes = out + 2 * blocks;
-  if (spec_.type == CodecSpec::Type::int4 && n % 2 == 1) codes[n / 2] = 0x88;  // the pad nibble codes 0
+  std::memset(codes, 0, ceil_div(n * size_t(bits), 8));
+  std::vector<float> rotated(spec_.rotate ? block : 0);
   for (size_t b = 0; b < blocks; ++b) {
     const size_t first = b * block, last = std::min(n, first + block);
+    // Only whole blocks rotate (a power of two long); a short last block goes as it is.
+    const bool rotate = spec_.rotate && last - first == block;
+    if (rotate) rotate_block(x + first, first, block, rotated.data());
+    auto value = [&](size_t i) { return rotate ? rotated[i - first] : x[i]; };
     float peak = 0;
     bool finite = true;
     for (size_t i = first; i < last; ++i) {
-      peak = std::max(peak, std::fabs(x[i]));
-      finite = finite && std::isfinite(x[i]);
+      peak = std::max(peak, std::fabs(value(i)));
+      finite = finite && std::isfinite(value(i));
     }
     if (!finite) {
       // A block holding NaN or infinity has no scale: its NaN scale makes
       // every receiver refuse the message instead of reading zeros.
       put16(out + 2 * b, 0x7fc0);
-      for (size_t i = first; i < last; ++i) {
-        if (spec_.type == CodecSpec::Type::int8) {
-          codes[i] = 0;
-        } else {
-          uint8_t& byte = codes[i / 2];
-          byte = i % 2 == 0 ? uint8_t((byte & 0xf0) | 8) : uint8_t((byte & 0x0f) | (8 << 4));
-        }
-      }
+      for (size_t i = first; i < last; ++i) put_code(codes, i, bits, unsigned(qmax + 1));
       continue;
     }
     const uint16_t scale_bits = to_bf16_up(peak / float(qmax));
@@ -122,17 +187,10 @@ void WireCodec::encode_dense(const float* x, size_t n, uint8_t* out, uint64_t se
     const float scale = from_bf16(scale_bits);
     const float inverse = scale > 0 ? 1.0f / scale : 0.0f;
     for (size_t i = first; i < last; ++i) {
-      const float v = x[i] * inverse;
-      float q = spec_.stochastic ? std::floor(v + uniform(seed, i)) : std::nearbyint(v);
+      const float u = value(i) * inverse;
+      float q = spec_.stochastic ? std::floor(u + uniform(seed, i)) : std::nearbyint(u);
       q = std::min(float(qmax), std::max(float(-qmax), q));
-      const int code = int(q);
-      if (spec_.type == CodecSpec::Type::int8) {
-        codes[i] = uint8_t(int8_t(code));
-      } else {
-        const uint8_t nibble = uint8_t(code + 8);
-        uint8_t& byte = codes[i / 2];
-        byte = i % 2 == 0 ? uint8_t((byte & 0xf0) | nibble) : uint8_t((byte & 0x0f) | (nibble << 4));
-      }
+      put_code(codes, i, bits, unsigned(int(q) + qmax + 1));
     }
   }
 }
@@ -145,29 +203,24 @@ void WireCodec::decode_dense(const uint8_t* in, size_t n, float* out) const {
     case CodecSpec::Type::bf16:
       for (size_t i = 0; i < n; ++i) out[i] = from_bf16(get16(in + 2 * i));
       return;
-    case CodecSpec::Type::int8:
-    case CodecSpec::Type::int4: break;
+    default: break;
   }
+  const int bits = bits_of_type(spec_.type), qmax = (1 << (bits - 1)) - 1;
   const size_t block = size_t(spec_.block), blocks = ceil_div(n, block);
   const uint8_t* codes = in + 2 * blocks;
-  if (spec_.type == CodecSpec::Type::int4 && n % 2 == 1 && (codes[n / 2] >> 4) != 8)
-    malformed("int4 padding is not zero");
+  const size_t code_bits = n * size_t(bits);
+  if (code_bits % 8 != 0 && (codes[code_bits / 8] >> (code_bits % 8)) != 0)
+    malformed(fmt::format("{} padding is not zero", codec_type_name(spec_.type)));
   for (size_t b = 0; b < blocks; ++b) {
     const float scale = from_bf16(get16(in + 2 * b));
     if (!std::isfinite(scale) || scale < 0) malformed(fmt::format("block {} has scale {}", b, scale));
     const size_t first = b * block, last = std::min(n, first + block);
     for (size_t i = first; i < last; ++i) {
-      int code;
-      if (spec_.type == CodecSpec::Type::int8) {
-        code = int8_t(codes[i]);
-        if (code == -128) malformed("int8 code -128");
-      } else {
-        const int nibble = i % 2 == 0 ? codes[i / 2] & 0x0f : codes[i / 2] >> 4;
-        if (nibble == 0) malformed("int4 code -8");
-        code = nibble - 8;
-      }
-      out[i] = float(code) * scale;
+      const unsigned code = get_code(codes, i, bits);
+      if (code == 0) malformed(fmt::format("{} code {}", codec_type_name(spec_.type), -(qmax + 1)));
+      out[i] = float(int(code) - qmax - 1) * scale;
     }
+    if (spec_.rotate && last - first == block) unrotate_block(out + first, first, block);
   }
 }
 

@@ -7,7 +7,11 @@
 //   bf16   2 bytes, round to nearest even (as LibTorch's conversion).
 //   int8   blocks of `block` values share a scale (bf16, rounded up so that
 //          no value overflows): q = round(x / scale) in [-127, 127].
-//   int4   the same with q in [-7, 7], two values a byte.
+//   int4   the same with q in [-7, 7], two values a byte;
+//   int3   q in [-3, 3], 3 bits; int2: q in [-1, 1] (ternary), 2 bits.
+// Optionally rotated (dense integer codes): each whole block goes through a
+// fixed randomized Hadamard transform before coding and back after decoding,
+// which spreads outliers so the block's scale fits its typical value.
 // Optionally top-k: in every chunk of 4096 values only the k = ceil(topk·len)
 // largest in magnitude travel (12-bit packed positions, then their values in
 // the codec above); the others decode to zero. Stochastic rounding makes the
@@ -20,14 +24,17 @@
 namespace noloco {
 
 struct CodecSpec {
-  enum class Type { fp32, bf16, int8, int4 };
+  enum class Type { fp32, bf16, int8, int4, int3, int2 };
   Type type = Type::fp32;
   double topk = 0;       // fraction of each chunk sent; 0: all (dense)
   int64_t block = 64;    // values per scale (int8, int4)
   bool stochastic = false;  // stochastic rounding of the integer codes
+  bool rotate = false;      // randomized Hadamard transform of each block (power-of-two block)
 };
 
 const char* codec_type_name(CodecSpec::Type type);
+// The type of that name (as codec_type_name writes it); throws std::invalid_argument.
+CodecSpec::Type codec_type_named(const std::string& name);
 
 class WireCodec {
  public:
