@@ -68,6 +68,15 @@ TEST(Config, OverrideWithoutEquals) { EXPECT_NE(error_of("", {"steps"}).find("no
 TEST(Config, YamlNotAMapping) { EXPECT_NE(error_of("- a\n- b\n", {}).find("expected a mapping"), std::string::npos); }
 TEST(Config, YamlNestedValue) { EXPECT_NE(error_of("lr: [1, 2]\n", {}).find("single value"), std::string::npos); }
 TEST(Config, BrokenYaml) { EXPECT_NE(error_of("lr: [1, 2\n", {}).find("not valid YAML"), std::string::npos); }
+// Rotated activation codes need a power-of-two block; outer messages alone do not.
+TEST(Config, RotatedActivationsNeedAPowerOfTwoBlock) {
+  EXPECT_NE(error_of("", {"stages=2", "activation_codec=int4", "quant_block=96"})
+                .find("activation_rotation needs quant_block a power of two, got 96"),
+            std::string::npos);
+  EXPECT_NO_THROW(parse_config("", {"stages=2", "activation_codec=int4", "quant_block=96", "activation_rotation=false"}));
+  EXPECT_NO_THROW(parse_config("", {"stages=2", "activation_codec=bf16", "quant_block=96"}));
+}
+
 TEST(Config, MoreStagesThanLayers) { EXPECT_NE(error_of("layers: 2\n", {"stages=3"}).find("stages must be in [1, layers=2]"), std::string::npos); }
 TEST(Config, StageLayersMustCoverTheModel) { EXPECT_NE(error_of("layers: 4\n", {"stages=2", "stage_layers=1,2"}).find("summing to layers=4"), std::string::npos); }
 TEST(Config, RestartsOnlyForNoLoCo) { EXPECT_NE(error_of("", {"method=ddp", "restarts=1"}).find("restarts needs method=noloco"), std::string::npos); }

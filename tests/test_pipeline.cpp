@@ -393,6 +393,7 @@ TEST_F(Pipeline, FixedRoutingWithTwoStagesMatchesTheUnpipelinedRun) {
   EXPECT_EQ(summary["activation_bytes_per_step"].get<double>(), M * (B * T * H * 4 + B * T * H * 4));
   EXPECT_EQ(summary["pipeline_idle_seconds_per_stage"].size(), 2u);
   EXPECT_EQ(summary["activation_codec"], "fp32");
+  EXPECT_EQ(summary["activation_rotation"], false) << "fp32 is never rotated, whatever the key says";
 }
 
 // activation_codec=int8 (and int4 gradients): what crosses the boundary is
@@ -401,7 +402,7 @@ TEST_F(Pipeline, FixedRoutingWithTwoStagesMatchesTheUnpipelinedRun) {
 // The same for rotated int3 activations and int2 gradients (3/8 and 2/8).
 TEST_F(Pipeline, CodedActivationsCrossTheBoundaryInTheirCodedSize) {
   const std::string common = "batch=4 grad_accum=2 steps=12 clip=0 eval_interval=6 stages=2 routing=fixed";
-  const auto coded = run("coded", common + " activation_codec=int8 activation_grad_codec=int4");
+  const auto coded = run("coded", common + " activation_codec=int8 activation_grad_codec=int4 activation_rotation=false");
   const auto exact = run("exact", common);
   const auto summary = read_json(coded + "/summary.json");
   const double B = 4, T = 32, H = 32, M = 2, scales = B * T * H / 64 * 2;
@@ -410,7 +411,7 @@ TEST_F(Pipeline, CodedActivationsCrossTheBoundaryInTheirCodedSize) {
   EXPECT_EQ(summary["activation_codec"], "int8");
   EXPECT_EQ(summary["activation_grad_codec"], "int4");
   EXPECT_EQ(summary["activation_rotation"], false);
-  const auto low = run("low", common + " activation_codec=int3 activation_grad_codec=int2 activation_rotation=true");
+  const auto low = run("low", common + " activation_codec=int3 activation_grad_codec=int2");  // rotated: the default
   const auto low_summary = read_json(low + "/summary.json");
   EXPECT_EQ(low_summary["activation_bytes_per_step"].get<double>(),
             M * ((B * T * H * 3 / 8 + scales) + (B * T * H * 2 / 8 + scales)));

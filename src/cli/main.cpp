@@ -145,6 +145,13 @@ std::unique_ptr<CappedLinks> capped_links(const TrainConfig& cfg, int workers) {
 
 // One replica, a launched worker (RANK set: our launcher, torchrun, Slurm...),
 // or the launcher of `replicas` local workers.
+// Gradients are rounded stochastically: unbiased, as SGD wants them.
+ActivationCodecs activation_codecs(const TrainConfig& cfg) {
+  const auto& p = cfg.pipeline;
+  return {codec_spec(p.activation_codec, cfg.outer.quant_block, false, p.activation_rotation),
+          codec_spec(p.activation_grad_codec, cfg.outer.quant_block, true, p.activation_rotation)};
+}
+
 int run_train(const std::string& config_path, const std::vector<std::string>& overrides) {
   auto cfg = load_config(config_path, overrides);
   const int stages = int(cfg.pipeline.stages);
@@ -161,11 +168,7 @@ int run_train(const std::string& config_path, const std::vector<std::string>& ov
     // joined, it cannot ask the store which start this is; the launcher
     // tells a restart by its environment.)
     if (!std::getenv("NOLOCO_RESTARTED")) FailureDrill(cfg.run.inject_crash, env.rank, 0).at_startup();
-    // Gradients are rounded stochastically: unbiased, as SGD wants them.
-    const auto& p = cfg.pipeline;
-    const ActivationCodecs codecs{codec_spec(p.activation_codec, cfg.outer.quant_block, false, p.activation_rotation),
-                                  codec_spec(p.activation_grad_codec, cfg.outer.quant_block, true, p.activation_rotation)};
-    const auto links = join_as_worker(env, cfg.comm, stages, cfg.outer.method != Method::none, codecs);
+    const auto links = join_as_worker(env, cfg.comm, stages, cfg.outer.method != Method::none, activation_codecs(cfg));
     train(cfg, worker_info(env, stages, links));
     return 0;
   }
@@ -203,7 +206,8 @@ int run_train(const std::string& config_path, const std::vector<std::string>& ov
                                cfg.inner.grad_accum, exits, seconds);
   summary.activation_codec = choice_name(cfg.pipeline.activation_codec);
   summary.activation_grad_codec = choice_name(cfg.pipeline.activation_grad_codec);
-  summary.activation_rotation = cfg.pipeline.activation_rotation;
+  const auto codecs = activation_codecs(cfg);  // rotation applies to integer codes only
+  summary.activation_rotation = codecs.activations.rotate || codecs.gradients.rotate;
   // A resume that every worker refused leaves the summary of the run it resumed.
   if (!summary.finished.empty() || !cfg.run.resume || !file_exists(cfg.run.out + "/summary.json"))
     write_json_atomic(cfg.run.out + "/summary.json", summary.to_json());

@@ -85,7 +85,7 @@ struct PipelineConfig {
   // Training traffic between stages (comm/activation_link.h); evaluations stay exact.
   ActivationCodec activation_codec = ActivationCodec::fp32;
   ActivationCodec activation_grad_codec = ActivationCodec::same;
-  bool activation_rotation = false;  // integer codes: Hadamard-rotate each block first
+  bool activation_rotation = true;  // integer codes: Hadamard-rotate each block first
 };
 
 struct EvalConfig {

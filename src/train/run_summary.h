@@ -68,7 +68,7 @@ struct RunSummary {
   int64_t stages = 1, micro_batches = 1;
   std::string routing;
   std::string activation_codec, activation_grad_codec;  // what the training traffic between stages went as
-  bool activation_rotation = false;                     // its integer codes Hadamard-rotated
+  bool activation_rotation = false;                     // some of its integer codes Hadamard-rotated
   uint64_t activation_bytes_sent = 0;
   double activation_bytes_per_step = 0;
   std::vector<double> pipeline_idle_seconds_per_stage;
