@@ -27,7 +27,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
       noloco::CodecSpec spec;
       spec.type = noloco::CodecSpec::Type(choice % 6);
       const int variant = (choice / 6) % 5;  // dense, rotated, or one of three top-k fractions
-      spec.rotate = variant == 1 && spec.type != noloco::CodecSpec::Type::fp32 && spec.type != noloco::CodecSpec::Type::bf16;
+      spec.rotate = variant == 1 && noloco::integer_code(spec.type);
       spec.topk = variant < 2 ? 0.0 : 0.01 * double(variant - 1);
       spec.block = block;
       const noloco::WireCodec codec(spec);

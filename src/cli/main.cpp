@@ -143,8 +143,6 @@ std::unique_ptr<CappedLinks> capped_links(const TrainConfig& cfg, int workers) {
   return links;
 }
 
-// One replica, a launched worker (RANK set: our launcher, torchrun, Slurm...),
-// or the launcher of `replicas` local workers.
 // Gradients are rounded stochastically: unbiased, as SGD wants them.
 ActivationCodecs activation_codecs(const TrainConfig& cfg) {
   const auto& p = cfg.pipeline;
@@ -152,6 +150,8 @@ ActivationCodecs activation_codecs(const TrainConfig& cfg) {
           codec_spec(p.activation_grad_codec, cfg.outer.quant_block, true, p.activation_rotation)};
 }
 
+// One replica, a launched worker (RANK set: our launcher, torchrun, Slurm...),
+// or the launcher of `replicas` local workers.
 int run_train(const std::string& config_path, const std::vector<std::string>& overrides) {
   auto cfg = load_config(config_path, overrides);
   const int stages = int(cfg.pipeline.stages);

@@ -32,7 +32,7 @@ CodecSpec codec_spec(ActivationCodec codec, int64_t block, bool stochastic, bool
   s.type = codec_type_named(choice_name(codec));
   s.block = block;
   s.stochastic = stochastic;
-  s.rotate = rotate && s.type != CodecSpec::Type::fp32 && s.type != CodecSpec::Type::bf16;
+  s.rotate = rotate && integer_code(s.type);
   return s;
 }
 

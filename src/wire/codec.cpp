@@ -83,9 +83,9 @@ void unrotate_block(float* v, size_t first, size_t m) {
   for (size_t i = 0; i < m; ++i) v[i] *= rotation_sign(first + i);
 }
 
-bool integer(CodecSpec::Type t) { return bits_of_type(t) > 0; }
-
 }  // namespace
+
+bool integer_code(CodecSpec::Type type) { return bits_of_type(type) > 0; }
 
 const char* codec_type_name(CodecSpec::Type type) {
   switch (type) {
@@ -111,7 +111,7 @@ WireCodec::WireCodec(CodecSpec spec) : spec_(spec) {
     throw std::invalid_argument(fmt::format("topk must be in [0, 1), got {}", spec_.topk));
   if (spec_.block < 8 || spec_.block > 4096)
     throw std::invalid_argument(fmt::format("quant_block must be in [8, 4096], got {}", spec_.block));
-  if (spec_.rotate && (!integer(spec_.type) || spec_.topk > 0 || (spec_.block & (spec_.block - 1)) != 0))
+  if (spec_.rotate && (!integer_code(spec_.type) || spec_.topk > 0 || (spec_.block & (spec_.block - 1)) != 0))
     throw std::invalid_argument("rotation needs a dense integer codec and a power-of-two quant_block");
 }
 
@@ -141,7 +141,7 @@ int64_t WireCodec::format_id() const {
 
 std::string WireCodec::describe() const {
   std::string s = codec_type_name(spec_.type);
-  if (integer(spec_.type))
+  if (integer_code(spec_.type))
     s += fmt::format(" ({}-value blocks{}{})", spec_.block, spec_.rotate ? ", rotated" : "",
                      spec_.stochastic ? ", stochastic rounding" : "");
   if (spec_.topk > 0) s += fmt::format(", top {:g}%", spec_.topk * 100);
@@ -165,8 +165,7 @@ void WireCodec::encode_dense(const float* x, size_t n, uint8_t* out, uint64_t se
   std::vector<float> rotated(spec_.rotate ? block : 0);
   for (size_t b = 0; b < blocks; ++b) {
     const size_t first = b * block, last = std::min(n, first + block);
-    // Only whole blocks rotate (a power of two long); a short last block goes as it is.
-    const bool rotate = spec_.rotate && last - first == block;
+    const bool rotate = rotates(last - first);
     if (rotate) rotate_block(x + first, first, block, rotated.data());
     auto value = [&](size_t i) { return rotate ? rotated[i - first] : x[i]; };
     float peak = 0;
@@ -220,7 +219,7 @@ void WireCodec::decode_dense(const uint8_t* in, size_t n, float* out) const {
       if (code == 0) malformed(fmt::format("{} code {}", codec_type_name(spec_.type), -(qmax + 1)));
       out[i] = float(int(code) - qmax - 1) * scale;
     }
-    if (spec_.rotate && last - first == block) unrotate_block(out + first, first, block);
+    if (rotates(last - first)) unrotate_block(out + first, first, block);
   }
 }
 

@@ -35,6 +35,8 @@ struct CodecSpec {
 const char* codec_type_name(CodecSpec::Type type);
 // The type of that name (as codec_type_name writes it); throws std::invalid_argument.
 CodecSpec::Type codec_type_named(const std::string& name);
+// int8, int4, int3, int2: scaled blocks (the codes that can be rotated).
+bool integer_code(CodecSpec::Type type);
 
 class WireCodec {
  public:
@@ -66,6 +68,8 @@ class WireCodec {
   void encode_dense(const float* x, size_t n, uint8_t* out, uint64_t seed) const;
   void decode_dense(const uint8_t* in, size_t n, float* out) const;
   size_t chunk_k(size_t chunk_len) const;
+  // Only whole blocks rotate (a power of two long); a short last block goes as it is.
+  bool rotates(size_t block_len) const { return spec_.rotate && block_len == size_t(spec_.block); }
 
   CodecSpec spec_;
 };
