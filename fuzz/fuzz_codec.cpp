@@ -26,9 +26,11 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     } else {
       noloco::CodecSpec spec;
       spec.type = noloco::CodecSpec::Type(choice % 6);
-      const int variant = (choice / 6) % 5;  // dense, rotated, or one of three top-k fractions
+      // Dense, rotated, or a top-k fraction (those of compression=sparse among them).
+      constexpr double kTopk[] = {0.004, 0.009, 0.01, 0.02, 0.03};
+      const int variant = (choice / 6) % 7;
       spec.rotate = variant == 1 && noloco::integer_code(spec.type);
-      spec.topk = variant < 2 ? 0.0 : 0.01 * double(variant - 1);
+      spec.topk = variant < 2 ? 0.0 : kTopk[variant - 2];
       spec.block = block;
       const noloco::WireCodec codec(spec);
       codec.decode(payload, bytes, n, out.data());

@@ -288,7 +288,7 @@ TEST(CosetCode, RefusesMalformedSteps) {
 TEST(ErrorFeedback, DelaysWhatTheCodecDropsInsteadOfLosingIt) {
   const WireCodec codec(spec(CodecSpec::Type::int4, 0.05));
   const int64_t n = 3000;
-  ErrorFeedbackChannel channel(codec, true, n, "residual");
+  ErrorFeedbackChannel channel(codec, 1.0, n, "residual");
   auto owed = torch::zeros({n}), delivered = torch::zeros({n});
   std::vector<uint8_t> bytes(size_t(channel.bytes()));
   for (int t = 0; t < 20; ++t) {
@@ -303,8 +303,27 @@ TEST(ErrorFeedback, DelaysWhatTheCodecDropsInsteadOfLosingIt) {
   EXPECT_LT((owed - delivered - residual).abs().max().item<float>(), 1e-5);
   EXPECT_LT(residual.norm().item<float>(), 0.5 * owed.norm().item<float>());  // most of it has arrived
   // Without feedback the same codec loses the rest for good: nothing is kept.
-  ErrorFeedbackChannel lossy(codec, false, n, "residual");
+  ErrorFeedbackChannel lossy(codec, 0.0, n, "residual");
   TensorMap none;
   lossy.save(none);
   EXPECT_TRUE(none.empty());
+}
+
+// A decaying feedback (SparseLoCo's e ← w·e + Δ), worked by hand on four
+// values with top-1 fp32: each message carries the largest of w·e + Δ.
+TEST(ErrorFeedback, DecayingFeedbackWeighsTheResidualBeforeAddingTheIncrement) {
+  CodecSpec s;
+  s.topk = 0.25;  // one value of the four
+  const WireCodec codec(s);
+  ErrorFeedbackChannel channel(codec, 0.5, 4, "residual");
+  std::vector<uint8_t> bytes(size_t(channel.bytes()));
+  channel.encode(torch::tensor({4.0f, 3.0f, -2.0f, 1.0f}), bytes.data(), 0);
+  // Sent 4 at position 0; e = (0, 3, -2, 1).
+  EXPECT_TRUE(torch::equal(channel.decode(bytes.data()), torch::tensor({4.0f, 0.0f, 0.0f, 0.0f})));
+  channel.encode(torch::tensor({0.0f, 0.0f, -2.5f, 0.0f}), bytes.data(), 1);
+  // 0.5·e + Δ = (0, 1.5, -3.5, 0.5): sends -3.5 at position 2; e = (0, 1.5, 0, 0.5).
+  EXPECT_TRUE(torch::equal(channel.decode(bytes.data()), torch::tensor({0.0f, 0.0f, -3.5f, 0.0f})));
+  TensorMap state;
+  channel.save(state);
+  EXPECT_TRUE(torch::equal(state.at("outer.residual"), torch::tensor({0.0f, 1.5f, 0.0f, 0.5f})));
 }

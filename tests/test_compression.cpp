@@ -6,9 +6,11 @@
 #include <map>
 
 #include <fmt/format.h>
+#include <yaml-cpp/yaml.h>
 
 #include "wire/codec.h"
 #include "wire/coset_codec.h"
+#include "wire/message.h"
 #include "test_util.h"
 #include "train/checkpoint.h"
 #include "util/files.h"
@@ -32,8 +34,16 @@ TEST_F(Compression, NoLoCoSendsInt4DeltaAndCosetCodedSlowWeights) {
   const auto out = run("int4", "method=noloco replicas=2 batch=2 steps=12 outer_interval=3 wire_dtype=int4");
   const auto r0 = read_json(out + "/summary_r0.json");
   const auto n = r0["params"].get<size_t>();
-  const size_t message = WireCodec(int_spec(CodecSpec::Type::int4)).encoded_bytes(n) + CosetCodec(4, 64).encoded_bytes(n);
+  // The header travels with each message and counts.
+  const size_t message = MessageHeader::kBytes + WireCodec(int_spec(CodecSpec::Type::int4)).encoded_bytes(n) +
+                         CosetCodec(4, 64).encoded_bytes(n);
   EXPECT_EQ(r0["bytes_sent"].get<uint64_t>(), 4 * message) << "one message per outer step";
+  // What decoding dropped: the φ blocks outside their grid, of the 2n values
+  // (Δ and φ) in each of the 4 messages received.
+  int64_t failed = 0;
+  for (auto& rec : metrics_records(out, "outer"))
+    if (rec["replica"] == 0) failed += rec["phi_blocks_failed"].get<int64_t>();
+  EXPECT_DOUBLE_EQ(r0["dropped_fraction"].get<double>(), double(failed * 64) / double(4 * 2 * n));
   EXPECT_NEAR(r0["bits_per_param_per_outer_step"].get<double>(), 8.0 * double(message) / double(n), 1e-9);
   EXPECT_LT(r0["bits_per_param_per_outer_step"].get<double>(), 9.0);  // against 32 in fp32
   for (auto& rec : metrics_records(out, "outer")) EXPECT_EQ(rec["arrived"].size(), 2u) << rec.dump();
@@ -61,7 +71,8 @@ TEST_F(Compression, DiLoCoCompressedMeanIsTheSameOnEveryReplica) {
 
 TEST_F(Compression, ErrorFeedbackAndCosetStateResumeBitIdentically) {
   const std::string common =
-      "method=noloco replicas=2 batch=2 outer_interval=3 decay_steps=12 checkpoint_interval=3 wire_dtype=int4 topk=0.3";
+      "method=noloco replicas=2 batch=2 outer_interval=3 decay_steps=12 checkpoint_interval=3 wire_dtype=int4 topk=0.3 "
+      "error_feedback_decay=0.9";
   const auto whole = run("whole", common + " steps=12");
   run("split", common + " steps=6");
   const auto split = run("split", common + " steps=12 resume=true");
@@ -78,4 +89,46 @@ TEST_F(Compression, ErrorFeedbackAndCosetStateResumeBitIdentically) {
     }
     EXPECT_GT(sa.at("outer.residual").abs().max().item<float>(), 0) << "top-k int4 leaves something owed";
   }
+}
+
+// compression=sparse for DiLoCo: each replica's Δ, top-k and int4,
+// compressed once and all-gathered, so the bytes are (N−1) messages a replica
+// per outer step; every replica applies the same mean to the same φ, and a
+// resumed run continues bit for bit.
+TEST_F(Compression, SparseDiLoCoGathersOneMessageAReplicaAndResumesBitIdentically) {
+  const std::string common = "method=diloco compression=sparse replicas=3 batch=2 outer_interval=3 decay_steps=12 "
+                             "checkpoint_interval=3";
+  const auto whole = run("whole", common + " steps=12");
+  const auto config = read_file(whole + "/config.yaml");
+  EXPECT_NE(config.find("diloco_mean: all_gather"), std::string::npos) << config;
+  EXPECT_NE(config.find("outer_interval: 3"), std::string::npos) << "a key given with the preset overrides it";
+  const auto r1 = read_json(whole + "/summary_r1.json");
+  const auto n = r1["params"].get<size_t>();
+  CodecSpec s = int_spec(CodecSpec::Type::int4);
+  s.topk = YAML::LoadFile(whole + "/config.yaml")["topk"].as<double>();
+  const uint64_t message = WireCodec(s).encoded_bytes(n);
+  EXPECT_EQ(r1["bytes_sent"].get<uint64_t>(), 4 * 2 * message) << "4 outer steps, each gathering 2 others' messages";
+  EXPECT_NEAR(r1["bits_per_param_per_outer_step"].get<double>(), 8.0 * 2 * double(message) / double(n), 1e-9);
+  EXPECT_LT(r1["bits_per_param_per_outer_step"].get<double>(), 0.5);
+
+  run("split", common + " steps=6");
+  const auto split = run("split", common + " steps=12 resume=true");
+  const auto a = noloco::testing::train_losses(whole), b = noloco::testing::train_losses(split);
+  ASSERT_EQ(a.size(), 36u);
+  for (auto& [key, loss] : a) EXPECT_EQ(b.at(key), loss) << "replica " << key.first << " step " << key.second;
+  // What the messages left out stays in each replica's weights (residual=weights):
+  // the slow weights agree everywhere, the weights do not, and no buffer is kept.
+  std::vector<TensorMap> states;
+  for (int r = 0; r < 3; ++r)
+    states.push_back(load_tensors(find_checkpoint(whole + fmt::format("/checkpoints/r{}", r)) + "/state.safetensors"));
+  EXPECT_EQ(states[0].count("outer.residual"), 0u);
+  EXPECT_TRUE(torch::equal(states[0].at("outer.phi"), states[1].at("outer.phi")));
+  EXPECT_TRUE(torch::equal(states[0].at("outer.phi"), states[2].at("outer.phi")));
+  const auto last_checkpoint = [&](int r) {
+    return load_tensors(find_checkpoint(whole + fmt::format("/checkpoints/r{}", r)) + "/model.safetensors");
+  };
+  const auto w0 = last_checkpoint(0), w1 = last_checkpoint(1);
+  bool differ = false;
+  for (auto& [name, t] : w0) differ = differ || !torch::equal(t, w1.at(name));
+  EXPECT_TRUE(differ) << "each replica keeps its own leftover";
 }

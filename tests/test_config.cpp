@@ -168,3 +168,26 @@ TEST(Config, FragmentsAndOverlapOnlyWhereTheyMeanSomething) {
   EXPECT_TRUE(parse_config("", {"method=diloco", "replicas=2", "overlap=true", "eager=true"}).outer.eager);
   EXPECT_NO_THROW(parse_config("", {"method=none", "replicas=4"})) << "independent replicas: the utilisation baseline";
 }
+
+TEST(Config, CompressionPresetSetsTheCodecKeysAndKeysGivenWithItOverrideIt) {
+  const auto d = parse_config("topk: 0.01\n", {"compression=sparse", "method=diloco"});
+  EXPECT_EQ(d.outer.diloco_mean, DilocoMean::all_gather);
+  EXPECT_EQ(d.outer.residual, ResidualHome::weights);
+  EXPECT_EQ(d.outer.wire_dtype, WireDtype::int4);
+  EXPECT_DOUBLE_EQ(d.outer.topk, 0.01) << "the key given with the preset wins, wherever written";
+  const auto n = parse_config("", {"method=noloco", "compression=sparse"});
+  EXPECT_GT(n.outer.topk, 0.0);
+  EXPECT_EQ(n.outer.message, NolocoMessage::delta_phi);
+  EXPECT_EQ(n.outer.residual, ResidualHome::weights);
+  const auto none = parse_config("", {"method=diloco", "compression=none"});
+  EXPECT_EQ(none.outer.wire_dtype, WireDtype::fp32);
+  EXPECT_EQ(none.outer.topk, 0.0);
+  EXPECT_EQ(none.outer.diloco_mean, DilocoMean::reduce_scatter) << "today's compressed DiLoCo";
+  EXPECT_NE(error_of("", {"compression=sparse"}).find("compression=sparse applies to diloco and noloco"),
+            std::string::npos);
+  EXPECT_NE(error_of("", {"method=diloco", "wire_dtype=int4", "residual=weights"}).find("residual=weights needs"),
+            std::string::npos)
+      << "reduce_scatter has no leftover of its own to keep";
+  EXPECT_NE(error_of("", {"method=diloco", "error_feedback_decay=0"}).find("error_feedback_decay must be in (0, 1]"),
+            std::string::npos);
+}

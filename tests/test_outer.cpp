@@ -7,6 +7,7 @@
 #include "optim/outer.h"
 #include "optim/slow_weights.h"
 #include "config/train_config.h"
+#include "wire/codec.h"
 
 using namespace noloco;
 
@@ -21,7 +22,11 @@ class FakeTransport final : public Transport {
     sent = t.clone();
     t.add_(next_peer()).div_(2);
   }
-  std::vector<torch::Tensor> all_gather(const torch::Tensor&) override { throw std::logic_error("not used"); }
+  // This replica's bytes, then the peer's (`peer_bytes`).
+  std::vector<torch::Tensor> all_gather(const torch::Tensor& bytes) override {
+    sent = bytes.clone();
+    return {bytes.clone(), peer_bytes};
+  }
   std::vector<torch::Tensor> all_to_all(const torch::Tensor&) override { throw std::logic_error("not used"); }
   ExchangeResult exchange(const ExchangeRequest& request) override {
     const auto dtype = wire_dtype;  // fp32 and bf16 payloads are the values' own bytes
@@ -43,7 +48,7 @@ class FakeTransport final : public Transport {
     peers.pop_front();
     return p;
   }
-  torch::Tensor peer, sent;
+  torch::Tensor peer, sent, peer_bytes;
   std::deque<torch::Tensor> peers;
   int exchanges = 0;
   c10::ScalarType wire_dtype = torch::kFloat32;
@@ -148,6 +153,43 @@ TEST(Outer, DiLoCoStepByHand) {
   expect_values(comm.sent, {0.5, -1.0, 1.0});
   // m = 0.7·mean Δ = 0.7·[0.3, -0.35, 0.4]
   expect_values(flat.values(), {1.21, 1.755, -0.72});
+}
+
+// residual=weights (docs/method.md, compression=sparse), by hand: top-1 of
+// three values in fp32, so the numbers stay exact. Each replica's message
+// carries its largest value; the mean of the messages drives the outer step;
+// what this replica's message left out stays in its weights.
+TEST(Outer, SparseDiLoCoKeepsWhatItsMessageLeftOutInTheWeightsByHand) {
+  auto c = outer_config("diloco", 0.3, 0.7, 0.7);
+  c.outer.topk = 0.3;  // one value of the three
+  c.outer.diloco_mean = DilocoMean::all_gather;
+  c.outer.residual = ResidualHome::weights;
+  Rig rig(c);
+  auto& [m, flat, comm, outer] = rig;
+  CodecSpec spec;
+  spec.topk = c.outer.topk;
+  const WireCodec codec(spec);
+  auto code = [&](std::vector<float> x) {
+    auto bytes = torch::empty({int64_t(codec.encoded_bytes(x.size()))}, torch::kUInt8);
+    codec.encode(x.data(), x.size(), bytes.data_ptr<uint8_t>(), 0);
+    return bytes;
+  };
+  auto values_of = [&](const torch::Tensor& bytes) {
+    auto out = torch::empty({3});
+    codec.decode(bytes.data_ptr<uint8_t>(), size_t(bytes.numel()), 3, out.data_ptr<float>());
+    return out;
+  };
+  outer->load({{"outer.phi", torch::tensor({1.0f, 2.0f, -1.0f})}, {"outer.momentum", torch::zeros({3})}});
+  flat.values().copy_(torch::tensor({1.5f, 1.2f, 0.0f}));  // Δ0 = [0.5, -0.8, 1]
+  comm.peer_bytes = code({0.1f, 0.3f, -0.2f});             // Δ1: its message carries 0.3
+  ASSERT_TRUE(outer->after_inner_step(3, flat).has_value());
+  expect_values(values_of(comm.sent), {0.0, 0.0, 1.0});
+  // Mean of the messages [0, 0.15, 0.5]; m = 0.7·that; φ = [1, 2.105, -0.65];
+  // θ = φ + what Δ0's message left out, [0.5, -0.8, 0].
+  expect_values(flat.values(), {1.5, 1.305, -0.65});
+  TensorMap state;
+  outer->save(state);
+  expect_values(state.at("outer.phi"), {1.0, 2.105, -0.65});
 }
 
 TEST(Outer, DdpAveragesTheFlatGradientInOneCollective) {

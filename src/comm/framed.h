@@ -36,6 +36,8 @@ class FramedSend {
   // Throws if the peer is lost before everything left.
   void wait(std::chrono::milliseconds timeout);
   uint64_t payload_bytes() const { return payload_bytes_; }
+  // What leaves for it: the header and the payload.
+  uint64_t wire_bytes() const { return MessageHeader::kBytes + payload_bytes_; }
 
  private:
   std::vector<c10::intrusive_ptr<c10d::Work>> works_;

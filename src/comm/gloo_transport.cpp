@@ -400,7 +400,7 @@ bool GlooTransport::trade(c10d::ProcessGroupGloo& group, const ExchangeRequest& 
     switch (incoming[i].wait(timeout_)) {
       case Delivery::received:
         result->received[rank] = incoming[i].parts()[0];
-        cost->bytes_received += uint64_t(request.payload.numel());
+        cost->bytes_received += MessageHeader::kBytes + uint64_t(request.payload.numel());
         break;
       case Delivery::rejected:
         spdlog::error("rejected a message from worker {}: {}", rank, incoming[i].problem());
@@ -415,7 +415,7 @@ bool GlooTransport::trade(c10d::ProcessGroupGloo& group, const ExchangeRequest& 
   for (auto& send : sends) {
     try {
       send.wait(timeout_);
-      cost->bytes_sent += send.payload_bytes();  // headers (72 bytes) are not counted as training traffic
+      cost->bytes_sent += send.wire_bytes();
       cost->messages += 1;
     } catch (const std::exception&) {
       failed = true;
@@ -438,7 +438,7 @@ void GlooTransport::send_state(const std::string& channel, const MessageHeader& 
   FramedSend send(*pg, 1, 0, stamped, {bytes.contiguous()});
   send.wait(timeout_);
   CommStats cost;
-  cost.bytes_sent = send.payload_bytes();
+  cost.bytes_sent = send.wire_bytes();
   cost.messages = 1;
   cost.comm_seconds = since(start);
   charge(cost);
@@ -459,7 +459,7 @@ torch::Tensor GlooTransport::receive_state(const std::string& channel, const Mes
   }
   auto bytes = receive.parts()[0];
   CommStats cost;
-  cost.bytes_received = uint64_t(bytes.nbytes());
+  cost.bytes_received = MessageHeader::kBytes + uint64_t(bytes.nbytes());
   cost.comm_seconds = since(start);
   charge(cost);
   release(std::move(pg));

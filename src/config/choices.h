@@ -25,6 +25,16 @@ enum class WireDtype { fp32, bf16, int8, int4, int3, int2 };
 // The codec of pipeline activations and their gradients between stages;
 // `same` (the gradients' key only): as the activations.
 enum class ActivationCodec { same, fp32, bf16, int8, int4, int3, int2 };
+// How compressed DiLoCo forms the mean of Δ (optim/diloco.h): shards
+// averaged by their owners and the mean compressed again, or every replica's
+// message compressed once and gathered by all; automatic until resolved.
+enum class DilocoMean { automatic, reduce_scatter, all_gather };
+// Where what a lossy DiLoCo message left out goes: into the next message
+// (error feedback), or back into the replica's own weights.
+enum class ResidualHome { message, weights };
+// The outer messages' compression as one choice (config/train_config.h's
+// preset): none leaves the codec keys as they are.
+enum class OuterCompression { none, sparse };
 
 template <class E>
 struct ChoiceNames;
@@ -81,6 +91,24 @@ struct ChoiceNames<ActivationCodec> {
                                                                               {ActivationCodec::int4, "int4"},
                                                                               {ActivationCodec::int3, "int3"},
                                                                               {ActivationCodec::int2, "int2"}}};
+};
+
+template <>
+struct ChoiceNames<DilocoMean> {
+  static constexpr std::array<std::pair<DilocoMean, const char*>, 4> all{{{DilocoMean::automatic, "auto"},
+                                                                         {DilocoMean::automatic, ""},
+                                                                         {DilocoMean::reduce_scatter, "reduce_scatter"},
+                                                                         {DilocoMean::all_gather, "all_gather"}}};
+};
+template <>
+struct ChoiceNames<ResidualHome> {
+  static constexpr std::array<std::pair<ResidualHome, const char*>, 2> all{
+      {{ResidualHome::message, "message"}, {ResidualHome::weights, "weights"}}};
+};
+template <>
+struct ChoiceNames<OuterCompression> {
+  static constexpr std::array<std::pair<OuterCompression, const char*>, 2> all{
+      {{OuterCompression::none, "none"}, {OuterCompression::sparse, "sparse"}}};
 };
 
 template <class E>

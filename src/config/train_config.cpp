@@ -85,6 +85,11 @@ Options config_options(TrainConfig& c) {
            "integer activation codes (both directions): a randomized Hadamard rotation of each quant_block "
            "(a power of two) before coding, which spreads outliers so fewer bits suffice (int4: +0.73% loss "
            "instead of +1.05%)")
+      .add("compression", c.outer.compression,
+           "diloco/noloco outer messages: none (the codec keys below as given) | sparse (a preset of them, "
+           "docs/method.md: the top 0.4% of delta (diloco; noloco 0.9%) in int4, the leftover kept in the weights; "
+           "diloco H 20, all-gathered: 0.47 bits/param/outer step, +3.7% loss at 8 replicas; noloco phi 2 bits every "
+           "3rd outer step: ~1 bit; not within 1% of fp32 yet); keys given with it override it")
       .add("outer_interval", c.outer.interval, "H, inner steps per outer step; 0: 100 diloco, 50 noloco")
       .add("outer_momentum", c.outer.momentum, "alpha; <0: 0.3 diloco, 0.5 noloco")
       .add("outer_lr", c.outer.lr, "beta, outer learning rate")
@@ -94,6 +99,16 @@ Options config_options(TrainConfig& c) {
            "wire codec of diloco/noloco messages: fp32 | bf16 | int8 | int4 | int3 | int2")
       .add("topk", c.outer.topk, "fraction of each 4096-value chunk sent (largest first); 0: dense")
       .add("error_feedback", c.outer.error_feedback, "add what a lossy codec dropped from delta to the next message (diloco; noloco delta_phi)")
+      .add("error_feedback_decay", c.outer.error_feedback_decay,
+           "error feedback e <- decay*e + delta before each message (SparseLoCo's beta; 1: plain error feedback)")
+      .add("diloco_mean", c.outer.diloco_mean,
+           "compressed diloco: reduce_scatter (shards averaged by their owners, the mean compressed again: ~2 "
+           "messages a replica) | all_gather (each replica's message compressed once, gathered by all: replicas-1 "
+           "messages a replica) | auto: reduce_scatter")
+      .add("residual", c.outer.residual,
+           "what a lossy outer message left out of delta: message (error feedback: sent with the next one) | "
+           "weights (kept in the replica's own weights, theta = phi + decay*leftover, so no local progress is reset "
+           "away; diloco needs diloco_mean=all_gather)")
       .add("quant_block", c.outer.quant_block, "values sharing one int8/int4 scale (and one coset step)")
       .add("stochastic_rounding", c.outer.stochastic_rounding, "unbiased stochastic rounding of integer codes")
       .add("noloco_message", c.outer.message,
@@ -150,6 +165,27 @@ void adopt_imported_model(TrainConfig& c, const ModelConfig& hf, bool tokenizer_
   if (ends_with(c.data.path, ".bin") && c.data.vocab_size == 0) c.data.vocab_size = hf.vocab_size;
 }
 
+// compression=sparse, measured in docs/results.md (issue 27): the keys it
+// sets before any key given with it.
+void apply_compression_preset(OuterConfig& outer, OuterCompression compression, Method method) {
+  if (compression == OuterCompression::none) return;
+  if (!has_outer_steps(method)) invalid("compression=sparse applies to diloco and noloco");
+  outer.error_feedback = true;
+  if (method == Method::diloco) {
+    outer.interval = 20;
+    outer.wire_dtype = WireDtype::int4;
+    outer.topk = 0.004;
+    outer.diloco_mean = DilocoMean::all_gather;
+    outer.residual = ResidualHome::weights;
+    return;
+  }
+  outer.wire_dtype = WireDtype::int4;
+  outer.topk = 0.009;
+  outer.residual = ResidualHome::weights;
+  outer.phi_bits = 2;
+  outer.phi_every = 3;
+}
+
 }  // namespace
 
 std::vector<ConfigKey> config_keys() {
@@ -172,6 +208,7 @@ void TrainConfig::resolve() {
   if (outer.message == NolocoMessage::automatic)
     outer.message = outer.gamma == outer.lr && theta_codec ? NolocoMessage::theta : NolocoMessage::delta_phi;
   if (outer.phi_coding == PhiCoding::automatic) outer.phi_coding = lossless ? PhiCoding::codec : PhiCoding::coset;
+  if (outer.diloco_mean == DilocoMean::automatic) outer.diloco_mean = DilocoMean::reduce_scatter;
 }
 
 void TrainConfig::validate() const {
@@ -242,6 +279,13 @@ void TrainConfig::validate() const {
   if (outer.quant_block < 8 || outer.quant_block > 4096)
     invalid(fmt::format("quant_block must be in [8, 4096], got {}", outer.quant_block));
   if (outer.phi_bits < 2 || outer.phi_bits > 8) invalid(fmt::format("phi_bits must be in [2, 8], got {}", outer.phi_bits));
+  const bool own_leftover = (method == Method::diloco && outer.diloco_mean == DilocoMean::all_gather) ||
+                            (method == Method::noloco && outer.message == NolocoMessage::delta_phi);
+  if (outer.residual == ResidualHome::weights && (!own_leftover || !lossy || !outer.error_feedback))
+    invalid("residual=weights needs a lossy codec with error_feedback=true, and diloco_mean=all_gather (diloco) or "
+            "noloco_message=delta_phi (noloco)");
+  if (!(outer.error_feedback_decay > 0 && outer.error_feedback_decay <= 1))
+    invalid(fmt::format("error_feedback_decay must be in (0, 1], got {}", outer.error_feedback_decay));
   if (outer.phi_every < 1) invalid(fmt::format("phi_every must be >= 1, got {}", outer.phi_every));
   if (outer.fragments < 1) invalid(fmt::format("fragments must be >= 1, got {}", outer.fragments));
   if (has_outer_steps(method) && outer.fragments > outer.interval)
@@ -380,6 +424,10 @@ TrainConfig parse_config(const std::string& yaml_text, const std::vector<std::st
     }
     tokenizer_given |= k == "tokenizer";
   }
+  // The compression preset, for the method the keys name, before the keys that override it.
+  for (const auto& [k, v] : pairs)
+    if (k == "method" || k == "compression") options.set(k, v);
+  apply_compression_preset(c.outer, c.outer.compression, c.outer.method);
   for (const auto& [k, v] : pairs)
     if (k != "model") options.set(k, v);
   if (imported) adopt_imported_model(c, *imported, tokenizer_given);

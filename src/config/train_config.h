@@ -49,8 +49,15 @@ struct OuterConfig {
   WireDtype wire_dtype = WireDtype::fp32;
   double topk = 0;                  // fraction of each 4096-value chunk sent; 0: dense
   bool error_feedback = true;       // what a lossy codec drops from Δ is sent next time
+  double error_feedback_decay = 1;  // e ← decay·e + Δ before each message (SparseLoCo's β)
   int64_t quant_block = 64;         // values sharing one int8/int4 scale
   bool stochastic_rounding = false;
+  // automatic: reduce_scatter.
+  DilocoMean diloco_mean = DilocoMean::automatic;
+  // weights (diloco, all_gather): θ ← φ + decay·(what this replica's message left out).
+  ResidualHome residual = ResidualHome::message;
+  // The preset that set the codec keys above (a key given with it overrides it).
+  OuterCompression compression = OuterCompression::none;
   // automatic: theta when γ = β and the codec is fp32 or bf16, else delta_phi.
   NolocoMessage message = NolocoMessage::automatic;
   // codec: the codec above, without error feedback; coset: phi_bits a value.

@@ -10,74 +10,98 @@ DiLoCo::DiLoCo(const OuterConfig& config, uint64_t seed, Transport& transport, F
     : SlowWeightsMethod(config, params), seed_(seed), transport_(transport), codec_(codec_spec(config)) {
   if (codec_.lossless()) return;
   const int64_t world = transport.world();
+  const double feedback = feedback_weight(config);
   for (const auto& f : fragments()) {
-    Shards s;
-    s.shard = (f.numel + world - 1) / world;
+    Channels c;
+    if (config.diloco_mean == DilocoMean::all_gather) {
+      const bool buffered = config.residual == ResidualHome::message;
+      c.whole = std::make_unique<ErrorFeedbackChannel>(codec_, buffered ? feedback : 0.0, f.numel,
+                                                       fragment_state("residual", f));
+      channels_.push_back(std::move(c));
+      continue;
+    }
+    c.shard = (f.numel + world - 1) / world;
     for (int64_t k = 0; k < world; ++k)
-      s.to_owners.push_back(std::make_unique<ErrorFeedbackChannel>(
-          codec_, config.error_feedback, s.shard, fragment_state(fmt::format("residual_shard{}", k), f)));
-    s.owned_mean = std::make_unique<ErrorFeedbackChannel>(codec_, config.error_feedback, s.shard,
-                                                          fragment_state("residual_mean", f));
-    shards_.push_back(std::move(s));
+      c.to_owners.push_back(std::make_unique<ErrorFeedbackChannel>(
+          codec_, feedback, c.shard, fragment_state(fmt::format("residual_shard{}", k), f)));
+    c.owned_mean =
+        std::make_unique<ErrorFeedbackChannel>(codec_, feedback, c.shard, fragment_state("residual_mean", f));
+    channels_.push_back(std::move(c));
   }
 }
 
 void DiLoCo::save(TensorMap& out) const {
   SlowWeightsMethod::save(out);  // first: it waits for an exchange in flight, which uses the channels
-  for (const auto& s : shards_) {
-    for (const auto& c : s.to_owners) c->save(out);
-    s.owned_mean->save(out);
-  }
+  for (const auto& c : channels_) c.each([&](const ErrorFeedbackChannel& channel) { channel.save(out); });
 }
 
 void DiLoCo::load(const TensorMap& in) {
   SlowWeightsMethod::load(in);
-  for (const auto& s : shards_) {
-    for (const auto& c : s.to_owners) c->load(in);
-    s.owned_mean->load(in);
-  }
+  for (auto& c : channels_) c.each([&](ErrorFeedbackChannel& channel) { channel.load(in); });
 }
 
-torch::Tensor DiLoCo::compressed_mean(int64_t exchange_id, Shards& shards, const torch::Tensor& delta) {
+uint64_t DiLoCo::exchange_seed(int64_t exchange_id) const {
+  return splitmix64(seed_ ^ splitmix64(uint64_t(exchange_id) * 1000003u + uint64_t(transport_.rank())));
+}
+
+torch::Tensor DiLoCo::scattered_mean(int64_t exchange_id, Channels& channels, const torch::Tensor& delta) {
   const int world = transport_.world(), me = transport_.rank();
-  const int64_t n = delta.numel(), shard = shards.shard, chunk = shards.to_owners[0]->bytes();
+  const int64_t n = delta.numel(), shard = channels.shard, chunk = channels.to_owners[0]->bytes();
   auto padded = torch::zeros({shard * world}, torch::kFloat32);
   padded.narrow(0, 0, n).copy_(delta.reshape({-1}));
-  const uint64_t seed = splitmix64(seed_ ^ splitmix64(uint64_t(exchange_id) * 1000003u + uint64_t(me)));
+  const uint64_t seed = exchange_seed(exchange_id);
   auto outgoing = torch::empty({chunk * world}, torch::kUInt8);
   for (int s = 0; s < world; ++s)
-    shards.to_owners[size_t(s)]->encode(padded.narrow(0, s * shard, shard),
-                                        outgoing.data_ptr<uint8_t>() + s * chunk, seed + uint64_t(s));
+    channels.to_owners[size_t(s)]->encode(padded.narrow(0, s * shard, shard),
+                                          outgoing.data_ptr<uint8_t>() + s * chunk, seed + uint64_t(s));
   // Every replica's version of the shard this replica owns, averaged in rank order.
   const auto incoming = transport_.all_to_all(outgoing);
   auto mean = torch::zeros({shard}, torch::kFloat32);
   for (int r = 0; r < world; ++r)
     mean.add_(r == me ? padded.narrow(0, me * shard, shard)
-                      : shards.to_owners[0]->decode(incoming[size_t(r)].data_ptr<uint8_t>()));
+                      : channels.to_owners[0]->decode(incoming[size_t(r)].data_ptr<uint8_t>()));
   mean.div_(double(world));
   auto owned = torch::empty({chunk}, torch::kUInt8);
-  shards.owned_mean->encode(mean, owned.data_ptr<uint8_t>(), ~seed);
-  // Everyone decodes the same bytes: the mean is identical on every replica.
+  channels.owned_mean->encode(mean, owned.data_ptr<uint8_t>(), ~seed);
   const auto gathered = transport_.all_gather(owned);
   auto out = torch::empty({shard * world}, torch::kFloat32);
   for (int s = 0; s < world; ++s)
-    out.narrow(0, s * shard, shard).copy_(shards.owned_mean->decode(gathered[size_t(s)].data_ptr<uint8_t>()));
+    out.narrow(0, s * shard, shard).copy_(channels.owned_mean->decode(gathered[size_t(s)].data_ptr<uint8_t>()));
   return out.narrow(0, 0, n).to(delta.device());
+}
+
+torch::Tensor DiLoCo::gathered_mean(int64_t exchange_id, Channels& channels, const torch::Tensor& delta,
+                                    torch::Tensor* kept) {
+  auto own = torch::empty({channels.whole->bytes()}, torch::kUInt8);
+  channels.whole->encode(delta, own.data_ptr<uint8_t>(), exchange_seed(exchange_id));
+  // This replica's part decoded from its own bytes, like everyone else's.
+  const auto gathered = transport_.all_gather(own);
+  auto mean = torch::zeros({delta.numel()}, torch::kFloat32);
+  for (const auto& bytes : gathered) mean.add_(channels.whole->decode(bytes.data_ptr<uint8_t>()));
+  if (config_.residual == ResidualHome::weights) {
+    const auto sent = channels.whole->decode(own.data_ptr<uint8_t>());
+    *kept = ((cpu_fp32(delta) - sent) * config_.error_feedback_decay).to(delta.device());
+  }
+  return mean.div_(double(gathered.size())).to(delta.device());
 }
 
 OuterTerms DiLoCo::group_means(int64_t exchange_id, const Fragment& fragment, const torch::Tensor& theta,
                                const torch::Tensor& phi, OuterSync& sync) {
   auto delta = theta - phi;
+  torch::Tensor kept;
   const auto sent_before = transport_.stats().bytes_sent;
   if (codec_.lossless()) {
     transport_.all_reduce_mean(delta);
   } else {
-    delta = compressed_mean(exchange_id, shards_[size_t(fragment.index)], delta);
+    auto& channels = channels_[size_t(fragment.index)];
+    delta = channels.whole ? gathered_mean(exchange_id, channels, delta, &kept)
+                           : scattered_mean(exchange_id, channels, delta);
   }
   sync.bytes = transport_.stats().bytes_sent - sent_before;
   for (int r = 0; r < transport_.world(); ++r) sync.group.push_back(r);
   sync.members = sync.arrived = sync.group;
-  return {delta, {}, 0};
+  sync.values_received = (transport_.world() - 1) * fragment.numel;  // a malformed one stops the run: none dropped
+  return {delta, {}, 0, kept};
 }
 
 }  // namespace noloco

@@ -87,11 +87,16 @@ std::map<int, torch::Tensor> NoLoCo::send(int64_t id, const std::vector<Peer>& g
 std::map<int, NolocoParts> NoLoCo::decode(NolocoMessageCodec& message, const std::map<int, torch::Tensor>& arrived,
                                           bool with_phi, const torch::Tensor& own_phi, OuterSync& sync) {
   std::map<int, NolocoParts> decoded;
+  const int64_t values = message.values(with_phi);
   for (const auto& [r, bytes] : arrived) {
+    sync.values_received += values;
+    const int64_t failed_before = sync.phi_blocks_failed;
     try {
       decoded[r] = message.decode(bytes, with_phi, own_phi, &sync.phi_blocks_failed);
+      sync.values_dropped += std::min(values, (sync.phi_blocks_failed - failed_before) * int64_t(coset_.block()));
     } catch (const std::runtime_error& e) {
       spdlog::error("rejected the outer-step message of replica {}: {}", r, e.what());
+      sync.values_dropped += values;
     }
   }
   if (sync.phi_blocks_failed * 10 > message.phi_blocks())
@@ -114,6 +119,13 @@ OuterTerms NoLoCo::group_means(int64_t id, const Fragment& fragment, const torch
   const auto payload = message.encode(own, with_phi, seed);
   const auto arrived = send(id, group, payload, message.format_id(with_phi), sync);
   const auto decoded = decode(message, arrived, with_phi, own.phi, sync);
+  // residual=weights: this replica's Δ counts as its message carries it, as
+  // its partners' do, and what the message left out stays in its weights.
+  torch::Tensor own_first = own.first, kept;
+  if (config_.residual == ResidualHome::weights) {
+    own_first = message.sent_first(payload);
+    kept = ((own.first - own_first) * config_.error_feedback_decay).to(theta.device());
+  }
 
   // The means over this replica's exact values and what it decoded, in rank order.
   std::map<int, torch::Tensor> firsts, phis;
@@ -121,10 +133,10 @@ OuterTerms NoLoCo::group_means(int64_t id, const Fragment& fragment, const torch
     firsts[r] = parts.first;
     if (with_phi) phis[r] = parts.phi;
   }
-  const auto mean_first = rank_ordered_mean(transport_.rank(), own.first, firsts).to(theta.device());
-  if (theta_message) return {mean_first - phi, {}, 0};
-  if (!with_phi) return {mean_first, {}, 0};
-  return {mean_first, rank_ordered_mean(transport_.rank(), own.phi, phis).to(theta.device()), config_.gamma};
+  const auto mean_first = rank_ordered_mean(transport_.rank(), own_first, firsts).to(theta.device());
+  if (theta_message) return {mean_first - phi, {}, 0, {}};
+  if (!with_phi) return {mean_first, {}, 0, kept};
+  return {mean_first, rank_ordered_mean(transport_.rank(), own.phi, phis).to(theta.device()), config_.gamma, kept};
 }
 
 }  // namespace noloco

@@ -26,6 +26,10 @@ struct OuterSync {
   std::vector<int> arrived;  // of those, whose data was counted
   uint64_t bytes = 0;        // payload bytes this replica sent for it
   int64_t phi_blocks_failed = 0;  // coset-coded blocks that fell outside their grid (kept unpulled)
+  // Values in the peers' messages that arrived (Δ or θ, and φ when it
+  // travelled), and of those the ones this replica could not use: a whole
+  // rejected message, a φ block outside its grid.
+  int64_t values_received = 0, values_dropped = 0;
 };
 
 class OuterOptimizer {

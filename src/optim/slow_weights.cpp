@@ -45,6 +45,7 @@ void outer_momentum_step(torch::Tensor& phi, torch::Tensor& momentum, torch::Ten
   torch::NoGradGuard no_grad;
   momentum_update(phi, momentum, terms, alpha, beta);
   theta.copy_(phi);
+  if (terms.kept.defined()) theta.add_(terms.kept);
 }
 
 std::vector<Fragment> split_fragments(int64_t numel, int64_t count) {
@@ -140,6 +141,7 @@ void SlowWeightsMethod::apply_late(const Fragment& f, const OuterTerms& terms, t
   const auto progress = theta - start_.narrow(0, f.offset, f.numel);  // made while the exchange was in flight
   momentum_update(phi, momentum, terms, config_.momentum, config_.lr);
   theta.copy_(phi + progress);
+  if (terms.kept.defined()) theta.add_(terms.kept);
 }
 
 std::optional<OuterSync> SlowWeightsMethod::after_inner_step(int64_t step, FlatParams& params) {
@@ -214,6 +216,7 @@ void SlowWeightsMethod::save(TensorMap& out) const {
     const auto r = wait(pending);
     out[fragment_state("outer.pending_delta", f)] = r.terms.mean_delta;
     if (r.terms.mean_phi.defined()) out[fragment_state("outer.pending_phi", f)] = r.terms.mean_phi;
+    if (r.terms.kept.defined()) out[fragment_state("outer.pending_kept", f)] = r.terms.kept;
     out[fragment_state("outer.pending_outer_step", f)] = torch::tensor({r.sync.outer_step}, torch::kInt64);
   }
 }
@@ -237,6 +240,8 @@ void SlowWeightsMethod::load(const TensorMap& in) {
     if (!saved) continue;
     Result r;
     r.terms.mean_delta = take(fragment_state("outer.pending_delta", f), f.numel).clone();
+    if (in.count(fragment_state("outer.pending_kept", f)))
+      r.terms.kept = take(fragment_state("outer.pending_kept", f), f.numel).clone();
     if (saved->has_phi) {
       r.terms.mean_phi = take(fragment_state("outer.pending_phi", f), f.numel).clone();
       r.terms.gamma = config_.gamma;  // the pull's weight is the config's

@@ -26,9 +26,12 @@
 namespace noloco {
 
 // The averages an exchange produced; mean_phi undefined: no pull term.
+// `kept` (residual=weights): what this replica's own message left out,
+// which stays in its weights: θ ← φ + kept instead of θ ← φ.
 struct OuterTerms {
   torch::Tensor mean_delta, mean_phi;
   double gamma = 0;
+  torch::Tensor kept;
 };
 
 // The outer momentum step above, in fp32, in place.

@@ -96,6 +96,7 @@ nlohmann::json WorkerSummary::to_json() const {
   put(j, "weight_std", weight_std);
   put(j, "final_val_loss_mean_model", final_val_loss_mean_model);
   put(j, "bits_per_param_per_outer_step", bits_per_param_per_outer_step);
+  put(j, "dropped_fraction", dropped_fraction);
   put(j, "outer_blocked_seconds", outer_blocked_seconds);
   if (rejoin)
     j.update({{"rejoined_at_step", rejoin->step}, {"rejoin_donor", rejoin->donor}, {"rejoin_seconds", rejoin->seconds}});
@@ -120,6 +121,7 @@ WorkerSummary WorkerSummary::from_json(const nlohmann::json& j) {
   s.weight_std = optional_of<double>(j, "weight_std");
   s.final_val_loss_mean_model = optional_of<double>(j, "final_val_loss_mean_model");
   s.bits_per_param_per_outer_step = optional_of<double>(j, "bits_per_param_per_outer_step");
+  s.dropped_fraction = optional_of<double>(j, "dropped_fraction");
   s.outer_blocked_seconds = optional_of<double>(j, "outer_blocked_seconds");
   if (j.contains("rejoined_at_step"))
     s.rejoin = WorkerSummary::Rejoin{j["rejoined_at_step"].get<int64_t>(), j.value("rejoin_donor", 0),
@@ -152,6 +154,7 @@ nlohmann::json RunSummary::to_json() const {
   put(j, "final_val_loss_mean_model", final_val_loss_mean_model);
   put(j, "weight_std", weight_std);
   put(j, "bits_per_param_per_outer_step", bits_per_param_per_outer_step);
+  put(j, "dropped_fraction", dropped_fraction);
   put(j, "outer_blocked_seconds_per_replica", outer_blocked_seconds_per_replica);
   if (stages > 1)
     j.update({{"stages", stages},
@@ -182,6 +185,7 @@ RunSummary RunSummary::from_json(const nlohmann::json& j) {
   s.final_val_loss_mean_model = optional_of<double>(j, "final_val_loss_mean_model");
   s.weight_std = optional_of<double>(j, "weight_std");
   s.bits_per_param_per_outer_step = optional_of<double>(j, "bits_per_param_per_outer_step");
+  s.dropped_fraction = optional_of<double>(j, "dropped_fraction");
   s.outer_blocked_seconds_per_replica = optional_of<double>(j, "outer_blocked_seconds_per_replica");
   s.final_val_loss_replicas = j.value("final_val_loss_replicas", std::vector<double>{});
   s.bytes_sent = j.value("bytes_sent", uint64_t(0));
@@ -243,8 +247,8 @@ RunSummary summarize_run(const std::string& run_dir, const std::string& method, 
   run.replicas = replicas;
   run.stages = stages;
   run.seconds = seconds;
-  double loss_sum = 0, bits_sum = 0, blocked_sum = 0;
-  int bits_count = 0, blocked_count = 0;
+  double loss_sum = 0, bits_sum = 0, blocked_sum = 0, dropped_sum = 0;
+  int bits_count = 0, blocked_count = 0, dropped_count = 0;
   std::optional<WorkerSummary> first;
   // Per stage: (parameters, weight std) of one of its replicas, and the replicas' idle seconds.
   std::vector<std::pair<double, double>> stage_spread(size_t(stages), {0.0, std::nan("")});
@@ -277,6 +281,10 @@ RunSummary summarize_run(const std::string& run_dir, const std::string& method, 
       bits_sum += *w.bits_per_param_per_outer_step;
       ++bits_count;
     }
+    if (w.dropped_fraction) {
+      dropped_sum += *w.dropped_fraction;
+      ++dropped_count;
+    }
     if (w.outer_blocked_seconds) {
       blocked_sum += *w.outer_blocked_seconds;
       ++blocked_count;
@@ -299,6 +307,7 @@ RunSummary summarize_run(const std::string& run_dir, const std::string& method, 
   const double workers = double(std::max<size_t>(1, run.finished.size()));
   if (!run.final_val_loss_replicas.empty()) run.final_val_loss = loss_sum / double(run.final_val_loss_replicas.size());
   if (bits_count > 0) run.bits_per_param_per_outer_step = bits_sum / bits_count;
+  if (dropped_count > 0) run.dropped_fraction = dropped_sum / dropped_count;
   if (blocked_count > 0) run.outer_blocked_seconds_per_replica = blocked_sum / blocked_count;
   run.comm_seconds_per_replica = run.comm_seconds / workers;
   run.wait_seconds_per_replica = run.wait_seconds / workers;

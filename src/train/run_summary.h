@@ -34,6 +34,9 @@ struct WorkerSummary {
   // Training bytes this worker sent per synchronisation (outer step; a step
   // under ddp), in bits per parameter of its model or stage.
   std::optional<double> bits_per_param_per_outer_step;
+  // Of the values in peers' outer-step messages that arrived, the share it
+  // could not use (rejected messages, φ blocks outside their grid).
+  std::optional<double> dropped_fraction;
   // Seconds the outer steps held up training (with overlap: waits for an exchange still in flight).
   std::optional<double> outer_blocked_seconds;
   struct Rejoin {
@@ -60,6 +63,7 @@ struct RunSummary {
   std::optional<double> final_val_loss, final_val_loss_mean_model, weight_std;
   std::vector<double> final_val_loss_replicas;
   std::optional<double> bits_per_param_per_outer_step;  // mean over the workers that finished
+  std::optional<double> dropped_fraction;               // likewise
   std::optional<double> outer_blocked_seconds_per_replica;  // likewise
   uint64_t bytes_sent = 0, bytes_received = 0;
   double comm_seconds = 0, wait_seconds = 0, comm_seconds_per_replica = 0, wait_seconds_per_replica = 0;

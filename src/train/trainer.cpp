@@ -127,6 +127,7 @@ class Throughput {
 struct OuterTally {
   int64_t syncs = 0;
   uint64_t bytes = 0;
+  int64_t values_received = 0, values_dropped = 0;  // of peers' messages
   double blocked_seconds = 0;
 };
 
@@ -152,8 +153,12 @@ WorkerSummary summarize_worker(const TrainConfig& c, const WorkerInfo& w, const 
   if (!std::isnan(spread.weight_std)) summary.weight_std = spread.weight_std;
   if (!std::isnan(spread.mean_model_loss)) summary.final_val_loss_mean_model = spread.mean_model_loss;
   if (rejoined) summary.rejoin = WorkerSummary::Rejoin{rejoined->step, rejoined->donor, rejoined->seconds};
+  // With fragments an outer step is one sync of each fragment.
+  const double outer_steps = double(outer.syncs) / double(c.outer.fragments);
   if (outer.syncs > 0)
-    summary.bits_per_param_per_outer_step = 8.0 * double(outer.bytes) / double(outer.syncs) / double(stage_params);
+    summary.bits_per_param_per_outer_step = 8.0 * double(outer.bytes) / outer_steps / double(stage_params);
+  if (outer.values_received > 0)
+    summary.dropped_fraction = double(outer.values_dropped) / double(outer.values_received);
   if (w.transport) summary.outer_blocked_seconds = outer.blocked_seconds;
   return summary;
 }
@@ -359,6 +364,8 @@ void WorkerRun::outer_step(int64_t done, bool last) {
   for (const auto& sync : syncs) {
     ++tally_.syncs;
     tally_.bytes += sync.bytes;
+    tally_.values_received += sync.values_received;
+    tally_.values_dropped += sync.values_dropped;
     telemetry_.write(record(done, "outer", w_,
                             {{"outer_step", sync.outer_step},
                              {"fragment", sync.fragment},
@@ -366,7 +373,10 @@ void WorkerRun::outer_step(int64_t done, bool last) {
                              {"group", sync.group},
                              {"arrived", sync.arrived},
                              {"bytes", sync.bytes},
-                             {"phi_blocks_failed", sync.phi_blocks_failed}}));
+                             {"phi_blocks_failed", sync.phi_blocks_failed},
+                             {"dropped_fraction", sync.values_received > 0 ? double(sync.values_dropped) /
+                                                                                 double(sync.values_received)
+                                                                           : 0.0}}));
   }
   if (!syncs.empty() && w_.membership)
     for (int to : serve_rejoins(*w_.membership, *w_.transport, state_, done))

@@ -45,15 +45,19 @@ CodecSpec codec_spec(const OuterConfig& c) {
   return s;
 }
 
-ErrorFeedbackChannel::ErrorFeedbackChannel(const WireCodec& codec, bool error_feedback, int64_t numel,
+double feedback_weight(const OuterConfig& config) {
+  return config.error_feedback ? config.error_feedback_decay : 0.0;
+}
+
+ErrorFeedbackChannel::ErrorFeedbackChannel(const WireCodec& codec, double feedback, int64_t numel,
                                            std::string state_name)
-    : codec_(codec), numel_(numel), state_name_(std::move(state_name)) {
-  if (error_feedback && !codec.lossless()) residual_ = torch::zeros({numel}, torch::kFloat32);
+    : codec_(codec), numel_(numel), state_name_(std::move(state_name)), feedback_(feedback) {
+  if (feedback > 0 && !codec.lossless()) residual_ = torch::zeros({numel}, torch::kFloat32);
 }
 
 void ErrorFeedbackChannel::encode(const torch::Tensor& x, uint8_t* out, uint64_t seed) {
   auto send = cpu_fp32(x);
-  if (residual_.defined()) send = send + residual_;
+  if (residual_.defined()) send = feedback_ == 1 ? send + residual_ : send + feedback_ * residual_;
   codec_.encode(send.data_ptr<float>(), size_t(numel_), out, seed);
   if (residual_.defined()) residual_ = send - decode(out);
 }

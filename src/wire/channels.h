@@ -24,12 +24,18 @@ CodecSpec codec_spec(ActivationCodec codec, int64_t block, bool stochastic, bool
 // weights may live on a GPU or train in another precision).
 torch::Tensor cpu_fp32(const torch::Tensor& t);
 
+// The weight of the error-feedback residual in the next message: 0 without
+// error feedback, 1 for plain error feedback, below 1 a decaying one.
+double feedback_weight(const OuterConfig& config);
+
 // An increment (the pseudo-gradient Δ) through a wire codec with error
 // feedback: what the codec could not carry this time is added to what is
 // sent next time, so compression delays information instead of losing it.
+// With a weight w < 1 (SparseLoCo), e ← w·e + Δ: the residual is also a
+// decaying sum of past increments, which stands in for outer momentum.
 class ErrorFeedbackChannel {
  public:
-  ErrorFeedbackChannel(const WireCodec& codec, bool error_feedback, int64_t numel, std::string state_name);
+  ErrorFeedbackChannel(const WireCodec& codec, double feedback, int64_t numel, std::string state_name);
   int64_t bytes() const { return int64_t(codec_.encoded_bytes(size_t(numel_))); }
   // Encodes x + residual into `out` (bytes() of them); the residual becomes what was lost.
   void encode(const torch::Tensor& x, uint8_t* out, uint64_t seed);
@@ -42,6 +48,7 @@ class ErrorFeedbackChannel {
   const WireCodec& codec_;
   int64_t numel_;
   std::string state_name_;
+  double feedback_;
   torch::Tensor residual_;  // undefined without error feedback or with a lossless codec
 };
 

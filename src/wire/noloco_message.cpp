@@ -11,11 +11,14 @@ NolocoMessageCodec::NolocoMessageCodec(const OuterConfig& config, const WireCode
                                        const std::function<std::string(const std::string&)>& state_name)
     : codec_(codec), coset_(coset), numel_(numel) {
   const bool theta = config.message == NolocoMessage::theta;
-  first_ = std::make_unique<ErrorFeedbackChannel>(codec, config.error_feedback && !theta, numel, state_name("residual"));
+  // residual=weights keeps what Δ's message left out in the weights, not in a buffer.
+  const bool buffered = !theta && config.residual == ResidualHome::message;
+  first_ = std::make_unique<ErrorFeedbackChannel>(codec, buffered ? feedback_weight(config) : 0.0, numel,
+                                                  state_name("residual"));
   if (!theta && config.phi_coding == PhiCoding::coset)
     phi_coset_ = std::make_unique<SlowWeightChannel>(coset, numel, config.stochastic_rounding, state_name("phi_range"));
   if (!theta && config.phi_coding == PhiCoding::codec)
-    phi_codec_ = std::make_unique<ErrorFeedbackChannel>(codec, /*error_feedback=*/false, numel, "");
+    phi_codec_ = std::make_unique<ErrorFeedbackChannel>(codec, /*feedback=*/0.0, numel, "");
 }
 
 int64_t NolocoMessageCodec::bytes(bool with_phi) const {

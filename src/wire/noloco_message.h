@@ -42,6 +42,10 @@ class NolocoMessageCodec {
   // Throws std::runtime_error if malformed.
   NolocoParts decode(const torch::Tensor& bytes, bool with_phi, const torch::Tensor& own_phi,
                      int64_t* failed_blocks);
+  // This replica's own first part as its `payload` carries it (what a peer decodes).
+  torch::Tensor sent_first(const torch::Tensor& payload) const { return first_->decode(payload.data_ptr<uint8_t>()); }
+  // Values a message carries: Δ or θ, and φ on outer steps that send it.
+  int64_t values(bool with_phi) const { return with_phi ? 2 * numel_ : numel_; }
   // The blocks φ is coset-coded in (0 when it is not).
   int64_t phi_blocks() const;
   void save(TensorMap& out) const;
