@@ -127,7 +127,8 @@ OuterTerms NoLoCo::group_means(int64_t id, const Fragment& fragment, const torch
     kept = ((own.first - own_first) * config_.error_feedback_decay).to(theta.device());
   }
 
-  // The means over this replica's exact values and what it decoded, in rank order.
+  // The means over this replica's values (exact, or as sent under residual=weights) and what it
+  // decoded, in rank order.
   std::map<int, torch::Tensor> firsts, phis;
   for (const auto& [r, parts] : decoded) {
     firsts[r] = parts.first;
