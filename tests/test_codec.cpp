@@ -288,7 +288,7 @@ TEST(CosetCode, RefusesMalformedSteps) {
 TEST(ErrorFeedback, DelaysWhatTheCodecDropsInsteadOfLosingIt) {
   const WireCodec codec(spec(CodecSpec::Type::int4, 0.05));
   const int64_t n = 3000;
-  ErrorFeedbackChannel channel(codec, 1.0, n, "residual");
+  ErrorFeedbackChannel channel(codec, Feedback{1.0}, n, "residual");
   auto owed = torch::zeros({n}), delivered = torch::zeros({n});
   std::vector<uint8_t> bytes(size_t(channel.bytes()));
   for (int t = 0; t < 20; ++t) {
@@ -303,7 +303,7 @@ TEST(ErrorFeedback, DelaysWhatTheCodecDropsInsteadOfLosingIt) {
   EXPECT_LT((owed - delivered - residual).abs().max().item<float>(), 1e-5);
   EXPECT_LT(residual.norm().item<float>(), 0.5 * owed.norm().item<float>());  // most of it has arrived
   // Without feedback the same codec loses the rest for good: nothing is kept.
-  ErrorFeedbackChannel lossy(codec, 0.0, n, "residual");
+  ErrorFeedbackChannel lossy(codec, Feedback{}, n, "residual");
   TensorMap none;
   lossy.save(none);
   EXPECT_TRUE(none.empty());
@@ -315,7 +315,7 @@ TEST(ErrorFeedback, DecayingFeedbackWeighsTheResidualBeforeAddingTheIncrement) {
   CodecSpec s;
   s.topk = 0.25;  // one value of the four
   const WireCodec codec(s);
-  ErrorFeedbackChannel channel(codec, 0.5, 4, "residual");
+  ErrorFeedbackChannel channel(codec, Feedback{0.5}, 4, "residual");
   std::vector<uint8_t> bytes(size_t(channel.bytes()));
   channel.encode(torch::tensor({4.0f, 3.0f, -2.0f, 1.0f}), bytes.data(), 0);
   // Sent 4 at position 0; e = (0, 3, -2, 1).

@@ -10,13 +10,11 @@ DiLoCo::DiLoCo(const OuterConfig& config, uint64_t seed, Transport& transport, F
     : SlowWeightsMethod(config, params), seed_(seed), transport_(transport), codec_(codec_spec(config)) {
   if (codec_.lossless()) return;
   const int64_t world = transport.world();
-  const double feedback = feedback_weight(config);
+  const Feedback feedback = feedback_of(config);  // residual=weights only with all_gather (validated)
   for (const auto& f : fragments()) {
     Channels c;
     if (config.diloco_mean == DilocoMean::all_gather) {
-      const bool buffered = config.residual == ResidualHome::message;
-      c.whole = std::make_unique<ErrorFeedbackChannel>(codec_, buffered ? feedback : 0.0, f.numel,
-                                                       fragment_state("residual", f));
+      c.whole = std::make_unique<ErrorFeedbackChannel>(codec_, feedback, f.numel, fragment_state("residual", f));
       channels_.push_back(std::move(c));
       continue;
     }
@@ -73,15 +71,12 @@ torch::Tensor DiLoCo::scattered_mean(int64_t exchange_id, Channels& channels, co
 torch::Tensor DiLoCo::gathered_mean(int64_t exchange_id, Channels& channels, const torch::Tensor& delta,
                                     torch::Tensor* kept) {
   auto own = torch::empty({channels.whole->bytes()}, torch::kUInt8);
-  channels.whole->encode(delta, own.data_ptr<uint8_t>(), exchange_seed(exchange_id));
+  const auto leftover = channels.whole->encode(delta, own.data_ptr<uint8_t>(), exchange_seed(exchange_id));
+  if (leftover.defined()) *kept = (leftover * config_.error_feedback_decay).to(delta.device());
   // This replica's part decoded from its own bytes, like everyone else's.
   const auto gathered = transport_.all_gather(own);
   auto mean = torch::zeros({delta.numel()}, torch::kFloat32);
   for (const auto& bytes : gathered) mean.add_(channels.whole->decode(bytes.data_ptr<uint8_t>()));
-  if (config_.residual == ResidualHome::weights) {
-    const auto sent = channels.whole->decode(own.data_ptr<uint8_t>());
-    *kept = ((cpu_fp32(delta) - sent) * config_.error_feedback_decay).to(delta.device());
-  }
   return mean.div_(double(gathered.size())).to(delta.device());
 }
 

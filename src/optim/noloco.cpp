@@ -116,15 +116,16 @@ OuterTerms NoLoCo::group_means(int64_t id, const Fragment& fragment, const torch
   const bool with_phi = !theta_message && (sync.outer_step + 1) % config_.phi_every == 0;
   const NolocoParts own{cpu_fp32(theta_message ? theta : theta - phi), cpu_fp32(phi)};
   const uint64_t seed = splitmix64(seed_ ^ splitmix64(uint64_t(id) * 1000003u + uint64_t(transport_.rank())));
-  const auto payload = message.encode(own, with_phi, seed);
+  torch::Tensor leftover;
+  const auto payload = message.encode(own, with_phi, seed, &leftover);
   const auto arrived = send(id, group, payload, message.format_id(with_phi), sync);
   const auto decoded = decode(message, arrived, with_phi, own.phi, sync);
   // residual=weights: this replica's Δ counts as its message carries it, as
   // its partners' do, and what the message left out stays in its weights.
   torch::Tensor own_first = own.first, kept;
-  if (config_.residual == ResidualHome::weights) {
-    own_first = message.sent_first(payload);
-    kept = ((own.first - own_first) * config_.error_feedback_decay).to(theta.device());
+  if (leftover.defined()) {
+    own_first = own.first - leftover;
+    kept = (leftover * config_.error_feedback_decay).to(theta.device());
   }
 
   // The means over this replica's values (exact, or as sent under residual=weights) and what it

@@ -24,7 +24,7 @@ struct OuterSync {
   std::vector<int> members;  // the live replicas its grouping was drawn from
   std::vector<int> group;    // who it averaged with (all replicas for DiLoCo)
   std::vector<int> arrived;  // of those, whose data was counted
-  uint64_t bytes = 0;        // payload bytes this replica sent for it
+  uint64_t bytes = 0;        // bytes this replica sent for it (message headers included)
   int64_t phi_blocks_failed = 0;  // coset-coded blocks that fell outside their grid (kept unpulled)
   // Values in the peers' messages that arrived (Δ or θ, and φ when it
   // travelled), and of those the ones this replica could not use: a whole

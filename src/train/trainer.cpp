@@ -131,6 +131,11 @@ struct OuterTally {
   double blocked_seconds = 0;
 };
 
+// The share of peers' values that could not be used; 0 when none came.
+double dropped_share(int64_t dropped, int64_t received) {
+  return received > 0 ? double(dropped) / double(received) : 0.0;
+}
+
 // This worker's summary_r<k>.json.
 WorkerSummary summarize_worker(const TrainConfig& c, const WorkerInfo& w, const ModelConfig& arch, WorkerModel& model,
                                int64_t stage_params, double seconds, double val_loss, double last_loss,
@@ -158,7 +163,7 @@ WorkerSummary summarize_worker(const TrainConfig& c, const WorkerInfo& w, const 
   if (outer.syncs > 0)
     summary.bits_per_param_per_outer_step = 8.0 * double(outer.bytes) / outer_steps / double(stage_params);
   if (outer.values_received > 0)
-    summary.dropped_fraction = double(outer.values_dropped) / double(outer.values_received);
+    summary.dropped_fraction = dropped_share(outer.values_dropped, outer.values_received);
   if (w.transport) summary.outer_blocked_seconds = outer.blocked_seconds;
   return summary;
 }
@@ -374,9 +379,7 @@ void WorkerRun::outer_step(int64_t done, bool last) {
                              {"arrived", sync.arrived},
                              {"bytes", sync.bytes},
                              {"phi_blocks_failed", sync.phi_blocks_failed},
-                             {"dropped_fraction", sync.values_received > 0 ? double(sync.values_dropped) /
-                                                                                 double(sync.values_received)
-                                                                           : 0.0}}));
+                             {"dropped_fraction", dropped_share(sync.values_dropped, sync.values_received)}}));
   }
   if (!syncs.empty() && w_.membership)
     for (int to : serve_rejoins(*w_.membership, *w_.transport, state_, done))

@@ -45,21 +45,28 @@ CodecSpec codec_spec(const OuterConfig& c) {
   return s;
 }
 
-double feedback_weight(const OuterConfig& config) {
-  return config.error_feedback ? config.error_feedback_decay : 0.0;
+Feedback feedback_of(const OuterConfig& config) {
+  return {config.error_feedback ? config.error_feedback_decay : 0.0, config.residual};
 }
 
-ErrorFeedbackChannel::ErrorFeedbackChannel(const WireCodec& codec, double feedback, int64_t numel,
+ErrorFeedbackChannel::ErrorFeedbackChannel(const WireCodec& codec, Feedback feedback, int64_t numel,
                                            std::string state_name)
     : codec_(codec), numel_(numel), state_name_(std::move(state_name)), feedback_(feedback) {
-  if (feedback > 0 && !codec.lossless()) residual_ = torch::zeros({numel}, torch::kFloat32);
+  if (feedback.weight > 0 && feedback.home == ResidualHome::message && !codec.lossless())
+    residual_ = torch::zeros({numel}, torch::kFloat32);
 }
 
-void ErrorFeedbackChannel::encode(const torch::Tensor& x, uint8_t* out, uint64_t seed) {
+torch::Tensor ErrorFeedbackChannel::encode(const torch::Tensor& x, uint8_t* out, uint64_t seed) {
   auto send = cpu_fp32(x);
-  if (residual_.defined()) send = feedback_ == 1 ? send + residual_ : send + feedback_ * residual_;
+  const double w = feedback_.weight;
+  if (residual_.defined()) send = w == 1 ? send + residual_ : send + w * residual_;
   codec_.encode(send.data_ptr<float>(), size_t(numel_), out, seed);
-  if (residual_.defined()) residual_ = send - decode(out);
+  const bool hand_back = w > 0 && feedback_.home == ResidualHome::weights && !codec_.lossless();
+  if (!residual_.defined() && !hand_back) return {};
+  auto leftover = send - decode(out);
+  if (hand_back) return leftover;
+  residual_ = std::move(leftover);
+  return {};
 }
 
 torch::Tensor ErrorFeedbackChannel::decode(const uint8_t* in) const {

@@ -24,9 +24,15 @@ CodecSpec codec_spec(ActivationCodec codec, int64_t block, bool stochastic, bool
 // weights may live on a GPU or train in another precision).
 torch::Tensor cpu_fp32(const torch::Tensor& t);
 
-// The weight of the error-feedback residual in the next message: 0 without
-// error feedback, 1 for plain error feedback, below 1 a decaying one.
-double feedback_weight(const OuterConfig& config);
+// What becomes of what a message left out: its weight w (0 without error
+// feedback, 1 plain, below 1 decaying) and where it goes (residual=message:
+// into the next message; residual=weights: back to the caller, who keeps
+// w·leftover in the replica's weights).
+struct Feedback {
+  double weight = 0;
+  ResidualHome home = ResidualHome::message;
+};
+Feedback feedback_of(const OuterConfig& config);
 
 // An increment (the pseudo-gradient Δ) through a wire codec with error
 // feedback: what the codec could not carry this time is added to what is
@@ -35,10 +41,13 @@ double feedback_weight(const OuterConfig& config);
 // decaying sum of past increments, which stands in for outer momentum.
 class ErrorFeedbackChannel {
  public:
-  ErrorFeedbackChannel(const WireCodec& codec, double feedback, int64_t numel, std::string state_name);
+  ErrorFeedbackChannel(const WireCodec& codec, Feedback feedback, int64_t numel, std::string state_name);
   int64_t bytes() const { return int64_t(codec_.encoded_bytes(size_t(numel_))); }
-  // Encodes x + residual into `out` (bytes() of them); the residual becomes what was lost.
-  void encode(const torch::Tensor& x, uint8_t* out, uint64_t seed);
+  // Encodes x (plus w·residual under residual=message, which then becomes
+  // what was lost) into `out` (bytes() of them). Returns, under
+  // residual=weights with a lossy codec, what the message left out of x
+  // (unweighted); otherwise an undefined tensor.
+  torch::Tensor encode(const torch::Tensor& x, uint8_t* out, uint64_t seed);
   // A peer's message, decoded to fp32. Throws std::runtime_error if malformed.
   torch::Tensor decode(const uint8_t* in) const;
   void save(TensorMap& out) const;
@@ -48,8 +57,8 @@ class ErrorFeedbackChannel {
   const WireCodec& codec_;
   int64_t numel_;
   std::string state_name_;
-  double feedback_;
-  torch::Tensor residual_;  // undefined without error feedback or with a lossless codec
+  Feedback feedback_;
+  torch::Tensor residual_;  // residual=message only; undefined without error feedback or with a lossless codec
 };
 
 // Slow weights φ by coset coding against the receiver's own φ (see

@@ -11,14 +11,12 @@ NolocoMessageCodec::NolocoMessageCodec(const OuterConfig& config, const WireCode
                                        const std::function<std::string(const std::string&)>& state_name)
     : codec_(codec), coset_(coset), numel_(numel) {
   const bool theta = config.message == NolocoMessage::theta;
-  // residual=weights keeps what Δ's message left out in the weights, not in a buffer.
-  const bool buffered = !theta && config.residual == ResidualHome::message;
-  first_ = std::make_unique<ErrorFeedbackChannel>(codec, buffered ? feedback_weight(config) : 0.0, numel,
+  first_ = std::make_unique<ErrorFeedbackChannel>(codec, theta ? Feedback{} : feedback_of(config), numel,
                                                   state_name("residual"));
   if (!theta && config.phi_coding == PhiCoding::coset)
     phi_coset_ = std::make_unique<SlowWeightChannel>(coset, numel, config.stochastic_rounding, state_name("phi_range"));
   if (!theta && config.phi_coding == PhiCoding::codec)
-    phi_codec_ = std::make_unique<ErrorFeedbackChannel>(codec, /*feedback=*/0.0, numel, "");
+    phi_codec_ = std::make_unique<ErrorFeedbackChannel>(codec, Feedback{}, numel, "");
 }
 
 int64_t NolocoMessageCodec::bytes(bool with_phi) const {
@@ -35,10 +33,11 @@ int64_t NolocoMessageCodec::format_id(bool with_phi) const {
   return int64_t(h >> 1);
 }
 
-torch::Tensor NolocoMessageCodec::encode(const NolocoParts& own, bool with_phi, uint64_t seed) {
+torch::Tensor NolocoMessageCodec::encode(const NolocoParts& own, bool with_phi, uint64_t seed,
+                                         torch::Tensor* first_leftover) {
   auto payload = torch::empty({bytes(with_phi)}, torch::kUInt8);
   auto* out = payload.data_ptr<uint8_t>();
-  first_->encode(own.first, out, seed);
+  *first_leftover = first_->encode(own.first, out, seed);
   out += first_->bytes();
   if (with_phi && phi_coset_) phi_coset_->encode(own.phi, own.first, out, ~seed);
   if (with_phi && phi_codec_) phi_codec_->encode(own.phi, out, ~seed);

@@ -36,14 +36,14 @@ class NolocoMessageCodec {
   // Differs between any two layouts (codec, θ or Δ, how φ travels): a
   // receiver expecting another rejects the message by its header.
   int64_t format_id(bool with_phi) const;
-  torch::Tensor encode(const NolocoParts& own, bool with_phi, uint64_t seed);
+  // The message's bytes; under residual=weights `first_leftover` receives
+  // what it left out of own.first (unweighted), else an undefined tensor.
+  torch::Tensor encode(const NolocoParts& own, bool with_phi, uint64_t seed, torch::Tensor* first_leftover);
   // A peer's message; φ decodes against this replica's `own_phi`, and the
   // blocks that fell outside their grid are added to `failed_blocks`.
   // Throws std::runtime_error if malformed.
   NolocoParts decode(const torch::Tensor& bytes, bool with_phi, const torch::Tensor& own_phi,
                      int64_t* failed_blocks);
-  // This replica's own first part as its `payload` carries it (what a peer decodes).
-  torch::Tensor sent_first(const torch::Tensor& payload) const { return first_->decode(payload.data_ptr<uint8_t>()); }
   // Values a message carries: Δ or θ, and φ on outer steps that send it.
   int64_t values(bool with_phi) const { return with_phi ? 2 * numel_ : numel_; }
   // The blocks φ is coset-coded in (0 when it is not).
