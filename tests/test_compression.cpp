@@ -11,6 +11,7 @@
 #include "wire/codec.h"
 #include "wire/coset_codec.h"
 #include "wire/message.h"
+#include "comm/seal.h"
 #include "test_util.h"
 #include "train/checkpoint.h"
 #include "util/files.h"
@@ -34,9 +35,9 @@ TEST_F(Compression, NoLoCoSendsInt4DeltaAndCosetCodedSlowWeights) {
   const auto out = run("int4", "method=noloco replicas=2 batch=2 steps=12 outer_interval=3 wire_dtype=int4");
   const auto r0 = read_json(out + "/summary_r0.json");
   const auto n = r0["params"].get<size_t>();
-  // The header travels with each message and counts.
-  const size_t message = MessageHeader::kBytes + WireCodec(int_spec(CodecSpec::Type::int4)).encoded_bytes(n) +
-                         CosetCodec(4, 64).encoded_bytes(n);
+  // The header travels with each message and counts, and so do the seal's nonce and tag.
+  const size_t message = MessageHeader::kBytes + Seal::kOverhead +
+                         WireCodec(int_spec(CodecSpec::Type::int4)).encoded_bytes(n) + CosetCodec(4, 64).encoded_bytes(n);
   EXPECT_EQ(r0["bytes_sent"].get<uint64_t>(), 4 * message) << "one message per outer step";
   // What decoding dropped: the φ blocks outside their grid, of the 2n values
   // (Δ and φ) in each of the 4 messages received.
@@ -64,8 +65,8 @@ TEST_F(Compression, DiLoCoCompressedMeanIsTheSameOnEveryReplica) {
   const auto r1 = read_json(out + "/summary_r1.json");
   const auto n = r1["params"].get<size_t>(), shard = (n + 2) / 3;
   const size_t chunk = WireCodec(int_spec(CodecSpec::Type::int8)).encoded_bytes(shard);
-  // An all-to-all and an all-gather of compressed shards: 2·(N−1) chunks a replica per outer step.
-  EXPECT_EQ(r1["bytes_sent"].get<uint64_t>(), 2 * (2 * 2 * chunk));
+  // An all-to-all and an all-gather of compressed shards: 2·(N−1) chunks a replica per outer step, each sealed.
+  EXPECT_EQ(r1["bytes_sent"].get<uint64_t>(), 2 * (2 * 2 * (chunk + Seal::kOverhead)));
   EXPECT_EQ(r1["collectives"].get<int64_t>(), 2 * 2);
 }
 
@@ -106,7 +107,7 @@ TEST_F(Compression, SparseDiLoCoGathersOneMessageAReplicaAndResumesBitIdenticall
   const auto n = r1["params"].get<size_t>();
   CodecSpec s = int_spec(CodecSpec::Type::int4);
   s.topk = YAML::LoadFile(whole + "/config.yaml")["topk"].as<double>();
-  const uint64_t message = WireCodec(s).encoded_bytes(n);
+  const uint64_t message = WireCodec(s).encoded_bytes(n) + Seal::kOverhead;
   EXPECT_EQ(r1["bytes_sent"].get<uint64_t>(), 4 * 2 * message) << "4 outer steps, each gathering 2 others' messages";
   EXPECT_NEAR(r1["bits_per_param_per_outer_step"].get<double>(), 8.0 * 2 * double(message) / double(n), 1e-9);
   EXPECT_LT(r1["bits_per_param_per_outer_step"].get<double>(), 0.5);

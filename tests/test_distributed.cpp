@@ -18,6 +18,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "comm/seal.h"
 #include "test_util.h"
 #include "comm/etcd_server.h"
 #include "wire/message.h"
@@ -111,11 +112,12 @@ TEST_F(Distributed, NoLoCoGroupsPartitionNoCollectivesModelSizedMessages) {
   EXPECT_EQ(summary["collectives"].get<int64_t>(), 0);
   const auto r0 = read_json(run_dir + "/summary_r0.json");
   const uint64_t fp32_model_bytes = 4 * r0["params"].get<uint64_t>();
-  EXPECT_EQ(r0["bytes_sent"].get<uint64_t>(), 4 * (MessageHeader::kBytes + fp32_model_bytes));  // one model per outer step
+  // One model per outer step, its header, and the seal's nonce and tag.
+  EXPECT_EQ(r0["bytes_sent"].get<uint64_t>(), 4 * (MessageHeader::kBytes + Seal::kOverhead + fp32_model_bytes));
 
   const auto bf16 = run("bf16", "method=noloco replicas=2 batch=2 steps=6 outer_interval=3 wire_dtype=bf16");
   EXPECT_EQ(read_json(bf16 + "/summary_r1.json")["bytes_sent"].get<uint64_t>(),
-            2 * (MessageHeader::kBytes + fp32_model_bytes / 2));
+            2 * (MessageHeader::kBytes + Seal::kOverhead + fp32_model_bytes / 2));
 }
 
 TEST_F(Distributed, MultiReplicaNoLoCoResumesBitIdentically) {

@@ -8,6 +8,7 @@
 
 #include <fmt/format.h>
 
+#include "comm/seal.h"
 #include "test_util.h"
 #include "train/checkpoint.h"
 #include "util/files.h"
@@ -66,14 +67,15 @@ TEST_F(Overlap, DiLoCoAppliesEachFragmentsExchangeOnceAndOnePeriodLate) {
   const std::vector<std::tuple<int64_t, int, int64_t>> want{{6, 0, 0}, {8, 1, 0}, {8, 0, 1}, {8, 1, 1}};
   ASSERT_EQ(applied.size(), 2u);
   for (auto& [replica, got] : applied) EXPECT_EQ(got, want) << "replica " << replica;
-  // Fragments of 2 replicas' Δ in fp32 through one all-reduce each: the bytes
-  // of all four exchanges add up to twice the model.
+  // Fragments of 2 replicas' Δ in fp32 through one sealed all-reduce each (a
+  // reduce-scatter and an all-gather, one message each way): the bytes of all
+  // four exchanges add up to twice the model, and 8 seals' nonces and tags.
   const auto summary = read_json(out + "/summary_r0.json");
   const auto params = summary["params"].get<int64_t>();
   uint64_t bytes = 0;
   for (auto& rec : metrics_records(out, "outer"))
     if (rec["replica"] == 0) bytes += rec["bytes"].get<uint64_t>();
-  EXPECT_EQ(bytes, uint64_t(2 * 4 * params));
+  EXPECT_EQ(bytes, uint64_t(2 * 4 * params) + 4 * 2 * Seal::kOverhead);
 }
 
 // A worker killed mid-run rejoins from a live replica whose state includes an

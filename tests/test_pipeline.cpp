@@ -16,6 +16,7 @@
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
 
 #include "comm/activation_link.h"
+#include "comm/seal.h"
 #include "model/llama.h"
 #include "pipeline/routing.h"
 #include "pipeline/stage.h"
@@ -210,7 +211,7 @@ TEST(ActivationLink, RejectsAMessageThatTheRoutingDidNotAnnounce) {
   auto worker = [&](int rank) {
     const auto env = stage_env(rank, port);
     const auto store = connect_store(env, kLinkTimeout);
-    ActivationLink link(store, env, 2, 0, "127.0.0.1", kLinkTimeout);
+    ActivationLink link(store, env, 2, 0, "127.0.0.1", kLinkTimeout, std::make_shared<const Seal>(env.token));
     ASSERT_EQ(link.enter("step/3").stages, (std::vector<std::vector<Peer>>{{{0, 0}}, {{0, 0}}}));
     const auto payload = torch::arange(6, torch::kFloat32);
     if (rank == 0) {
@@ -251,7 +252,7 @@ TEST(ActivationLink, CodedActivationsDecodeWithinAStepAndAMalformedOneIsDropped)
   auto worker = [&](int rank) {
     const auto env = stage_env(rank, port);
     const auto store = connect_store(env, kLinkTimeout);
-    ActivationLink link(store, env, 2, 0, "127.0.0.1", kLinkTimeout, codecs);
+    ActivationLink link(store, env, 2, 0, "127.0.0.1", kLinkTimeout, std::make_shared<const Seal>(env.token), codecs);
     link.enter("step/1");
     const auto labels = torch::arange(8, torch::kInt64);
     if (rank == 0) {
@@ -316,7 +317,7 @@ TEST(ActivationLink, DroppedNoticesAndALostNeighbour) {
     const auto env = stage_env(rank, port);
     const auto store = connect_store(env, kLinkTimeout);
     {
-      ActivationLink link(store, env, 2, 0, "127.0.0.1", kLinkTimeout);
+      ActivationLink link(store, env, 2, 0, "127.0.0.1", kLinkTimeout, std::make_shared<const Seal>(env.token));
       link.enter("step/0");
       const auto payload = torch::arange(6, torch::kFloat32);
       std::vector<torch::Tensor> in{torch::zeros({6})};

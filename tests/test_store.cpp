@@ -266,3 +266,37 @@ TEST(EtcdServer, TheLaunchersStoreIsReachableOnlyByItsUser) {
   ASSERT_TRUE(WIFEXITED(status));
   EXPECT_EQ(WEXITSTATUS(status), 0) << "user nobody could connect to " << path;
 }
+
+// A store other machines reach (worker 0 hosting it) speaks TLS only, with
+// the key the run's token gives: a client pins that key (no authority vouches
+// for it); without the pin, with another run's, or in plain HTTP, nothing.
+TEST(EtcdServer, AStoreOnAPortSpeaksTlsWithTheKeyTheTokenGives) {
+  SKIP_WITHOUT_ETCD();
+  const auto tls = store_tls_key("the-token");
+  EtcdServer server("127.0.0.1", 0, "secret", &tls);
+  ASSERT_EQ(server.endpoint().rfind("https://127.0.0.1:", 0), 0u) << server.endpoint();
+  const std::chrono::milliseconds wait(3000);
+  EtcdStore pinned(server.endpoint(), "root", "secret", wait, tls.pin);
+  pinned.set("k", bytes("v"));
+  EXPECT_EQ(text(pinned.get("k")), "v");
+  EXPECT_THROW(EtcdStore(server.endpoint(), "root", "secret", wait), std::runtime_error);
+  EXPECT_THROW(EtcdStore(server.endpoint(), "root", "secret", wait, store_tls_key("another-token").pin),
+               std::runtime_error);
+  EXPECT_THROW(EtcdStore("http://127.0.0.1:" + std::to_string(server.port()), "root", "secret", wait),
+               std::runtime_error);
+}
+
+// What the store sees of a run (key prefix, password, TLS key) is derived
+// from the token, stable, different per token and per purpose, and never the token.
+TEST(RunKeys, StoreSecretsAreDerivedStableAndNeverTheToken) {
+  const std::string token = "0123456789abcdef0123456789abcdef";
+  EXPECT_EQ(store_password(token), store_password(token));
+  EXPECT_EQ(store_tls_key(token).pin, store_tls_key(token).pin);
+  EXPECT_NE(store_password(token), store_key_prefix(token));
+  EXPECT_NE(store_password(token), store_password(token + "0"));
+  EXPECT_NE(store_tls_key(token).pin, store_tls_key(token + "0").pin);
+  for (const auto& shown : {store_password(token), store_key_prefix(token), store_tls_key(token).pin})
+    EXPECT_EQ(shown.find(token.substr(0, 8)), std::string::npos) << shown;
+  EXPECT_EQ(store_tls_key(token).private_key_pem.rfind("-----BEGIN PRIVATE KEY-----\n", 0), 0u);
+  EXPECT_EQ(store_tls_key(token).pin.rfind("sha256//", 0), 0u);
+}

@@ -1,5 +1,6 @@
 // The noloco command line: a thin layer over train/, model/ and comm/.
 #include <csignal>
+#include <cstdlib>
 #include <optional>
 #include <iostream>
 #include <string>
@@ -11,6 +12,7 @@
 
 #include "comm/capped_links.h"
 #include "comm/launcher.h"
+#include "comm/run_keys.h"
 #include "comm/worker_connections.h"
 #include "config/options.h"
 #include "config/train_config.h"
@@ -423,6 +425,9 @@ int main(int argc, char** argv) {
   auto* report_cmd = app.add_subcommand("report", "compare runs: a Markdown table, or with out=DIR a page with plots");
   report_cmd->add_option("runs", report_args, "run directories, then optionally out=DIR")->required();
 
+  auto* password_cmd = app.add_subcommand(
+      "store-password", "print the password of the run's store for NOLOCO_RUN_TOKEN (to set up an etcd of your own)");
+
   CLI11_PARSE(app, argc, argv);
   try {
     if (*train_cmd) return run_train(config_path, overrides);
@@ -438,6 +443,12 @@ int main(int argc, char** argv) {
       return 0;
     }
     if (*report_cmd) return run_report(report_args);
+    if (*password_cmd) {
+      const char* token = std::getenv("NOLOCO_RUN_TOKEN");
+      if (!token || !*token) throw std::invalid_argument("store-password: set NOLOCO_RUN_TOKEN to the run's token");
+      fmt::print("{}\n", store_password(token));
+      return 0;
+    }
   } catch (const Interrupted& e) {
     spdlog::error("{}", e.what());
     return 128 + e.signal;

@@ -30,13 +30,14 @@ torch::Tensor encoded(const WireCodec& codec, const torch::Tensor& values, uint6
 
 ActivationLink::ActivationLink(const StorePtr& store, const WorkerEnv& env, int stages, int incarnation,
                                const std::string& bind, std::chrono::milliseconds timeout,
-                               const ActivationCodecs& codecs)
+                               std::shared_ptr<const Seal> seal, const ActivationCodecs& codecs)
     : store_(store),
       env_(env),
       stages_(stages),
       self_{env.rank, incarnation},
       timeout_(timeout),
       run_id_(run_id_of(env.token)),
+      seal_(std::move(seal)),
       activation_codec_(codecs.activations),
       gradient_codec_(codecs.gradients),
       rosters_(store, env.token, stages, env.world / stages),
@@ -122,7 +123,7 @@ void ActivationLink::post(int peer, const MessageHeader& header, std::vector<tor
   const int tag = next_tag(sent_to_, member);
   std::shared_ptr<FramedSend> send;
   try {
-    send = std::make_shared<FramedSend>(*pg_, member, tag, header, std::move(payload));
+    send = std::make_shared<FramedSend>(*pg_, member, tag, header, std::move(payload), seal_.get());
   } catch (const std::exception& e) {
     lose(peer, error_text(e));
     return;
@@ -185,7 +186,7 @@ bool ActivationLink::recv(int peer, const ActivationHeader& expected, std::vecto
   if (codec) announced.format = codec->format_id();
   std::optional<FramedReceive> in;
   try {
-    in.emplace(*pg_, member, tag, announced, wire, /*eager=*/false);
+    in.emplace(*pg_, member, tag, announced, wire, /*eager=*/false, seal_.get());
   } catch (const std::exception& e) {
     return lost(error_text(e));
   }
@@ -194,6 +195,9 @@ bool ActivationLink::recv(int peer, const ActivationHeader& expected, std::vecto
     case Delivery::dropped: return dropped();
     case Delivery::rejected:
       throw std::runtime_error(fmt::format("rejected a pipeline message from worker {}: {}", peer, in->problem()));
+    case Delivery::unauthentic:
+      spdlog::error("a pipeline message from worker {} failed authentication: not used", peer);
+      return lost(in->problem());
     case Delivery::peer_lost: return lost(in->problem());
   }
   if (!evaluation)

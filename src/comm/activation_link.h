@@ -44,8 +44,10 @@ struct ActivationCodecs {
 class ActivationLink {
  public:
   // Worker env.rank (replica-major over `stages`) in its `incarnation`.
+  // With `seal`, every payload travels sealed (comm/seal.h); null: in clear.
   ActivationLink(const StorePtr& store, const WorkerEnv& env, int stages, int incarnation, const std::string& bind,
-                 std::chrono::milliseconds timeout, const ActivationCodecs& codecs = {});
+                 std::chrono::milliseconds timeout, std::shared_ptr<const Seal> seal,
+                 const ActivationCodecs& codecs = {});
   ~ActivationLink();
 
   // Takes the roster named `name` (a step; all workers ask for the same names
@@ -95,6 +97,7 @@ class ActivationLink {
   Peer self_;  // rank: this worker's global rank
   std::chrono::milliseconds timeout_;
   int64_t run_id_;
+  std::shared_ptr<const Seal> seal_;
   WireCodec activation_codec_, gradient_codec_;
   PipelineRoster rosters_;
   std::optional<Roster> roster_;

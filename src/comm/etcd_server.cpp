@@ -22,6 +22,7 @@
 #include <nlohmann/json.hpp>
 
 #include "comm/etcd_store.h"
+#include "comm/run_keys.h"
 #include "util/error_text.h"
 #include "util/files.h"
 
@@ -114,18 +115,40 @@ EtcdServer::EtcdServer(const std::string& password, bool (*interrupted)()) {
   start(fmt::format("unix://{}", kClientSocket), endpoint_, password, interrupted, /*enable_auth=*/true);
 }
 
-EtcdServer::EtcdServer(const std::string& bind, int port, const std::string& password, bool (*interrupted)()) {
+EtcdServer::EtcdServer(const std::string& bind, int port, const std::string& password, const StoreTlsKey* tls,
+                       bool (*interrupted)()) {
   port_ = port > 0 ? port : free_port(bind);
   make_directory();
   const std::string private_endpoint = fmt::format("unix://{}/{}", dir_, kClientSocket);
   start(fmt::format("unix://{}", kClientSocket), private_endpoint, password, interrupted, /*enable_auth=*/true);
   stop_process();
-  endpoint_ = fmt::format("http://{}:{}", bind, port_);
-  start(endpoint_, endpoint_, password, interrupted, /*enable_auth=*/false);
+  if (tls) write_certificate(*tls);
+  endpoint_ = fmt::format("{}://{}:{}", tls ? "https" : "http", bind, port_);
+  start(endpoint_, endpoint_, password, interrupted, /*enable_auth=*/false, tls);
+}
+
+void EtcdServer::write_certificate(const StoreTlsKey& tls) {
+  const std::string key = dir_ + "/store.key", cert = dir_ + "/store.crt";
+  {
+    const int fd = ::open(key.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0600);
+    const bool written = fd >= 0 && ::write(fd, tls.private_key_pem.data(), tls.private_key_pem.size()) ==
+                                        ssize_t(tls.private_key_pem.size());
+    if (fd >= 0) ::close(fd);
+    if (!written) throw std::runtime_error(fmt::format("cannot write the store's TLS key to {}", key));
+  }
+  // Self-signed: clients trust the key (pinned), not a signature on it.
+  const auto command = fmt::format(
+      "openssl req -new -x509 -key '{}' -out '{}' -days 3650 -subj /CN=noloco-store > '{}/openssl.log' 2>&1", key,
+      cert, dir_);
+  if (std::system(command.c_str()) != 0) {
+    const auto why = tail_of(dir_ + "/openssl.log");
+    stop();
+    throw std::runtime_error(fmt::format("could not make the store's TLS certificate (is openssl installed?): {}", why));
+  }
 }
 
 void EtcdServer::start(const std::string& client_url, const std::string& endpoint, const std::string& password,
-                       bool (*interrupted)(), bool enable_auth) {
+                       bool (*interrupted)(), bool enable_auth, const StoreTlsKey* tls) {
   const auto exe = binary();
   if (exe.empty()) {
     stop();
@@ -146,6 +169,10 @@ void EtcdServer::start(const std::string& client_url, const std::string& endpoin
                                    "--quota-backend-bytes=536870912",
                                    "--logger=zap",
                                    "--log-level=error"};
+  if (tls) {
+    args.push_back("--cert-file=store.crt");  // in dir_, etcd's working directory
+    args.push_back("--key-file=store.key");
+  }
   const std::string log = dir_ + "/etcd.log";
   pid_ = ::fork();
   if (pid_ < 0) throw std::runtime_error(fmt::format("fork failed: {}", std::strerror(errno)));
@@ -182,7 +209,7 @@ void EtcdServer::start(const std::string& client_url, const std::string& endpoin
         admin.request("/v3/auth/user/grant", R"({"user":"root","role":"root"})");
         admin.request("/v3/auth/enable", "{}");
       } else {
-        const EtcdStore login(endpoint, "root", password, std::chrono::milliseconds(2000));
+        const EtcdStore login(endpoint, "root", password, std::chrono::milliseconds(2000), tls ? tls->pin : "");
       }
       return;
     } catch (const std::exception& e) {

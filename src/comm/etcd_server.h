@@ -12,7 +12,8 @@
 // hosting it, as under PyTorch's env://) listens on `bind`:`port` only, and
 // opens that port after authentication is on: etcd is first started on the
 // private socket alone, the root user made and authentication enabled there,
-// then restarted on the TCP port.
+// then restarted on the TCP port, over TLS when given a key (see run_keys.h:
+// the run's workers pin its public key, derived from the token).
 #pragma once
 #include <sys/types.h>
 
@@ -21,19 +22,22 @@
 
 namespace noloco {
 
+struct StoreTlsKey;
+
 class EtcdServer {
  public:
   // The launcher's store, on a private unix socket. Throws std::runtime_error
   // with the reason (no etcd binary, did not come up, `interrupted` while waiting).
   explicit EtcdServer(const std::string& password, bool (*interrupted)() = nullptr);
-  // A store on `bind`:`port` (port 0: a free one); also throws when it cannot
-  // listen there.
-  EtcdServer(const std::string& bind, int port, const std::string& password, bool (*interrupted)() = nullptr);
+  // A store on `bind`:`port` (port 0: a free one), over TLS with `tls` (null:
+  // plain HTTP); also throws when it cannot listen there.
+  EtcdServer(const std::string& bind, int port, const std::string& password, const StoreTlsKey* tls = nullptr,
+             bool (*interrupted)() = nullptr);
   ~EtcdServer();
   EtcdServer(const EtcdServer&) = delete;
   EtcdServer& operator=(const EtcdServer&) = delete;
 
-  // unix:///path/to/client.sock, or http://bind:port
+  // unix:///path/to/client.sock, or http[s]://bind:port
   const std::string& endpoint() const { return endpoint_; }
   // The TCP port; 0 on a unix socket.
   int port() const { return port_; }
@@ -47,7 +51,9 @@ class EtcdServer {
   // waits until it answers: with `enable_auth`, by making the root user and
   // switching authentication on; else by a login as root. Throws otherwise.
   void start(const std::string& client_url, const std::string& endpoint, const std::string& password,
-             bool (*interrupted)(), bool enable_auth);
+             bool (*interrupted)(), bool enable_auth, const StoreTlsKey* tls = nullptr);
+  // Writes the key and a self-signed certificate for it (openssl) into the private directory.
+  void write_certificate(const StoreTlsKey& tls);
   void stop_process();
   void stop();
   std::string dir_, endpoint_;

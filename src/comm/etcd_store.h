@@ -22,10 +22,13 @@ namespace noloco {
 class EtcdStore final : public c10d::Store {
  public:
   // `endpoint`: "http://host:port" (or https://, with NOLOCO_STORE_CA naming a
-  // CA bundle), or "unix:///path/to/socket". Authenticates as `user` with `password` unless `user` is
-  // empty. Throws std::runtime_error naming the endpoint on failure
-  // (unreachable, or refused: wrong password).
-  EtcdStore(std::string endpoint, std::string user, std::string password, std::chrono::milliseconds timeout);
+  // CA bundle, or `pinned_key`: the one public key the store may present, in
+  // curl's "sha256//BASE64" form), or "unix:///path/to/socket". Authenticates
+  // as `user` with `password` unless `user` is empty. Throws
+  // std::runtime_error naming the endpoint on failure (unreachable, or
+  // refused: wrong password, another key).
+  EtcdStore(std::string endpoint, std::string user, std::string password, std::chrono::milliseconds timeout,
+            std::string pinned_key = {});
   ~EtcdStore() override;
 
   void set(const std::string& key, const std::vector<uint8_t>& value) override;

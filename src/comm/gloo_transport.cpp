@@ -10,9 +10,16 @@
 #include <torch/csrc/distributed/c10d/Store.hpp>
 
 #include "comm/framed.h"
+#include "comm/seal.h"
 #include "util/error_text.h"
 
 namespace noloco {
+
+std::vector<uint8_t> CollectiveSeal::context(int64_t kind, int64_t number, int from, int to) const {
+  auto bytes = seal_context({run, kind, number, from, to});
+  bytes.insert(bytes.end(), group.begin(), group.end());
+  return bytes;
+}
 
 namespace {
 
@@ -26,8 +33,29 @@ std::string members_key(const std::vector<Peer>& members) {
   return key;
 }
 
-CommStats all_reduce_mean_over(c10d::ProcessGroupGloo& pg, torch::Tensor& t, int world,
-                               std::chrono::milliseconds timeout) {
+uint8_t* bytes_ptr(const torch::Tensor& t) { return static_cast<uint8_t*>(t.data_ptr()); }
+
+enum CollectiveKind : int64_t { kGather = 1, kToAll = 2 };
+
+torch::Tensor sealed_copy(const CollectiveSeal& sealing, const torch::Tensor& plain, const std::vector<uint8_t>& context) {
+  auto sealed = torch::empty({int64_t(plain.nbytes() + Seal::kOverhead)}, torch::kUInt8);
+  sealing.seal->seal(bytes_ptr(plain), plain.nbytes(), context, bytes_ptr(sealed));
+  return sealed;
+}
+
+torch::Tensor opened(const CollectiveSeal& sealing, const torch::Tensor& sealed, const std::vector<uint8_t>& context,
+                     int from, int64_t number) {
+  auto plain = torch::empty({int64_t(sealed.nbytes() - Seal::kOverhead)}, torch::kUInt8);
+  if (!sealing.seal->open(bytes_ptr(sealed), plain.nbytes(), context, bytes_ptr(plain)))
+    throw std::runtime_error(fmt::format("the message of group member {} in collective {} of {} failed "
+                                         "authentication (changed on the way, replayed, or sealed with another "
+                                         "token): not used",
+                                         from, number, sealing.group));
+  return plain;
+}
+
+CommStats plain_all_reduce_mean_over(c10d::ProcessGroupGloo& pg, torch::Tensor& t, int world,
+                                     std::chrono::milliseconds timeout) {
   CommStats s;
   const auto start = Clock::now();
   auto cpu = t.device().is_cpu() ? t : t.to(torch::kCPU);
@@ -47,16 +75,21 @@ CommStats all_reduce_mean_over(c10d::ProcessGroupGloo& pg, torch::Tensor& t, int
 }
 
 std::vector<torch::Tensor> all_gather_over(c10d::ProcessGroupGloo& pg, const torch::Tensor& bytes, int world,
-                                           std::chrono::milliseconds timeout, CommStats& s) {
+                                           std::chrono::milliseconds timeout, CommStats& s, CollectiveSeal& sealing) {
   s = CommStats{};
   const auto start = Clock::now();
+  const int64_t number = sealing.count++;
   std::vector<torch::Tensor> input{bytes.contiguous()};
+  if (sealing.seal) input[0] = sealed_copy(sealing, input[0], sealing.context(kGather, number, pg.getRank(), -1));
   std::vector<std::vector<torch::Tensor>> output(1);
   for (int r = 0; r < world; ++r) output[0].push_back(torch::empty_like(input[0]));
   pg.allgather(output, input)->wait(timeout);
   // Each member's payload reaches the N−1 others once.
-  s.bytes_sent += uint64_t(world - 1) * uint64_t(bytes.nbytes());
-  s.bytes_received += uint64_t(world - 1) * uint64_t(bytes.nbytes());
+  s.bytes_sent += uint64_t(world - 1) * uint64_t(input[0].nbytes());
+  s.bytes_received += uint64_t(world - 1) * uint64_t(input[0].nbytes());
+  if (sealing.seal)
+    for (int r = 0; r < world; ++r)
+      output[0][size_t(r)] = opened(sealing, output[0][size_t(r)], sealing.context(kGather, number, r, -1), r, number);
   s.collectives += 1;
   const double dt = since(start);
   s.comm_seconds += dt;
@@ -65,41 +98,86 @@ std::vector<torch::Tensor> all_gather_over(c10d::ProcessGroupGloo& pg, const tor
 }
 
 std::vector<torch::Tensor> all_to_all_over(c10d::ProcessGroupGloo& pg, const torch::Tensor& bytes, int world,
-                                           std::chrono::milliseconds timeout, CommStats& s) {
+                                           std::chrono::milliseconds timeout, CommStats& s, CollectiveSeal& sealing) {
   TORCH_CHECK(bytes.numel() % world == 0, "all_to_all needs equal chunks");
   s = CommStats{};
   const auto start = Clock::now();
+  const int64_t number = sealing.count++;
+  const int self = pg.getRank();
   auto input = bytes.contiguous();
+  if (sealing.seal) {
+    std::vector<torch::Tensor> sealed;
+    const auto chunks = input.chunk(world);
+    for (int to = 0; to < world; ++to)
+      sealed.push_back(sealed_copy(sealing, chunks[size_t(to)], sealing.context(kToAll, number, self, to)));
+    input = torch::cat(sealed);
+  }
   auto output = torch::empty_like(input);
   std::vector<int64_t> equal;
   pg.alltoall_base(output, input, equal, equal)->wait(timeout);
-  const uint64_t chunk = uint64_t(bytes.numel() / world);
+  const uint64_t chunk = uint64_t(input.numel() / world);
   s.bytes_sent += uint64_t(world - 1) * chunk;
   s.bytes_received += uint64_t(world - 1) * chunk;
+  auto incoming = output.chunk(world);
+  if (sealing.seal)
+    for (int from = 0; from < world; ++from)
+      incoming[size_t(from)] =
+          opened(sealing, incoming[size_t(from)], sealing.context(kToAll, number, from, self), from, number);
   s.collectives += 1;
   const double dt = since(start);
   s.comm_seconds += dt;
   s.wait_seconds += dt;
-  return output.chunk(world);
+  return incoming;
+}
+
+// Sealed, the mean cannot run inside Gloo's all-reduce (it adds the bytes it
+// carries): it runs as a reduce-scatter through the sealed all-to-all, each
+// member adding up its slice in rank order, and an all-gather of the slices.
+// The same bytes on the wire per member as Gloo's ring, 2·(N−1)/N of the
+// buffer, and the same result on every member.
+CommStats all_reduce_mean_over(c10d::ProcessGroupGloo& pg, torch::Tensor& t, int world,
+                               std::chrono::milliseconds timeout, CollectiveSeal& sealing) {
+  if (!sealing.seal) return plain_all_reduce_mean_over(pg, t, world, timeout);
+  const auto start = Clock::now();
+  const auto flat = t.detach().to(torch::kCPU).contiguous().view(-1);
+  const int64_t n = flat.numel(), slice = (n + world - 1) / world;
+  auto padded = torch::zeros({slice * world}, flat.options());
+  padded.narrow(0, 0, n).copy_(flat);
+  CommStats scatter, gather;
+  const auto parts = all_to_all_over(pg, padded.view(torch::kUInt8), world, timeout, scatter, sealing);
+  auto own = torch::zeros({slice}, flat.options());
+  for (const auto& part : parts) own.add_(part.view(flat.scalar_type()));
+  own.div_(world);
+  const auto slices = all_gather_over(pg, own.view(torch::kUInt8), world, timeout, gather, sealing);
+  std::vector<torch::Tensor> values;
+  for (const auto& b : slices) values.push_back(b.view(flat.scalar_type()));
+  t.copy_(torch::cat(values).narrow(0, 0, n).view_as(t));
+  CommStats s = scatter;
+  s += gather;
+  s.collectives = 1;
+  s.comm_seconds = s.wait_seconds = since(start);
+  return s;
 }
 
 // Collectives among a group formed for one purpose (an evaluation across the live replicas).
 class GlooCollectives final : public Transport {
  public:
-  GlooCollectives(GlooGroup pg, int rank, int world, std::chrono::milliseconds timeout)
-      : pg_(std::move(pg)), rank_(rank), world_(world), timeout_(timeout) {}
+  GlooCollectives(GlooGroup pg, int rank, int world, std::chrono::milliseconds timeout, CollectiveSeal sealing)
+      : pg_(std::move(pg)), rank_(rank), world_(world), timeout_(timeout), sealing_(std::move(sealing)) {}
   int rank() const override { return rank_; }
   int world() const override { return world_; }
-  void all_reduce_mean(torch::Tensor& t) override { charge(all_reduce_mean_over(*pg_, t, world_, timeout_)); }
+  void all_reduce_mean(torch::Tensor& t) override {
+    charge(all_reduce_mean_over(*pg_, t, world_, timeout_, sealing_));
+  }
   std::vector<torch::Tensor> all_gather(const torch::Tensor& bytes) override {
     CommStats cost;
-    auto out = all_gather_over(*pg_, bytes, world_, timeout_, cost);
+    auto out = all_gather_over(*pg_, bytes, world_, timeout_, cost, sealing_);
     charge(cost);
     return out;
   }
   std::vector<torch::Tensor> all_to_all(const torch::Tensor& bytes) override {
     CommStats cost;
-    auto out = all_to_all_over(*pg_, bytes, world_, timeout_, cost);
+    auto out = all_to_all_over(*pg_, bytes, world_, timeout_, cost, sealing_);
     charge(cost);
     return out;
   }
@@ -120,6 +198,7 @@ class GlooCollectives final : public Transport {
   GlooGroup pg_;
   int rank_, world_;
   std::chrono::milliseconds timeout_;
+  CollectiveSeal sealing_;
 };
 
 }  // namespace
@@ -147,7 +226,8 @@ GlooGroup join_gloo_group(const StorePtr& store, const WorkerEnv& env, const std
 }
 
 GlooTransport::GlooTransport(std::function<StorePtr()> connect, const WorkerEnv& env, std::string scope, Peer self,
-                             int world, const std::string& bind, std::chrono::milliseconds timeout)
+                             int world, const std::string& bind, std::chrono::milliseconds timeout,
+                             std::shared_ptr<const Seal> seal)
     : connect_(std::move(connect)),
       env_(env),
       scope_(std::move(scope)),
@@ -155,6 +235,8 @@ GlooTransport::GlooTransport(std::function<StorePtr()> connect, const WorkerEnv&
       world_(world),
       timeout_(timeout),
       run_id_(run_id_of(env.token)),
+      seal_(std::move(seal)),
+      run_sealing_{seal_.get(), scope_, run_id_},
       store_(connect_()),
       device_(gloo_device(bind)),
       p2p_groups_([this](GlooGroup g) { release(std::move(g)); }) {}
@@ -222,18 +304,20 @@ c10d::ProcessGroupGloo& GlooTransport::run_group() {
   return *run_group_;
 }
 
-void GlooTransport::all_reduce_mean(torch::Tensor& t) { charge(all_reduce_mean_over(run_group(), t, world_, timeout_)); }
+void GlooTransport::all_reduce_mean(torch::Tensor& t) {
+  charge(all_reduce_mean_over(run_group(), t, world_, timeout_, run_sealing_));
+}
 
 std::vector<torch::Tensor> GlooTransport::all_gather(const torch::Tensor& bytes) {
   CommStats cost;
-  auto out = all_gather_over(run_group(), bytes, world_, timeout_, cost);
+  auto out = all_gather_over(run_group(), bytes, world_, timeout_, cost, run_sealing_);
   charge(cost);
   return out;
 }
 
 std::vector<torch::Tensor> GlooTransport::all_to_all(const torch::Tensor& bytes) {
   CommStats cost;
-  auto out = all_to_all_over(run_group(), bytes, world_, timeout_, cost);
+  auto out = all_to_all_over(run_group(), bytes, world_, timeout_, cost, run_sealing_);
   charge(cost);
   return out;
 }
@@ -245,7 +329,9 @@ std::unique_ptr<Transport> GlooTransport::subgroup(const std::string& name, cons
   // Its own store connection: an exchange may be meeting on store_ on another thread (overlap=true).
   auto group = join_gloo_group(connect_(), env_, scope_ + "/" + name + "/" + members_key(members), index, size, device_,
                                timeout_);
-  return std::make_unique<GlooCollectives>(std::move(group), index, size, timeout_);
+  const auto group_name = scope_ + "/" + name;
+  return std::make_unique<GlooCollectives>(std::move(group), index, size, timeout_,
+                                           CollectiveSeal{seal_.get(), group_name, run_id_});
 }
 
 std::vector<Peer> GlooTransport::meet(const std::string& key, const std::vector<Peer>& peers,
@@ -389,8 +475,11 @@ bool GlooTransport::trade(c10d::ProcessGroupGloo& group, const ExchangeRequest& 
   try {
     for (const auto& p : present)
       incoming.emplace_back(group, member_of(p), tag, expected, std::vector<torch::Tensor>{torch::empty_like(request.payload)},
-                            /*eager=*/true);
-    for (const auto& p : present) sends.emplace_back(group, member_of(p), tag, expected, std::vector<torch::Tensor>{request.payload});
+                            /*eager=*/true, seal_.get());
+    const bool corrupt = corrupt_next_send_.exchange(false);
+    for (const auto& p : present)
+      sends.emplace_back(group, member_of(p), tag, expected, std::vector<torch::Tensor>{request.payload}, seal_.get(),
+                         corrupt);
   } catch (const std::exception& e) {
     spdlog::warn("exchange {} failed to start: {}", request.id, error_text(e));
     failed = true;
@@ -400,7 +489,13 @@ bool GlooTransport::trade(c10d::ProcessGroupGloo& group, const ExchangeRequest& 
     switch (incoming[i].wait(timeout_)) {
       case Delivery::received:
         result->received[rank] = incoming[i].parts()[0];
-        cost->bytes_received += MessageHeader::kBytes + uint64_t(request.payload.numel());
+        cost->bytes_received += incoming[i].wire_bytes();
+        break;
+      case Delivery::unauthentic:
+        spdlog::error("worker {}'s message failed authentication: not used; the worker is handled as lost: {}", rank,
+                      incoming[i].problem());
+        result->lost.push_back(rank);
+        failed = true;
         break;
       case Delivery::rejected:
         spdlog::error("rejected a message from worker {}: {}", rank, incoming[i].problem());
@@ -435,7 +530,7 @@ void GlooTransport::send_state(const std::string& channel, const MessageHeader& 
   auto pg = join_gloo_group(connect_(), env_, scope_ + "/handover/" + channel, 0, 2, device_, timeout_);
   auto stamped = header;
   stamped.run = run_id_;
-  FramedSend send(*pg, 1, 0, stamped, {bytes.contiguous()});
+  FramedSend send(*pg, 1, 0, stamped, {bytes.contiguous()}, seal_.get());
   send.wait(timeout_);
   CommStats cost;
   cost.bytes_sent = send.wire_bytes();
@@ -451,15 +546,17 @@ torch::Tensor GlooTransport::receive_state(const std::string& channel, const Mes
   auto pg = join_gloo_group(connect_(), env_, scope_ + "/handover/" + channel, 1, 2, device_, timeout_);
   auto stamped = expected;
   stamped.run = run_id_;
-  FramedReceive receive(*pg, 0, 0, stamped, max_bytes);
+  FramedReceive receive(*pg, 0, 0, stamped, max_bytes, seal_.get());
   switch (receive.wait(timeout_)) {
     case Delivery::received: break;
+    case Delivery::unauthentic:
+      throw std::runtime_error("the state offered to this worker failed authentication: " + receive.problem());
     case Delivery::rejected: throw std::runtime_error("rejected the state offered to this worker: " + receive.problem());
     default: throw std::runtime_error("the state's donor was lost during the hand-over: " + receive.problem());
   }
   auto bytes = receive.parts()[0];
   CommStats cost;
-  cost.bytes_received = MessageHeader::kBytes + uint64_t(bytes.nbytes());
+  cost.bytes_received = receive.wire_bytes();
   cost.comm_seconds = since(start);
   charge(cost);
   release(std::move(pg));

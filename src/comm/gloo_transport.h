@@ -12,6 +12,7 @@
 //    for a small message on a formed one: hence the reuse, and teardown on a
 //    background thread.
 #pragma once
+#include <atomic>
 #include <chrono>
 #include <functional>
 #include <list>
@@ -32,6 +33,19 @@ class Device;
 }  // namespace gloo::transport
 
 namespace noloco {
+
+class Seal;
+
+// What a group's sealed collectives bind each member's message to: the run,
+// the group, the collective's number in the group (members count them
+// alike), its sender and its receiver (-1: all).
+struct CollectiveSeal {
+  const Seal* seal = nullptr;  // null: in clear
+  std::string group;
+  int64_t run = 0;
+  int64_t count = 0;
+  std::vector<uint8_t> context(int64_t kind, int64_t number, int from, int to) const;
+};
 
 using GlooGroup = c10::intrusive_ptr<c10d::ProcessGroupGloo>;
 
@@ -75,9 +89,10 @@ class GlooTransport final : public Transport {
   // `connect` opens a new connection to the run's store. The run-wide group
   // (collectives) is formed at the first collective, so that a method without
   // any (NoLoCo) never waits for every worker to start; a restarted rank has
-  // none: Gloo cannot take it back into a formed group.
+  // none: Gloo cannot take it back into a formed group. With `seal`, every
+  // payload travels sealed (comm/seal.h), collectives included; null: in clear.
   GlooTransport(std::function<StorePtr()> connect, const WorkerEnv& env, std::string scope, Peer self, int world,
-                const std::string& bind, std::chrono::milliseconds timeout);
+                const std::string& bind, std::chrono::milliseconds timeout, std::shared_ptr<const Seal> seal);
   ~GlooTransport() override;
   int rank() const override { return self_.rank; }
   int world() const override { return world_; }
@@ -88,6 +103,7 @@ class GlooTransport final : public Transport {
   void send_state(const std::string& channel, const MessageHeader& header, const torch::Tensor& bytes) override;
   torch::Tensor receive_state(const std::string& channel, const MessageHeader& expected, int64_t max_bytes) override;
   std::unique_ptr<Transport> subgroup(const std::string& name, const std::vector<Peer>& members) override;
+  void corrupt_next_message() override { corrupt_next_send_ = true; }
 
  private:
   // Members meet under `key` through store counters before forming a group:
@@ -116,6 +132,9 @@ class GlooTransport final : public Transport {
   int world_;
   std::chrono::milliseconds timeout_;
   int64_t run_id_;
+  std::shared_ptr<const Seal> seal_;
+  CollectiveSeal run_sealing_;  // the run-wide group's
+  std::atomic<bool> corrupt_next_send_{false};
   StorePtr store_;  // exchanges' meetings and groups (one exchange at a time, on whichever thread runs them)
   StorePtr watch_;  // the meeting watchdog's own connection (store_ is blocked in a wait meanwhile)
   std::shared_ptr<gloo::transport::Device> device_;  // one I/O loop for all of this worker's groups

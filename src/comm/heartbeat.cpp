@@ -6,7 +6,7 @@
 namespace noloco {
 
 std::string heartbeat_key(const std::string& token, int worker) {
-  return fmt::format("noloco/{}/heartbeat/{}", token, worker);
+  return fmt::format("noloco/{}/heartbeat/{}", store_key_prefix(token), worker);
 }
 
 Heartbeat::Heartbeat(StorePtr store, const std::string& token, int worker, std::chrono::milliseconds period) {

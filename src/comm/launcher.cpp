@@ -336,12 +336,12 @@ LaunchResult launch_local_workers(const LaunchPlan& plan, const std::vector<std:
   // The run's store: etcd on a unix socket only the launcher's user can
   // reach (its workers too, from their network namespaces behind capped
   // links), authenticated with the run's token.
-  const EtcdServer etcd(token, &ForwardedSignals::pending);
+  const EtcdServer etcd(store_password(token), &ForwardedSignals::pending);
   // Short: the supervision loop must come back to signals and exits, and a
   // local store that does not answer a small request in seconds is in trouble.
   const auto timeout =
       std::min(std::chrono::milliseconds(int64_t(plan.comm.peer_timeout * 1000)), std::chrono::milliseconds(5000));
-  const StorePtr store = c10::make_intrusive<EtcdStore>(etcd.endpoint(), "root", token, timeout);
+  const StorePtr store = c10::make_intrusive<EtcdStore>(etcd.endpoint(), "root", store_password(token), timeout);
   WorkerSupervisor workers(plan, worker_args, token, etcd.endpoint(), store, signals);
   for (int r = 0; r < plan.workers && !ForwardedSignals::pending(); ++r) workers.spawn(r, false);
 

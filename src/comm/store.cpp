@@ -33,7 +33,7 @@ StorePtr connect_store(const WorkerEnv& env, std::chrono::milliseconds timeout) 
   const auto deadline = std::chrono::steady_clock::now() + timeout;
   for (;;) {
     try {
-      return c10::make_intrusive<EtcdStore>(env.store_url, "root", env.token, timeout);
+      return c10::make_intrusive<EtcdStore>(env.store_url, "root", store_password(env.token), timeout, env.store_pin);
     } catch (const std::runtime_error& e) {
       const std::string why = e.what();
       if (why.find("could not join") != std::string::npos || std::chrono::steady_clock::now() > deadline) throw;
@@ -43,7 +43,7 @@ StorePtr connect_store(const WorkerEnv& env, std::chrono::milliseconds timeout) 
 }
 
 StorePtr run_scope(const StorePtr& store, const std::string& token, const std::string& scope) {
-  return c10::make_intrusive<c10d::PrefixStore>("noloco/" + token + "/" + scope, store);
+  return c10::make_intrusive<c10d::PrefixStore>("noloco/" + store_key_prefix(token) + "/" + scope, store);
 }
 
 std::string read_or_empty(c10d::Store& store, const std::string& key) {
@@ -108,10 +108,6 @@ std::string set_once(c10d::Store& store, const std::string& key, const std::stri
 std::string new_run_token() {
   std::random_device rd;
   return fmt::format("{:08x}{:08x}{:08x}{:08x}", rd(), rd(), rd(), rd());
-}
-
-int64_t run_id_of(const std::string& token) {
-  return int64_t(std::hash<std::string>{}(token) & 0x7fffffffffffffffull);
 }
 
 }  // namespace noloco

@@ -1,5 +1,6 @@
 // The run's key-value store (a c10d::Store): rendezvous of process groups,
-// membership lists, heartbeats. Every key lives under the run's secret token.
+// membership lists, heartbeats. Every key lives under a secret prefix derived
+// from the run's token (comm/run_keys.h), never the token itself.
 #pragma once
 #include <chrono>
 #include <cstdint>
@@ -8,6 +9,7 @@
 
 #include <torch/csrc/distributed/c10d/Store.hpp>
 
+#include "comm/run_keys.h"
 #include "comm/worker_env.h"
 
 namespace noloco {
@@ -19,7 +21,7 @@ using StorePtr = c10::intrusive_ptr<c10d::Store>;
 // Waits up to `timeout` for an etcd that is not up yet; a wrong token is
 // refused at once.
 StorePtr connect_store(const WorkerEnv& env, std::chrono::milliseconds timeout);
-// The keys of `scope` in the run with `token`: "noloco/<token>/<scope>/...".
+// The keys of `scope` in the run with `token`: "noloco/<store_key_prefix(token)>/<scope>/...".
 StorePtr run_scope(const StorePtr& store, const std::string& token, const std::string& scope);
 
 // Comma-separated lists under one key, changed atomically with compareSet,
@@ -34,7 +36,5 @@ std::string set_once(c10d::Store& store, const std::string& key, const std::stri
 
 // A fresh random token (hex) for a launched run.
 std::string new_run_token();
-// The token's hash, carried in message headers (the token itself never travels).
-int64_t run_id_of(const std::string& token);
 
 }  // namespace noloco

@@ -68,6 +68,9 @@ class Transport {
   // Collectives among just `members` (sorted; this member included), for
   // evaluations across the live replicas; its traffic is its own.
   virtual std::unique_ptr<Transport> subgroup(const std::string& name, const std::vector<Peer>& members) = 0;
+  // A failure drill (inject_crash=RANK:STEP:corrupt): one byte of this
+  // member's next exchange message is flipped on the wire.
+  virtual void corrupt_next_message() {}
 
   // What its traffic cost so far. Exchanges may run on a background thread
   // (overlap=true) while the training thread reads this.

@@ -2,7 +2,19 @@
 
 #include <fmt/format.h>
 
+#include "comm/run_keys.h"
+#include "comm/seal.h"
+
 namespace noloco {
+
+namespace {
+
+bool is_loopback_url(const std::string& url) {
+  const auto host = url.substr(url.find("://") + 3);
+  return host.rfind("127.", 0) == 0 || host.rfind("localhost", 0) == 0 || host.rfind("[::1]", 0) == 0;
+}
+
+}  // namespace
 
 WorkerConnections join_as_worker(const WorkerEnv& env, const CommConfig& comm, int stages, bool outer_method,
                                  const ActivationCodecs& codecs) {
@@ -12,27 +24,38 @@ WorkerConnections join_as_worker(const WorkerEnv& env, const CommConfig& comm, i
   links.timeout = timeout;
   auto client = env;
   if (env.store_url.empty() && !env.agent_store) {
+    // The store crosses the network: over TLS, every worker pinning the key
+    // that the token gives (comm/run_keys.h), unless sealing is off.
+    const auto tls = store_tls_key(env.token);
+    if (comm.seal) client.store_pin = tls.pin;
     if (env.rank == 0) {
-      links.hosted_store = std::make_unique<EtcdServer>(comm.bind, env.master_port, env.token);
+      links.hosted_store =
+          std::make_unique<EtcdServer>(comm.bind, env.master_port, store_password(env.token), comm.seal ? &tls : nullptr);
       client.store_url = links.hosted_store->endpoint();
     } else {
-      client.store_url = fmt::format("http://{}:{}", env.master_addr, env.master_port);
+      client.store_url = fmt::format("{}://{}:{}", comm.seal ? "https" : "http", env.master_addr, env.master_port);
     }
+  } else if (comm.seal && client.store_url.rfind("http://", 0) == 0 && !is_loopback_url(client.store_url)) {
+    throw std::runtime_error(fmt::format(
+        "NOLOCO_STORE={}: the store's traffic would cross the network in clear; use https:// with NOLOCO_STORE_CA "
+        "(README, Several machines), or seal=false",
+        client.store_url));
   }
   const auto connect = [client, timeout] { return connect_store(client, timeout); };
   links.store = connect();
   links.heartbeat = std::make_unique<Heartbeat>(connect(), env.token, env.rank);
+  if (comm.seal) links.seal = std::make_shared<const Seal>(env.token);
   if (outer_method) {
     const auto scope = replica_scope(stages, stage);
     links.membership = std::make_unique<Membership>(connect(), env, scope, replica, replicas,
                                                     std::chrono::milliseconds(int64_t(comm.heartbeat_timeout * 1000)));
     links.transport = std::make_unique<GlooTransport>(connect, env, scope, links.membership->self(), replicas,
-                                                      comm.bind, timeout);
+                                                      comm.bind, timeout, links.seal);
   }
   if (stages > 1)
     links.link = std::make_unique<ActivationLink>(links.store, env, stages,
                                                   links.membership ? links.membership->incarnation() : 0, comm.bind,
-                                                  timeout, codecs);
+                                                  timeout, links.seal, codecs);
   return links;
 }
 

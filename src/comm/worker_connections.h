@@ -20,6 +20,7 @@ struct WorkerConnections {
   StorePtr store;
   std::chrono::milliseconds timeout{0};  // peer_timeout: for a store call, or a peer's message
   std::unique_ptr<Heartbeat> heartbeat;
+  std::shared_ptr<const Seal> seal;        // the run's payload key; null with seal=false
   std::unique_ptr<Membership> membership;  // among the replicas of this worker's stage
   std::unique_ptr<Transport> transport;    // likewise; null for method none
   std::unique_ptr<ActivationLink> link;    // to the other stages, with a pipeline

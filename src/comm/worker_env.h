@@ -16,6 +16,9 @@ struct WorkerEnv {
   // its c10d TCPStore at MASTER_ADDR:MASTER_PORT; without one, an etcd that
   // worker 0 hosts there.
   std::string store_url;
+  // The public key an https:// store must present (curl's "sha256//BASE64");
+  // set for the store worker 0 hosts, whose key derives from the token.
+  std::string store_pin;
 };
 
 // RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, MASTER_ADDR, MASTER_PORT

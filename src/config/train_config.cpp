@@ -127,6 +127,9 @@ Options config_options(TrainConfig& c) {
            "later, corrects it")
       .add("bind", c.comm.bind, "address workers listen on (and the store, when worker 0 hosts it; the launcher's store is a private unix socket)")
       .add("peer_timeout", c.comm.peer_timeout, "seconds before a silent peer is given up")
+      .add("seal", c.comm.seal,
+           "seal every payload between workers (authenticated encryption keyed from the run's token); false only to "
+           "measure what sealing costs")
       .add("restarts", c.comm.restarts,
            "noloco: restart a failed worker up to this many times; it rejoins from a live peer")
       .add("heartbeat_timeout", c.comm.heartbeat_timeout,
@@ -135,9 +138,9 @@ Options config_options(TrainConfig& c) {
            "local launcher: cap each worker's link at this rate each way, e.g. 10mbit (own network namespaces; "
            "root only); empty: no cap")
       .add("inject_crash", c.run.inject_crash,
-           "failure drill: RANK:STEP[:checkpoint|:freeze][,...] kills that worker (SIGKILL) before that step, or "
-           "while writing its checkpoint, or freezes it (SIGSTOP); RANK:startup[:freeze] kills (freezes) it before it "
-           "joins the run");
+           "failure drill: RANK:STEP[:checkpoint|:freeze|:corrupt][,...] kills that worker (SIGKILL) before that step, "
+           "or while writing its checkpoint, or freezes it (SIGSTOP), or flips one byte of its next outer message on "
+           "the wire; RANK:startup[:freeze] kills (freezes) it before it joins the run");
   return o;
 }
 
@@ -327,12 +330,15 @@ std::vector<CrashPoint> parse_crash_plan(const std::string& plan) {
     auto mode = CrashPoint::Mode::kill;
     if (parts.size() == 3 && parts[2] == "checkpoint") mode = CrashPoint::Mode::kill_in_checkpoint;
     if (parts.size() == 3 && parts[2] == "freeze") mode = CrashPoint::Mode::freeze;
+    if (parts.size() == 3 && parts[2] == "corrupt") mode = CrashPoint::Mode::corrupt;
     if (parts.size() != 2 && (parts.size() != 3 || mode == CrashPoint::Mode::kill))
-      invalid(fmt::format("inject_crash must be RANK:STEP[:checkpoint|:freeze] or RANK:startup[:freeze][,...], got '{}'",
-                          plan));
+      invalid(fmt::format(
+          "inject_crash must be RANK:STEP[:checkpoint|:freeze|:corrupt] or RANK:startup[:freeze][,...], got '{}'",
+          plan));
     if (parts[1] == "startup") {
-      if (mode == CrashPoint::Mode::kill_in_checkpoint)
-        invalid(fmt::format("inject_crash: a worker starting up writes no checkpoint, in '{}'", plan));
+      if (mode == CrashPoint::Mode::kill_in_checkpoint || mode == CrashPoint::Mode::corrupt)
+        invalid(fmt::format("inject_crash: a worker starting up writes no checkpoint and sends no message, in '{}'",
+                            plan));
       points.push_back({parse_integer("inject_crash", parts[0]), 0,
                         mode == CrashPoint::Mode::freeze ? CrashPoint::Mode::freeze_at_startup
                                                          : CrashPoint::Mode::startup});

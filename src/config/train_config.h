@@ -77,6 +77,7 @@ struct OuterConfig {
 struct CommConfig {
   std::string bind = "127.0.0.1";
   double peer_timeout = 60;
+  bool seal = true;  // comm/seal.h
   double heartbeat_timeout = 30;  // seconds without a heartbeat before a worker counts as hung
   int64_t restarts = 0;           // times the launcher restarts a failed worker, which rejoins from a live peer
   // The local launcher puts every worker behind a link capped at this rate
@@ -129,7 +130,7 @@ struct RunConfig {
 // (SIGSTOP) like a hung machine, or killed while starting, before it joins
 // the run ("RANK:startup").
 struct CrashPoint {
-  enum class Mode { kill, kill_in_checkpoint, freeze, startup, freeze_at_startup };
+  enum class Mode { kill, kill_in_checkpoint, freeze, corrupt, startup, freeze_at_startup };
   int64_t rank = 0, step = 0;
   Mode mode = Mode::kill;
 };

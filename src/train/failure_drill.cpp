@@ -13,6 +13,7 @@ FailureDrill::FailureDrill(const std::string& plan, int worker, int incarnation)
     switch (point.mode) {
       case CrashPoint::Mode::kill: kill_at_ = point.step; break;
       case CrashPoint::Mode::freeze: freeze_at_ = point.step; break;
+      case CrashPoint::Mode::corrupt: corrupt_at_ = point.step; break;
       case CrashPoint::Mode::kill_in_checkpoint: kill_in_checkpoint_ = point.step; break;
       case CrashPoint::Mode::startup: kill_at_startup_ = true; break;
       case CrashPoint::Mode::freeze_at_startup: freeze_at_startup_ = true; break;

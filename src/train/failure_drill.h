@@ -1,8 +1,8 @@
 // Failure drills for tests and rehearsals (`inject_crash`): this worker is
 // killed with SIGKILL just before a chosen inner step, or halfway through
 // writing a chosen step's checkpoint, or frozen with SIGSTOP like a hung
-// machine, or killed or frozen before it joins the run (before its first heartbeat). A restarted worker (a later
-// incarnation) runs on.
+// machine, or killed or frozen before it joins the run (before its first heartbeat), or has one byte
+// of its next outer message flipped on the wire. A restarted worker (a later incarnation) runs on.
 #pragma once
 #include <cstdint>
 #include <string>
@@ -15,11 +15,14 @@ class FailureDrill {
   // Before the worker connects to the run.
   void at_startup() const;
   void before_step(int64_t step) const;
+  // Whether this worker's next outer message from `step` on is to be corrupted
+  // (Transport::corrupt_next_message does it).
+  bool corrupts_before(int64_t step) const { return step == corrupt_at_; }
   // Called between the files of the checkpoint of `step`.
   void inside_checkpoint(int64_t step) const;
 
  private:
-  int64_t kill_at_ = -1, freeze_at_ = -1, kill_in_checkpoint_ = -1;
+  int64_t kill_at_ = -1, freeze_at_ = -1, kill_in_checkpoint_ = -1, corrupt_at_ = -1;
   bool kill_at_startup_ = false, freeze_at_startup_ = false;
 };
 

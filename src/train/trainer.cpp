@@ -249,7 +249,10 @@ class WorkerRun {
  public:
   WorkerRun(const TrainConfig& c, const WorkerInfo& w);
   int64_t first_step() const { return first_step_; }
-  void before_step(int64_t step) const { drill_.before_step(step); }
+  void before_step(int64_t step) const {
+    drill_.before_step(step);
+    if (drill_.corrupts_before(step) && w_.transport) w_.transport->corrupt_next_message();
+  }
   InnerStepResult inner_step(int64_t step);
   // After inner step `done` (1-based): the outer method's step, if one is due
   // (the last step also applies what is still in flight), then the rejoins it serves.
