@@ -19,8 +19,10 @@
 #include <nlohmann/json.hpp>
 
 #include "comm/seal.h"
+#include "etcd_cluster.h"
 #include "test_util.h"
 #include "comm/etcd_server.h"
+#include "comm/run_keys.h"
 #include "wire/message.h"
 #include "train/checkpoint.h"
 #include "util/files.h"
@@ -498,4 +500,35 @@ TEST_F(Distributed, ARefusedResumeRewritesNothing) {
   EXPECT_EQ(std::count(r.output.begin(), r.output.end(), '\n'), 1) << "one line: " << r.output;
   EXPECT_EQ(noloco::testing::read_text(done + "/config.yaml"), config);
   EXPECT_EQ(noloco::testing::read_text(done + "/summary.json"), summary);
+}
+
+// Issue 29: no single machine holds the run. Its store is a 3-member etcd
+// cluster (NOLOCO_STORE lists the members); the member every worker talks to
+// is killed while they train, and the run finishes as if nothing happened.
+TEST_F(Distributed, NoLoCoGoesOnWhenAMemberOfItsEtcdClusterDies) {
+  if (EtcdServer::binary().empty()) GTEST_SKIP() << "skipped: no etcd binary (install etcd-server)";
+  const std::string token = "cluster-run-token";
+  noloco::testing::EtcdCluster cluster(3, store_password(token));
+  const std::string run_dir = dir / "cluster";
+  const int steps = 300;
+  const std::string args = small_train_args(dir / "c.txt", run_dir) +
+                           fmt::format(" method=noloco replicas=2 batch=2 steps={} outer_interval=10", steps);
+  const std::string env = fmt::format("WORLD_SIZE=2 LOCAL_WORLD_SIZE=2 MASTER_ADDR=127.0.0.1 MASTER_PORT={} "
+                                      "NOLOCO_STORE={} NOLOCO_RUN_TOKEN={}",
+                                      noloco::testing::free_port(), cluster.endpoints(), token);
+  noloco::testing::BackgroundCli second(args, run_timeout_s, "RANK=1 " + env);
+  noloco::testing::BackgroundCli first(args, run_timeout_s, "RANK=0 " + env);
+  ASSERT_TRUE(noloco::testing::wait_for_record(run_dir, "outer", 90));
+  cluster.kill(0);
+  int64_t step_at_kill = 0;
+  for (auto& r : metrics_records(run_dir, "train")) step_at_kill = std::max(step_at_kill, r["step"].get<int64_t>());
+  const auto& a = first.wait();
+  const auto& b = second.wait();
+  ASSERT_EQ(a.exit_code, 0) << a.output;
+  ASSERT_EQ(b.exit_code, 0) << b.output;
+  EXPECT_LT(step_at_kill, steps - 50) << "the member died too late to matter";
+  int outer = 0;
+  for (auto& r : metrics_records(run_dir, "outer"))
+    if (r["replica"] == 0 && r["arrived"].size() == 2) ++outer;
+  EXPECT_EQ(outer, steps / 10) << "every outer step had both replicas, before the death and after";
 }

@@ -20,6 +20,7 @@
 #include "comm/etcd_server.h"
 #include "comm/etcd_store.h"
 #include "comm/store.h"
+#include "etcd_cluster.h"
 #include "test_util.h"
 
 using namespace noloco;
@@ -299,4 +300,29 @@ TEST(RunKeys, StoreSecretsAreDerivedStableAndNeverTheToken) {
     EXPECT_EQ(shown.find(token.substr(0, 8)), std::string::npos) << shown;
   EXPECT_EQ(store_tls_key(token).private_key_pem.rfind("-----BEGIN PRIVATE KEY-----\n", 0), 0u);
   EXPECT_EQ(store_tls_key(token).pin.rfind("sha256//", 0), 0u);
+}
+
+// Issue 29: a store that is an etcd cluster (NOLOCO_STORE lists its members)
+// outlives any one member: a connection whose member dies goes on at the
+// next, its waits included.
+TEST(EtcdStore, AClusterMemberDyingHandsOverToTheNext) {
+  SKIP_WITHOUT_ETCD();
+  noloco::testing::EtcdCluster cluster(3, "secret");
+  const std::chrono::milliseconds wait(5000);
+  EtcdStore store(cluster.endpoints(), "root", "secret", wait);
+  store.set("a", bytes("1"));
+  EXPECT_EQ(store.add("n", 2), 2);
+  std::string later;
+  std::thread waiter([&] { later = text(store.get("later")); });  // watching at member 0
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  cluster.kill(0);
+  EtcdStore writer(cluster.endpoint(1) + "," + cluster.endpoint(2), "root", "secret", wait);
+  writer.set("later", bytes("here"));
+  waiter.join();
+  EXPECT_EQ(later, "here");
+  EXPECT_EQ(text(store.get("a")), "1");
+  EXPECT_EQ(store.add("n", 3), 5);
+  EXPECT_EQ(text(store.compareSet("c", {}, bytes("x"))), "x");
+  cluster.kill(1);  // no quorum left: a clear error, not a hang
+  EXPECT_THROW(store.set("b", bytes("2")), std::runtime_error);
 }

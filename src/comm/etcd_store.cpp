@@ -2,10 +2,12 @@
 
 #include <curl/curl.h>
 
+#include <algorithm>
 #include <cstdlib>
 #include <mutex>
 #include <stdexcept>
 #include <string_view>
+#include <thread>
 
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
@@ -78,7 +80,9 @@ std::vector<uint8_t> as_bytes(const std::string& s) { return {s.begin(), s.end()
 struct EtcdStore::Http {
   std::string endpoint, user, password, token;
   std::string pinned_key;   // curl's "sha256//BASE64": the only TLS key this store may present
-  std::string base;         // what request paths are appended to
+  // What request paths are appended to: one per member of an etcd cluster,
+  // the one in use first; a member that cannot be reached hands over to the next.
+  std::vector<std::string> bases;
   std::string unix_socket;  // the socket's path for a unix:// endpoint, else empty
   std::chrono::milliseconds timeout;
   CURL* curl = nullptr;
@@ -88,7 +92,7 @@ struct EtcdStore::Http {
   }
 
   void common(CURL* c, const std::string& path, const std::string& body, curl_slist* headers, long timeout_ms) const {
-    curl_easy_setopt(c, CURLOPT_URL, (base + path).c_str());
+    curl_easy_setopt(c, CURLOPT_URL, (bases.front() + path).c_str());
     if (!unix_socket.empty()) curl_easy_setopt(c, CURLOPT_UNIX_SOCKET_PATH, unix_socket.c_str());
     curl_easy_setopt(c, CURLOPT_POSTFIELDS, body.c_str());
     curl_easy_setopt(c, CURLOPT_POSTFIELDSIZE, long(body.size()));
@@ -113,7 +117,24 @@ struct EtcdStore::Http {
     return h;
   }
 
+  // A cluster electing a leader (its leader died) answers with these for a
+  // moment: asked again until the timeout, as etcd's own client does.
+  static bool electing(const Json& j) {
+    const std::string error = j.value("message", "");
+    return error.find("leader changed") != std::string::npos || error.find("no leader") != std::string::npos ||
+           error.find("request timed out") != std::string::npos;
+  }
+
   Json post_once(const std::string& path, const Json& request) {
+    const auto deadline = Clock::now() + timeout;
+    for (;;) {
+      auto j = perform(path, request);
+      if (!electing(j) || Clock::now() > deadline) return j;
+      std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    }
+  }
+
+  Json perform(const std::string& path, const Json& request) {
     const std::string body = request.dump();
     std::string response;
     curl_slist* h = headers();
@@ -130,13 +151,47 @@ struct EtcdStore::Http {
       rc = curl_easy_perform(curl);
     }
     curl_slist_free_all(h);
-    if (rc != CURLE_OK)
+    if (rc != CURLE_OK) {
+      // Another member of the cluster, if there is one: every request here is
+      // safe to repeat (writes are puts, or compare-and-sets read back).
+      if (unreachable(rc) && next_member()) return perform(path, request);
       throw std::runtime_error(fmt::format("store at {}: {}", endpoint, curl_easy_strerror(rc)));
+    }
+    members_tried = 0;
     auto j = Json::parse(response, nullptr, false);
     if (j.is_discarded() || !j.is_object())
       throw std::runtime_error(fmt::format("store at {}: not an etcd answer to {}", endpoint, path));
     return j;
   }
+
+  static bool unreachable(CURLcode rc) {
+    return rc == CURLE_COULDNT_CONNECT || rc == CURLE_OPERATION_TIMEDOUT || rc == CURLE_SEND_ERROR ||
+           rc == CURLE_RECV_ERROR || rc == CURLE_GOT_NOTHING || rc == CURLE_PARTIAL_FILE;
+  }
+
+  // Moves on to the next cluster member; false once every member was tried
+  // since the last request that got through (then the store is down).
+  bool next_member() {
+    if (bases.size() < 2 || ++members_tried >= bases.size()) {
+      members_tried = 0;
+      return false;
+    }
+    std::rotate(bases.begin(), bases.begin() + 1, bases.end());
+    // etcd's simple auth tokens live in one member: log in at the new one.
+    if (!user.empty() && !authenticating) {
+      authenticating = true;
+      try {
+        authenticate();
+      } catch (...) {
+        authenticating = false;
+        throw;
+      }
+      authenticating = false;
+    }
+    return true;
+  }
+  size_t members_tried = 0;
+  bool authenticating = false;
 
   void authenticate() {
     token.clear();
@@ -201,6 +256,7 @@ struct EtcdStore::Http {
     if (stream.put) return true;
     if (stream.failed) throw std::runtime_error(fmt::format("store at {}: watch failed: {}", endpoint, stream.why));
     if (rc == CURLE_OPERATION_TIMEDOUT) return Clock::now() < deadline && watch_put(key, revision, deadline);
+    if (unreachable(rc) && next_member()) return watch_put(key, revision, deadline);  // the same revision, elsewhere
     throw std::runtime_error(fmt::format("store at {}: watch ended: {}", endpoint, curl_easy_strerror(rc)));
   }
 };
@@ -214,9 +270,14 @@ EtcdStore::EtcdStore(std::string endpoint, std::string user, std::string passwor
   constexpr std::string_view kUnix = "unix://";
   if (endpoint_.rfind(kUnix, 0) == 0) {
     http_->unix_socket = endpoint_.substr(kUnix.size());
-    http_->base = "http://localhost";
+    http_->bases = {"http://localhost"};
   } else {
-    http_->base = endpoint_;
+    for (size_t start = 0; start <= endpoint_.size();) {
+      const size_t comma = std::min(endpoint_.find(',', start), endpoint_.size());
+      if (comma > start) http_->bases.push_back(endpoint_.substr(start, comma - start));
+      start = comma + 1;
+    }
+    if (http_->bases.empty()) throw std::invalid_argument("store: no endpoint given");
   }
   http_->user = std::move(user);
   http_->password = std::move(password);

@@ -21,7 +21,9 @@ namespace noloco {
 
 class EtcdStore final : public c10d::Store {
  public:
-  // `endpoint`: "http://host:port" (or https://, with NOLOCO_STORE_CA naming a
+  // `endpoint`: "http://host:port" (a cluster: its members' endpoints,
+  // comma-separated; a member that cannot be reached hands over to the next)
+  // (or https://, with NOLOCO_STORE_CA naming a
   // CA bundle, or `pinned_key`: the one public key the store may present, in
   // curl's "sha256//BASE64" form), or "unix:///path/to/socket". Authenticates
   // as `user` with `password` unless `user` is empty. Throws

@@ -1,5 +1,7 @@
 #include "comm/worker_connections.h"
 
+#include <algorithm>
+
 #include <fmt/format.h>
 
 #include "comm/run_keys.h"
@@ -9,9 +11,18 @@ namespace noloco {
 
 namespace {
 
-bool is_loopback_url(const std::string& url) {
-  const auto host = url.substr(url.find("://") + 3);
-  return host.rfind("127.", 0) == 0 || host.rfind("localhost", 0) == 0 || host.rfind("[::1]", 0) == 0;
+// Plain HTTP that never leaves the machine: every endpoint (a cluster's,
+// comma-separated) on loopback.
+bool in_clear_off_machine(const std::string& urls) {
+  for (size_t start = 0; start < urls.size();) {
+    const size_t comma = std::min(urls.find(',', start), urls.size());
+    const auto url = urls.substr(start, comma - start);
+    start = comma + 1;
+    if (url.rfind("http://", 0) != 0) continue;
+    const auto host = url.substr(7);
+    if (host.rfind("127.", 0) != 0 && host.rfind("localhost", 0) != 0 && host.rfind("[::1]", 0) != 0) return true;
+  }
+  return false;
 }
 
 }  // namespace
@@ -35,7 +46,7 @@ WorkerConnections join_as_worker(const WorkerEnv& env, const CommConfig& comm, i
     } else {
       client.store_url = fmt::format("{}://{}:{}", comm.seal ? "https" : "http", env.master_addr, env.master_port);
     }
-  } else if (comm.seal && client.store_url.rfind("http://", 0) == 0 && !is_loopback_url(client.store_url)) {
+  } else if (comm.seal && in_clear_off_machine(client.store_url)) {
     throw std::runtime_error(fmt::format(
         "NOLOCO_STORE={}: the store's traffic would cross the network in clear; use https:// with NOLOCO_STORE_CA "
         "(README, Several machines), or seal=false",
