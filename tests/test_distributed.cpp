@@ -532,3 +532,40 @@ TEST_F(Distributed, NoLoCoGoesOnWhenAMemberOfItsEtcdClusterDies) {
     if (r["replica"] == 0 && r["arrived"].size() == 2) ++outer;
   EXPECT_EQ(outer, steps / 10) << "every outer step had both replicas, before the death and after";
 }
+
+// Issue 29: a NoLoCo worker told to leave (SIGTERM) ends its step, applies
+// what is in flight, tells the others not to wait for it, saves its state and
+// exits 0; nobody waits for it, and the run ends with the others, exit 0.
+TEST_F(Distributed, ANoLoCoWorkerLeavesOnSigtermAndNobodyWaitsForIt) {
+  const std::string run_dir = dir / "leave";
+  const int steps = 400;
+  noloco::testing::BackgroundCli runner(
+      small_train_args(dir / "c.txt", run_dir) +
+          fmt::format(" method=noloco replicas=3 batch=2 steps={} outer_interval=5 heartbeat_timeout=60", steps),
+      180);
+  ASSERT_TRUE(noloco::testing::wait_for_record(run_dir, "outer", 90));
+  const pid_t leaver = noloco::testing::worker_of(run_dir, 2);
+  ASSERT_GT(leaver, 0);
+  ASSERT_EQ(::kill(leaver, SIGTERM), 0);
+  const auto& r = runner.wait();
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("worker 2 leaves the run after step"), std::string::npos) << r.output;
+  const auto summary = read_json(run_dir + "/summary.json");
+  EXPECT_EQ(summary["replicas_finished"].get<std::vector<int>>(), (std::vector<int>{0, 1}));
+  EXPECT_TRUE(summary["replicas_failed"].empty()) << summary.dump();
+  ASSERT_EQ(summary["replicas_left"].size(), 1u) << summary.dump();
+  EXPECT_EQ(summary["replicas_left"][0]["replica"].get<int>(), 2);
+  const auto left = read_json(run_dir + "/summary_r2.json")["left_at_step"].get<int64_t>();
+  EXPECT_GT(left, 0);
+  EXPECT_LT(left, steps) << "it left before the end";
+  // Its last state is the checkpoint of the step it left at, and loads.
+  const auto last = find_checkpoint(run_dir + "/checkpoints/r2");
+  EXPECT_NE(last.find(fmt::format("step_{:08d}", left)), std::string::npos) << last;
+  EXPECT_FALSE(load_tensors(last + "/model.safetensors").empty());
+  // Nobody waited for it: a partner waiting out peer_timeout (30 s) would show here.
+  for (int replica : {0, 1})
+    EXPECT_LT(read_json(fmt::format("{}/summary_r{}.json", run_dir, replica))["outer_blocked_seconds"].get<double>(),
+              20.0)
+        << "replica " << replica;
+  EXPECT_EQ(r.output.find("timed out"), std::string::npos) << r.output;
+}

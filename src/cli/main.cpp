@@ -1,4 +1,7 @@
 // The noloco command line: a thin layer over train/, model/ and comm/.
+#include <signal.h>
+
+#include <atomic>
 #include <csignal>
 #include <cstdlib>
 #include <optional>
@@ -95,6 +98,19 @@ std::vector<std::string> worker_command(std::vector<std::string> command, const 
   return command;
 }
 
+std::atomic<bool> leave_signalled{false};
+
+// A NoLoCo replica (unpipelined) can leave a run: nobody depends on it beyond
+// the exchange in flight. SIGTERM then asks it to, at the end of its step;
+// every other worker keeps SIGTERM's default (a collective or a pipeline
+// route needs it: it stops).
+void leave_on_sigterm() {
+  struct sigaction sa {};
+  sa.sa_handler = [](int) { leave_signalled = true; };
+  ::sigemptyset(&sa.sa_mask);
+  ::sigaction(SIGTERM, &sa, nullptr);
+}
+
 WorkerInfo worker_info(const WorkerEnv& env, int stages, const WorkerConnections& links) {
   WorkerInfo w;
   w.rank = env.rank;
@@ -170,8 +186,12 @@ int run_train(const std::string& config_path, const std::vector<std::string>& ov
     // joined, it cannot ask the store which start this is; the launcher
     // tells a restart by its environment.)
     if (!std::getenv("NOLOCO_RESTARTED")) FailureDrill(cfg.run.inject_crash, env.rank, 0).at_startup();
+    const bool can_leave = cfg.outer.method == Method::noloco && stages == 1;
+    if (can_leave) leave_on_sigterm();
     const auto links = join_as_worker(env, cfg.comm, stages, cfg.outer.method != Method::none, activation_codecs(cfg));
-    train(cfg, worker_info(env, stages, links));
+    auto info = worker_info(env, stages, links);
+    if (can_leave) info.leave_requested = [] { return leave_signalled.load(); };
+    train(cfg, info);
     return 0;
   }
   cfg.validate_workers();

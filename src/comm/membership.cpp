@@ -140,6 +140,11 @@ std::vector<Peer> Membership::snapshot(const std::string& name) {
   return out;
 }
 
+void Membership::leave() {
+  finish();
+  declare_dead(rank_);
+}
+
 void Membership::declare_dead(int rank) {
   std::lock_guard<std::mutex> lock(mutex_);
   append_item(*members_, "dead", std::to_string(rank));

@@ -58,6 +58,10 @@ class Membership {
   std::vector<std::pair<int, std::string>> claim_requests();
   // This replica has finished training: it serves no more requests.
   void finish();
+  // This replica leaves the run for good (SIGTERM): it serves no more
+  // requests, and partners stop waiting for it at once (later snapshots
+  // leave it out).
+  void leave();
 
  private:
   std::string request_name() const;

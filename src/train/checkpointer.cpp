@@ -56,6 +56,10 @@ void Checkpointer::resume_at(int64_t step) {
 
 void Checkpointer::after_step(int64_t done) {
   if (done % every_ != 0 && done != last_step_) return;
+  save(done);
+}
+
+void Checkpointer::save(int64_t done) {
   auto snap = capture_training_state(state_, done);
   Checkpoint ck{model_, std::move(snap.weights), std::move(snap.state), info_};
   ck.info.update(snap.counters);

@@ -29,6 +29,8 @@ class Checkpointer {
   void resume_at(int64_t step);
   // After inner step `done` (1-based): writes a checkpoint if one is due.
   void after_step(int64_t done);
+  // Writes the checkpoint of step `done` now (a replica leaving the run).
+  void save(int64_t done);
   const std::string& dir() const { return dir_; }
 
  private:

@@ -100,6 +100,7 @@ nlohmann::json WorkerSummary::to_json() const {
   put(j, "outer_blocked_seconds", outer_blocked_seconds);
   if (rejoin)
     j.update({{"rejoined_at_step", rejoin->step}, {"rejoin_donor", rejoin->donor}, {"rejoin_seconds", rejoin->seconds}});
+  if (left_at_step) j["left_at_step"] = *left_at_step;
   return j;
 }
 
@@ -126,18 +127,22 @@ WorkerSummary WorkerSummary::from_json(const nlohmann::json& j) {
   if (j.contains("rejoined_at_step"))
     s.rejoin = WorkerSummary::Rejoin{j["rejoined_at_step"].get<int64_t>(), j.value("rejoin_donor", 0),
                                      j.value("rejoin_seconds", 0.0)};
+  s.left_at_step = optional_of<int64_t>(j, "left_at_step");
   return s;
 }
 
 nlohmann::json RunSummary::to_json() const {
-  nlohmann::json failed_j = nlohmann::json::array(), restarted_j = nlohmann::json::array();
+  nlohmann::json failed_j = nlohmann::json::array(), restarted_j = nlohmann::json::array(),
+                 left_j = nlohmann::json::array();
   for (const auto& w : failed) failed_j.push_back(worker_json(w));
   for (const auto& w : restarted) restarted_j.push_back(worker_json(w));
+  for (const auto& w : left) left_j.push_back(worker_json(w));
   nlohmann::json j = {{"method", method},
                       {"replicas", replicas},
                       {"replicas_finished", finished},
                       {"replicas_failed", failed_j},
                       {"replicas_restarted", restarted_j},
+                      {"replicas_left", left_j},
                       {"final_val_loss", final_val_loss ? nlohmann::json(*final_val_loss) : nlohmann::json()},
                       {"final_val_loss_replicas", final_val_loss_replicas},
                       {"bytes_sent", bytes_sent},
@@ -181,6 +186,7 @@ RunSummary RunSummary::from_json(const nlohmann::json& j) {
   s.finished = j.value("replicas_finished", std::vector<int>{});
   for (const auto& w : j.value("replicas_failed", nlohmann::json::array())) s.failed.push_back(worker_of(w));
   for (const auto& w : j.value("replicas_restarted", nlohmann::json::array())) s.restarted.push_back(worker_of(w));
+  for (const auto& w : j.value("replicas_left", nlohmann::json::array())) s.left.push_back(worker_of(w));
   s.final_val_loss = optional_of<double>(j, "final_val_loss");
   s.final_val_loss_mean_model = optional_of<double>(j, "final_val_loss_mean_model");
   s.weight_std = optional_of<double>(j, "weight_std");
@@ -269,6 +275,11 @@ RunSummary summarize_run(const std::string& run_dir, const std::string& method, 
       continue;
     }
     const auto w = WorkerSummary::from_json(read_json(path));
+    if (w.left_at_step) {
+      where.reason = fmt::format("left after step {} (SIGTERM)", *w.left_at_step);
+      run.left.push_back(where);
+      continue;
+    }
     if (!first) first = w;
     run.finished.push_back(stages > 1 ? e.rank : int(e.rank / stages));
     if (w.final_val_loss) {  // the workers that compute the loss: one per replica

@@ -45,6 +45,7 @@ struct WorkerSummary {
     double seconds = 0;
   };
   std::optional<Rejoin> rejoin;
+  std::optional<int64_t> left_at_step;  // it left the run (SIGTERM) after this step
   nlohmann::json to_json() const;
   static WorkerSummary from_json(const nlohmann::json& j);
 };
@@ -60,6 +61,7 @@ struct RunSummary {
   int64_t replicas = 1, steps = 0, params = 0, tokens = 0, collectives = 0;
   std::vector<int> finished;  // replicas (workers in a pipelined run)
   std::vector<Worker> failed, restarted;
+  std::vector<Worker> left;  // left the run on purpose (SIGTERM) before the end: neither finished nor failed
   std::optional<double> final_val_loss, final_val_loss_mean_model, weight_std;
   std::vector<double> final_val_loss_replicas;
   std::optional<double> bits_per_param_per_outer_step;  // mean over the workers that finished

@@ -260,12 +260,17 @@ class WorkerRun {
   void log_progress(int64_t done, bool last, const InnerStepResult& s);
   void evaluate(int64_t done, bool last, double lr);
   void checkpoint(int64_t done) { checkpoints_.after_step(done); }
+  // Leaves the run after step `done`: what is in flight is applied, partners
+  // are told not to wait for this replica, its state is saved; the summary
+  // says when it left.
+  nlohmann::json leave(int64_t done);
   // The outer method's hook on the gradients (DDP's all-reduce), tallied as
   // an outer step when it synchronised.
   void synchronise_gradients();
   nlohmann::json finish();
 
  private:
+  void record_outer_steps(int64_t done, const std::vector<OuterSync>& syncs);
   const TrainConfig& c_;
   const WorkerInfo& w_;
   const Clock::time_point start_ = Clock::now();
@@ -293,6 +298,7 @@ class WorkerRun {
   double val_loss_ = std::nan(""), last_loss_ = std::nan("");
   ReplicaSpread spread_;
   OuterTally tally_;
+  std::optional<int64_t> left_at_step_;
   std::optional<Throughput> throughput_;
 };
 
@@ -369,6 +375,25 @@ void WorkerRun::outer_step(int64_t done, bool last) {
   if (last)  // exchanges still in flight (overlap) are applied before the final evaluation
     for (auto& sync : outer_->finish(flat_)) syncs.push_back(std::move(sync));
   tally_.blocked_seconds += seconds_since(outer_start);
+  record_outer_steps(done, syncs);
+  if (!syncs.empty() && w_.membership)
+    for (int to : serve_rejoins(*w_.membership, *w_.transport, state_, done))
+      telemetry_.write(record(done, "donate", w_, {{"to", to}}));
+}
+
+nlohmann::json WorkerRun::leave(int64_t done) {
+  spdlog::info("worker {} leaves the run after step {} (SIGTERM)", w_.rank, done);
+  const auto start = Clock::now();
+  const auto in_flight = outer_->finish(flat_);
+  tally_.blocked_seconds += seconds_since(start);
+  record_outer_steps(done, in_flight);
+  if (w_.membership) w_.membership->leave();
+  checkpoints_.save(done);
+  left_at_step_ = done;
+  return finish();
+}
+
+void WorkerRun::record_outer_steps(int64_t done, const std::vector<OuterSync>& syncs) {
   for (const auto& sync : syncs) {
     ++tally_.syncs;
     tally_.bytes += sync.bytes;
@@ -384,9 +409,6 @@ void WorkerRun::outer_step(int64_t done, bool last) {
                              {"phi_blocks_failed", sync.phi_blocks_failed},
                              {"dropped_fraction", dropped_share(sync.values_dropped, sync.values_received)}}));
   }
-  if (!syncs.empty() && w_.membership)
-    for (int to : serve_rejoins(*w_.membership, *w_.transport, state_, done))
-      telemetry_.write(record(done, "donate", w_, {{"to", to}}));
 }
 
 void WorkerRun::log_progress(int64_t done, bool last, const InnerStepResult& s) {
@@ -425,8 +447,9 @@ void WorkerRun::evaluate(int64_t done, bool last, double lr) {
 nlohmann::json WorkerRun::finish() {
   if (first_step_ == c_.inner.steps) val_loss_ = model_->evaluate(first_step_);  // resumed at the end: report anyway
   if (w_.membership) w_.membership->finish();
-  const auto summary = summarize_worker(c_, w_, arch_, *model_, flat_.numel(), seconds_since(start_), val_loss_,
-                                        last_loss_, spread_, rejoined_, tally_);
+  auto summary = summarize_worker(c_, w_, arch_, *model_, flat_.numel(), seconds_since(start_), val_loss_, last_loss_,
+                                  spread_, rejoined_, tally_);
+  summary.left_at_step = left_at_step_;
   const auto j = summary.to_json();
   write_json_atomic(fmt::format("{}/summary_r{}.json", out_, w_.rank), j);
   if (w_.replicas * w_.stages == 1) write_json_atomic(out_ + "/summary.json", summarize_lone_run(summary).to_json());
@@ -455,6 +478,7 @@ nlohmann::json train(const TrainConfig& c, const WorkerInfo& w) {
     run.log_progress(done, last, inner);
     if (done % c.eval.interval == 0 || last) run.evaluate(done, last, inner.lr);
     run.checkpoint(done);
+    if (w.leave_requested && w.leave_requested() && !last) return run.leave(done);
   }
   return run.finish();
 }

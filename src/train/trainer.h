@@ -28,6 +28,9 @@ struct WorkerInfo {
   // worker, which takes its newest.
   std::function<int64_t(const std::vector<int64_t>&)> agree_resume_step;
   bool verbose = true;             // print progress and samples
+  // Asked after every step: true once this worker is to leave the run
+  // (SIGTERM to a NoLoCo worker). Unset: it never leaves before the end.
+  std::function<bool()> leave_requested;
 };
 
 // Runs the whole job for one worker and returns its summary (also written to
