@@ -1,7 +1,5 @@
 #include "comm/seal.h"
 
-#include <stdexcept>
-
 #include <sodium.h>
 
 #include "comm/run_keys.h"
@@ -11,15 +9,8 @@ namespace noloco {
 static_assert(Seal::kOverhead ==
               crypto_aead_xchacha20poly1305_ietf_NPUBBYTES + crypto_aead_xchacha20poly1305_ietf_ABYTES);
 
-namespace {
-
-void sodium_once() {
-  if (sodium_init() < 0) throw std::runtime_error("libsodium could not initialise");
-}
-
-}  // namespace
-
-Seal::Seal(const std::string& token) : key_(run_key(token, "payload seal")) { sodium_once(); }
+// run_key initialises libsodium before the first key exists.
+Seal::Seal(const std::string& token) : key_(run_key(token, "payload seal")) {}
 
 void Seal::seal(const uint8_t* plain, size_t n, const std::vector<uint8_t>& context, uint8_t* out) const {
   uint8_t* nonce = out;
