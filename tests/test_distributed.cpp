@@ -11,6 +11,7 @@
 #include <fmt/format.h>
 
 #include <signal.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -579,4 +580,107 @@ TEST_F(Distributed, ANoLoCoWorkerLeavesOnSigtermAndNobodyWaitsForIt) {
               20.0)
         << "replica " << replica;
   EXPECT_EQ(r.output.find("timed out"), std::string::npos) << r.output;
+}
+
+namespace {
+
+// Waits (bounded) until some replica of the run in `run_dir` has logged training step `step`.
+bool wait_for_step(const std::string& run_dir, int64_t step, int seconds) {
+  for (int i = 0; i < seconds * 10; ++i) {
+    if (std::filesystem::exists(run_dir + "/metrics.jsonl"))
+      for (auto& r : metrics_records(run_dir, "train"))
+        if (r["step"].get<int64_t>() >= step) return true;
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  }
+  return false;
+}
+
+}  // namespace
+
+// Issue 29: two new workers join a running 4-replica NoLoCo run (`noloco
+// join RUN_DIR`, the token from the run_token file the launcher wrote): each
+// takes a live replica's state, is drawn into the groupings, and the run
+// finishes with six replicas whose final losses agree. A joiner with the
+// wrong token is refused with one line; the invitation goes with the run.
+TEST_F(Distributed, TwoWorkersJoinARunningNoLoCoRunAndItFinishesWithSix) {
+  const std::string run_dir = dir / "grow";
+  const int steps = 2000, join_after = 100;
+  noloco::testing::BackgroundCli runner(
+      small_train_args(dir / "c.txt", run_dir) +
+          fmt::format(" method=noloco replicas=4 batch=2 steps={} outer_interval=5 eval_interval=1000 "
+                      "heartbeat_timeout=60 threads=1",
+                      steps),
+      300);
+  ASSERT_TRUE(wait_for_step(run_dir, join_after, 120));
+  struct stat token_file {};
+  ASSERT_EQ(::stat((run_dir + "/run_token").c_str(), &token_file), 0);
+  EXPECT_EQ(token_file.st_mode & 0777, 0600u) << "only its owner reads the token";
+  const auto stranger = noloco::testing::run_cli("join " + run_dir + " threads=1", 60, "NOLOCO_RUN_TOKEN=not-the-token");
+  noloco::testing::BackgroundCli first("join " + run_dir + " threads=1", 280), second("join " + run_dir + " threads=1", 280);
+  const auto& a = first.wait();
+  const auto& b = second.wait();
+  const auto& r = runner.wait();
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  ASSERT_EQ(a.exit_code, 0) << a.output;
+  ASSERT_EQ(b.exit_code, 0) << b.output;
+  EXPECT_NE(stranger.exit_code, 0) << stranger.output;
+  EXPECT_NE(stranger.exit_code, 124) << "the stranger hung: " << stranger.output;
+  EXPECT_NE(stranger.output.find("could not join the run"), std::string::npos) << stranger.output;
+  EXPECT_FALSE(std::filesystem::exists(run_dir + "/join.json")) << "no invitation outlives the run";
+  EXPECT_FALSE(std::filesystem::exists(run_dir + "/run_token"));
+
+  const auto summary = read_json(run_dir + "/summary.json");
+  EXPECT_EQ(summary["replicas_finished"].get<std::vector<int>>(), (std::vector<int>{0, 1, 2, 3, 4, 5}))
+      << summary.dump();
+  EXPECT_TRUE(summary["replicas_failed"].empty()) << summary.dump();
+  ASSERT_EQ(summary["joined"].size(), 2u) << summary.dump();
+  std::set<int> joiners;
+  for (const auto& j : summary["joined"]) {
+    joiners.insert(j["replica"].get<int>());
+    EXPECT_GE(j["step"].get<int64_t>(), join_after) << j.dump();
+    EXPECT_LT(j["step"].get<int64_t>(), steps) << j.dump();
+    EXPECT_EQ(j["step"].get<int64_t>() % 5, 0) << "handed over after an outer step: " << j.dump();
+    EXPECT_GE(j["donor"].get<int>(), 0);
+    EXPECT_NE(j["donor"].get<int>(), j["replica"].get<int>());
+  }
+  EXPECT_EQ(joiners, (std::set<int>{4, 5}));
+
+  // Drawn into the groupings: some first replica exchanged with a joiner.
+  bool paired_with_joiner = false;
+  for (auto& o : metrics_records(run_dir, "outer"))
+    if (o["replica"].get<int>() < 4)
+      for (int member : o["group"].get<std::vector<int>>()) paired_with_joiner |= member >= 4;
+  EXPECT_TRUE(paired_with_joiner);
+
+  // By the end the joiners' validation losses are the others' within 2%
+  // (NoLoCo keeps the replicas close; a joiner starts from its donor's weights).
+  std::map<int, double> final_loss;
+  for (int replica = 0; replica < 6; ++replica)
+    final_loss[replica] = read_json(fmt::format("{}/summary_r{}.json", run_dir, replica))["final_val_loss"].get<double>();
+  const double others = (final_loss[0] + final_loss[1] + final_loss[2] + final_loss[3]) / 4;
+  for (int replica : {4, 5}) EXPECT_NEAR(final_loss[replica], others, 0.02 * others) << "replica " << replica;
+  EXPECT_EQ(r.output.find("timed out"), std::string::npos) << r.output;
+}
+
+// Issue 29: a joiner killed during its hand-over (a drill, once a donor has
+// claimed it) leaves the run unharmed: it never becomes a member, the donor
+// gives up the hand-over and trains on, and the run ends whole, exit 0.
+TEST_F(Distributed, AJoinerThatDiesDuringItsHandOverLeavesTheRunUnharmed) {
+  const std::string run_dir = dir / "failed_join";
+  noloco::testing::BackgroundCli runner(
+      small_train_args(dir / "c.txt", run_dir) +
+          " method=noloco replicas=2 batch=2 steps=300 outer_interval=5 peer_timeout=10 threads=1",
+      240);
+  ASSERT_TRUE(wait_for_step(run_dir, 20, 120));
+  const auto joiner = noloco::testing::run_cli("join " + run_dir + " threads=1 inject_crash=2:handover", 120);
+  const auto& r = runner.wait();
+  EXPECT_EQ(joiner.exit_code, 128 + SIGKILL) << joiner.output;
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("could not hand over state to replica 2"), std::string::npos) << r.output;
+  const auto summary = read_json(run_dir + "/summary.json");
+  EXPECT_EQ(summary["replicas_finished"].get<std::vector<int>>(), (std::vector<int>{0, 1})) << summary.dump();
+  EXPECT_TRUE(summary["joined"].empty()) << summary.dump();
+  EXPECT_TRUE(summary["replicas_failed"].empty()) << summary.dump();
+  for (auto& o : metrics_records(run_dir, "outer"))
+    for (int member : o["members"].get<std::vector<int>>()) EXPECT_LT(member, 2) << o.dump();
 }

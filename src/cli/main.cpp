@@ -1,5 +1,6 @@
 // The noloco command line: a thin layer over train/, model/ and comm/.
 #include <signal.h>
+#include <sys/stat.h>
 
 #include <atomic>
 #include <csignal>
@@ -15,6 +16,8 @@
 
 #include "comm/capped_links.h"
 #include "comm/launcher.h"
+#include "comm/membership.h"
+#include "comm/store.h"
 #include "comm/run_keys.h"
 #include "comm/worker_connections.h"
 #include "config/options.h"
@@ -216,6 +219,8 @@ int run_train(const std::string& config_path, const std::vector<std::string>& ov
   plan.keep_going_on_failure = survives_lost_workers(cfg.outer.method, cfg.pipeline.routing, stages);
   const auto links = capped_links(cfg, plan.workers);
   plan.links = links.get();
+  // Behind capped links the workers sit in network namespaces a joiner could not reach.
+  if (takes_joiners(cfg.outer.method, stages) && !links) plan.join_dir = cfg.run.out;
   if (stages > 1)
     spdlog::info("launching {} replicas x {} stages = {} {} workers, run dir {}", cfg.run.replicas, stages,
                  plan.workers, plan.method, cfg.run.out);
@@ -224,8 +229,10 @@ int run_train(const std::string& config_path, const std::vector<std::string>& ov
   const auto launched = launch_local_workers(plan, worker_command({"train", config_path}, overrides, cfg.run.out));
   const auto& exits = launched.exits;
   const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  auto members = exits;
+  members.insert(members.end(), launched.joiners.begin(), launched.joiners.end());
   auto summary = summarize_run(cfg.run.out, plan.method, cfg.run.replicas, stages, choice_name(cfg.pipeline.routing),
-                               cfg.inner.grad_accum, exits, seconds);
+                               cfg.inner.grad_accum, members, seconds);
   summary.activation_codec = choice_name(cfg.pipeline.activation_codec);
   summary.activation_grad_codec = choice_name(cfg.pipeline.activation_grad_codec);
   const auto codecs = activation_codecs(cfg);  // rotation applies to integer codes only
@@ -259,6 +266,75 @@ int run_train(const std::string& config_path, const std::vector<std::string>& ov
                  return s;
                }());
   return kFinishedWithLosses;
+}
+
+// The run's token for a joiner: NOLOCO_RUN_TOKEN, else `token_file` (the
+// launcher's run_token in the run directory unless given), which only its
+// owner may read.
+std::string joiner_token(const std::string& token_file) {
+  if (const char* given = std::getenv("NOLOCO_RUN_TOKEN"); given && *given) return given;
+  struct stat st {};
+  if (::stat(token_file.c_str(), &st) != 0)
+    throw std::invalid_argument(fmt::format(
+        "join: no token: set NOLOCO_RUN_TOKEN, or give token_file= ({} does not exist)", token_file));
+  if ((st.st_mode & 077) != 0)
+    throw std::invalid_argument(
+        fmt::format("join: {} can be read by others than its owner; chmod 600 it first", token_file));
+  auto token = read_file(token_file);
+  while (!token.empty() && (token.back() == '\n' || token.back() == '\r')) token.pop_back();
+  if (token.empty()) throw std::invalid_argument(fmt::format("join: {} holds no token", token_file));
+  return token;
+}
+
+// `join RUN_DIR`: a new NoLoCo replica of the run training into RUN_DIR. It
+// claims the next member id from the run's store, takes a live replica's
+// state at that replica's next outer step and trains with the others to the
+// end (or until SIGTERM).
+int run_join(const std::string& run_dir, const std::vector<std::string>& args) {
+  std::string store, token_file = run_dir + "/run_token";
+  Options options("join");
+  options.add("store", store, "the run's store (NOLOCO_STORE's form); default: the one in RUN_DIR/join.json")
+      .add("token_file", token_file, "where the token is when NOLOCO_RUN_TOKEN is unset");
+  auto overrides = options.parse_known(args);
+  int local_workers = 1;  // workers sharing this machine's cores
+  if (store.empty()) {
+    const auto invitation = run_dir + "/join.json";
+    if (!file_exists(invitation))
+      throw std::invalid_argument(fmt::format(
+          "join: {} does not exist: the run is not training on this machine (or takes no joiners); give store=URL",
+          invitation));
+    const auto j = read_json(invitation);
+    store = j.at("store").get<std::string>();
+    local_workers = j.value("local_workers", 0) + 1;
+  }
+  overrides.push_back("out=" + run_dir);
+  auto cfg = load_config(run_dir + "/config.yaml", overrides);
+  const int stages = int(cfg.pipeline.stages);
+  if (!takes_joiners(cfg.outer.method, stages))
+    throw std::invalid_argument(fmt::format("join: the run in {} is {}{}; only an unpipelined noloco run takes joiners",
+                                            run_dir, choice_name(cfg.outer.method),
+                                            stages > 1 ? fmt::format(" with {} pipeline stages", stages) : ""));
+  cfg.validate();
+  cfg.validate_workers();
+  WorkerEnv env;
+  env.world = int(cfg.run.replicas);
+  env.local_world = local_workers;
+  env.agent_store = true;
+  env.token = joiner_token(token_file);
+  env.store_url = store;
+  if (store.rfind("https://", 0) == 0 && !std::getenv("NOLOCO_STORE_CA")) env.store_pin = store_tls_key(env.token).pin;
+  const auto timeout = std::chrono::milliseconds(int64_t(cfg.comm.peer_timeout * 1000));
+  env.rank = claim_member_id(connect_store(env, timeout), env.token, replica_scope(stages, 0), env.world);
+  init_logging(fmt::format("noloco[worker {}]", env.rank));
+  spdlog::info("joining the run in {} as replica {}", run_dir, env.rank);
+  FailureDrill(cfg.run.inject_crash, env.rank, 0).at_startup();
+  leave_on_sigterm();
+  const auto links = join_as_worker(env, cfg.comm, stages, true);
+  auto info = worker_info(env, stages, links);
+  info.agree_resume_step = nullptr;  // it starts from a live replica's state, never from the disk
+  info.leave_requested = [] { return leave_signalled.load(); };
+  train(cfg, info);
+  return 0;
 }
 
 // `bench comm ...`: launcher, or (RANK set) one of its workers.
@@ -445,12 +521,22 @@ int main(int argc, char** argv) {
   auto* report_cmd = app.add_subcommand("report", "compare runs: a Markdown table, or with out=DIR a page with plots");
   report_cmd->add_option("runs", report_args, "run directories, then optionally out=DIR")->required();
 
+  std::string join_dir;
+  std::vector<std::string> join_args;
+  auto* join_cmd = app.add_subcommand("join", "add a replica to a running noloco run (it takes a live replica's state)");
+  join_cmd->add_option("run_dir", join_dir, "the run's directory (its config.yaml; join.json while it trains here)")
+      ->required();
+  join_cmd->add_option("options", join_args,
+                       "store=URL (another machine's run), token_file=PATH (else NOLOCO_RUN_TOKEN or RUN_DIR/run_token), "
+                       "config overrides for this worker (bind=, threads=, device=)");
+
   auto* password_cmd = app.add_subcommand(
       "store-password", "print the password of the run's store for NOLOCO_RUN_TOKEN (to set up an etcd of your own)");
 
   CLI11_PARSE(app, argc, argv);
   try {
     if (*train_cmd) return run_train(config_path, overrides);
+    if (*join_cmd) return run_join(join_dir, join_args);
     if (*gen_cmd) return run_generate(checkpoint, gen_args);
     if (*export_cmd) return run_export(checkpoint, hf_dir, export_args);
     if (*prepare_cmd) return run_prepare(prepare_args);

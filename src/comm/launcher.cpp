@@ -17,12 +17,14 @@
 #include <utility>
 
 #include <fmt/format.h>
+#include <nlohmann/json.hpp>
 
 #include "comm/etcd_server.h"
 #include "comm/etcd_store.h"
 #include "comm/membership.h"
 #include "comm/store.h"
 #include "comm/heartbeat.h"
+#include "util/files.h"
 #include "util/log.h"
 
 namespace noloco {
@@ -49,6 +51,9 @@ std::string WorkerExit::describe() const {
   if (signal != 0)
     return fmt::format("worker {} was killed by signal {} ({}) after {:.1f}s{}", rank, signal, strsignal(signal), seconds,
                        why.empty() ? "" : " (" + why + ")");
+  if (joined)
+    return ok() ? fmt::format("worker {} (joined) finished", rank)
+                : fmt::format("worker {} (joined) was lost: {}", rank, why);
   if (exit_code != 0) return fmt::format("worker {} exited with code {} after {:.1f}s", rank, exit_code, seconds);
   return fmt::format("worker {} finished after {:.1f}s", rank, seconds);
 }
@@ -327,6 +332,69 @@ void WorkerSupervisor::stop_all(int sig) {
   terminating_ = true;
 }
 
+// join.json (and the token the launcher made up) in the run directory while
+// the run is on, so that `noloco join` on this machine finds the store.
+class JoinInvitation {
+ public:
+  JoinInvitation(const LaunchPlan& plan, const std::string& endpoint, const std::string& token, bool token_made_up)
+      : dir_(plan.join_dir) {
+    if (dir_.empty()) return;
+    if (token_made_up) write_file_atomic(dir_ + "/run_token", token + "\n", 0600);
+    write_json_atomic(dir_ + "/join.json", {{"store", endpoint}, {"local_workers", plan.workers}});
+  }
+  ~JoinInvitation() {
+    if (dir_.empty()) return;
+    ::unlink((dir_ + "/join.json").c_str());
+    ::unlink((dir_ + "/run_token").c_str());
+  }
+  JoinInvitation(const JoinInvitation&) = delete;
+  JoinInvitation& operator=(const JoinInvitation&) = delete;
+
+ private:
+  std::string dir_;
+};
+
+// The workers that joined the run (unpipelined: members of "replicas"),
+// each once it finished, left or was given up: declared dead, or its
+// heartbeat silent for heartbeat_timeout.
+std::vector<WorkerExit> await_joiners(const LaunchPlan& plan, const StorePtr& store, const std::string& token) {
+  std::vector<WorkerExit> out;
+  if (plan.join_dir.empty()) return out;
+  const auto scope = replica_scope(plan.stages, 0);
+  HeartbeatWatch heartbeats(store, token);
+  const auto start = Clock::now();
+  for (const int member : joined_members(store, token, scope)) {
+    WorkerExit e;
+    e.rank = member;
+    e.joined = true;
+    heartbeats.expect(member);
+    for (;;) {
+      const auto state = member_state(store, token, scope, member);
+      if (state == MemberState::finished) break;
+      if (state == MemberState::dead) {
+        e.exit_code = 1;
+        e.why = "declared dead by a partner";
+        break;
+      }
+      if (heartbeats.silent_seconds(member) > plan.comm.heartbeat_timeout) {
+        e.exit_code = 1;
+        e.why = fmt::format("no heartbeat for {:.0f} s", heartbeats.silent_seconds(member));
+        break;
+      }
+      if (ForwardedSignals::pending()) {
+        e.exit_code = 1;
+        e.why = "not waited for (the launcher was stopped)";
+        break;
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(200));
+    }
+    e.seconds = std::chrono::duration<double>(Clock::now() - start).count();
+    out.push_back(e);
+  }
+  std::sort(out.begin(), out.end(), [](const WorkerExit& a, const WorkerExit& b) { return a.rank < b.rank; });
+  return out;
+}
+
 }  // namespace
 
 LaunchResult launch_local_workers(const LaunchPlan& plan, const std::vector<std::string>& worker_args) {
@@ -343,6 +411,7 @@ LaunchResult launch_local_workers(const LaunchPlan& plan, const std::vector<std:
       std::min(std::chrono::milliseconds(int64_t(plan.comm.peer_timeout * 1000)), std::chrono::milliseconds(5000));
   const StorePtr store = c10::make_intrusive<EtcdStore>(etcd.endpoint(), "root", store_password(token), timeout);
   WorkerSupervisor workers(plan, worker_args, token, etcd.endpoint(), store, signals);
+  const JoinInvitation invitation(plan, etcd.endpoint(), token, !(given && *given));
   for (int r = 0; r < plan.workers && !ForwardedSignals::pending(); ++r) workers.spawn(r, false);
 
   LaunchResult result;
@@ -354,6 +423,7 @@ LaunchResult launch_local_workers(const LaunchPlan& plan, const std::vector<std:
     std::this_thread::sleep_for(std::chrono::milliseconds(50));
   }
   std::stable_sort(result.exits.begin(), result.exits.end(), [](auto& a, auto& b) { return a.rank < b.rank; });
+  if (!result.signal) result.joiners = await_joiners(plan, store, token);
   return result;
 }
 

@@ -16,6 +16,9 @@ struct WorkerExit {
   double seconds = 0;  // since launch
   bool restarted = false;  // the launcher started the worker again after this exit
   std::string why;         // set when the launcher itself ended the worker
+  // A worker that joined the running run (noloco join) rather than one this
+  // launcher started: its end is what the run's store recorded.
+  bool joined = false;
   bool ok() const { return exit_code == 0 && signal == 0; }
   std::string describe() const;
 };
@@ -31,10 +34,16 @@ struct LaunchPlan {
   bool keep_going_on_failure = false;
   // Each worker in its own network namespace behind a capped link (null: loopback).
   const CappedLinks* links = nullptr;
+  // Where new workers can join the running run from (noloco join): the
+  // launcher writes join.json there (how to reach its store) and, for a token
+  // it made up, run_token (readable by its user only), and removes both when
+  // the run ends. Empty: the run takes no joiners.
+  std::string join_dir;
 };
 
 struct LaunchResult {
   std::vector<WorkerExit> exits;  // by rank; a restarted worker's in the order they happened
+  std::vector<WorkerExit> joiners;  // workers that joined the run, by member id (WorkerExit::joined)
   int signal = 0;                 // SIGINT or SIGTERM that stopped the run, 0 if none did
   std::string stopped;            // why the launcher stopped a run that carries on without workers, if it did
 };
@@ -43,6 +52,8 @@ struct LaunchResult {
 // k=v...). Hosts the run's store (etcd), starts the workers and supervises
 // them until all end. A SIGINT or SIGTERM at any moment (also while starting)
 // is forwarded to the workers started so far, which get 10 s before SIGKILL.
+// Once its own workers have ended it waits for the joiners to finish or be
+// given up (their heartbeat silent for heartbeat_timeout).
 LaunchResult launch_local_workers(const LaunchPlan& plan, const std::vector<std::string>& worker_args);
 
 // How many workers this machine can host: 8 per core, and its available

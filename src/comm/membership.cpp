@@ -43,6 +43,24 @@ std::string replica_scope(int stages, int stage) {
   return stages > 1 ? fmt::format("stage{}", stage) : std::string("replicas");
 }
 
+int claim_member_id(const StorePtr& store, const std::string& token, const std::string& scope, int world) {
+  return world + int(members_scope(store, token, scope)->add("joiners", 1)) - 1;
+}
+
+std::vector<int> joined_members(const StorePtr& store, const std::string& token, const std::string& scope) {
+  std::vector<int> out;
+  for (const auto& item : list_items(read_or_empty(*members_scope(store, token, scope), "joined")))
+    out.push_back(std::stoi(item));
+  return out;
+}
+
+MemberState member_state(const StorePtr& store, const std::string& token, const std::string& scope, int rank) {
+  const auto members = members_scope(store, token, scope);
+  if (list_has(read_or_empty(*members, "finished"), std::to_string(rank))) return MemberState::finished;
+  if (list_has(read_or_empty(*members, "dead"), std::to_string(rank))) return MemberState::dead;
+  return MemberState::running;
+}
+
 void declare_dead(const StorePtr& store, const std::string& token, const std::string& scope, int rank) {
   append_item(*members_scope(store, token, scope), "dead", std::to_string(rank));
 }
@@ -111,6 +129,14 @@ Membership::Membership(StorePtr store, const WorkerEnv& env, const std::string& 
       heartbeat_timeout_(heartbeat_timeout),
       heartbeats_(store_, env.token) {
   incarnation_ = int(members_->add(fmt::format("started/{}", rank), 1)) - 1;
+  joining_ = rank >= world && incarnation_ == 0;
+}
+
+std::vector<int> Membership::candidates() const {
+  std::vector<int> out;
+  for (int r = 0; r < world_; ++r) out.push_back(r);
+  for (const auto& item : list_items(read_or_empty(*members_, "joined"))) out.push_back(std::stoi(item));
+  return out;
 }
 
 std::vector<Peer> Membership::snapshot(const std::string& name) {
@@ -121,7 +147,7 @@ std::vector<Peer> Membership::snapshot(const std::string& name) {
     const std::string dead = read_or_empty(*members_, "dead");
     const auto incarnations = parse_incarnations(read_or_empty(*members_, "incarnations"));
     std::string alive;
-    for (int r = 0; r < world_; ++r) {
+    for (const int r : candidates()) {
       if (list_has(dead, std::to_string(r))) continue;
       const auto g = incarnations.find(r);
       alive += peer_item({r, g == incarnations.end() ? 0 : g->second}) + ",";
@@ -188,7 +214,7 @@ int Membership::request_state(std::chrono::milliseconds timeout) {
       }
       const auto dead = read_or_empty(*members_, "dead"), finished = read_or_empty(*members_, "finished");
       bool anyone = false, someone_finished = false;
-      for (int r = 0; r < world_; ++r) {
+      for (const int r : candidates()) {
         if (r == rank_) continue;
         const bool done = list_has(finished, std::to_string(r));
         someone_finished |= done;
@@ -207,6 +233,8 @@ int Membership::request_state(std::chrono::milliseconds timeout) {
 void Membership::rejoined() {
   std::lock_guard<std::mutex> lock(mutex_);
   append_item(*members_, "incarnations", request_name());
+  if (joining_) append_item(*members_, "joined", std::to_string(rank_));
+  joining_ = false;
   remove_item(*members_, "dead", std::to_string(rank_));
 }
 

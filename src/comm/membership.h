@@ -25,14 +25,20 @@ class Membership {
   // Member `rank` of `world` in `scope` of the run. `store` is a connection
   // of its own. Workers are laid out replica-major: member r of this group is
   // worker r·stride + offset (stride = pipeline stages), for heartbeats.
+  // Members 0..world−1 are the run's first; a `rank` of `world` or more is a
+  // worker that joined later (claim_member_id).
   Membership(StorePtr store, const WorkerEnv& env, const std::string& scope, int rank, int world,
              std::chrono::milliseconds heartbeat_timeout);
 
   int rank() const { return rank_; }
+  // The members the run started with (joiners come on top).
   int world() const { return world_; }
   // How many times this rank's worker was started before this one (0: the first start).
   int incarnation() const { return incarnation_; }
   Peer self() const { return {rank_, incarnation_}; }
+  // A joiner that has not taken a live replica's state yet: like a restarted
+  // worker, it asks for it (request_state), and is in snapshots after rejoined().
+  bool joining() const { return joining_; }
 
   // The members listed under snapshot `name` (an outer step, an evaluation):
   // the first replica to ask writes it from the deaths known then, everyone
@@ -51,7 +57,8 @@ class Membership {
   int request_state(std::chrono::milliseconds timeout);
   // The hand-over channel of this worker's request (named alike by the donor).
   std::string handover_channel() const;
-  // Its state is in place: later snapshots include this incarnation.
+  // Its state is in place: later snapshots include this incarnation (a
+  // joiner: this new member).
   void rejoined();
   // A live replica: the pending requests it won the claim on, as
   // (rank, channel); each must be served.
@@ -65,11 +72,14 @@ class Membership {
 
  private:
   std::string request_name() const;
+  // Who can be a member: the first `world` ranks and the joiners whose state is in place.
+  std::vector<int> candidates() const;
   std::mutex mutex_;
   StorePtr store_;       // the run's store, unprefixed
   StorePtr members_;     // this group's keys
   std::string token_;
   int rank_, world_, incarnation_ = 0;
+  bool joining_ = false;
   int stride_, offset_;  // member r is worker r·stride + offset
   std::chrono::milliseconds heartbeat_timeout_;
   HeartbeatWatch heartbeats_;
@@ -125,6 +135,17 @@ int64_t choose_resume_step(const std::map<int, std::vector<int64_t>>& steps_by_w
 // declared dead in its stage's membership.
 int64_t agree_resume_step(const StorePtr& store, const std::string& token, int worker, int workers, int stages,
                           const std::vector<int64_t>& steps, std::chrono::milliseconds timeout);
+
+// A new member of `scope` (a worker joining a running run): its rank, the
+// first not taken, counted from `world` (the run's first members) up.
+int claim_member_id(const StorePtr& store, const std::string& token, const std::string& scope, int world);
+
+// The members of `scope` that joined the running run and took their state, in the order they did.
+std::vector<int> joined_members(const StorePtr& store, const std::string& token, const std::string& scope);
+
+// How member `rank` of `scope` has ended so far (leaving counts as finishing).
+enum class MemberState { running, finished, dead };
+MemberState member_state(const StorePtr& store, const std::string& token, const std::string& scope, int rank);
 
 // The membership scope of the replicas of pipeline stage `stage` ("replicas" without a pipeline).
 std::string replica_scope(int stages, int stage);

@@ -140,7 +140,8 @@ Options config_options(TrainConfig& c) {
       .add("inject_crash", c.run.inject_crash,
            "failure drill: RANK:STEP[:checkpoint|:freeze|:corrupt][,...] kills that worker (SIGKILL) before that step, "
            "or while writing its checkpoint, or freezes it (SIGSTOP), or flips one byte of its next outer message on "
-           "the wire; RANK:startup[:freeze] kills (freezes) it before it joins the run");
+           "the wire; RANK:startup[:freeze] kills (freezes) it before it joins the run; RANK:handover kills the "
+           "worker with that id that joins the running run (noloco join) once a donor has claimed its hand-over");
   return o;
 }
 
@@ -315,9 +316,14 @@ void TrainConfig::validate() const {
 void TrainConfig::validate_workers() const {
   if (outer.method == Method::noloco && outer.group_size > run.replicas)
     invalid(fmt::format("group_size ({}) must not exceed replicas ({})", outer.group_size, run.replicas));
-  for (const auto& point : parse_crash_plan(run.inject_crash))
-    if (point.rank >= workers())
+  for (const auto& point : parse_crash_plan(run.inject_crash)) {
+    // A hand-over drill is for a worker joining the run: its id comes after the run's workers.
+    if (point.mode == CrashPoint::Mode::handover && point.rank < workers())
+      invalid(fmt::format("inject_crash: {}:handover names a worker that joins the run (ids {} and up)", point.rank,
+                          workers()));
+    if (point.mode != CrashPoint::Mode::handover && point.rank >= workers())
       invalid(fmt::format("inject_crash: there is no worker {} (workers 0..{})", point.rank, workers() - 1));
+  }
 }
 
 std::vector<CrashPoint> parse_crash_plan(const std::string& plan) {
@@ -333,8 +339,13 @@ std::vector<CrashPoint> parse_crash_plan(const std::string& plan) {
     if (parts.size() == 3 && parts[2] == "corrupt") mode = CrashPoint::Mode::corrupt;
     if (parts.size() != 2 && (parts.size() != 3 || mode == CrashPoint::Mode::kill))
       invalid(fmt::format(
-          "inject_crash must be RANK:STEP[:checkpoint|:freeze|:corrupt] or RANK:startup[:freeze][,...], got '{}'",
+          "inject_crash must be RANK:STEP[:checkpoint|:freeze|:corrupt], RANK:startup[:freeze] or RANK:handover[,...], "
+          "got '{}'",
           plan));
+    if (parts.size() == 2 && parts[1] == "handover") {
+      points.push_back({parse_integer("inject_crash", parts[0]), 0, CrashPoint::Mode::handover});
+      continue;
+    }
     if (parts[1] == "startup") {
       if (mode == CrashPoint::Mode::kill_in_checkpoint || mode == CrashPoint::Mode::corrupt)
         invalid(fmt::format("inject_crash: a worker starting up writes no checkpoint and sends no message, in '{}'",

@@ -130,7 +130,7 @@ struct RunConfig {
 // (SIGSTOP) like a hung machine, or killed while starting, before it joins
 // the run ("RANK:startup").
 struct CrashPoint {
-  enum class Mode { kill, kill_in_checkpoint, freeze, corrupt, startup, freeze_at_startup };
+  enum class Mode { kill, kill_in_checkpoint, freeze, corrupt, startup, freeze_at_startup, handover };
   int64_t rank = 0, step = 0;
   Mode mode = Mode::kill;
 };

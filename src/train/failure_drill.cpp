@@ -17,6 +17,7 @@ FailureDrill::FailureDrill(const std::string& plan, int worker, int incarnation)
       case CrashPoint::Mode::kill_in_checkpoint: kill_in_checkpoint_ = point.step; break;
       case CrashPoint::Mode::startup: kill_at_startup_ = true; break;
       case CrashPoint::Mode::freeze_at_startup: freeze_at_startup_ = true; break;
+      case CrashPoint::Mode::handover: kill_in_handover_ = true; break;
     }
   }
 }
@@ -33,6 +34,10 @@ void FailureDrill::before_step(int64_t step) const {
 
 void FailureDrill::inside_checkpoint(int64_t step) const {
   if (step == kill_in_checkpoint_) ::raise(SIGKILL);
+}
+
+void FailureDrill::during_handover() const {
+  if (kill_in_handover_) ::raise(SIGKILL);
 }
 
 }  // namespace noloco

@@ -2,7 +2,9 @@
 // killed with SIGKILL just before a chosen inner step, or halfway through
 // writing a chosen step's checkpoint, or frozen with SIGSTOP like a hung
 // machine, or killed or frozen before it joins the run (before its first heartbeat), or has one byte
-// of its next outer message flipped on the wire. A restarted worker (a later incarnation) runs on.
+// of its next outer message flipped on the wire, or (a worker joining the
+// running run) killed once a donor has claimed its hand-over. A restarted
+// worker (a later incarnation) runs on.
 #pragma once
 #include <cstdint>
 #include <string>
@@ -20,10 +22,12 @@ class FailureDrill {
   bool corrupts_before(int64_t step) const { return step == corrupt_at_; }
   // Called between the files of the checkpoint of `step`.
   void inside_checkpoint(int64_t step) const;
+  // A joiner whose donor has claimed its request, before the state arrives.
+  void during_handover() const;
 
  private:
   int64_t kill_at_ = -1, freeze_at_ = -1, kill_in_checkpoint_ = -1, corrupt_at_ = -1;
-  bool kill_at_startup_ = false, freeze_at_startup_ = false;
+  bool kill_at_startup_ = false, freeze_at_startup_ = false, kill_in_handover_ = false;
 };
 
 }  // namespace noloco

@@ -23,10 +23,11 @@ MessageHeader state_header(int64_t bytes) {
 }  // namespace
 
 Rejoined rejoin_from_peer(Membership& membership, Transport& transport, const TrainingState& state,
-                          std::chrono::milliseconds timeout) {
+                          std::chrono::milliseconds timeout, const FailureDrill& drill) {
   const auto start = std::chrono::steady_clock::now();
   Rejoined r;
   r.donor = membership.request_state(timeout);
+  drill.during_handover();
   const auto bytes =
       transport.receive_state(membership.handover_channel(), state_header(0), training_state_max_bytes(state));
   r.step = deserialize_training_state(bytes, state);

@@ -7,6 +7,7 @@
 
 #include "comm/membership.h"
 #include "comm/transport.h"
+#include "train/failure_drill.h"
 #include "train/training_state.h"
 
 namespace noloco {
@@ -15,11 +16,13 @@ struct Rejoined {
   int64_t step = 0;  // inner steps the donor had done
   int donor = 0;
   double seconds = 0;
+  bool joined = false;  // a new member of the run, not a restarted one
 };
 
-// A restarted worker (membership.incarnation() > 0): waits for a donor, takes its state.
+// A restarted worker (membership.incarnation() > 0) or a joiner
+// (membership.joining()): waits for a donor, takes its state.
 Rejoined rejoin_from_peer(Membership& membership, Transport& transport, const TrainingState& state,
-                          std::chrono::milliseconds timeout);
+                          std::chrono::milliseconds timeout, const FailureDrill& drill);
 // A live replica after an outer step at inner step `step`: hands its state to
 // the restarted replicas whose request it won; returns them.
 std::vector<int> serve_rejoins(Membership& membership, Transport& transport, const TrainingState& state, int64_t step);

@@ -99,7 +99,8 @@ nlohmann::json WorkerSummary::to_json() const {
   put(j, "dropped_fraction", dropped_fraction);
   put(j, "outer_blocked_seconds", outer_blocked_seconds);
   if (rejoin)
-    j.update({{"rejoined_at_step", rejoin->step}, {"rejoin_donor", rejoin->donor}, {"rejoin_seconds", rejoin->seconds}});
+    j.update({{"rejoined_at_step", rejoin->step}, {"rejoin_donor", rejoin->donor}, {"rejoin_seconds", rejoin->seconds},
+              {"joined", rejoin->joined}});
   if (left_at_step) j["left_at_step"] = *left_at_step;
   return j;
 }
@@ -126,7 +127,7 @@ WorkerSummary WorkerSummary::from_json(const nlohmann::json& j) {
   s.outer_blocked_seconds = optional_of<double>(j, "outer_blocked_seconds");
   if (j.contains("rejoined_at_step"))
     s.rejoin = WorkerSummary::Rejoin{j["rejoined_at_step"].get<int64_t>(), j.value("rejoin_donor", 0),
-                                     j.value("rejoin_seconds", 0.0)};
+                                     j.value("rejoin_seconds", 0.0), j.value("joined", false)};
   s.left_at_step = optional_of<int64_t>(j, "left_at_step");
   return s;
 }
@@ -137,12 +138,21 @@ nlohmann::json RunSummary::to_json() const {
   for (const auto& w : failed) failed_j.push_back(worker_json(w));
   for (const auto& w : restarted) restarted_j.push_back(worker_json(w));
   for (const auto& w : left) left_j.push_back(worker_json(w));
+  nlohmann::json joined_j = nlohmann::json::array();
+  for (const auto& w : joined) {
+    nlohmann::json one = {{"replica", w.replica}};
+    put(one, "step", w.step);
+    put(one, "donor", w.donor);
+    put(one, "handover_seconds", w.handover_seconds);
+    joined_j.push_back(one);
+  }
   nlohmann::json j = {{"method", method},
                       {"replicas", replicas},
                       {"replicas_finished", finished},
                       {"replicas_failed", failed_j},
                       {"replicas_restarted", restarted_j},
                       {"replicas_left", left_j},
+                      {"joined", joined_j},
                       {"final_val_loss", final_val_loss ? nlohmann::json(*final_val_loss) : nlohmann::json()},
                       {"final_val_loss_replicas", final_val_loss_replicas},
                       {"bytes_sent", bytes_sent},
@@ -187,6 +197,9 @@ RunSummary RunSummary::from_json(const nlohmann::json& j) {
   for (const auto& w : j.value("replicas_failed", nlohmann::json::array())) s.failed.push_back(worker_of(w));
   for (const auto& w : j.value("replicas_restarted", nlohmann::json::array())) s.restarted.push_back(worker_of(w));
   for (const auto& w : j.value("replicas_left", nlohmann::json::array())) s.left.push_back(worker_of(w));
+  for (const auto& w : j.value("joined", nlohmann::json::array()))
+    s.joined.push_back({w.value("replica", 0), optional_of<int64_t>(w, "step"), optional_of<int>(w, "donor"),
+                        optional_of<double>(w, "handover_seconds")});
   s.final_val_loss = optional_of<double>(j, "final_val_loss");
   s.final_val_loss_mean_model = optional_of<double>(j, "final_val_loss_mean_model");
   s.weight_std = optional_of<double>(j, "weight_std");
@@ -254,7 +267,7 @@ RunSummary summarize_run(const std::string& run_dir, const std::string& method, 
   run.stages = stages;
   run.seconds = seconds;
   double loss_sum = 0, bits_sum = 0, blocked_sum = 0, dropped_sum = 0;
-  int bits_count = 0, blocked_count = 0, dropped_count = 0;
+  int bits_count = 0, blocked_count = 0, dropped_count = 0, traffic_workers = 0;
   std::optional<WorkerSummary> first;
   // Per stage: (parameters, weight std) of one of its replicas, and the replicas' idle seconds.
   std::vector<std::pair<double, double>> stage_spread(size_t(stages), {0.0, std::nan("")});
@@ -270,18 +283,35 @@ RunSummary summarize_run(const std::string& run_dir, const std::string& method, 
       run.restarted.push_back(where);
       continue;
     }
+    const int member = stages > 1 ? e.rank : int(e.rank / stages);
+    if (e.joined && e.ok() && !std::filesystem::exists(path)) {
+      // It finished (the store says so) and wrote its summary where it ran: another machine.
+      run.joined.push_back({member, std::nullopt, std::nullopt, std::nullopt});
+      run.finished.push_back(member);
+      continue;
+    }
     if (!e.ok() || !std::filesystem::exists(path)) {
       run.failed.push_back(where);
       continue;
     }
     const auto w = WorkerSummary::from_json(read_json(path));
+    if (w.rejoin && w.rejoin->joined) run.joined.push_back({member, w.rejoin->step, w.rejoin->donor, w.rejoin->seconds});
+    // Training traffic counts whoever sent it, also a worker that left early.
+    if (w.traffic.comm) {
+      run.bytes_sent += w.traffic.comm->bytes_sent;
+      run.bytes_received += w.traffic.comm->bytes_received;
+      run.comm_seconds += w.traffic.comm->comm_seconds;
+      run.wait_seconds += w.traffic.comm->wait_seconds;
+      run.collectives += w.traffic.comm->collectives;
+      ++traffic_workers;
+    }
     if (w.left_at_step) {
       where.reason = fmt::format("left after step {} (SIGTERM)", *w.left_at_step);
       run.left.push_back(where);
       continue;
     }
     if (!first) first = w;
-    run.finished.push_back(stages > 1 ? e.rank : int(e.rank / stages));
+    run.finished.push_back(member);
     if (w.final_val_loss) {  // the workers that compute the loss: one per replica
       run.final_val_loss_replicas.push_back(*w.final_val_loss);
       loss_sum += *w.final_val_loss;
@@ -300,13 +330,6 @@ RunSummary summarize_run(const std::string& run_dir, const std::string& method, 
       blocked_sum += *w.outer_blocked_seconds;
       ++blocked_count;
     }
-    if (w.traffic.comm) {
-      run.bytes_sent += w.traffic.comm->bytes_sent;
-      run.bytes_received += w.traffic.comm->bytes_received;
-      run.comm_seconds += w.traffic.comm->comm_seconds;
-      run.wait_seconds += w.traffic.comm->wait_seconds;
-      run.collectives += w.traffic.comm->collectives;
-    }
     if (w.traffic.pipeline) {
       run.activation_bytes_sent += w.traffic.pipeline->bytes_sent;
       run.micro_batches_dropped += w.traffic.pipeline->micro_batches_dropped;
@@ -315,7 +338,7 @@ RunSummary summarize_run(const std::string& run_dir, const std::string& method, 
     if (w.weight_std && std::isnan(spread.second)) spread = {double(w.stage_params), *w.weight_std};
     stage_idle[size_t(e.rank % stages)].push_back(w.traffic.pipeline ? w.traffic.pipeline->idle_seconds : 0.0);
   }
-  const double workers = double(std::max<size_t>(1, run.finished.size()));
+  const double workers = double(std::max(1, traffic_workers));
   if (!run.final_val_loss_replicas.empty()) run.final_val_loss = loss_sum / double(run.final_val_loss_replicas.size());
   if (bits_count > 0) run.bits_per_param_per_outer_step = bits_sum / bits_count;
   if (dropped_count > 0) run.dropped_fraction = dropped_sum / dropped_count;

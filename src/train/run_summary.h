@@ -43,6 +43,7 @@ struct WorkerSummary {
     int64_t step = 0;
     int donor = 0;
     double seconds = 0;
+    bool joined = false;  // it joined the running run as a new member (not a restart)
   };
   std::optional<Rejoin> rejoin;
   std::optional<int64_t> left_at_step;  // it left the run (SIGTERM) after this step
@@ -62,6 +63,15 @@ struct RunSummary {
   std::vector<int> finished;  // replicas (workers in a pipelined run)
   std::vector<Worker> failed, restarted;
   std::vector<Worker> left;  // left the run on purpose (SIGTERM) before the end: neither finished nor failed
+  // New members that joined the running run (noloco join): where they took a
+  // live replica's state, and how long the hand-over took.
+  struct Joined {
+    int replica = 0;
+    std::optional<int64_t> step;  // unknown for a joiner that wrote its summary on another machine
+    std::optional<int> donor;
+    std::optional<double> handover_seconds;
+  };
+  std::vector<Joined> joined;
   std::optional<double> final_val_loss, final_val_loss_mean_model, weight_std;
   std::vector<double> final_val_loss_replicas;
   std::optional<double> bits_per_param_per_outer_step;  // mean over the workers that finished

@@ -157,7 +157,7 @@ WorkerSummary summarize_worker(const TrainConfig& c, const WorkerInfo& w, const 
   if (model.computes_loss() && std::isfinite(last_loss)) summary.final_train_loss = last_loss;
   if (!std::isnan(spread.weight_std)) summary.weight_std = spread.weight_std;
   if (!std::isnan(spread.mean_model_loss)) summary.final_val_loss_mean_model = spread.mean_model_loss;
-  if (rejoined) summary.rejoin = WorkerSummary::Rejoin{rejoined->step, rejoined->donor, rejoined->seconds};
+  if (rejoined) summary.rejoin = WorkerSummary::Rejoin{rejoined->step, rejoined->donor, rejoined->seconds, rejoined->joined};
   // With fragments an outer step is one sync of each fragment.
   const double outer_steps = double(outer.syncs) / double(c.outer.fragments);
   if (outer.syncs > 0)
@@ -169,18 +169,27 @@ WorkerSummary summarize_worker(const TrainConfig& c, const WorkerInfo& w, const 
 }
 
 // Where this worker starts: step 0, the latest checkpoint (resume=true), or,
-// for a restarted NoLoCo worker, a live replica's state (not the disk).
+// for a restarted NoLoCo worker or one that joins a running run, a live
+// replica's state (not the disk).
 int64_t restore(const TrainConfig& c, const WorkerInfo& w, Checkpointer& checkpoints, const TrainingState& state,
-                Telemetry& telemetry, bool lead, std::optional<Rejoined>& rejoined) {
-  if (w.membership && w.membership->incarnation() > 0) {
+                Telemetry& telemetry, const FailureDrill& drill, bool lead, std::optional<Rejoined>& rejoined) {
+  if (w.membership && (w.membership->incarnation() > 0 || w.membership->joining())) {
+    const bool joining = w.membership->joining();
     if (!takes_back_restarted(c.outer.method, c.pipeline.routing, w.stages))
-      throw std::runtime_error(fmt::format("worker {} was restarted, but only a noloco run can take it back", w.rank));
+      throw std::runtime_error(fmt::format("worker {} was {}, but only a noloco run can take it {}", w.rank,
+                                           joining ? "started to join" : "restarted", joining ? "in" : "back"));
     const auto timeout = std::max(std::chrono::milliseconds(int64_t(c.comm.peer_timeout * 1000)),
                                   std::chrono::milliseconds(600000));
-    rejoined = rejoin_from_peer(*w.membership, *w.transport, state, timeout);
-    telemetry.write(record(rejoined->step, "rejoin", w, {{"donor", rejoined->donor}, {"seconds", rejoined->seconds}}));
-    spdlog::info("restarted (incarnation {}); took replica {}'s state at step {} in {:.1f}s",
-                 w.membership->incarnation(), rejoined->donor, rejoined->step, rejoined->seconds);
+    rejoined = rejoin_from_peer(*w.membership, *w.transport, state, timeout, drill);
+    rejoined->joined = joining;
+    telemetry.write(record(rejoined->step, joining ? "join" : "rejoin", w,
+                           {{"donor", rejoined->donor}, {"seconds", rejoined->seconds}}));
+    if (joining)
+      spdlog::info("joined the run as replica {}; took replica {}'s state at step {} in {:.1f}s", w.replica,
+                   rejoined->donor, rejoined->step, rejoined->seconds);
+    else
+      spdlog::info("restarted (incarnation {}); took replica {}'s state at step {} in {:.1f}s",
+                   w.membership->incarnation(), rejoined->donor, rejoined->step, rejoined->seconds);
     return rejoined->step;
   }
   if (!c.run.resume) return 0;
@@ -331,7 +340,7 @@ WorkerRun::WorkerRun(const TrainConfig& c, const WorkerInfo& w)
       telemetry_(out_, w.rank, c.inner.steps, lead_),
       tokens_per_step_(c.inner.batch * c.inner.grad_accum * arch_.context) {
   if (lead_) announce(c, arch_, corpus_, device_, w, out_);
-  first_step_ = restore(c, w, checkpoints_, state_, telemetry_, lead_, rejoined_);
+  first_step_ = restore(c, w, checkpoints_, state_, telemetry_, drill_, lead_, rejoined_);
   // Only now: a resume refused above leaves the run's config as it was.
   if (w.rank == 0) write_file_atomic(out_ + "/config.yaml", c.to_yaml());
   throughput_.emplace(first_step_, c.inner.steps);
@@ -446,12 +455,13 @@ void WorkerRun::evaluate(int64_t done, bool last, double lr) {
 
 nlohmann::json WorkerRun::finish() {
   if (first_step_ == c_.inner.steps) val_loss_ = model_->evaluate(first_step_);  // resumed at the end: report anyway
-  if (w_.membership) w_.membership->finish();
   auto summary = summarize_worker(c_, w_, arch_, *model_, flat_.numel(), seconds_since(start_), val_loss_, last_loss_,
                                   spread_, rejoined_, tally_);
   summary.left_at_step = left_at_step_;
   const auto j = summary.to_json();
   write_json_atomic(fmt::format("{}/summary_r{}.json", out_, w_.rank), j);
+  // Only now: a launcher waiting for a joiner to finish reads its summary next.
+  if (w_.membership) w_.membership->finish();
   if (w_.replicas * w_.stages == 1) write_json_atomic(out_ + "/summary.json", summarize_lone_run(summary).to_json());
   if (lead_) {
     spdlog::info("done: final val loss {:.4f} (ppl {:.2f}) | {} steps | {} tokens | {} | {} params", val_loss_,

@@ -28,9 +28,10 @@ std::string read_file(const std::string& path) {
   return s.str();
 }
 
-void write_file_atomic(const std::string& path, std::string_view bytes) {
+void write_file_atomic(const std::string& path, std::string_view bytes, unsigned mode) {
   const std::string tmp = fmt::format("{}.tmp.{}", path, ::getpid());
-  int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+  ::unlink(tmp.c_str());  // O_CREAT keeps an existing file's permissions
+  int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC, mode_t(mode));
   if (fd < 0) throw std::runtime_error(fmt::format("cannot write '{}': {}", tmp, std::strerror(errno)));
   size_t done = 0;
   while (done < bytes.size()) {
