@@ -100,7 +100,7 @@ struct EvalConfig {
   int64_t interval = 250;  // key `eval_interval`
   int64_t batches = 20;    // key `eval_batches`
   // Steps between the evaluations across replicas (weight spread, the mean
-  // model's loss: two weight all-reduces, costly on slow links); 0: at every
+  // model's loss: a weight all-reduce, costly on slow links); 0: at every
   // evaluation. Always at the last step.
   int64_t spread_interval = 0;
   int64_t log_interval = 10;
