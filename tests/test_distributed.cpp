@@ -553,7 +553,10 @@ TEST_F(Distributed, ANoLoCoWorkerLeavesOnSigtermAndNobodyWaitsForIt) {
   const int steps = 400;
   noloco::testing::BackgroundCli runner(
       small_train_args(dir / "c.txt", run_dir) +
-          fmt::format(" method=noloco replicas=3 batch=2 steps={} outer_interval=5 heartbeat_timeout=60", steps),
+          // A checkpoint every step: the step it leaves at already has one (leaving wrote over it, and failed).
+          fmt::format(" method=noloco replicas=3 batch=2 steps={} outer_interval=5 heartbeat_timeout=60 "
+                      "checkpoint_interval=1 keep_checkpoints=2",
+                      steps),
       180);
   ASSERT_TRUE(noloco::testing::wait_for_record(run_dir, "outer", 90));
   const pid_t leaver = noloco::testing::worker_of(run_dir, 2);

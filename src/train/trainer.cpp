@@ -487,8 +487,9 @@ nlohmann::json train(const TrainConfig& c, const WorkerInfo& w) {
     run.outer_step(done, last);
     run.log_progress(done, last, inner);
     if (done % c.eval.interval == 0 || last) run.evaluate(done, last, inner.lr);
-    run.checkpoint(done);
+    // Before the periodic checkpoint: leaving writes this step's own (after what was in flight is applied).
     if (w.leave_requested && w.leave_requested() && !last) return run.leave(done);
+    run.checkpoint(done);
   }
   return run.finish();
 }
