@@ -672,7 +672,7 @@ TEST_F(Distributed, AJoinerThatDiesDuringItsHandOverLeavesTheRunUnharmed) {
   const std::string run_dir = dir / "failed_join";
   noloco::testing::BackgroundCli runner(
       small_train_args(dir / "c.txt", run_dir) +
-          " method=noloco replicas=2 batch=2 steps=300 outer_interval=5 peer_timeout=10 threads=1",
+          " method=noloco replicas=2 batch=2 steps=2000 outer_interval=5 peer_timeout=10 threads=1",
       240);
   ASSERT_TRUE(wait_for_step(run_dir, 20, 120));
   const auto joiner = noloco::testing::run_cli("join " + run_dir + " threads=1 inject_crash=2:handover", 120);
