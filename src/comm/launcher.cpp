@@ -355,14 +355,15 @@ class JoinInvitation {
 };
 
 // The workers that joined the run (unpipelined: members of "replicas"),
-// each once it finished, left or was given up: declared dead, or its
-// heartbeat silent for heartbeat_timeout.
-std::vector<WorkerExit> await_joiners(const LaunchPlan& plan, const StorePtr& store, const std::string& token) {
+// each once it finished (its summary written; also after leaving) or was
+// given up: its heartbeat silent for heartbeat_timeout. Declared dead alone
+// is not given up: a replica that leaves is, while it saves its checkpoint.
+std::vector<WorkerExit> await_joiners(const LaunchPlan& plan, const StorePtr& store, const std::string& token,
+                                      Clock::time_point launched) {
   std::vector<WorkerExit> out;
   if (plan.join_dir.empty()) return out;
   const auto scope = replica_scope(plan.stages, 0);
   HeartbeatWatch heartbeats(store, token);
-  const auto start = Clock::now();
   for (const int member : joined_members(store, token, scope)) {
     WorkerExit e;
     e.rank = member;
@@ -371,14 +372,9 @@ std::vector<WorkerExit> await_joiners(const LaunchPlan& plan, const StorePtr& st
     for (;;) {
       const auto state = member_state(store, token, scope, member);
       if (state == MemberState::finished) break;
-      if (state == MemberState::dead) {
+      if (const double silent = heartbeats.silent_seconds(member); silent > plan.comm.heartbeat_timeout) {
         e.exit_code = 1;
-        e.why = "declared dead by a partner";
-        break;
-      }
-      if (heartbeats.silent_seconds(member) > plan.comm.heartbeat_timeout) {
-        e.exit_code = 1;
-        e.why = fmt::format("no heartbeat for {:.0f} s", heartbeats.silent_seconds(member));
+        e.why = fmt::format("{}no heartbeat for {:.0f} s", state == MemberState::dead ? "declared dead, " : "", silent);
         break;
       }
       if (ForwardedSignals::pending()) {
@@ -388,7 +384,7 @@ std::vector<WorkerExit> await_joiners(const LaunchPlan& plan, const StorePtr& st
       }
       std::this_thread::sleep_for(std::chrono::milliseconds(200));
     }
-    e.seconds = std::chrono::duration<double>(Clock::now() - start).count();
+    e.seconds = std::chrono::duration<double>(Clock::now() - launched).count();
     out.push_back(e);
   }
   std::sort(out.begin(), out.end(), [](const WorkerExit& a, const WorkerExit& b) { return a.rank < b.rank; });
@@ -398,6 +394,7 @@ std::vector<WorkerExit> await_joiners(const LaunchPlan& plan, const StorePtr& st
 }  // namespace
 
 LaunchResult launch_local_workers(const LaunchPlan& plan, const std::vector<std::string>& worker_args) {
+  const auto launched = Clock::now();
   ForwardedSignals signals(plan.workers);
   const char* given = std::getenv("NOLOCO_RUN_TOKEN");
   const std::string token = given && *given ? given : new_run_token();
@@ -423,7 +420,7 @@ LaunchResult launch_local_workers(const LaunchPlan& plan, const std::vector<std:
     std::this_thread::sleep_for(std::chrono::milliseconds(50));
   }
   std::stable_sort(result.exits.begin(), result.exits.end(), [](auto& a, auto& b) { return a.rank < b.rank; });
-  if (!result.signal) result.joiners = await_joiners(plan, store, token);
+  if (!result.signal) result.joiners = await_joiners(plan, store, token, launched);
   return result;
 }
 

@@ -166,10 +166,7 @@ std::vector<Peer> Membership::snapshot(const std::string& name) {
   return out;
 }
 
-void Membership::leave() {
-  finish();
-  declare_dead(rank_);
-}
+void Membership::leave() { declare_dead(rank_); }
 
 void Membership::declare_dead(int rank) {
   std::lock_guard<std::mutex> lock(mutex_);

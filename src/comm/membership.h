@@ -65,9 +65,9 @@ class Membership {
   std::vector<std::pair<int, std::string>> claim_requests();
   // This replica has finished training: it serves no more requests.
   void finish();
-  // This replica leaves the run for good (SIGTERM): it serves no more
-  // requests, and partners stop waiting for it at once (later snapshots
-  // leave it out).
+  // This replica leaves the run for good (SIGTERM): partners stop waiting
+  // for it at once (later snapshots leave it out) and no restarted replica
+  // asks it for state. It is finished (finish()) once its summary is written.
   void leave();
 
  private:
@@ -143,7 +143,8 @@ int claim_member_id(const StorePtr& store, const std::string& token, const std::
 // The members of `scope` that joined the running run and took their state, in the order they did.
 std::vector<int> joined_members(const StorePtr& store, const std::string& token, const std::string& scope);
 
-// How member `rank` of `scope` has ended so far (leaving counts as finishing).
+// How member `rank` of `scope` has ended so far: finished (also after
+// leaving), or declared dead (a replica leaving is, until it has finished).
 enum class MemberState { running, finished, dead };
 MemberState member_state(const StorePtr& store, const std::string& token, const std::string& scope, int rank);
 
