@@ -8,6 +8,7 @@
 #include <gtest/gtest.h>
 
 #include <filesystem>
+#include <sstream>
 
 #include <nlohmann/json.hpp>
 
@@ -128,6 +129,11 @@ TEST(ByteLevelBpe, WhatIsNotImplementedIsNamedInOneLine) {
   j["pre_tokenizer"] = {{"type", "Metaspace"}};
   EXPECT_NE(error(j).find("pre-tokenizer 'Metaspace' is not implemented"), std::string::npos);
   j = gpt2_style();
+  j["model"]["continuing_subword_prefix"] = "##";
+  EXPECT_NE(error(j).find("BPE 'continuing_subword_prefix' is not implemented"), std::string::npos);
+  j["model"]["continuing_subword_prefix"] = "";  // as GPT-2's own file writes "none"
+  EXPECT_EQ(error(j), "(accepted)");
+  j = gpt2_style();
   j["model"]["vocab"].erase(byte_level_char(0x41));
   EXPECT_NE(error(j).find("lacks byte 0x41"), std::string::npos);
   j = gpt2_style();
@@ -137,4 +143,39 @@ TEST(ByteLevelBpe, WhatIsNotImplementedIsNamedInOneLine) {
   j["pre_tokenizer"] = {{"type", "Split"}, {"pattern", {{"Regex", "(unclosed"}}}, {"behavior", "Isolated"}};
   EXPECT_NE(error(j).find("does not compile"), std::string::npos);
   EXPECT_EQ(error(gpt2_style()), "(accepted)");
+}
+
+// The real GPT-2 vocabulary (50 257 tokens, 50 000 merges; MIT, OpenAI), made
+// into tests/fixtures/gpt2/tokenizer.json by scripts/gguf_vocab_to_tokenizer_json.py
+// from llama.cpp's models/ggml-vocab-gpt-2.gguf, against the ids Hugging Face's
+// tokenizer gave for llama.cpp's 46 test texts (models/ggml-vocab-gpt-2.gguf.inp
+// and .out, MIT): accents, Cyrillic, CJK, emoji, digit and whitespace runs,
+// contractions.
+TEST(ByteLevelBpe, TheRealGpt2VocabularyGivesHuggingFacesIds) {
+  const std::string dir = std::string(NOLOCO_SOURCE_DIR) + "/tests/fixtures/gpt2";
+  const auto t = load_tokenizer(dir);
+  EXPECT_EQ(t->vocab_size(), 50257);
+  const std::string inputs = noloco::testing::read_text(dir + "/llama_cpp_vocab_test.inp");
+  const std::string sep = "\n__ggml_vocab_test__\n";
+  std::vector<std::string> texts;
+  for (size_t pos = 0; pos < inputs.size();) {
+    const size_t next = inputs.find(sep, pos);
+    texts.push_back(inputs.substr(pos, next == std::string::npos ? std::string::npos : next - pos));
+    if (next == std::string::npos) break;
+    pos = next + sep.size();
+  }
+  std::istringstream outputs(noloco::testing::read_text(dir + "/llama_cpp_vocab_test.out"));
+  std::vector<Ids> expected;
+  for (std::string line; std::getline(outputs, line);) {
+    std::istringstream ids(line);
+    Ids row;
+    for (int32_t id; ids >> id;) row.push_back(id);
+    expected.push_back(row);
+  }
+  ASSERT_EQ(texts.size(), 46u);
+  ASSERT_EQ(expected.size(), texts.size());
+  for (size_t i = 0; i < texts.size(); ++i) {
+    EXPECT_EQ(t->encode(texts[i]), expected[i]) << "text " << i << ": '" << texts[i] << "'";
+    EXPECT_EQ(t->decode(expected[i]), texts[i]) << "text " << i;
+  }
 }

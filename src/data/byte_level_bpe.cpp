@@ -296,8 +296,11 @@ ByteLevelBpe::ByteLevelBpe(std::string json, std::string config, const std::stri
     const auto& model = j.at("model");
     if (model.value("type", "") != "BPE")
       refuse(where, fmt::format("model type '{}' is not implemented (BPE is)", model.value("type", "")));
-    for (const char* key : {"continuing_subword_prefix", "end_of_word_suffix", "dropout"})
-      if (!model.value(key, Json()).is_null()) refuse(where, fmt::format("BPE '{}' is not implemented", key));
+    // GPT-2's own file writes the affixes as empty strings: the same as none.
+    for (const char* key : {"continuing_subword_prefix", "end_of_word_suffix", "dropout"}) {
+      const auto v = model.value(key, Json());
+      if (!v.is_null() && v != "") refuse(where, fmt::format("BPE '{}' is not implemented", key));
+    }
     if (flag(model, "byte_fallback", false)) refuse(where, "BPE byte_fallback is not implemented (byte-level BPE needs none)");
     ignore_merges_ = flag(model, "ignore_merges", false);
     bool byte_level = false;
