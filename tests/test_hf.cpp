@@ -47,7 +47,7 @@ TensorMap weights_of(LlamaForCausalLM& model) {
 }
 
 // A model directory as `export` writes it, from a freshly initialised model.
-void write_directory(const std::string& dir, LlamaForCausalLM& model, uint64_t shard_bytes,
+void write_directory(const std::string& dir, LlamaForCausalLM& model, uint64_t shard_bytes = uint64_t(1) << 30,
                      torch::ScalarType dtype = torch::kFloat32) {
   write_hf_weights(dir, weights_of(model), shard_bytes, dtype);
   write_json_atomic(dir + "/config.json", model->config.to_hf_json());
@@ -118,18 +118,42 @@ TEST(HfDirectory, Bf16FilesImportAsTheirFp32Values) {
   EXPECT_TRUE(torch::equal(logits(model), logits(back)));
 }
 
-TEST(HfDirectory, TiedEmbeddingsAreCopiedIntoTheHead) {
+// A tied directory (tie_word_embeddings, no lm_head.weight, or one that
+// repeats the embeddings) is read as a tied model; a run that unties it gets a
+// copy of the embeddings as its head; an untied one without a head is refused.
+TEST(HfDirectory, TiedEmbeddingsStayTiedUnlessARunUntiesThem) {
   TempDir dir;
-  LlamaForCausalLM model(small_model(0));
+  auto shape = small_model(0);
+  shape.tied_embeddings = true;
+  LlamaForCausalLM model(shape);
   init_weights(model, 5);
+  write_directory(dir.path(), model);
+  EXPECT_FALSE(load_tensors(dir / "model.safetensors").count("lm_head.weight"));
+  EXPECT_EQ(read_json(dir / "config.json")["tie_word_embeddings"], true);
+  auto back = imported(dir.path());
+  EXPECT_TRUE(back->config.tied_embeddings);
+  EXPECT_FALSE(back->lm_head);
+  EXPECT_TRUE(torch::equal(logits(back), logits(model)));
+  {
+    torch::NoGradGuard g;  // the head is the embedding matrix: changing one changes the logits
+    back->model->embed_tokens->weight.index({36}).add_(1.0);
+  }
+  EXPECT_FALSE(torch::equal(logits(back), logits(model)));
+
+  auto untied = read_hf_config(dir.path());
+  untied.tied_embeddings = false;
+  EXPECT_TRUE(torch::equal(read_hf_weights(dir.path(), untied).at("lm_head.weight"),
+                           model->model->embed_tokens->weight));
+
   auto weights = weights_of(model);
+  weights["lm_head.weight"] = weights.at("model.embed_tokens.weight");
+  write_hf_weights(dir.path(), weights, uint64_t(1) << 30, torch::kFloat32);
+  auto repeated = imported(dir.path());
+  EXPECT_TRUE(torch::equal(logits(repeated), logits(model)));
+
   weights.erase("lm_head.weight");
   write_hf_weights(dir.path(), weights, uint64_t(1) << 30, torch::kFloat32);
-  auto config = model->config.to_hf_json();
-  config["tie_word_embeddings"] = true;
-  write_json_atomic(dir / "config.json", config);
-  auto back = imported(dir.path());
-  EXPECT_TRUE(torch::equal(back->lm_head->weight, model->model->embed_tokens->weight));
+  auto config = read_json(dir / "config.json");
   config["tie_word_embeddings"] = false;
   write_json_atomic(dir / "config.json", config);
   EXPECT_NE(error_of([&] { imported(dir.path()); }).find("no tensor 'lm_head.weight'"), std::string::npos);
@@ -276,6 +300,15 @@ TEST_F(HfRun, ExportedRunImportsIntoGenerateAndInitFrom) {
   EXPECT_NE(error_of([&] { parse_config("", {"init_from=" + (dir / "hf"), "context=64"}); })
                 .find("exceeds init_from"),
             std::string::npos);
+  EXPECT_NE(error_of([&] { parse_config("", {"init_from=" + (dir / "hf"), "head_dim=16"}); })
+                .find("head_dim=16 disagrees with init_from"),
+            std::string::npos);
+  EXPECT_NE(error_of([&] { parse_config("", {"init_from=" + (dir / "hf"), "tie_embeddings=true"}); })
+                .find("has an lm_head of its own"),
+            std::string::npos);
+  EXPECT_NE(error_of([&] { parse_config("", {"tie_embeddings=true", "stages=2"}); })
+                .find("tie_embeddings with stages > 1 is not implemented"),
+            std::string::npos);
   // With a vanishing learning rate one step leaves the imported weights in place.
   train_run("b", {"init_from=" + (dir / "hf"), "steps=1", "lr=1e-20", "min_lr=0"});
   EXPECT_EQ(load_tokenizer(dir / "b")->encode("ROMEO: the"), load_tokenizer(dir / "hf")->encode("ROMEO: the"));
@@ -369,12 +402,13 @@ TEST(Prepare, TokenFileWriterLeavesNoPartialFile) {
 }
 
 // Issue 31: directories shaped like Llama 3.2 (rope_scaling llama3, tied
-// embeddings, grouped-query attention, head_dim given, a byte-level BPE
-// tokenizer.json past 65 536 ids) and SmolLM2 (tied, GQA, digits one by one),
-// small. Each as one model.safetensors, as such models are published: import
-// gives the logits of the model written, generate works on the directory,
-// prepare writes uint32 token files where the vocabulary needs them, and a
-// run started from it exports the same tokenizer and rope scaling back.
+// embeddings, grouped-query attention, head_dim given (here not
+// hidden/heads), a byte-level BPE tokenizer.json past 65 536 ids) and SmolLM2
+// (tied, GQA, digits one by one), small. Each as one model.safetensors, as
+// such models are published: import gives the logits of the model written,
+// generate works on the directory, prepare writes uint32 token files where
+// the vocabulary needs them, and a run started from it trains tied and
+// exports the same tokenizer, rope scaling, head_dim and tying back.
 TEST_F(HfRun, Llama32AndSmolLM2ShapedDirectoriesRoundTrip) {
   struct Shape {
     std::string name;
@@ -385,31 +419,25 @@ TEST_F(HfRun, Llama32AndSmolLM2ShapedDirectoriesRoundTrip) {
   llama.vocab_size = 70001;
   llama.rope_theta = 500000.0;
   llama.rope_scaling = RopeScaling{"llama3", 32.0, 1.0, 4.0, 8192};
+  llama.head_size = 12;  // 4 heads x 12 in a 32-wide model
+  llama.tied_embeddings = true;
   auto llama_tokenizer = noloco::testing::llama3_style();
   llama_tokenizer["added_tokens"].push_back({{"id", 70000}, {"content", "<|eot_id|>"}, {"special", true}});
   ModelConfig smol = small_model(1);
   smol.vocab_size = 257;
+  smol.tied_embeddings = true;
   for (const auto& shape : {Shape{"llama32", llama, llama_tokenizer}, Shape{"smollm2", smol, noloco::testing::smollm2_style()}}) {
     SCOPED_TRACE(shape.name);
     const std::string hf = dir / shape.name;
     torch::manual_seed(3);
     LlamaForCausalLM model(shape.model);
-    {
-      torch::NoGradGuard g;
-      model->lm_head->weight.copy_(model->model->embed_tokens->weight);  // tied
-    }
-    auto weights = weights_of(model);
-    weights.erase("lm_head.weight");  // a tied model's file holds the embeddings once
-    write_hf_weights(hf, weights, uint64_t(1) << 40, torch::kFloat32);
-    auto config = shape.model.to_hf_json();
-    config["tie_word_embeddings"] = true;
-    write_json_atomic(hf + "/config.json", config);
+    write_directory(hf, model, uint64_t(1) << 40);
     noloco::testing::write_text(hf + "/tokenizer.json", shape.tokenizer.dump());
     ASSERT_TRUE(fs::exists(hf + "/model.safetensors"));
 
     auto back = imported(hf);
     EXPECT_TRUE(torch::equal(logits(back), logits(model)));
-    EXPECT_EQ(back->config.rope_scaling, shape.model.rope_scaling);
+    EXPECT_EQ(back->config.to_json(), shape.model.to_json());
 
     const auto generated = noloco::testing::run_cli("generate " + hf + " tokens=8 temperature=0 prompt=the", 60);
     EXPECT_EQ(generated.exit_code, 0) << generated.output;
@@ -432,7 +460,11 @@ TEST_F(HfRun, Llama32AndSmolLM2ShapedDirectoriesRoundTrip) {
     ExportOptions o;
     export_hf(dir / (shape.name + "_run"), dir / (shape.name + "_export"), o);
     EXPECT_EQ(noloco::testing::read_text(dir / (shape.name + "_export/tokenizer.json")), shape.tokenizer.dump());
-    EXPECT_EQ(read_hf_config(dir / (shape.name + "_export")).rope_scaling, shape.model.rope_scaling);
+    const auto exported_config = read_hf_config(dir / (shape.name + "_export"));
+    EXPECT_EQ(exported_config.rope_scaling, shape.model.rope_scaling);
+    EXPECT_EQ(exported_config.head_dim(), shape.model.head_dim());
+    EXPECT_TRUE(exported_config.tied_embeddings);
+    EXPECT_FALSE(load_tensors(dir / (shape.name + "_export/model.safetensors")).count("lm_head.weight"));
     const auto ckpt = read_whole_model(find_checkpoint(dir / (shape.name + "_run")));
     LlamaForCausalLM trained(ckpt.model);
     {
@@ -441,5 +473,14 @@ TEST_F(HfRun, Llama32AndSmolLM2ShapedDirectoriesRoundTrip) {
     }
     auto exported = imported(dir / (shape.name + "_export"));
     EXPECT_TRUE(torch::equal(logits(exported), logits(trained)));
+    EXPECT_FALSE(torch::equal(logits(exported), logits(model)));  // it trained
+
+    // Untied on request: the head starts as a copy and is exported as its own matrix.
+    train_run(shape.name + "_untied", {"init_from=" + hf, "data=" + p.out + "/train.bin", "val_data=" + p.out + "/val.bin",
+                                       "steps=1", "context=16", "batch=2", "tie_embeddings=false"});
+    export_hf(dir / (shape.name + "_untied"), dir / (shape.name + "_untied_export"), o);
+    EXPECT_FALSE(read_hf_config(dir / (shape.name + "_untied_export")).tied_embeddings);
+    const auto untied = load_tensors(dir / (shape.name + "_untied_export/model.safetensors"));
+    EXPECT_FALSE(torch::equal(untied.at("lm_head.weight"), untied.at("model.embed_tokens.weight")));
   }
 }

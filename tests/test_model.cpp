@@ -1,7 +1,9 @@
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <map>
 
+#include <fmt/format.h>
 #include <nlohmann/json.hpp>
 #include <torch/torch.h>
 
@@ -115,6 +117,66 @@ TEST(Model, GroupedQueryAttentionEqualsMultiHeadWithRepeatedKeyValueHeads) {
                  return bad;
                }()),
                std::invalid_argument);
+}
+
+// A model whose heads are not hidden/heads wide (head_dim given, as
+// config.json may) and whose output layer is its embedding matrix
+// (tie_word_embeddings), against a forward pass written here from the
+// Llama equations with plain tensor operations, in double.
+TEST(Model, ExplicitHeadDimAndTiedEmbeddingsMatchAnIndependentForward) {
+  auto c = small_config(2);  // 4 query heads, 2 key/value heads
+  c.head_size = 6;           // 4 x 6 = 24 wide attention in an 8-wide model
+  c.tied_embeddings = true;
+  auto m = make_model(c, torch::kFloat64);
+  auto p = m->named_parameters();
+  EXPECT_FALSE(p.contains("lm_head.weight"));
+  EXPECT_EQ(p["model.layers.0.self_attn.q_proj.weight"].sizes(), (std::vector<int64_t>{24, 8}));
+  EXPECT_EQ(p["model.layers.0.self_attn.o_proj.weight"].sizes(), (std::vector<int64_t>{8, 24}));
+  int64_t n = 0;
+  for (auto& t : m->parameters()) n += t.numel();
+  EXPECT_EQ(n, c.num_params());
+
+  const auto tokens = torch::tensor({{1, 5, 2, 9, 3, 7}, {4, 4, 0, 10, 7, 2}}, torch::kInt64);
+  const int64_t B = 2, T = 6, H = 4, KV = 2, D = 6;
+  auto norm = [&](const torch::Tensor& x, const torch::Tensor& w) {
+    return x / (x.square().mean(-1, true) + c.norm_eps).sqrt() * w;
+  };
+  auto rotate = [&](const torch::Tensor& x) {  // [B, heads, T, D], rotate_half pairing i with i + D/2
+    auto out = torch::empty_like(x);
+    for (int64_t t = 0; t < T; ++t)
+      for (int64_t i = 0; i < D / 2; ++i) {
+        const double angle = double(t) * std::pow(c.rope_theta, -2.0 * double(i) / double(D));
+        auto a = x.select(2, t).select(-1, i), b = x.select(2, t).select(-1, i + D / 2);
+        out.select(2, t).select(-1, i).copy_(a * std::cos(angle) - b * std::sin(angle));
+        out.select(2, t).select(-1, i + D / 2).copy_(b * std::cos(angle) + a * std::sin(angle));
+      }
+    return out;
+  };
+  auto x = p["model.embed_tokens.weight"].index_select(0, tokens.reshape({-1})).view({B, T, c.hidden});
+  const auto causal = torch::ones({T, T}, torch::kBool).tril();
+  for (int64_t l = 0; l < c.layers; ++l) {
+    auto w = [&](const std::string& name) { return p[fmt::format("model.layers.{}.{}", l, name)]; };
+    auto h = norm(x, w("input_layernorm.weight"));
+    auto q = rotate(h.matmul(w("self_attn.q_proj.weight").t()).view({B, T, H, D}).transpose(1, 2));
+    auto k = rotate(h.matmul(w("self_attn.k_proj.weight").t()).view({B, T, KV, D}).transpose(1, 2));
+    auto v = h.matmul(w("self_attn.v_proj.weight").t()).view({B, T, KV, D}).transpose(1, 2);
+    std::vector<torch::Tensor> heads;
+    for (int64_t head = 0; head < H; ++head) {
+      const int64_t shared = head / (H / KV);  // query heads 0,1 use key/value head 0; 2,3 use 1
+      auto scores = q.select(1, head).matmul(k.select(1, shared).transpose(-1, -2)) / std::sqrt(double(D));
+      scores = scores.masked_fill(causal.logical_not(), -INFINITY);
+      heads.push_back(scores.softmax(-1).matmul(v.select(1, shared)));  // [B, T, D]
+    }
+    x = x + torch::cat(heads, -1).matmul(w("self_attn.o_proj.weight").t());
+    h = norm(x, w("post_attention_layernorm.weight"));
+    auto gate = h.matmul(w("mlp.gate_proj.weight").t());
+    x = x + (gate * gate.sigmoid() * h.matmul(w("mlp.up_proj.weight").t())).matmul(w("mlp.down_proj.weight").t());
+  }
+  const auto expected = norm(x, p["model.norm.weight"]).matmul(p["model.embed_tokens.weight"].t());
+  torch::NoGradGuard g;
+  const double diff = (m->forward(tokens) - expected).abs().max().item<double>();
+  EXPECT_LT(diff, 1e-10);
+  EXPECT_GT(expected.abs().max().item<double>(), 1.0);  // the comparison sees real values
 }
 
 TEST(Model, RotaryMatchesHandComputedValues) {

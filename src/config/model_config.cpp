@@ -47,14 +47,14 @@ std::vector<double> ModelConfig::rope_inverse_frequencies() const {
 }
 
 std::vector<std::pair<std::string, std::vector<int64_t>>> ModelConfig::parameter_shapes() const {
-  const int64_t h = hidden, f = intermediate_size(), kv = key_value_heads() * head_dim();
+  const int64_t h = hidden, f = intermediate_size(), q = heads * head_dim(), kv = key_value_heads() * head_dim();
   std::vector<std::pair<std::string, std::vector<int64_t>>> shapes = {{"model.embed_tokens.weight", {vocab_size, h}}};
   for (int64_t i = 0; i < layers; ++i) {
     const auto l = fmt::format("model.layers.{}.", i);
-    shapes.push_back({l + "self_attn.q_proj.weight", {h, h}});
+    shapes.push_back({l + "self_attn.q_proj.weight", {q, h}});
     shapes.push_back({l + "self_attn.k_proj.weight", {kv, h}});
     shapes.push_back({l + "self_attn.v_proj.weight", {kv, h}});
-    shapes.push_back({l + "self_attn.o_proj.weight", {h, h}});
+    shapes.push_back({l + "self_attn.o_proj.weight", {h, q}});
     shapes.push_back({l + "mlp.gate_proj.weight", {f, h}});
     shapes.push_back({l + "mlp.up_proj.weight", {f, h}});
     shapes.push_back({l + "mlp.down_proj.weight", {h, f}});
@@ -62,7 +62,7 @@ std::vector<std::pair<std::string, std::vector<int64_t>>> ModelConfig::parameter
     shapes.push_back({l + "post_attention_layernorm.weight", {h}});
   }
   shapes.push_back({"model.norm.weight", {h}});
-  shapes.push_back({"lm_head.weight", {vocab_size, h}});
+  if (!tied_embeddings) shapes.push_back({"lm_head.weight", {vocab_size, h}});
   return shapes;
 }
 
@@ -77,8 +77,9 @@ int64_t ModelConfig::num_params() const {
 }
 
 double ModelConfig::train_flops_per_token() const {
-  const double non_embedding = double(num_params() - vocab_size * hidden);
-  return 6.0 * non_embedding + 6.0 * double(layers) * double(context) * double(hidden);
+  // The embedding lookup is no matmul; the output layer is one, tied or not.
+  const double matmul_params = double(num_params() - (tied_embeddings ? 0 : vocab_size * hidden));
+  return 6.0 * matmul_params + 6.0 * double(layers) * double(context) * double(heads * head_dim());
 }
 
 void ModelConfig::validate() const {
@@ -87,13 +88,14 @@ void ModelConfig::validate() const {
   if (hidden <= 0) fail(fmt::format("hidden must be positive, got {}", hidden));
   if (layers <= 0) fail(fmt::format("layers must be positive, got {}", layers));
   if (heads <= 0) fail(fmt::format("heads must be positive, got {}", heads));
-  if (hidden % heads != 0)
-    fail(fmt::format("heads ({}) must divide hidden ({})", heads, hidden));
+  if (head_size < 0) fail(fmt::format("head_dim must be >= 0, got {}", head_size));
+  if (head_size == 0 && hidden % heads != 0)
+    fail(fmt::format("heads ({}) must divide hidden ({}) unless head_dim is given", heads, hidden));
   if (kv_heads < 0) fail(fmt::format("kv_heads must be >= 0, got {}", kv_heads));
   if (heads % key_value_heads() != 0)
     fail(fmt::format("kv_heads ({}) must divide heads ({})", key_value_heads(), heads));
   if (head_dim() % 2 != 0)
-    fail(fmt::format("hidden/heads ({}) must be even for rotary embeddings", head_dim()));
+    fail(fmt::format("head_dim ({}) must be even for rotary embeddings", head_dim()));
   if (intermediate < 0) fail(fmt::format("intermediate must be >= 0, got {}", intermediate));
   if (context <= 0) fail(fmt::format("context must be positive, got {}", context));
   if (!(rope_theta > 0)) fail(fmt::format("rope_theta must be positive, got {}", rope_theta));
@@ -150,7 +152,9 @@ nlohmann::json ModelConfig::to_json() const {
   return {{"vocab_size", vocab_size}, {"hidden", hidden},       {"layers", layers},
           {"heads", heads},           {"kv_heads", key_value_heads()}, {"intermediate", intermediate_size()},
           {"context", context},       {"rope_theta", rope_theta}, {"norm_eps", norm_eps},
-          {"rope_scaling", rope_scaling_json(rope_scaling)}};
+          {"rope_scaling", rope_scaling_json(rope_scaling)},
+          {"head_dim", head_size},
+          {"tied_embeddings", tied_embeddings}};
 }
 
 ModelConfig ModelConfig::from_json(const nlohmann::json& j) {
@@ -165,6 +169,8 @@ ModelConfig ModelConfig::from_json(const nlohmann::json& j) {
   c.rope_theta = j.at("rope_theta").get<double>();
   c.norm_eps = j.at("norm_eps").get<double>();
   c.rope_scaling = rope_scaling_of(j.value("rope_scaling", nlohmann::json()));  // absent before rope scaling
+  c.head_size = j.value("head_dim", int64_t(0));                  // absent before head_dim and tying
+  c.tied_embeddings = j.value("tied_embeddings", false);
   c.validate();
   return c;
 }
@@ -184,7 +190,7 @@ nlohmann::json ModelConfig::to_hf_json() const {
           {"rope_scaling", rope_scaling_json(rope_scaling)},
           {"head_dim", head_dim()},
           {"hidden_act", "silu"},
-          {"tie_word_embeddings", false},
+          {"tie_word_embeddings", tied_embeddings},
           {"attention_bias", false},
           {"mlp_bias", false},
           {"torch_dtype", "float32"}};
@@ -234,11 +240,13 @@ ModelConfig ModelConfig::from_hf_json(const nlohmann::json& j) {
   c.norm_eps = number("rms_norm_eps", 1e-6);
   // HF's rope_scaling is null for plain rotary embeddings; "default" is the same thing.
   c.rope_scaling = rope_scaling_of(j.value("rope_scaling", nlohmann::json()));
-  if (c.heads > 0 && c.hidden % c.heads == 0) {
-    const int64_t head_dim = integer("head_dim", c.hidden / c.heads);
-    if (head_dim != c.hidden / c.heads)
-      fail(fmt::format("head_dim {} differs from hidden_size/num_attention_heads = {}: not implemented", head_dim,
-                       c.hidden / c.heads));
+  // Kept only where it differs from hidden/heads, so that a directory and
+  // our own model of the same shape have the same config.
+  if (const int64_t head_dim = integer("head_dim", 0); head_dim != 0 && (c.heads <= 0 || head_dim * c.heads != c.hidden))
+    c.head_size = head_dim;
+  if (const auto tie = j.find("tie_word_embeddings"); tie != j.end() && !tie->is_null()) {
+    if (!tie->is_boolean()) fail(fmt::format("'tie_word_embeddings' must be true or false, got {}", tie->dump()));
+    c.tied_embeddings = tie->get<bool>();
   }
   if (c.intermediate <= 0) fail(fmt::format("intermediate_size must be positive, got {}", c.intermediate));
   c.validate();

@@ -27,13 +27,16 @@ struct ModelConfig {
   int64_t layers = 4;
   int64_t heads = 4;
   int64_t kv_heads = 0;  // key/value heads (grouped-query attention); 0: heads
+  int64_t head_size = 0;  // width of one attention head (config.json's head_dim); 0: hidden / heads
   int64_t intermediate = 0;  // 0: Llama's rule, about 8/3 · hidden rounded up to 64
   int64_t context = 64;
   double rope_theta = 10000.0;
   double norm_eps = 1e-5;
   RopeScaling rope_scaling;
+  // The output layer is the embedding matrix (tie_word_embeddings): no lm_head.weight of its own.
+  bool tied_embeddings = false;
 
-  int64_t head_dim() const { return hidden / heads; }
+  int64_t head_dim() const { return head_size > 0 ? head_size : hidden / heads; }
   int64_t key_value_heads() const { return kv_heads > 0 ? kv_heads : heads; }
   int64_t intermediate_size() const;
   // The rotary inverse frequencies theta^(-2i/head_dim), i < head_dim/2, after rope_scaling.

@@ -35,6 +35,10 @@ Options config_options(TrainConfig& c) {
       .add("layers", c.model.layers, "decoder layers")
       .add("heads", c.model.heads, "attention heads")
       .add("kv_heads", c.model.kv_heads, "key/value heads (grouped-query attention); 0: heads")
+      .add("head_dim", c.model.head_size, "width of one attention head; 0: hidden/heads")
+      .add("tie_embeddings", c.model.tied_embeddings,
+           "the output layer is the embedding matrix (tie_word_embeddings); with init_from the directory's: false "
+           "unties a tied one (its head starts as a copy)")
       .add("intermediate", c.model.intermediate, "MLP size; 0: 8/3·hidden rounded to 64")
       .add("context", c.model.context, "sequence length")
       .add("rope_theta", c.model.rope_theta, "rotary base")
@@ -157,6 +161,9 @@ void adopt_imported_model(TrainConfig& c, const ModelConfig& hf, bool tokenizer_
   same("layers", c.model.layers, hf.layers);
   same("heads", c.model.heads, hf.heads);
   same("kv_heads", c.model.key_value_heads(), hf.key_value_heads());
+  same("head_dim", c.model.head_dim(), hf.head_dim());
+  if (c.model.tied_embeddings && !hf.tied_embeddings)
+    invalid(fmt::format("tie_embeddings=true, but init_from {} has an lm_head of its own: drop the key", c.init_from));
   same("intermediate", c.model.intermediate_size(), hf.intermediate_size());
   same("rope_theta", c.model.rope_theta, hf.rope_theta);
   same("norm_eps", c.model.norm_eps, hf.norm_eps);
@@ -262,6 +269,9 @@ void TrainConfig::validate() const {
   non_negative("max_local_workers", double(run.max_local_workers));
   positive("stages", double(pipeline.stages));
   stage_layer_ranges(model.layers, pipeline.stages, pipeline.stage_layers);
+  if (model.tied_embeddings && pipeline.stages > 1)
+    invalid("tie_embeddings with stages > 1 is not implemented (the first and last stage would share one matrix): "
+            "set tie_embeddings=false to train the head as a copy");
   if (pipeline.activation_codec == ActivationCodec::same)
     invalid("activation_codec must be fp32, bf16, int8, int4, int3 or int2 (same is for activation_grad_codec)");
   const auto integer_code = [](ActivationCodec c) {

@@ -81,8 +81,13 @@ TensorMap read_hf_weights(const std::string& dir, const ModelConfig& config) {
   static const std::regex rotary_buffer(R"(.*\.rotary_emb\.inv_freq)");
   for (auto it = stored.begin(); it != stored.end();)
     it = std::regex_match(it->first, rotary_buffer) ? stored.erase(it) : std::next(it);
-  if (!stored.count("lm_head.weight") && stored.count("model.embed_tokens.weight") && tied_embeddings(dir))
-    stored["lm_head.weight"] = stored["model.embed_tokens.weight"];  // untied from here on: trained separately
+  if (tied_embeddings(dir)) {
+    // Some exporters also write the tied head; it is the embedding matrix.
+    if (config.tied_embeddings) stored.erase("lm_head.weight");
+    // A run that unties them (tie_embeddings=false) starts its head as a copy.
+    else if (!stored.count("lm_head.weight") && stored.count("model.embed_tokens.weight"))
+      stored["lm_head.weight"] = stored["model.embed_tokens.weight"];
+  }
   TensorMap weights;
   for (const auto& [name, shape] : config.parameter_shapes()) {
     const auto it = stored.find(name);

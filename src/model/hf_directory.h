@@ -16,7 +16,8 @@ bool is_hf_directory(const std::string& dir);
 // The weights of `config`, in fp32 whatever the files hold (fp32, bf16, fp16).
 // Every name and shape is checked against the config, the index against the
 // shards (a missing shard, a tensor in two shards or in another shard than the
-// index says); a tied lm_head is copied from the embeddings. Throws
+// index says); a tied directory read into an untied `config` gets its
+// lm_head copied from the embeddings. Throws
 // std::runtime_error naming the directory, the file and the tensor.
 TensorMap read_hf_weights(const std::string& dir, const ModelConfig& config);
 // The model of read_hf_config with read_hf_weights loaded into it.

@@ -38,10 +38,10 @@ static nn::Linear linear(int64_t in, int64_t out) {
 
 AttentionImpl::AttentionImpl(const ModelConfig& c)
     : heads(c.heads), kv_heads(c.key_value_heads()), head_dim(c.head_dim()) {
-  q_proj = register_module("q_proj", linear(c.hidden, c.hidden));
+  q_proj = register_module("q_proj", linear(c.hidden, heads * head_dim));
   k_proj = register_module("k_proj", linear(c.hidden, kv_heads * head_dim));
   v_proj = register_module("v_proj", linear(c.hidden, kv_heads * head_dim));
-  o_proj = register_module("o_proj", linear(c.hidden, c.hidden));
+  o_proj = register_module("o_proj", linear(heads * head_dim, c.hidden));
 }
 
 torch::Tensor AttentionImpl::forward(const torch::Tensor& x, const RotaryTables& rope) {
@@ -92,7 +92,18 @@ LlamaBodyImpl::LlamaBodyImpl(const ModelConfig& c) {
 LlamaForCausalLMImpl::LlamaForCausalLMImpl(const ModelConfig& c) : config(c) {
   config.validate();
   model = register_module("model", LlamaBody(config));
-  lm_head = register_module("lm_head", linear(config.hidden, config.vocab_size));
+  if (!config.tied_embeddings) lm_head = register_module("lm_head", linear(config.hidden, config.vocab_size));
+}
+
+torch::Tensor vocabulary_logits(const torch::Tensor& normed, torch::nn::Linear lm_head,
+                                torch::nn::Embedding embed_tokens) {
+  if (lm_head) return lm_head(normed);
+  TORCH_CHECK(embed_tokens, "tied embeddings: the output layer needs the embedding matrix");
+  return torch::nn::functional::linear(normed, embed_tokens->weight);
+}
+
+torch::Tensor LlamaForCausalLMImpl::head(const torch::Tensor& normed) {
+  return vocabulary_logits(normed, lm_head, model->embed_tokens);
 }
 
 const RotaryTables& cached_rotary_tables(RotaryTables& cache, const ModelConfig& c, const torch::Tensor& like) {
@@ -113,7 +124,7 @@ torch::Tensor LlamaForCausalLMImpl::forward(const torch::Tensor& tokens) {
   auto x = model->embed_tokens(tokens);
   const auto& tables = rope(x);
   for (const auto& layer : *model->layers) x = layer->as<DecoderLayer>()->forward(x, tables);
-  return lm_head(model->norm(x));
+  return head(model->norm(x));
 }
 
 torch::Tensor next_token_loss(const torch::Tensor& logits, const torch::Tensor& targets) {

@@ -66,17 +66,23 @@ struct LlamaForCausalLMImpl : torch::nn::Module {
   torch::Tensor forward(const torch::Tensor& tokens);
   // Mean next-token cross-entropy.
   torch::Tensor loss(const torch::Tensor& tokens, const torch::Tensor& targets);
+  // Logits [B, T, vocab] of final-norm hidden states.
+  torch::Tensor head(const torch::Tensor& normed);
   // Rotary tables for the model's device and dtype, cached.
   const RotaryTables& rope(const torch::Tensor& like);
 
   ModelConfig config;
   LlamaBody model{nullptr};
-  torch::nn::Linear lm_head{nullptr};
+  torch::nn::Linear lm_head{nullptr};  // none with tied embeddings
 
  private:
   RotaryTables rope_;
 };
 TORCH_MODULE(LlamaForCausalLM);
+
+// The output layer: `lm_head`, or with tied embeddings (no lm_head) the embedding matrix.
+torch::Tensor vocabulary_logits(const torch::Tensor& normed, torch::nn::Linear lm_head,
+                                torch::nn::Embedding embed_tokens);
 
 // Mean next-token cross-entropy of logits [B, T, vocab] against targets [B, T],
 // with the softmax in at least fp32.

@@ -10,11 +10,15 @@
 namespace noloco {
 
 StageModuleImpl::StageModuleImpl(LlamaForCausalLM& whole, LayerRange range, bool first, bool last)
-    : config(whole->config) {
+    : config(whole->config), last_(last) {
   // Plain containers named like the whole model's, so that parameter names,
   // checkpoints and exports stay in the Hugging Face layout.
   auto body = std::make_shared<torch::nn::Module>();
   auto layer_holder = std::make_shared<torch::nn::Module>();
+  // Tied embeddings serve the first stage's input and the last stage's
+  // output: one stage must hold both (train_config refuses stages > 1).
+  TORCH_CHECK(!(whole->config.tied_embeddings && last && !first),
+              "tied embeddings: the last stage would need the first stage's embedding matrix");
   if (first) embed_tokens = body->register_module("embed_tokens", whole->model->embed_tokens);
   for (int64_t i = range.first; i < range.end; ++i) {
     auto layer = whole->model->layers->ptr<DecoderLayerImpl>(size_t(i));
@@ -23,14 +27,14 @@ StageModuleImpl::StageModuleImpl(LlamaForCausalLM& whole, LayerRange range, bool
   body->register_module("layers", layer_holder);
   if (last) norm = body->register_module("norm", whole->model->norm);
   register_module("model", body);
-  if (last) lm_head = register_module("lm_head", whole->lm_head);
+  if (last && whole->lm_head) lm_head = register_module("lm_head", whole->lm_head);
 }
 
 torch::Tensor StageModuleImpl::forward(const torch::Tensor& input) {
   auto x = embed_tokens ? embed_tokens(input) : input;
   const auto& tables = cached_rotary_tables(rope_, config, x);
   for (auto& layer : layers) x = layer->forward(x, tables);
-  return lm_head ? lm_head(norm(x)) : x;
+  return last_ ? vocabulary_logits(norm(x), lm_head, embed_tokens) : x;
 }
 
 namespace {

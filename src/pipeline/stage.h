@@ -28,9 +28,10 @@ struct StageModuleImpl : torch::nn::Module {
   torch::nn::Embedding embed_tokens{nullptr};
   std::vector<DecoderLayer> layers;
   RMSNorm norm{nullptr};
-  torch::nn::Linear lm_head{nullptr};
+  torch::nn::Linear lm_head{nullptr};  // none with tied embeddings
 
  private:
+  bool last_;
   RotaryTables rope_;
 };
 TORCH_MODULE(StageModule);
