@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """Turn a llama.cpp vocabulary-only GGUF file (models/ggml-vocab-*.gguf) into
-a Hugging Face tokenizer.json for a GPT-2-style byte-level BPE.
+a Hugging Face tokenizer.json for a GPT-2- or StarCoder-style byte-level BPE.
 
 Used once to make tests/fixtures/gpt2/tokenizer.json from llama.cpp's
 ggml-vocab-gpt-2.gguf, whose .inp/.out files hold ids that Hugging Face's own
@@ -58,8 +58,15 @@ def main():
     if len(sys.argv) != 3:
         sys.exit(__doc__)
     meta = read_gguf_metadata(sys.argv[1])
-    if meta.get("tokenizer.ggml.model") != "gpt2" or meta.get("tokenizer.ggml.pre", "gpt-2") != "gpt-2":
-        sys.exit("only the GPT-2 byte-level BPE (tokenizer.ggml.model gpt2, pre gpt-2) is converted")
+    byte_level = {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": True, "use_regex": True}
+    # StarCoder's (SmolLM2's layout): every digit on its own before GPT-2's split.
+    pre_tokenizers = {
+        "gpt-2": byte_level,
+        "starcoder": {"type": "Sequence", "pretokenizers": [{"type": "Digits", "individual_digits": True}, byte_level]},
+    }
+    pre = meta.get("tokenizer.ggml.pre", "gpt-2")
+    if meta.get("tokenizer.ggml.model") != "gpt2" or pre not in pre_tokenizers:
+        sys.exit(f"only byte-level BPE (tokenizer.ggml.model gpt2) with pre {sorted(pre_tokenizers)} is converted")
     tokens = meta["tokenizer.ggml.tokens"]
     types = meta.get("tokenizer.ggml.token_type", [1] * len(tokens))
     control = 3  # llama.cpp's LLAMA_TOKEN_TYPE_CONTROL: special tokens
@@ -75,7 +82,7 @@ def main():
         "padding": None,
         "added_tokens": added,
         "normalizer": None,
-        "pre_tokenizer": {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": True, "use_regex": True},
+        "pre_tokenizer": pre_tokenizers[pre],
         "post_processor": {"type": "ByteLevel", "add_prefix_space": True, "trim_offsets": False, "use_regex": True},
         "decoder": {"type": "ByteLevel", "add_prefix_space": True, "trim_offsets": True, "use_regex": True},
         "model": {

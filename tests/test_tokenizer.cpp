@@ -59,6 +59,9 @@ TEST(ByteLevelBpe, Llama3PatternSplitsAsPublished) {
 TEST(ByteLevelBpe, SmolLM2DigitsComeOneByOne) {
   const auto t = make(smollm2_style());
   EXPECT_EQ(t.pre_tokenize("in 2024!"), (Pieces{"in", " ", "2", "0", "2", "4", "!"}));
+  // Digits are the tokenizers library's is_numeric (Unicode N): Hugging Face
+  // gives 'Ġ', 'Â', '½' for " ½" on StarCoder's vocabulary (llama.cpp's test data).
+  EXPECT_EQ(t.pre_tokenize("4 ½ ٣x"), (Pieces{"4", " ", "½", " ", "٣", "x"}));
 }
 
 TEST(ByteLevelBpe, MergesApplyByRankAndAddedTokensAreCutFirst) {
@@ -136,6 +139,18 @@ TEST(ByteLevelBpe, WhatIsNotImplementedIsNamedInOneLine) {
   j = gpt2_style();
   j["model"]["vocab"].erase(byte_level_char(0x41));
   EXPECT_NE(error(j).find("lacks byte 0x41"), std::string::npos);
+  // A byte beyond ASCII may be missing (StarCoder's vocabulary); text holding it is refused in one line.
+  j = gpt2_style();
+  j["model"]["vocab"].erase(byte_level_char(0xff));
+  EXPECT_EQ(error(j), "(accepted)");
+  EXPECT_EQ(make(j).encode("café"), make(gpt2_style()).encode("café"));
+  try {
+    make(j).encode("raw \xff byte");
+    ADD_FAILURE() << "a byte without a token was encoded";
+  } catch (const std::runtime_error& e) {
+    EXPECT_NE(std::string(e.what()).find("holds byte 0xff, which this vocabulary has no token for"), std::string::npos)
+        << e.what();
+  }
   j = gpt2_style();
   j["model"]["merges"].push_back("Ġ x");
   EXPECT_NE(error(j).find("outside the vocabulary"), std::string::npos);

@@ -179,25 +179,6 @@ class SplitStep : public PreTokenizer {
   Behavior behavior_;
 };
 
-// Digits on their own: every digit, or every run of digits (ASCII, as the tokenizers library).
-class DigitsStep : public PreTokenizer {
- public:
-  explicit DigitsStep(bool individual) : individual_(individual) {}
-  void split(const std::string& piece, std::vector<std::string>& out) const override {
-    std::string current;
-    bool digits = false;
-    for (char c : piece) {
-      const bool digit = c >= '0' && c <= '9';
-      if (!current.empty() && (digit != digits || (digit && individual_))) out.push_back(std::exchange(current, ""));
-      current.push_back(c);
-      digits = digit;
-    }
-    if (!current.empty()) out.push_back(current);
-  }
-
- private:
-  bool individual_;
-};
 
 // ByteLevel: GPT-2's split when use_regex, a space in front when add_prefix_space.
 class ByteLevelStep : public PreTokenizer {
@@ -255,7 +236,11 @@ std::unique_ptr<PreTokenizer> make_pre_tokenizer(const Json& j, const std::strin
     byte_level = true;
     return std::make_unique<ByteLevelStep>(flag(j, "add_prefix_space", true), flag(j, "use_regex", true), where);
   }
-  if (type == "Digits") return std::make_unique<DigitsStep>(flag(j, "individual_digits", false));
+  // Digits on their own, every one or every run: the tokenizers library's
+  // is_numeric, Unicode's N categories (½ and ٣ too, not only 0-9).
+  if (type == "Digits")
+    return std::make_unique<SplitStep>(flag(j, "individual_digits", false) ? "\\p{N}" : "\\p{N}+", Behavior::isolated,
+                                       where);
   if (type == "Split") {
     if (flag(j, "invert", false)) refuse(where, "pre-tokenizer Split with invert=true is not implemented");
     const auto& pattern = j.at("pattern");
@@ -359,7 +344,10 @@ ByteLevelBpe::ByteLevelBpe(std::string json, std::string config, const std::stri
   } catch (const Json::exception& e) {
     refuse(where, fmt::format("malformed tokenizer.json: {}", e.what()));
   }
-  for (int b = 0; b < 256; ++b)
+  // Real vocabularies may lack rare lead bytes (StarCoder's has no 0xc0,
+  // 0xc1, 0xf1 or 0xf5-0xff; text holding one is refused when encoded), but
+  // one that cannot encode ASCII is broken.
+  for (int b = 0; b < 0x80; ++b)
     if (!vocab_.count(byte_level_char(uint8_t(b))))
       refuse(where, fmt::format("the vocabulary lacks byte 0x{:02x}: not every text could be encoded", b));
 }
@@ -406,7 +394,15 @@ std::vector<int32_t> ByteLevelBpe::bpe(const std::string& piece) const {
     symbols = std::move(merged);
   }
   std::vector<int32_t> ids;
-  for (const auto& s : symbols) ids.push_back(vocab_.at(s));  // every byte is in the vocabulary (checked)
+  for (const auto& s : symbols) {
+    const auto id = vocab_.find(s);
+    if (id == vocab_.end()) {  // a lone byte: merges only make tokens of the vocabulary
+      int b = 0;
+      while (b < 255 && byte_level_char(uint8_t(b)) != s) ++b;
+      throw std::runtime_error(fmt::format("the text holds byte 0x{:02x}, which this vocabulary has no token for", b));
+    }
+    ids.push_back(id->second);
+  }
   return ids;
 }
 
