@@ -282,6 +282,36 @@ TEST_F(Distributed, APartnerGivesUpAFrozenWorkerByItsHeartbeat) {
   EXPECT_TRUE(alone_after_freeze);
 }
 
+// Issue 33 (split groups): a replica that falls behind while alive (a long
+// hand-over, a pause) was given up at peer_timeout by every partner it met
+// afterwards, for it was still behind: it trained alone, or failed its
+// partners, for much of the run. A partner now waits for a replica that is
+// behind but moving (its progress counter advances), so the lag is absorbed
+// once. Replica 1 stalls 6 s (three times peer_timeout) after step 30: the
+// exchanges of steps 40 and 50 lose it; it catches up alone through the ones
+// it was left out of, and from then on no exchange fails.
+TEST_F(Distributed, AReplicaThatFellBehindIsWaitedForAndPairsAgain) {
+  // Steps long enough (batch 64) that catching up alone, without the
+  // exchanges' cost, does not by itself close the gap before the first pairing.
+  const auto behind = run("behind", "method=noloco replicas=4 batch=64 steps=400 outer_interval=10 peer_timeout=2"
+                                    " inject_crash=1:30:stall=6");
+  std::map<int, int> records;
+  bool lost_one = false, paired_again = false;
+  for (auto& rec : metrics_records(behind, "outer")) {
+    const int replica = rec["replica"].get<int>(), outer_step = rec["outer_step"].get<int>();
+    ++records[replica];
+    if (outer_step <= 4) {
+      lost_one |= rec["arrived"].size() < rec["group"].size();
+      continue;
+    }
+    EXPECT_EQ(rec["arrived"], rec["group"]) << "replica " << replica << " outer step " << outer_step;
+    paired_again |= replica == 1 && rec["group"].size() == 2;
+  }
+  EXPECT_EQ(records, (std::map<int, int>{{0, 40}, {1, 40}, {2, 40}, {3, 40}}));
+  EXPECT_TRUE(lost_one);  // the stall did cost an exchange: the drill bit
+  EXPECT_TRUE(paired_again);
+}
+
 TEST_F(Distributed, DdpEndsWithAClearErrorWhenAWorkerDies) {
   auto r = noloco::testing::run_cli(
       small_train_args(dir / "c.txt", dir / "ddpcrash") + " method=ddp replicas=3 batch=2 steps=50 inject_crash=1:4", 90);

@@ -34,14 +34,14 @@ WorkerEnv env_of(int rank, int world) {
 TEST(Membership, AJoinerIsInSnapshotsOnlyOnceItHoldsALiveReplicasState) {
   const StorePtr store = c10::make_intrusive<c10d::HashStore>();
   const std::string scope = "replicas", token = env_of(0, 2).token;
-  Membership first(store, env_of(0, 2), scope, 0, 2, 60s), second(store, env_of(1, 2), scope, 1, 2, 60s);
+  Membership first(store, env_of(0, 2), scope, 0, 2, 60s, 60s), second(store, env_of(1, 2), scope, 1, 2, 60s, 60s);
   EXPECT_FALSE(first.joining());
 
   // Ids count on from the run's first members, one per joiner.
   const int id = claim_member_id(store, token, scope, 2);
   EXPECT_EQ(id, 2);
   EXPECT_EQ(claim_member_id(store, token, scope, 2), 3) << "the next joiner gets the next id";
-  Membership joiner(store, env_of(id, 2), scope, id, 2, 60s);
+  Membership joiner(store, env_of(id, 2), scope, id, 2, 60s, 60s);
   EXPECT_TRUE(joiner.joining());
   EXPECT_EQ(joiner.incarnation(), 0);
 
@@ -79,10 +79,10 @@ TEST(Membership, AJoinerIsInSnapshotsOnlyOnceItHoldsALiveReplicasState) {
 TEST(Membership, AJoinerWithNobodyLeftToServeItIsToldWhy) {
   const StorePtr store = c10::make_intrusive<c10d::HashStore>();
   const std::string scope = "replicas", token = env_of(0, 1).token;
-  Membership only(store, env_of(0, 1), scope, 0, 1, 60s);
+  Membership only(store, env_of(0, 1), scope, 0, 1, 60s, 60s);
   only.finish();
   const int id = claim_member_id(store, token, scope, 1);
-  Membership joiner(store, env_of(id, 1), scope, id, 1, 60s);
+  Membership joiner(store, env_of(id, 1), scope, id, 1, 60s, 60s);
   try {
     joiner.request_state(10s);
     FAIL() << "no donor is left";

@@ -335,8 +335,9 @@ std::unique_ptr<Transport> GlooTransport::subgroup(const std::string& name, cons
 }
 
 std::vector<Peer> GlooTransport::meet(const std::string& key, const std::vector<Peer>& peers,
-                                      const std::function<bool(int)>& give_up, std::vector<int>* late,
-                                      int64_t my_generation, std::map<int, int64_t>* generations) {
+                                      const ExchangeRequest::GiveUp& give_up, const std::function<void()>& waiting,
+                                      std::vector<int>* late, int64_t my_generation,
+                                      std::map<int, int64_t>* generations) {
   // Each member adds 1 to its own counter under the exchange's key and blocks
   // until every peer's counter exists: event-driven, so members meet as soon
   // as all are there. A watchdog on its own store connection adds 2 for a
@@ -344,6 +345,8 @@ std::vector<Peer> GlooTransport::meet(const std::string& key, const std::vector<
   // wait. A counter of exactly 1 means "came, and not given up"; a member
   // that finds more on arriving was given up and goes on alone.
   // (Counters, not compareSet: the store wakes waiters on add, not on compareSet.)
+  // A patient wait (`waiting` given) has no deadline: give_up decides, and
+  // `waiting` tells the members waiting for this one that it is not stuck.
   const auto meetings = run_scope(store_, env_.token, scope_ + "/meet");
   auto here = [&](int r) { return fmt::format("{}/here/{}", key, r); };
   auto generation_key = [&](int r) { return fmt::format("{}/generation/{}", key, r); };
@@ -359,12 +362,17 @@ std::vector<Peer> GlooTransport::meet(const std::string& key, const std::vector<
     std::condition_variable wake;
     bool done = false;
     std::thread watchdog([&] {
-      const auto deadline = Clock::now() + timeout_;
+      const auto start = Clock::now(), deadline = start + timeout_;
+      auto noted = start;
       std::unique_lock<std::mutex> lock(mutex);
       while (!wake.wait_for(lock, std::chrono::milliseconds(20), [&] { return done; })) {
         for (const auto& peer : peers) {
-          if ((Clock::now() > deadline || give_up(peer.rank)) && !watch->check({here(peer.rank)}))
+          if (((!waiting && Clock::now() > deadline) || give_up(peer.rank, start)) && !watch->check({here(peer.rank)}))
             watch->add(here(peer.rank), 2);
+        }
+        if (waiting && Clock::now() - noted > std::chrono::seconds(1)) {
+          waiting();
+          noted = Clock::now();
         }
       }
     });
@@ -377,7 +385,15 @@ std::vector<Peer> GlooTransport::meet(const std::string& key, const std::vector<
       watchdog.join();
     };
     try {
-      meetings->wait(keys, timeout_ + std::chrono::seconds(30));
+      for (;;) {
+        try {
+          meetings->wait(keys, timeout_ + std::chrono::seconds(30));
+          break;
+        } catch (const std::exception&) {
+          if (!waiting) throw;
+          if (meetings->check(keys)) break;  // else the peers are behind and moving: wait on
+        }
+      }
     } catch (...) {
       stop();
       throw;
@@ -410,7 +426,8 @@ ExchangeResult GlooTransport::exchange(const ExchangeRequest& request) {
               "exchange payloads are contiguous bytes described by their header");
   const std::string planned = members_key(request.group);
   std::map<int, int64_t> generations;
-  const auto present = meet(fmt::format("{}/{}", request.id, planned), peers, request.give_up, &result.lost,
+  const auto present = meet(fmt::format("{}/{}", request.id, planned), peers, request.give_up, request.waiting,
+                            &result.lost,
                             p2p_groups_.generation(planned), &generations);
   const bool whole = present.size() == peers.size();
   auto group = present.empty() ? GlooGroup() : acquire_group(request.id, planned, whole, present, generations);

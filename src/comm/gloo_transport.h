@@ -109,8 +109,8 @@ class GlooTransport final : public Transport {
   // Members meet under `key` through store counters before forming a group:
   // returns the peers that came and were not given up; `late` gets the others.
   std::vector<Peer> meet(const std::string& key, const std::vector<Peer>& peers,
-                         const std::function<bool(int)>& give_up, std::vector<int>* late, int64_t my_generation,
-                         std::map<int, int64_t>* generations);
+                         const ExchangeRequest::GiveUp& give_up, const std::function<void()>& waiting,
+                         std::vector<int>* late, int64_t my_generation, std::map<int, int64_t>* generations);
   // The group for an exchange among `present` (and this member): the cached
   // one if every member holds it, else a new one; null if it cannot be formed.
   GlooGroup acquire_group(int64_t exchange, const std::string& planned, bool whole, const std::vector<Peer>& present,

@@ -3,7 +3,12 @@
 // machine stops bumping; a worker that is merely slow (long steps, a big
 // exchange) does not. The launcher kills workers that go silent, and a NoLoCo
 // replica stops waiting for a silent partner.
+// Progress: with each beat the worker also publishes how far it has got
+// (inner steps taken, and time spent waiting for live partners), so that a
+// partner waits for a replica that is behind but moving, and gives up one
+// that is alive but stuck.
 #pragma once
+#include <atomic>
 #include <chrono>
 #include <condition_variable>
 #include <cstdint>
@@ -18,6 +23,8 @@ namespace noloco {
 
 // The counter of worker `worker` (global rank) in the run with `token`, in the unprefixed store.
 std::string heartbeat_key(const std::string& token, int worker);
+// Its progress counter, beside it.
+std::string progress_key(const std::string& token, int worker);
 
 class Heartbeat {
  public:
@@ -25,8 +32,12 @@ class Heartbeat {
   Heartbeat(StorePtr store, const std::string& token, int worker,
             std::chrono::milliseconds period = std::chrono::milliseconds(1000));
   ~Heartbeat();
+  // The worker moved on (an inner step, a second spent waiting for a live
+  // partner); published with the next beat. Thread-safe.
+  void progressed() { progress_.fetch_add(1, std::memory_order_relaxed); }
 
  private:
+  std::atomic<int64_t> progress_{0};
   std::mutex mutex_;
   std::condition_variable wake_;
   bool stop_ = false;
@@ -47,6 +58,8 @@ class HeartbeatWatch {
   void expect(int worker);
   // Whether `worker`'s counter has moved past zero.
   bool beating(int worker) const;
+  // Seconds since `worker`'s progress counter last moved (0 the first time it is read).
+  double idle_seconds(int worker);
 
  private:
   StorePtr store_;
@@ -56,7 +69,7 @@ class HeartbeatWatch {
     std::chrono::steady_clock::time_point since;
     bool expected = false;
   };
-  std::map<int, Seen> seen_;
+  std::map<int, Seen> seen_, progress_;
 };
 
 }  // namespace noloco

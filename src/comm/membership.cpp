@@ -118,7 +118,8 @@ int64_t agree_resume_step(const StorePtr& store, const std::string& token, int w
 }
 
 Membership::Membership(StorePtr store, const WorkerEnv& env, const std::string& scope, int rank, int world,
-                       std::chrono::milliseconds heartbeat_timeout)
+                       std::chrono::milliseconds heartbeat_timeout, std::chrono::milliseconds idle_timeout,
+                       Heartbeat* own)
     : store_(std::move(store)),
       members_(members_scope(store_, env.token, scope)),
       token_(env.token),
@@ -127,6 +128,8 @@ Membership::Membership(StorePtr store, const WorkerEnv& env, const std::string& 
       stride_(std::max(1, env.world / std::max(1, world))),
       offset_(env.rank % std::max(1, env.world / std::max(1, world))),
       heartbeat_timeout_(heartbeat_timeout),
+      idle_timeout_(idle_timeout),
+      own_(own),
       heartbeats_(store_, env.token) {
   incarnation_ = int(members_->add(fmt::format("started/{}", rank), 1)) - 1;
   joining_ = rank >= world && incarnation_ == 0;
@@ -173,7 +176,7 @@ void Membership::declare_dead(int rank) {
   append_item(*members_, "dead", std::to_string(rank));
 }
 
-bool Membership::given_up(int rank) {
+bool Membership::given_up(int rank, Clock::time_point waiting_since) {
   std::lock_guard<std::mutex> lock(mutex_);
   const auto now = Clock::now();
   if (now - last_dead_read_ > std::chrono::milliseconds(20)) {
@@ -184,9 +187,14 @@ bool Membership::given_up(int rank) {
   auto& s = silence_[rank];
   if (now - s.checked > std::chrono::seconds(1)) {
     s.checked = now;
-    s.silent = heartbeats_.silent_seconds(rank * stride_ + offset_) * 1000 > double(heartbeat_timeout_.count());
+    const int worker = rank * stride_ + offset_;
+    s.silent = heartbeats_.silent_seconds(worker) * 1000 > double(heartbeat_timeout_.count());
+    s.moved = now - std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(heartbeats_.idle_seconds(worker)));
   }
-  return s.silent;
+  // Progress is published and read once a second each: below 3 s, idle
+  // cannot be told from the lag of the publishing.
+  const auto idle_limit = std::max<Clock::duration>(std::chrono::seconds(3), idle_timeout_);
+  return s.silent || now - std::max(s.moved, waiting_since) > idle_limit;
 }
 
 std::string Membership::request_name() const { return fmt::format("{}.{}", rank_, incarnation_); }

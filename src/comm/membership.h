@@ -26,9 +26,13 @@ class Membership {
   // of its own. Workers are laid out replica-major: member r of this group is
   // worker r·stride + offset (stride = pipeline stages), for heartbeats.
   // Members 0..world−1 are the run's first; a `rank` of `world` or more is a
-  // worker that joined later (claim_member_id).
+  // worker that joined later (claim_member_id). A member is given up when its
+  // heartbeat is silent for `heartbeat_timeout` or its progress stands still
+  // for `idle_timeout` (peer_timeout). `own` (may be null) is this worker's
+  // heartbeat, which publishes its progress.
   Membership(StorePtr store, const WorkerEnv& env, const std::string& scope, int rank, int world,
-             std::chrono::milliseconds heartbeat_timeout);
+             std::chrono::milliseconds heartbeat_timeout, std::chrono::milliseconds idle_timeout,
+             Heartbeat* own = nullptr);
 
   int rank() const { return rank_; }
   // The members the run started with (joiners come on top).
@@ -48,9 +52,18 @@ class Membership {
   // itself alive again, for later snapshots.
   std::vector<Peer> snapshot(const std::string& name);
   void declare_dead(int rank);
-  // Stop waiting for `rank`: declared dead, or its heartbeat has been silent
-  // for the heartbeat timeout (a hung process or machine).
-  bool given_up(int rank);
+  // Stop waiting for `rank` (waited for since `waiting_since`): declared
+  // dead, or its heartbeat has been silent for the heartbeat timeout (a hung
+  // process or machine), or it has made no progress for the idle timeout
+  // during this wait (stuck). A replica that is merely behind (paused, or
+  // busy handing its state over) is waited for: otherwise it would stay
+  // behind, given up at every exchange, for the rest of the run.
+  bool given_up(int rank, std::chrono::steady_clock::time_point waiting_since);
+  // This replica moved on: an inner step, or a second spent waiting for
+  // partners it has not given up (so that those waiting for it wait too).
+  void progressed() {
+    if (own_) own_->progressed();
+  }
 
   // A restarted worker: posts its request and waits until a live replica
   // claims it; returns the donor's rank. Throws if none is left to do so.
@@ -81,15 +94,16 @@ class Membership {
   int rank_, world_, incarnation_ = 0;
   bool joining_ = false;
   int stride_, offset_;  // member r is worker r·stride + offset
-  std::chrono::milliseconds heartbeat_timeout_;
+  std::chrono::milliseconds heartbeat_timeout_, idle_timeout_;
+  Heartbeat* own_;
   HeartbeatWatch heartbeats_;
   std::chrono::steady_clock::time_point last_dead_read_;
   std::string dead_;  // the dead list as last read
   struct Silence {
-    std::chrono::steady_clock::time_point checked;
-    bool silent = false;
+    std::chrono::steady_clock::time_point checked, moved;  // moved: when its progress last did
+    bool silent = false;                                   // its heartbeat
   };
-  std::map<int, Silence> silence_;  // heartbeats are read at most once a second per member
+  std::map<int, Silence> silence_;  // heartbeats and progress are read at most once a second per member
   std::set<std::string> seen_requests_;
 };
 

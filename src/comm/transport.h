@@ -4,6 +4,7 @@
 // to a restarted one. Data only: who is alive is membership's business
 // (comm/membership.h). Swappable, as torchft's process groups are.
 #pragma once
+#include <chrono>
 #include <cstdint>
 #include <functional>
 #include <map>
@@ -35,8 +36,14 @@ struct ExchangeRequest {
   std::vector<Peer> group;
   MessageHeader header;  // header.bytes == payload.numel(); the transport stamps header.run
   torch::Tensor payload;
-  // Asked while waiting: stop waiting for this rank (declared dead, silent heartbeat).
-  std::function<bool(int rank)> give_up = [](int) { return false; };
+  // Asked while waiting (since `waiting_since`): stop waiting for this rank
+  // (declared dead, silent heartbeat, no progress).
+  using GiveUp = std::function<bool(int rank, std::chrono::steady_clock::time_point waiting_since)>;
+  GiveUp give_up = [](int, std::chrono::steady_clock::time_point) { return false; };
+  // Called about once a second while waiting. With it, peers are waited for
+  // until give_up says so (it tells a stuck peer from one that is behind);
+  // without it, for the transport's timeout.
+  std::function<void()> waiting;
 };
 
 struct ExchangeResult {

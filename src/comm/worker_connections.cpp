@@ -59,7 +59,8 @@ WorkerConnections join_as_worker(const WorkerEnv& env, const CommConfig& comm, i
   if (outer_method) {
     const auto scope = replica_scope(stages, stage);
     links.membership = std::make_unique<Membership>(connect(), env, scope, replica, replicas,
-                                                    std::chrono::milliseconds(int64_t(comm.heartbeat_timeout * 1000)));
+                                                    std::chrono::milliseconds(int64_t(comm.heartbeat_timeout * 1000)),
+                                                    timeout, links.heartbeat.get());
     links.transport = std::make_unique<GlooTransport>(connect, env, scope, links.membership->self(), replicas,
                                                       comm.bind, timeout, links.seal);
   }

@@ -130,9 +130,10 @@ struct RunConfig {
 // (SIGSTOP) like a hung machine, or killed while starting, before it joins
 // the run ("RANK:startup").
 struct CrashPoint {
-  enum class Mode { kill, kill_in_checkpoint, freeze, corrupt, startup, freeze_at_startup, handover };
+  enum class Mode { kill, kill_in_checkpoint, freeze, corrupt, stall, startup, freeze_at_startup, handover };
   int64_t rank = 0, step = 0;
   Mode mode = Mode::kill;
+  double stall_seconds = 0;  // stall: how long the worker stands still, heartbeat on
 };
 // Throws std::invalid_argument on a malformed plan.
 std::vector<CrashPoint> parse_crash_plan(const std::string& plan);

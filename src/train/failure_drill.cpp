@@ -2,6 +2,9 @@
 
 #include <signal.h>
 
+#include <chrono>
+#include <thread>
+
 #include "config/train_config.h"
 
 namespace noloco {
@@ -14,6 +17,10 @@ FailureDrill::FailureDrill(const std::string& plan, int worker, int incarnation)
       case CrashPoint::Mode::kill: kill_at_ = point.step; break;
       case CrashPoint::Mode::freeze: freeze_at_ = point.step; break;
       case CrashPoint::Mode::corrupt: corrupt_at_ = point.step; break;
+      case CrashPoint::Mode::stall:
+        stall_at_ = point.step;
+        stall_seconds_ = point.stall_seconds;
+        break;
       case CrashPoint::Mode::kill_in_checkpoint: kill_in_checkpoint_ = point.step; break;
       case CrashPoint::Mode::startup: kill_at_startup_ = true; break;
       case CrashPoint::Mode::freeze_at_startup: freeze_at_startup_ = true; break;
@@ -30,6 +37,7 @@ void FailureDrill::at_startup() const {
 void FailureDrill::before_step(int64_t step) const {
   if (step == kill_at_) ::raise(SIGKILL);
   if (step == freeze_at_) ::raise(SIGSTOP);
+  if (step == stall_at_) std::this_thread::sleep_for(std::chrono::duration<double>(stall_seconds_));
 }
 
 void FailureDrill::inside_checkpoint(int64_t step) const {

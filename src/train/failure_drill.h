@@ -1,7 +1,8 @@
 // Failure drills for tests and rehearsals (`inject_crash`): this worker is
 // killed with SIGKILL just before a chosen inner step, or halfway through
 // writing a chosen step's checkpoint, or frozen with SIGSTOP like a hung
-// machine, or killed or frozen before it joins the run (before its first heartbeat), or has one byte
+// machine, or stalled for some seconds with its heartbeat on (a replica busy
+// handing its state over, or paused, falls behind its partners), or killed or frozen before it joins the run (before its first heartbeat), or has one byte
 // of its next outer message flipped on the wire, or (a worker joining the
 // running run) killed once a donor has claimed its hand-over. A restarted
 // worker (a later incarnation) runs on.
@@ -26,7 +27,8 @@ class FailureDrill {
   void during_handover() const;
 
  private:
-  int64_t kill_at_ = -1, freeze_at_ = -1, kill_in_checkpoint_ = -1, corrupt_at_ = -1;
+  int64_t kill_at_ = -1, freeze_at_ = -1, stall_at_ = -1, kill_in_checkpoint_ = -1, corrupt_at_ = -1;
+  double stall_seconds_ = 0;
   bool kill_at_startup_ = false, freeze_at_startup_ = false, kill_in_handover_ = false;
 };
 

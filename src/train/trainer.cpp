@@ -364,6 +364,7 @@ InnerStepResult WorkerRun::inner_step(int64_t step) {
     inner_.step();
   }
   if (std::isfinite(s.loss)) last_loss_ = s.loss;
+  if (w_.membership) w_.membership->progressed();
   throughput_->step(s.micro_batches > 0 ? tokens_per_step_ : 0, w_.link ? w_.link->stats().bytes_sent : 0);
   return s;
 }
