@@ -2,11 +2,13 @@
 // step's snapshot as workers join, take their state and die.
 #include <gtest/gtest.h>
 
+#include <atomic>
 #include <chrono>
 #include <thread>
 
 #include <torch/csrc/distributed/c10d/HashStore.hpp>
 
+#include "comm/abandonable_store.h"
 #include "comm/membership.h"
 #include "comm/worker_env.h"
 
@@ -90,4 +92,39 @@ TEST(Membership, AJoinerWithNobodyLeftToServeItIsToldWhy) {
     EXPECT_NE(std::string(e.what()).find("the run finished before this worker could rejoin it"), std::string::npos)
         << e.what();
   }
+}
+
+// Forming a group with a member that died after coming to the meeting: the
+// rendezvous store gives up as soon as the member is known gone (issue 33:
+// waits after a death the launcher had already recorded), not at the end of
+// its timeout; and otherwise it is the store it wraps.
+TEST(AbandonableStore, StopsWaitingOnceAMemberIsGoneAndOtherwiseWaits) {
+  using Clock = std::chrono::steady_clock;
+  const StorePtr inner = c10::make_intrusive<c10d::HashStore>();
+  inner->setTimeout(std::chrono::seconds(20));
+  std::atomic<bool> gone{false};
+  const auto store = abandonable(inner, [&] { return gone.load(); }, std::chrono::milliseconds(50));
+  std::thread death([&] {
+    std::this_thread::sleep_for(std::chrono::milliseconds(300));
+    gone = true;
+  });
+  auto start = Clock::now();
+  EXPECT_THROW(store->get("never-set"), std::runtime_error);
+  death.join();
+  const auto abandoned_after = Clock::now() - start;
+  EXPECT_GE(abandoned_after, std::chrono::milliseconds(300));
+  EXPECT_LT(abandoned_after, std::chrono::seconds(5));  // far under the 20-s timeout
+
+  gone = false;
+  std::thread later([&] {
+    std::this_thread::sleep_for(std::chrono::milliseconds(200));
+    inner->set("key", {'v'});
+  });
+  EXPECT_EQ(store->get("key"), (std::vector<uint8_t>{'v'}));  // waited for it across slices
+  later.join();
+  start = Clock::now();
+  EXPECT_THROW(store->wait({"other"}, std::chrono::milliseconds(400)), std::runtime_error);  // its own bound holds
+  EXPECT_GE(Clock::now() - start, std::chrono::milliseconds(400));
+  EXPECT_EQ(store->add("n", 2), 2);
+  EXPECT_TRUE(store->check({"key", "n"}));
 }

@@ -9,6 +9,7 @@
 #include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
 #include <torch/csrc/distributed/c10d/Store.hpp>
 
+#include "comm/abandonable_store.h"
 #include "comm/framed.h"
 #include "comm/seal.h"
 #include "util/error_text.h"
@@ -208,15 +209,16 @@ std::shared_ptr<gloo::transport::Device> gloo_device(const std::string& bind) {
 }
 
 GlooGroup join_gloo_group(const StorePtr& store, const WorkerEnv& env, const std::string& name, int rank, int world,
-                          const std::shared_ptr<gloo::transport::Device>& device, std::chrono::milliseconds timeout) {
+                          const std::shared_ptr<gloo::transport::Device>& device, std::chrono::milliseconds timeout,
+                          const std::function<bool()>& abandon) {
   // The store cannot list keys, so keys under a secret prefix can be neither
   // found nor forged by a process without the token: it cannot join the run.
   auto options = c10d::ProcessGroupGloo::Options::create(timeout);
   options->devices.push_back(device);
   options->threads = 2;
   try {
-    return c10::make_intrusive<c10d::ProcessGroupGloo>(run_scope(store, env.token, name + "/pg"), rank, world,
-                                                       options);
+    return c10::make_intrusive<c10d::ProcessGroupGloo>(
+        run_scope(abandon ? abandonable(store, abandon) : store, env.token, name + "/pg"), rank, world, options);
   } catch (const std::exception& e) {
     throw std::runtime_error(fmt::format(
         "could not join the run at {}:{} as worker {} ({} {} of {}) within {}s: a member did not come (it died, or "
@@ -288,8 +290,8 @@ GlooTransport::~GlooTransport() {
   if (releasing_.joinable()) releasing_.join();
 }
 
-GlooGroup GlooTransport::join(const std::string& name, int rank, int world) {
-  return join_gloo_group(store_, env_, name, rank, world, device_, timeout_);
+GlooGroup GlooTransport::join(const std::string& name, int rank, int world, const std::function<bool()>& abandon) {
+  return join_gloo_group(store_, env_, name, rank, world, device_, timeout_, abandon);
 }
 
 void GlooTransport::release(GlooGroup group) {
@@ -430,7 +432,8 @@ ExchangeResult GlooTransport::exchange(const ExchangeRequest& request) {
                             &result.lost,
                             p2p_groups_.generation(planned), &generations);
   const bool whole = present.size() == peers.size();
-  auto group = present.empty() ? GlooGroup() : acquire_group(request.id, planned, whole, present, generations);
+  auto group =
+      present.empty() ? GlooGroup() : acquire_group(request.id, planned, whole, present, generations, request.give_up);
   if (!group) {
     for (const auto& p : present) result.lost.push_back(p.rank);
     cost.wait_seconds += since(start);
@@ -452,7 +455,8 @@ ExchangeResult GlooTransport::exchange(const ExchangeRequest& request) {
 }
 
 GlooGroup GlooTransport::acquire_group(int64_t exchange, const std::string& planned, bool whole,
-                                       const std::vector<Peer>& present, const std::map<int, int64_t>& generations) {
+                                       const std::vector<Peer>& present, const std::map<int, int64_t>& generations,
+                                       const ExchangeRequest::GiveUp& give_up) {
   // Reuse the group of the last exchange among exactly these members, if
   // every one of them still holds the same one (the generation they announce).
   const int64_t mine = p2p_groups_.generation(planned);
@@ -465,8 +469,15 @@ GlooGroup GlooTransport::acquire_group(int64_t exchange, const std::string& plan
   try {
     // Named by this exchange, so that no member can ever meet a stale group.
     const int64_t generation = exchange + 1;
-    auto group =
-        join(fmt::format("{}/p2p/{}/{}", scope_, members_key(members), generation), index, int(members.size()));
+    // A member that came to the meeting and died since (declared dead, or
+    // its heartbeat silent) would hold the others for the whole timeout.
+    // Progress is not asked for: every member is standing in this formation.
+    const auto gone = [&] {
+      const auto now = Clock::now();
+      return std::any_of(present.begin(), present.end(), [&](const Peer& p) { return give_up(p.rank, now); });
+    };
+    auto group = join(fmt::format("{}/p2p/{}/{}", scope_, members_key(members), generation), index,
+                      int(members.size()), gone);
     if (whole) p2p_groups_.keep(planned, generation, group);
     return group;
   } catch (const std::exception& e) {

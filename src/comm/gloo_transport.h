@@ -50,9 +50,11 @@ struct CollectiveSeal {
 using GlooGroup = c10::intrusive_ptr<c10d::ProcessGroupGloo>;
 
 // A Gloo process group of `world` members named `name` in the run's store.
-// Throws with a message that names the likely cause (token, dead workers).
+// Throws with a message that names the likely cause (token, dead workers),
+// at once if `abandon` (when given) says a member is gone, else after `timeout`.
 GlooGroup join_gloo_group(const StorePtr& store, const WorkerEnv& env, const std::string& name, int rank, int world,
-                          const std::shared_ptr<gloo::transport::Device>& device, std::chrono::milliseconds timeout);
+                          const std::shared_ptr<gloo::transport::Device>& device, std::chrono::milliseconds timeout,
+                          const std::function<bool()>& abandon = nullptr);
 std::shared_ptr<gloo::transport::Device> gloo_device(const std::string& bind);
 
 // The groups of recent point-to-point exchanges, by their members (ranks and
@@ -113,14 +115,15 @@ class GlooTransport final : public Transport {
                          std::vector<int>* late, int64_t my_generation, std::map<int, int64_t>* generations);
   // The group for an exchange among `present` (and this member): the cached
   // one if every member holds it, else a new one; null if it cannot be formed.
+  // Formed while give_up says none of them is gone.
   GlooGroup acquire_group(int64_t exchange, const std::string& planned, bool whole, const std::vector<Peer>& present,
-                          const std::map<int, int64_t>& generations);
+                          const std::map<int, int64_t>& generations, const ExchangeRequest::GiveUp& give_up);
   // Sends this member's message to each of `present` and receives theirs;
   // true if a pair failed (the group must not be used again).
   bool trade(c10d::ProcessGroupGloo& group, const ExchangeRequest& request, const std::vector<Peer>& present,
              std::chrono::steady_clock::time_point start, ExchangeResult* result, CommStats* cost);
   std::vector<Peer> with_self(std::vector<Peer> peers) const;
-  GlooGroup join(const std::string& name, int rank, int world);
+  GlooGroup join(const std::string& name, int rank, int world, const std::function<bool()>& abandon = nullptr);
   c10d::ProcessGroupGloo& run_group();
   // Destroys groups on a background thread (teardown is slow and off the training path).
   void release(GlooGroup group);
