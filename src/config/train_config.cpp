@@ -130,7 +130,9 @@ Options config_options(TrainConfig& c) {
            "with overlap: take the outer step with the replica's own delta at once; the exchange's result, a period "
            "later, corrects it")
       .add("bind", c.comm.bind, "address workers listen on (and the store, when worker 0 hosts it; the launcher's store is a private unix socket)")
-      .add("peer_timeout", c.comm.peer_timeout, "seconds before a silent peer is given up")
+      .add("peer_timeout", c.comm.peer_timeout,
+           "seconds a store call or a peer's message may take; a NoLoCo partner that makes no progress this long "
+           "(at least 3 s) is given up")
       .add("seal", c.comm.seal,
            "seal every payload between workers (authenticated encryption keyed from the run's token); false only to "
            "measure what sealing costs")
