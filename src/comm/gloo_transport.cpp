@@ -429,8 +429,7 @@ ExchangeResult GlooTransport::exchange(const ExchangeRequest& request) {
   const std::string planned = members_key(request.group);
   std::map<int, int64_t> generations;
   const auto present = meet(fmt::format("{}/{}", request.id, planned), peers, request.give_up, request.waiting,
-                            &result.lost,
-                            p2p_groups_.generation(planned), &generations);
+                            &result.lost, p2p_groups_.generation(planned), &generations);
   const bool whole = present.size() == peers.size();
   auto group =
       present.empty() ? GlooGroup() : acquire_group(request.id, planned, whole, present, generations, request.give_up);

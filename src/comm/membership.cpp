@@ -189,7 +189,8 @@ bool Membership::given_up(int rank, Clock::time_point waiting_since) {
     s.checked = now;
     const int worker = rank * stride_ + offset_;
     s.silent = heartbeats_.silent_seconds(worker) * 1000 > double(heartbeat_timeout_.count());
-    s.moved = now - std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(heartbeats_.idle_seconds(worker)));
+    const std::chrono::duration<double> idle(heartbeats_.idle_seconds(worker));
+    s.moved = now - std::chrono::duration_cast<Clock::duration>(idle);
   }
   // Progress is published and read once a second each: below 3 s, idle
   // cannot be told from the lag of the publishing.

@@ -242,8 +242,8 @@ ModelConfig ModelConfig::from_hf_json(const nlohmann::json& j) {
   c.rope_scaling = rope_scaling_of(j.value("rope_scaling", nlohmann::json()));
   // Kept only where it differs from hidden/heads, so that a directory and
   // our own model of the same shape have the same config.
-  if (const int64_t head_dim = integer("head_dim", 0); head_dim != 0 && (c.heads <= 0 || head_dim * c.heads != c.hidden))
-    c.head_size = head_dim;
+  const int64_t head_dim = integer("head_dim", 0);
+  if (head_dim != 0 && (c.heads <= 0 || head_dim * c.heads != c.hidden)) c.head_size = head_dim;
   if (const auto tie = j.find("tie_word_embeddings"); tie != j.end() && !tie->is_null()) {
     if (!tie->is_boolean()) fail(fmt::format("'tie_word_embeddings' must be true or false, got {}", tie->dump()));
     c.tied_embeddings = tie->get<bool>();

@@ -179,7 +179,6 @@ class SplitStep : public PreTokenizer {
   Behavior behavior_;
 };
 
-
 // ByteLevel: GPT-2's split when use_regex, a space in front when add_prefix_space.
 class ByteLevelStep : public PreTokenizer {
  public:
@@ -396,11 +395,9 @@ std::vector<int32_t> ByteLevelBpe::bpe(const std::string& piece) const {
   std::vector<int32_t> ids;
   for (const auto& s : symbols) {
     const auto id = vocab_.find(s);
-    if (id == vocab_.end()) {  // a lone byte: merges only make tokens of the vocabulary
-      int b = 0;
-      while (b < 255 && byte_level_char(uint8_t(b)) != s) ++b;
-      throw std::runtime_error(fmt::format("the text holds byte 0x{:02x}, which this vocabulary has no token for", b));
-    }
+    if (id == vocab_.end())  // a lone byte: merges only make tokens of the vocabulary
+      throw std::runtime_error(fmt::format("the text holds byte 0x{:02x}, which this vocabulary has no token for",
+                                           ByteLevelTables::get().bytes.at(s)));
     ids.push_back(id->second);
   }
   return ids;

@@ -10,7 +10,7 @@
 namespace noloco {
 
 StageModuleImpl::StageModuleImpl(LlamaForCausalLM& whole, LayerRange range, bool first, bool last)
-    : config(whole->config), last_(last) {
+    : config(whole->config) {
   // Plain containers named like the whole model's, so that parameter names,
   // checkpoints and exports stay in the Hugging Face layout.
   auto body = std::make_shared<torch::nn::Module>();
@@ -34,7 +34,7 @@ torch::Tensor StageModuleImpl::forward(const torch::Tensor& input) {
   auto x = embed_tokens ? embed_tokens(input) : input;
   const auto& tables = cached_rotary_tables(rope_, config, x);
   for (auto& layer : layers) x = layer->forward(x, tables);
-  return last_ ? vocabulary_logits(norm(x), lm_head, embed_tokens) : x;
+  return norm ? vocabulary_logits(norm(x), lm_head, embed_tokens) : x;  // the last stage holds the norm
 }
 
 namespace {

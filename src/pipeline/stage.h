@@ -31,7 +31,6 @@ struct StageModuleImpl : torch::nn::Module {
   torch::nn::Linear lm_head{nullptr};  // none with tied embeddings
 
  private:
-  bool last_;
   RotaryTables rope_;
 };
 TORCH_MODULE(StageModule);

@@ -2,8 +2,9 @@
 // killed with SIGKILL just before a chosen inner step, or halfway through
 // writing a chosen step's checkpoint, or frozen with SIGSTOP like a hung
 // machine, or stalled for some seconds with its heartbeat on (a replica busy
-// handing its state over, or paused, falls behind its partners), or killed or frozen before it joins the run (before its first heartbeat), or has one byte
-// of its next outer message flipped on the wire, or (a worker joining the
+// handing its state over, or paused, falls behind its partners), or killed
+// or frozen before it joins the run (before its first heartbeat), or has one
+// byte of its next outer message flipped on the wire, or (a worker joining the
 // running run) killed once a donor has claimed its hand-over. A restarted
 // worker (a later incarnation) runs on.
 #pragma once
