@@ -29,8 +29,11 @@ class AbandonableStore final : public c10d::Store {
   void wait(const std::vector<std::string>& keys) override { wait(keys, getTimeout()); }
   void wait(const std::vector<std::string>& keys, const std::chrono::milliseconds& timeout) override {
     const auto deadline = Clock::now() + timeout;
-    while (!inner_->check(keys)) {
+    // Asked even when the keys are there: a member that gave up may have
+    // written its keys before it did.
+    for (;;) {
       if (abandon_()) throw std::runtime_error("a member of the group was given up while it formed");
+      if (inner_->check(keys)) return;
       const auto now = Clock::now();
       if (now >= deadline) throw std::runtime_error("timed out waiting for a member of the group");
       const auto left = std::chrono::ceil<std::chrono::milliseconds>(deadline - now);

@@ -76,7 +76,7 @@ const Roster& ActivationLink::enter(const std::string& name) {
   finish_sends();
   if (pg_) retired_.push_back(std::move(pg_));
   pg_ = join_gloo_group(store_, env_, "pipeline/" + name, int(me - listed.begin()), int(listed.size()), device_,
-                        timeout_);
+                        timeout_, seal_.get());
   members_ = listed;
   lost_.clear();
   sent_to_.assign(listed.size(), 0);

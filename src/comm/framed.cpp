@@ -66,7 +66,12 @@ FramedSend::FramedSend(c10d::ProcessGroupGloo& group, int member, int tag, const
 }
 
 void FramedSend::wait(std::chrono::milliseconds timeout) {
-  for (auto& w : works_) w->wait(timeout);
+  for (auto& w : works_)
+    if (!w->wait(timeout)) throw std::runtime_error("the send was aborted");
+}
+
+void FramedSend::abort() {
+  for (auto& w : works_) w->abort();
 }
 
 FramedReceive::FramedReceive(c10d::ProcessGroupGloo& group, int member, int tag, MessageHeader expected,
@@ -138,17 +143,23 @@ Delivery FramedReceive::check_header() {
 
 Delivery FramedReceive::wait(std::chrono::milliseconds timeout) {
   try {
-    header_work_->wait(timeout);
+    if (!header_work_->wait(timeout)) throw std::runtime_error("the receive was aborted");
     const auto checked = check_header();
     if (checked != Delivery::received) return checked;
     if (!eager_) post_parts();
-    for (auto& w : part_works_) w->wait(timeout);
+    for (auto& w : part_works_)
+      if (!w->wait(timeout)) throw std::runtime_error("the receive was aborted");
     if (seal_ && !open_parts()) return Delivery::unauthentic;
     return Delivery::received;
   } catch (const std::exception& e) {
     problem_ = error_text(e);
     return Delivery::peer_lost;
   }
+}
+
+void FramedReceive::abort() {
+  header_work_->abort();
+  for (auto& w : part_works_) w->abort();
 }
 
 }  // namespace noloco

@@ -40,8 +40,10 @@ class FramedSend {
   // (a failure drill) flips one payload byte on the wire. Throws if the pair is closed.
   FramedSend(c10d::ProcessGroupGloo& group, int member, int tag, const MessageHeader& header,
              std::vector<torch::Tensor> parts, const Seal* seal, bool corrupt = false);
-  // Throws if the peer is lost before everything left.
+  // Throws if the peer is lost before everything left, or the send was aborted.
   void wait(std::chrono::milliseconds timeout);
+  // Ends a wait on another thread (the group is being given up).
+  void abort();
   uint64_t payload_bytes() const { return payload_bytes_; }
   // What leaves for it: the header and the payload, sealed or not.
   uint64_t wire_bytes() const { return wire_bytes_; }
@@ -76,6 +78,9 @@ class FramedReceive {
   FramedReceive(c10d::ProcessGroupGloo& group, int member, int tag, MessageHeader expected, int64_t max_bytes,
                 const Seal* seal);
   Delivery wait(std::chrono::milliseconds timeout);
+  // Ends a wait on another thread (it returns peer_lost): the group is being
+  // given up. Only for an eager receive (a lazy one posts its parts in wait).
+  void abort();
   const std::string& problem() const { return problem_; }
   std::vector<torch::Tensor>& parts() { return parts_; }
   // What came for it: the header and the payload, sealed or not.

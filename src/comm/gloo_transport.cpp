@@ -9,7 +9,6 @@
 #include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
 #include <torch/csrc/distributed/c10d/Store.hpp>
 
-#include "comm/abandonable_store.h"
 #include "comm/framed.h"
 #include "comm/seal.h"
 #include "util/error_text.h"
@@ -204,29 +203,6 @@ class GlooCollectives final : public Transport {
 
 }  // namespace
 
-std::shared_ptr<gloo::transport::Device> gloo_device(const std::string& bind) {
-  return c10d::ProcessGroupGloo::createDeviceForHostname(bind);
-}
-
-GlooGroup join_gloo_group(const StorePtr& store, const WorkerEnv& env, const std::string& name, int rank, int world,
-                          const std::shared_ptr<gloo::transport::Device>& device, std::chrono::milliseconds timeout,
-                          const std::function<bool()>& abandon) {
-  // The store cannot list keys, so keys under a secret prefix can be neither
-  // found nor forged by a process without the token: it cannot join the run.
-  auto options = c10d::ProcessGroupGloo::Options::create(timeout);
-  options->devices.push_back(device);
-  options->threads = 2;
-  try {
-    return c10::make_intrusive<c10d::ProcessGroupGloo>(
-        run_scope(abandon ? abandonable(store, abandon) : store, env.token, name + "/pg"), rank, world, options);
-  } catch (const std::exception& e) {
-    throw std::runtime_error(fmt::format(
-        "could not join the run at {}:{} as worker {} ({} {} of {}) within {}s: a member did not come (it died, or "
-        "is unreachable at its bind address), or NOLOCO_RUN_TOKEN differs: {}",
-        env.master_addr, env.master_port, env.rank, name, rank, world, timeout.count() / 1000, error_text(e)));
-  }
-}
-
 GlooTransport::GlooTransport(std::function<StorePtr()> connect, const WorkerEnv& env, std::string scope, Peer self,
                              int world, const std::string& bind, std::chrono::milliseconds timeout,
                              std::shared_ptr<const Seal> seal)
@@ -291,7 +267,7 @@ GlooTransport::~GlooTransport() {
 }
 
 GlooGroup GlooTransport::join(const std::string& name, int rank, int world, const std::function<bool()>& abandon) {
-  return join_gloo_group(store_, env_, name, rank, world, device_, timeout_, abandon);
+  return join_gloo_group(store_, env_, name, rank, world, device_, timeout_, seal_.get(), abandon);
 }
 
 void GlooTransport::release(GlooGroup group) {
@@ -330,7 +306,7 @@ std::unique_ptr<Transport> GlooTransport::subgroup(const std::string& name, cons
   const int index = int(me - members.begin()), size = int(members.size());
   // Its own store connection: an exchange may be meeting on store_ on another thread (overlap=true).
   auto group = join_gloo_group(connect_(), env_, scope_ + "/" + name + "/" + members_key(members), index, size, device_,
-                               timeout_);
+                               timeout_, seal_.get());
   const auto group_name = scope_ + "/" + name;
   return std::make_unique<GlooCollectives>(std::move(group), index, size, timeout_,
                                            CollectiveSeal{seal_.get(), group_name, run_id_});
@@ -554,7 +530,7 @@ std::vector<Peer> GlooTransport::with_self(std::vector<Peer> peers) const {
 
 void GlooTransport::send_state(const std::string& channel, const MessageHeader& header, const torch::Tensor& bytes) {
   const auto start = Clock::now();
-  auto pg = join_gloo_group(connect_(), env_, scope_ + "/handover/" + channel, 0, 2, device_, timeout_);
+  auto pg = join_gloo_group(connect_(), env_, scope_ + "/handover/" + channel, 0, 2, device_, timeout_, seal_.get());
   auto stamped = header;
   stamped.run = run_id_;
   FramedSend send(*pg, 1, 0, stamped, {bytes.contiguous()}, seal_.get());
@@ -570,7 +546,7 @@ void GlooTransport::send_state(const std::string& channel, const MessageHeader& 
 torch::Tensor GlooTransport::receive_state(const std::string& channel, const MessageHeader& expected,
                                            int64_t max_bytes) {
   const auto start = Clock::now();
-  auto pg = join_gloo_group(connect_(), env_, scope_ + "/handover/" + channel, 1, 2, device_, timeout_);
+  auto pg = join_gloo_group(connect_(), env_, scope_ + "/handover/" + channel, 1, 2, device_, timeout_, seal_.get());
   auto stamped = expected;
   stamped.run = run_id_;
   FramedReceive receive(*pg, 0, 0, stamped, max_bytes, seal_.get());

@@ -21,20 +21,12 @@
 #include <string>
 #include <thread>
 
+#include "comm/gloo_group.h"
 #include "comm/store.h"
 #include "comm/transport.h"
 #include "comm/worker_env.h"
 
-namespace c10d {
-class ProcessGroupGloo;
-}  // namespace c10d
-namespace gloo::transport {
-class Device;
-}  // namespace gloo::transport
-
 namespace noloco {
-
-class Seal;
 
 // What a group's sealed collectives bind each member's message to: the run,
 // the group, the collective's number in the group (members count them
@@ -47,15 +39,6 @@ struct CollectiveSeal {
   std::vector<uint8_t> context(int64_t kind, int64_t number, int from, int to) const;
 };
 
-using GlooGroup = c10::intrusive_ptr<c10d::ProcessGroupGloo>;
-
-// A Gloo process group of `world` members named `name` in the run's store.
-// Throws with a message that names the likely cause (token, dead workers),
-// at once if `abandon` (when given) says a member is gone, else after `timeout`.
-GlooGroup join_gloo_group(const StorePtr& store, const WorkerEnv& env, const std::string& name, int rank, int world,
-                          const std::shared_ptr<gloo::transport::Device>& device, std::chrono::milliseconds timeout,
-                          const std::function<bool()>& abandon = nullptr);
-std::shared_ptr<gloo::transport::Device> gloo_device(const std::string& bind);
 
 // The groups of recent point-to-point exchanges, by their members (ranks and
 // incarnations), most recently used first; a member's generation names the

@@ -11,6 +11,7 @@ const char* message_kind_name(int64_t kind) {
     case MessageKind::activations: return "activations";
     case MessageKind::gradients: return "gradients";
     case MessageKind::evaluation: return "evaluation activations";
+    case MessageKind::greeting: return "group greeting";
   }
   return "unknown message";
 }

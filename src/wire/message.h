@@ -16,6 +16,7 @@ enum class MessageKind : int64_t {
   activations = 3,  // pipeline: a micro-batch's hidden states (the last stage samples the labels itself)
   gradients = 4,    // pipeline: their gradients, back along the same route
   evaluation = 5,   // pipeline: hidden states of an evaluation pass
+  greeting = 6,     // a new Gloo group's members proving to each other that each pair reaches a member
 };
 const char* message_kind_name(int64_t kind);
 
