@@ -145,7 +145,17 @@ Delivery FramedReceive::wait(std::chrono::milliseconds timeout) {
   try {
     if (!header_work_->wait(timeout)) throw std::runtime_error("the receive was aborted");
     const auto checked = check_header();
-    if (checked != Delivery::received) return checked;
+    if (checked != Delivery::received) {
+      // An eager receive's parts are posted and come whole: let them land
+      // before their buffers go, or the pair's stream stops there.
+      if (eager_) {
+        try {
+          for (auto& w : part_works_) w->wait(timeout);
+        } catch (const std::exception&) {
+        }
+      }
+      return checked;
+    }
     if (!eager_) post_parts();
     for (auto& w : part_works_)
       if (!w->wait(timeout)) throw std::runtime_error("the receive was aborted");
