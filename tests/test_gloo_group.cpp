@@ -11,6 +11,7 @@
 
 #include <algorithm>
 #include <condition_variable>
+#include <csignal>
 #include <mutex>
 #include <random>
 #include <regex>
@@ -143,6 +144,9 @@ struct Joined {
 };
 
 std::vector<Joined> join_all(const c10::intrusive_ptr<c10d::Store>& store, int world, const Seal* seal) {
+  // As in every worker (src/cli/main.cpp): a write to a connection the other
+  // end closed (a stranger's, a given-up member's) is an error, not death.
+  ::signal(SIGPIPE, SIG_IGN);
   std::vector<Joined> joined{size_t(world)};
   std::vector<std::thread> members;
   for (int r = 0; r < world; ++r)
