@@ -196,11 +196,12 @@ TEST(GlooGroup, AStrangerOnAPairsPortIsDroppedAndTheGroupFormsAgain) {
     const Seal* seal;
   };
   bool stranded = false;
-  for (const auto c : {Case{2, Stranger::silent, nullptr}, Case{2, Stranger::garbage, &seal}, Case{3, Stranger::silent, &seal},
-                       Case{3, Stranger::silent, &seal}, Case{3, Stranger::silent, &seal}, Case{3, Stranger::silent, &seal},
-                       Case{3, Stranger::silent, &seal}, Case{3, Stranger::silent, &seal}}) {
+  const Case three{3, Stranger::silent, &seal};
+  for (const auto c : {Case{2, Stranger::silent, nullptr}, Case{2, Stranger::garbage, &seal}, three, three, three,
+                       three, three, three}) {
     if (c.world == 3 && stranded) break;
-    SCOPED_TRACE(::testing::Message() << "world " << c.world << (c.kind == Stranger::garbage ? ", garbage" : ", silent"));
+    SCOPED_TRACE(::testing::Message() << "world " << c.world
+                                      << (c.kind == Stranger::garbage ? ", garbage" : ", silent"));
     const auto store = c10::make_intrusive<StrangerOnTheNetwork>(c.world, /*attacked_tries=*/1, c.kind);
     const auto joined = join_all(store, c.world, c.seal);
     ASSERT_EQ(store->held().size(), 1u) << "the stranger never got a member's port";

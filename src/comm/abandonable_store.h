@@ -11,7 +11,8 @@ namespace noloco {
 
 // `inner`, with get() and wait() waiting in slices of `slice` and throwing
 // std::runtime_error once `abandon` returns true (asked before each, even
-// when the keys are there); their overall bound is still `inner`'s timeout. Everything else goes straight to `inner`.
+// when the keys are there); their overall bound is still `inner`'s timeout.
+// Everything else goes straight to `inner`.
 StorePtr abandonable(StorePtr inner, std::function<bool()> abandon,
                      std::chrono::milliseconds slice = std::chrono::milliseconds(200));
 

@@ -5,10 +5,8 @@
 #include <sys/time.h>
 #include <unistd.h>
 
-#include <condition_variable>
 #include <cstring>
 #include <mutex>
-#include <thread>
 
 #include <fmt/format.h>
 #include <spdlog/spdlog.h>
@@ -17,6 +15,7 @@
 #include "comm/abandonable_store.h"
 #include "comm/framed.h"
 #include "comm/seal.h"
+#include "comm/ticker.h"
 #include "util/error_text.h"
 
 namespace noloco {
@@ -32,34 +31,6 @@ std::chrono::milliseconds left_until(Clock::time_point deadline) {
   return std::max(std::chrono::milliseconds(0),
                   std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now()));
 }
-
-// Calls `stop_waits` once `stop` says so, looking every 50 ms, until destroyed.
-class Watchdog {
- public:
-  Watchdog(std::function<bool()> stop, std::function<void()> stop_waits)
-      : thread_([this, stop = std::move(stop), stop_waits = std::move(stop_waits)] {
-          std::unique_lock<std::mutex> lock(mutex_);
-          while (!wake_.wait_for(lock, std::chrono::milliseconds(50), [&] { return done_; }))
-            if (stop()) {
-              stop_waits();
-              return;
-            }
-        }) {}
-  ~Watchdog() {
-    {
-      std::lock_guard<std::mutex> lock(mutex_);
-      done_ = true;
-    }
-    wake_.notify_one();
-    thread_.join();
-  }
-
- private:
-  std::mutex mutex_;
-  std::condition_variable wake_;
-  bool done_ = false;
-  std::thread thread_;
-};
 
 // Every member sends every other its own index over their pair, and checks
 // what comes back: a pair that a stranger took gets nothing (or garbage,
@@ -77,17 +48,19 @@ std::string greet(c10d::ProcessGroupGloo& group, int rank, int world, int64_t ru
   sends.reserve(size_t(world));
   std::mutex posted;  // the watchdog aborts what has been posted so far
   try {
-    Watchdog watchdog(stop, [&] {
+    Ticker watchdog(std::chrono::milliseconds(50), [&] {
+      if (!stop()) return false;
       std::lock_guard<std::mutex> lock(posted);
       for (auto& g : greetings) g.abort();
       for (auto& s : sends) s.abort();
+      return true;
     });
     {
       std::lock_guard<std::mutex> lock(posted);
       for (int m = 0; m < world; ++m)
         if (m != rank)
-          greetings.emplace_back(group, m, kGreetingTag, header, std::vector<torch::Tensor>{torch::empty({1}, torch::kInt64)},
-                                 /*eager=*/true, seal);
+          greetings.emplace_back(group, m, kGreetingTag, header,
+                                 std::vector<torch::Tensor>{torch::empty({1}, torch::kInt64)}, /*eager=*/true, seal);
       for (int m = 0; m < world; ++m)
         if (m != rank)
           sends.emplace_back(group, m, kGreetingTag, header, std::vector<torch::Tensor>{torch::tensor({int64_t(rank)})},

@@ -1,7 +1,6 @@
 #include "comm/gloo_transport.h"
 
 #include <algorithm>
-#include <condition_variable>
 #include <mutex>
 
 #include <fmt/format.h>
@@ -11,6 +10,7 @@
 
 #include "comm/framed.h"
 #include "comm/seal.h"
+#include "comm/ticker.h"
 #include "util/error_text.h"
 
 namespace noloco {
@@ -336,47 +336,28 @@ std::vector<Peer> GlooTransport::meet(const std::string& key, const std::vector<
   if (!meetings->check(keys)) {
     if (!watch_) watch_ = connect_();
     const auto watch = run_scope(watch_, env_.token, scope_ + "/meet");
-    std::mutex mutex;
-    std::condition_variable wake;
-    bool done = false;
-    std::thread watchdog([&] {
-      const auto start = Clock::now(), deadline = start + timeout_;
-      auto noted = start;
-      std::unique_lock<std::mutex> lock(mutex);
-      while (!wake.wait_for(lock, std::chrono::milliseconds(20), [&] { return done; })) {
-        for (const auto& peer : peers) {
-          if (((!waiting && Clock::now() > deadline) || give_up(peer.rank, start)) && !watch->check({here(peer.rank)}))
-            watch->add(here(peer.rank), 2);
-        }
-        if (waiting && Clock::now() - noted > std::chrono::seconds(1)) {
-          waiting();
-          noted = Clock::now();
-        }
+    const auto start = Clock::now(), deadline = start + timeout_;
+    auto noted = start;
+    Ticker watchdog(std::chrono::milliseconds(20), [&] {
+      for (const auto& peer : peers) {
+        if (((!waiting && Clock::now() > deadline) || give_up(peer.rank, start)) && !watch->check({here(peer.rank)}))
+          watch->add(here(peer.rank), 2);
       }
+      if (waiting && Clock::now() - noted > std::chrono::seconds(1)) {
+        waiting();
+        noted = Clock::now();
+      }
+      return false;
     });
-    auto stop = [&] {
-      {
-        std::lock_guard<std::mutex> lock(mutex);
-        done = true;
+    for (;;) {
+      try {
+        meetings->wait(keys, timeout_ + std::chrono::seconds(30));
+        break;
+      } catch (const std::exception&) {
+        if (!waiting) throw;
+        if (meetings->check(keys)) break;  // else the peers are behind and moving: wait on
       }
-      wake.notify_one();
-      watchdog.join();
-    };
-    try {
-      for (;;) {
-        try {
-          meetings->wait(keys, timeout_ + std::chrono::seconds(30));
-          break;
-        } catch (const std::exception&) {
-          if (!waiting) throw;
-          if (meetings->check(keys)) break;  // else the peers are behind and moving: wait on
-        }
-      }
-    } catch (...) {
-      stop();
-      throw;
     }
-    stop();
   }
   std::vector<Peer> present;
   for (const auto& peer : peers) {

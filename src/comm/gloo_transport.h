@@ -39,7 +39,6 @@ struct CollectiveSeal {
   std::vector<uint8_t> context(int64_t kind, int64_t number, int from, int to) const;
 };
 
-
 // The groups of recent point-to-point exchanges, by their members (ranks and
 // incarnations), most recently used first; a member's generation names the
 // group it holds, so that all members can tell whether they hold the same one.
