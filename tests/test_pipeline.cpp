@@ -115,6 +115,38 @@ TEST(Routing, LiveRoutesGoAroundLostWorkersAndSpreadTheirShare) {
   EXPECT_THROW(live_routes(5, 0, 0, replicas, {{0, 1}, {}}, true), std::runtime_error);
 }
 
+// Issue 29: a worker that joined stage 1 of a 4-replica run as replica 4 is
+// routed to (its share of the stage's micro-batches); one that joined stage 0
+// brings a fifth data stream, whose route a live worker of stage 1 serves.
+TEST(Routing, LiveRoutesReachWorkersThatJoinedTheRun) {
+  const int replicas = 4;
+  std::map<int, int> stage1_load;
+  for (int64_t step = 0; step < 40; ++step)
+    for (int64_t micro = 0; micro < 2; ++micro) {
+      const auto routes = live_routes(3, step, micro, replicas, {{0, 1, 2, 3}, {0, 1, 2, 3, 4}}, true);
+      ASSERT_EQ(routes.size(), 4u) << "one route per first-stage worker: a later-stage joiner brings no data";
+      std::set<int> served;
+      for (const auto& r : routes) {
+        EXPECT_EQ(r.replica[0], r.origin);
+        served.insert(r.replica[1]);
+        stage1_load[r.replica[1]] += 1;
+      }
+      EXPECT_EQ(served.size(), 4u) << "four positions of five drawn: no stage-1 worker serves two routes";
+    }
+  ASSERT_EQ(stage1_load.size(), 5u);
+  for (auto [replica, n] : stage1_load) EXPECT_GT(n, 40) << "stage-1 replica " << replica << " of 80 routes";
+
+  const auto grown = live_routes(3, 7, 0, replicas, {{0, 1, 2, 3, 4}, {0, 1, 2, 3}}, true);
+  ASSERT_EQ(grown.size(), 5u);
+  EXPECT_EQ(grown[4].origin, 4) << "the first-stage joiner's own data";
+  for (const auto& r : grown) EXPECT_LT(r.replica[1], 4) << "served by a live stage-1 worker";
+  // Evaluation: the last-stage joiner evaluates its own weights, stood in for before it.
+  const auto evaluations = evaluation_routes(3, replicas, {{0, 1, 2, 3}, {0, 1, 2, 3, 4}});
+  ASSERT_EQ(evaluations.size(), 5u);
+  EXPECT_EQ(evaluations[4].replica[1], 4);
+  EXPECT_LT(evaluations[4].replica[0], 4);
+}
+
 TEST(Routing, EvaluationRoutesFollowEachReplicasOwnPipeline) {
   const LiveReplicas all(3, {0, 1, 2});
   for (const auto& r : evaluation_routes(1, 3, all)) EXPECT_EQ(r.replica, std::vector<int>(3, r.origin));
@@ -609,6 +641,88 @@ TEST_F(Pipeline, AKilledStageWorkerRestartsAndRejoinsItsStage) {
   EXPECT_EQ(result.exit_code, 130) << "ended by the test's Ctrl-C, not before:\n" << result.output;
   EXPECT_NE(::system(("pgrep -f '[n]oloco train .*out=" + run_dir + " ' > /dev/null").c_str()), 0)
       << "a worker outlived the launcher";
+}
+
+// Issue 29: a pipelined run gains stage workers. Worker 3 (stage 1 of
+// replica 1) dies early; a joiner that names no stage takes the stage with
+// the fewest live workers (stage 1), another names stage 0. Each takes a live
+// replica of its stage's state, is routed to, pairs with its stage's replicas
+// in the outer steps, and finishes; the new stage-1 worker's final loss is
+// the first replica's within 2%.
+TEST_F(Pipeline, WorkersJoinARunningPipelinedRunAtTheStageWithFewestWorkers) {
+  const std::string run_dir = dir / "grow";
+  const int steps = 1200;
+  noloco::testing::BackgroundCli runner(small_train_args(dir / "c.txt", run_dir) +
+                                            fmt::format(" method=noloco replicas=2 stages=2 batch=2 grad_accum=2 "
+                                                        "steps={} outer_interval=5 threads=1 inject_crash=3:10",
+                                                        steps),
+                                        300);
+  // Well past worker 3's death (the launcher records it within 50 ms), so
+  // that the stage that lost it has the fewest live workers.
+  bool past_death = false;
+  for (int i = 0; i < 1200 && !past_death; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    if (std::filesystem::exists(run_dir + "/metrics.jsonl"))
+      for (auto& t : metrics_records(run_dir, "train")) past_death |= t["step"].get<int64_t>() >= 30;
+  }
+  ASSERT_TRUE(past_death);
+  noloco::testing::BackgroundCli fewest("join " + run_dir + " threads=1", 280),
+      named("join " + run_dir + " threads=1 stage=0", 280);
+  const auto& a = fewest.wait();
+  const auto& b = named.wait();
+  const auto& r = runner.wait();
+  ASSERT_EQ(r.exit_code, 3) << "finished without worker 3: " << r.output;
+  EXPECT_NE(r.output.find("finished with 5 of 6 workers"), std::string::npos) << r.output;
+  ASSERT_EQ(a.exit_code, 0) << a.output;
+  ASSERT_EQ(b.exit_code, 0) << b.output;
+  EXPECT_NE(a.output.find("as worker 5: stage 1 of replica 2"), std::string::npos) << a.output;
+  EXPECT_NE(b.output.find("as worker 4: stage 0 of replica 2"), std::string::npos) << b.output;
+
+  const auto summary = read_json(run_dir + "/summary.json");
+  const auto finished = summary["replicas_finished"].get<std::vector<int>>();
+  EXPECT_EQ(std::set<int>(finished.begin(), finished.end()), (std::set<int>{0, 1, 2, 4, 5})) << summary.dump();
+  ASSERT_EQ(summary["joined"].size(), 2u) << summary.dump();
+  std::map<int, int64_t> joined_at;  // worker -> step
+  for (const auto& j : summary["joined"]) {
+    joined_at[j["replica"].get<int>()] = j["step"].get<int64_t>();
+    EXPECT_EQ(j["step"].get<int64_t>() % 5, 0) << "handed over after an outer step: " << j.dump();
+    EXPECT_LT(j["step"].get<int64_t>(), steps) << j.dump();
+    EXPECT_NE(j["donor"].get<int>(), 2) << "a live replica of its stage, not itself: " << j.dump();
+  }
+  ASSERT_EQ(joined_at.size(), 2u);
+  ASSERT_TRUE(joined_at.count(4) && joined_at.count(5)) << summary.dump();
+
+  // Routed to: the new stage-1 worker computed replica 2's losses after its
+  // hand-over, and the stage-0 one sent activations of its own data.
+  const auto trained = losses(run_dir, "train");
+  ASSERT_TRUE(trained.count(2));
+  EXPECT_GT(trained.at(2).begin()->first, joined_at[5]);
+  EXPECT_EQ(trained.at(2).rbegin()->first, steps);
+  EXPECT_GT(double(trained.at(2).size()), 0.95 * double(steps - joined_at[5])) << "routed to at (nearly) every step";
+  EXPECT_GT(read_json(run_dir + "/summary_r4.json")["activation_bytes_sent"].get<double>(), 0);
+  // In the groupings: replica 0 of each stage averaged with the joiner of its stage.
+  std::set<int> stages_paired;
+  for (auto& o : metrics_records(run_dir, "outer"))
+    if (o["replica"].get<int>() == 0)
+      for (int member : o["group"].get<std::vector<int>>())
+        if (member == 2) stages_paired.insert(o["stage"].get<int>());
+  EXPECT_EQ(stages_paired, (std::set<int>{0, 1}));
+  const double first = read_json(run_dir + "/summary_r1.json")["final_val_loss"].get<double>(),
+               joiner = read_json(run_dir + "/summary_r5.json")["final_val_loss"].get<double>();
+  EXPECT_NEAR(joiner, first, 0.02 * first);
+  EXPECT_EQ(r.output.find("timed out"), std::string::npos) << r.output;
+
+  // A fixed-routing pipeline has no routes for a newcomer: refused with one line, before the store is asked.
+  auto yaml = noloco::testing::read_text(run_dir + "/config.yaml");
+  const auto at = yaml.find("routing: random");
+  ASSERT_NE(at, std::string::npos) << yaml;
+  yaml.replace(at, std::string("routing: random").size(), "routing: fixed");
+  noloco::testing::write_text(run_dir + "/config.yaml", yaml);
+  const auto refused = noloco::testing::run_cli("join " + run_dir + " store=http://127.0.0.1:9", 60);
+  EXPECT_EQ(refused.exit_code, 1) << refused.output;
+  EXPECT_NE(refused.output.find("routing=fixed; only a noloco run (pipelined: with routing=random) takes joiners"),
+            std::string::npos)
+      << refused.output;
 }
 
 // Fixed routing has nowhere else to send a lost worker's micro-batches, and

@@ -220,7 +220,7 @@ int run_train(const std::string& config_path, const std::vector<std::string>& ov
   const auto links = capped_links(cfg, plan.workers);
   plan.links = links.get();
   // Behind capped links the workers sit in network namespaces a joiner could not reach.
-  if (takes_joiners(cfg.outer.method, stages) && !links) plan.join_dir = cfg.run.out;
+  if (takes_joiners(cfg.outer.method, cfg.pipeline.routing, stages) && !links) plan.join_dir = cfg.run.out;
   if (stages > 1)
     spdlog::info("launching {} replicas x {} stages = {} {} workers, run dir {}", cfg.run.replicas, stages,
                  plan.workers, plan.method, cfg.run.out);
@@ -286,15 +286,17 @@ std::string joiner_token(const std::string& token_file) {
   return token;
 }
 
-// `join RUN_DIR`: a new NoLoCo replica of the run training into RUN_DIR. It
-// claims the next member id from the run's store, takes a live replica's
-// state at that replica's next outer step and trains with the others to the
-// end (or until SIGTERM).
+// `join RUN_DIR`: a new NoLoCo replica of the run training into RUN_DIR (of
+// one pipeline stage, in a pipelined run). It claims the next member id from
+// the run's store, takes a live replica's state at that replica's next outer
+// step and trains with the others to the end (or, unpipelined, until SIGTERM).
 int run_join(const std::string& run_dir, const std::vector<std::string>& args) {
   std::string store, token_file = run_dir + "/run_token";
+  int64_t stage = -1;
   Options options("join");
   options.add("store", store, "the run's store (NOLOCO_STORE's form); default: the one in RUN_DIR/join.json")
-      .add("token_file", token_file, "where the token is when NOLOCO_RUN_TOKEN is unset");
+      .add("token_file", token_file, "where the token is when NOLOCO_RUN_TOKEN is unset")
+      .add("stage", stage, "pipelined run: the stage to serve; default: the one with the fewest live workers");
   auto overrides = options.parse_known(args);
   int local_workers = 1;  // workers sharing this machine's cores
   if (store.empty()) {
@@ -310,29 +312,43 @@ int run_join(const std::string& run_dir, const std::vector<std::string>& args) {
   overrides.push_back("out=" + run_dir);
   auto cfg = load_config(run_dir + "/config.yaml", overrides);
   const int stages = int(cfg.pipeline.stages);
-  if (!takes_joiners(cfg.outer.method, stages))
-    throw std::invalid_argument(fmt::format("join: the run in {} is {}{}; only an unpipelined noloco run takes joiners",
-                                            run_dir, choice_name(cfg.outer.method),
-                                            stages > 1 ? fmt::format(" with {} pipeline stages", stages) : ""));
+  if (!takes_joiners(cfg.outer.method, cfg.pipeline.routing, stages))
+    throw std::invalid_argument(fmt::format(
+        "join: the run in {} is {}{}; only a noloco run (pipelined: with routing=random) takes joiners", run_dir,
+        choice_name(cfg.outer.method),
+        stages > 1 ? fmt::format(" with {} pipeline stages, routing={}", stages, choice_name(cfg.pipeline.routing))
+                   : ""));
+  if (stage >= stages || stage < -1)
+    throw std::invalid_argument(fmt::format("join: stage={} is not a stage of the run (0..{})", stage, stages - 1));
   cfg.validate();
   cfg.validate_workers();
   WorkerEnv env;
-  env.world = int(cfg.run.replicas);
+  env.world = int(cfg.workers());
   env.local_world = local_workers;
   env.agent_store = true;
   env.token = joiner_token(token_file);
   env.store_url = store;
   if (store.rfind("https://", 0) == 0 && !std::getenv("NOLOCO_STORE_CA")) env.store_pin = store_tls_key(env.token).pin;
   const auto timeout = std::chrono::milliseconds(int64_t(cfg.comm.peer_timeout * 1000));
-  env.rank = claim_member_id(connect_store(env, timeout), env.token, replica_scope(stages, 0), env.world);
+  const auto run_store = connect_store(env, timeout);
+  const int replicas = int(cfg.run.replicas);
+  if (stage < 0) stage = least_served_stage(run_store, env.token, stages, replicas);
+  // Laid out replica-major like the launched workers: member m of stage s is worker m·stages + s.
+  const int member = claim_member_id(run_store, env.token, replica_scope(stages, int(stage)), replicas);
+  env.rank = member * stages + int(stage);
   init_logging(fmt::format("noloco[worker {}]", env.rank));
-  spdlog::info("joining the run in {} as replica {}", run_dir, env.rank);
+  if (stages > 1)
+    spdlog::info("joining the run in {} as worker {}: stage {} of replica {}", run_dir, env.rank, stage, member);
+  else
+    spdlog::info("joining the run in {} as replica {}", run_dir, env.rank);
   FailureDrill(cfg.run.inject_crash, env.rank, 0).at_startup();
-  leave_on_sigterm();
-  const auto links = join_as_worker(env, cfg.comm, stages, true);
+  // A pipelined worker cannot leave cleanly yet (its neighbours would lose the step in flight): like the launched ones.
+  const bool can_leave = stages == 1;
+  if (can_leave) leave_on_sigterm();
+  const auto links = join_as_worker(env, cfg.comm, stages, true, activation_codecs(cfg));
   auto info = worker_info(env, stages, links);
   info.agree_resume_step = nullptr;  // it starts from a live replica's state, never from the disk
-  info.leave_requested = [] { return leave_signalled.load(); };
+  if (can_leave) info.leave_requested = [] { return leave_signalled.load(); };
   train(cfg, info);
   return 0;
 }

@@ -354,38 +354,41 @@ class JoinInvitation {
   std::string dir_;
 };
 
-// The workers that joined the run (unpipelined: members of "replicas"),
-// each once it finished (its summary written; also after leaving) or was
-// given up: its heartbeat silent for heartbeat_timeout. Declared dead alone
-// is not given up: a replica that leaves is, while it saves its checkpoint.
+// The workers that joined the run (members of each stage's scope), each
+// once it finished (its summary written; also after leaving) or was given
+// up: its heartbeat silent for heartbeat_timeout. Declared dead alone is not
+// given up: a replica that leaves is, while it saves its checkpoint.
 std::vector<WorkerExit> await_joiners(const LaunchPlan& plan, const StorePtr& store, const std::string& token,
                                       Clock::time_point launched) {
   std::vector<WorkerExit> out;
   if (plan.join_dir.empty()) return out;
-  const auto scope = replica_scope(plan.stages, 0);
   HeartbeatWatch heartbeats(store, token);
-  for (const int member : joined_members(store, token, scope)) {
-    WorkerExit e;
-    e.rank = member;
-    e.joined = true;
-    heartbeats.expect(member);
-    for (;;) {
-      const auto state = member_state(store, token, scope, member);
-      if (state == MemberState::finished) break;
-      if (const double silent = heartbeats.silent_seconds(member); silent > plan.comm.heartbeat_timeout) {
-        e.exit_code = 1;
-        e.why = fmt::format("{}no heartbeat for {:.0f} s", state == MemberState::dead ? "declared dead, " : "", silent);
-        break;
+  for (int stage = 0; stage < plan.stages; ++stage) {
+    const auto scope = replica_scope(plan.stages, stage);
+    for (const int member : joined_members(store, token, scope)) {
+      WorkerExit e;
+      e.rank = member * plan.stages + stage;  // a worker's rank, as the joiner took it
+      e.joined = true;
+      heartbeats.expect(e.rank);
+      for (;;) {
+        const auto state = member_state(store, token, scope, member);
+        if (state == MemberState::finished) break;
+        if (const double silent = heartbeats.silent_seconds(e.rank); silent > plan.comm.heartbeat_timeout) {
+          e.exit_code = 1;
+          e.why =
+              fmt::format("{}no heartbeat for {:.0f} s", state == MemberState::dead ? "declared dead, " : "", silent);
+          break;
+        }
+        if (ForwardedSignals::pending()) {
+          e.exit_code = 1;
+          e.why = "not waited for (the launcher was stopped)";
+          break;
+        }
+        std::this_thread::sleep_for(std::chrono::milliseconds(200));
       }
-      if (ForwardedSignals::pending()) {
-        e.exit_code = 1;
-        e.why = "not waited for (the launcher was stopped)";
-        break;
-      }
-      std::this_thread::sleep_for(std::chrono::milliseconds(200));
+      e.seconds = std::chrono::duration<double>(Clock::now() - launched).count();
+      out.push_back(e);
     }
-    e.seconds = std::chrono::duration<double>(Clock::now() - launched).count();
-    out.push_back(e);
   }
   std::sort(out.begin(), out.end(), [](const WorkerExit& a, const WorkerExit& b) { return a.rank < b.rank; });
   return out;

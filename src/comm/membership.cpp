@@ -54,6 +54,24 @@ std::vector<int> joined_members(const StorePtr& store, const std::string& token,
   return out;
 }
 
+int least_served_stage(const StorePtr& store, const std::string& token, int stages, int replicas) {
+  int best = 0, fewest = -1;
+  for (int s = 0; s < stages; ++s) {
+    const auto members = members_scope(store, token, replica_scope(stages, s));
+    const std::string dead = read_or_empty(*members, "dead"), finished = read_or_empty(*members, "finished");
+    // Joiners count from their claim on, so that joiners arriving together spread over the stages.
+    const int claimed = members->check({"joiners"}) ? int(members->add("joiners", 0)) : 0;
+    int live = 0;
+    for (int r = 0; r < replicas + claimed; ++r)
+      live += !list_has(dead, std::to_string(r)) && !list_has(finished, std::to_string(r));
+    if (fewest < 0 || live < fewest) {
+      best = s;
+      fewest = live;
+    }
+  }
+  return best;
+}
+
 MemberState member_state(const StorePtr& store, const std::string& token, const std::string& scope, int rank) {
   const auto members = members_scope(store, token, scope);
   if (list_has(read_or_empty(*members, "finished"), std::to_string(rank))) return MemberState::finished;
@@ -271,7 +289,11 @@ bool Roster::holds(int stage, const Peer& p) const {
 }
 
 bool Roster::whole(int replicas) const {
-  return std::all_of(stages.begin(), stages.end(), [&](const auto& live) { return int(live.size()) == replicas; });
+  return std::all_of(stages.begin(), stages.end(), [&](const auto& live) {
+    for (int r = 0; r < replicas; ++r)
+      if (std::none_of(live.begin(), live.end(), [&](const Peer& p) { return p.rank == r; })) return false;
+    return true;
+  });
 }
 
 PipelineRoster::PipelineRoster(StorePtr store, const std::string& token, int stages, int replicas)
@@ -289,7 +311,10 @@ Roster PipelineRoster::snapshot(const std::string& name) {
       const auto members = members_scope(store_, token_, replica_scope(stages_, s));
       const std::string dead = read_or_empty(*members, "dead"), lost = read_or_empty(*members, "lost");
       const auto incarnations = parse_incarnations(read_or_empty(*members, "incarnations"));
-      for (int r = 0; r < replicas_; ++r) {
+      std::vector<int> candidates;  // the stage's first workers, then those that joined it
+      for (int r = 0; r < replicas_; ++r) candidates.push_back(r);
+      for (const auto& item : list_items(read_or_empty(*members, "joined"))) candidates.push_back(std::stoi(item));
+      for (const int r : candidates) {
         const auto g = incarnations.find(r);
         const Peer p{r, g == incarnations.end() ? 0 : g->second};
         if (!list_has(dead, std::to_string(r)) && !list_has(lost, fmt::format("{}.{}", r, p.incarnation)))

@@ -116,7 +116,8 @@ struct Roster {
   std::vector<std::vector<Peer>> stages;  // by stage: live replicas (rank = replica), sorted
 
   bool holds(int stage, const Peer& p) const;
-  // Whether every replica of every stage is live.
+  // Whether each of the run's first `replicas` replicas is live at every
+  // stage (workers that joined may come on top).
   bool whole(int replicas) const;
 };
 
@@ -153,6 +154,10 @@ int64_t agree_resume_step(const StorePtr& store, const std::string& token, int w
 // A new member of `scope` (a worker joining a running run): its rank, the
 // first not taken, counted from `world` (the run's first members) up.
 int claim_member_id(const StorePtr& store, const std::string& token, const std::string& scope, int world);
+
+// The pipeline stage a new worker joins: the one with the fewest live
+// workers (joiners counted from their claim), the first of those on a tie.
+int least_served_stage(const StorePtr& store, const std::string& token, int stages, int replicas);
 
 // The members of `scope` that joined the running run and took their state, in the order they did.
 std::vector<int> joined_members(const StorePtr& store, const std::string& token, const std::string& scope);

@@ -144,9 +144,11 @@ inline bool takes_back_restarted(Method method, Routing routing, int64_t stages)
   return method == Method::noloco && survives_lost_workers(method, routing, stages);
 }
 // Whether new workers can join the running run (noloco join): NoLoCo
-// replicas meet in groups drawn afresh at each outer step. (A pipeline's
-// routes and activation links are not yet open to new workers.)
-inline bool takes_joiners(Method method, int64_t stages) { return method == Method::noloco && stages == 1; }
+// replicas meet in groups drawn afresh at each outer step, and random routing
+// draws a pipeline's routes over whoever serves a stage.
+inline bool takes_joiners(Method method, Routing routing, int64_t stages) {
+  return takes_back_restarted(method, routing, stages);
+}
 // Whether the method exchanges slow weights every H steps (and so has a wire codec, fragments, overlap).
 inline bool has_outer_steps(Method method) { return method == Method::diloco || method == Method::noloco; }
 

@@ -21,9 +21,14 @@ int serving_replica(const std::vector<int>& live, int position, int stage, uint6
 std::vector<Route> follow(uint64_t seed, int64_t step, int64_t micro, int replicas, const LiveReplicas& live,
                           bool random, const std::vector<int>& starts) {
   const int stages = int(live.size());
+  // Workers that joined the run hold replica numbers from `replicas` up; the
+  // permutations run over their positions too, so that they are routed to.
+  int positions = replicas;
+  for (const auto& stage : live)
+    if (!stage.empty()) positions = std::max(positions, stage.back() + 1);
   std::vector<std::vector<int>> perms;
   for (int boundary = 0; boundary + 1 < stages; ++boundary)
-    perms.push_back(route_permutation(seed, step, micro, boundary, replicas, random));
+    perms.push_back(route_permutation(seed, step, micro, boundary, positions, random));
   const uint64_t salt = splitmix64(seed ^ splitmix64(0x7374616e64ULL + uint64_t(step) * 0x10001ULL + uint64_t(micro)));
   std::vector<Route> routes;
   for (int start : starts) {

@@ -31,7 +31,10 @@ struct Route {
 // above through positions 0..replicas-1; a position whose replica is lost at
 // a stage is served by a live replica of that stage drawn per (seed, step,
 // micro, stage, position), so a lost worker's share spreads over the others.
-// With every worker live this is exactly the permutations' routing.
+// With every worker live this is exactly the permutations' routing. Workers
+// that joined the running run (replica numbers `replicas` and up) add their
+// positions: a first-stage joiner brings its own data, a later-stage one
+// takes its share of the stage's micro-batches.
 std::vector<Route> live_routes(uint64_t seed, int64_t step, int64_t micro, int replicas, const LiveReplicas& live,
                                bool random);
 

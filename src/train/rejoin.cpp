@@ -45,6 +45,8 @@ std::vector<int> serve_rejoins(Membership& membership, Transport& transport, con
       served.push_back(who);
     } catch (const std::exception& e) {
       spdlog::warn("could not hand over state to replica {}: {}", who, error_text(e));
+      // It cannot go on without the state: not counted live (a joiner's stage is chosen by who is).
+      membership.declare_dead(who);
     }
   }
   return served;

@@ -386,7 +386,8 @@ void WorkerRun::outer_step(int64_t done, bool last) {
     for (auto& sync : outer_->finish(flat_)) syncs.push_back(std::move(sync));
   tally_.blocked_seconds += seconds_since(outer_start);
   record_outer_steps(done, syncs);
-  if (!syncs.empty() && w_.membership)
+  // Not at the end: a worker handed the final state would only join the final evaluation late.
+  if (!syncs.empty() && w_.membership && !last)
     for (int to : serve_rejoins(*w_.membership, *w_.transport, state_, done))
       telemetry_.write(record(done, "donate", w_, {{"to", to}}));
 }
