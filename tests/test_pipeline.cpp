@@ -725,6 +725,50 @@ TEST_F(Pipeline, WorkersJoinARunningPipelinedRunAtTheStageWithFewestWorkers) {
       << refused.output;
 }
 
+// Issue 29: a stage worker told to leave (SIGTERM) saves its state, leaves
+// its stage, and serves the steps whose rosters were frozen before it left,
+// so that no neighbour loses a micro-batch or waits for it; its stage's other
+// worker takes its share from then on, and the run ends exit 0.
+TEST_F(Pipeline, AStageWorkerLeavesOnSigtermAndNoMicroBatchIsLost) {
+  const std::string run_dir = dir / "leave";
+  const int steps = 600;
+  noloco::testing::BackgroundCli runner(
+      small_train_args(dir / "c.txt", run_dir) +
+          fmt::format(" method=noloco replicas=2 stages=2 batch=2 grad_accum=2 steps={} outer_interval=5 "
+                      "heartbeat_timeout=60 threads=1",
+                      steps),
+      240);
+  ASSERT_TRUE(noloco::testing::wait_for_record(run_dir, "outer", 120));
+  const pid_t leaver = noloco::testing::worker_of(run_dir, 3);
+  ASSERT_GT(leaver, 0);
+  ASSERT_EQ(::kill(leaver, SIGTERM), 0);
+  const auto& r = runner.wait();
+  ASSERT_EQ(r.exit_code, 0) << "shrunk on purpose, not degraded: " << r.output;
+  EXPECT_NE(r.output.find("worker 3 leaves the run after step"), std::string::npos) << r.output;
+  EXPECT_EQ(r.output.find("lost pipeline worker"), std::string::npos) << r.output;
+  EXPECT_EQ(r.output.find("timed out"), std::string::npos) << r.output;
+  const auto summary = read_json(run_dir + "/summary.json");
+  EXPECT_EQ(summary["replicas_finished"].get<std::vector<int>>(), (std::vector<int>{0, 1, 2})) << summary.dump();
+  EXPECT_TRUE(summary["replicas_failed"].empty()) << summary.dump();
+  ASSERT_EQ(summary["replicas_left"].size(), 1u) << summary.dump();
+  EXPECT_EQ(summary["replicas_left"][0]["worker"].get<int>(), 3);
+  const auto left = read_json(run_dir + "/summary_r3.json")["left_at_step"].get<int64_t>();
+  EXPECT_LT(left, steps) << "it left before the end";
+  for (int worker : {0, 1, 2}) {
+    const auto w = read_json(fmt::format("{}/summary_r{}.json", run_dir, worker));
+    EXPECT_EQ(w["micro_batches_dropped"].get<int64_t>(), 0) << "worker " << worker;
+    EXPECT_EQ(w["pipeline_peers_lost"].get<int64_t>(), 0) << "worker " << worker;
+  }
+  // Its last state is the checkpoint of the step it left at, and loads.
+  const auto last = find_checkpoint(run_dir + "/checkpoints/r3");
+  EXPECT_NE(last.find(fmt::format("step_{:08d}", left)), std::string::npos) << last;
+  EXPECT_FALSE(load_tensors(last + "/model.safetensors").empty());
+  // Replica 1's data still trains (its stage 0 lives on), through worker 1 alone after the leave.
+  const auto trained = losses(run_dir, "train");
+  EXPECT_EQ(trained.at(0).size(), size_t(steps));
+  EXPECT_LE(trained.at(1).rbegin()->first, left + 2) << "the leaver computed no loss after its last listed step";
+}
+
 // Fixed routing has nowhere else to send a lost worker's micro-batches, and
 // no routing goes around a stage that lost every worker.
 TEST_F(Pipeline, FixedRoutingOrAWholeLostStageStopsWithAClearError) {

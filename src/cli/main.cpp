@@ -189,7 +189,7 @@ int run_train(const std::string& config_path, const std::vector<std::string>& ov
     // joined, it cannot ask the store which start this is; the launcher
     // tells a restart by its environment.)
     if (!std::getenv("NOLOCO_RESTARTED")) FailureDrill(cfg.run.inject_crash, env.rank, 0).at_startup();
-    const bool can_leave = cfg.outer.method == Method::noloco && stages == 1;
+    const bool can_leave = takes_joiners(cfg.outer.method, cfg.pipeline.routing, stages);
     if (can_leave) leave_on_sigterm();
     const auto links = join_as_worker(env, cfg.comm, stages, cfg.outer.method != Method::none, activation_codecs(cfg));
     auto info = worker_info(env, stages, links);
@@ -289,7 +289,7 @@ std::string joiner_token(const std::string& token_file) {
 // `join RUN_DIR`: a new NoLoCo replica of the run training into RUN_DIR (of
 // one pipeline stage, in a pipelined run). It claims the next member id from
 // the run's store, takes a live replica's state at that replica's next outer
-// step and trains with the others to the end (or, unpipelined, until SIGTERM).
+// step and trains with the others to the end (or until SIGTERM).
 int run_join(const std::string& run_dir, const std::vector<std::string>& args) {
   std::string store, token_file = run_dir + "/run_token";
   int64_t stage = -1;
@@ -342,13 +342,11 @@ int run_join(const std::string& run_dir, const std::vector<std::string>& args) {
   else
     spdlog::info("joining the run in {} as replica {}", run_dir, env.rank);
   FailureDrill(cfg.run.inject_crash, env.rank, 0).at_startup();
-  // A pipelined worker cannot leave cleanly yet (its neighbours would lose the step in flight): like the launched ones.
-  const bool can_leave = stages == 1;
-  if (can_leave) leave_on_sigterm();
+  leave_on_sigterm();
   const auto links = join_as_worker(env, cfg.comm, stages, true, activation_codecs(cfg));
   auto info = worker_info(env, stages, links);
   info.agree_resume_step = nullptr;  // it starts from a live replica's state, never from the disk
-  if (can_leave) info.leave_requested = [] { return leave_signalled.load(); };
+  info.leave_requested = [] { return leave_signalled.load(); };
   train(cfg, info);
   return 0;
 }

@@ -58,8 +58,9 @@ const Roster& ActivationLink::enter(const std::string& name) {
     for (const auto& p : roster_->stages[size_t(s)]) listed.push_back({p.rank * stages_ + s, p.incarnation});
   std::sort(listed.begin(), listed.end(), [](const Peer& a, const Peer& b) { return a.rank < b.rank; });
   const auto me = std::find(listed.begin(), listed.end(), self_);
-  if (me == listed.end()) {
-    if (was_listed_)
+  listed_ = me != listed.end();
+  if (!listed_) {
+    if (was_listed_ && !leaving_)
       throw std::runtime_error(fmt::format(
           "worker {} was given up by its pipeline neighbours (roster {} leaves it out); it stops so that it can be "
           "restarted",

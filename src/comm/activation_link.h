@@ -57,6 +57,11 @@ class ActivationLink {
   // yet back sits the step out. Throws if it was in an earlier roster and is
   // not now (its neighbours gave it up: it must be restarted to come back).
   const Roster& enter(const std::string& name);
+  // This worker leaves the run (its stage's membership says so): rosters
+  // that leave it out are expected from now on, not an error.
+  void leave() { leaving_ = true; }
+  // Whether the roster entered last lists this worker.
+  bool listed() const { return listed_; }
   int incarnation() const { return self_.incarnation; }
   // The roster entered last, if any.
   const std::optional<Roster>& roster() const { return roster_; }
@@ -101,7 +106,7 @@ class ActivationLink {
   WireCodec activation_codec_, gradient_codec_;
   PipelineRoster rosters_;
   std::optional<Roster> roster_;
-  bool was_listed_ = false;
+  bool was_listed_ = false, listed_ = false, leaving_ = false;
   std::shared_ptr<gloo::transport::Device> device_;
   GlooGroup pg_;
   std::vector<GlooGroup> retired_;  // earlier groups: peers may still be reading from them

@@ -25,6 +25,7 @@
 #include "util/human.h"
 #include "train/training_state.h"
 #include "util/compute_threads.h"
+#include "util/error_text.h"
 #include "util/files.h"
 #include "util/log.h"
 
@@ -273,6 +274,11 @@ class WorkerRun {
   // are told not to wait for this replica, its state is saved; the summary
   // says when it left.
   nlohmann::json leave(int64_t done);
+  // A pipeline worker that left: rosters frozen before it left still route
+  // micro-batches through it. It serves those steps (forward and backward
+  // for its neighbours, nothing applied to its own weights) until a roster
+  // leaves it out, so that nobody loses a micro-batch or waits for it.
+  void serve_listed_steps(int64_t from);
   // The outer method's hook on the gradients (DDP's all-reduce), tallied as
   // an outer step when it synchronised.
   void synchronise_gradients();
@@ -401,7 +407,22 @@ nlohmann::json WorkerRun::leave(int64_t done) {
   if (w_.membership) w_.membership->leave();
   checkpoints_.save(done);
   left_at_step_ = done;
+  if (w_.link) serve_listed_steps(done);
   return finish();
+}
+
+void WorkerRun::serve_listed_steps(int64_t from) {
+  w_.link->leave();
+  try {
+    for (int64_t step = from; step < c_.inner.steps; ++step) {
+      flat_.grads().zero_();
+      model_->train_step(step);
+      if (!w_.link->listed()) return;
+    }
+  } catch (const std::exception& e) {
+    // Its state is saved: what is lost is a neighbour's micro-batch, which that neighbour reports.
+    spdlog::info("stopped serving the pipeline after leaving: {}", error_text(e));
+  }
 }
 
 void WorkerRun::record_outer_steps(int64_t done, const std::vector<OuterSync>& syncs) {
