@@ -488,7 +488,7 @@ nlohmann::json WorkerRun::finish() {
   if (w_.replicas * w_.stages == 1) write_json_atomic(out_ + "/summary.json", summarize_lone_run(summary).to_json());
   if (lead_) {
     spdlog::info("done: final val loss {:.4f} (ppl {:.2f}) | {} steps | {} tokens | {} | {} params", val_loss_,
-                 std::exp(val_loss_), c_.inner.steps, format_count(double(summary.tokens)),
+                 std::exp(val_loss_), left_at_step_.value_or(c_.inner.steps), format_count(double(summary.tokens)),
                  format_duration(summary.seconds), format_count(double(arch_.num_params())));
     if (c_.eval.sample_tokens > 0)
       spdlog::info("sample:\n{}",
