@@ -651,7 +651,7 @@ TEST_F(Pipeline, AKilledStageWorkerRestartsAndRejoinsItsStage) {
 // the first replica's within 2%.
 TEST_F(Pipeline, WorkersJoinARunningPipelinedRunAtTheStageWithFewestWorkers) {
   const std::string run_dir = dir / "grow";
-  const int steps = 1200;
+  const int steps = 800;
   noloco::testing::BackgroundCli runner(small_train_args(dir / "c.txt", run_dir) +
                                             fmt::format(" method=noloco replicas=2 stages=2 batch=2 grad_accum=2 "
                                                         "steps={} outer_interval=5 threads=1 inject_crash=3:10",
@@ -731,7 +731,7 @@ TEST_F(Pipeline, WorkersJoinARunningPipelinedRunAtTheStageWithFewestWorkers) {
 // worker takes its share from then on, and the run ends exit 0.
 TEST_F(Pipeline, AStageWorkerLeavesOnSigtermAndNoMicroBatchIsLost) {
   const std::string run_dir = dir / "leave";
-  const int steps = 600;
+  const int steps = 300;
   noloco::testing::BackgroundCli runner(
       small_train_args(dir / "c.txt", run_dir) +
           fmt::format(" method=noloco replicas=2 stages=2 batch=2 grad_accum=2 steps={} outer_interval=5 "
