@@ -537,11 +537,13 @@ int main(int argc, char** argv) {
 
   std::string join_dir;
   std::vector<std::string> join_args;
-  auto* join_cmd = app.add_subcommand("join", "add a replica to a running noloco run (it takes a live replica's state)");
+  auto* join_cmd = app.add_subcommand(
+      "join", "add a replica (a stage worker, pipelined) to a running noloco run (it takes a live replica's state)");
   join_cmd->add_option("run_dir", join_dir, "the run's directory (its config.yaml; join.json while it trains here)")
       ->required();
   join_cmd->add_option("options", join_args,
                        "store=URL (another machine's run), token_file=PATH (else NOLOCO_RUN_TOKEN or RUN_DIR/run_token), "
+                       "stage=S (pipelined: the stage to serve; default the one with the fewest live workers), "
                        "config overrides for this worker (bind=, threads=, device=)");
 
   auto* password_cmd = app.add_subcommand(
