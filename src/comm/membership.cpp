@@ -32,6 +32,15 @@ std::string peer_item(const Peer& p) {
   return p.incarnation == 0 ? std::to_string(p.rank) : fmt::format("{}.{}", p.rank, p.incarnation);
 }
 
+// Who can be a member of a group whose keys are `members`: its first `world`
+// ranks, then the joiners whose state is in place, in the order they joined.
+std::vector<int> candidate_ranks(c10d::Store& members, int world) {
+  std::vector<int> out;
+  for (int r = 0; r < world; ++r) out.push_back(r);
+  for (const auto& item : list_items(read_or_empty(members, "joined"))) out.push_back(std::stoi(item));
+  return out;
+}
+
 Peer peer_of(const std::string& item) {
   const auto dot = item.find('.');
   return {std::stoi(item.substr(0, dot)), dot == std::string::npos ? 0 : std::stoi(item.substr(dot + 1))};
@@ -153,12 +162,7 @@ Membership::Membership(StorePtr store, const WorkerEnv& env, const std::string& 
   joining_ = rank >= world && incarnation_ == 0;
 }
 
-std::vector<int> Membership::candidates() const {
-  std::vector<int> out;
-  for (int r = 0; r < world_; ++r) out.push_back(r);
-  for (const auto& item : list_items(read_or_empty(*members_, "joined"))) out.push_back(std::stoi(item));
-  return out;
-}
+std::vector<int> Membership::candidates() const { return candidate_ranks(*members_, world_); }
 
 std::vector<Peer> Membership::snapshot(const std::string& name) {
   std::lock_guard<std::mutex> lock(mutex_);
@@ -311,10 +315,7 @@ Roster PipelineRoster::snapshot(const std::string& name) {
       const auto members = members_scope(store_, token_, replica_scope(stages_, s));
       const std::string dead = read_or_empty(*members, "dead"), lost = read_or_empty(*members, "lost");
       const auto incarnations = parse_incarnations(read_or_empty(*members, "incarnations"));
-      std::vector<int> candidates;  // the stage's first workers, then those that joined it
-      for (int r = 0; r < replicas_; ++r) candidates.push_back(r);
-      for (const auto& item : list_items(read_or_empty(*members, "joined"))) candidates.push_back(std::stoi(item));
-      for (const int r : candidates) {
+      for (const int r : candidate_ranks(*members, replicas_)) {
         const auto g = incarnations.find(r);
         const Peer p{r, g == incarnations.end() ? 0 : g->second};
         if (!list_has(dead, std::to_string(r)) && !list_has(lost, fmt::format("{}.{}", r, p.incarnation)))
