@@ -40,7 +40,10 @@ def main():
     def hold(s):
         if garbage:
             s.setblocking(True)
-            s.sendall(os.urandom(100 * 1024))
+            try:
+                s.sendall(os.urandom(100 * 1024))
+            except OSError:  # the port turned it away
+                pass
         held.append(s)
 
     if sys.argv[2] == '--proc':

@@ -10,12 +10,15 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <condition_variable>
 #include <csignal>
+#include <fstream>
 #include <mutex>
 #include <random>
 #include <regex>
 #include <set>
+#include <sstream>
 #include <thread>
 
 #include <fmt/format.h>
@@ -23,6 +26,7 @@
 #include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
 #include <torch/torch.h>
 
+#include "comm/gloo_admission.h"
 #include "comm/gloo_group.h"
 #include "comm/seal.h"
 
@@ -61,6 +65,7 @@ class StrangerOnTheNetwork final : public c10d::Store {
   void set(const std::string& key, const std::vector<uint8_t>& value) override {
     static const std::regex address_key(R"(/pg/(\d+)/0/(\d+)$)");
     std::smatch m;
+    if (std::regex_search(key, m, address_key)) tries_ = std::max(tries_.load(), std::stoi(m[1]) + 1);
     if (std::regex_search(key, m, address_key) && std::stoi(m[1]) < attacked_tries_) {
       const int attempt = std::stoi(m[1]);
       std::unique_lock<std::mutex> lock(mutex_);
@@ -90,6 +95,8 @@ class StrangerOnTheNetwork final : public c10d::Store {
   const std::vector<int>& held() const { return held_; }
   // The attacked pair's client had a later pair whose member listens for it.
   bool stranding() const { return stranding_; }
+  // How many tries the formation took.
+  int tries() const { return tries_; }
 
  private:
   void attack(const std::map<int, std::vector<uint8_t>>& published) {
@@ -135,6 +142,7 @@ class StrangerOnTheNetwork final : public c10d::Store {
   std::map<int, std::map<int, std::vector<uint8_t>>> published_;
   std::vector<int> held_;
   bool stranding_ = false;
+  std::atomic<int> tries_{0};
 };
 
 struct Joined {
@@ -143,7 +151,11 @@ struct Joined {
   double seconds = 0;
 };
 
-std::vector<Joined> join_all(const c10::intrusive_ptr<c10d::Store>& store, int world, const Seal* seal) {
+// Members of a run with `token`; with none, admission (comm/gloo_admission.h)
+// is off and the greeting alone keeps strangers out, as with a LibTorch
+// whose Gloo is built in.
+std::vector<Joined> join_all(const c10::intrusive_ptr<c10d::Store>& store, int world, const Seal* seal,
+                             const std::string& token) {
   // As in every worker (src/cli/main.cpp): a write to a connection the other
   // end closed (a stranger's, a given-up member's) is an error, not death.
   ::signal(SIGPIPE, SIG_IGN);
@@ -154,7 +166,7 @@ std::vector<Joined> join_all(const c10::intrusive_ptr<c10d::Store>& store, int w
       WorkerEnv env;
       env.rank = r;
       env.world = world;
-      env.token = "gloo-group-test";
+      env.token = token;
       const auto start = Clock::now();
       try {
         joined[size_t(r)].group = join_gloo_group(store, env, "group", r, world, gloo_device("127.0.0.1"),
@@ -180,15 +192,128 @@ bool closed_by_the_member(int fd) {
   }
 }
 
+// Every member formed the group, and an all-reduce over it gives the right sum.
+void expect_a_working_group(const std::vector<Joined>& joined) {
+  const int world = int(joined.size());
+  for (const auto& j : joined) ASSERT_TRUE(j.group) << j.error;
+  std::vector<std::thread> members;
+  std::vector<float> sums(joined.size());
+  for (int r = 0; r < world; ++r)
+    members.emplace_back([&, r] {
+      std::vector<at::Tensor> t{torch::full({4}, float(r + 1))};
+      joined[size_t(r)].group->allreduce(t)->wait(std::chrono::seconds(10));
+      sums[size_t(r)] = t[0][3].item<float>();
+    });
+  for (auto& m : members) m.join();
+  for (float s : sums) EXPECT_EQ(s, float(world * (world + 1) / 2));
+}
+
+// A process on the same machine that reads the socket table in a tight loop
+// and connects to every loopback port that starts listening, before the
+// member it is meant for can learn of it from the store (as
+// scripts/port_stranger.py --proc, here a thread).
+class StrangerOnTheMachine {
+ public:
+  StrangerOnTheMachine() : seen_(listening_ports()), thread_([this] { watch(); }) {}
+  ~StrangerOnTheMachine() {
+    for (int fd : stop()) ::close(fd);
+  }
+  // The connections it made that a port accepted.
+  std::vector<int> stop() {
+    stop_ = true;
+    if (thread_.joinable()) thread_.join();
+    return std::exchange(held_, {});
+  }
+
+ private:
+  static std::set<int> listening_ports() {
+    std::set<int> ports;
+    std::ifstream table("/proc/net/tcp");
+    std::string line;
+    std::getline(table, line);  // the header
+    while (std::getline(table, line)) {
+      std::istringstream fields(line);
+      std::string slot, local, remote, state;
+      fields >> slot >> local >> remote >> state;
+      if (state == "0A" && local.rfind("0100007F:", 0) == 0) ports.insert(std::stoi(local.substr(9), nullptr, 16));
+    }
+    return ports;
+  }
+  void watch() {
+    while (!stop_)
+      for (int port : listening_ports()) {
+        if (!seen_.insert(port).second) continue;
+        sockaddr_in to{};
+        to.sin_family = AF_INET;
+        to.sin_port = htons(uint16_t(port));
+        to.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+        const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+        if (::connect(fd, reinterpret_cast<const sockaddr*>(&to), sizeof(to)) == 0)
+          held_.push_back(fd);
+        else
+          ::close(fd);
+      }
+  }
+
+  std::set<int> seen_;
+  std::vector<int> held_;
+  std::atomic<bool> stop_{false};
+  std::thread thread_;
+};
+
 }  // namespace
 
-// A stranger takes a pair's connection on the first try: the members notice
+// With admission, a process on the same machine that connects to each
+// pair's port the instant it opens gets no pair: every group forms at its
+// first try, works, and the stranger's connections are closed. Before it, such a
+// stranger won the pair on most tries (issue 33, item 4: lost exchanges).
+TEST(GlooGroup, AdmissionGivesAStrangerOnTheSameMachineNoPair) {
+  if (!admission_available()) GTEST_SKIP() << "this LibTorch's Gloo is built in (no libgloo.so): no admission";
+  const Seal seal("gloo-group-test");
+  StrangerOnTheMachine stranger;
+  int formations = 0;
+  for (const int world : {2, 3, 2, 3, 2, 3, 2, 3, 2, 3}) {
+    SCOPED_TRACE(::testing::Message() << "formation " << formations << ", world " << world);
+    const auto store = c10::make_intrusive<StrangerOnTheNetwork>(world, /*attacked_tries=*/0, Stranger::silent);
+    const auto joined = join_all(store, world, &seal, "gloo-group-test");
+    EXPECT_EQ(store->tries(), 1);
+    expect_a_working_group(joined);
+    ++formations;
+  }
+  const auto held = stranger.stop();
+  EXPECT_GT(held.size(), 0u) << "the stranger never reached a pair's port in " << formations << " formations";
+  for (int fd : held) {
+    EXPECT_TRUE(closed_by_the_member(fd)) << "a stranger's connection is still held";
+    ::close(fd);
+  }
+}
+
+// With admission, a stranger who knows each pair's port as soon as the
+// members do (it reads the store) and connects to it, silent or sending
+// garbage, on every try: the group forms at its first try and works.
+TEST(GlooGroup, AdmissionGivesAStrangerWhoReadsTheStoreNoPair) {
+  if (!admission_available()) GTEST_SKIP() << "this LibTorch's Gloo is built in (no libgloo.so): no admission";
+  const Seal seal("gloo-group-test");
+  for (const auto kind : {Stranger::silent, Stranger::garbage})
+    for (const int world : {2, 3}) {
+      SCOPED_TRACE(::testing::Message() << "world " << world << (kind == Stranger::garbage ? ", garbage" : ", silent"));
+      const auto store = c10::make_intrusive<StrangerOnTheNetwork>(world, kGroupAttempts, kind);
+      const auto joined = join_all(store, world, &seal, "gloo-group-test");
+      EXPECT_EQ(store->tries(), 1);
+      ASSERT_EQ(store->held().size(), 1u) << "the stranger never reached a pair's port";
+      EXPECT_TRUE(closed_by_the_member(store->held()[0])) << "the stranger's connection is still held";
+      expect_a_working_group(joined);
+    }
+}
+
+// Without admission (no token: the greeting alone, as with a LibTorch whose
+// Gloo is built in), a stranger takes a pair's connection on the first try: the members notice
 // within a bounded time (far under the 30-s timeout), drop the stranger's
 // connection and form the group again on fresh ports; the group then works.
 // With three members, tries are repeated until the attacked pair's member
 // would have stranded a third one waiting for its connection (Gloo's pair
 // ports make that so in 3 of 4 draws).
-TEST(GlooGroup, AStrangerOnAPairsPortIsDroppedAndTheGroupFormsAgain) {
+TEST(GlooGroup, WithoutAdmissionAStrangerOnAPairsPortIsDroppedAndTheGroupFormsAgain) {
   const Seal seal("gloo-group-test");
   struct Case {
     int world;
@@ -203,33 +328,23 @@ TEST(GlooGroup, AStrangerOnAPairsPortIsDroppedAndTheGroupFormsAgain) {
     SCOPED_TRACE(::testing::Message() << "world " << c.world
                                       << (c.kind == Stranger::garbage ? ", garbage" : ", silent"));
     const auto store = c10::make_intrusive<StrangerOnTheNetwork>(c.world, /*attacked_tries=*/1, c.kind);
-    const auto joined = join_all(store, c.world, c.seal);
+    const auto joined = join_all(store, c.world, c.seal, "");
     ASSERT_EQ(store->held().size(), 1u) << "the stranger never got a member's port";
+    EXPECT_EQ(store->tries(), 2);
     stranded = store->stranding();
-    for (const auto& j : joined) {
-      ASSERT_TRUE(j.group) << j.error;
-      EXPECT_LT(j.seconds, 10.0);
-    }
+    for (const auto& j : joined) EXPECT_LT(j.seconds, 10.0);
     EXPECT_TRUE(closed_by_the_member(store->held()[0])) << "the stranger's connection is still held";
-    std::vector<std::thread> members;
-    std::vector<float> sums(size_t(c.world));
-    for (int r = 0; r < c.world; ++r)
-      members.emplace_back([&, r] {
-        std::vector<at::Tensor> t{torch::full({4}, float(r + 1))};
-        joined[size_t(r)].group->allreduce(t)->wait(std::chrono::seconds(10));
-        sums[size_t(r)] = t[0][3].item<float>();
-      });
-    for (auto& m : members) m.join();
-    for (float s : sums) EXPECT_EQ(s, float(c.world * (c.world + 1) / 2));
+    expect_a_working_group(joined);
   }
   EXPECT_TRUE(stranded) << "no draw of three members' ports stranded one (1 in 4^6 by chance)";
 }
 
-// A stranger that wins every try: the members give up within a bounded time,
-// all of them, with one line that says what may be going on.
-TEST(GlooGroup, AStrangerOnEveryTryEndsTheFormationInBoundedTime) {
+// Without admission, a stranger that wins every try: the members give up
+// within a bounded time, all of them, with one line that says what may be
+// going on.
+TEST(GlooGroup, WithoutAdmissionAStrangerOnEveryTryEndsTheFormationInBoundedTime) {
   const auto store = c10::make_intrusive<StrangerOnTheNetwork>(2, kGroupAttempts, Stranger::silent);
-  const auto joined = join_all(store, 2, nullptr);
+  const auto joined = join_all(store, 2, nullptr, "");
   EXPECT_EQ(store->held().size(), size_t(kGroupAttempts));
   for (const auto& j : joined) {
     EXPECT_FALSE(j.group);

@@ -2,11 +2,10 @@
 
 #include <netinet/in.h>
 #include <sys/socket.h>
-#include <sys/time.h>
-#include <unistd.h>
 
 #include <cstring>
 #include <mutex>
+#include <optional>
 
 #include <fmt/format.h>
 #include <spdlog/spdlog.h>
@@ -14,6 +13,8 @@
 
 #include "comm/abandonable_store.h"
 #include "comm/framed.h"
+#include "comm/gloo_admission.h"
+#include "comm/run_keys.h"
 #include "comm/seal.h"
 #include "comm/ticker.h"
 #include "util/error_text.h"
@@ -84,31 +85,23 @@ std::string greet(c10d::ProcessGroupGloo& group, int rank, int world, int64_t ru
 }
 
 // After giving up on an attempt: connects to, and at once closes, every
-// listening port a peer published for its pair with this member. A peer
-// still waiting for this member to connect (Gloo's pair connect cannot be
-// interrupted) thus stops waiting instead of waiting out the timeout. Gloo's
-// rendezvous keys: "0/<member>" (device 0) holds a member's addresses for
-// its pairs, in member order without itself, each starting with a
-// sockaddr_storage; anything else is left alone.
-void release_waiting_peers(c10d::Store& rendezvous, int rank, int world) {
+// listening port a peer published for its pair with this member (proving
+// the run's key where admission is on, else Gloo's side would never see the
+// connection). A peer still waiting for this member to connect (Gloo's pair
+// connect cannot be interrupted) thus stops waiting instead of waiting out
+// the timeout. Gloo's rendezvous keys: "0/<member>" (device 0) holds a
+// member's addresses for its pairs, in member order without itself, each
+// starting with a sockaddr_storage; anything else is left alone.
+void release_waiting_peers(c10d::Store& rendezvous, int rank, int world, const AdmissionKey* key) {
   for (int peer = 0; peer < world; ++peer) {
-    const auto key = fmt::format("0/{}", peer);
-    if (peer == rank || !rendezvous.check({key})) continue;
-    const auto addresses = rendezvous.get(key);
+    const auto name = fmt::format("0/{}", peer);
+    if (peer == rank || !rendezvous.check({name})) continue;
+    const auto addresses = rendezvous.get(name);
     const size_t size = addresses.size() / size_t(world - 1), index = size_t(rank > peer ? rank - 1 : rank);
     if (size < sizeof(sockaddr_storage) || (index + 1) * size > addresses.size()) continue;
     sockaddr_storage address{};
     std::memcpy(&address, addresses.data() + index * size, sizeof(address));
-    const socklen_t length = address.ss_family == AF_INET    ? sizeof(sockaddr_in)
-                             : address.ss_family == AF_INET6 ? sizeof(sockaddr_in6)
-                                                             : 0;
-    if (length == 0) continue;
-    const int fd = ::socket(address.ss_family, SOCK_STREAM, 0);
-    if (fd < 0) continue;
-    timeval bound{1, 0};
-    ::setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &bound, sizeof(bound));
-    (void)::connect(fd, reinterpret_cast<const sockaddr*>(&address), length);
-    ::close(fd);
+    knock(address, key);
   }
 }
 
@@ -125,6 +118,9 @@ GlooGroup join_gloo_group(const StorePtr& store, const WorkerEnv& env, const std
   // found nor forged by a process without the token: it cannot join the run.
   const auto deadline = Clock::now() + timeout;
   const auto given_up = [&] { return abandon && abandon(); };
+  // Only members of the run get a pair's connection (comm/gloo_admission.h).
+  std::optional<AdmissionKey> admission;
+  if (!env.token.empty() && admission_available()) admission = run_key(env.token, "gloo admission");
   std::string why;
   int attempt = 0;
   for (; attempt < kGroupAttempts && left_until(deadline).count() > 0; ++attempt) {
@@ -141,7 +137,10 @@ GlooGroup join_gloo_group(const StorePtr& store, const WorkerEnv& env, const std
       auto options = c10d::ProcessGroupGloo::Options::create(left_until(deadline));
       options->devices.push_back(device);
       options->threads = 2;
+      std::optional<Admission> admitting;
+      if (admission) admitting.emplace(*admission, deadline);
       auto group = c10::make_intrusive<c10d::ProcessGroupGloo>(abandonable(rendezvous, stop), rank, world, options);
+      admitting.reset();
       const auto problem = greet(*group, rank, world, run_id_of(env.token), attempt, seal, deadline, stop);
       if (!problem.empty()) throw std::runtime_error(problem);
       verdicts->set(fmt::format("ok/{}", rank), {1});
@@ -154,7 +153,7 @@ GlooGroup join_gloo_group(const StorePtr& store, const WorkerEnv& env, const std
       why = error_text(e);
       if (!said_ok) {
         verdicts->set("failed", {1});
-        release_waiting_peers(*rendezvous, rank, world);
+        release_waiting_peers(*rendezvous, rank, world, admission ? &*admission : nullptr);
       }
       if (given_up()) break;
       if (attempt + 1 < kGroupAttempts && left_until(deadline).count() > 0)
