@@ -544,6 +544,34 @@ TEST_F(Distributed, ARefusedResumeRewritesNothing) {
   EXPECT_EQ(noloco::testing::read_text(done + "/summary.json"), summary);
 }
 
+// Issue 33: a replica killed while writing its first checkpoint (or out of
+// disk then) holds only step_N.tmp while the others went on; a resume was
+// refused until a person deleted the run's checkpoints. The others resume at
+// their newest common step and it takes a live replica's state, as a
+// restarted worker does.
+TEST_F(Distributed, AResumeStartsAWorkerWithoutCheckpointsFromALiveReplica) {
+  const std::string common = small_train_args(dir / "c.txt", dir / "first_lost") +
+                             " method=noloco replicas=2 batch=2 outer_interval=3 checkpoint_interval=6";
+  const auto crashed = noloco::testing::run_cli(common + " steps=12 inject_crash=0:6:checkpoint", 120);
+  ASSERT_EQ(crashed.exit_code, 3) << crashed.output;
+  ASSERT_TRUE(std::filesystem::exists(dir / "first_lost/checkpoints/r0/step_00000006.tmp"));
+  ASSERT_TRUE(std::filesystem::exists(dir / "first_lost/checkpoints/r1/step_00000012/checksums.json"));
+  const auto resumed = noloco::testing::run_cli(common + " steps=24 resume=true", 120);
+  ASSERT_EQ(resumed.exit_code, 0) << resumed.output;
+  EXPECT_NE(resumed.output.find("worker 0 holds no checkpoint to resume from"), std::string::npos) << resumed.output;
+  const auto summary = read_json(dir / "first_lost/summary.json");
+  EXPECT_EQ(summary["replicas_finished"].get<std::vector<int>>(), (std::vector<int>{0, 1}));
+  // Worker 1 went on from step 12; worker 0 took its state after an outer step past it.
+  std::vector<nlohmann::json> taken;
+  for (const auto& r : metrics_records(dir / "first_lost", "rejoin"))
+    if (r["replica"] == 0) taken.push_back(r);
+  ASSERT_EQ(taken.size(), 1u);
+  EXPECT_EQ(taken[0]["donor"], 1);
+  EXPECT_GT(taken[0]["step"].get<int64_t>(), 12);
+  EXPECT_LT(taken[0]["step"].get<int64_t>(), 24);
+  EXPECT_TRUE(std::filesystem::exists(dir / "first_lost/checkpoints/r0/step_00000024/checksums.json"));
+}
+
 // Issue 29: no single machine holds the run. Its store is a 3-member etcd
 // cluster (NOLOCO_STORE lists the members); the member every worker talks to
 // is killed while they train, and the run finishes as if nothing happened.

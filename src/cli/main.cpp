@@ -132,6 +132,21 @@ WorkerInfo worker_info(const WorkerEnv& env, int stages, const WorkerConnections
   return w;
 }
 
+// The workers of a run directory that hold no complete checkpoint while
+// another worker of their stage holds one (say, one killed or out of disk
+// while writing its first): a resume starts them from a live replica's state.
+std::vector<int> workers_without_checkpoints(const std::string& run_dir, int workers, int stages) {
+  std::vector<bool> holds(static_cast<size_t>(workers)), stage_holds(static_cast<size_t>(stages));
+  for (int w = 0; w < workers; ++w) {
+    holds[size_t(w)] = !complete_checkpoint_steps(fmt::format("{}/checkpoints/r{}", run_dir, w)).empty();
+    stage_holds[size_t(w % stages)] = stage_holds[size_t(w % stages)] || holds[size_t(w)];
+  }
+  std::vector<int> out;
+  for (int w = 0; w < workers; ++w)
+    if (!holds[size_t(w)] && stage_holds[size_t(w % stages)]) out.push_back(w);
+  return out;
+}
+
 // Exit status of a run that finished without some of its workers (NoLoCo goes on without them).
 constexpr int kFinishedWithLosses = 3;
 
@@ -221,6 +236,8 @@ int run_train(const std::string& config_path, const std::vector<std::string>& ov
   plan.links = links.get();
   // Behind capped links the workers sit in network namespaces a joiner could not reach.
   if (takes_joiners(cfg.outer.method, cfg.pipeline.routing, stages) && !links) plan.join_dir = cfg.run.out;
+  if (cfg.run.resume && takes_back_restarted(cfg.outer.method, cfg.pipeline.routing, stages))
+    plan.start_from_peers = workers_without_checkpoints(cfg.run.out, plan.workers, stages);
   if (stages > 1)
     spdlog::info("launching {} replicas x {} stages = {} {} workers, run dir {}", cfg.run.replicas, stages,
                  plan.workers, plan.method, cfg.run.out);

@@ -412,7 +412,14 @@ LaunchResult launch_local_workers(const LaunchPlan& plan, const std::vector<std:
   const StorePtr store = c10::make_intrusive<EtcdStore>(etcd.endpoint(), "root", store_password(token), timeout);
   WorkerSupervisor workers(plan, worker_args, token, etcd.endpoint(), store, signals);
   const JoinInvitation invitation(plan, etcd.endpoint(), token, !(given && *given));
-  for (int r = 0; r < plan.workers && !ForwardedSignals::pending(); ++r) workers.spawn(r, false);
+  for (const int r : plan.start_from_peers) {
+    start_from_peer_on_resume(store, token, r, plan.stages);
+    spdlog::info("worker {} holds no checkpoint to resume from; it will take its state from a live replica", r);
+  }
+  const auto from_peer = [&](int r) {
+    return std::find(plan.start_from_peers.begin(), plan.start_from_peers.end(), r) != plan.start_from_peers.end();
+  };
+  for (int r = 0; r < plan.workers && !ForwardedSignals::pending(); ++r) workers.spawn(r, from_peer(r));
 
   LaunchResult result;
   workers.take_signal(result);  // one that came while starting

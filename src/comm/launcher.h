@@ -39,6 +39,9 @@ struct LaunchPlan {
   // it made up, run_token (readable by its user only), and removes both when
   // the run ends. Empty: the run takes no joiners.
   std::string join_dir;
+  // Workers of a resumed run that hold no checkpoint while others of their
+  // stage do: started as restarted ones (they take a live replica's state).
+  std::vector<int> start_from_peers;
 };
 
 struct LaunchResult {

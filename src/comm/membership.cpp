@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <map>
+#include <set>
 #include <thread>
 
 #include <fmt/format.h>
@@ -12,6 +13,9 @@ namespace noloco {
 namespace {
 
 using Clock = std::chrono::steady_clock;
+
+// In place of a worker's list of checkpoints: it starts from a live replica's state.
+const std::string kFromPeer = "peer";
 
 StorePtr members_scope(const StorePtr& store, const std::string& token, const std::string& scope) {
   return run_scope(store, token, scope + "/members");
@@ -112,6 +116,17 @@ int64_t choose_resume_step(const std::map<int, std::vector<int64_t>>& steps_by_w
       held));
 }
 
+void start_from_peer_on_resume(const StorePtr& store, const std::string& token, int worker, int stages) {
+  const auto members = members_scope(store, token, replica_scope(stages, worker % stages));
+  const int member = worker / stages;
+  // What the launcher does for a restart: the worker is dead to its stage
+  // until its state is in place, and its process will be a later incarnation.
+  append_item(*members, "dead", std::to_string(member));
+  members->add(fmt::format("started/{}", member), 1);
+  run_scope(store, token, "resume")
+      ->set(fmt::format("steps/{}", worker), std::vector<uint8_t>(kFromPeer.begin(), kFromPeer.end()));
+}
+
 int64_t agree_resume_step(const StorePtr& store, const std::string& token, int worker, int workers, int stages,
                           const std::vector<int64_t>& steps, std::chrono::milliseconds timeout) {
   const auto resume = run_scope(store, token, "resume");
@@ -119,18 +134,24 @@ int64_t agree_resume_step(const StorePtr& store, const std::string& token, int w
   for (const int64_t s : steps) mine += std::to_string(s) + ",";
   resume->set(fmt::format("steps/{}", worker), std::vector<uint8_t>(mine.begin(), mine.end()));
   std::map<int, std::vector<int64_t>> held;
+  std::set<int> from_peers;
   const auto deadline = Clock::now() + timeout;
   for (;;) {
     std::vector<int> missing;
     for (int w = 0; w < workers; ++w) {
-      if (held.count(w)) continue;
+      if (held.count(w) || from_peers.count(w)) continue;
       const std::string key = fmt::format("steps/{}", w);
       if (!resume->check({key})) {
         missing.push_back(w);
         continue;
       }
+      const auto items = read_or_empty(*resume, key);
+      if (items == kFromPeer) {
+        from_peers.insert(w);
+        continue;
+      }
       auto& list = held[w];
-      for (const auto& item : list_items(read_or_empty(*resume, key))) list.push_back(std::stoll(item));
+      for (const auto& item : list_items(items)) list.push_back(std::stoll(item));
     }
     if (missing.empty()) return choose_resume_step(held);
     for (const int w : missing)

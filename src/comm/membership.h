@@ -145,11 +145,18 @@ class PipelineRoster {
 int64_t choose_resume_step(const std::map<int, std::vector<int64_t>>& steps_by_worker);
 
 // Each of the run's `workers` posts the steps it holds complete and reads
-// everyone's; returns choose_resume_step of them. Gives up (throwing, naming
+// everyone's; returns choose_resume_step of them (of those that do not start
+// from a peer: start_from_peer_on_resume). Gives up (throwing, naming
 // who is missing) after `timeout`, or as soon as a missing worker is
 // declared dead in its stage's membership.
 int64_t agree_resume_step(const StorePtr& store, const std::string& token, int worker, int workers, int stages,
                           const std::vector<int64_t>& steps, std::chrono::milliseconds timeout);
+
+// Before a resumed run starts: worker `worker` holds no checkpoint to resume
+// from while others of its stage do (its first checkpoint never finished),
+// so it starts as a restarted worker does, from a live replica's state, and
+// agree_resume_step leaves it out. For a run that takes back restarted workers.
+void start_from_peer_on_resume(const StorePtr& store, const std::string& token, int worker, int stages);
 
 // A new member of `scope` (a worker joining a running run): its rank, the
 // first not taken, counted from `world` (the run's first members) up.
