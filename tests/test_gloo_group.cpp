@@ -13,7 +13,9 @@
 #include <atomic>
 #include <condition_variable>
 #include <csignal>
+#include <filesystem>
 #include <fstream>
+#include <map>
 #include <mutex>
 #include <random>
 #include <regex>
@@ -211,10 +213,12 @@ void expect_a_working_group(const std::vector<Joined>& joined) {
 // A process on the same machine that reads the socket table in a tight loop
 // and connects to every loopback port that starts listening, before the
 // member it is meant for can learn of it from the store (as
-// scripts/port_stranger.py --proc, here a thread).
+// scripts/port_stranger.py --proc, here a thread). It spares other
+// processes' ports (tests running beside this one), which a real stranger
+// would not.
 class StrangerOnTheMachine {
  public:
-  StrangerOnTheMachine() : seen_(listening_ports()), thread_([this] { watch(); }) {}
+  StrangerOnTheMachine() : seen_(listening()), thread_([this] { watch(); }) {}
   ~StrangerOnTheMachine() {
     for (int fd : stop()) ::close(fd);
   }
@@ -226,23 +230,32 @@ class StrangerOnTheMachine {
   }
 
  private:
-  static std::set<int> listening_ports() {
-    std::set<int> ports;
+  // Loopback listening sockets: inode -> port.
+  static std::map<std::string, int> listening() {
+    std::map<std::string, int> sockets;
     std::ifstream table("/proc/net/tcp");
     std::string line;
     std::getline(table, line);  // the header
     while (std::getline(table, line)) {
       std::istringstream fields(line);
-      std::string slot, local, remote, state;
-      fields >> slot >> local >> remote >> state;
-      if (state == "0A" && local.rfind("0100007F:", 0) == 0) ports.insert(std::stoi(local.substr(9), nullptr, 16));
+      std::string slot, local, remote, state, queues, timer, retransmits, uid, timeout, inode;
+      fields >> slot >> local >> remote >> state >> queues >> timer >> retransmits >> uid >> timeout >> inode;
+      if (state == "0A" && local.rfind("0100007F:", 0) == 0) sockets[inode] = std::stoi(local.substr(9), nullptr, 16);
     }
-    return ports;
+    return sockets;
+  }
+  static bool own_socket(const std::string& inode) {
+    const std::string name = "socket:[" + inode + "]";
+    for (const auto& fd : std::filesystem::directory_iterator("/proc/self/fd")) {
+      std::error_code error;
+      if (std::filesystem::read_symlink(fd.path(), error).string() == name) return true;
+    }
+    return false;
   }
   void watch() {
     while (!stop_)
-      for (int port : listening_ports()) {
-        if (!seen_.insert(port).second) continue;
+      for (const auto& [inode, port] : listening()) {
+        if (!seen_.emplace(inode, port).second || !own_socket(inode)) continue;
         sockaddr_in to{};
         to.sin_family = AF_INET;
         to.sin_port = htons(uint16_t(port));
@@ -255,7 +268,7 @@ class StrangerOnTheMachine {
       }
   }
 
-  std::set<int> seen_;
+  std::map<std::string, int> seen_;
   std::vector<int> held_;
   std::atomic<bool> stop_{false};
   std::thread thread_;
