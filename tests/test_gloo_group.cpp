@@ -261,7 +261,10 @@ class StrangerOnTheMachine {
         to.sin_port = htons(uint16_t(port));
         to.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
         const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-        if (::connect(fd, reinterpret_cast<const sockaddr*>(&to), sizeof(to)) == 0)
+        // Still listening after the connect, the socket took it: had it closed
+        // first, the port could have gone to another test's process in the
+        // parallel suite, and that connection is not this process's to answer.
+        if (::connect(fd, reinterpret_cast<const sockaddr*>(&to), sizeof(to)) == 0 && listening().count(inode))
           held_.push_back(fd);
         else
           ::close(fd);

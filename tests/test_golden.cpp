@@ -2,8 +2,10 @@
 // recorded from an earlier version of the code (tests/golden/method_runs.json).
 // They guard refactors and new options whose defaults must not change a run
 // by a single bit (wire codecs at fp32 without error feedback, overlap off,
-// one fragment). Recorded on this project's 2-core reference machine with one
-// thread per worker; another CPU family may round differently.
+// one fragment). Recorded with one thread per worker and OpenBLAS's Haswell
+// kernels, which every x86-64 CPU with AVX2 runs: OpenBLAS otherwise picks its
+// kernels by CPU model (and noloco corrects its fallback on models it does not
+// know, util/process_runtime.h), and other kernels round differently.
 // To record again after an intended change of results:
 //   NOLOCO_RECORD_GOLDEN=1 build/noloco_tests --gtest_filter='Golden.*'
 #include <gtest/gtest.h>
@@ -56,6 +58,10 @@ const std::string kGoldenPath = std::string(NOLOCO_SOURCE_DIR) + "/tests/golden/
 }  // namespace
 
 TEST(Golden, EveryMethodReproducesTheRecordedLossesExactly) {
+  if (!__builtin_cpu_supports("avx2") || !__builtin_cpu_supports("fma"))
+    GTEST_SKIP() << "the losses were recorded with OpenBLAS's Haswell kernels, which need AVX2 and FMA";
+  // The runs are child processes: they inherit it, this process keeps its kernels.
+  setenv("OPENBLAS_CORETYPE", "Haswell", 1);
   TempDir dir;
   noloco::testing::write_text(dir / "c.txt", noloco::testing::shakespeare(20000));
   nlohmann::json measured = nlohmann::json::object();

@@ -3,8 +3,14 @@
 #include <cstdlib>
 #include <cstring>
 
+#include <dlfcn.h>
 #include <malloc.h>
+#include <strings.h>
 #include <unistd.h>
+
+#if defined(__x86_64__)
+#include <cpuid.h>
+#endif
 
 namespace noloco {
 
@@ -19,17 +25,67 @@ void keep_freed_memory_mapped() {
   mallopt(M_TRIM_THRESHOLD, 512 << 20);
 }
 
-void wait_passively_in_openmp(char** argv) {
-  if (std::getenv("OMP_WAIT_POLICY")) return;  // the user's choice, or our re-executed self
+// OMP_WAIT_POLICY=passive unless already set; true if this set it.
+bool wait_passively_in_openmp() {
+  if (std::getenv("OMP_WAIT_POLICY")) return false;  // the user's choice, or our re-executed self
   setenv("OMP_WAIT_POLICY", "passive", 1);
-  execv("/proc/self/exe", argv);
-  // Without /proc the process goes on with OpenMP's default policy.
+  return true;
+}
+
+#if defined(__x86_64__)
+// AVX2 with FMA, and AVX-512 (F, CD, BW, DQ, VL) where the OS saves its state.
+struct VectorUnits {
+  bool avx2 = false, avx512 = false;
+};
+
+VectorUnits vector_units() {
+  VectorUnits v;
+  unsigned a, b, c, d;
+  if (!__get_cpuid(1, &a, &b, &c, &d) || !(c & bit_OSXSAVE) || !(c & bit_FMA)) return v;
+  unsigned lo, hi;
+  __asm__("xgetbv" : "=a"(lo), "=d"(hi) : "c"(0));
+  const bool ymm = (lo & 0x6) == 0x6, zmm = (lo & 0xe6) == 0xe6;
+  if (!__get_cpuid_count(7, 0, &a, &b, &c, &d)) return v;
+  v.avx2 = ymm && (b & bit_AVX2);
+  const unsigned avx512 = bit_AVX512F | bit_AVX512CD | bit_AVX512BW | bit_AVX512DQ | bit_AVX512VL;
+  v.avx512 = v.avx2 && zmm && (b & avx512) == avx512;
+  return v;
+}
+#endif
+
+// OpenBLAS picks its kernels from the CPU model, and Debian 12's (0.3.21)
+// does not know newer ones: on a Xeon with AVX-512 it fell back to its
+// Prescott (SSE3) kernels and a tiny model's step ran 3.3x slower than with
+// its SkylakeX ones (docs/results.md). It reads OPENBLAS_CORETYPE only at load
+// time, so the process re-executes itself with it set. Only that fallback is
+// corrected: a core OpenBLAS recognised, or the user's OPENBLAS_CORETYPE,
+// stays. True if this set it.
+bool use_the_blas_kernels_this_cpu_runs() {
+#if defined(__x86_64__)
+  if (std::getenv("OPENBLAS_CORETYPE")) return false;
+  using CoreName = char* (*)();
+  const auto core_name = reinterpret_cast<CoreName>(::dlsym(RTLD_DEFAULT, "openblas_get_corename"));
+  if (!core_name || !core_name()) return false;  // not OpenBLAS
+  static const char* const vector_cores[] = {"haswell", "zen", "skylakex", "cooperlake", "sapphirerapids"};
+  for (const char* vector_core : vector_cores)
+    if (strcasecmp(core_name(), vector_core) == 0) return false;
+  const VectorUnits v = vector_units();
+  if (!v.avx2) return false;
+  setenv("OPENBLAS_CORETYPE", v.avx512 ? "SkylakeX" : "Haswell", 1);
+  return true;
+#else
+  return false;
+#endif
 }
 
 }  // namespace
 
 void prepare_process_runtime(char** argv) {
-  wait_passively_in_openmp(argv);
+  const bool openmp = wait_passively_in_openmp();
+  const bool blas = use_the_blas_kernels_this_cpu_runs();
+  // Both variables are read only when their libraries load. Without /proc the
+  // process goes on with the libraries' defaults.
+  if (openmp || blas) execv("/proc/self/exe", argv);
   keep_freed_memory_mapped();
 }
 

@@ -10,6 +10,9 @@
 //    the work (10x slower). Passive waiting unless OMP_WAIT_POLICY says
 //    otherwise; libgomp reads it only at load time, so the process re-executes
 //    itself once with it set.
+//  - OpenBLAS falls back to SSE3 kernels on x86 CPUs it does not know (3.3x
+//    slower on a Xeon with AVX-512): OPENBLAS_CORETYPE names the kernels the
+//    CPU runs, read at load time too, so set before the same re-execution.
 #pragma once
 
 namespace noloco {
