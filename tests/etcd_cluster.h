@@ -46,10 +46,7 @@ class EtcdCluster {
     const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(30);
     for (;;) {
       try {
-        EtcdStore admin(endpoint(0), "", "", std::chrono::milliseconds(2000));
-        admin.request("/v3/auth/user/add", nlohmann::json{{"name", "root"}, {"password", root_password}}.dump());
-        admin.request("/v3/auth/user/grant", R"({"user":"root","role":"root"})");
-        admin.request("/v3/auth/enable", "{}");
+        EtcdServer::turn_on_authentication(endpoint(0), root_password);
         return;
       } catch (const std::exception& e) {
         if (std::chrono::steady_clock::now() > deadline)

@@ -147,6 +147,22 @@ void EtcdServer::write_certificate(const StoreTlsKey& tls) {
   }
 }
 
+void EtcdServer::turn_on_authentication(const std::string& endpoint, const std::string& password) {
+  try {
+    const EtcdStore root(endpoint, "root", password, std::chrono::milliseconds(2000));
+    return;  // on already: an earlier call's enable went through, its reply did not
+  } catch (const std::exception&) {
+  }
+  EtcdStore admin(endpoint, "", "", std::chrono::milliseconds(2000));
+  try {
+    admin.request("/v3/auth/user/add", nlohmann::json{{"name", "root"}, {"password", password}}.dump());
+  } catch (const std::exception& e) {
+    if (std::string(e.what()).find("user name already exists") == std::string::npos) throw;
+  }
+  admin.request("/v3/auth/user/grant", R"({"user":"root","role":"root"})");  // etcd ignores a second grant
+  admin.request("/v3/auth/enable", "{}");
+}
+
 void EtcdServer::start(const std::string& client_url, const std::string& endpoint, const std::string& password,
                        bool (*interrupted)(), bool enable_auth, const StoreTlsKey* tls) {
   const auto exe = binary();
@@ -204,10 +220,7 @@ void EtcdServer::start(const std::string& client_url, const std::string& endpoin
     }
     try {
       if (enable_auth) {
-        EtcdStore admin(endpoint, "", "", std::chrono::milliseconds(2000));
-        admin.request("/v3/auth/user/add", nlohmann::json{{"name", "root"}, {"password", password}}.dump());
-        admin.request("/v3/auth/user/grant", R"({"user":"root","role":"root"})");
-        admin.request("/v3/auth/enable", "{}");
+        turn_on_authentication(endpoint, password);
       } else {
         const EtcdStore login(endpoint, "root", password, std::chrono::milliseconds(2000), tls ? tls->pin : "");
       }

@@ -44,6 +44,11 @@ class EtcdServer {
 
   // The etcd binary: $NOLOCO_ETCD, else etcd on PATH or /usr/bin/etcd; empty if none.
   static std::string binary();
+  // Makes user root with `password`, grants it the root role and switches
+  // authentication on, at a store where it is off. Safe to call again after a
+  // failure part way (a reply lost under load): steps already taken are not
+  // errors. Throws std::runtime_error with etcd's reason.
+  static void turn_on_authentication(const std::string& endpoint, const std::string& password);
 
  private:
   void make_directory();
