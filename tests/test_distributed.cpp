@@ -556,7 +556,9 @@ TEST_F(Distributed, AResumeStartsAWorkerWithoutCheckpointsFromALiveReplica) {
   ASSERT_EQ(crashed.exit_code, 3) << crashed.output;
   ASSERT_TRUE(std::filesystem::exists(dir / "first_lost/checkpoints/r0/step_00000006.tmp"));
   ASSERT_TRUE(std::filesystem::exists(dir / "first_lost/checkpoints/r1/step_00000012/checksums.json"));
-  const auto resumed = noloco::testing::run_cli(common + " steps=24 resume=true", 120);
+  // Worker 1 pauses after its first resumed step, so it cannot finish the run
+  // before worker 0 has started and asked for its state.
+  const auto resumed = noloco::testing::run_cli(common + " steps=24 resume=true inject_crash=1:13:stall=4", 120);
   ASSERT_EQ(resumed.exit_code, 0) << resumed.output;
   EXPECT_NE(resumed.output.find("worker 0 holds no checkpoint to resume from"), std::string::npos) << resumed.output;
   const auto summary = read_json(dir / "first_lost/summary.json");
