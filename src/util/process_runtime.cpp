@@ -65,10 +65,11 @@ bool use_the_blas_kernels_this_cpu_runs() {
   if (std::getenv("OPENBLAS_CORETYPE")) return false;
   using CoreName = char* (*)();
   const auto core_name = reinterpret_cast<CoreName>(::dlsym(RTLD_DEFAULT, "openblas_get_corename"));
-  if (!core_name || !core_name()) return false;  // not OpenBLAS
+  const char* core = core_name ? core_name() : nullptr;
+  if (!core) return false;  // not OpenBLAS
   static const char* const vector_cores[] = {"haswell", "zen", "skylakex", "cooperlake", "sapphirerapids"};
   for (const char* vector_core : vector_cores)
-    if (strcasecmp(core_name(), vector_core) == 0) return false;
+    if (strcasecmp(core, vector_core) == 0) return false;
   const VectorUnits v = vector_units();
   if (!v.avx2) return false;
   setenv("OPENBLAS_CORETYPE", v.avx512 ? "SkylakeX" : "Haswell", 1);
