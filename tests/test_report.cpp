@@ -45,7 +45,11 @@ TEST(Report, TableMatchesSummariesAndPlotsAreWritten) {
                                                   dir / method, common));
     ASSERT_EQ(r.exit_code, 0) << r.output;
   }
-  const auto md = write_report({dir / "noloco", dir / "diloco"}, dir / "report", {100.0, std::pair{int64_t(2), int64_t(8)}});
+  auto r = noloco::testing::run_cli(
+      fmt::format("train configs/shakespeare.yaml method=noloco wire_dtype=int8 out={}{}", dir / "noloco_int8", common));
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  const auto md = write_report({dir / "noloco", dir / "diloco", dir / "noloco_int8"}, dir / "report",
+                               {100.0, std::pair{int64_t(2), int64_t(8)}});
   EXPECT_EQ(read_file(dir / "report/report.md"), md);
   // Every loss is below 100: each run reaches it at its first validation (step 4),
   // timed by the last of its replicas to log that validation.
@@ -115,4 +119,11 @@ TEST(Report, TableMatchesSummariesAndPlotsAreWritten) {
     EXPECT_NE(svg.find("#2ca02c"), std::string::npos) << plot;          // one colour per method
   }
   EXPECT_NE(read_file(dir / "report/val_loss_vs_bytes.svg").find("training bytes sent"), std::string::npos);
+  // Final loss against bits per parameter per outer step: a line for noloco's
+  // two runs (fp32 and int8); diloco's one run is no line.
+  EXPECT_NE(md.find("(val_loss_vs_outer_bits.svg)"), std::string::npos) << md;
+  const auto bits = read_file(dir / "report/val_loss_vs_outer_bits.svg");
+  EXPECT_NE(bits.find("<polyline"), std::string::npos);
+  EXPECT_NE(bits.find("bits per parameter per outer step"), std::string::npos);
+  EXPECT_EQ(bits.find(">diloco<"), std::string::npos) << bits;
 }

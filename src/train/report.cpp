@@ -2,8 +2,10 @@
 
 #include <algorithm>
 #include <filesystem>
+#include <functional>
 #include <cmath>
 #include <map>
+#include <optional>
 #include <sstream>
 
 #include <fmt/format.h>
@@ -151,20 +153,28 @@ std::string requested_tables(const std::vector<Run>& runs, const ReportOptions& 
   return md;
 }
 
-// Pipelined runs' final validation loss against the activation bytes a step
-// moved, one point a run, joined in order of bytes; empty with fewer than two.
-std::vector<PlotSeries> loss_by_activation_bytes(const std::vector<std::string>& run_dirs) {
-  PlotSeries s;
-  s.name = "pipelined runs";
-  s.color = method_color("noloco");
+// Each run's final validation loss against one figure of its summary (runs
+// without it left out), a series per method joined in order of the figure;
+// series of fewer than two points left out.
+std::vector<PlotSeries> final_loss_against(const std::vector<std::string>& run_dirs,
+                                           const std::function<std::optional<double>(const RunSummary&)>& figure) {
+  std::map<std::string, PlotSeries> by_method;
   for (const auto& dir : run_dirs) {
     const auto summary = RunSummary::read(dir);
-    if (summary.stages > 1 && summary.final_val_loss)
-      s.points.emplace_back(summary.activation_bytes_per_step, *summary.final_val_loss);
+    const auto x = figure(summary);
+    if (!x || !summary.final_val_loss) continue;
+    auto& s = by_method[summary.method];
+    s.name = summary.method;
+    s.color = method_color(summary.method);
+    s.points.emplace_back(*x, *summary.final_val_loss);
   }
-  if (s.points.size() < 2) return {};
-  std::sort(s.points.begin(), s.points.end());
-  return {s};
+  std::vector<PlotSeries> series;
+  for (auto& [method, s] : by_method) {
+    if (s.points.size() < 2) continue;
+    std::sort(s.points.begin(), s.points.end());
+    series.push_back(std::move(s));
+  }
+  return series;
 }
 
 }  // namespace
@@ -210,13 +220,29 @@ std::string write_report(const std::vector<std::string>& run_dirs, const std::st
                    "![validation loss against step](val_loss_vs_step.svg)\n\n"
                    "![validation loss against bytes](val_loss_vs_bytes.svg)\n";
   md += requested_tables(runs, options);
-  if (const auto activations = loss_by_activation_bytes(run_dirs); !activations.empty()) {
+  const auto activations = final_loss_against(run_dirs, [](const RunSummary& r) -> std::optional<double> {
+    if (r.stages > 1) return r.activation_bytes_per_step;
+    return std::nullopt;
+  });
+  if (!activations.empty()) {
     write_file_atomic(out_dir + "/val_loss_vs_activation_bytes.svg",
                       line_chart_svg(activations, {"Pipelines: validation loss against activation traffic",
                                                    "activation bytes per step (coded, both directions)",
                                                    "final validation loss (mean over replicas)", /*log_y=*/false,
                                                    /*log_x=*/true}));
     md += "\n![final validation loss against activation bytes per step](val_loss_vs_activation_bytes.svg)\n";
+  }
+  const auto outer_bits = final_loss_against(run_dirs, [](const RunSummary& r) -> std::optional<double> {
+    if (r.method == "ddp") return std::nullopt;  // a step is its sync: not comparable
+    return r.bits_per_param_per_outer_step;
+  });
+  if (!outer_bits.empty()) {
+    write_file_atomic(out_dir + "/val_loss_vs_outer_bits.svg",
+                      line_chart_svg(outer_bits, {"Validation loss against outer message size",
+                                                  "bits per parameter per outer step (all a replica sent)",
+                                                  "final validation loss (mean over replicas)", /*log_y=*/false,
+                                                  /*log_x=*/true}));
+    md += "\n![final validation loss against bits per parameter per outer step](val_loss_vs_outer_bits.svg)\n";
   }
   if (!spread.empty()) {
     write_file_atomic(out_dir + "/weight_std_vs_step.svg",

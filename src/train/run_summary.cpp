@@ -96,6 +96,7 @@ nlohmann::json WorkerSummary::to_json() const {
   put(j, "weight_std", weight_std);
   put(j, "final_val_loss_mean_model", final_val_loss_mean_model);
   put(j, "bits_per_param_per_outer_step", bits_per_param_per_outer_step);
+  put(j, "steps_per_outer_step", steps_per_outer_step);
   put(j, "dropped_fraction", dropped_fraction);
   put(j, "outer_blocked_seconds", outer_blocked_seconds);
   if (rejoin)
@@ -123,6 +124,7 @@ WorkerSummary WorkerSummary::from_json(const nlohmann::json& j) {
   s.weight_std = optional_of<double>(j, "weight_std");
   s.final_val_loss_mean_model = optional_of<double>(j, "final_val_loss_mean_model");
   s.bits_per_param_per_outer_step = optional_of<double>(j, "bits_per_param_per_outer_step");
+  s.steps_per_outer_step = optional_of<double>(j, "steps_per_outer_step");
   s.dropped_fraction = optional_of<double>(j, "dropped_fraction");
   s.outer_blocked_seconds = optional_of<double>(j, "outer_blocked_seconds");
   if (j.contains("rejoined_at_step"))
@@ -169,6 +171,7 @@ nlohmann::json RunSummary::to_json() const {
   put(j, "final_val_loss_mean_model", final_val_loss_mean_model);
   put(j, "weight_std", weight_std);
   put(j, "bits_per_param_per_outer_step", bits_per_param_per_outer_step);
+  put(j, "steps_per_outer_step", steps_per_outer_step);
   put(j, "dropped_fraction", dropped_fraction);
   put(j, "outer_blocked_seconds_per_replica", outer_blocked_seconds_per_replica);
   if (stages > 1)
@@ -204,6 +207,7 @@ RunSummary RunSummary::from_json(const nlohmann::json& j) {
   s.final_val_loss_mean_model = optional_of<double>(j, "final_val_loss_mean_model");
   s.weight_std = optional_of<double>(j, "weight_std");
   s.bits_per_param_per_outer_step = optional_of<double>(j, "bits_per_param_per_outer_step");
+  s.steps_per_outer_step = optional_of<double>(j, "steps_per_outer_step");
   s.dropped_fraction = optional_of<double>(j, "dropped_fraction");
   s.outer_blocked_seconds_per_replica = optional_of<double>(j, "outer_blocked_seconds_per_replica");
   s.final_val_loss_replicas = j.value("final_val_loss_replicas", std::vector<double>{});
@@ -321,6 +325,7 @@ RunSummary summarize_run(const std::string& run_dir, const std::string& method, 
     if (w.bits_per_param_per_outer_step) {
       bits_sum += *w.bits_per_param_per_outer_step;
       ++bits_count;
+      run.steps_per_outer_step = w.steps_per_outer_step;
     }
     if (w.dropped_fraction) {
       dropped_sum += *w.dropped_fraction;

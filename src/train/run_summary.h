@@ -32,8 +32,9 @@ struct WorkerSummary {
   std::optional<double> final_val_loss, final_train_loss;  // on the workers that compute the loss
   std::optional<double> weight_std, final_val_loss_mean_model;
   // Training bytes this worker sent per synchronisation (outer step; a step
-  // under ddp), in bits per parameter of its model or stage.
-  std::optional<double> bits_per_param_per_outer_step;
+  // under ddp), in bits per parameter of its model or stage, and the steps
+  // between two synchronisations (with fragments: interval/fragments).
+  std::optional<double> bits_per_param_per_outer_step, steps_per_outer_step;
   // Of the values in peers' outer-step messages that arrived, the share it
   // could not use (rejected messages, φ blocks outside their grid).
   std::optional<double> dropped_fraction;
@@ -75,6 +76,7 @@ struct RunSummary {
   std::optional<double> final_val_loss, final_val_loss_mean_model, weight_std;
   std::vector<double> final_val_loss_replicas;
   std::optional<double> bits_per_param_per_outer_step;  // mean over the workers that finished
+  std::optional<double> steps_per_outer_step;
   std::optional<double> dropped_fraction;               // likewise
   std::optional<double> outer_blocked_seconds_per_replica;  // likewise
   uint64_t bytes_sent = 0, bytes_received = 0;

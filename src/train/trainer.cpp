@@ -159,10 +159,13 @@ WorkerSummary summarize_worker(const TrainConfig& c, const WorkerInfo& w, const 
   if (!std::isnan(spread.weight_std)) summary.weight_std = spread.weight_std;
   if (!std::isnan(spread.mean_model_loss)) summary.final_val_loss_mean_model = spread.mean_model_loss;
   if (rejoined) summary.rejoin = WorkerSummary::Rejoin{rejoined->step, rejoined->donor, rejoined->seconds, rejoined->joined};
-  // With fragments an outer step is one sync of each fragment.
-  const double outer_steps = double(outer.syncs) / double(c.outer.fragments);
-  if (outer.syncs > 0)
-    summary.bits_per_param_per_outer_step = 8.0 * double(outer.bytes) / outer_steps / double(stage_params);
+  // With fragments an outer step is each synchronisation of the fragment
+  // then due (Streaming DiLoCo's schedule): one every interval/fragments steps.
+  if (outer.syncs > 0) {
+    summary.bits_per_param_per_outer_step = 8.0 * double(outer.bytes) / double(outer.syncs) / double(stage_params);
+    summary.steps_per_outer_step =
+        c.outer.method == Method::ddp ? 1.0 : double(c.outer.interval) / double(c.outer.fragments);
+  }
   if (outer.values_received > 0)
     summary.dropped_fraction = dropped_share(outer.values_dropped, outer.values_received);
   if (w.transport) summary.outer_blocked_seconds = outer.blocked_seconds;
