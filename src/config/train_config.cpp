@@ -92,7 +92,7 @@ Options config_options(TrainConfig& c) {
       .add("compression", c.outer.compression,
            "diloco/noloco outer messages: none (the codec keys below as given) | sparse (a preset of them, "
            "docs/method.md: int2 delta with error feedback, an outer step every 10 steps for one fragment of the "
-           "weights; diloco 8 fragments, reduce-scattered: 0.49 bits/param/outer step at 8 replicas; noloco 5 "
+           "weights; diloco 8 fragments, reduce-scattered: 0.50 bits/param/outer step at 8 replicas; noloco 5 "
            "fragments, phi coset-coded in 4 bits every 2nd outer step: 0.90 bits; both within 1% of fp32 in "
            "docs/results.md); keys given with it override it")
       .add("outer_interval", c.outer.interval, "H, inner steps between two synchronisations of the weights (with fragments=F, of each fragment: "
@@ -191,7 +191,7 @@ void apply_compression_preset(OuterConfig& outer, OuterCompression compression, 
   if (!has_outer_steps(method)) invalid("compression=sparse applies to diloco and noloco");
   outer.wire_dtype = WireDtype::int2;
   outer.error_feedback = true;
-  if (method == Method::diloco) {  // reduce-scatter of int2 shards: 0.49 bits/param/outer step at 8 replicas
+  if (method == Method::diloco) {  // reduce-scatter of int2 shards: 0.50 bits/param/outer step at 8 replicas
     outer.fragments = 8;
     outer.interval = 80;
     return;
