@@ -26,7 +26,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     } else {
       noloco::CodecSpec spec;
       spec.type = noloco::CodecSpec::Type(choice % 6);
-      // Dense, rotated, or a top-k fraction (those of compression=sparse among them).
+      // Dense (compression=sparse sends int2 so), rotated, or a top-k fraction.
       constexpr double kTopk[] = {0.004, 0.009, 0.01, 0.02, 0.03};
       const int variant = (choice / 6) % 7;
       spec.rotate = variant == 1 && noloco::integer_code(spec.type);
