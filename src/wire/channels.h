@@ -64,12 +64,13 @@ class ErrorFeedbackChannel {
 // Slow weights φ by coset coding against the receiver's own φ (see
 // wire/coset_codec.h). Each replica learns, per block, how far its partners'
 // φ have been from its own, and sends with a grid just fine enough for
-// twice that; a block that did not decode widens its range.
+// three times that, never finer than six times its own progress in the block
+// (docs/method.md); a block that did not decode widens its range.
 class SlowWeightChannel {
  public:
   SlowWeightChannel(const CosetCodec& codec, int64_t numel, bool stochastic, std::string state_name);
   int64_t bytes() const { return int64_t(codec_.encoded_bytes(size_t(numel_))); }
-  // `delta` (this replica's progress) sets the grid of blocks never observed.
+  // `delta` (this replica's progress) sets the finest grid a block may get.
   void encode(const torch::Tensor& phi, const torch::Tensor& delta, uint8_t* out, uint64_t seed) const;
   // A peer's φ, decoded against ours; learns the disagreement it shows.
   // Adds the blocks that failed to decode (kept at our own φ) to `failed`.
