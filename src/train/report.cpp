@@ -220,36 +220,34 @@ std::string write_report(const std::vector<std::string>& run_dirs, const std::st
                    "![validation loss against step](val_loss_vs_step.svg)\n\n"
                    "![validation loss against bytes](val_loss_vs_bytes.svg)\n";
   md += requested_tables(runs, options);
-  const auto activations = final_loss_against(run_dirs, [](const RunSummary& r) -> std::optional<double> {
-    if (r.stages > 1) return r.activation_bytes_per_step;
-    return std::nullopt;
-  });
-  if (!activations.empty()) {
-    write_file_atomic(out_dir + "/val_loss_vs_activation_bytes.svg",
-                      line_chart_svg(activations, {"Pipelines: validation loss against activation traffic",
-                                                   "activation bytes per step (coded, both directions)",
-                                                   "final validation loss (mean over replicas)", /*log_y=*/false,
-                                                   /*log_x=*/true}));
-    md += "\n![final validation loss against activation bytes per step](val_loss_vs_activation_bytes.svg)\n";
-  }
-  const auto outer_bits = final_loss_against(run_dirs, [](const RunSummary& r) -> std::optional<double> {
-    if (r.method == "ddp") return std::nullopt;  // a step is its sync: not comparable
-    return r.bits_per_param_per_outer_step;
-  });
-  if (!outer_bits.empty()) {
-    write_file_atomic(out_dir + "/val_loss_vs_outer_bits.svg",
-                      line_chart_svg(outer_bits, {"Validation loss against outer message size",
-                                                  "bits per parameter per outer step (all a replica sent)",
-                                                  "final validation loss (mean over replicas)", /*log_y=*/false,
-                                                  /*log_x=*/true}));
-    md += "\n![final validation loss against bits per parameter per outer step](val_loss_vs_outer_bits.svg)\n";
-  }
-  if (!spread.empty()) {
-    write_file_atomic(out_dir + "/weight_std_vs_step.svg",
-                      line_chart_svg(spread, {"Spread of weights across replicas", "inner step",
-                                              "standard deviation of weights", /*log_y=*/true}));
-    md += "\n![weight standard deviation against step](weight_std_vs_step.svg)\n";
-  }
+  // The plots only some runs have data for, each with its line in the report.
+  const auto add_plot = [&](const std::string& file, const std::vector<PlotSeries>& series, const PlotOptions& plot,
+                            const std::string& alt) {
+    if (series.empty()) return;
+    write_file_atomic(out_dir + "/" + file, line_chart_svg(series, plot));
+    md += fmt::format("\n![{}]({})\n", alt, file);
+  };
+  add_plot("val_loss_vs_activation_bytes.svg",
+           final_loss_against(run_dirs,
+                              [](const RunSummary& r) -> std::optional<double> {
+                                if (r.stages > 1) return r.activation_bytes_per_step;
+                                return std::nullopt;
+                              }),
+           {"Pipelines: validation loss against activation traffic", "activation bytes per step (coded, both directions)",
+            "final validation loss (mean over replicas)", /*log_y=*/false, /*log_x=*/true},
+           "final validation loss against activation bytes per step");
+  add_plot("val_loss_vs_outer_bits.svg",
+           final_loss_against(run_dirs,
+                              [](const RunSummary& r) -> std::optional<double> {
+                                if (r.method == "ddp") return std::nullopt;  // a step is its sync: not comparable
+                                return r.bits_per_param_per_outer_step;
+                              }),
+           {"Validation loss against outer message size", "bits per parameter per outer step (all a replica sent)",
+            "final validation loss (mean over replicas)", /*log_y=*/false, /*log_x=*/true},
+           "final validation loss against bits per parameter per outer step");
+  add_plot("weight_std_vs_step.svg", spread,
+           {"Spread of weights across replicas", "inner step", "standard deviation of weights", /*log_y=*/true},
+           "weight standard deviation against step");
   write_file_atomic(out_dir + "/report.md", md);
   return md;
 }
