@@ -284,32 +284,42 @@ TEST(CosetCode, RefusesMalformedSteps) {
 }
 
 // The grid a slow-weight channel picks, by hand (block 8: ±7 steps decode):
-// max(3 × the disagreement it last decoded, 6 × its own progress in the block) / 7.
-TEST(CosetCode, SlowWeightGridCoversThreeTimesTheLastDisagreementAndSixTimesOwnProgress) {
+// max(3 × the expected disagreement, 6 × its own progress in the block) / 7,
+// where the disagreement expected of a pair that last pulled together m φ
+// exchanges ago is √(1 + m) times what was learned per unit of it.
+TEST(CosetCode, SlowWeightGridCoversThreeTimesTheExpectedDisagreementAndSixTimesOwnProgress) {
   const CosetCodec codec(4, 8);
   SlowWeightChannel a(codec, 8, false, "phi_range"), b(codec, 8, false, "phi_range");
   std::vector<uint8_t> bytes(size_t(a.bytes()));
-  const auto step_for = [&](SlowWeightChannel& channel, const torch::Tensor& phi, float progress) {
-    channel.encode(phi, torch::full({8}, progress), bytes.data(), 0);
+  const auto step_for = [&](SlowWeightChannel& channel, const torch::Tensor& phi, float progress, int64_t separation) {
+    channel.encode(phi, torch::full({8}, progress), separation, bytes.data(), 0);
     return codec.step_of(bytes.data(), 0);
   };
   const auto phi_a = torch::full({8}, 0.3f);
   // Nothing decoded yet: the sender's own progress (peak 0.07) sets the grid, 6 × 0.07 / 7.
-  const float step_a = step_for(a, phi_a, 0.07f);
+  const float step_a = step_for(a, phi_a, 0.07f, 3);
   EXPECT_NEAR(step_a, 0.06f, 0.0006f);
   // b's slow weights differ from a's by 0.2 in one place; a's grid covers ±0.42.
   auto phi_b = phi_a.clone();
   phi_b[0] = 0.5f;
   int64_t failed = 0;
-  const auto decoded = b.decode(bytes.data(), phi_b, &failed);
+  const auto decoded = b.decode(bytes.data(), phi_b, 3, &failed);
   EXPECT_EQ(failed, 0);
   EXPECT_NEAR(decoded[0].item<float>(), 0.3f, step_a / 2);
-  // b learned a disagreement of |0.5 − 0.3| less half a step ≈ 0.17; with
-  // little progress of its own (0.007), three times that sets its grid.
-  const double disagreement = 0.5 - decoded[0].item<float>() - 0.5 * step_a;
-  EXPECT_NEAR(step_for(b, phi_b, 0.007f), 3 * disagreement / 7, 0.01 * 3 * disagreement / 7);
+  // b learned a disagreement of |0.5 − 0.3| less half a step ≈ 0.17 from a
+  // partner 3 exchanges apart: 0.17 / √4 per unit. With little progress of
+  // its own (0.007), three times the expected disagreement sets its grid:
+  // for a partner it pulled toward last time, 3 × 0.17 / 2 / 7; for one 2
+  // exchanges apart (NoLoCo counts no further), √3 times that.
+  const double per_unit = (0.5 - decoded[0].item<float>() - 0.5 * step_a) / 2;
+  EXPECT_NEAR(step_for(b, phi_b, 0.007f, 0), 3 * per_unit / 7, 0.01 * 3 * per_unit / 7);
+  EXPECT_NEAR(step_for(b, phi_b, 0.007f, 2), 3 * std::sqrt(3.0) * per_unit / 7,
+              0.01 * 3 * std::sqrt(3.0) * per_unit / 7);
   // With more progress than that (peak 1), six times the progress does.
-  EXPECT_NEAR(step_for(b, phi_b, 1.0f), 6.0f / 7, 0.01f);
+  EXPECT_NEAR(step_for(b, phi_b, 1.0f, 2), 6.0f / 7, 0.01f);
+  // A partner that agrees exactly halves what b expects per unit, no more.
+  b.decode(bytes.data(), phi_b, 0, &failed);
+  EXPECT_NEAR(step_for(b, phi_b, 0.007f, 0), 1.5 * per_unit / 7, 0.01 * 1.5 * per_unit / 7);
 }
 
 // What error feedback promises: everything sent so far plus what is still

@@ -1,5 +1,6 @@
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <deque>
 #include <set>
 
@@ -384,4 +385,27 @@ TEST(Grouping, PartitionIdenticalEverywhereAndChangingEachStep) {
     total += g.size();
   }
   EXPECT_EQ(total, 5u);
+}
+
+// The separation a coset-coded φ grid widens by: how many draws back two
+// replicas last shared a group (most recent draw first).
+TEST(Grouping, DrawsSinceGroupedCountsBackToTheLastDrawThatPairedThem) {
+  const std::vector<int> members{0, 1, 2, 3, 4, 5, 6, 7};
+  const std::vector<int64_t> draws{12, 7, 2};
+  std::vector<int> partner;  // replica 0's partner in each draw
+  for (const int64_t d : draws)
+    for (const auto& g : noloco_groups(5, d, members, 2))
+      if (g[0] == 0) partner.push_back(g[1]);
+  ASSERT_EQ(partner.size(), draws.size());
+  EXPECT_EQ(draws_since_grouped(5, draws, members, 2, 0, partner[0]), 0);
+  EXPECT_EQ(draws_since_grouped(5, draws, members, 2, partner[0], 0), 0);  // the same seen from either side
+  int never_met = 0;
+  for (int b = 1; b < 8; ++b) {
+    const auto first = std::find(partner.begin(), partner.end(), b);
+    const int64_t expected = first == partner.end() ? int64_t(draws.size()) : int64_t(first - partner.begin());
+    EXPECT_EQ(draws_since_grouped(5, draws, members, 2, 0, b), expected) << "replica " << b;
+    never_met += first == partner.end();
+  }
+  EXPECT_GE(never_met, 4);  // 3 draws meet at most 3 of the 7
+  EXPECT_EQ(draws_since_grouped(5, {}, members, 2, 0, partner[0]), 0);  // no history: no separation known
 }

@@ -28,4 +28,13 @@ std::vector<std::vector<int>> noloco_groups(uint64_t seed, int64_t outer_step,
   return groups;
 }
 
+int64_t draws_since_grouped(uint64_t seed, const std::vector<int64_t>& outer_steps, const std::vector<int>& members,
+                            int n, int a, int b) {
+  for (size_t k = 0; k < outer_steps.size(); ++k)
+    for (const auto& g : noloco_groups(seed, outer_steps[k], members, n))
+      if (std::find(g.begin(), g.end(), a) != g.end() && std::find(g.begin(), g.end(), b) != g.end())
+        return int64_t(k);
+  return int64_t(outer_steps.size());
+}
+
 }  // namespace noloco

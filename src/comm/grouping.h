@@ -11,4 +11,9 @@ namespace noloco {
 std::vector<std::vector<int>> noloco_groups(uint64_t seed, int64_t outer_step, const std::vector<int>& members,
                                             int n);
 
+// How many of the draws `outer_steps` (most recent first) went by before one
+// that put a and b in one group; all of them if none did.
+int64_t draws_since_grouped(uint64_t seed, const std::vector<int64_t>& outer_steps, const std::vector<int>& members,
+                            int n, int a, int b);
+
 }  // namespace noloco

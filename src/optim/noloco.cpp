@@ -89,15 +89,26 @@ std::map<int, torch::Tensor> NoLoCo::send(int64_t id, const std::vector<Peer>& g
   return std::move(result.received);
 }
 
+int64_t NoLoCo::phi_separation(const OuterSync& sync, const Fragment& fragment, int partner) const {
+  std::vector<int64_t> earlier;  // the fragment's φ exchanges before this one, as exchange ids
+  const int64_t fragments = int64_t(this->fragments().size());
+  for (int64_t s = sync.outer_step - config_.phi_every; s >= 0 && int64_t(earlier.size()) < kSeparationHorizon;
+       s -= config_.phi_every)
+    earlier.push_back(s * fragments + fragment.index);
+  return draws_since_grouped(seed_, earlier, sync.members, int(config_.group_size), transport_.rank(), partner);
+}
+
 std::map<int, NolocoParts> NoLoCo::decode(NolocoMessageCodec& message, const std::map<int, torch::Tensor>& arrived,
-                                          bool with_phi, const torch::Tensor& own_phi, OuterSync& sync) {
+                                          bool with_phi, const torch::Tensor& own_phi, const Fragment& fragment,
+                                          OuterSync& sync) {
   std::map<int, NolocoParts> decoded;
   const int64_t values = message.values(with_phi);
   for (const auto& [r, bytes] : arrived) {
     sync.values_received += values;
     const int64_t failed_before = sync.phi_blocks_failed;
+    const int64_t separation = with_phi ? phi_separation(sync, fragment, r) : 0;
     try {
-      decoded[r] = message.decode(bytes, with_phi, own_phi, &sync.phi_blocks_failed);
+      decoded[r] = message.decode(bytes, with_phi, own_phi, separation, &sync.phi_blocks_failed);
       sync.values_dropped += std::min(values, (sync.phi_blocks_failed - failed_before) * int64_t(coset_.block()));
     } catch (const std::runtime_error& e) {
       spdlog::error("rejected the outer-step message of replica {}: {}", r, e.what());
@@ -121,10 +132,14 @@ OuterTerms NoLoCo::group_means(int64_t id, const Fragment& fragment, const torch
   const bool with_phi = !theta_message && (sync.outer_step + 1) % config_.phi_every == 0;
   const NolocoParts own{cpu_fp32(theta_message ? theta : theta - phi), cpu_fp32(phi)};
   const uint64_t seed = splitmix64(seed_ ^ splitmix64(uint64_t(id) * 1000003u + uint64_t(transport_.rank())));
+  int64_t separation = 0;  // to the farthest receiver
+  for (const auto& p : group)
+    if (with_phi && p.rank != transport_.rank())
+      separation = std::max(separation, phi_separation(sync, fragment, p.rank));
   torch::Tensor leftover;
-  const auto payload = message.encode(own, with_phi, seed, &leftover);
+  const auto payload = message.encode(own, with_phi, separation, seed, &leftover);
   const auto arrived = send(id, group, payload, message.format_id(with_phi), sync);
-  const auto decoded = decode(message, arrived, with_phi, own.phi, sync);
+  const auto decoded = decode(message, arrived, with_phi, own.phi, fragment, sync);
   // residual=weights: this replica's Δ counts as its message carries it, as
   // its partners' do, and what the message left out stays in its weights.
   torch::Tensor own_first = own.first, kept;

@@ -39,9 +39,21 @@ class NoLoCo final : public SlowWeightsMethod {
   // Sends `payload` to the group; returns the payloads that arrived, by rank.
   std::map<int, torch::Tensor> send(int64_t id, const std::vector<Peer>& group, const torch::Tensor& payload,
                                     int64_t format, OuterSync& sync);
+  // How many of the fragment's φ exchanges before this one have passed since
+  // this replica and `partner` last met in one (0: at the last one), counted
+  // back at most kSeparationHorizon exchanges over this exchange's roster (a
+  // roster that changed since makes it an estimate; a block it misjudges is
+  // detected and dropped, not corrupted).
+  int64_t phi_separation(const OuterSync& sync, const Fragment& fragment, int partner) const;
   // The arrivals decoded; a malformed one is left out whole.
   std::map<int, NolocoParts> decode(NolocoMessageCodec& message, const std::map<int, torch::Tensor>& arrived,
-                                    bool with_phi, const torch::Tensor& own_phi, OuterSync& sync);
+                                    bool with_phi, const torch::Tensor& own_phi, const Fragment& fragment,
+                                    OuterSync& sync);
+
+  // Two exchanges apart a pair is about as far apart as any: counted to 8,
+  // pairs one exchange apart failed to decode at step 1560 of the demo run
+  // (docs/method.md), the pulls toward other partners bounding the walk.
+  static constexpr int64_t kSeparationHorizon = 2;
 
   uint64_t seed_;
   Transport& transport_;

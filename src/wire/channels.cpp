@@ -1,6 +1,7 @@
 #include "wire/channels.h"
 
 #include <algorithm>
+#include <cmath>
 
 namespace noloco {
 
@@ -23,6 +24,10 @@ void load_state(const TensorMap& in, const std::string& name, torch::Tensor& int
               into.numel());
   into.copy_(it->second.reshape(into.sizes()));
 }
+
+// How much further apart two replicas' slow weights are expected to be after
+// `separation` φ exchanges without a pull between them (SlowWeightChannel).
+double drift_factor(int64_t separation) { return std::sqrt(1.0 + double(separation)); }
 
 }  // namespace
 
@@ -90,38 +95,41 @@ SlowWeightChannel::SlowWeightChannel(const CosetCodec& codec, int64_t numel, boo
       state_name_(std::move(state_name)),
       range_(torch::zeros({int64_t(codec.blocks(size_t(numel)))}, torch::kFloat32)) {}
 
-void SlowWeightChannel::encode(const torch::Tensor& phi, const torch::Tensor& delta, uint8_t* out,
-                               uint64_t seed) const {
-  // A grid just fine enough for three times the disagreement seen lately,
-  // and never finer than six times this replica's own progress in the block
-  // needs: early in a run the slow weights drift apart faster than the last
-  // exchange showed (measured, docs/method.md: with a floor of once the
-  // progress, 40-75% of the blocks of the second φ exchange failed; with six
-  // times, none).
+void SlowWeightChannel::encode(const torch::Tensor& phi, const torch::Tensor& delta, int64_t separation,
+                               uint8_t* out, uint64_t seed) const {
+  // A grid just fine enough for three times the disagreement expected at
+  // this separation, and never finer than six times this replica's own
+  // progress in the block needs: early in a run the slow weights drift apart
+  // faster than the last exchange showed (measured, docs/method.md: with a
+  // floor of once the progress, 40-75% of the blocks of the second φ
+  // exchange failed; with six times, none).
   const auto progress = block_peaks(cpu_fp32(delta), int64_t(codec_.block()));
-  const auto steps = (torch::maximum(range_ * 3, progress * 6) / double(codec_.range_in_steps())).contiguous();
+  const auto expected = range_ * drift_factor(separation);
+  const auto steps = (torch::maximum(expected * 3, progress * 6) / double(codec_.range_in_steps())).contiguous();
   const auto x = cpu_fp32(phi);
   codec_.encode(x.data_ptr<float>(), size_t(numel_), steps.data_ptr<float>(), out, stochastic_, seed);
 }
 
-torch::Tensor SlowWeightChannel::decode(const uint8_t* in, const torch::Tensor& own_phi, int64_t* failed) {
+torch::Tensor SlowWeightChannel::decode(const uint8_t* in, const torch::Tensor& own_phi, int64_t separation,
+                                        int64_t* failed) {
   const auto own = cpu_fp32(own_phi);
   auto out = torch::empty({numel_}, torch::kFloat32);
   std::vector<uint8_t> failed_blocks;
   *failed += int64_t(codec_.decode(in, size_t(bytes()), size_t(numel_), own.data_ptr<float>(),
                                    out.data_ptr<float>(), &failed_blocks));
   const auto seen = block_peaks(out - own, int64_t(codec_.block()));
+  const float per_drift = float(1.0 / drift_factor(separation));
   auto* range = range_.data_ptr<float>();
   const auto* observed = seen.data_ptr<float>();
   for (size_t b = 0; b < failed_blocks.size(); ++b) {
     const float step = codec_.step_of(in, b);
     if (failed_blocks[b]) {
       // The partner's range was too narrow for our disagreement: ours is at least twice that.
-      range[b] = std::max(range[b], 2.0f * step * float(codec_.range_in_steps()));
+      range[b] = std::max(range[b], 2.0f * step * float(codec_.range_in_steps()) * per_drift);
     } else {
       // What we decoded is off by up to half a step: without that, the
       // grid would shrink with its own rounding while replicas agree.
-      range[b] = std::max(observed[b] - 0.5f * step, 0.5f * range[b]);
+      range[b] = std::max((observed[b] - 0.5f * step) * per_drift, 0.5f * range[b]);
     }
   }
   return out;

@@ -66,15 +66,25 @@ class ErrorFeedbackChannel {
 // φ have been from its own, and sends with a grid just fine enough for
 // three times that, never finer than six times its own progress in the block
 // (docs/method.md); a block that did not decode widens its range.
+//
+// Two replicas that have not pulled toward each other for m φ exchanges
+// drift apart like a random walk, by √(1 + m) times a pair that pulled last
+// time (`separation` = m, known to both from the seeded pairing, counted to
+// a horizon past which the pulls toward others bound it). What is learned is
+// therefore the disagreement per unit of √(1 + m): a replica that met the
+// same partner twice in a row would otherwise learn a small range and send
+// too fine a grid to the next, far one.
 class SlowWeightChannel {
  public:
   SlowWeightChannel(const CosetCodec& codec, int64_t numel, bool stochastic, std::string state_name);
   int64_t bytes() const { return int64_t(codec_.encoded_bytes(size_t(numel_))); }
-  // `delta` (this replica's progress) sets the finest grid a block may get.
-  void encode(const torch::Tensor& phi, const torch::Tensor& delta, uint8_t* out, uint64_t seed) const;
+  // `delta` (this replica's progress) sets the finest grid a block may get;
+  // `separation` is the largest among the receivers.
+  void encode(const torch::Tensor& phi, const torch::Tensor& delta, int64_t separation, uint8_t* out,
+              uint64_t seed) const;
   // A peer's φ, decoded against ours; learns the disagreement it shows.
   // Adds the blocks that failed to decode (kept at our own φ) to `failed`.
-  torch::Tensor decode(const uint8_t* in, const torch::Tensor& own_phi, int64_t* failed);
+  torch::Tensor decode(const uint8_t* in, const torch::Tensor& own_phi, int64_t separation, int64_t* failed);
   void save(TensorMap& out) const;
   void load(const TensorMap& in);
 
@@ -83,7 +93,7 @@ class SlowWeightChannel {
   int64_t numel_;
   bool stochastic_;
   std::string state_name_;
-  torch::Tensor range_;  // per block: recent largest |φ_partner − φ_own|
+  torch::Tensor range_;  // per block: recent largest |φ_partner − φ_own| / √(1 + separation)
 };
 
 }  // namespace noloco

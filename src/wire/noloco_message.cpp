@@ -33,19 +33,19 @@ int64_t NolocoMessageCodec::format_id(bool with_phi) const {
   return int64_t(h >> 1);
 }
 
-torch::Tensor NolocoMessageCodec::encode(const NolocoParts& own, bool with_phi, uint64_t seed,
+torch::Tensor NolocoMessageCodec::encode(const NolocoParts& own, bool with_phi, int64_t separation, uint64_t seed,
                                          torch::Tensor* first_leftover) {
   auto payload = torch::empty({bytes(with_phi)}, torch::kUInt8);
   auto* out = payload.data_ptr<uint8_t>();
   *first_leftover = first_->encode(own.first, out, seed);
   out += first_->bytes();
-  if (with_phi && phi_coset_) phi_coset_->encode(own.phi, own.first, out, ~seed);
+  if (with_phi && phi_coset_) phi_coset_->encode(own.phi, own.first, separation, out, ~seed);
   if (with_phi && phi_codec_) phi_codec_->encode(own.phi, out, ~seed);
   return payload;
 }
 
 NolocoParts NolocoMessageCodec::decode(const torch::Tensor& bytes, bool with_phi, const torch::Tensor& own_phi,
-                                       int64_t* failed_blocks) {
+                                       int64_t separation, int64_t* failed_blocks) {
   if (bytes.numel() != this->bytes(with_phi))
     throw std::runtime_error(fmt::format("a NoLoCo message of {} bytes, expected {}", bytes.numel(), this->bytes(with_phi)));
   const auto* in = bytes.data_ptr<uint8_t>();
@@ -53,7 +53,7 @@ NolocoParts NolocoMessageCodec::decode(const torch::Tensor& bytes, bool with_phi
   parts.first = first_->decode(in);
   if (!with_phi) return parts;
   in += first_->bytes();
-  parts.phi = phi_coset_ ? phi_coset_->decode(in, own_phi, failed_blocks) : phi_codec_->decode(in);
+  parts.phi = phi_coset_ ? phi_coset_->decode(in, own_phi, separation, failed_blocks) : phi_codec_->decode(in);
   return parts;
 }
 

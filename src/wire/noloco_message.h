@@ -38,11 +38,15 @@ class NolocoMessageCodec {
   int64_t format_id(bool with_phi) const;
   // The message's bytes; under residual=weights `first_leftover` receives
   // what it left out of own.first (unweighted), else an undefined tensor.
-  torch::Tensor encode(const NolocoParts& own, bool with_phi, uint64_t seed, torch::Tensor* first_leftover);
+  // `separation`: the most φ exchanges since this replica last pulled toward
+  // any of the receivers (SlowWeightChannel).
+  torch::Tensor encode(const NolocoParts& own, bool with_phi, int64_t separation, uint64_t seed,
+                       torch::Tensor* first_leftover);
   // A peer's message; φ decodes against this replica's `own_phi`, and the
   // blocks that fell outside their grid are added to `failed_blocks`.
+  // `separation` as for encode, between this replica and the sender.
   // Throws std::runtime_error if malformed.
-  NolocoParts decode(const torch::Tensor& bytes, bool with_phi, const torch::Tensor& own_phi,
+  NolocoParts decode(const torch::Tensor& bytes, bool with_phi, const torch::Tensor& own_phi, int64_t separation,
                      int64_t* failed_blocks);
   // Values a message carries: Δ or θ, and φ on outer steps that send it.
   int64_t values(bool with_phi) const { return with_phi ? 2 * numel_ : numel_; }
