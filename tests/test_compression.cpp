@@ -3,6 +3,7 @@
 // and the compression state resumed bit for bit.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <map>
 
 #include <fmt/format.h>
@@ -45,6 +46,16 @@ TEST_F(Compression, NoLoCoSendsInt4DeltaAndCosetCodedSlowWeights) {
   for (auto& rec : metrics_records(out, "outer"))
     if (rec["replica"] == 0) failed += rec["phi_blocks_failed"].get<int64_t>();
   EXPECT_DOUBLE_EQ(r0["dropped_fraction"].get<double>(), double(failed * 64) / double(4 * 2 * n));
+  // The worst outer step: of this replica, and of any replica in the run's summary.
+  double worst_r0 = 0, worst = 0;
+  for (auto& rec : metrics_records(out, "outer")) {
+    const double dropped = double(rec["phi_blocks_failed"].get<int64_t>() * 64) / double(2 * n);
+    EXPECT_DOUBLE_EQ(rec["dropped_fraction"].get<double>(), dropped);
+    worst = std::max(worst, dropped);
+    if (rec["replica"] == 0) worst_r0 = std::max(worst_r0, dropped);
+  }
+  EXPECT_DOUBLE_EQ(r0["dropped_fraction_worst_outer_step"].get<double>(), worst_r0);
+  EXPECT_DOUBLE_EQ(read_json(out + "/summary.json")["dropped_fraction_worst_outer_step"].get<double>(), worst);
   EXPECT_NEAR(r0["bits_per_param_per_outer_step"].get<double>(), 8.0 * double(message) / double(n), 1e-9);
   EXPECT_LT(r0["bits_per_param_per_outer_step"].get<double>(), 9.0);  // against 32 in fp32
   for (auto& rec : metrics_records(out, "outer")) EXPECT_EQ(rec["arrived"].size(), 2u) << rec.dump();

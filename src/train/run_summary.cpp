@@ -1,5 +1,6 @@
 #include "train/run_summary.h"
 
+#include <algorithm>
 #include <cmath>
 #include <filesystem>
 
@@ -98,6 +99,7 @@ nlohmann::json WorkerSummary::to_json() const {
   put(j, "bits_per_param_per_outer_step", bits_per_param_per_outer_step);
   put(j, "steps_per_outer_step", steps_per_outer_step);
   put(j, "dropped_fraction", dropped_fraction);
+  put(j, "dropped_fraction_worst_outer_step", dropped_fraction_worst_outer_step);
   put(j, "outer_blocked_seconds", outer_blocked_seconds);
   if (rejoin)
     j.update({{"rejoined_at_step", rejoin->step}, {"rejoin_donor", rejoin->donor}, {"rejoin_seconds", rejoin->seconds},
@@ -126,6 +128,7 @@ WorkerSummary WorkerSummary::from_json(const nlohmann::json& j) {
   s.bits_per_param_per_outer_step = optional_of<double>(j, "bits_per_param_per_outer_step");
   s.steps_per_outer_step = optional_of<double>(j, "steps_per_outer_step");
   s.dropped_fraction = optional_of<double>(j, "dropped_fraction");
+  s.dropped_fraction_worst_outer_step = optional_of<double>(j, "dropped_fraction_worst_outer_step");
   s.outer_blocked_seconds = optional_of<double>(j, "outer_blocked_seconds");
   if (j.contains("rejoined_at_step"))
     s.rejoin = WorkerSummary::Rejoin{j["rejoined_at_step"].get<int64_t>(), j.value("rejoin_donor", 0),
@@ -173,6 +176,7 @@ nlohmann::json RunSummary::to_json() const {
   put(j, "bits_per_param_per_outer_step", bits_per_param_per_outer_step);
   put(j, "steps_per_outer_step", steps_per_outer_step);
   put(j, "dropped_fraction", dropped_fraction);
+  put(j, "dropped_fraction_worst_outer_step", dropped_fraction_worst_outer_step);
   put(j, "outer_blocked_seconds_per_replica", outer_blocked_seconds_per_replica);
   if (stages > 1)
     j.update({{"stages", stages},
@@ -209,6 +213,7 @@ RunSummary RunSummary::from_json(const nlohmann::json& j) {
   s.bits_per_param_per_outer_step = optional_of<double>(j, "bits_per_param_per_outer_step");
   s.steps_per_outer_step = optional_of<double>(j, "steps_per_outer_step");
   s.dropped_fraction = optional_of<double>(j, "dropped_fraction");
+  s.dropped_fraction_worst_outer_step = optional_of<double>(j, "dropped_fraction_worst_outer_step");
   s.outer_blocked_seconds_per_replica = optional_of<double>(j, "outer_blocked_seconds_per_replica");
   s.final_val_loss_replicas = j.value("final_val_loss_replicas", std::vector<double>{});
   s.bytes_sent = j.value("bytes_sent", uint64_t(0));
@@ -329,6 +334,8 @@ RunSummary summarize_run(const std::string& run_dir, const std::string& method, 
     }
     if (w.dropped_fraction) {
       dropped_sum += *w.dropped_fraction;
+      run.dropped_fraction_worst_outer_step =
+          std::max(run.dropped_fraction_worst_outer_step.value_or(0.0), w.dropped_fraction_worst_outer_step.value_or(0.0));
       ++dropped_count;
     }
     if (w.outer_blocked_seconds) {

@@ -36,8 +36,9 @@ struct WorkerSummary {
   // between two synchronisations (with fragments: interval/fragments).
   std::optional<double> bits_per_param_per_outer_step, steps_per_outer_step;
   // Of the values in peers' outer-step messages that arrived, the share it
-  // could not use (rejected messages, φ blocks outside their grid).
-  std::optional<double> dropped_fraction;
+  // could not use (rejected messages, φ blocks outside their grid), in all
+  // and at its worst outer step.
+  std::optional<double> dropped_fraction, dropped_fraction_worst_outer_step;
   // Seconds the outer steps held up training (with overlap: waits for an exchange still in flight).
   std::optional<double> outer_blocked_seconds;
   struct Rejoin {
@@ -78,6 +79,7 @@ struct RunSummary {
   std::optional<double> bits_per_param_per_outer_step;  // mean over the workers that finished
   std::optional<double> steps_per_outer_step;
   std::optional<double> dropped_fraction;               // likewise
+  std::optional<double> dropped_fraction_worst_outer_step;  // the largest of any worker
   std::optional<double> outer_blocked_seconds_per_replica;  // likewise
   uint64_t bytes_sent = 0, bytes_received = 0;
   double comm_seconds = 0, wait_seconds = 0, comm_seconds_per_replica = 0, wait_seconds_per_replica = 0;

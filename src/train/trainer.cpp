@@ -1,5 +1,6 @@
 #include "train/trainer.h"
 
+#include <algorithm>
 #include <chrono>
 #include <ctime>
 #include <filesystem>
@@ -129,6 +130,7 @@ struct OuterTally {
   int64_t syncs = 0;
   uint64_t bytes = 0;
   int64_t values_received = 0, values_dropped = 0;  // of peers' messages
+  double worst_dropped = 0;                         // the largest share of one outer step
   double blocked_seconds = 0;
 };
 
@@ -166,8 +168,10 @@ WorkerSummary summarize_worker(const TrainConfig& c, const WorkerInfo& w, const 
     summary.steps_per_outer_step =
         c.outer.method == Method::ddp ? 1.0 : double(c.outer.interval) / double(c.outer.fragments);
   }
-  if (outer.values_received > 0)
+  if (outer.values_received > 0) {
     summary.dropped_fraction = dropped_share(outer.values_dropped, outer.values_received);
+    summary.dropped_fraction_worst_outer_step = outer.worst_dropped;
+  }
   if (w.transport) summary.outer_blocked_seconds = outer.blocked_seconds;
   return summary;
 }
@@ -434,6 +438,8 @@ void WorkerRun::record_outer_steps(int64_t done, const std::vector<OuterSync>& s
     tally_.bytes += sync.bytes;
     tally_.values_received += sync.values_received;
     tally_.values_dropped += sync.values_dropped;
+    const double dropped = dropped_share(sync.values_dropped, sync.values_received);
+    tally_.worst_dropped = std::max(tally_.worst_dropped, dropped);
     telemetry_.write(record(done, "outer", w_,
                             {{"outer_step", sync.outer_step},
                              {"fragment", sync.fragment},
@@ -442,7 +448,7 @@ void WorkerRun::record_outer_steps(int64_t done, const std::vector<OuterSync>& s
                              {"arrived", sync.arrived},
                              {"bytes", sync.bytes},
                              {"phi_blocks_failed", sync.phi_blocks_failed},
-                             {"dropped_fraction", dropped_share(sync.values_dropped, sync.values_received)}}));
+                             {"dropped_fraction", dropped}}));
   }
 }
 
