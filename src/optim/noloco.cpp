@@ -99,14 +99,14 @@ int64_t NoLoCo::phi_separation(const OuterSync& sync, const Fragment& fragment, 
 }
 
 std::map<int, NolocoParts> NoLoCo::decode(NolocoMessageCodec& message, const std::map<int, torch::Tensor>& arrived,
-                                          bool with_phi, const torch::Tensor& own_phi, const Fragment& fragment,
-                                          OuterSync& sync) {
+                                          bool with_phi, const torch::Tensor& own_phi,
+                                          const std::map<int, int64_t>& separations, OuterSync& sync) {
   std::map<int, NolocoParts> decoded;
   const int64_t values = message.values(with_phi);
   for (const auto& [r, bytes] : arrived) {
     sync.values_received += values;
     const int64_t failed_before = sync.phi_blocks_failed;
-    const int64_t separation = with_phi ? phi_separation(sync, fragment, r) : 0;
+    const int64_t separation = with_phi ? separations.at(r) : 0;
     try {
       decoded[r] = message.decode(bytes, with_phi, own_phi, separation, &sync.phi_blocks_failed);
       sync.values_dropped += std::min(values, (sync.phi_blocks_failed - failed_before) * int64_t(coset_.block()));
@@ -132,14 +132,17 @@ OuterTerms NoLoCo::group_means(int64_t id, const Fragment& fragment, const torch
   const bool with_phi = !theta_message && (sync.outer_step + 1) % config_.phi_every == 0;
   const NolocoParts own{cpu_fp32(theta_message ? theta : theta - phi), cpu_fp32(phi)};
   const uint64_t seed = splitmix64(seed_ ^ splitmix64(uint64_t(id) * 1000003u + uint64_t(transport_.rank())));
-  int64_t separation = 0;  // to the farthest receiver
+  std::map<int, int64_t> separations;  // by partner; the grid is sent for the farthest
+  int64_t farthest = 0;
   for (const auto& p : group)
-    if (with_phi && p.rank != transport_.rank())
-      separation = std::max(separation, phi_separation(sync, fragment, p.rank));
+    if (with_phi && p.rank != transport_.rank()) {
+      separations[p.rank] = phi_separation(sync, fragment, p.rank);
+      farthest = std::max(farthest, separations[p.rank]);
+    }
   torch::Tensor leftover;
-  const auto payload = message.encode(own, with_phi, separation, seed, &leftover);
+  const auto payload = message.encode(own, with_phi, farthest, seed, &leftover);
   const auto arrived = send(id, group, payload, message.format_id(with_phi), sync);
-  const auto decoded = decode(message, arrived, with_phi, own.phi, fragment, sync);
+  const auto decoded = decode(message, arrived, with_phi, own.phi, separations, sync);
   // residual=weights: this replica's Δ counts as its message carries it, as
   // its partners' do, and what the message left out stays in its weights.
   torch::Tensor own_first = own.first, kept;

@@ -45,10 +45,11 @@ class NoLoCo final : public SlowWeightsMethod {
   // roster that changed since makes it an estimate; a block it misjudges is
   // detected and dropped, not corrupted).
   int64_t phi_separation(const OuterSync& sync, const Fragment& fragment, int partner) const;
-  // The arrivals decoded; a malformed one is left out whole.
+  // The arrivals decoded; a malformed one is left out whole. `separations`:
+  // phi_separation of each sender (on φ exchanges).
   std::map<int, NolocoParts> decode(NolocoMessageCodec& message, const std::map<int, torch::Tensor>& arrived,
-                                    bool with_phi, const torch::Tensor& own_phi, const Fragment& fragment,
-                                    OuterSync& sync);
+                                    bool with_phi, const torch::Tensor& own_phi,
+                                    const std::map<int, int64_t>& separations, OuterSync& sync);
 
   // Two exchanges apart a pair is about as far apart as any: counted to 8,
   // pairs one exchange apart failed to decode at step 1560 of the demo run
