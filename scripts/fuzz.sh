@@ -10,7 +10,7 @@ if [ ! -f build-fuzz/build.ninja ]; then
 fi
 cmake --build build-fuzz > /dev/null
 corpus=build-fuzz/corpus
-mkdir -p "$corpus"/{config,safetensors,safetensors_index,token_file,codec,tokenizer_json,sealed}
+mkdir -p "$corpus"/{config,safetensors,safetensors_index,token_file,codec,tokenizer_json,sealed,documents}
 cp configs/*.yaml "$corpus/config/"
 printf 'lr: 1e-3\nsteps: 10\nmodel: 125m\nmethod: noloco\n' > "$corpus/config/small.yaml"
 # A valid safetensors file and a valid token file to mutate from.
@@ -44,7 +44,11 @@ open(sys.argv[1], "wb").write(json.dumps(tok).encode() + b"\0" + "abc 1234 café
 PY
 # A sealed message: a header (72 bytes), mode and flip position, then an int4 payload to seal.
 { head -c 72 /dev/zero; printf '\x02\x05\x00\x02\x40\x00\x03\x00\x3c'; head -c 32 /dev/zero | tr '\0' '\x88'; } > "$corpus/sealed/int4.bin"
-for target in config safetensors safetensors_index token_file codec tokenizer_json sealed; do
+# Documents: JSONL (form byte 0), zstd JSONL (1), plain text with end-of-text markers (3).
+printf '\0{"text": "one"}\n{"text": "two\\nlines \\u00e9"}\n' > "$corpus/documents/jsonl"
+{ printf '\1'; printf '{"text": "zstd"}\n' | zstd -q -c; } > "$corpus/documents/zst"
+printf '\3first<|end|>second, a little longer than the limit of sixty-four bytes a piece\nyes<|end|>' > "$corpus/documents/text"
+for target in config safetensors safetensors_index token_file codec tokenizer_json sealed documents; do
   echo "fuzz_$target: $runs runs"
   log=build-fuzz/fuzz_$target.log
   # libFuzzer exits non-zero on any crash, sanitizer report, leak or timeout,

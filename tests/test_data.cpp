@@ -1,13 +1,28 @@
 #include <gtest/gtest.h>
 
+#include <numeric>
+
 #include "data/dataset.h"
 #include "data/token_file.h"
+#include "data/token_stream.h"
 #include "data/tokenizer.h"
 #include "test_util.h"
 #include "util/files.h"
 
 using namespace noloco;
 using noloco::testing::TempDir;
+
+namespace {
+template <typename F>
+std::string error_of(F&& f) {
+  try {
+    f();
+  } catch (const std::exception& e) {
+    return e.what();
+  }
+  return "(no error)";
+}
+}  // namespace
 
 TEST(Tokenizer, CharRoundTripAndSaveLoad) {
   const std::string text = noloco::testing::shakespeare(5000);
@@ -83,24 +98,43 @@ TEST(Corpus, SplitsTheLastTenPercentForValidation) {
   TrainConfig c;
   c.data.path = dir / "c.txt";
   auto corpus = load_corpus(c.data, c.model.context, dir / "run");
-  EXPECT_EQ(corpus.val.numel(), 1000);
-  EXPECT_EQ(corpus.train.numel(), 9000);
+  EXPECT_EQ(corpus.val.size(), 1000);
+  EXPECT_EQ(corpus.train.size(), 9000);
 }
 
 TEST(Corpus, TokenFileNeedsVocabularyAndIsChecked) {
   TempDir dir;
-  write_token_file(dir / "t.bin", std::vector<int32_t>(2000, 3));
+  std::vector<int32_t> ids(2000, 3);
+  ids[500] = 7;
+  write_token_file(dir / "t.bin", ids);
   TrainConfig c;
   c.data.path = dir / "t.bin";
   c.data.vocab_size = 50;
   auto corpus = load_corpus(c.data, c.model.context, "");
   EXPECT_EQ(corpus.tokenizer->vocab_size(), 50);
-  c.data.vocab_size = 3;  // token 3 is outside a vocabulary of 3
-  EXPECT_THROW(load_corpus(c.data, c.model.context, ""), std::invalid_argument);
+  // Id 7 in the training part is outside a vocabulary of 7: refused when a
+  // window reads it (reading the whole corpus at start-up would grow with it).
+  c.data.vocab_size = 7;
+  c.data.val_fraction = 0.5;
+  corpus = load_corpus(c.data, 16, "");
+  std::vector<int64_t> out(2000);
+  EXPECT_NE(error_of([&] { corpus.train.read(0, 1000, out.data()); }).find("t.bin' holds token id 7 outside the vocabulary of 7 (its token 500)"),
+            std::string::npos);
+  // In the validation part it is refused up front.
+  c.data.val_fraction = 0.8;
+  EXPECT_NE(error_of([&] { load_corpus(c.data, 16, ""); }).find("holds token id 7"), std::string::npos);
+  // A file that declares a larger vocabulary than the tokenizer's is refused up front.
+  write_token_file(dir / "v.bin", std::vector<int32_t>(2000, 3), 100);
+  c.data.path = dir / "v.bin";
+  c.data.vocab_size = 50;
+  EXPECT_NE(error_of([&] { load_corpus(c.data, 16, ""); }).find("prepared for a vocabulary of 100, more than the tokenizer's 50"),
+            std::string::npos);
 }
 
 TEST(Sampler, WindowsAreShiftedSeededAndSliceable) {
-  auto tokens = torch::arange(1000, torch::kInt64);
+  std::vector<int32_t> ids(1000);
+  std::iota(ids.begin(), ids.end(), 0);
+  const auto tokens = TokenStream::hold(ids, "arange");
   WindowSampler s(tokens, 16, 42);
   auto b = s.sample(5, 0, 8);
   EXPECT_TRUE(torch::equal(b.targets, b.inputs + 1));  // next-token targets
@@ -112,16 +146,14 @@ TEST(Sampler, WindowsAreShiftedSeededAndSliceable) {
   EXPECT_FALSE(torch::equal(WindowSampler(tokens, 16, 43).sample(5, 0, 8).inputs, b.inputs));
 }
 
-TEST(Corpus, ADirectoryIsNotADataFile) {
+TEST(Corpus, ADirectoryWithoutShardsIsRefused) {
   TempDir dir;
+  noloco::testing::write_text(dir / "notes.txt", "text");
   TrainConfig c;
   c.data.path = dir.path();
-  try {
-    load_corpus(c.data, c.model.context, "");
-    FAIL();
-  } catch (const std::invalid_argument& e) {
-    EXPECT_NE(std::string(e.what()).find("is a directory"), std::string::npos) << e.what();
-  }
+  EXPECT_NE(error_of([&] { load_corpus(c.data, c.model.context, ""); }).find("names no token files"), std::string::npos);
+  c.data.path = dir / "fineweb_train_*.bin";
+  EXPECT_NE(error_of([&] { load_corpus(c.data, c.model.context, ""); }).find("names no token files"), std::string::npos);
 }
 
 TEST(Tokenizer, ACharVocabularyOfImpossibleBytesIsRefused) {

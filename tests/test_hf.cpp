@@ -341,7 +341,7 @@ TEST(Prepare, StreamsFilesIntoTokenFilesWithTheirTokenizer) {
   const auto r = prepare_corpus(o);
   EXPECT_EQ(r.files, 2);
   EXPECT_EQ(r.bytes, 60000);
-  const auto train = read_token_file(dir / "tokens/train.bin"), val = read_token_file(dir / "tokens/val.bin");
+  const auto train = read_token_file(dir / "tokens/train_000000.bin"), val = read_token_file(dir / "tokens/val_000000.bin");
   EXPECT_EQ(int64_t(train.size()), r.train_tokens);
   EXPECT_EQ(int64_t(val.size()), r.val_tokens);
   const auto tokenizer = load_tokenizer(dir / "tokens");
@@ -361,8 +361,8 @@ TEST(Prepare, StreamsFilesIntoTokenFilesWithTheirTokenizer) {
   o.out = dir / "one";
   o.tokenizer = dir / "tokens";
   const auto one = prepare_corpus(o);
-  auto ids = read_token_file(dir / "one/train.bin");
-  const auto tail = read_token_file(dir / "one/val.bin");
+  auto ids = read_token_file(dir / "one/train_000000.bin");
+  const auto tail = read_token_file(dir / "one/val_000000.bin");
   EXPECT_EQ(int64_t(tail.size()), int64_t(double(one.train_tokens + one.val_tokens) * 0.1));
   ids.insert(ids.end(), tail.begin(), tail.end());
   EXPECT_EQ(without_spaces(tokenizer->decode({ids.begin(), ids.end()})), without_spaces(text.substr(0, 30000)));
@@ -448,14 +448,14 @@ TEST_F(HfRun, Llama32AndSmolLM2ShapedDirectoriesRoundTrip) {
     p.out = dir / (shape.name + "_tokens");
     p.tokenizer = hf;
     prepare_corpus(p);
-    const auto bytes = noloco::testing::read_text(p.out + "/train.bin");
+    const auto bytes = noloco::testing::read_text(p.out + "/train_000000.bin");
     const int32_t magic = int32_t(uint8_t(bytes[0]) | (uint8_t(bytes[1]) << 8) | (uint8_t(bytes[2]) << 16) |
                                   (uint8_t(bytes[3]) << 24));
     EXPECT_EQ(magic, shape.model.vocab_size > 65536 ? 20240801 : 20240520);
-    const auto val = read_token_file(p.out + "/val.bin");
+    const auto val = read_token_file(p.out + "/val_000000.bin");
     if (shape.model.vocab_size > 65536) EXPECT_NE(std::find(val.begin(), val.end(), 70000), val.end());
 
-    train_run(shape.name + "_run", {"init_from=" + hf, "data=" + p.out + "/train.bin", "val_data=" + p.out + "/val.bin",
+    train_run(shape.name + "_run", {"init_from=" + hf, "data=" + p.out + "/train_000000.bin", "val_data=" + p.out + "/val_000000.bin",
                                     "steps=1", "context=16", "batch=2"});
     ExportOptions o;
     export_hf(dir / (shape.name + "_run"), dir / (shape.name + "_export"), o);
@@ -476,7 +476,7 @@ TEST_F(HfRun, Llama32AndSmolLM2ShapedDirectoriesRoundTrip) {
     EXPECT_FALSE(torch::equal(logits(exported), logits(model)));  // it trained
 
     // Untied on request: the head starts as a copy and is exported as its own matrix.
-    train_run(shape.name + "_untied", {"init_from=" + hf, "data=" + p.out + "/train.bin", "val_data=" + p.out + "/val.bin",
+    train_run(shape.name + "_untied", {"init_from=" + hf, "data=" + p.out + "/train_000000.bin", "val_data=" + p.out + "/val_000000.bin",
                                        "steps=1", "context=16", "batch=2", "tie_embeddings=false"});
     export_hf(dir / (shape.name + "_untied"), dir / (shape.name + "_untied_export"), o);
     EXPECT_FALSE(read_hf_config(dir / (shape.name + "_untied_export")).tied_embeddings);

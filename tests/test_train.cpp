@@ -1,12 +1,14 @@
 #include <gtest/gtest.h>
 
 #include <filesystem>
+#include <tuple>
 #include <thread>
 
 #include <fmt/format.h>
 
 #include "test_util.h"
 #include "data/token_file.h"
+#include "data/tokenizer.h"
 #include "train/checkpoint.h"
 #include "config/train_config.h"
 #include "train/export.h"
@@ -74,6 +76,40 @@ TEST_F(Train, ResumeContinuesBitIdentically) {
   const auto wb = load_tensors(dir / "split/checkpoints/r0/step_00000020/model.safetensors");
   for (auto& [name, t] : wa) EXPECT_TRUE(torch::equal(t, wb.at(name))) << name;
   EXPECT_LT(summary["final_val_loss"].get<double>(), 4.0);
+}
+
+// Issue 48: the text's ids as llm.c shards (train in shards of 3000 tokens,
+// validation beside them) train exactly as the text file does, and a run
+// resumed across shards continues bit-identically.
+TEST_F(Train, ShardSetsTrainAsTheirTextAndResumeBitIdentically) {
+  const auto text = noloco::testing::shakespeare(20000);
+  const auto tokenizer = make_char_tokenizer(text);
+  const auto ids = tokenizer->encode(text);
+  const size_t n_val = size_t(double(ids.size()) * 0.1);
+  std::filesystem::create_directories(dir / "shards");
+  for (const auto& [prefix, from, to] : {std::make_tuple("train", size_t(0), ids.size() - n_val),
+                                         std::make_tuple("val", ids.size() - n_val, ids.size())}) {
+    ShardWriter w(dir / "shards", prefix, 3000, false, tokenizer->vocab_size());
+    w.append(ids, from, to - from);
+    w.finish();
+  }
+  train_run("text");
+  auto shards = [&](const std::string& run, const std::vector<std::string>& extra) {
+    auto a = small_run(dir / "shards", dir / run);
+    a.insert(a.end(), extra.begin(), extra.end());
+    return train(parse_config("", a), quiet());
+  };
+  shards("whole", {});
+  shards("split", {"steps=10"});
+  shards("split", {"resume=true"});
+  const auto text_losses = train_losses(dir / "text/metrics.jsonl");
+  const auto a = train_losses(dir / "whole/metrics.jsonl"), b = train_losses(dir / "split/metrics.jsonl");
+  ASSERT_EQ(a.size(), 20u);
+  EXPECT_EQ(a, text_losses);  // exact: the same windows of the same ids
+  EXPECT_EQ(b, a);
+  const auto wa = load_tensors(dir / "whole/checkpoints/r0/step_00000020/model.safetensors");
+  const auto wb = load_tensors(dir / "split/checkpoints/r0/step_00000020/model.safetensors");
+  for (auto& [name, t] : wa) EXPECT_TRUE(torch::equal(t, wb.at(name))) << name;
 }
 
 TEST_F(Train, CheckpointExportAndHuggingFaceLayout) {

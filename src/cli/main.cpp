@@ -446,19 +446,24 @@ int run_export(const std::string& checkpoint, const std::string& hf_dir, const s
 int run_prepare(const std::vector<std::string>& args) {
   PrepareOptions o;
   Options options("prepare");
-  options.add("out", o.out, "output directory: train.bin, val.bin and the tokenizer")
+  options.add("out", o.out, "output directory: train_*.bin and val_*.bin shards and the tokenizer")
       .add("tokenizer", o.tokenizer, "bpe (trained on the inputs) | a sentencepiece .model | a directory holding one")
       .add("vocab_size", o.vocab_size, "BPE vocabulary to train")
-      .add("val_fraction", o.val_fraction, "held out for validation (the tail of every chunk)");
+      .add("val_fraction", o.val_fraction, "held out for validation (the tail of every chunk)")
+      .add("text_field", o.text_field, "the field of a .jsonl line that holds its document")
+      .add("shard_tokens", o.shard_tokens, "tokens a shard (llm.c's fineweb: 100M)");
   o.inputs = options.parse_known(args);
   for (const auto& input : o.inputs)
     if (input.find('=') != std::string::npos)
       throw std::invalid_argument(fmt::format("unknown prepare option '{}'", input));
   const auto r = prepare_corpus(o);
-  fmt::print("{} file(s), {:.1f} MB -> {} train and {} val tokens (vocabulary {}) in {}; tokenized at {:.2f} MB/s\n",
-             r.files, double(r.bytes) / 1e6, format_count(double(r.train_tokens)), format_count(double(r.val_tokens)),
-             r.vocab_size, format_duration(r.seconds), double(r.bytes) / 1e6 / std::max(r.tokenize_seconds, 1e-9));
-  fmt::print("train on it with: noloco train CONFIG data={0}/train.bin val_data={0}/val.bin tokenizer={0}\n", o.out);
+  fmt::print("{} file(s) of {:.1f} MB, {} documents of {:.1f} MB of text -> {} train tokens in {} shard(s), {} val "
+             "tokens in {} (vocabulary {}) in {}; tokenized at {:.2f} MB/s of files, {:.2f} MB/s of text\n",
+             r.files, double(r.bytes) / 1e6, r.documents, double(r.text_bytes) / 1e6,
+             format_count(double(r.train_tokens)), r.train_shards, format_count(double(r.val_tokens)), r.val_shards,
+             r.vocab_size, format_duration(r.seconds), double(r.bytes) / 1e6 / std::max(r.tokenize_seconds, 1e-9),
+             double(r.text_bytes) / 1e6 / std::max(r.tokenize_seconds, 1e-9));
+  fmt::print("train on it with: noloco train CONFIG data={} (its val shards and tokenizer come along)\n", o.out);
   return 0;
 }
 
@@ -530,7 +535,7 @@ int main(int argc, char** argv) {
   export_cmd->add_option("options", export_args, "shard_size=2GB dtype=float32|bfloat16|float16");
 
   std::vector<std::string> prepare_args;
-  auto* prepare_cmd = app.add_subcommand("prepare", "tokenize text files or directories into train/val token files");
+  auto* prepare_cmd = app.add_subcommand("prepare", "tokenize text, JSONL, .gz or .zst files or directories into train/val token shards");
   prepare_cmd->add_option("inputs", prepare_args,
                           "files or directories, then out=DIR tokenizer=bpe|FILE.model|DIR vocab_size=8192 "
                           "val_fraction=0.01")

@@ -21,8 +21,10 @@ namespace {
 // --help and of the resolved config.yaml.
 Options config_options(TrainConfig& c) {
   Options o("config");
-  o.add("data", c.data.path, "training text (.txt) or token file (.bin)")
-      .add("val_data", c.data.val_path, "validation token file; default: last val_fraction of data")
+  o.add("data", c.data.path, "training text (tokenized once per run, cached in the run directory) or token files: a .bin, "
+                            "a directory of llm.c shards (its *train*.bin; its *val*.bin validate) or a glob")
+      .add("val_data", c.data.val_path, "validation token files (file, directory or glob); default: a data directory's val shards, "
+                                          "else the last val_fraction of data")
       .add("tokenizer", c.data.tokenizer,
            "char | bpe | path to a sentencepiece .model | a directory holding one (run, checkpoint, Hugging Face)")
       .add("vocab_size", c.data.vocab_size, "BPE vocabulary to train, or vocabulary of a token file")

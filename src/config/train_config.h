@@ -12,7 +12,7 @@
 namespace noloco {
 
 struct DataConfig {
-  std::string path = "data/tinyshakespeare.txt";  // key `data`: text (.txt) or token file (.bin)
+  std::string path = "data/tinyshakespeare.txt";  // key `data`: text, or token files (see data/token_stream.h)
   std::string val_path;                           // key `val_data`: else the tail of `data`
   std::string tokenizer = "char";                 // char | bpe | path to a sentencepiece .model
   int64_t vocab_size = 0;                         // BPE size to train, or the vocabulary of a token file

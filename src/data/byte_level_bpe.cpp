@@ -269,6 +269,22 @@ std::unique_ptr<PreTokenizer> make_pre_tokenizer(const Json& j, const std::strin
 
 }  // namespace
 
+// The config's eos_token where it names an added token, else the end-of-text
+// token GPT-2, SmolLM2 (<|endoftext|>) or Llama 3 (<|end_of_text|>) add.
+std::optional<Tokenizer::EndOfText> ByteLevelBpe::find_end_of_text() const {
+  std::vector<std::string> names;
+  const auto config = Json::parse(config_, nullptr, false);
+  if (config.is_object() && config.contains("eos_token")) {
+    const auto& eos = config["eos_token"];
+    if (eos.is_string()) names.push_back(eos.get<std::string>());
+    if (eos.is_object() && eos.value("content", Json()).is_string()) names.push_back(eos["content"].get<std::string>());
+  }
+  names.insert(names.end(), {"<|endoftext|>", "<|end_of_text|>"});
+  for (const auto& name : names)
+    if (const auto it = added_.find(name); it != added_.end()) return EndOfText{it->second, name};
+  return std::nullopt;
+}
+
 ByteLevelBpe::ByteLevelBpe(std::string json, std::string config, const std::string& where)
     : json_(std::move(json)), config_(std::move(config)) {
   const auto j = Json::parse(json_, nullptr, false);
@@ -340,6 +356,7 @@ ByteLevelBpe::ByteLevelBpe(std::string json, std::string config, const std::stri
         refuse(where, fmt::format("merge {} makes a token outside the vocabulary", merge.dump()));
       ranks_.emplace(left + '\x01' + right, rank++);
     }
+    eos_ = find_end_of_text();
   } catch (const Json::exception& e) {
     refuse(where, fmt::format("malformed tokenizer.json: {}", e.what()));
   }

@@ -32,6 +32,7 @@ class ByteLevelBpe final : public Tokenizer {
 
   std::string kind() const override { return "byte-level BPE"; }
   int64_t vocab_size() const override { return vocab_size_; }
+  std::optional<EndOfText> end_of_text() const override { return eos_; }
   std::vector<int32_t> encode(const std::string& text) const override;
   std::string decode(const std::vector<int32_t>& ids) const override;
   // Both keep the files as they came: a run and its checkpoints as
@@ -45,6 +46,7 @@ class ByteLevelBpe final : public Tokenizer {
 
  private:
   std::vector<int32_t> bpe(const std::string& piece) const;  // `piece` in byte-level characters
+  std::optional<EndOfText> find_end_of_text() const;
   std::string json_, config_;
   std::unordered_map<std::string, int32_t> vocab_;
   std::vector<std::string> tokens_;                   // by id; empty where no token has that id
@@ -53,6 +55,7 @@ class ByteLevelBpe final : public Tokenizer {
   std::vector<bool> is_added_;                        // by id
   bool ignore_merges_ = false;
   int64_t vocab_size_ = 0;
+  std::optional<EndOfText> eos_;
   std::unique_ptr<PreTokenizer> pre_;
 };
 

@@ -1,24 +1,33 @@
 #include "data/dataset.h"
 
+#include <fcntl.h>
+#include <sys/file.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <array>
+#include <cerrno>
+#include <cstring>
 #include <filesystem>
 
 #include <fmt/format.h>
+#include <nlohmann/json.hpp>
 
+#include "data/text_source.h"
 #include "data/token_file.h"
 #include "util/files.h"
 #include "util/splitmix.h"
 
 namespace noloco {
 
+namespace fs = std::filesystem;
+
 namespace {
 
-torch::Tensor to_tensor(const std::vector<int32_t>& ids) {
-  auto t = torch::empty({int64_t(ids.size())}, torch::kInt64);
-  auto* p = t.data_ptr<int64_t>();
-  for (size_t i = 0; i < ids.size(); ++i) p[i] = ids[i];
-  return t;
-}
-
+// Text is encoded this much at a time, cut at a line end: a file up to this
+// size is encoded in one piece, as the whole text was before corpora streamed.
+constexpr size_t kTextChunkBytes = 4 << 20;
+constexpr int64_t kShardTokens = 100000000;
 
 // The tokenizer of the model the run starts from (init_from), if it holds one.
 std::unique_ptr<Tokenizer> model_tokenizer(const DataConfig& c) {
@@ -26,71 +35,161 @@ std::unique_ptr<Tokenizer> model_tokenizer(const DataConfig& c) {
   return load_tokenizer(c.model_dir);
 }
 
-std::unique_ptr<Tokenizer> build_tokenizer(const DataConfig& c, const std::string& text) {
+// The bytes that occur in a text file (its char vocabulary), a chunk at a time.
+std::string bytes_in(const std::string& path) {
+  std::array<bool, 256> seen{};
+  TextChunks chunks(path, kTextChunkBytes);
+  std::string chunk, bytes;
+  while (chunks.next(chunk))
+    for (const char b : chunk) seen[uint8_t(b)] = true;
+  for (int b = 0; b < 256; ++b)
+    if (seen[size_t(b)]) bytes.push_back(char(b));
+  return bytes;
+}
+
+std::unique_ptr<Tokenizer> text_tokenizer(const DataConfig& c) {
   if (auto t = model_tokenizer(c)) return t;
   if (!c.model_dir.empty())
     throw std::invalid_argument(fmt::format(
         "init_from {} has no tokenizer (tokenizer.model or a byte-level BPE tokenizer.json): name one with "
         "tokenizer=, or train on tokens prepared with it (data=FILE.bin)",
         c.model_dir));
-  if (c.tokenizer == "char") return make_char_tokenizer(text);
+  if (c.tokenizer == "char") return make_char_tokenizer(bytes_in(c.path));
   if (c.tokenizer == "bpe") return train_bpe_tokenizer({c.path}, c.vocab_size);
   return open_tokenizer(c.tokenizer);
+}
+
+std::unique_ptr<Tokenizer> token_data_tokenizer(const DataConfig& c, int64_t declared_vocab) {
+  if (auto t = model_tokenizer(c)) return t;
+  const bool unnamed = c.tokenizer == "char" || c.tokenizer == "bpe";
+  // `prepare` leaves its tokenizer beside the shards.
+  if (unnamed && fs::is_directory(c.path) && holds_tokenizer(c.path)) return load_tokenizer(c.path);
+  if (unnamed) return make_id_tokenizer(c.vocab_size > 0 ? c.vocab_size : declared_vocab);
+  return open_tokenizer(c.tokenizer);
+}
+
+// Held while a worker tokenizes the run's text, so that the run does it once.
+class DirectoryLock {
+ public:
+  explicit DirectoryLock(const std::string& dir) {
+    fs::create_directories(dir);
+    const auto path = dir + "/.lock";
+    fd_ = ::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+    if (fd_ < 0 || ::flock(fd_, LOCK_EX) != 0)
+      throw std::runtime_error(fmt::format("cannot lock {}: {}", path, std::strerror(errno)));
+  }
+  ~DirectoryLock() { ::close(fd_); }
+  DirectoryLock(const DirectoryLock&) = delete;
+  DirectoryLock& operator=(const DirectoryLock&) = delete;
+
+ private:
+  int fd_ = -1;
+};
+
+// What the cached ids were encoded from: a changed file or tokenizer is encoded anew.
+nlohmann::json text_source(const std::string& path, const Tokenizer& tokenizer) {
+  struct stat st {};
+  if (::stat(path.c_str(), &st) != 0)
+    throw std::runtime_error(fmt::format("cannot read {}: {}", path, std::strerror(errno)));
+  return {{"source", fs::absolute(path).string()},
+          {"bytes", int64_t(st.st_size)},
+          {"modified_ns", int64_t(st.st_mtim.tv_sec) * 1000000000 + st.st_mtim.tv_nsec},
+          {"tokenizer", tokenizer.kind()},
+          {"vocab_size", tokenizer.vocab_size()}};
+}
+
+template <typename Sink>
+void encode_text(const std::string& path, const Tokenizer& tokenizer, Sink&& sink) {
+  TextChunks chunks(path, kTextChunkBytes);
+  std::string chunk;
+  while (chunks.next(chunk)) sink(tokenizer.encode(chunk));
+}
+
+// The ids of a text corpus, encoded once per run into `run_dir/tokens/` (the
+// first worker encodes under a lock; the others, and resumes, map its shards).
+TokenStream text_tokens(const DataConfig& c, const Tokenizer& tokenizer, const std::string& run_dir) {
+  if (run_dir.empty()) {
+    std::vector<int32_t> ids;
+    encode_text(c.path, tokenizer, [&](const std::vector<int32_t>& part) { ids.insert(ids.end(), part.begin(), part.end()); });
+    return TokenStream::hold(std::move(ids), c.path);
+  }
+  const std::string dir = run_dir + "/tokens";
+  const auto source = text_source(c.path, tokenizer);
+  if (!file_exists(dir + "/source.json") || read_json(dir + "/source.json") != source) {
+    std::remove((dir + "/source.json").c_str());
+    ShardWriter shards(dir, "text", kShardTokens, tokenizer.vocab_size() > 65536, tokenizer.vocab_size());
+    encode_text(c.path, tokenizer, [&](const std::vector<int32_t>& part) { shards.append(part, 0, part.size()); });
+    shards.finish();
+    write_json_atomic(dir + "/source.json", source);
+  }
+  return TokenStream::map_files(token_files(dir + "/text_*.bin"));
+}
+
+// A text corpus and its tokenizer; with a run directory, both made once per run.
+TokenStream text_corpus(const DataConfig& c, const std::string& run_dir, std::unique_ptr<Tokenizer>& tokenizer) {
+  if (fs::file_size(c.path) == 0) throw std::invalid_argument(fmt::format("data file '{}' is empty", c.path));
+  if (run_dir.empty()) {
+    tokenizer = text_tokenizer(c);
+    return text_tokens(c, *tokenizer, run_dir);
+  }
+  const DirectoryLock lock(run_dir + "/tokens");
+  if (file_exists(run_dir + "/tokenizer.json")) {
+    tokenizer = load_tokenizer(run_dir);
+  } else {
+    tokenizer = text_tokenizer(c);
+    tokenizer->save(run_dir);
+  }
+  return text_tokens(c, *tokenizer, run_dir);
+}
+
+// Token files' ids checked against the vocabulary: up front where their
+// headers declare one, else as windows read them (reading a training corpus
+// of billions of tokens at every start would make start-up grow with it).
+TokenStream checked(TokenStream tokens, const std::string& spec, int64_t vocab) {
+  if (tokens.declared_vocab() > vocab)
+    throw std::invalid_argument(fmt::format("'{}' was prepared for a vocabulary of {}, more than the tokenizer's {}",
+                                            spec, tokens.declared_vocab(), vocab));
+  tokens.limit_ids(vocab);
+  return tokens;
 }
 
 }  // namespace
 
 Corpus load_corpus(const DataConfig& c, int64_t context, const std::string& run_dir) {
-  for (const auto& path : {c.path, c.val_path})
-    if (!path.empty() && std::filesystem::is_directory(path))
-      throw std::invalid_argument(fmt::format("data file '{}' is a directory; give a text or token file", path));
   Corpus corpus;
-  const bool saved = !run_dir.empty() && file_exists(run_dir + "/tokenizer.json");
-  torch::Tensor all;
-  if (ends_with(c.path, ".bin")) {
-    const auto tokens = read_token_file(c.path);
-    if (saved) {
+  TokenStream all;
+  if (names_token_files(c.path)) {
+    all = TokenStream::map_files(token_files(c.path));
+    if (!run_dir.empty() && file_exists(run_dir + "/tokenizer.json")) {
       corpus.tokenizer = load_tokenizer(run_dir);
-    } else if (auto t = model_tokenizer(c)) {
-      corpus.tokenizer = std::move(t);
-    } else if (c.tokenizer == "char" || c.tokenizer == "bpe") {
-      corpus.tokenizer = make_id_tokenizer(c.vocab_size);
     } else {
-      corpus.tokenizer = open_tokenizer(c.tokenizer);
+      corpus.tokenizer = token_data_tokenizer(c, all.declared_vocab());
+      if (!run_dir.empty()) {
+        fs::create_directories(run_dir);
+        corpus.tokenizer->save(run_dir);
+      }
     }
-    all = to_tensor(tokens);
   } else {
-    const auto text = read_file(c.path);
-    if (text.empty()) throw std::invalid_argument(fmt::format("data file '{}' is empty", c.path));
-    corpus.tokenizer = saved ? load_tokenizer(run_dir) : build_tokenizer(c, text);
-    all = to_tensor(corpus.tokenizer->encode(text));
-  }
-  if (!saved && !run_dir.empty()) {
-    std::filesystem::create_directories(run_dir);
-    corpus.tokenizer->save(run_dir);
+    if (!fs::exists(c.path)) throw std::invalid_argument(fmt::format("cannot open '{}': no such file", c.path));
+    all = text_corpus(c, run_dir, corpus.tokenizer);
   }
   const int64_t vocab = corpus.tokenizer->vocab_size();
-  // Checked here, before any worker starts, not at the first evaluation.
-  const auto check_ids = [vocab](const std::string& path, const torch::Tensor& ids) {
-    if (ids.numel() > 0 && ids.max().item<int64_t>() >= vocab)
-      throw std::invalid_argument(
-          fmt::format("'{}' holds token id {} outside the vocabulary of {}", path, ids.max().item<int64_t>(), vocab));
-  };
-  check_ids(c.path, all);
-  if (!c.val_path.empty()) {
+  all = checked(std::move(all), c.path, vocab);
+  const auto val_files = c.val_path.empty() ? validation_files_beside(c.path) : token_files(c.val_path);
+  if (!val_files.empty()) {
     corpus.train = all;
-    corpus.val = to_tensor(read_token_file(c.val_path));
-    check_ids(c.val_path, corpus.val);
+    corpus.val = checked(TokenStream::map_files(val_files), c.val_path.empty() ? c.path : c.val_path, vocab);
   } else {
-    const int64_t n_val = int64_t(double(all.numel()) * c.val_fraction);
-    corpus.train = all.narrow(0, 0, all.numel() - n_val);
-    corpus.val = all.narrow(0, all.numel() - n_val, n_val);
+    const int64_t n_val = int64_t(double(all.size()) * c.val_fraction);
+    corpus.train = all.slice(0, all.size() - n_val);
+    corpus.val = all.slice(all.size() - n_val, all.size());
   }
+  corpus.val.check_ids();
   const int64_t need = context + 1;
-  if (corpus.train.numel() < need || corpus.val.numel() < need)
+  if (corpus.train.size() < need || corpus.val.size() < need)
     throw std::invalid_argument(fmt::format(
         "corpus '{}' is too short: {} training and {} validation tokens, but one block needs {}", c.path,
-        corpus.train.numel(), corpus.val.numel(), need));
+        corpus.train.size(), corpus.val.size(), need));
   return corpus;
 }
 
@@ -104,21 +203,21 @@ ModelConfig with_vocabulary(ModelConfig model, const Tokenizer& tokenizer) {
   return model;
 }
 
-WindowSampler::WindowSampler(torch::Tensor tokens, int64_t context, uint64_t seed)
+WindowSampler::WindowSampler(TokenStream tokens, int64_t context, uint64_t seed)
     : tokens_(std::move(tokens)), context_(context), seed_(seed) {}
 
 Batch WindowSampler::sample(uint64_t index, int64_t first, int64_t count) const {
-  const uint64_t starts = uint64_t(tokens_.numel() - context_);  // valid window starts
+  const uint64_t starts = uint64_t(tokens_.size() - context_);  // valid window starts
   auto inputs = torch::empty({count, context_}, torch::kInt64);
   auto targets = torch::empty({count, context_}, torch::kInt64);
-  const auto* src = tokens_.data_ptr<int64_t>();
   auto* x = inputs.data_ptr<int64_t>();
   auto* y = targets.data_ptr<int64_t>();
+  std::vector<int64_t> window(size_t(context_ + 1));
   for (int64_t r = 0; r < count; ++r) {
     const uint64_t key = splitmix64(splitmix64(seed_ ^ splitmix64(index)) + uint64_t(first + r));
-    const uint64_t start = key % starts;
-    std::copy(src + start, src + start + context_, x + r * context_);
-    std::copy(src + start + 1, src + start + 1 + context_, y + r * context_);
+    tokens_.read(int64_t(key % starts), context_ + 1, window.data());
+    std::copy(window.begin(), window.end() - 1, x + r * context_);
+    std::copy(window.begin() + 1, window.end(), y + r * context_);
   }
   return {inputs, targets};
 }

@@ -6,20 +6,25 @@
 
 #include <torch/torch.h>
 
-#include "data/tokenizer.h"
 #include "config/train_config.h"
+#include "data/token_stream.h"
+#include "data/tokenizer.h"
 
 namespace noloco {
 
 struct Corpus {
   std::unique_ptr<Tokenizer> tokenizer;
-  torch::Tensor train, val;  // 1-D int64 on the CPU
+  TokenStream train, val;
 };
 
-// Reads `config.path` (text or token file), builds or loads the tokenizer and
-// splits off validation; both parts must hold a window of `context` + 1 tokens. If `run_dir/tokenizer.json` exists, that tokenizer is
-// used (resume, or a worker of a launched run); otherwise the new one is saved there.
-// Throws std::runtime_error / std::invalid_argument with one-line reasons.
+// Opens `config.path` (a text file, or token files: a file, a directory or a
+// glob of llm.c shards), builds or loads the tokenizer and splits off
+// validation (`val_path`, else a directory's val shards, else the tail
+// `val_fraction` of the stream); both parts must hold a window of `context` + 1
+// tokens. If `run_dir/tokenizer.json` exists, that tokenizer is used (resume,
+// or a worker of a launched run); otherwise the new one is saved there. Text is
+// tokenized once per run: into `run_dir/tokens/`, which later workers and
+// resumes map. Throws std::runtime_error / std::invalid_argument with one-line reasons.
 Corpus load_corpus(const DataConfig& config, int64_t context, const std::string& run_dir);
 
 // The model's vocabulary: the tokenizer's where the model does not fix one
@@ -36,12 +41,12 @@ struct Batch {
 // batch B see exactly what one replica of batch N·B sees.
 class WindowSampler {
  public:
-  WindowSampler(torch::Tensor tokens, int64_t context, uint64_t seed);
+  WindowSampler(TokenStream tokens, int64_t context, uint64_t seed);
   // Windows [first, first + count) of global batch `index`.
   Batch sample(uint64_t index, int64_t first, int64_t count) const;
 
  private:
-  torch::Tensor tokens_;
+  TokenStream tokens_;
   int64_t context_;
   uint64_t seed_;
 };

@@ -54,4 +54,11 @@ int noloco_spm_piece_size(void* processor) {
   return static_cast<sentencepiece::SentencePieceProcessor*>(processor)->GetPieceSize();
 }
 
+int noloco_spm_eos(void* processor, std::string* piece) {
+  auto* sp = static_cast<sentencepiece::SentencePieceProcessor*>(processor);
+  const int id = sp->eos_id();
+  if (id >= 0 && id < sp->GetPieceSize()) *piece = sp->IdToPiece(id);
+  return id;
+}
+
 }  // extern "C"

@@ -15,4 +15,6 @@ void noloco_spm_free(void* processor);
 int noloco_spm_encode(void* processor, const std::string* text, std::vector<int>* ids, std::string* error);
 int noloco_spm_decode(void* processor, const std::vector<int>* ids, std::string* text, std::string* error);
 int noloco_spm_piece_size(void* processor);
+// The end-of-sentence id (-1 if the model has none) and its piece.
+int noloco_spm_eos(void* processor, std::string* piece);
 }

@@ -96,6 +96,7 @@ struct SpmApi {
   decltype(&noloco_spm_encode) encode;
   decltype(&noloco_spm_decode) decode;
   decltype(&noloco_spm_piece_size) piece_size;
+  decltype(&noloco_spm_eos) eos;
 
   static const SpmApi& get() {
     static const SpmApi api = open();
@@ -127,6 +128,7 @@ struct SpmApi {
     api.encode = reinterpret_cast<decltype(api.encode)>(sym("noloco_spm_encode"));
     api.decode = reinterpret_cast<decltype(api.decode)>(sym("noloco_spm_decode"));
     api.piece_size = reinterpret_cast<decltype(api.piece_size)>(sym("noloco_spm_piece_size"));
+    api.eos = reinterpret_cast<decltype(api.eos)>(sym("noloco_spm_eos"));
     return api;
   }
 };
@@ -138,12 +140,16 @@ class SentencePieceTokenizer : public Tokenizer {
     sp_ = SpmApi::get().load(&serialized_, &error);
     if (!sp_) throw std::runtime_error("invalid sentencepiece model: " + error);
     vocab_ = SpmApi::get().piece_size(sp_);
+    std::string piece;
+    const int eos = SpmApi::get().eos(sp_, &piece);
+    if (eos >= 0 && !piece.empty()) eos_ = EndOfText{eos, piece};
   }
   ~SentencePieceTokenizer() override { SpmApi::get().free(sp_); }
   SentencePieceTokenizer(const SentencePieceTokenizer&) = delete;
   SentencePieceTokenizer& operator=(const SentencePieceTokenizer&) = delete;
   std::string kind() const override { return "sentencepiece"; }
   int64_t vocab_size() const override { return vocab_; }
+  std::optional<EndOfText> end_of_text() const override { return eos_; }
   std::vector<int32_t> encode(const std::string& text) const override {
     std::vector<int> ids;
     std::string error;
@@ -180,6 +186,7 @@ class SentencePieceTokenizer : public Tokenizer {
   std::string serialized_;
   void* sp_ = nullptr;
   int64_t vocab_ = 0;
+  std::optional<EndOfText> eos_;
 };
 
 class IdTokenizer : public Tokenizer {

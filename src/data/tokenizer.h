@@ -4,6 +4,7 @@
 #pragma once
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -24,6 +25,14 @@ class Tokenizer {
   // writes, read back by load_tokenizer), and for char also a byte-level
   // tokenizer.json that PreTrainedTokenizerFast loads.
   virtual void save_hf(const std::string& dir) const = 0;
+  // The token that ends a document, where the vocabulary has one: its id, and
+  // the text that stands for it between the documents of a plain-text corpus
+  // (TinyStories writes <|endoftext|>).
+  struct EndOfText {
+    int32_t id;
+    std::string text;
+  };
+  virtual std::optional<EndOfText> end_of_text() const { return std::nullopt; }
 };
 
 // Byte-level vocabulary of the bytes that occur in `text`, sorted (as nanoGPT's char model).

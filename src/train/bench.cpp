@@ -2,12 +2,11 @@
 
 #include <chrono>
 
-#include <sys/resource.h>
-
 #include "model/llama.h"
 #include "optim/flat_params.h"
 #include "optim/inner.h"
 #include "util/compute_threads.h"
+#include "util/process_stats.h"
 #include "util/progress.h"
 #include "util/torch_shim.h"
 
@@ -41,12 +40,6 @@ double measured_peak_tflops(const torch::Device& device, torch::ScalarType dtype
   }
   set_blas_threads(1);
   return best;
-}
-
-double peak_rss_mib() {
-  rusage usage{};
-  getrusage(RUSAGE_SELF, &usage);
-  return double(usage.ru_maxrss) / 1024.0;  // Linux reports KiB
 }
 
 }  // namespace

@@ -101,6 +101,8 @@ nlohmann::json WorkerSummary::to_json() const {
   put(j, "dropped_fraction", dropped_fraction);
   put(j, "dropped_fraction_worst_outer_step", dropped_fraction_worst_outer_step);
   put(j, "outer_blocked_seconds", outer_blocked_seconds);
+  put(j, "peak_rss_mib", peak_rss_mib);
+  put(j, "startup_seconds", startup_seconds);
   if (rejoin)
     j.update({{"rejoined_at_step", rejoin->step}, {"rejoin_donor", rejoin->donor}, {"rejoin_seconds", rejoin->seconds},
               {"joined", rejoin->joined}});
@@ -130,6 +132,8 @@ WorkerSummary WorkerSummary::from_json(const nlohmann::json& j) {
   s.dropped_fraction = optional_of<double>(j, "dropped_fraction");
   s.dropped_fraction_worst_outer_step = optional_of<double>(j, "dropped_fraction_worst_outer_step");
   s.outer_blocked_seconds = optional_of<double>(j, "outer_blocked_seconds");
+  s.peak_rss_mib = optional_of<double>(j, "peak_rss_mib");
+  s.startup_seconds = optional_of<double>(j, "startup_seconds");
   if (j.contains("rejoined_at_step"))
     s.rejoin = WorkerSummary::Rejoin{j["rejoined_at_step"].get<int64_t>(), j.value("rejoin_donor", 0),
                                      j.value("rejoin_seconds", 0.0), j.value("joined", false)};
@@ -178,6 +182,8 @@ nlohmann::json RunSummary::to_json() const {
   put(j, "dropped_fraction", dropped_fraction);
   put(j, "dropped_fraction_worst_outer_step", dropped_fraction_worst_outer_step);
   put(j, "outer_blocked_seconds_per_replica", outer_blocked_seconds_per_replica);
+  put(j, "worker_peak_rss_mib", worker_peak_rss_mib);
+  put(j, "worker_startup_seconds", worker_startup_seconds);
   if (stages > 1)
     j.update({{"stages", stages},
               {"routing", routing},
@@ -215,6 +221,8 @@ RunSummary RunSummary::from_json(const nlohmann::json& j) {
   s.dropped_fraction = optional_of<double>(j, "dropped_fraction");
   s.dropped_fraction_worst_outer_step = optional_of<double>(j, "dropped_fraction_worst_outer_step");
   s.outer_blocked_seconds_per_replica = optional_of<double>(j, "outer_blocked_seconds_per_replica");
+  s.worker_peak_rss_mib = optional_of<double>(j, "worker_peak_rss_mib");
+  s.worker_startup_seconds = optional_of<double>(j, "worker_startup_seconds");
   s.final_val_loss_replicas = j.value("final_val_loss_replicas", std::vector<double>{});
   s.bytes_sent = j.value("bytes_sent", uint64_t(0));
   s.bytes_received = j.value("bytes_received", uint64_t(0));
@@ -264,6 +272,8 @@ RunSummary summarize_lone_run(const WorkerSummary& w) {
   s.seconds = w.seconds;
   s.steps = w.steps;
   s.params = w.params;
+  s.worker_peak_rss_mib = w.peak_rss_mib;
+  s.worker_startup_seconds = w.startup_seconds;
   return s;
 }
 
@@ -342,6 +352,9 @@ RunSummary summarize_run(const std::string& run_dir, const std::string& method, 
       blocked_sum += *w.outer_blocked_seconds;
       ++blocked_count;
     }
+    for (auto [worst, value] : {std::pair{&run.worker_peak_rss_mib, w.peak_rss_mib},
+                                std::pair{&run.worker_startup_seconds, w.startup_seconds}})
+      if (value) *worst = std::max(worst->value_or(0.0), *value);
     if (w.traffic.pipeline) {
       run.activation_bytes_sent += w.traffic.pipeline->bytes_sent;
       run.micro_batches_dropped += w.traffic.pipeline->micro_batches_dropped;

@@ -49,6 +49,9 @@ struct WorkerSummary {
   };
   std::optional<Rejoin> rejoin;
   std::optional<int64_t> left_at_step;  // it left the run (SIGTERM) after this step
+  // The process's largest resident set (a corpus's mapped pages included),
+  // and the seconds from its start until it was ready for its first step.
+  std::optional<double> peak_rss_mib, startup_seconds;
   nlohmann::json to_json() const;
   static WorkerSummary from_json(const nlohmann::json& j);
 };
@@ -81,6 +84,7 @@ struct RunSummary {
   std::optional<double> dropped_fraction;               // likewise
   std::optional<double> dropped_fraction_worst_outer_step;  // the largest of any worker
   std::optional<double> outer_blocked_seconds_per_replica;  // likewise
+  std::optional<double> worker_peak_rss_mib, worker_startup_seconds;  // the largest of any worker
   uint64_t bytes_sent = 0, bytes_received = 0;
   double comm_seconds = 0, wait_seconds = 0, comm_seconds_per_replica = 0, wait_seconds_per_replica = 0;
   double seconds = 0;

@@ -29,6 +29,7 @@
 #include "util/error_text.h"
 #include "util/files.h"
 #include "util/log.h"
+#include "util/process_stats.h"
 
 namespace noloco {
 
@@ -220,8 +221,8 @@ void announce(const TrainConfig& c, const ModelConfig& arch, const Corpus& corpu
   spdlog::info("{} model, {} parameters, {} training FLOPs/token, vocab {} ({}), {} train / {} val tokens",
                c.init_from.empty() ? c.preset : c.init_from,
                format_count(double(arch.num_params())), format_count(arch.train_flops_per_token()), arch.vocab_size,
-               corpus.tokenizer->kind(), format_count(double(corpus.train.numel())),
-               format_count(double(corpus.val.numel())));
+               corpus.tokenizer->kind(), format_count(double(corpus.train.size())),
+               format_count(double(corpus.val.size())));
   spdlog::info("method {}, {} replica(s), device {}, {} threads, run dir {}", choice_name(c.outer.method), w.replicas, device.str(),
                torch::get_num_threads(), out);
   if (w.stages > 1)
@@ -322,6 +323,7 @@ class WorkerRun {
   OuterTally tally_;
   std::optional<int64_t> left_at_step_;
   std::optional<Throughput> throughput_;
+  double startup_seconds_ = 0;  // process start to the first step: data, model, restore
 };
 
 WorkerRun::WorkerRun(const TrainConfig& c, const WorkerInfo& w)
@@ -357,6 +359,7 @@ WorkerRun::WorkerRun(const TrainConfig& c, const WorkerInfo& w)
   // Only now: a resume refused above leaves the run's config as it was.
   if (w.rank == 0) write_file_atomic(out_ + "/config.yaml", c.to_yaml());
   throughput_.emplace(first_step_, c.inner.steps);
+  startup_seconds_ = seconds_since_process_start();
 }
 
 InnerStepResult WorkerRun::inner_step(int64_t step) {
@@ -490,6 +493,8 @@ nlohmann::json WorkerRun::finish() {
   auto summary = summarize_worker(c_, w_, arch_, *model_, flat_.numel(), seconds_since(start_), val_loss_, last_loss_,
                                   spread_, rejoined_, tally_);
   summary.left_at_step = left_at_step_;
+  summary.peak_rss_mib = peak_rss_mib();
+  summary.startup_seconds = startup_seconds_;
   const auto j = summary.to_json();
   write_json_atomic(fmt::format("{}/summary_r{}.json", out_, w_.rank), j);
   // Only now: a launcher waiting for a joiner to finish reads its summary next.

@@ -1,0 +1,13 @@
+// What this process has cost so far, for summaries and benchmarks.
+#pragma once
+
+namespace noloco {
+
+// The largest resident set this process has had, in MiB (file pages mapped
+// and touched, such as a corpus's, included).
+double peak_rss_mib();
+// Seconds since this process started (its first exec, before noloco's
+// re-execution with its runtime settings), to 1/100 s.
+double seconds_since_process_start();
+
+}  // namespace noloco
