@@ -9,6 +9,8 @@
 #include "test_util.h"
 #include "train/report.h"
 #include "util/files.h"
+#include "util/human.h"
+#include "util/svg_plot.h"
 
 using namespace noloco;
 using noloco::testing::TempDir;
@@ -126,4 +128,26 @@ TEST(Report, TableMatchesSummariesAndPlotsAreWritten) {
   EXPECT_NE(bits.find("<polyline"), std::string::npos);
   EXPECT_NE(bits.find("bits per parameter per outer step"), std::string::npos);
   EXPECT_EQ(bits.find(">diloco<"), std::string::npos) << bits;
+}
+
+// Issue 50 item 10: the demo's own run names were clipped at the right edge
+// of the plots, and byte axes read 5.6e+07 where a person expects 56 MB.
+TEST(Report, LegendsHoldTheirNamesAndByteAxesReadInBytes) {
+  const std::string name = "demo-20261126-040908-noloco (noloco, 8 replicas, compression=sparse)";
+  const PlotSeries series{name, "#2ca02c", false, {{5.6e7, 2.0}, {1.11e9, 1.8}}};
+  PlotOptions options{"loss against bytes", "training bytes sent", "validation loss", false, true};
+  options.x_bytes = true;
+  const auto svg = line_chart_svg({series}, options);
+  const auto width_at = svg.find("width=\"") + 7;
+  const double width = std::stod(svg.substr(width_at, svg.find('"', width_at) - width_at));
+  const auto legend_at = svg.rfind("<text x=\"") + 9;
+  const double legend_x = std::stod(svg.substr(legend_at, svg.find('"', legend_at) - legend_at));
+  EXPECT_GE(width, legend_x + 7.0 * double(name.size())) << "the legend's name runs past the picture";
+  EXPECT_NE(svg.find(">56 MB<"), std::string::npos) << svg;
+  EXPECT_NE(svg.find(">1.11 GB<"), std::string::npos) << svg;
+  EXPECT_EQ(svg.find("e+0"), std::string::npos) << svg;
+  EXPECT_EQ(format_bytes(512), "512 B");
+  EXPECT_EQ(format_bytes(999.4), "999 B");
+  EXPECT_EQ(format_bytes(999.6), "1 kB");
+  EXPECT_EQ(format_bytes(1.11e9), "1.11 GB");
 }

@@ -213,7 +213,8 @@ std::string write_report(const std::vector<std::string>& run_dirs, const std::st
                     line_chart_svg(by_step, {"Validation loss", "inner step", "validation loss (mean over replicas)"}));
   write_file_atomic(out_dir + "/val_loss_vs_bytes.svg",
                     line_chart_svg(by_bytes, {"Validation loss against communication", "training bytes sent, all replicas",
-                                              "validation loss (mean over replicas)", /*log_y=*/false, /*log_x=*/true}));
+                                              "validation loss (mean over replicas)", /*log_y=*/false, /*log_x=*/true,
+                                              /*x_bytes=*/true}));
   std::string md = "# noloco report\n\n" + comparison_table(run_dirs) +
                    "\nLoss and perplexity are the mean over replicas of each replica's own model; the mean-model "
                    "column evaluates the average of the replicas' weights. Bytes count training traffic only.\n\n"
@@ -234,7 +235,7 @@ std::string write_report(const std::vector<std::string>& run_dirs, const std::st
                                 return std::nullopt;
                               }),
            {"Pipelines: validation loss against activation traffic", "activation bytes per step (coded, both directions)",
-            "final validation loss (mean over replicas)", /*log_y=*/false, /*log_x=*/true},
+            "final validation loss (mean over replicas)", /*log_y=*/false, /*log_x=*/true, /*x_bytes=*/true},
            "final validation loss against activation bytes per step");
   add_plot("val_loss_vs_outer_bits.svg",
            final_loss_against(run_dirs,

@@ -1,6 +1,7 @@
 #include "util/human.h"
 
 #include <cmath>
+#include <iterator>
 #include <cstdint>
 
 #include <fmt/format.h>
@@ -21,6 +22,14 @@ std::string format_count(double n) {
   if (n >= 1e6) return fmt::format("{:.2f}M", n / 1e6);
   if (n >= 1e3) return fmt::format("{:.1f}k", n / 1e3);
   return fmt::format("{:.0f}", n);
+}
+
+std::string format_bytes(double bytes) {
+  if (!std::isfinite(bytes)) return "?";
+  const char* units[] = {"B", "kB", "MB", "GB", "TB", "PB"};
+  size_t unit = 0;
+  while (std::abs(bytes) >= 999.5 && unit + 1 < std::size(units)) bytes /= 1000, ++unit;
+  return fmt::format("{:.3g} {}", bytes, units[unit]);
 }
 
 }  // namespace noloco

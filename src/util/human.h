@@ -8,5 +8,7 @@ namespace noloco {
 std::string format_duration(double seconds);
 // "12.3k", "4.56M", "1.20G"
 std::string format_count(double n);
+// Decimal units to three significant digits: "512 B", "56 MB", "1.11 GB", "0.5 B"
+std::string format_bytes(double bytes);
 
 }  // namespace noloco

@@ -7,11 +7,16 @@
 
 #include <fmt/format.h>
 
+#include "util/human.h"
+
 namespace noloco {
 
 namespace {
 
 constexpr double kWidth = 820, kHeight = 420, kLeft = 80, kRight = 260, kTop = 40, kBottom = 60;
+// A generous width of one character of the 12 px sans-serif legend (most are
+// narrower), so a name is never clipped at the picture's right edge.
+constexpr double kLegendCharWidth = 7.2;
 
 // About five round tick values covering [lo, hi].
 std::vector<double> nice_ticks(double lo, double hi) {
@@ -67,6 +72,9 @@ std::string line_chart_svg(const std::vector<PlotSeries>& series, const PlotOpti
   const double pad = (y1 - y0) * 0.05;
   y0 -= pad, y1 += pad;
   const double pw = kWidth - kLeft - kRight, ph = kHeight - kTop - kBottom;
+  size_t longest = 0;
+  for (const auto& s : series) longest = std::max(longest, s.name.size());
+  const double width = std::max(kWidth, kLeft + pw + 42 + kLegendCharWidth * double(longest) + 12);
   auto px = [&](double x) { return kLeft + (tx(x) - x0) / (x1 - x0) * pw; };
   auto pxt = [&](double t) { return kLeft + (t - x0) / (x1 - x0) * pw; };  // t already transformed
   auto py = [&](double y) { return kTop + (1 - (ty(y) - y0) / (y1 - y0)) * ph; };
@@ -75,7 +83,7 @@ std::string line_chart_svg(const std::vector<PlotSeries>& series, const PlotOpti
       "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"{}\" height=\"{}\" font-family=\"sans-serif\" "
       "font-size=\"12\">\n<rect width=\"100%\" height=\"100%\" fill=\"white\"/>\n"
       "<text x=\"{}\" y=\"22\" font-size=\"15\" text-anchor=\"middle\">{}</text>\n",
-      kWidth, kHeight, kLeft + pw / 2, escape(o.title));
+      width, kHeight, kLeft + pw / 2, escape(o.title));
   // On a log axis, round ticks in log space are odd numbers: tick the data's own x values instead.
   std::vector<double> x_ticks;
   if (o.log_x) {
@@ -89,7 +97,8 @@ std::string line_chart_svg(const std::vector<PlotSeries>& series, const PlotOpti
   for (double t : x_ticks) {
     svg += fmt::format("<line x1=\"{0:.1f}\" y1=\"{1}\" x2=\"{0:.1f}\" y2=\"{2}\" stroke=\"#ddd\"/>"
                        "<text x=\"{0:.1f}\" y=\"{3}\" text-anchor=\"middle\">{4}</text>\n",
-                       pxt(t), kTop, kTop + ph, kTop + ph + 16, tick_label(o.log_x ? std::pow(10, t) : t));
+                       pxt(t), kTop, kTop + ph, kTop + ph + 16,
+                       o.x_bytes ? format_bytes(o.log_x ? std::pow(10, t) : t) : tick_label(o.log_x ? std::pow(10, t) : t));
   }
   for (double t : nice_ticks(y0, y1)) {
     const double yv = o.log_y ? std::pow(10, t) : t;
