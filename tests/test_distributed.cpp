@@ -664,7 +664,8 @@ bool wait_for_step(const std::string& run_dir, int64_t step, int seconds) {
 // join RUN_DIR`, the token from the run_token file the launcher wrote): each
 // takes a live replica's state, is drawn into the groupings, and the run
 // finishes with six replicas whose final losses agree. A joiner with the
-// wrong token is refused with one line; the invitation goes with the run.
+// wrong token, or one that sets a key of the run's, is refused with one line;
+// the invitation goes with the run.
 TEST_F(Distributed, TwoWorkersJoinARunningNoLoCoRunAndItFinishesWithSix) {
   const std::string run_dir = dir / "grow";
   const int steps = 2000, join_after = 100;
@@ -679,6 +680,10 @@ TEST_F(Distributed, TwoWorkersJoinARunningNoLoCoRunAndItFinishesWithSix) {
   ASSERT_EQ(::stat((run_dir + "/run_token").c_str(), &token_file), 0);
   EXPECT_EQ(token_file.st_mode & 0777, 0600u) << "only its owner reads the token";
   const auto stranger = noloco::testing::run_cli("join " + run_dir + " threads=1", 60, "NOLOCO_RUN_TOKEN=not-the-token");
+  // Issue 50 item 7: a joiner sets only what is its own; steps=4000 had trained alone past the run's end.
+  const auto overriding = noloco::testing::run_cli("join " + run_dir + " threads=1 steps=4000", 60);
+  EXPECT_NE(overriding.exit_code, 0) << overriding.output;
+  EXPECT_NE(overriding.output.find("join: steps is the run's"), std::string::npos) << overriding.output;
   noloco::testing::BackgroundCli first("join " + run_dir + " threads=1", 280), second("join " + run_dir + " threads=1", 280);
   const auto& a = first.wait();
   const auto& b = second.wait();

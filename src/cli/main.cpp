@@ -315,6 +315,15 @@ int run_join(const std::string& run_dir, const std::vector<std::string>& args) {
       .add("token_file", token_file, "where the token is when NOLOCO_RUN_TOKEN is unset")
       .add("stage", stage, "pipelined run: the stage to serve; default: the one with the fewest live workers");
   auto overrides = options.parse_known(args);
+  // Everything else is the run's: a joiner with its own steps or model would
+  // train apart from the run while the launcher waited for it.
+  for (const auto& o : overrides) {
+    const auto key = o.substr(0, o.find('='));
+    if (key != "device" && key != "threads" && key != "bind" && key != "inject_crash")
+      throw std::invalid_argument(fmt::format("join: {} is the run's (its config.yaml); a joiner sets only device, "
+                                              "threads, bind and inject_crash",
+                                              key));
+  }
   int local_workers = 1;  // workers sharing this machine's cores
   if (store.empty()) {
     const auto invitation = run_dir + "/join.json";
