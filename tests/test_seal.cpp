@@ -299,3 +299,21 @@ TEST_F(SealedRuns, NeitherTheTokenNorTheWeightsCrossLoopbackInClear) {
     }
   }
 }
+
+// Issue 50 item 6: a capture showed the store's root password in clear 30
+// times when seal=false ran off loopback. A worker whose traffic would leave
+// the machine unsealed is refused in one line before it sends anything
+// (seal=false stays for loopback, and for the launcher's own runs).
+TEST_F(SealedRuns, UnsealedTrafficOffLoopbackIsRefusedBeforeAnythingIsSent) {
+  const std::string env = "RANK=0 WORLD_SIZE=2 LOCAL_WORLD_SIZE=2 MASTER_ADDR=127.0.0.1 MASTER_PORT=" +
+                          std::to_string(noloco::testing::free_port()) + " NOLOCO_RUN_TOKEN=t";
+  const auto r = noloco::testing::run_cli(noloco::testing::small_train_args(dir / "c.txt", dir / "clear") +
+                                              " method=noloco replicas=2 seal=false bind=0.0.0.0",
+                                          60, env);
+  EXPECT_NE(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.exit_code, 124) << r.output;
+  EXPECT_NE(r.output.find("error: seal=false off loopback (bind=0.0.0.0) would send the weights"),
+            std::string::npos)
+      << r.output;
+  EXPECT_NE(r.output.find("insecure=true"), std::string::npos) << r.output;
+}

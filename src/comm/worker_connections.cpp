@@ -2,7 +2,12 @@
 
 #include <algorithm>
 
+#include <stdexcept>
+#include <utility>
+#include <vector>
+
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include "comm/run_keys.h"
 #include "comm/seal.h"
@@ -11,24 +16,56 @@ namespace noloco {
 
 namespace {
 
-// Plain HTTP that never leaves the machine: every endpoint (a cluster's,
-// comma-separated) on loopback.
-bool in_clear_off_machine(const std::string& urls) {
+bool on_loopback(const std::string& host) {
+  return host.rfind("127.", 0) == 0 || host == "localhost" || host == "::1" || host == "[::1]";
+}
+
+// The host of each endpoint of a store URL (a cluster's, comma-separated), with its scheme.
+std::vector<std::pair<std::string, std::string>> store_hosts(const std::string& urls) {
+  std::vector<std::pair<std::string, std::string>> hosts;
   for (size_t start = 0; start < urls.size();) {
     const size_t comma = std::min(urls.find(',', start), urls.size());
     const auto url = urls.substr(start, comma - start);
     start = comma + 1;
-    if (url.rfind("http://", 0) != 0) continue;
-    const auto host = url.substr(7);
-    if (host.rfind("127.", 0) != 0 && host.rfind("localhost", 0) != 0 && host.rfind("[::1]", 0) != 0) return true;
+    const auto scheme_end = url.find("://");
+    if (scheme_end == std::string::npos) continue;
+    const auto rest = url.substr(scheme_end + 3);
+    const auto host_end = rest[0] == '[' ? rest.find(']') + 1 : rest.find_first_of(":/");
+    hosts.emplace_back(url.substr(0, scheme_end), rest.substr(0, host_end));
   }
+  return hosts;
+}
+
+// Plain HTTP that leaves the machine: an http:// endpoint off loopback.
+bool in_clear_off_machine(const std::string& urls) {
+  for (const auto& [scheme, host] : store_hosts(urls))
+    if (scheme == "http" && !on_loopback(host)) return true;
   return false;
+}
+
+// seal=false sends the weights, and the password the store's client sends,
+// in clear: only where none of it leaves the machine (a run noloco's launcher
+// started, whose store is a unix socket, or every address on loopback), unless
+// the user accepts it with insecure=true.
+void check_unsealed_stays_local(const WorkerEnv& env, const CommConfig& comm) {
+  if (comm.seal || comm.insecure || env.store_url.rfind("unix://", 0) == 0) return;
+  std::vector<std::string> off;
+  if (!on_loopback(comm.bind)) off.push_back("bind=" + comm.bind);
+  if (env.store_url.empty() && !on_loopback(env.master_addr)) off.push_back("MASTER_ADDR=" + env.master_addr);
+  for (const auto& [scheme, host] : store_hosts(env.store_url))
+    if (!on_loopback(host)) off.push_back("NOLOCO_STORE's " + host);
+  if (!off.empty())
+    throw std::invalid_argument(fmt::format(
+        "seal=false off loopback ({}) would send the weights and the store's password in clear: seal the traffic, "
+        "keep every address on loopback, or set insecure=true to accept that",
+        fmt::join(off, ", ")));
 }
 
 }  // namespace
 
 WorkerConnections join_as_worker(const WorkerEnv& env, const CommConfig& comm, int stages, bool outer_method,
                                  const ActivationCodecs& codecs) {
+  check_unsealed_stays_local(env, comm);
   const auto timeout = std::chrono::milliseconds(int64_t(comm.peer_timeout * 1000));
   const int stage = env.rank % stages, replica = env.rank / stages, replicas = env.world / stages;
   WorkerConnections links;

@@ -141,6 +141,9 @@ Options config_options(TrainConfig& c) {
       .add("seal", c.comm.seal,
            "seal every payload between workers (authenticated encryption keyed from the run's token); false only to "
            "measure what sealing costs")
+      .add("insecure", c.comm.insecure,
+           "accept seal=false where traffic leaves this machine (bind, MASTER_ADDR or the store off loopback): the "
+           "weights and the store's password then cross the network in clear")
       .add("restarts", c.comm.restarts,
            "noloco: restart a failed worker up to this many times; it rejoins from a live peer")
       .add("heartbeat_timeout", c.comm.heartbeat_timeout,

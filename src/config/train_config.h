@@ -78,6 +78,7 @@ struct CommConfig {
   std::string bind = "127.0.0.1";
   double peer_timeout = 60;
   bool seal = true;  // comm/seal.h
+  bool insecure = false;  // seal=false is accepted off loopback only with it (comm/worker_connections.cpp)
   double heartbeat_timeout = 30;  // seconds without a heartbeat before a worker counts as hung
   int64_t restarts = 0;           // times the launcher restarts a failed worker, which rejoins from a live peer
   // The local launcher puts every worker behind a link capped at this rate
