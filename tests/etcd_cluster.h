@@ -70,6 +70,9 @@ class EtcdCluster {
     for (size_t i = 0; i < client_ports_.size(); ++i) out += (i ? "," : "") + endpoint(int(i));
     return out;
   }
+  // SIGSTOP: its connections are accepted by the kernel and never answered, as a hung machine's.
+  void stop(int member) { ::kill(pids_[size_t(member)], SIGSTOP); }
+  void resume(int member) { ::kill(pids_[size_t(member)], SIGCONT); }
   void kill(int member) {
     pid_t& pid = pids_[size_t(member)];
     if (pid <= 0) return;

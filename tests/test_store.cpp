@@ -122,6 +122,7 @@ TEST(EtcdStore, OnlyTheRunTokenGetsIn) {
     FAIL() << "a wrong password was accepted";
   } catch (const std::runtime_error& e) {
     EXPECT_NE(std::string(e.what()).find("could not join the run's store"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("wrong NOLOCO_RUN_TOKEN?"), std::string::npos) << e.what();
   }
   EtcdStore anonymous(server.endpoint(), "", "", std::chrono::milliseconds(2000));
   EXPECT_THROW(anonymous.set("k", bytes("v")), std::runtime_error);  // nothing without a login
@@ -325,4 +326,32 @@ TEST(EtcdStore, AClusterMemberDyingHandsOverToTheNext) {
   EXPECT_EQ(text(store.compareSet("c", {}, bytes("x"))), "x");
   cluster.kill(1);  // no quorum left: a clear error, not a hang
   EXPECT_THROW(store.set("b", bytes("2")), std::runtime_error);
+  // Issue 50 item 8: a login that fails for want of quorum does not blame the token.
+  try {
+    EtcdStore late(cluster.endpoint(2), "root", "secret", std::chrono::milliseconds(3000));
+    FAIL() << "logged in without quorum";
+  } catch (const std::runtime_error& e) {
+    EXPECT_EQ(std::string(e.what()).find("wrong NOLOCO_RUN_TOKEN"), std::string::npos) << e.what();
+  }
+}
+
+// Issue 50 item 4: a SIGSTOPped member (the one in use) froze every worker
+// for as long as it was stopped: a request waited the whole timeout for it,
+// then once more. Now a member that does not answer within seconds is taken
+// for hung and the next one is asked; the stopped one comes back unharmed.
+TEST(EtcdStore, AHungClusterMemberCostsSecondsNotTheTimeout) {
+  SKIP_WITHOUT_ETCD();
+  noloco::testing::EtcdCluster cluster(3, "secret");
+  EtcdStore store(cluster.endpoints(), "root", "secret", std::chrono::milliseconds(60000));
+  store.set("a", bytes("1"));
+  cluster.stop(0);
+  const auto start = std::chrono::steady_clock::now();
+  store.set("b", bytes("2"));
+  EXPECT_EQ(text(store.get("a")), "1");
+  EXPECT_EQ(store.add("n", 1), 1);
+  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  cluster.resume(0);
+  EXPECT_LT(seconds, 15.0) << "a hung member cost the request's whole timeout";
+  EtcdStore at_first(cluster.endpoint(0), "root", "secret", std::chrono::milliseconds(10000));
+  EXPECT_EQ(text(at_first.get("b")), "2");
 }

@@ -134,30 +134,44 @@ struct EtcdStore::Http {
     }
   }
 
-  Json perform(const std::string& path, const Json& request) {
-    const std::string body = request.dump();
-    std::string response;
+  // With several members, how long one may take before it counts as hung and
+  // the request goes to the next (every request here is safe to repeat:
+  // writes are puts, or compare-and-sets read back). A healthy member answers
+  // in a Raft round; a stopped one (SIGSTOP, a paused VM) never does, and
+  // waiting `timeout` for it had frozen every worker as long as it was stopped.
+  static constexpr std::chrono::milliseconds kHungMember{3000};
+
+  CURLcode attempt(const std::string& path, const std::string& body, std::string& response,
+                   std::chrono::milliseconds wait) {
+    response.clear();
     curl_slist* h = headers();
     curl_easy_reset(curl);
-    common(curl, path, body, h, long(timeout.count()));
+    common(curl, path, body, h, long(std::max<int64_t>(100, wait.count())));
     curl_easy_setopt(curl, CURLOPT_WRITEFUNCTION, append_body);
     curl_easy_setopt(curl, CURLOPT_WRITEDATA, &response);
-    CURLcode rc = curl_easy_perform(curl);
-    // A request that timed out is asked once more: a process stopped for a
-    // while (SIGSTOP, a VM paused) finds its timer run out on waking, though
-    // the store never failed it.
-    if (rc == CURLE_OPERATION_TIMEDOUT) {
-      response.clear();
-      rc = curl_easy_perform(curl);
-    }
+    const CURLcode rc = curl_easy_perform(curl);
     curl_slist_free_all(h);
-    if (rc != CURLE_OK) {
-      // Another member of the cluster, if there is one: every request here is
-      // safe to repeat (writes are puts, or compare-and-sets read back).
-      if (unreachable(rc) && next_member()) return perform(path, request);
-      throw std::runtime_error(fmt::format("store at {}: {}", endpoint, curl_easy_strerror(rc)));
+    return rc;
+  }
+
+  Json perform(const std::string& path, const Json& request) {
+    const std::string body = request.dump();
+    const auto deadline = Clock::now() + timeout;
+    std::string response;
+    for (size_t tries = 1;; ++tries) {
+      const auto left = std::chrono::ceil<std::chrono::milliseconds>(deadline - Clock::now());
+      CURLcode rc = attempt(path, body, response, bases.size() > 1 ? std::min(left, kHungMember) : timeout);
+      // A lone store's request that timed out is asked once more: a process
+      // stopped for a while (SIGSTOP, a VM paused) finds its timer run out on
+      // waking, though the store never failed it. (A cluster asks the next member.)
+      if (rc == CURLE_OPERATION_TIMEDOUT && bases.size() == 1) rc = attempt(path, body, response, timeout);
+      if (rc == CURLE_OK) break;
+      if (!unreachable(rc) || bases.size() < 2 || Clock::now() >= deadline)
+        throw std::runtime_error(fmt::format("store at {}: {}", endpoint, curl_easy_strerror(rc)));
+      next_member();
+      // Every member down at once: ask again, but not in a busy loop.
+      if (tries % bases.size() == 0) std::this_thread::sleep_for(std::chrono::milliseconds(200));
     }
-    members_tried = 0;
     auto j = Json::parse(response, nullptr, false);
     if (j.is_discarded() || !j.is_object())
       throw std::runtime_error(fmt::format("store at {}: not an etcd answer to {}", endpoint, path));
@@ -169,15 +183,10 @@ struct EtcdStore::Http {
            rc == CURLE_RECV_ERROR || rc == CURLE_GOT_NOTHING || rc == CURLE_PARTIAL_FILE;
   }
 
-  // Moves on to the next cluster member; false once every member was tried
-  // since the last request that got through (then the store is down).
-  bool next_member() {
-    if (bases.size() < 2 || ++members_tried >= bases.size()) {
-      members_tried = 0;
-      return false;
-    }
+  // Moves on to the next cluster member (and logs in there: etcd's simple
+  // auth tokens live in one member).
+  void next_member() {
     std::rotate(bases.begin(), bases.begin() + 1, bases.end());
-    // etcd's simple auth tokens live in one member: log in at the new one.
     if (!user.empty() && !authenticating) {
       authenticating = true;
       try {
@@ -188,17 +197,21 @@ struct EtcdStore::Http {
       }
       authenticating = false;
     }
-    return true;
   }
-  size_t members_tried = 0;
   bool authenticating = false;
 
   void authenticate() {
     token.clear();
     const auto j = post_once("/v3/auth/authenticate", {{"name", user}, {"password", password}});
-    if (!j.contains("token"))
-      throw std::runtime_error(fmt::format("could not join the run's store at {} (wrong NOLOCO_RUN_TOKEN?): {}",
-                                           endpoint, j.value("message", "refused")));
+    if (!j.contains("token")) {
+      // Only a refused password is the token's fault; a cluster without quorum fails logins too.
+      const std::string why = j.value("message", "refused");
+      throw std::runtime_error(fmt::format("could not join the run's store at {}{}: {}", endpoint,
+                                           why.find("authentication failed") != std::string::npos
+                                               ? " (wrong NOLOCO_RUN_TOKEN?)"
+                                               : "",
+                                           why));
+    }
     token = j["token"].get<std::string>();
   }
 
@@ -256,7 +269,11 @@ struct EtcdStore::Http {
     if (stream.put) return true;
     if (stream.failed) throw std::runtime_error(fmt::format("store at {}: watch failed: {}", endpoint, stream.why));
     if (rc == CURLE_OPERATION_TIMEDOUT) return Clock::now() < deadline && watch_put(key, revision, deadline);
-    if (unreachable(rc) && next_member()) return watch_put(key, revision, deadline);  // the same revision, elsewhere
+    if (unreachable(rc) && bases.size() > 1 && Clock::now() < deadline) {  // the same revision, elsewhere
+      next_member();
+      std::this_thread::sleep_for(std::chrono::milliseconds(100));
+      return watch_put(key, revision, deadline);
+    }
     throw std::runtime_error(fmt::format("store at {}: watch ended: {}", endpoint, curl_easy_strerror(rc)));
   }
 };
