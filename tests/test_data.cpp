@@ -11,18 +11,7 @@
 
 using namespace noloco;
 using noloco::testing::TempDir;
-
-namespace {
-template <typename F>
-std::string error_of(F&& f) {
-  try {
-    f();
-  } catch (const std::exception& e) {
-    return e.what();
-  }
-  return "(no error)";
-}
-}  // namespace
+using noloco::testing::error_of;
 
 TEST(Tokenizer, CharRoundTripAndSaveLoad) {
   const std::string text = noloco::testing::shakespeare(5000);

@@ -24,6 +24,7 @@
 
 using namespace noloco;
 using noloco::testing::TempDir;
+using noloco::testing::error_of;
 namespace fs = std::filesystem;
 
 namespace {
@@ -62,16 +63,6 @@ LlamaForCausalLM imported(const std::string& dir) {
   LlamaForCausalLM model(read_hf_config(dir));
   load_hf_weights(model, dir);
   return model;
-}
-
-template <class F>
-std::string error_of(F&& f) {
-  try {
-    f();
-  } catch (const std::exception& e) {
-    return e.what();
-  }
-  return "(no error)";
 }
 
 }  // namespace

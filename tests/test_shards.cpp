@@ -21,19 +21,10 @@
 
 using namespace noloco;
 using noloco::testing::TempDir;
+using noloco::testing::error_of;
 namespace fs = std::filesystem;
 
 namespace {
-
-template <typename F>
-std::string error_of(F&& f) {
-  try {
-    f();
-  } catch (const std::exception& e) {
-    return e.what();
-  }
-  return "(no error)";
-}
 
 std::vector<int32_t> sequence(size_t n, int32_t vocab) {
   std::vector<int32_t> ids(n);
