@@ -30,7 +30,7 @@ std::vector<std::pair<std::string, std::string>> store_hosts(const std::string& 
     const auto scheme_end = url.find("://");
     if (scheme_end == std::string::npos) continue;
     const auto rest = url.substr(scheme_end + 3);
-    const auto host_end = rest[0] == '[' ? rest.find(']') + 1 : rest.find_first_of(":/");
+    const auto host_end = !rest.empty() && rest[0] == '[' ? rest.find(']') + 1 : rest.find_first_of(":/");
     hosts.emplace_back(url.substr(0, scheme_end), rest.substr(0, host_end));
   }
   return hosts;

@@ -143,7 +143,7 @@ bool TextChunks::next(std::string& chunk) {
     pending_.append(buffer.data(), n);
   }
   if (pending_.empty()) return false;
-  const size_t cut = ended_ ? std::min(pending_.size(), cut_point(pending_, limit_)) : cut_point(pending_, limit_);
+  const size_t cut = cut_point(pending_, limit_);
   chunk = pending_.substr(0, cut);
   pending_.erase(0, cut);
   return true;

@@ -28,6 +28,8 @@ double seconds_since_process_start() {
   }
   double now = 0;
   uptime >> now;
+  // A figure for the summary, not worth failing a run over: 0 where /proc says nothing usable.
+  if (field.empty() || field.find_first_not_of("0123456789") != std::string::npos) return 0;
   const double started = double(std::stoll(field)) / double(::sysconf(_SC_CLK_TCK));
   return now > started ? now - started : 0;
 }

@@ -95,10 +95,11 @@ std::string line_chart_svg(const std::vector<PlotSeries>& series, const PlotOpti
   }
   if (x_ticks.empty()) x_ticks = nice_ticks(x0, x1);
   for (double t : x_ticks) {
+    const double x = o.log_x ? std::pow(10, t) : t;
     svg += fmt::format("<line x1=\"{0:.1f}\" y1=\"{1}\" x2=\"{0:.1f}\" y2=\"{2}\" stroke=\"#ddd\"/>"
                        "<text x=\"{0:.1f}\" y=\"{3}\" text-anchor=\"middle\">{4}</text>\n",
                        pxt(t), kTop, kTop + ph, kTop + ph + 16,
-                       o.x_bytes ? format_bytes(o.log_x ? std::pow(10, t) : t) : tick_label(o.log_x ? std::pow(10, t) : t));
+                       o.x_bytes ? format_bytes(x) : tick_label(x));
   }
   for (double t : nice_ticks(y0, y1)) {
     const double yv = o.log_y ? std::pow(10, t) : t;
