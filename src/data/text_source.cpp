@@ -190,7 +190,7 @@ bool DocumentReader::next_jsonl(DocumentPiece& piece) {
     nlohmann::json j;
     try {
       j = nlohmann::json::parse(line);
-    } catch (const nlohmann::json::parse_error& e) {
+    } catch (const nlohmann::json::exception& e) {  // a syntax error, or a number past double's range
       throw std::runtime_error(fmt::format("{}:{}: not a JSON line ({})", path_, line_, e.what()));
     }
     if (!j.is_object() || !j.contains(field_) || !j[field_].is_string())
