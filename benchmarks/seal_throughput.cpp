@@ -1,12 +1,12 @@
 // What sealing costs on one core: bytes per second sealed and opened
-// (XChaCha20-Poly1305, comm/seal.h) for payloads the size of a pipeline
+// (XChaCha20-Poly1305, comm/transport/seal.h) for payloads the size of a pipeline
 // micro-batch's activations up to a model's outer message.
 // Run: build/noloco_benchmarks --benchmark_filter=Seal
 #include <benchmark/benchmark.h>
 
 #include <vector>
 
-#include "comm/seal.h"
+#include "comm/transport/seal.h"
 
 namespace {
 

@@ -7,8 +7,8 @@
 
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
 
-#include "comm/etcd_server.h"
-#include "comm/etcd_store.h"
+#include "comm/store/etcd_server.h"
+#include "comm/store/etcd_store.h"
 
 namespace {
 

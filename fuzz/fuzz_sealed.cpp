@@ -1,4 +1,4 @@
-// libFuzzer target: a sealed message as it comes off the wire (comm/seal.h):
+// libFuzzer target: a sealed message as it comes off the wire (comm/transport/seal.h):
 // the header, then a sealed payload. Bytes off the wire must never open
 // (they would need the run's key), and a payload this target seals itself
 // must open only as it was sealed: one flipped byte, chosen by the input,
@@ -8,7 +8,7 @@
 #include <stdexcept>
 #include <vector>
 
-#include "comm/seal.h"
+#include "comm/transport/seal.h"
 #include "wire/codec.h"
 #include "wire/message.h"
 

@@ -2,7 +2,7 @@
 # Installs the Debian packages noloco needs. Idempotent: does nothing when all are present.
 set -euo pipefail
 packages=(
-  build-essential cmake ninja-build ccache pkg-config procps iproute2
+  build-essential cmake ninja-build ccache pkg-config procps iproute2 python3
   libtorch-dev libopenblas0-pthread libgloo-dev etcd-server libcurl4-openssl-dev
   libsentencepiece-dev libyaml-cpp-dev libcli11-dev nlohmann-json3-dev
   libspdlog-dev libfmt-dev libgtest-dev libbenchmark-dev libpcre2-dev

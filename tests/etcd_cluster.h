@@ -16,8 +16,8 @@
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
-#include "comm/etcd_server.h"
-#include "comm/etcd_store.h"
+#include "comm/store/etcd_server.h"
+#include "comm/store/etcd_store.h"
 #include "test_util.h"
 
 namespace noloco::testing {

@@ -9,9 +9,9 @@
 
 #include <fmt/format.h>
 
-#include "comm/capped_links.h"
+#include "comm/launch/capped_links.h"
 #include "wire/message.h"
-#include "comm/seal.h"
+#include "comm/transport/seal.h"
 #include "test_util.h"
 #include "util/files.h"
 

@@ -10,7 +10,7 @@
 
 #include "wire/codec.h"
 #include "wire/coset_codec.h"
-#include "wire/channels.h"
+#include "optim/channels.h"
 
 using namespace noloco;
 

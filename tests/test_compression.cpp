@@ -12,7 +12,7 @@
 #include "wire/codec.h"
 #include "wire/coset_codec.h"
 #include "wire/message.h"
-#include "comm/seal.h"
+#include "comm/transport/seal.h"
 #include "test_util.h"
 #include "train/checkpoint.h"
 #include "util/files.h"

@@ -171,19 +171,19 @@ TEST(Config, FragmentsAndOverlapOnlyWhereTheyMeanSomething) {
 
 TEST(Config, CompressionPresetSetsTheCodecKeysAndKeysGivenWithItOverrideIt) {
   const auto d = parse_config("fragments: 4\n", {"compression=sparse", "method=diloco"});
-  EXPECT_EQ(d.outer.wire_dtype, WireDtype::int2);
+  EXPECT_EQ(d.outer.wire_dtype, CodecSpec::Type::int2);
   EXPECT_EQ(d.outer.diloco_mean, DilocoMean::reduce_scatter);
   EXPECT_EQ(d.outer.topk, 0.0);
   EXPECT_EQ(d.outer.interval, 80);
   EXPECT_EQ(d.outer.fragments, 4) << "the key given with the preset wins, wherever written";
   const auto n = parse_config("", {"method=noloco", "compression=sparse"});
-  EXPECT_EQ(n.outer.wire_dtype, WireDtype::int2);
+  EXPECT_EQ(n.outer.wire_dtype, CodecSpec::Type::int2);
   EXPECT_EQ(n.outer.message, NolocoMessage::delta_phi);
   EXPECT_EQ(n.outer.phi_coding, PhiCoding::coset);
   EXPECT_EQ(n.outer.phi_every, 2);
   EXPECT_EQ(n.outer.interval / n.outer.fragments, 10) << "an outer step every 10 steps";
   const auto none = parse_config("", {"method=diloco", "compression=none"});
-  EXPECT_EQ(none.outer.wire_dtype, WireDtype::fp32);
+  EXPECT_EQ(none.outer.wire_dtype, CodecSpec::Type::fp32);
   EXPECT_EQ(none.outer.topk, 0.0);
   EXPECT_EQ(none.outer.diloco_mean, DilocoMean::reduce_scatter) << "today's compressed DiLoCo";
   EXPECT_NE(error_of("", {"compression=sparse"}).find("compression=sparse applies to diloco and noloco"),

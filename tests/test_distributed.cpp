@@ -19,11 +19,11 @@
 
 #include <nlohmann/json.hpp>
 
-#include "comm/seal.h"
+#include "comm/transport/seal.h"
 #include "etcd_cluster.h"
 #include "test_util.h"
-#include "comm/etcd_server.h"
-#include "comm/run_keys.h"
+#include "comm/store/etcd_server.h"
+#include "comm/store/run_keys.h"
 #include "wire/message.h"
 #include "train/checkpoint.h"
 #include "util/files.h"

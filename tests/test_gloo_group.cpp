@@ -1,4 +1,4 @@
-// Forming Gloo groups (comm/gloo_group.h) with a stranger on the network:
+// Forming Gloo groups (comm/transport/gloo_group.h) with a stranger on the network:
 // Gloo 2022 takes the first connection to a pair's port as the peer. Issue
 // 33 item 4: a process that is not a member held such connections and every
 // exchange on the group waited out peer_timeout and was lost.
@@ -28,9 +28,9 @@
 #include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
 #include <torch/torch.h>
 
-#include "comm/gloo_admission.h"
-#include "comm/gloo_group.h"
-#include "comm/seal.h"
+#include "comm/transport/gloo_admission.h"
+#include "comm/transport/gloo_group.h"
+#include "comm/transport/seal.h"
 
 using namespace noloco;
 
@@ -153,7 +153,7 @@ struct Joined {
   double seconds = 0;
 };
 
-// Members of a run with `token`; with none, admission (comm/gloo_admission.h)
+// Members of a run with `token`; with none, admission (comm/transport/gloo_admission.h)
 // is off and the greeting alone keeps strangers out, as with a LibTorch
 // whose Gloo is built in.
 std::vector<Joined> join_all(const c10::intrusive_ptr<c10d::Store>& store, int world, const Seal* seal,

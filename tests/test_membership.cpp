@@ -1,4 +1,4 @@
-// Membership (comm/membership.h) on an in-memory store: who is in an outer
+// Membership (comm/membership/membership.h) on an in-memory store: who is in an outer
 // step's snapshot as workers join, take their state and die.
 #include <gtest/gtest.h>
 
@@ -8,9 +8,9 @@
 
 #include <torch/csrc/distributed/c10d/HashStore.hpp>
 
-#include "comm/abandonable_store.h"
-#include "comm/membership.h"
-#include "comm/worker_env.h"
+#include "comm/store/abandonable_store.h"
+#include "comm/membership/membership.h"
+#include "config/worker_env.h"
 
 using namespace noloco;
 using namespace std::chrono_literals;

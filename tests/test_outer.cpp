@@ -4,7 +4,7 @@
 #include <deque>
 #include <set>
 
-#include "comm/grouping.h"
+#include "optim/grouping.h"
 #include "optim/outer.h"
 #include "optim/slow_weights.h"
 #include "config/train_config.h"
@@ -133,7 +133,7 @@ TEST(Outer, NoLoCoWithGammaEqualBetaSendsOnlyTheta) {
 
 TEST(Outer, NoLoCoBf16WireHalvesThePayload) {
   auto c = outer_config("noloco", 0.5, 0.7, 0.7);
-  c.outer.wire_dtype = WireDtype::bf16;
+  c.outer.wire_dtype = CodecSpec::Type::bf16;
   Rig rig(c);
   auto& [m, flat, comm, outer] = rig;
   comm.wire_dtype = torch::kBFloat16;

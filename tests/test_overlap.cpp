@@ -8,7 +8,7 @@
 
 #include <fmt/format.h>
 
-#include "comm/seal.h"
+#include "comm/transport/seal.h"
 #include "test_util.h"
 #include "train/checkpoint.h"
 #include "util/files.h"

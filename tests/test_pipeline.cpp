@@ -15,8 +15,8 @@
 
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
 
-#include "comm/activation_link.h"
-#include "comm/seal.h"
+#include "comm/transport/activation_link.h"
+#include "comm/transport/seal.h"
 #include "model/llama.h"
 #include "pipeline/routing.h"
 #include "pipeline/stage.h"
@@ -273,7 +273,7 @@ TEST(ActivationLink, RejectsAMessageThatTheRoutingDidNotAnnounce) {
 // a quantisation step, the coded bytes counted, evaluations exact, and a
 // payload that does not decode (NaN activations give a NaN scale) refused
 // and dropped, never applied.
-TEST(ActivationLink, CodedActivationsDecodeWithinAStepAndAMalformedOneIsDropped) {
+TEST(ActivationChannel, CodedActivationsDecodeWithinAStepAndAMalformedOneIsDropped) {
   const int port = noloco::testing::free_port();
   const auto host = hosted_store(port);
   const ActivationCodecs codecs{{CodecSpec::Type::int8, 0, 64, false}, {CodecSpec::Type::int4, 0, 64, true}};
@@ -284,21 +284,22 @@ TEST(ActivationLink, CodedActivationsDecodeWithinAStepAndAMalformedOneIsDropped)
   auto worker = [&](int rank) {
     const auto env = stage_env(rank, port);
     const auto store = connect_store(env, kLinkTimeout);
-    ActivationLink link(store, env, 2, 0, "127.0.0.1", kLinkTimeout, std::make_shared<const Seal>(env.token), codecs);
+    ActivationLink link(store, env, 2, 0, "127.0.0.1", kLinkTimeout, std::make_shared<const Seal>(env.token));
+    ActivationChannel channel(link, codecs);
     link.enter("step/1");
     const auto labels = torch::arange(8, torch::kInt64);
     if (rank == 0) {
-      link.send(1, {MessageKind::activations, 1, 0, 0, 0}, {values, labels});
-      link.send(1, {MessageKind::evaluation, 1, 0, 0, 0}, {values, labels});
-      link.send(1, {MessageKind::activations, 1, 1, 0, 0}, {torch::full({256}, NAN), labels});
+      channel.send(1, {MessageKind::activations, 1, 0, 0, 0}, {values, labels});
+      channel.send(1, {MessageKind::evaluation, 1, 0, 0, 0}, {values, labels});
+      channel.send(1, {MessageKind::activations, 1, 1, 0, 0}, {torch::full({256}, NAN), labels});
       std::vector<torch::Tensor> grad{torch::zeros({256})};
-      EXPECT_TRUE(link.recv(1, {MessageKind::gradients, 1, 0, 0, 0}, grad));
+      EXPECT_TRUE(channel.recv(1, {MessageKind::gradients, 1, 0, 0, 0}, grad));
       got[3] = grad[0];
       link.finish_sends();
     } else {
       for (int64_t micro : {0, 1}) {
         std::vector<torch::Tensor> in{torch::zeros({256}), torch::zeros({8}, torch::kInt64)};
-        const bool delivered = link.recv(0, {MessageKind::activations, 1, micro, 0, 0}, in);
+        const bool delivered = channel.recv(0, {MessageKind::activations, 1, micro, 0, 0}, in);
         if (micro == 0) {
           EXPECT_TRUE(delivered);
           got[0] = in[0];
@@ -308,11 +309,11 @@ TEST(ActivationLink, CodedActivationsDecodeWithinAStepAndAMalformedOneIsDropped)
         }
         if (micro == 0) {
           std::vector<torch::Tensor> eval{torch::zeros({256}), torch::zeros({8}, torch::kInt64)};
-          EXPECT_TRUE(link.recv(0, {MessageKind::evaluation, 1, 0, 0, 0}, eval));
+          EXPECT_TRUE(channel.recv(0, {MessageKind::evaluation, 1, 0, 0, 0}, eval));
           got[2] = eval[0];
         }
       }
-      link.send(0, {MessageKind::gradients, 1, 0, 0, 0}, {values});
+      channel.send(0, {MessageKind::gradients, 1, 0, 0, 0}, {values});
       link.finish_sends();
       stats = link.stats();
     }

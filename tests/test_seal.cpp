@@ -1,4 +1,4 @@
-// Sealed payloads (comm/seal.h): what a changed, replayed or foreign message
+// Sealed payloads (comm/transport/seal.h): what a changed, replayed or foreign message
 // meets, from the primitive up to a NoLoCo run with a corrupted message.
 #include <gtest/gtest.h>
 
@@ -10,9 +10,9 @@
 #include <torch/csrc/distributed/c10d/HashStore.hpp>
 #include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
 
-#include "comm/framed.h"
-#include "comm/seal.h"
-#include "comm/store.h"
+#include "comm/transport/framed.h"
+#include "comm/transport/seal.h"
+#include "comm/store/store.h"
 #include "test_util.h"
 #include "train/checkpoint.h"
 #include "util/files.h"

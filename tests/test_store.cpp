@@ -17,9 +17,9 @@
 
 #include <fmt/format.h>
 
-#include "comm/etcd_server.h"
-#include "comm/etcd_store.h"
-#include "comm/store.h"
+#include "comm/store/etcd_server.h"
+#include "comm/store/etcd_store.h"
+#include "comm/store/store.h"
 #include "etcd_cluster.h"
 #include "test_util.h"
 

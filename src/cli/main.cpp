@@ -14,12 +14,12 @@
 #include <fmt/format.h>
 #include <torch/torch.h>
 
-#include "comm/capped_links.h"
-#include "comm/launcher.h"
-#include "comm/membership.h"
-#include "comm/store.h"
-#include "comm/run_keys.h"
-#include "comm/worker_connections.h"
+#include "comm/launch/capped_links.h"
+#include "comm/launch/launcher.h"
+#include "comm/membership/membership.h"
+#include "comm/store/store.h"
+#include "comm/store/run_keys.h"
+#include "comm/launch/worker_connections.h"
 #include "config/options.h"
 #include "config/train_config.h"
 #include "data/dataset.h"
@@ -39,7 +39,7 @@
 #include "train/run_summary.h"
 #include "train/trainer.h"
 #include "util/files.h"
-#include "wire/channels.h"
+#include "pipeline/activation_channel.h"
 #include "util/human.h"
 #include "util/error_text.h"
 #include "util/log.h"
@@ -179,13 +179,6 @@ std::unique_ptr<CappedLinks> capped_links(const TrainConfig& cfg, int workers) {
   return links;
 }
 
-// Gradients are rounded stochastically: unbiased, as SGD wants them.
-ActivationCodecs activation_codecs(const TrainConfig& cfg) {
-  const auto& p = cfg.pipeline;
-  return {codec_spec(p.activation_codec, cfg.outer.quant_block, false, p.activation_rotation),
-          codec_spec(p.activation_grad_codec, cfg.outer.quant_block, true, p.activation_rotation)};
-}
-
 // One replica, a launched worker (RANK set: our launcher, torchrun, Slurm...),
 // or the launcher of `replicas` local workers.
 int run_train(const std::string& config_path, const std::vector<std::string>& overrides) {
@@ -206,7 +199,7 @@ int run_train(const std::string& config_path, const std::vector<std::string>& ov
     if (!std::getenv("NOLOCO_RESTARTED")) FailureDrill(cfg.run.inject_crash, env.rank, 0).at_startup();
     const bool can_leave = takes_joiners(cfg.outer.method, cfg.pipeline.routing, stages);
     if (can_leave) leave_on_sigterm();
-    const auto links = join_as_worker(env, cfg.comm, stages, cfg.outer.method != Method::none, activation_codecs(cfg));
+    const auto links = join_as_worker(env, cfg.comm, stages, cfg.outer.method != Method::none);
     auto info = worker_info(env, stages, links);
     if (can_leave) info.leave_requested = [] { return leave_signalled.load(); };
     train(cfg, info);
@@ -248,7 +241,7 @@ int run_train(const std::string& config_path, const std::vector<std::string>& ov
   const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   auto members = exits;
   members.insert(members.end(), launched.joiners.begin(), launched.joiners.end());
-  auto summary = summarize_run(cfg.run.out, plan.method, cfg.run.replicas, stages, choice_name(cfg.pipeline.routing),
+  auto summary = summarize_run(cfg.run.out, cfg.outer.method, cfg.run.replicas, stages, choice_name(cfg.pipeline.routing),
                                cfg.inner.grad_accum, members, seconds);
   summary.activation_codec = choice_name(cfg.pipeline.activation_codec);
   summary.activation_grad_codec = choice_name(cfg.pipeline.activation_grad_codec);
@@ -369,7 +362,7 @@ int run_join(const std::string& run_dir, const std::vector<std::string>& args) {
     spdlog::info("joining the run in {} as replica {}", run_dir, env.rank);
   FailureDrill(cfg.run.inject_crash, env.rank, 0).at_startup();
   leave_on_sigterm();
-  const auto links = join_as_worker(env, cfg.comm, stages, true, activation_codecs(cfg));
+  const auto links = join_as_worker(env, cfg.comm, stages, true);
   auto info = worker_info(env, stages, links);
   info.agree_resume_step = nullptr;  // it starts from a live replica's state, never from the disk
   info.leave_requested = [] { return leave_signalled.load(); };

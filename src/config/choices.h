@@ -5,9 +5,14 @@
 #pragma once
 #include <array>
 #include <cstdint>
+#include <iterator>
+#include <optional>
 #include <stdexcept>
 #include <string>
+#include <type_traits>
 #include <utility>
+
+#include "wire/codec.h"
 
 namespace noloco {
 
@@ -21,10 +26,6 @@ enum class NolocoMessage { automatic, theta, delta_phi };
 // against the receiver's own φ; automatic until the config is resolved.
 enum class PhiCoding { automatic, codec, coset };
 enum class Precision { fp32, bf16 };
-enum class WireDtype { fp32, bf16, int8, int4, int3, int2 };
-// The codec of pipeline activations and their gradients between stages;
-// `same` (the gradients' key only): as the activations.
-enum class ActivationCodec { same, fp32, bf16, int8, int4, int3, int2 };
 // How compressed DiLoCo forms the mean of Δ (optim/diloco.h): shards
 // averaged by their owners and the mean compressed again, or every replica's
 // message compressed once and gathered by all; automatic until resolved.
@@ -72,25 +73,31 @@ struct ChoiceNames<Precision> {
   static constexpr std::array<std::pair<Precision, const char*>, 2> all{
       {{Precision::fp32, "fp32"}, {Precision::bf16, "bf16"}}};
 };
+// Wire codecs (wire_dtype, activation_codec): the names of wire/codec.h's
+// one table of codec types.
 template <>
-struct ChoiceNames<WireDtype> {
-  static constexpr std::array<std::pair<WireDtype, const char*>, 6> all{{{WireDtype::fp32, "fp32"},
-                                                                        {WireDtype::bf16, "bf16"},
-                                                                        {WireDtype::int8, "int8"},
-                                                                        {WireDtype::int4, "int4"},
-                                                                        {WireDtype::int3, "int3"},
-                                                                        {WireDtype::int2, "int2"}}};
+struct ChoiceNames<CodecSpec::Type> {
+  static constexpr auto all = [] {
+    std::array<std::pair<CodecSpec::Type, const char*>, std::size(kCodecTypes)> names{};
+    for (size_t i = 0; i < names.size(); ++i) {
+      names[i].first = kCodecTypes[i].type;
+      names[i].second = kCodecTypes[i].name;
+    }
+    return names;
+  }();
 };
-
+// A codec or `same` (unset): activation_grad_codec, as the activations.
 template <>
-struct ChoiceNames<ActivationCodec> {
-  static constexpr std::array<std::pair<ActivationCodec, const char*>, 7> all{{{ActivationCodec::same, "same"},
-                                                                              {ActivationCodec::fp32, "fp32"},
-                                                                              {ActivationCodec::bf16, "bf16"},
-                                                                              {ActivationCodec::int8, "int8"},
-                                                                              {ActivationCodec::int4, "int4"},
-                                                                              {ActivationCodec::int3, "int3"},
-                                                                              {ActivationCodec::int2, "int2"}}};
+struct ChoiceNames<std::optional<CodecSpec::Type>> {
+  static constexpr auto all = [] {
+    std::array<std::pair<std::optional<CodecSpec::Type>, const char*>, std::size(kCodecTypes) + 1> names{};
+    names[0].second = "same";
+    for (size_t i = 0; i < std::size(kCodecTypes); ++i) {
+      names[i + 1].first = kCodecTypes[i].type;
+      names[i + 1].second = kCodecTypes[i].name;
+    }
+    return names;
+  }();
 };
 
 template <>
@@ -110,6 +117,12 @@ struct ChoiceNames<OuterCompression> {
   static constexpr std::array<std::pair<OuterCompression, const char*>, 2> all{
       {{OuterCompression::none, "none"}, {OuterCompression::sparse, "sparse"}}};
 };
+
+// Whether E is a choice (has names above).
+template <class E, class = void>
+struct is_choice : std::false_type {};
+template <class E>
+struct is_choice<E, std::void_t<decltype(ChoiceNames<E>::all)>> : std::true_type {};
 
 template <class E>
 std::string choice_name(E value) {

@@ -60,7 +60,7 @@ std::string format_option_value(const T& value);
 template <class T>
 Options& Options::add(const std::string& name, T& target, const std::string& help) {
   T* p = &target;
-  if constexpr (std::is_enum_v<T>)
+  if constexpr (is_choice<T>::value)
     options_.push_back({name, help, [p, name](const std::string& v) { *p = parse_choice<T>(name, v); },
                         [p] { return choice_name(*p); }});
   else

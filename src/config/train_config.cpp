@@ -17,10 +17,16 @@ namespace {
 
 [[noreturn]] void invalid(const std::string& m) { throw std::invalid_argument(m); }
 
-// The one table of config keys: name, field, help. Order is the order of
-// --help and of the resolved config.yaml.
-Options config_options(TrainConfig& c) {
-  Options o("config");
+// "fp32 | bf16 | ...": the codec types of wire/codec.h.
+std::string codec_names() {
+  std::string names;
+  for (const auto& d : kCodecTypes) names += (names.empty() ? "" : " | ") + std::string(d.name);
+  return names;
+}
+
+// The one table of config keys, in parts by subsystem: name, field, help.
+// Order is the order of --help and of the resolved config.yaml.
+void add_data_model_options(Options& o, TrainConfig& c) {
   o.add("data", c.data.path, "training text (tokenized once per run, cached in the run directory) or token files: a .bin, "
                             "a directory of llm.c shards (its *train*.bin; its *val*.bin validate) or a glob")
       .add("val_data", c.data.val_path, "validation token files (file, directory or glob); default: a data directory's val shards, "
@@ -44,8 +50,11 @@ Options config_options(TrainConfig& c) {
       .add("intermediate", c.model.intermediate, "MLP size; 0: 8/3·hidden rounded to 64")
       .add("context", c.model.context, "sequence length")
       .add("rope_theta", c.model.rope_theta, "rotary base")
-      .add("norm_eps", c.model.norm_eps, "RMSNorm epsilon")
-      .add("batch", c.inner.batch, "sequences per micro-batch per replica")
+      .add("norm_eps", c.model.norm_eps, "RMSNorm epsilon");
+}
+
+void add_training_options(Options& o, TrainConfig& c) {
+  o.add("batch", c.inner.batch, "sequences per micro-batch per replica")
       .add("grad_accum", c.inner.grad_accum, "micro-batches per step (the pipeline's M)")
       .add("steps", c.inner.steps, "inner steps")
       .add("warmup", c.inner.warmup, "linear warmup steps")
@@ -70,8 +79,11 @@ Options config_options(TrainConfig& c) {
       .add("out", c.run.out, "run directory; default runs/<method>-<date>")
       .add("checkpoint_interval", c.run.checkpoint_interval, "steps between checkpoints; 0: at every evaluation")
       .add("keep_checkpoints", c.run.keep_checkpoints, "newest checkpoints kept per worker; 0: all")
-      .add("resume", c.run.resume, "continue from the newest complete checkpoint in out")
-      .add("method", c.outer.method, "none (replicas train independently) | ddp | diloco | noloco")
+      .add("resume", c.run.resume, "continue from the newest complete checkpoint in out");
+}
+
+void add_topology_options(Options& o, TrainConfig& c) {
+  o.add("method", c.outer.method, "none (replicas train independently) | ddp | diloco | noloco")
       .add("replicas", c.run.replicas, "data-parallel replicas")
       .add("max_local_workers", c.run.max_local_workers,
            "local launcher: the most workers it starts; 0: what this machine can host (8 per core, memory)")
@@ -82,16 +94,19 @@ Options config_options(TrainConfig& c) {
            "gpipe | 1f1b: all forwards then all backwards, or one forward one backward (activation memory bounded "
            "by stages, not micro-batches); the same gradients")
       .add("activation_codec", c.pipeline.activation_codec,
-           "pipeline activations between stages on the wire: fp32 | bf16 | int8 | int4 | int3 | int2 (quant_block "
-           "values a scale; int2 is ternary); evaluations stay fp32")
+           "pipeline activations between stages on the wire: " + codec_names() +
+               " (quant_block values a scale; int2 is ternary); evaluations stay fp32")
       .add("activation_grad_codec", c.pipeline.activation_grad_codec,
-           "their gradients, back between stages: same (as activation_codec) | fp32 | bf16 | int8 | int4 | int3 | "
-           "int2 (integer codes stochastically rounded: unbiased)")
+           "their gradients, back between stages: same (as activation_codec) | " + codec_names() +
+               " (integer codes stochastically rounded: unbiased)")
       .add("activation_rotation", c.pipeline.activation_rotation,
            "integer activation codes (both directions): a randomized Hadamard rotation of each quant_block "
            "(a power of two) before coding, which spreads outliers so fewer bits suffice (int4: +0.73% loss "
-           "instead of +1.05%)")
-      .add("compression", c.outer.compression,
+           "instead of +1.05%)");
+}
+
+void add_outer_options(Options& o, TrainConfig& c) {
+  o.add("compression", c.outer.compression,
            "diloco/noloco outer messages: none (the codec keys below as given) | sparse (a preset of them, "
            "docs/method.md: int2 delta with error feedback, an outer step every 10 steps for one fragment of the "
            "weights; diloco 8 fragments, reduce-scattered: 0.50 bits/param/outer step at 8 replicas; noloco 5 "
@@ -104,7 +119,7 @@ Options config_options(TrainConfig& c) {
       .add("gamma", c.outer.gamma, "NoLoCo pull toward the group mean; <0: equal to outer_lr")
       .add("group_size", c.outer.group_size, "NoLoCo group size n")
       .add("wire_dtype", c.outer.wire_dtype,
-           "wire codec of diloco/noloco messages: fp32 | bf16 | int8 | int4 | int3 | int2")
+           "wire codec of diloco/noloco messages: " + codec_names())
       .add("topk", c.outer.topk, "fraction of each 4096-value chunk sent (largest first); 0: dense")
       .add("error_feedback", c.outer.error_feedback, "add what a lossy codec dropped from delta to the next message (diloco; noloco delta_phi)")
       .add("error_feedback_decay", c.outer.error_feedback_decay,
@@ -133,8 +148,11 @@ Options config_options(TrainConfig& c) {
            "diloco/noloco: exchange while the next period trains; apply the result one period late")
       .add("eager", c.outer.eager,
            "with overlap: take the outer step with the replica's own delta at once; the exchange's result, a period "
-           "later, corrects it")
-      .add("bind", c.comm.bind, "address workers listen on (and the store, when worker 0 hosts it; the launcher's store is a private unix socket)")
+           "later, corrects it");
+}
+
+void add_comm_options(Options& o, TrainConfig& c) {
+  o.add("bind", c.comm.bind, "address workers listen on (and the store, when worker 0 hosts it; the launcher's store is a private unix socket)")
       .add("peer_timeout", c.comm.peer_timeout,
            "seconds a store call or a peer's message may take; a NoLoCo partner that makes no progress this long "
            "(at least 3 s) is given up")
@@ -157,6 +175,15 @@ Options config_options(TrainConfig& c) {
            "(alive, heartbeat on, like a replica busy handing its state over), or flips one byte of its next outer "
            "message on the wire; RANK:startup[:freeze] kills (freezes) it before it joins the run; RANK:handover kills "
            "the worker with that id that joins the running run (noloco join) once a donor has claimed its hand-over");
+}
+
+Options config_options(TrainConfig& c) {
+  Options o("config");
+  add_data_model_options(o, c);
+  add_training_options(o, c);
+  add_topology_options(o, c);
+  add_outer_options(o, c);
+  add_comm_options(o, c);
   return o;
 }
 
@@ -194,7 +221,7 @@ void adopt_imported_model(TrainConfig& c, const ModelConfig& hf, bool tokenizer_
 void apply_compression_preset(OuterConfig& outer, OuterCompression compression, Method method) {
   if (compression == OuterCompression::none) return;
   if (!has_outer_steps(method)) invalid("compression=sparse applies to diloco and noloco");
-  outer.wire_dtype = WireDtype::int2;
+  outer.wire_dtype = CodecSpec::Type::int2;
   outer.error_feedback = true;
   if (method == Method::diloco) {  // reduce-scatter of int2 shards: 0.50 bits/param/outer step at 8 replicas
     outer.fragments = 8;
@@ -223,10 +250,10 @@ void TrainConfig::resolve() {
   if (outer.interval == 0) outer.interval = outer.method == Method::diloco ? 100 : 50;
   if (outer.momentum < 0) outer.momentum = outer.method == Method::diloco ? 0.3 : 0.5;
   if (outer.gamma < 0) outer.gamma = outer.lr;
-  if (pipeline.activation_grad_codec == ActivationCodec::same) pipeline.activation_grad_codec = pipeline.activation_codec;
+  if (!pipeline.activation_grad_codec) pipeline.activation_grad_codec = pipeline.activation_codec;
   // With γ = β the pull folds into the mean of θ: β·mean(Δ) + β·(mean φ − φ_i) = β·(mean θ − φ_i).
-  const bool lossless = outer.wire_dtype == WireDtype::fp32 && outer.topk == 0;
-  const bool theta_codec = outer.topk == 0 && (outer.wire_dtype == WireDtype::fp32 || outer.wire_dtype == WireDtype::bf16);
+  const bool lossless = outer.wire_dtype == CodecSpec::Type::fp32 && outer.topk == 0;
+  const bool theta_codec = outer.topk == 0 && !integer_code(outer.wire_dtype);
   if (outer.message == NolocoMessage::automatic)
     outer.message = outer.gamma == outer.lr && theta_codec ? NolocoMessage::theta : NolocoMessage::delta_phi;
   if (outer.phi_coding == PhiCoding::automatic) outer.phi_coding = lossless ? PhiCoding::codec : PhiCoding::coset;
@@ -283,13 +310,9 @@ void TrainConfig::validate() const {
   if (model.tied_embeddings && pipeline.stages > 1)
     invalid("tie_embeddings with stages > 1 is not implemented (the first and last stage would share one matrix): "
             "set tie_embeddings=false to train the head as a copy");
-  if (pipeline.activation_codec == ActivationCodec::same)
-    invalid("activation_codec must be fp32, bf16, int8, int4, int3 or int2 (same is for activation_grad_codec)");
-  const auto integer_code = [](ActivationCodec c) {
-    return c != ActivationCodec::fp32 && c != ActivationCodec::bf16 && c != ActivationCodec::same;
-  };
   const bool rotated = pipeline.stages > 1 && pipeline.activation_rotation &&
-                       (integer_code(pipeline.activation_codec) || integer_code(pipeline.activation_grad_codec));
+                       (integer_code(pipeline.activation_codec) ||
+                        integer_code(pipeline.activation_grad_codec.value_or(pipeline.activation_codec)));
   if (rotated && (outer.quant_block & (outer.quant_block - 1)) != 0)
     invalid(fmt::format("activation_rotation needs quant_block a power of two, got {} (or activation_rotation=false)",
                         outer.quant_block));
@@ -298,7 +321,7 @@ void TrainConfig::validate() const {
   if (outer.group_size < 2) invalid(fmt::format("group_size must be >= 2, got {}", outer.group_size));
 
   if (!(outer.topk >= 0 && outer.topk < 1)) invalid(fmt::format("topk must be in [0, 1), got {}", outer.topk));
-  const bool lossy = outer.wire_dtype != WireDtype::fp32 || outer.topk > 0;
+  const bool lossy = outer.wire_dtype != CodecSpec::Type::fp32 || outer.topk > 0;
   if (lossy && method == Method::ddp)
     invalid("wire_dtype and topk apply to diloco and noloco; ddp all-reduces fp32 gradients");
   if (outer.quant_block < 8 || outer.quant_block > 4096)

@@ -45,8 +45,8 @@ struct OuterConfig {
   double lr = 0.7;              // β
   double gamma = -1;            // γ; < 0: equal to β
   int64_t group_size = 2;       // n
-  // The wire format of DiLoCo's and NoLoCo's messages (wire/channels.h).
-  WireDtype wire_dtype = WireDtype::fp32;
+  // The wire format of DiLoCo's and NoLoCo's messages (optim/channels.h).
+  CodecSpec::Type wire_dtype = CodecSpec::Type::fp32;
   double topk = 0;                  // fraction of each 4096-value chunk sent; 0: dense
   bool error_feedback = true;       // what a lossy codec drops from Δ is sent next time
   double error_feedback_decay = 1;  // e ← decay·e + Δ before each message (SparseLoCo's β)
@@ -77,12 +77,12 @@ struct OuterConfig {
 struct CommConfig {
   std::string bind = "127.0.0.1";
   double peer_timeout = 60;
-  bool seal = true;  // comm/seal.h
-  bool insecure = false;  // seal=false is accepted off loopback only with it (comm/worker_connections.cpp)
+  bool seal = true;  // comm/transport/seal.h
+  bool insecure = false;  // seal=false is accepted off loopback only with it (comm/launch/worker_connections.cpp)
   double heartbeat_timeout = 30;  // seconds without a heartbeat before a worker counts as hung
   int64_t restarts = 0;           // times the launcher restarts a failed worker, which rejoins from a live peer
   // The local launcher puts every worker behind a link capped at this rate
-  // each way ("10mbit"; comm/capped_links.h; root only). Empty: no cap.
+  // each way ("10mbit"; comm/launch/capped_links.h; root only). Empty: no cap.
   std::string rate;
 };
 
@@ -91,9 +91,9 @@ struct PipelineConfig {
   std::string stage_layers;         // layer counts per stage, "3,5"; empty: balanced
   Routing routing = Routing::random;
   Schedule schedule = Schedule::gpipe;
-  // Training traffic between stages (comm/activation_link.h); evaluations stay exact.
-  ActivationCodec activation_codec = ActivationCodec::fp32;
-  ActivationCodec activation_grad_codec = ActivationCodec::same;
+  // Training traffic between stages (comm/transport/activation_link.h); evaluations stay exact.
+  CodecSpec::Type activation_codec = CodecSpec::Type::fp32;
+  std::optional<CodecSpec::Type> activation_grad_codec;  // unset (same): as the activations; resolved with the config
   bool activation_rotation = true;  // integer codes: Hadamard-rotate each block first
 };
 

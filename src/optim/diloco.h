@@ -22,7 +22,7 @@
 #include <memory>
 #include <vector>
 
-#include "wire/channels.h"
+#include "optim/channels.h"
 #include "optim/slow_weights.h"
 
 namespace noloco {

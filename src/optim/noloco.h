@@ -16,9 +16,9 @@
 #pragma once
 #include <memory>
 
-#include "comm/grouping.h"
+#include "optim/grouping.h"
 #include "optim/slow_weights.h"
-#include "wire/noloco_message.h"
+#include "optim/noloco_message.h"
 
 namespace noloco {
 

@@ -9,8 +9,8 @@
 
 #include <torch/torch.h>
 
-#include "comm/membership.h"
-#include "comm/transport.h"
+#include "comm/membership/membership.h"
+#include "comm/transport/transport.h"
 #include "config/train_config.h"
 #include "optim/flat_params.h"
 #include "optim/inner.h"

@@ -42,9 +42,9 @@ namespace {
 class PipelineStage final : public WorkerModel {
  public:
   PipelineStage(const ModelConfig& arch, const PipelineConfig& pipeline, const StepOptions& options, StepData data,
-                torch::Device device, PipelinePlace place, ActivationLink& link)
-      : o_(options), data_(data), device_(device), place_(place), link_(link), random_(pipeline.routing == Routing::random),
-        one_f_one_b_(pipeline.schedule == Schedule::one_f_one_b) {
+                torch::Device device, PipelinePlace place, ActivationLink& link, const ActivationCodecs& codecs)
+      : o_(options), data_(data), device_(device), place_(place), link_(link), channel_(link, codecs),
+        random_(pipeline.routing == Routing::random), one_f_one_b_(pipeline.schedule == Schedule::one_f_one_b) {
     LlamaForCausalLM whole(arch);
     initialise_weights(whole, o_);
     const auto ranges = stage_layer_ranges(arch.layers, place.stages, pipeline.stage_layers);
@@ -56,106 +56,26 @@ class PipelineStage final : public WorkerModel {
   bool computes_loss() const override { return place_.last(); }
 
   StepOutcome train_step(int64_t step) override {
-    // One flight per route through this worker: one per micro-batch when
-    // every worker is live; none, or several, for some micro-batches when the
-    // routing goes around lost workers.
-    struct Flight {
-      int64_t micro = 0;
-      int origin = 0, from = 0, to = 0;  // data replica; replicas of the previous and next stage
-      torch::Tensor input, output, labels;
-      bool dropped = false;
-    };
-    const int64_t M = o_.grad_accum;
-    const int s = place_.stage, d = place_.replica;
     const auto& roster = link_.enter(fmt::format("step/{}", step));
-    if (!roster.holds(s, self())) return {};  // restarted, and not routed to yet
-    const auto live = live_replicas(roster);
-    std::vector<std::vector<Flight>> flights(static_cast<size_t>(M));
-    for (int64_t m = 0; m < M; ++m)
-      for (const auto& r : live_routes(o_.seed, step, m, place_.replicas, live, random_))
-        if (r.replica[size_t(s)] == d)
-          flights[size_t(m)].push_back({m, r.origin, place_.first() ? d : r.replica[size_t(s - 1)],
-                                        place_.last() ? d : r.replica[size_t(s + 1)]});
-    auto activations = [&](const Flight& f, int boundary) {
-      return ActivationHeader{MessageKind::activations, step, f.micro, boundary, f.origin};
-    };
-    auto gradients = [&](const Flight& f, int boundary) {
-      return ActivationHeader{MessageKind::gradients, step, f.micro, boundary, f.origin};
-    };
-    double loss_sum = 0;
-    int64_t completed = 0;
-    auto forward = [&](int64_t m) {
-      for (auto& f : flights[size_t(m)]) {
-        // Every worker holds the data: the last stage takes the labels of the
-        // micro-batch's origin itself, so they never cross the network.
-        const auto batch = [&] { return data_.train.sample(uint64_t(step * M + m), f.origin * o_.batch, o_.batch); };
-        if (place_.first()) {
-          f.input = batch().inputs.to(device_);
-        } else {
-          std::vector<torch::Tensor> in{hidden_buffer()};
-          if (!link_.recv(place_.worker(f.from, s - 1), activations(f, s - 1), in)) {
-            f.dropped = true;
-            if (!place_.last()) link_.send_dropped(place_.worker(f.to, s + 1), activations(f, s));
-            continue;
-          }
-          f.input = in[0].to(device_).requires_grad_(true);
-        }
-        if (place_.last()) f.labels = batch().targets;
-        {
-          shim::CudaBf16Autocast autocast(o_.bf16);
-          f.output = stage_->forward(f.input);
-          if (place_.last()) f.output = next_token_loss(f.output, f.labels.to(device_)) / double(M);
-        }
-        if (place_.last()) {
-          loss_sum += f.output.item<double>();
-        } else {
-          link_.send(place_.worker(f.to, s + 1), activations(f, s), {f.output.to(torch::kFloat32)});
-        }
-      }
-    };
-    auto backward = [&](int64_t m) {
-      for (auto& f : flights[size_t(m)]) {
-        if (f.dropped) continue;
-        if (place_.last()) {
-          f.output.backward();
-        } else {
-          std::vector<torch::Tensor> grad{hidden_buffer()};
-          if (!link_.recv(place_.worker(f.to, s + 1), gradients(f, s), grad)) {
-            if (!place_.first()) link_.send_dropped(place_.worker(f.from, s - 1), gradients(f, s - 1));
-            f = Flight{};
-            continue;
-          }
-          f.output.backward(grad[0].to(device_));
-        }
-        ++completed;
-        if (!place_.first()) link_.send(place_.worker(f.from, s - 1), gradients(f, s - 1), {f.input.grad()});
-        f = Flight{};  // this micro-batch's activations are no longer needed
-      }
-    };
+    if (!roster.holds(place_.stage, self())) return {};  // restarted, and not routed to yet
+    auto flights = flights_through_here(step, roster);
+    Tally tally;
     // Backward always in micro-batch order, so gradients accumulate in the
     // order of the unpipelined run under either schedule. GPipe runs every
     // forward first; 1F1B runs stages-1-s forwards ahead, then alternates, so
     // stage s holds at most stages-s micro-batches' activations. Every worker
     // of a stage follows the same order, so random routing cannot deadlock it.
-    const int64_t ahead = one_f_one_b_ ? std::min<int64_t>(place_.stages - 1 - s, M) : M;
+    const int64_t M = o_.grad_accum;
+    const int64_t ahead = one_f_one_b_ ? std::min<int64_t>(place_.stages - 1 - place_.stage, M) : M;
     int64_t forwards = 0;
-    while (forwards < ahead) forward(forwards++);
+    for (; forwards < ahead; ++forwards) forward(step, flights[size_t(forwards)], tally);
     for (int64_t m = 0; m < M; ++m) {
-      if (forwards < M) forward(forwards++);
+      if (forwards < M) forward(step, flights[size_t(forwards++)], tally);
       link_.note_micro_batches_held(forwards - m);
-      backward(m);
+      backward(step, flights[size_t(m)], tally);
     }
     link_.finish_sends();
-    if (completed == 0) return {};
-    // Each micro-batch's loss was scaled by 1/M: make the gradient the mean
-    // over the micro-batches this worker did complete.
-    if (completed != M) {
-      torch::NoGradGuard no_grad;
-      for (auto& p : stage_->parameters())
-        if (p.grad().defined()) p.grad().mul_(double(M) / double(completed));
-    }
-    const double loss = completed == M ? loss_sum : loss_sum * double(M) / double(completed);
-    return {place_.last() ? loss : std::nan(""), completed};
+    return outcome(tally);
   }
 
   // Along each replica's own pipeline (fixed routing), so a replica's
@@ -172,28 +92,23 @@ class PipelineStage final : public WorkerModel {
     double sum = 0;
     bool whole = true;
     for (int64_t i = 0; i < o_.eval_batches; ++i) {
+      const auto batch = [&] { return data_.val.sample(uint64_t(i), 0, o_.batch); };
       for (const auto& r : mine) {
+        const int from = place_.first() ? -1 : place_.worker(r.replica[size_t(s - 1)], s - 1);
+        const int to = place_.last() ? -1 : place_.worker(r.replica[size_t(s + 1)], s + 1);
         const ActivationHeader incoming{MessageKind::evaluation, step, i, s - 1, r.origin},
             outgoing{MessageKind::evaluation, step, i, s, r.origin};
-        torch::Tensor x;
-        if (place_.first()) {
-          x = data_.val.sample(uint64_t(i), 0, o_.batch).inputs.to(device_);
-        } else {
-          std::vector<torch::Tensor> in{hidden_buffer()};
-          if (!link_.recv(place_.worker(r.replica[size_t(s - 1)], s - 1), incoming, in)) {
-            whole = false;
-            if (!place_.last()) link_.send_dropped(place_.worker(r.replica[size_t(s + 1)], s + 1), outgoing);
-            continue;
-          }
-          x = in[0].to(device_);
+        const auto x = place_.first() ? batch().inputs.to(device_) : receive_or_pass_drop(from, incoming, to, outgoing);
+        if (!x.defined()) {
+          whole = false;
+          continue;
         }
         shim::CudaBf16Autocast autocast(o_.bf16);
         auto out = stage_->forward(x);
-        if (place_.last()) {
-          sum += next_token_loss(out, data_.val.sample(uint64_t(i), 0, o_.batch).targets.to(device_)).item<double>();
-        } else {
-          link_.send(place_.worker(r.replica[size_t(s + 1)], s + 1), outgoing, {out.to(torch::kFloat32)});
-        }
+        if (place_.last())
+          sum += next_token_loss(out, batch().targets.to(device_)).item<double>();
+        else
+          channel_.send(to, outgoing, {out.to(torch::kFloat32)});
       }
     }
     link_.finish_sends();
@@ -219,11 +134,116 @@ class PipelineStage final : public WorkerModel {
     return torch::empty({o_.batch, stage_->config.context, stage_->config.hidden}, torch::kFloat32);
   }
 
+  // One flight per route through this worker: one per micro-batch when
+  // every worker is live; none, or several, for some micro-batches when the
+  // routing goes around lost workers.
+  struct Flight {
+    int64_t micro = 0;
+    int origin = 0, from = -1, to = -1;  // data replica; workers of the previous and next stage (-1: none)
+    torch::Tensor input, output;
+    bool dropped = false;
+  };
+  struct Tally {
+    double loss_sum = 0;
+    int64_t completed = 0;
+  };
+
+  // By micro-batch: the flights routed through this worker at `step`.
+  std::vector<std::vector<Flight>> flights_through_here(int64_t step, const Roster& roster) const {
+    const int s = place_.stage, d = place_.replica;
+    const auto live = live_replicas(roster);
+    std::vector<std::vector<Flight>> flights(size_t(o_.grad_accum));
+    for (int64_t m = 0; m < o_.grad_accum; ++m)
+      for (const auto& r : live_routes(o_.seed, step, m, place_.replicas, live, random_))
+        if (r.replica[size_t(s)] == d)
+          flights[size_t(m)].push_back({m, r.origin, place_.first() ? -1 : place_.worker(r.replica[size_t(s - 1)], s - 1),
+                                        place_.last() ? -1 : place_.worker(r.replica[size_t(s + 1)], s + 1)});
+    return flights;
+  }
+
+  // What worker `from` sends as `expected`, on this device; undefined if the
+  // micro-batch was dropped on the way, and then worker `to` (-1: none) is
+  // told that `onward` will not come either.
+  torch::Tensor receive_or_pass_drop(int from, const ActivationHeader& expected, int to, const ActivationHeader& onward) {
+    std::vector<torch::Tensor> in{hidden_buffer()};
+    if (channel_.recv(from, expected, in)) return in[0].to(device_);
+    if (to >= 0) link_.send_dropped(to, onward);
+    return {};
+  }
+
+  void forward(int64_t step, std::vector<Flight>& flights, Tally& tally) {
+    const int s = place_.stage;
+    const int64_t M = o_.grad_accum;
+    for (auto& f : flights) {
+      // Every worker holds the data: the last stage takes the labels of the
+      // micro-batch's origin itself, so they never cross the network.
+      const auto batch = [&] { return data_.train.sample(uint64_t(step * M + f.micro), f.origin * o_.batch, o_.batch); };
+      const ActivationHeader incoming{MessageKind::activations, step, f.micro, s - 1, f.origin},
+          outgoing{MessageKind::activations, step, f.micro, s, f.origin};
+      if (place_.first()) {
+        f.input = batch().inputs.to(device_);
+      } else {
+        f.input = receive_or_pass_drop(f.from, incoming, f.to, outgoing);
+        if (!f.input.defined()) {
+          f.dropped = true;
+          continue;
+        }
+        f.input.requires_grad_(true);
+      }
+      {
+        shim::CudaBf16Autocast autocast(o_.bf16);
+        f.output = stage_->forward(f.input);
+        if (place_.last()) f.output = next_token_loss(f.output, batch().targets.to(device_)) / double(M);
+      }
+      if (place_.last())
+        tally.loss_sum += f.output.item<double>();
+      else
+        channel_.send(f.to, outgoing, {f.output.to(torch::kFloat32)});
+    }
+  }
+
+  void backward(int64_t step, std::vector<Flight>& flights, Tally& tally) {
+    const int s = place_.stage;
+    for (auto& f : flights) {
+      const ActivationHeader incoming{MessageKind::gradients, step, f.micro, s, f.origin},
+          outgoing{MessageKind::gradients, step, f.micro, s - 1, f.origin};
+      if (f.dropped) continue;
+      if (place_.last()) {
+        f.output.backward();
+      } else {
+        const auto grad = receive_or_pass_drop(f.to, incoming, f.from, outgoing);
+        if (!grad.defined()) {
+          f = Flight{};
+          continue;
+        }
+        f.output.backward(grad);
+      }
+      ++tally.completed;
+      if (!place_.first()) channel_.send(f.from, outgoing, {f.input.grad()});
+      f = Flight{};  // this micro-batch's activations are no longer needed
+    }
+  }
+
+  // Each micro-batch's loss was scaled by 1/M: the gradient becomes the mean
+  // over the micro-batches this worker did complete.
+  StepOutcome outcome(const Tally& tally) {
+    const int64_t M = o_.grad_accum;
+    if (tally.completed == 0) return {};
+    if (tally.completed != M) {
+      torch::NoGradGuard no_grad;
+      for (auto& p : stage_->parameters())
+        if (p.grad().defined()) p.grad().mul_(double(M) / double(tally.completed));
+    }
+    const double loss = tally.completed == M ? tally.loss_sum : tally.loss_sum * double(M) / double(tally.completed);
+    return {place_.last() ? loss : std::nan(""), tally.completed};
+  }
+
   StepOptions o_;
   StepData data_;
   torch::Device device_;
   PipelinePlace place_;
   ActivationLink& link_;
+  ActivationChannel channel_;
   bool random_;
   bool one_f_one_b_;
   StageModule stage_{nullptr};
@@ -233,8 +253,9 @@ class PipelineStage final : public WorkerModel {
 
 std::unique_ptr<WorkerModel> make_pipeline_stage(const ModelConfig& model, const PipelineConfig& pipeline,
                                                  const StepOptions& options, StepData data, torch::Device device,
-                                                 PipelinePlace place, ActivationLink& link) {
-  return std::make_unique<PipelineStage>(model, pipeline, options, data, device, place, link);
+                                                 PipelinePlace place, ActivationLink& link,
+                                                 const ActivationCodecs& codecs) {
+  return std::make_unique<PipelineStage>(model, pipeline, options, data, device, place, link, codecs);
 }
 
 }  // namespace noloco

@@ -7,7 +7,8 @@
 
 #include <torch/torch.h>
 
-#include "comm/activation_link.h"
+#include "comm/transport/activation_link.h"
+#include "pipeline/activation_channel.h"
 #include "model/llama.h"
 #include "pipeline/routing.h"
 #include "config/train_config.h"
@@ -47,6 +48,7 @@ struct PipelinePlace {
 // weights the unpipelined run would), keeps this stage's slice and moves it to `device`.
 std::unique_ptr<WorkerModel> make_pipeline_stage(const ModelConfig& model, const PipelineConfig& pipeline,
                                                  const StepOptions& options, StepData data, torch::Device device,
-                                                 PipelinePlace place, ActivationLink& link);
+                                                 PipelinePlace place, ActivationLink& link,
+                                                 const ActivationCodecs& codecs);
 
 }  // namespace noloco

@@ -6,7 +6,7 @@
 #include <random>
 #include <stdexcept>
 
-#include "comm/grouping.h"
+#include "optim/grouping.h"
 
 namespace noloco::sim {
 

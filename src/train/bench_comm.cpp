@@ -110,7 +110,7 @@ void plot_comm_bench(const std::string& csv, const std::string& svg) {
     for (std::string cell; std::getline(row, cell, ',');) cells.push_back(cell);
     if (cells.size() != kColumns.size() || std::stod(cells[column("straggler")]) != 1.0) continue;
     const bool jittered = std::stod(cells[column("compute")]) > 0;
-    const std::string method = cells[0] == "noloco" ? "noloco" : "allreduce";
+    const std::string method = parse_choice<Method>("method", cells[0]) == Method::noloco ? "noloco" : "allreduce";
     seconds[{jittered, cells[column("rate")], cells[column("wire_dtype")]}][std::stoi(cells[column("replicas")])]
            [method] = std::stod(cells[column(jittered ? "idle_seconds_per_round" : "sync_seconds_per_round")]);
   }

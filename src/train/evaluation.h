@@ -6,8 +6,8 @@
 #include <cmath>
 #include <functional>
 
-#include "comm/membership.h"
-#include "comm/transport.h"
+#include "comm/membership/membership.h"
+#include "comm/transport/transport.h"
 #include "optim/flat_params.h"
 #include "pipeline/worker_model.h"
 

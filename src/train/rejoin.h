@@ -5,8 +5,8 @@
 #pragma once
 #include <vector>
 
-#include "comm/membership.h"
-#include "comm/transport.h"
+#include "comm/membership/membership.h"
+#include "comm/transport/transport.h"
 #include "train/failure_drill.h"
 #include "train/training_state.h"
 

@@ -76,16 +76,20 @@ Curves read_curves(const std::string& run_dir) {
   return c;
 }
 
-std::string method_color(const std::string& method) {
-  if (method == "ddp") return "#1f77b4";
-  if (method == "diloco") return "#ff7f0e";
-  if (method == "noloco") return "#2ca02c";
+std::string method_color(Method method) {
+  switch (method) {
+    case Method::ddp: return "#1f77b4";
+    case Method::diloco: return "#ff7f0e";
+    case Method::noloco: return "#2ca02c";
+    case Method::none: break;
+  }
   return "#7f7f7f";
 }
 
 // One run as the report shows it: its directory's name, method and curves.
 struct Run {
-  std::string name, method;
+  std::string name;
+  Method method;
   Curves curves;
 };
 
@@ -102,10 +106,10 @@ std::string time_to_loss_table(const std::vector<Run>& runs, double target) {
     size_t i = 0;
     while (i < c.loss_by_step.size() && !(c.loss_by_step[i].second <= target)) ++i;
     if (i == c.loss_by_step.size()) {
-      t += fmt::format("| {} | {} | not reached | – | – | – |\n", name, method);
+      t += fmt::format("| {} | {} | not reached | – | – | – |\n", name, choice_name(method));
     } else {
       auto seconds = [](double s) { return std::isnan(s) ? std::string("–") : fmt::format("{:.0f}", s); };
-      t += fmt::format("| {} | {} | {:.0f} | {} | {} | {} |\n", name, method, c.loss_by_step[i].first,
+      t += fmt::format("| {} | {} | {:.0f} | {} | {} | {} |\n", name, choice_name(method), c.loss_by_step[i].first,
                        seconds(c.seconds[i].first), seconds(c.seconds[i].second),
                        format_count(c.loss_by_bytes[i].first));
     }
@@ -129,11 +133,11 @@ std::string throughput_table(const std::vector<Run>& runs, int64_t from, int64_t
       ++timed;
     }
     if (timed == 0) {
-      t += fmt::format("| {} | {} | 0 | – | – |\n", name, method);
+      t += fmt::format("| {} | {} | 0 | – | – |\n", name, choice_name(method));
       continue;
     }
     if (std::isnan(first)) first = tokens_per_second;
-    t += fmt::format("| {} | {} | {} | {:.0f} | {:.1f}% |\n", name, method, timed, tokens_per_second,
+    t += fmt::format("| {} | {} | {} | {:.0f} | {:.1f}% |\n", name, choice_name(method), timed, tokens_per_second,
                      100.0 * tokens_per_second / first);
   }
   return t;
@@ -158,13 +162,13 @@ std::string requested_tables(const std::vector<Run>& runs, const ReportOptions& 
 // series of fewer than two points left out.
 std::vector<PlotSeries> final_loss_against(const std::vector<std::string>& run_dirs,
                                            const std::function<std::optional<double>(const RunSummary&)>& figure) {
-  std::map<std::string, PlotSeries> by_method;
+  std::map<Method, PlotSeries> by_method;
   for (const auto& dir : run_dirs) {
     const auto summary = RunSummary::read(dir);
     const auto x = figure(summary);
     if (!x || !summary.final_val_loss) continue;
     auto& s = by_method[summary.method];
-    s.name = summary.method;
+    s.name = choice_name(summary.method);
     s.color = method_color(summary.method);
     s.points.emplace_back(*x, *summary.final_val_loss);
   }
@@ -195,11 +199,11 @@ std::string write_report(const std::vector<std::string>& run_dirs, const std::st
                          const ReportOptions& options) {
   std::filesystem::create_directories(out_dir);
   std::vector<PlotSeries> by_step, by_bytes, spread;
-  std::map<std::string, int> seen_methods;
+  std::map<Method, int> seen_methods;
   const auto runs = read_runs(run_dirs);
   for (const auto& [name, method, curves] : runs) {
     PlotSeries s;
-    s.name = fmt::format("{} ({})", name, method);
+    s.name = fmt::format("{} ({})", name, choice_name(method));
     s.color = method_color(method);
     s.dashed = seen_methods[method]++ > 0;  // a second run of a method: same colour, dashed
     s.points = curves.loss_by_step;
@@ -240,7 +244,7 @@ std::string write_report(const std::vector<std::string>& run_dirs, const std::st
   add_plot("val_loss_vs_outer_bits.svg",
            final_loss_against(run_dirs,
                               [](const RunSummary& r) -> std::optional<double> {
-                                if (r.method == "ddp") return std::nullopt;  // a step is its sync: not comparable
+                                if (r.method == Method::ddp) return std::nullopt;  // a step is its sync: not comparable
                                 return r.bits_per_param_per_outer_step;
                               }),
            {"Validation loss against outer message size", "bits per parameter per outer step (all a replica sent)",

@@ -37,6 +37,72 @@ RunSummary::Worker worker_of(const nlohmann::json& j) {
           j.value("seconds", 0.0)};
 }
 
+// How the workers' values of a figure become the run's.
+enum class Combine {
+  mean,  // over the finished workers that report it
+  max,   // the largest of any finished worker
+  any,   // the same on every worker that reports it
+};
+
+// The figures a worker reports as optional numbers: their JSON names in the
+// worker's summary and (if the run reports it) in the run's, and how they
+// combine. A new figure is a field in each struct and a row here.
+struct Figure {
+  const char* worker_key;
+  std::optional<double> WorkerSummary::*worker;
+  const char* run_key;  // null: the run reports no such figure, or derives it itself
+  std::optional<double> RunSummary::*run;
+  Combine combine;
+};
+constexpr Figure kFigures[] = {
+    {"final_val_loss", &WorkerSummary::final_val_loss, nullptr, nullptr, Combine::mean},
+    {"final_train_loss", &WorkerSummary::final_train_loss, nullptr, nullptr, Combine::mean},
+    {"weight_std", &WorkerSummary::weight_std, nullptr, nullptr, Combine::any},
+    {"final_val_loss_mean_model", &WorkerSummary::final_val_loss_mean_model, "final_val_loss_mean_model",
+     &RunSummary::final_val_loss_mean_model, Combine::any},
+    {"bits_per_param_per_outer_step", &WorkerSummary::bits_per_param_per_outer_step, "bits_per_param_per_outer_step",
+     &RunSummary::bits_per_param_per_outer_step, Combine::mean},
+    {"steps_per_outer_step", &WorkerSummary::steps_per_outer_step, "steps_per_outer_step",
+     &RunSummary::steps_per_outer_step, Combine::any},
+    {"dropped_fraction", &WorkerSummary::dropped_fraction, "dropped_fraction", &RunSummary::dropped_fraction,
+     Combine::mean},
+    {"dropped_fraction_worst_outer_step", &WorkerSummary::dropped_fraction_worst_outer_step,
+     "dropped_fraction_worst_outer_step", &RunSummary::dropped_fraction_worst_outer_step, Combine::max},
+    {"outer_blocked_seconds", &WorkerSummary::outer_blocked_seconds, "outer_blocked_seconds_per_replica",
+     &RunSummary::outer_blocked_seconds_per_replica, Combine::mean},
+    {"peak_rss_mib", &WorkerSummary::peak_rss_mib, "worker_peak_rss_mib", &RunSummary::worker_peak_rss_mib,
+     Combine::max},
+    {"startup_seconds", &WorkerSummary::startup_seconds, "worker_startup_seconds", &RunSummary::worker_startup_seconds,
+     Combine::max},
+};
+
+// The run's figures of kFigures from its finished workers' summaries.
+class FigureCombiner {
+ public:
+  void add(const WorkerSummary& w) {
+    for (size_t i = 0; i < std::size(kFigures); ++i) {
+      const auto& value = w.*kFigures[i].worker;
+      if (!value) continue;
+      auto& into = values_[i];
+      into = !into                                         ? *value
+             : kFigures[i].combine == Combine::mean ? *into + *value
+             : kFigures[i].combine == Combine::max  ? std::max(*into, *value)
+                                                    : *value;
+      counts_[i] += 1;
+    }
+  }
+  void write_to(RunSummary& run) const {
+    for (size_t i = 0; i < std::size(kFigures); ++i) {
+      if (!kFigures[i].run || !values_[i]) continue;
+      run.*kFigures[i].run = kFigures[i].combine == Combine::mean ? *values_[i] / counts_[i] : *values_[i];
+    }
+  }
+
+ private:
+  std::optional<double> values_[std::size(kFigures)];
+  double counts_[std::size(kFigures)] = {};
+};
+
 }  // namespace
 
 void WorkerTraffic::add_to(nlohmann::json& j) const {
@@ -88,21 +154,11 @@ WorkerTraffic WorkerTraffic::from_json(const nlohmann::json& j) {
 }
 
 nlohmann::json WorkerSummary::to_json() const {
-  nlohmann::json j = {{"method", method}, {"replicas", replicas}, {"steps", steps},   {"tokens", tokens},
+  nlohmann::json j = {{"method", choice_name(method)}, {"replicas", replicas}, {"steps", steps},   {"tokens", tokens},
                       {"seconds", seconds}, {"params", params},     {"device", device}};
   traffic.add_to(j);
-  put(j, "final_val_loss", final_val_loss);
-  put(j, "final_train_loss", final_train_loss);
   if (stages > 1) j.update({{"stages", stages}, {"routing", routing}, {"stage_params", stage_params}});
-  put(j, "weight_std", weight_std);
-  put(j, "final_val_loss_mean_model", final_val_loss_mean_model);
-  put(j, "bits_per_param_per_outer_step", bits_per_param_per_outer_step);
-  put(j, "steps_per_outer_step", steps_per_outer_step);
-  put(j, "dropped_fraction", dropped_fraction);
-  put(j, "dropped_fraction_worst_outer_step", dropped_fraction_worst_outer_step);
-  put(j, "outer_blocked_seconds", outer_blocked_seconds);
-  put(j, "peak_rss_mib", peak_rss_mib);
-  put(j, "startup_seconds", startup_seconds);
+  for (const auto& f : kFigures) put(j, f.worker_key, this->*f.worker);
   if (rejoin)
     j.update({{"rejoined_at_step", rejoin->step}, {"rejoin_donor", rejoin->donor}, {"rejoin_seconds", rejoin->seconds},
               {"joined", rejoin->joined}});
@@ -112,7 +168,7 @@ nlohmann::json WorkerSummary::to_json() const {
 
 WorkerSummary WorkerSummary::from_json(const nlohmann::json& j) {
   WorkerSummary s;
-  s.method = j.value("method", "none");
+  s.method = parse_choice<Method>("method", j.value("method", "none"));
   s.device = j.value("device", "");
   s.routing = j.value("routing", "");
   s.replicas = j.value("replicas", int64_t(1));
@@ -123,17 +179,7 @@ WorkerSummary WorkerSummary::from_json(const nlohmann::json& j) {
   s.stage_params = j.value("stage_params", s.params);
   s.seconds = j.value("seconds", 0.0);
   s.traffic = WorkerTraffic::from_json(j);
-  s.final_val_loss = optional_of<double>(j, "final_val_loss");
-  s.final_train_loss = optional_of<double>(j, "final_train_loss");
-  s.weight_std = optional_of<double>(j, "weight_std");
-  s.final_val_loss_mean_model = optional_of<double>(j, "final_val_loss_mean_model");
-  s.bits_per_param_per_outer_step = optional_of<double>(j, "bits_per_param_per_outer_step");
-  s.steps_per_outer_step = optional_of<double>(j, "steps_per_outer_step");
-  s.dropped_fraction = optional_of<double>(j, "dropped_fraction");
-  s.dropped_fraction_worst_outer_step = optional_of<double>(j, "dropped_fraction_worst_outer_step");
-  s.outer_blocked_seconds = optional_of<double>(j, "outer_blocked_seconds");
-  s.peak_rss_mib = optional_of<double>(j, "peak_rss_mib");
-  s.startup_seconds = optional_of<double>(j, "startup_seconds");
+  for (const auto& f : kFigures) s.*f.worker = optional_of<double>(j, f.worker_key);
   if (j.contains("rejoined_at_step"))
     s.rejoin = WorkerSummary::Rejoin{j["rejoined_at_step"].get<int64_t>(), j.value("rejoin_donor", 0),
                                      j.value("rejoin_seconds", 0.0), j.value("joined", false)};
@@ -155,7 +201,7 @@ nlohmann::json RunSummary::to_json() const {
     put(one, "handover_seconds", w.handover_seconds);
     joined_j.push_back(one);
   }
-  nlohmann::json j = {{"method", method},
+  nlohmann::json j = {{"method", choice_name(method)},
                       {"replicas", replicas},
                       {"replicas_finished", finished},
                       {"replicas_failed", failed_j},
@@ -175,15 +221,9 @@ nlohmann::json RunSummary::to_json() const {
                       {"seconds", seconds},
                       {"steps", steps},
                       {"params", params}};
-  put(j, "final_val_loss_mean_model", final_val_loss_mean_model);
   put(j, "weight_std", weight_std);
-  put(j, "bits_per_param_per_outer_step", bits_per_param_per_outer_step);
-  put(j, "steps_per_outer_step", steps_per_outer_step);
-  put(j, "dropped_fraction", dropped_fraction);
-  put(j, "dropped_fraction_worst_outer_step", dropped_fraction_worst_outer_step);
-  put(j, "outer_blocked_seconds_per_replica", outer_blocked_seconds_per_replica);
-  put(j, "worker_peak_rss_mib", worker_peak_rss_mib);
-  put(j, "worker_startup_seconds", worker_startup_seconds);
+  for (const auto& f : kFigures)
+    if (f.run) put(j, f.run_key, this->*f.run);
   if (stages > 1)
     j.update({{"stages", stages},
               {"routing", routing},
@@ -200,7 +240,7 @@ nlohmann::json RunSummary::to_json() const {
 
 RunSummary RunSummary::from_json(const nlohmann::json& j) {
   RunSummary s;
-  s.method = j.value("method", "none");
+  s.method = parse_choice<Method>("method", j.value("method", "none"));
   s.replicas = j.value("replicas", int64_t(1));
   s.steps = j.value("steps", int64_t(0));
   s.params = j.value("params", int64_t(0));
@@ -214,15 +254,9 @@ RunSummary RunSummary::from_json(const nlohmann::json& j) {
     s.joined.push_back({w.value("replica", 0), optional_of<int64_t>(w, "step"), optional_of<int>(w, "donor"),
                         optional_of<double>(w, "handover_seconds")});
   s.final_val_loss = optional_of<double>(j, "final_val_loss");
-  s.final_val_loss_mean_model = optional_of<double>(j, "final_val_loss_mean_model");
   s.weight_std = optional_of<double>(j, "weight_std");
-  s.bits_per_param_per_outer_step = optional_of<double>(j, "bits_per_param_per_outer_step");
-  s.steps_per_outer_step = optional_of<double>(j, "steps_per_outer_step");
-  s.dropped_fraction = optional_of<double>(j, "dropped_fraction");
-  s.dropped_fraction_worst_outer_step = optional_of<double>(j, "dropped_fraction_worst_outer_step");
-  s.outer_blocked_seconds_per_replica = optional_of<double>(j, "outer_blocked_seconds_per_replica");
-  s.worker_peak_rss_mib = optional_of<double>(j, "worker_peak_rss_mib");
-  s.worker_startup_seconds = optional_of<double>(j, "worker_startup_seconds");
+  for (const auto& f : kFigures)
+    if (f.run) s.*f.run = optional_of<double>(j, f.run_key);
   s.final_val_loss_replicas = j.value("final_val_loss_replicas", std::vector<double>{});
   s.bytes_sent = j.value("bytes_sent", uint64_t(0));
   s.bytes_received = j.value("bytes_received", uint64_t(0));
@@ -249,6 +283,8 @@ RunSummary RunSummary::read(const std::string& run_dir) {
     return from_json(read_json(run_dir + "/summary.json"));
   } catch (const nlohmann::json::exception& e) {
     throw std::runtime_error(fmt::format("{}/summary.json: {}", run_dir, e.what()));
+  } catch (const std::invalid_argument& e) {
+    throw std::runtime_error(fmt::format("{}/summary.json: {}", run_dir, e.what()));
   }
 }
 
@@ -272,12 +308,89 @@ RunSummary summarize_lone_run(const WorkerSummary& w) {
   s.seconds = w.seconds;
   s.steps = w.steps;
   s.params = w.params;
-  s.worker_peak_rss_mib = w.peak_rss_mib;
-  s.worker_startup_seconds = w.startup_seconds;
+  FigureCombiner figures;
+  figures.add(w);
+  figures.write_to(s);
   return s;
 }
 
-RunSummary summarize_run(const std::string& run_dir, const std::string& method, int64_t replicas, int64_t stages,
+namespace {
+
+// Where exit `e` sat in the run, and how it ended.
+RunSummary::Worker place_of(const WorkerExit& e, int64_t stages) {
+  RunSummary::Worker where{int(e.rank / stages), std::nullopt, std::nullopt, e.describe(), e.seconds};
+  if (stages > 1) {
+    where.worker = e.rank;
+    where.stage = int(e.rank % stages);
+  }
+  return where;
+}
+
+// What the run's figures gather from its workers' summaries.
+struct RunTally {
+  explicit RunTally(int64_t stages) : stage_spread(size_t(stages), {0.0, std::nan("")}), stage_idle(size_t(stages)) {}
+
+  // Training traffic counts whoever sent it, also a worker that left early.
+  void add_traffic(RunSummary& run, const WorkerSummary& w) {
+    if (!w.traffic.comm) return;
+    run.bytes_sent += w.traffic.comm->bytes_sent;
+    run.bytes_received += w.traffic.comm->bytes_received;
+    run.comm_seconds += w.traffic.comm->comm_seconds;
+    run.wait_seconds += w.traffic.comm->wait_seconds;
+    run.collectives += w.traffic.comm->collectives;
+    ++traffic_workers;
+  }
+
+  void add_finished(RunSummary& run, const WorkerSummary& w, int stage) {
+    if (!first) first = w;
+    if (w.final_val_loss) {  // the workers that compute the loss: one per replica
+      run.final_val_loss_replicas.push_back(*w.final_val_loss);
+      loss_sum += *w.final_val_loss;
+      run.tokens += w.tokens;
+    }
+    figures.add(w);
+    if (w.traffic.pipeline) {
+      run.activation_bytes_sent += w.traffic.pipeline->bytes_sent;
+      run.micro_batches_dropped += w.traffic.pipeline->micro_batches_dropped;
+    }
+    auto& spread = stage_spread[size_t(stage)];
+    if (w.weight_std && std::isnan(spread.second)) spread = {double(w.stage_params), *w.weight_std};
+    stage_idle[size_t(stage)].push_back(w.traffic.pipeline ? w.traffic.pipeline->idle_seconds : 0.0);
+  }
+
+  void write_to(RunSummary& run) const {
+    const double workers = double(std::max(1, traffic_workers));
+    if (!run.final_val_loss_replicas.empty()) run.final_val_loss = loss_sum / double(run.final_val_loss_replicas.size());
+    figures.write_to(run);
+    run.comm_seconds_per_replica = run.comm_seconds / workers;
+    run.wait_seconds_per_replica = run.wait_seconds / workers;
+    if (first) {
+      run.steps = first->steps;
+      run.params = first->params;
+    }
+    const double spread = spread_over_stages(stage_spread);
+    if (!std::isnan(spread)) run.weight_std = spread;
+    if (run.stages == 1) return;
+    run.activation_bytes_per_step = run.steps > 0 ? double(run.activation_bytes_sent) / double(run.steps) : 0.0;
+    for (const auto& per_replica : stage_idle) {
+      double sum = 0;
+      for (double x : per_replica) sum += x;
+      run.pipeline_idle_seconds_per_stage.push_back(per_replica.empty() ? 0.0 : sum / double(per_replica.size()));
+    }
+  }
+
+  double loss_sum = 0;
+  int traffic_workers = 0;
+  std::optional<WorkerSummary> first;
+  FigureCombiner figures;
+  // Per stage: (parameters, weight std) of one of its replicas, and the replicas' idle seconds.
+  std::vector<std::pair<double, double>> stage_spread;
+  std::vector<std::vector<double>> stage_idle;
+};
+
+}  // namespace
+
+RunSummary summarize_run(const std::string& run_dir, Method method, int64_t replicas, int64_t stages,
                          const std::string& routing, int64_t micro_batches, const std::vector<WorkerExit>& exits,
                          double seconds) {
   RunSummary run;
@@ -285,19 +398,14 @@ RunSummary summarize_run(const std::string& run_dir, const std::string& method, 
   run.replicas = replicas;
   run.stages = stages;
   run.seconds = seconds;
-  double loss_sum = 0, bits_sum = 0, blocked_sum = 0, dropped_sum = 0;
-  int bits_count = 0, blocked_count = 0, dropped_count = 0, traffic_workers = 0;
-  std::optional<WorkerSummary> first;
-  // Per stage: (parameters, weight std) of one of its replicas, and the replicas' idle seconds.
-  std::vector<std::pair<double, double>> stage_spread(size_t(stages), {0.0, std::nan("")});
-  std::vector<std::vector<double>> stage_idle(static_cast<size_t>(stages));
+  if (stages > 1) {
+    run.routing = routing;
+    run.micro_batches = micro_batches;
+  }
+  RunTally tally(stages);
   for (const auto& e : exits) {
     const auto path = fmt::format("{}/summary_r{}.json", run_dir, e.rank);
-    RunSummary::Worker where{int(e.rank / stages), std::nullopt, std::nullopt, e.describe(), e.seconds};
-    if (stages > 1) {
-      where.worker = e.rank;
-      where.stage = int(e.rank % stages);
-    }
+    auto where = place_of(e, stages);
     if (e.restarted) {  // its next start decides whether it finished
       run.restarted.push_back(where);
       continue;
@@ -315,77 +423,16 @@ RunSummary summarize_run(const std::string& run_dir, const std::string& method, 
     }
     const auto w = WorkerSummary::from_json(read_json(path));
     if (w.rejoin && w.rejoin->joined) run.joined.push_back({member, w.rejoin->step, w.rejoin->donor, w.rejoin->seconds});
-    // Training traffic counts whoever sent it, also a worker that left early.
-    if (w.traffic.comm) {
-      run.bytes_sent += w.traffic.comm->bytes_sent;
-      run.bytes_received += w.traffic.comm->bytes_received;
-      run.comm_seconds += w.traffic.comm->comm_seconds;
-      run.wait_seconds += w.traffic.comm->wait_seconds;
-      run.collectives += w.traffic.comm->collectives;
-      ++traffic_workers;
-    }
+    tally.add_traffic(run, w);
     if (w.left_at_step) {
       where.reason = fmt::format("left after step {} (SIGTERM)", *w.left_at_step);
       run.left.push_back(where);
       continue;
     }
-    if (!first) first = w;
     run.finished.push_back(member);
-    if (w.final_val_loss) {  // the workers that compute the loss: one per replica
-      run.final_val_loss_replicas.push_back(*w.final_val_loss);
-      loss_sum += *w.final_val_loss;
-      run.tokens += w.tokens;
-    }
-    if (w.final_val_loss_mean_model) run.final_val_loss_mean_model = w.final_val_loss_mean_model;
-    if (w.bits_per_param_per_outer_step) {
-      bits_sum += *w.bits_per_param_per_outer_step;
-      ++bits_count;
-      run.steps_per_outer_step = w.steps_per_outer_step;
-    }
-    if (w.dropped_fraction) {
-      dropped_sum += *w.dropped_fraction;
-      run.dropped_fraction_worst_outer_step =
-          std::max(run.dropped_fraction_worst_outer_step.value_or(0.0), w.dropped_fraction_worst_outer_step.value_or(0.0));
-      ++dropped_count;
-    }
-    if (w.outer_blocked_seconds) {
-      blocked_sum += *w.outer_blocked_seconds;
-      ++blocked_count;
-    }
-    for (auto [worst, value] : {std::pair{&run.worker_peak_rss_mib, w.peak_rss_mib},
-                                std::pair{&run.worker_startup_seconds, w.startup_seconds}})
-      if (value) *worst = std::max(worst->value_or(0.0), *value);
-    if (w.traffic.pipeline) {
-      run.activation_bytes_sent += w.traffic.pipeline->bytes_sent;
-      run.micro_batches_dropped += w.traffic.pipeline->micro_batches_dropped;
-    }
-    auto& spread = stage_spread[size_t(e.rank % stages)];
-    if (w.weight_std && std::isnan(spread.second)) spread = {double(w.stage_params), *w.weight_std};
-    stage_idle[size_t(e.rank % stages)].push_back(w.traffic.pipeline ? w.traffic.pipeline->idle_seconds : 0.0);
+    tally.add_finished(run, w, int(e.rank % stages));
   }
-  const double workers = double(std::max(1, traffic_workers));
-  if (!run.final_val_loss_replicas.empty()) run.final_val_loss = loss_sum / double(run.final_val_loss_replicas.size());
-  if (bits_count > 0) run.bits_per_param_per_outer_step = bits_sum / bits_count;
-  if (dropped_count > 0) run.dropped_fraction = dropped_sum / dropped_count;
-  if (blocked_count > 0) run.outer_blocked_seconds_per_replica = blocked_sum / blocked_count;
-  run.comm_seconds_per_replica = run.comm_seconds / workers;
-  run.wait_seconds_per_replica = run.wait_seconds / workers;
-  if (first) {
-    run.steps = first->steps;
-    run.params = first->params;
-  }
-  const double spread = spread_over_stages(stage_spread);
-  if (!std::isnan(spread)) run.weight_std = spread;
-  if (stages > 1) {
-    run.routing = routing;
-    run.micro_batches = micro_batches;
-    run.activation_bytes_per_step = run.steps > 0 ? double(run.activation_bytes_sent) / double(run.steps) : 0.0;
-    for (const auto& per_replica : stage_idle) {
-      double sum = 0;
-      for (double x : per_replica) sum += x;
-      run.pipeline_idle_seconds_per_stage.push_back(per_replica.empty() ? 0.0 : sum / double(per_replica.size()));
-    }
-  }
+  tally.write_to(run);
   return run;
 }
 
@@ -403,7 +450,7 @@ std::string comparison_table(const std::vector<std::string>& run_dirs) {
     const double loss = s.final_val_loss.value_or(std::nan(""));
     const bool lone = s.replicas == 1 && s.stages == 1;
     t += fmt::format("| {} | {} | {} | {} | {:.2f} | {} | {} | {} | {} | {} | {} | {:.0f} |\n",
-                     std::filesystem::path(dir).filename().string(), s.method, s.replicas,
+                     std::filesystem::path(dir).filename().string(), choice_name(s.method), s.replicas,
                      num(s.final_val_loss, "{:.4f}"), std::exp(loss), num(s.final_val_loss_mean_model, "{:.4f}"),
                      num(s.weight_std, "{:.2e}"), format_count(double(s.bytes_sent)),
                      lone ? "–" : fmt::format("{:.1f}", s.comm_seconds_per_replica),

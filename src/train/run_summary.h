@@ -9,8 +9,9 @@
 
 #include <nlohmann/json.hpp>
 
-#include "comm/comm_stats.h"
-#include "comm/launcher.h"
+#include "comm/transport/comm_stats.h"
+#include "comm/launch/launcher.h"
+#include "config/choices.h"
 
 namespace noloco {
 
@@ -25,7 +26,8 @@ struct WorkerTraffic {
 };
 
 struct WorkerSummary {
-  std::string method = "none", device, routing;
+  Method method = Method::none;
+  std::string device, routing;
   int64_t replicas = 1, stages = 1, steps = 0, tokens = 0, params = 0, stage_params = 0;
   double seconds = 0;
   WorkerTraffic traffic;
@@ -63,7 +65,7 @@ struct RunSummary {
     std::string reason;
     double seconds = 0;
   };
-  std::string method = "none";
+  Method method = Method::none;
   int64_t replicas = 1, steps = 0, params = 0, tokens = 0, collectives = 0;
   std::vector<int> finished;  // replicas (workers in a pipelined run)
   std::vector<Worker> failed, restarted;
@@ -105,7 +107,7 @@ struct RunSummary {
 };
 
 // summary.json of a launched run, from the workers' summaries and how each ended.
-RunSummary summarize_run(const std::string& run_dir, const std::string& method, int64_t replicas, int64_t stages,
+RunSummary summarize_run(const std::string& run_dir, Method method, int64_t replicas, int64_t stages,
                          const std::string& routing, int64_t micro_batches, const std::vector<WorkerExit>& exits,
                          double seconds);
 // summary.json of a lone worker's run.

@@ -73,7 +73,7 @@ std::unique_ptr<WorkerModel> make_worker_model(const TrainConfig& c, const Model
                             c.run.seed, c.init_from};
   if (w.stages == 1) return make_whole_model(model, options, data, device);
   return make_pipeline_stage(model, c.pipeline, options, data, device, {w.replica, w.replicas, w.stage, w.stages},
-                             *w.link);
+                             *w.link, activation_codecs(c));
 }
 
 // A sample from the model's current weights, for the progress log.
@@ -146,7 +146,7 @@ WorkerSummary summarize_worker(const TrainConfig& c, const WorkerInfo& w, const 
                                const ReplicaSpread& spread, const std::optional<Rejoined>& rejoined,
                                const OuterTally& outer) {
   WorkerSummary summary;
-  summary.method = choice_name(c.outer.method);
+  summary.method = c.outer.method;
   summary.replicas = w.replicas;
   summary.stages = w.stages;
   summary.routing = choice_name(c.pipeline.routing);

@@ -7,9 +7,9 @@
 
 #include <nlohmann/json.hpp>
 
-#include "comm/activation_link.h"
-#include "comm/membership.h"
-#include "comm/transport.h"
+#include "comm/transport/activation_link.h"
+#include "comm/membership/membership.h"
+#include "comm/transport/transport.h"
 #include "config/train_config.h"
 
 namespace noloco {

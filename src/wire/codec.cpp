@@ -26,17 +26,13 @@ float uniform(uint64_t seed, uint64_t i) {
 // Bits of an integer code: q in [-qmax, qmax], qmax = 2^(bits-1) - 1,
 // stored offset (q + 2^(bits-1)) in a little-endian bit stream, so the
 // lowest code (offset 0) is never written and padding bits are zero.
-int bits_of_type(CodecSpec::Type t) {
-  switch (t) {
-    case CodecSpec::Type::int8: return 8;
-    case CodecSpec::Type::int4: return 4;
-    case CodecSpec::Type::int3: return 3;
-    case CodecSpec::Type::int2: return 2;
-    case CodecSpec::Type::fp32:
-    case CodecSpec::Type::bf16: break;
-  }
-  return 0;
+const CodecType& described(CodecSpec::Type t) {
+  for (const auto& d : kCodecTypes)
+    if (d.type == t) return d;
+  throw std::logic_error("a codec type without a row in kCodecTypes");
 }
+
+int bits_of_type(CodecSpec::Type t) { return described(t).integer_bits; }
 
 size_t ceil_div(size_t a, size_t b) { return (a + b - 1) / b; }
 
@@ -87,22 +83,11 @@ void unrotate_block(float* v, size_t first, size_t m) {
 
 bool integer_code(CodecSpec::Type type) { return bits_of_type(type) > 0; }
 
-const char* codec_type_name(CodecSpec::Type type) {
-  switch (type) {
-    case CodecSpec::Type::fp32: return "fp32";
-    case CodecSpec::Type::bf16: return "bf16";
-    case CodecSpec::Type::int8: return "int8";
-    case CodecSpec::Type::int4: return "int4";
-    case CodecSpec::Type::int3: return "int3";
-    case CodecSpec::Type::int2: return "int2";
-  }
-  return "?";
-}
+const char* codec_type_name(CodecSpec::Type type) { return described(type).name; }
 
 CodecSpec::Type codec_type_named(const std::string& name) {
-  for (auto t : {CodecSpec::Type::fp32, CodecSpec::Type::bf16, CodecSpec::Type::int8, CodecSpec::Type::int4,
-                 CodecSpec::Type::int3, CodecSpec::Type::int2})
-    if (name == codec_type_name(t)) return t;
+  for (const auto& d : kCodecTypes)
+    if (name == d.name) return d.type;
   throw std::invalid_argument("no wire codec named '" + name + "'");
 }
 

@@ -32,6 +32,20 @@ struct CodecSpec {
   bool rotate = false;      // randomized Hadamard transform of each block (power-of-two block)
 };
 
+// The one description of the codec types: the name users write in a config
+// (wire_dtype, activation_codec, ...) and the bits of a value of an integer
+// code (q in [-(2^(bits-1) - 1), 2^(bits-1) - 1]; 0: a float format). A new
+// type is a row here, its coding in codec.cpp, and its tests.
+struct CodecType {
+  CodecSpec::Type type;
+  const char* name;
+  int integer_bits;
+};
+inline constexpr CodecType kCodecTypes[] = {
+    {CodecSpec::Type::fp32, "fp32", 0}, {CodecSpec::Type::bf16, "bf16", 0}, {CodecSpec::Type::int8, "int8", 8},
+    {CodecSpec::Type::int4, "int4", 4}, {CodecSpec::Type::int3, "int3", 3}, {CodecSpec::Type::int2, "int2", 2},
+};
+
 const char* codec_type_name(CodecSpec::Type type);
 // The type of that name (as codec_type_name writes it); throws std::invalid_argument.
 CodecSpec::Type codec_type_named(const std::string& name);

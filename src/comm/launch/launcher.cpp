@@ -1,0 +1,437 @@
+#include "comm/launch/launcher.h"
+
+#include <fcntl.h>
+#include <sched.h>
+#include <signal.h>
+#include <sys/prctl.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <cstring>
+#include <thread>
+#include <fstream>
+#include <memory>
+#include <utility>
+
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+
+#include "comm/store/etcd_server.h"
+#include "comm/store/etcd_store.h"
+#include "comm/membership/membership.h"
+#include "comm/store/store.h"
+#include "comm/membership/heartbeat.h"
+#include "util/files.h"
+#include "util/log.h"
+
+namespace noloco {
+
+namespace {
+
+std::atomic<int> forwarded_signal{0};
+
+// The workers' pids, for the signal handler: it passes SIGINT/SIGTERM on at
+// once, so a launcher held up in a store call still stops its run at every
+// moment (the supervision loop sees the signal when the call returns).
+std::atomic<pid_t>* signalled_pids = nullptr;
+std::atomic<int> signalled_count{0};
+
+void on_signal(int sig) {
+  forwarded_signal = sig;
+  for (int i = 0; i < signalled_count.load(); ++i)
+    if (const pid_t pid = signalled_pids[i].load(); pid > 0) ::kill(pid, sig);
+}
+
+}  // namespace
+
+std::string WorkerExit::describe() const {
+  if (signal != 0)
+    return fmt::format("worker {} was killed by signal {} ({}) after {:.1f}s{}", rank, signal, strsignal(signal), seconds,
+                       why.empty() ? "" : " (" + why + ")");
+  if (joined)
+    return ok() ? fmt::format("worker {} (joined) finished", rank)
+                : fmt::format("worker {} (joined) was lost: {}", rank, why);
+  if (exit_code != 0) return fmt::format("worker {} exited with code {} after {:.1f}s", rank, exit_code, seconds);
+  return fmt::format("worker {} finished after {:.1f}s", rank, seconds);
+}
+
+namespace {
+
+// SIGINT/SIGTERM are caught for the launch and restored after it.
+class ForwardedSignals {
+ public:
+  explicit ForwardedSignals(int workers) : pids_(new std::atomic<pid_t>[size_t(workers)]) {
+    for (int i = 0; i < workers; ++i) pids_[size_t(i)] = -1;
+    signalled_pids = pids_.get();
+    signalled_count = workers;
+    struct sigaction sa {};
+    sa.sa_handler = on_signal;
+    sigemptyset(&sa.sa_mask);
+    ::sigaction(SIGINT, &sa, &old_int_);
+    ::sigaction(SIGTERM, &sa, &old_term_);
+  }
+  ~ForwardedSignals() {
+    ::sigaction(SIGINT, &old_int_, nullptr);
+    ::sigaction(SIGTERM, &old_term_, nullptr);
+    signalled_count = 0;
+    signalled_pids = nullptr;
+  }
+  static bool pending() { return forwarded_signal.load() != 0; }
+  // Worker `rank` is now process `pid` (-1: none).
+  void track(int rank, pid_t pid) { pids_[size_t(rank)] = pid; }
+
+ private:
+  std::unique_ptr<std::atomic<pid_t>[]> pids_;
+  struct sigaction old_int_ {}, old_term_ {};
+};
+
+int64_t available_memory_bytes() {
+  std::ifstream in("/proc/meminfo");
+  std::string key;
+  int64_t kb = 0;
+  std::string unit;
+  while (in >> key >> kb >> unit)
+    if (key == "MemAvailable:") return kb * 1024;
+  return int64_t(1) << 40;
+}
+
+}  // namespace
+
+void check_local_capacity(int64_t workers, int64_t bytes_per_worker, int64_t allowed) {
+  if (allowed > 0) {
+    if (workers > allowed)
+      throw std::invalid_argument(fmt::format("{} workers, more than max_local_workers={}", workers, allowed));
+    return;
+  }
+  const int64_t cores = std::max(1u, std::thread::hardware_concurrency());
+  const int64_t memory = available_memory_bytes();
+  const int64_t limit = std::min(8 * cores, std::max<int64_t>(1, memory / std::max<int64_t>(1, bytes_per_worker)));
+  if (workers > limit)
+    throw std::invalid_argument(fmt::format(
+        "{} workers on this machine ({} cores, {:.1f} GiB available): it hosts at most {} (8 per core, about {:.0f} MiB "
+        "each); set max_local_workers=N to start more anyway",
+        workers, cores, double(memory) / double(1 << 30), limit, double(bytes_per_worker) / double(1 << 20)));
+}
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+std::string own_executable() {
+  char exe[4096];
+  const ssize_t len = ::readlink("/proc/self/exe", exe, sizeof exe - 1);
+  if (len <= 0) throw std::runtime_error("cannot find the noloco executable (/proc/self/exe)");
+  exe[len] = '\0';
+  return exe;
+}
+
+// The launcher's side of a local run: starts the workers, reaps their exits
+// and applies the failure policy (restart, stop the others), and kills a
+// worker whose heartbeat stops, so that a hang takes the path of a crash.
+class WorkerSupervisor {
+ public:
+  WorkerSupervisor(const LaunchPlan& plan, std::vector<std::string> worker_args, std::string token,
+                   std::string store_endpoint, StorePtr store, ForwardedSignals& signals)
+      : plan_(plan),
+        n_(plan.workers),
+        worker_args_(std::move(worker_args)),
+        token_(std::move(token)),
+        endpoint_(std::move(store_endpoint)),
+        store_(std::move(store)),
+        signals_(signals),
+        exe_(own_executable()),
+        heartbeats_(store_, token_),
+        pids_(size_t(n_), -1),
+        why_(size_t(n_)),
+        restarts_left_(size_t(n_), plan.comm.restarts),
+        lost_(size_t(n_), false) {}
+
+  void spawn(int rank, bool restart);
+  int running() const { return running_; }
+  // Forwards a SIGINT/SIGTERM the launcher got; the run ends with it.
+  void take_signal(LaunchResult& result);
+  // Records one worker that exited, if any did, and acts on it; false if none did.
+  bool reap(LaunchResult& result);
+  // Once a second: kills the workers whose heartbeat stopped; after a stop
+  // request, kills whoever outlived its grace period.
+  void check_workers();
+
+ private:
+  void on_failure(WorkerExit& e, LaunchResult& result);
+  // A pipeline stage whose every worker is lost: nothing can route through it.
+  bool stage_is_lost(int stage) const;
+  void kill_all(int sig);
+  void stop_all(int sig);
+
+  const LaunchPlan& plan_;
+  const int n_;
+  const std::vector<std::string> worker_args_;
+  const std::string token_, endpoint_;
+  const StorePtr store_;
+  ForwardedSignals& signals_;
+  const std::string exe_;
+  const Clock::time_point start_ = Clock::now();
+  HeartbeatWatch heartbeats_;
+  std::vector<pid_t> pids_;
+  std::vector<std::string> why_;  // why the launcher itself killed a worker
+  std::vector<int64_t> restarts_left_;
+  std::vector<bool> lost_;  // failed and not restarted
+  int running_ = 0;
+  bool terminating_ = false;
+  Clock::time_point terminate_deadline_;
+  Clock::time_point last_check_ = Clock::now();
+};
+
+void WorkerSupervisor::spawn(int r, bool restart) {
+  std::vector<std::string> env_vars = {
+      fmt::format("RANK={}", r),          fmt::format("WORLD_SIZE={}", n_),
+      fmt::format("LOCAL_RANK={}", r),    fmt::format("LOCAL_WORLD_SIZE={}", n_),
+      "TORCHELASTIC_USE_AGENT_STORE=True", "NOLOCO_RUN_TOKEN=" + token_, "NOLOCO_STORE=" + endpoint_};
+  if (restart) env_vars.push_back("NOLOCO_RESTARTED=1");
+  std::vector<std::string> args = worker_args_;
+  // Behind a capped link the worker listens on its own address there.
+  if (plan_.links) args.push_back("bind=" + plan_.links->worker_address(r));
+  const std::string netns = plan_.links ? plan_.links->netns_path(r) : "";
+  const pid_t pid = ::fork();
+  if (pid < 0) throw std::runtime_error(fmt::format("fork failed: {}", std::strerror(errno)));
+  if (pid == 0) {
+    // A worker must not outlive its launcher.
+    ::prctl(PR_SET_PDEATHSIG, SIGTERM);
+    if (!netns.empty()) {
+      const int fd = ::open(netns.c_str(), O_RDONLY | O_CLOEXEC);
+      if (fd < 0 || ::setns(fd, CLONE_NEWNET) != 0) {
+        std::fprintf(stderr, "noloco: error: worker %d cannot enter %s: %s\n", r, netns.c_str(), std::strerror(errno));
+        ::_exit(126);
+      }
+    }
+    for (auto& e : env_vars) ::putenv(e.data());
+    std::vector<char*> argv{const_cast<char*>(exe_.c_str())};
+    for (auto& a : args) argv.push_back(const_cast<char*>(a.c_str()));
+    argv.push_back(nullptr);
+    ::execv(exe_.c_str(), argv.data());
+    std::fprintf(stderr, "noloco: error: cannot start worker %d: %s\n", r, std::strerror(errno));
+    ::_exit(127);
+  }
+  pids_[size_t(r)] = pid;
+  signals_.track(r, pid);
+  heartbeats_.expect(r);  // supervised from its start: one frozen before its first beat is hung too
+  ++running_;
+}
+
+void WorkerSupervisor::take_signal(LaunchResult& result) {
+  if (const int sig = forwarded_signal.exchange(0)) {
+    spdlog::info("forwarding signal {} to the workers", sig);
+    stop_all(sig);
+    result.signal = sig;
+  }
+}
+
+bool WorkerSupervisor::reap(LaunchResult& result) {
+  int status = 0;
+  const pid_t pid = ::waitpid(-1, &status, WNOHANG);
+  if (pid <= 0) return false;
+  const auto it = std::find(pids_.begin(), pids_.end(), pid);
+  if (it == pids_.end()) return true;
+  WorkerExit e;
+  e.rank = int(it - pids_.begin());
+  e.why = std::exchange(why_[size_t(e.rank)], "");
+  e.seconds = std::chrono::duration<double>(Clock::now() - start_).count();
+  if (WIFSIGNALED(status)) {
+    e.signal = WTERMSIG(status);
+    e.exit_code = -1;
+  } else {
+    e.exit_code = WEXITSTATUS(status);
+  }
+  *it = -1;
+  signals_.track(e.rank, -1);
+  --running_;
+  if (!e.ok() && result.signal == 0) on_failure(e, result);
+  result.exits.push_back(e);
+  return true;
+}
+
+void WorkerSupervisor::on_failure(WorkerExit& e, LaunchResult& result) {
+  spdlog::info("{}", e.describe());
+  // Later NoLoCo groupings of its stage leave it out.
+  try {
+    declare_dead(store_, token_, replica_scope(plan_.stages, e.rank % plan_.stages), e.rank / plan_.stages);
+  } catch (const std::exception& error) {
+    // Its partners notice by themselves (a closed connection, a silent heartbeat).
+    spdlog::warn("could not record worker {}'s failure in the store: {}", e.rank, error.what());
+  }
+  if (!plan_.keep_going_on_failure && !terminating_) {
+    spdlog::info("method {} cannot continue without worker {}; stopping the others", plan_.method, e.rank);
+    stop_all(SIGTERM);
+  } else if (plan_.keep_going_on_failure && running_ > 0 && restarts_left_[size_t(e.rank)] > 0) {
+    // It rejoins from a live replica; with none left there is nothing to rejoin.
+    --restarts_left_[size_t(e.rank)];
+    e.restarted = true;
+    spdlog::info("restarting worker {}; it will take its state from a live replica", e.rank);
+    try {
+      store_->set(heartbeat_key(token_, e.rank), std::vector<uint8_t>{'0'});  // silent until the new one beats
+    } catch (const std::exception& error) {
+      spdlog::warn("could not reset worker {}'s heartbeat: {}", e.rank, error.what());
+    }
+    spawn(e.rank, true);
+  }
+  lost_[size_t(e.rank)] = !e.restarted;
+  const int stage = e.rank % plan_.stages;
+  if (plan_.keep_going_on_failure && !terminating_ && stage_is_lost(stage)) {
+    result.stopped = fmt::format("pipeline stage {} has no live worker left (all {} of its workers failed)", stage,
+                                 n_ / plan_.stages);
+    spdlog::info("{}; stopping the others", result.stopped);
+    stop_all(SIGTERM);
+  }
+}
+
+void WorkerSupervisor::check_workers() {
+  if (terminating_) {
+    if (Clock::now() > terminate_deadline_) kill_all(SIGKILL);
+    return;
+  }
+  if (Clock::now() - last_check_ < std::chrono::seconds(1)) return;
+  last_check_ = Clock::now();
+  for (int r = 0; r < n_; ++r) {
+    if (pids_[size_t(r)] <= 0 || !why_[size_t(r)].empty()) continue;
+    // Starting up (loading LibTorch and the data on a busy machine) may
+    // take longer than a beat's period; never longer than this.
+    constexpr double kStartupSeconds = 30;
+    double silent = 0;
+    try {
+      silent = heartbeats_.silent_seconds(r);
+    } catch (const std::exception& error) {
+      spdlog::warn("could not read worker {}'s heartbeat: {}", r, error.what());
+      return;  // the store is busy: look again in a second
+    }
+    const double timeout = plan_.comm.heartbeat_timeout;
+    const double allowed = heartbeats_.beating(r) ? timeout : std::max(timeout, kStartupSeconds);
+    if (silent <= allowed) continue;
+    why_[size_t(r)] = fmt::format("no heartbeat for {:.0f}s: hung", silent);
+    spdlog::info("worker {} sent no heartbeat for {:.0f} s; killing it", r, silent);
+    ::kill(pids_[size_t(r)], SIGKILL);
+  }
+}
+
+bool WorkerSupervisor::stage_is_lost(int stage) const {
+  for (int r = stage; r < n_; r += plan_.stages)
+    if (!lost_[size_t(r)]) return false;
+  return plan_.stages > 1;
+}
+
+void WorkerSupervisor::kill_all(int sig) {
+  for (auto pid : pids_)
+    if (pid > 0) ::kill(pid, sig);
+}
+
+void WorkerSupervisor::stop_all(int sig) {
+  kill_all(sig);
+  if (!terminating_) terminate_deadline_ = Clock::now() + std::chrono::seconds(10);
+  terminating_ = true;
+}
+
+// join.json (and the token the launcher made up) in the run directory while
+// the run is on, so that `noloco join` on this machine finds the store.
+class JoinInvitation {
+ public:
+  JoinInvitation(const LaunchPlan& plan, const std::string& endpoint, const std::string& token, bool token_made_up)
+      : dir_(plan.join_dir) {
+    if (dir_.empty()) return;
+    if (token_made_up) write_file_atomic(dir_ + "/run_token", token + "\n", 0600);
+    write_json_atomic(dir_ + "/join.json", {{"store", endpoint}, {"local_workers", plan.workers}});
+  }
+  ~JoinInvitation() {
+    if (dir_.empty()) return;
+    ::unlink((dir_ + "/join.json").c_str());
+    ::unlink((dir_ + "/run_token").c_str());
+  }
+  JoinInvitation(const JoinInvitation&) = delete;
+  JoinInvitation& operator=(const JoinInvitation&) = delete;
+
+ private:
+  std::string dir_;
+};
+
+// The workers that joined the run (members of each stage's scope), each
+// once it finished (its summary written; also after leaving) or was given
+// up: its heartbeat silent for heartbeat_timeout. Declared dead alone is not
+// given up: a replica that leaves is, while it saves its checkpoint.
+std::vector<WorkerExit> await_joiners(const LaunchPlan& plan, const StorePtr& store, const std::string& token,
+                                      Clock::time_point launched) {
+  std::vector<WorkerExit> out;
+  if (plan.join_dir.empty()) return out;
+  HeartbeatWatch heartbeats(store, token);
+  for (int stage = 0; stage < plan.stages; ++stage) {
+    const auto scope = replica_scope(plan.stages, stage);
+    for (const int member : joined_members(store, token, scope)) {
+      WorkerExit e;
+      e.rank = member * plan.stages + stage;  // a worker's rank, as the joiner took it
+      e.joined = true;
+      heartbeats.expect(e.rank);
+      for (;;) {
+        const auto state = member_state(store, token, scope, member);
+        if (state == MemberState::finished) break;
+        if (const double silent = heartbeats.silent_seconds(e.rank); silent > plan.comm.heartbeat_timeout) {
+          e.exit_code = 1;
+          e.why =
+              fmt::format("{}no heartbeat for {:.0f} s", state == MemberState::dead ? "declared dead, " : "", silent);
+          break;
+        }
+        if (ForwardedSignals::pending()) {
+          e.exit_code = 1;
+          e.why = "not waited for (the launcher was stopped)";
+          break;
+        }
+        std::this_thread::sleep_for(std::chrono::milliseconds(200));
+      }
+      e.seconds = std::chrono::duration<double>(Clock::now() - launched).count();
+      out.push_back(e);
+    }
+  }
+  std::sort(out.begin(), out.end(), [](const WorkerExit& a, const WorkerExit& b) { return a.rank < b.rank; });
+  return out;
+}
+
+}  // namespace
+
+LaunchResult launch_local_workers(const LaunchPlan& plan, const std::vector<std::string>& worker_args) {
+  const auto launched = Clock::now();
+  ForwardedSignals signals(plan.workers);
+  const char* given = std::getenv("NOLOCO_RUN_TOKEN");
+  const std::string token = given && *given ? given : new_run_token();
+  // The run's store: etcd on a unix socket only the launcher's user can
+  // reach (its workers too, from their network namespaces behind capped
+  // links), authenticated with the run's token.
+  const EtcdServer etcd(store_password(token), &ForwardedSignals::pending);
+  // Short: the supervision loop must come back to signals and exits, and a
+  // local store that does not answer a small request in seconds is in trouble.
+  const auto timeout =
+      std::min(std::chrono::milliseconds(int64_t(plan.comm.peer_timeout * 1000)), std::chrono::milliseconds(5000));
+  const StorePtr store = c10::make_intrusive<EtcdStore>(etcd.endpoint(), "root", store_password(token), timeout);
+  WorkerSupervisor workers(plan, worker_args, token, etcd.endpoint(), store, signals);
+  const JoinInvitation invitation(plan, etcd.endpoint(), token, !(given && *given));
+  for (const int r : plan.start_from_peers) {
+    start_from_peer_on_resume(store, token, r, plan.stages);
+    spdlog::info("worker {} holds no checkpoint to resume from; it will take its state from a live replica", r);
+  }
+  const auto from_peer = [&](int r) {
+    return std::find(plan.start_from_peers.begin(), plan.start_from_peers.end(), r) != plan.start_from_peers.end();
+  };
+  for (int r = 0; r < plan.workers && !ForwardedSignals::pending(); ++r) workers.spawn(r, from_peer(r));
+
+  LaunchResult result;
+  workers.take_signal(result);  // one that came while starting
+  while (workers.running() > 0) {
+    workers.take_signal(result);
+    if (workers.reap(result)) continue;
+    workers.check_workers();
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  std::stable_sort(result.exits.begin(), result.exits.end(), [](auto& a, auto& b) { return a.rank < b.rank; });
+  if (!result.signal) result.joiners = await_joiners(plan, store, token, launched);
+  return result;
+}
+
+}  // namespace noloco

@@ -1,0 +1,110 @@
+#include "comm/launch/worker_connections.h"
+
+#include <algorithm>
+
+#include <stdexcept>
+#include <utility>
+#include <vector>
+
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
+#include "comm/store/run_keys.h"
+#include "comm/transport/seal.h"
+
+namespace noloco {
+
+namespace {
+
+bool on_loopback(const std::string& host) {
+  return host.rfind("127.", 0) == 0 || host == "localhost" || host == "::1" || host == "[::1]";
+}
+
+// The host of each endpoint of a store URL (a cluster's, comma-separated), with its scheme.
+std::vector<std::pair<std::string, std::string>> store_hosts(const std::string& urls) {
+  std::vector<std::pair<std::string, std::string>> hosts;
+  for (size_t start = 0; start < urls.size();) {
+    const size_t comma = std::min(urls.find(',', start), urls.size());
+    const auto url = urls.substr(start, comma - start);
+    start = comma + 1;
+    const auto scheme_end = url.find("://");
+    if (scheme_end == std::string::npos) continue;
+    const auto rest = url.substr(scheme_end + 3);
+    const auto host_end = !rest.empty() && rest[0] == '[' ? rest.find(']') + 1 : rest.find_first_of(":/");
+    hosts.emplace_back(url.substr(0, scheme_end), rest.substr(0, host_end));
+  }
+  return hosts;
+}
+
+// Plain HTTP that leaves the machine: an http:// endpoint off loopback.
+bool in_clear_off_machine(const std::string& urls) {
+  for (const auto& [scheme, host] : store_hosts(urls))
+    if (scheme == "http" && !on_loopback(host)) return true;
+  return false;
+}
+
+// seal=false sends the weights, and the password the store's client sends,
+// in clear: only where none of it leaves the machine (a run noloco's launcher
+// started, whose store is a unix socket, or every address on loopback), unless
+// the user accepts it with insecure=true.
+void check_unsealed_stays_local(const WorkerEnv& env, const CommConfig& comm) {
+  if (comm.seal || comm.insecure || env.store_url.rfind("unix://", 0) == 0) return;
+  std::vector<std::string> off;
+  if (!on_loopback(comm.bind)) off.push_back("bind=" + comm.bind);
+  if (env.store_url.empty() && !on_loopback(env.master_addr)) off.push_back("MASTER_ADDR=" + env.master_addr);
+  for (const auto& [scheme, host] : store_hosts(env.store_url))
+    if (!on_loopback(host)) off.push_back("NOLOCO_STORE's " + host);
+  if (!off.empty())
+    throw std::invalid_argument(fmt::format(
+        "seal=false off loopback ({}) would send the weights and the store's password in clear: seal the traffic, "
+        "keep every address on loopback, or set insecure=true to accept that",
+        fmt::join(off, ", ")));
+}
+
+}  // namespace
+
+WorkerConnections join_as_worker(const WorkerEnv& env, const CommConfig& comm, int stages, bool outer_method) {
+  check_unsealed_stays_local(env, comm);
+  const auto timeout = std::chrono::milliseconds(int64_t(comm.peer_timeout * 1000));
+  const int stage = env.rank % stages, replica = env.rank / stages, replicas = env.world / stages;
+  WorkerConnections links;
+  links.timeout = timeout;
+  auto client = env;
+  if (env.store_url.empty() && !env.agent_store) {
+    // The store crosses the network: over TLS, every worker pinning the key
+    // that the token gives (comm/store/run_keys.h), unless sealing is off.
+    const auto tls = store_tls_key(env.token);
+    if (comm.seal) client.store_pin = tls.pin;
+    if (env.rank == 0) {
+      links.hosted_store =
+          std::make_unique<EtcdServer>(comm.bind, env.master_port, store_password(env.token), comm.seal ? &tls : nullptr);
+      client.store_url = links.hosted_store->endpoint();
+    } else {
+      client.store_url = fmt::format("{}://{}:{}", comm.seal ? "https" : "http", env.master_addr, env.master_port);
+    }
+  } else if (comm.seal && in_clear_off_machine(client.store_url)) {
+    throw std::runtime_error(fmt::format(
+        "NOLOCO_STORE={}: the store's traffic would cross the network in clear; use https:// with NOLOCO_STORE_CA "
+        "(README, Several machines), or seal=false",
+        client.store_url));
+  }
+  const auto connect = [client, timeout] { return connect_store(client, timeout); };
+  links.store = connect();
+  links.heartbeat = std::make_unique<Heartbeat>(connect(), env.token, env.rank);
+  if (comm.seal) links.seal = std::make_shared<const Seal>(env.token);
+  if (outer_method) {
+    const auto scope = replica_scope(stages, stage);
+    links.membership = std::make_unique<Membership>(connect(), env, scope, replica, replicas,
+                                                    std::chrono::milliseconds(int64_t(comm.heartbeat_timeout * 1000)),
+                                                    timeout, links.heartbeat.get());
+    links.transport = std::make_unique<GlooTransport>(connect, env, scope, links.membership->self(), replicas,
+                                                      comm.bind, timeout, links.seal);
+  }
+  if (stages > 1)
+    links.link = std::make_unique<ActivationLink>(links.store, env, stages,
+                                                  links.membership ? links.membership->incarnation() : 0, comm.bind,
+                                                  timeout, links.seal);
+  return links;
+}
+
+}  // namespace noloco

@@ -1,0 +1,33 @@
+// Everything a worker of a launched run connects: the store, its heartbeat,
+// the transport and membership among the replicas of its pipeline stage (for
+// the outer method), and the activation link to the other stages.
+#pragma once
+#include <memory>
+
+#include "comm/transport/activation_link.h"
+#include "comm/store/etcd_server.h"
+#include "comm/transport/gloo_transport.h"
+#include "comm/membership/heartbeat.h"
+#include "comm/membership/membership.h"
+#include "config/train_config.h"
+
+namespace noloco {
+
+struct WorkerConnections {
+  // Worker 0 of a run that nobody else hosts a store for (no launcher, no
+  // torchrun agent, no NOLOCO_STORE) hosts it: an etcd on bind:MASTER_PORT.
+  std::unique_ptr<EtcdServer> hosted_store;
+  StorePtr store;
+  std::chrono::milliseconds timeout{0};  // peer_timeout: for a store call, or a peer's message
+  std::unique_ptr<Heartbeat> heartbeat;
+  std::shared_ptr<const Seal> seal;        // the run's payload key; null with seal=false
+  std::unique_ptr<Membership> membership;  // among the replicas of this worker's stage
+  std::unique_ptr<Transport> transport;    // likewise; null for method none
+  std::unique_ptr<ActivationLink> link;    // to the other stages, with a pipeline
+};
+
+// Joins the run this process was launched into as worker env.rank, laid out
+// replica-major over `stages` pipeline stages.
+WorkerConnections join_as_worker(const WorkerEnv& env, const CommConfig& comm, int stages, bool outer_method);
+
+}  // namespace noloco

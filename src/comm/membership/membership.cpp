@@ -1,0 +1,364 @@
+#include "comm/membership/membership.h"
+
+#include <algorithm>
+#include <map>
+#include <set>
+#include <thread>
+
+#include <fmt/format.h>
+#include <torch/csrc/distributed/c10d/Store.hpp>
+
+namespace noloco {
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+// In place of a worker's list of checkpoints: it starts from a live replica's state.
+const std::string kFromPeer = "peer";
+
+StorePtr members_scope(const StorePtr& store, const std::string& token, const std::string& scope) {
+  return run_scope(store, token, scope + "/members");
+}
+
+// "r.g" items: replica r is in its g-th incarnation (the latest one listed).
+std::map<int, int> parse_incarnations(const std::string& text) {
+  std::map<int, int> out;
+  for (const auto& item : list_items(text)) {
+    const auto dot = item.find('.');
+    const int r = std::stoi(item.substr(0, dot)), g = std::stoi(item.substr(dot + 1));
+    out[r] = std::max(out[r], g);
+  }
+  return out;
+}
+
+std::string peer_item(const Peer& p) {
+  return p.incarnation == 0 ? std::to_string(p.rank) : fmt::format("{}.{}", p.rank, p.incarnation);
+}
+
+// Who can be a member of a group whose keys are `members`: its first `world`
+// ranks, then the joiners whose state is in place, in the order they joined.
+std::vector<int> candidate_ranks(c10d::Store& members, int world) {
+  std::vector<int> out;
+  for (int r = 0; r < world; ++r) out.push_back(r);
+  for (const auto& item : list_items(read_or_empty(members, "joined"))) out.push_back(std::stoi(item));
+  return out;
+}
+
+Peer peer_of(const std::string& item) {
+  const auto dot = item.find('.');
+  return {std::stoi(item.substr(0, dot)), dot == std::string::npos ? 0 : std::stoi(item.substr(dot + 1))};
+}
+
+}  // namespace
+
+std::string replica_scope(int stages, int stage) {
+  return stages > 1 ? fmt::format("stage{}", stage) : std::string("replicas");
+}
+
+int claim_member_id(const StorePtr& store, const std::string& token, const std::string& scope, int world) {
+  return world + int(members_scope(store, token, scope)->add("joiners", 1)) - 1;
+}
+
+std::vector<int> joined_members(const StorePtr& store, const std::string& token, const std::string& scope) {
+  std::vector<int> out;
+  for (const auto& item : list_items(read_or_empty(*members_scope(store, token, scope), "joined")))
+    out.push_back(std::stoi(item));
+  return out;
+}
+
+int least_served_stage(const StorePtr& store, const std::string& token, int stages, int replicas) {
+  int best = 0, fewest = -1;
+  for (int s = 0; s < stages; ++s) {
+    const auto members = members_scope(store, token, replica_scope(stages, s));
+    const std::string dead = read_or_empty(*members, "dead"), finished = read_or_empty(*members, "finished");
+    // Joiners count from their claim on, so that joiners arriving together spread over the stages.
+    const int claimed = members->check({"joiners"}) ? int(members->add("joiners", 0)) : 0;
+    int live = 0;
+    for (int r = 0; r < replicas + claimed; ++r)
+      live += !list_has(dead, std::to_string(r)) && !list_has(finished, std::to_string(r));
+    if (fewest < 0 || live < fewest) {
+      best = s;
+      fewest = live;
+    }
+  }
+  return best;
+}
+
+MemberState member_state(const StorePtr& store, const std::string& token, const std::string& scope, int rank) {
+  const auto members = members_scope(store, token, scope);
+  if (list_has(read_or_empty(*members, "finished"), std::to_string(rank))) return MemberState::finished;
+  if (list_has(read_or_empty(*members, "dead"), std::to_string(rank))) return MemberState::dead;
+  return MemberState::running;
+}
+
+void declare_dead(const StorePtr& store, const std::string& token, const std::string& scope, int rank) {
+  append_item(*members_scope(store, token, scope), "dead", std::to_string(rank));
+}
+
+int64_t choose_resume_step(const std::map<int, std::vector<int64_t>>& steps_by_worker) {
+  std::map<int64_t, int> holders;  // step -> how many workers hold it
+  bool any = false;
+  for (const auto& [worker, steps] : steps_by_worker) {
+    any |= !steps.empty();
+    for (const int64_t s : std::set<int64_t>(steps.begin(), steps.end())) ++holders[s];
+  }
+  if (!any) return 0;
+  for (auto it = holders.rbegin(); it != holders.rend(); ++it)
+    if (it->second == int(steps_by_worker.size())) return it->first;
+  std::string held;
+  for (const auto& [worker, steps] : steps_by_worker)
+    held += fmt::format("{}worker {}: {}", held.empty() ? "" : ", ", worker,
+                        steps.empty() ? std::string("none") : fmt::format("newest step {}", steps.back()));
+  throw std::runtime_error(fmt::format(
+      "resume=true: the workers hold no complete checkpoint of one common step ({}); remove the run's checkpoints "
+      "to start afresh, or restore the missing ones",
+      held));
+}
+
+void start_from_peer_on_resume(const StorePtr& store, const std::string& token, int worker, int stages) {
+  const auto members = members_scope(store, token, replica_scope(stages, worker % stages));
+  const int member = worker / stages;
+  // What the launcher does for a restart: the worker is dead to its stage
+  // until its state is in place, and its process will be a later incarnation.
+  append_item(*members, "dead", std::to_string(member));
+  members->add(fmt::format("started/{}", member), 1);
+  run_scope(store, token, "resume")
+      ->set(fmt::format("steps/{}", worker), std::vector<uint8_t>(kFromPeer.begin(), kFromPeer.end()));
+}
+
+int64_t agree_resume_step(const StorePtr& store, const std::string& token, int worker, int workers, int stages,
+                          const std::vector<int64_t>& steps, std::chrono::milliseconds timeout) {
+  const auto resume = run_scope(store, token, "resume");
+  std::string mine;
+  for (const int64_t s : steps) mine += std::to_string(s) + ",";
+  resume->set(fmt::format("steps/{}", worker), std::vector<uint8_t>(mine.begin(), mine.end()));
+  std::map<int, std::vector<int64_t>> held;
+  std::set<int> from_peers;
+  const auto deadline = Clock::now() + timeout;
+  for (;;) {
+    std::vector<int> missing;
+    for (int w = 0; w < workers; ++w) {
+      if (held.count(w) || from_peers.count(w)) continue;
+      const std::string key = fmt::format("steps/{}", w);
+      if (!resume->check({key})) {
+        missing.push_back(w);
+        continue;
+      }
+      const auto items = read_or_empty(*resume, key);
+      if (items == kFromPeer) {
+        from_peers.insert(w);
+        continue;
+      }
+      auto& list = held[w];
+      for (const auto& item : list_items(items)) list.push_back(std::stoll(item));
+    }
+    if (missing.empty()) return choose_resume_step(held);
+    for (const int w : missing)
+      if (list_has(read_or_empty(*members_scope(store, token, replica_scope(stages, w % stages)), "dead"),
+                   std::to_string(w / stages)))
+        throw std::runtime_error(fmt::format("worker {} failed before the run agreed on the step to resume from", w));
+    if (Clock::now() > deadline)
+      throw std::runtime_error(fmt::format("worker {} did not say which checkpoints it holds within {} s", missing[0],
+                                           timeout.count() / 1000));
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  }
+}
+
+Membership::Membership(StorePtr store, const WorkerEnv& env, const std::string& scope, int rank, int world,
+                       std::chrono::milliseconds heartbeat_timeout, std::chrono::milliseconds idle_timeout,
+                       Heartbeat* own)
+    : store_(std::move(store)),
+      members_(members_scope(store_, env.token, scope)),
+      token_(env.token),
+      rank_(rank),
+      world_(world),
+      stride_(std::max(1, env.world / std::max(1, world))),
+      offset_(env.rank % std::max(1, env.world / std::max(1, world))),
+      heartbeat_timeout_(heartbeat_timeout),
+      idle_timeout_(idle_timeout),
+      own_(own),
+      heartbeats_(store_, env.token) {
+  incarnation_ = int(members_->add(fmt::format("started/{}", rank), 1)) - 1;
+  joining_ = rank >= world && incarnation_ == 0;
+}
+
+std::vector<int> Membership::candidates() const { return candidate_ranks(*members_, world_); }
+
+std::vector<Peer> Membership::snapshot(const std::string& name) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  const std::string key = "snapshot/" + name;
+  std::string text = read_or_empty(*members_, key);
+  if (text.empty()) {
+    const std::string dead = read_or_empty(*members_, "dead");
+    const auto incarnations = parse_incarnations(read_or_empty(*members_, "incarnations"));
+    std::string alive;
+    for (const int r : candidates()) {
+      if (list_has(dead, std::to_string(r))) continue;
+      const auto g = incarnations.find(r);
+      alive += peer_item({r, g == incarnations.end() ? 0 : g->second}) + ",";
+    }
+    text = set_once(*members_, key, alive);
+  }
+  std::vector<Peer> out;
+  for (const auto& item : list_items(text)) {
+    const Peer p = peer_of(item);
+    if (p.rank == rank_ && p.incarnation != incarnation_) continue;  // an earlier life of this replica
+    out.push_back(p);
+  }
+  if (std::none_of(out.begin(), out.end(), [&](const Peer& p) { return p.rank == rank_; }))
+    remove_item(*members_, "dead", std::to_string(rank_));  // alive after all: back in later snapshots
+  std::sort(out.begin(), out.end(), [](const Peer& a, const Peer& b) { return a.rank < b.rank; });
+  return out;
+}
+
+void Membership::leave() { declare_dead(rank_); }
+
+void Membership::declare_dead(int rank) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  append_item(*members_, "dead", std::to_string(rank));
+}
+
+bool Membership::given_up(int rank, Clock::time_point waiting_since) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  const auto now = Clock::now();
+  if (now - last_dead_read_ > std::chrono::milliseconds(20)) {
+    dead_ = read_or_empty(*members_, "dead");
+    last_dead_read_ = now;
+  }
+  if (list_has(dead_, std::to_string(rank))) return true;
+  auto& s = silence_[rank];
+  if (now - s.checked > std::chrono::seconds(1)) {
+    s.checked = now;
+    const int worker = rank * stride_ + offset_;
+    s.silent = heartbeats_.silent_seconds(worker) * 1000 > double(heartbeat_timeout_.count());
+    const std::chrono::duration<double> idle(heartbeats_.idle_seconds(worker));
+    s.moved = now - std::chrono::duration_cast<Clock::duration>(idle);
+  }
+  // Progress is published and read once a second each: below 3 s, idle
+  // cannot be told from the lag of the publishing.
+  const auto idle_limit = std::max<Clock::duration>(std::chrono::seconds(3), idle_timeout_);
+  return s.silent || now - std::max(s.moved, waiting_since) > idle_limit;
+}
+
+std::string Membership::request_name() const { return fmt::format("{}.{}", rank_, incarnation_); }
+
+std::string Membership::handover_channel() const { return request_name(); }
+
+int Membership::request_state(std::chrono::milliseconds timeout) {
+  const std::string me = request_name();
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    append_item(*members_, "rejoin", me);
+  }
+  // A live replica claims the request at its next outer step; until then,
+  // make sure one is left that could.
+  const auto deadline = Clock::now() + timeout;
+  for (;;) {
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      if (members_->check({"donor/" + me})) {
+        const auto donor = members_->get("donor/" + me);  // "rank.incarnation"
+        return std::stoi(std::string(donor.begin(), donor.end()));
+      }
+      const auto dead = read_or_empty(*members_, "dead"), finished = read_or_empty(*members_, "finished");
+      bool anyone = false, someone_finished = false;
+      for (const int r : candidates()) {
+        if (r == rank_) continue;
+        const bool done = list_has(finished, std::to_string(r));
+        someone_finished |= done;
+        anyone |= !done && !list_has(dead, std::to_string(r));
+      }
+      if (!anyone)
+        throw std::runtime_error(someone_finished ? "the run finished before this worker could rejoin it"
+                                                  : "no live replica is left to rejoin from");
+    }
+    if (Clock::now() > deadline)
+      throw std::runtime_error(fmt::format("no live replica handed over its state within {} s", timeout.count() / 1000));
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+}
+
+void Membership::rejoined() {
+  std::lock_guard<std::mutex> lock(mutex_);
+  append_item(*members_, "incarnations", request_name());
+  if (joining_) append_item(*members_, "joined", std::to_string(rank_));
+  joining_ = false;
+  remove_item(*members_, "dead", std::to_string(rank_));
+}
+
+std::vector<std::pair<int, std::string>> Membership::claim_requests() {
+  std::lock_guard<std::mutex> lock(mutex_);
+  std::vector<std::pair<int, std::string>> won;
+  for (const auto& request : list_items(read_or_empty(*members_, "rejoin"))) {
+    if (!seen_requests_.insert(request).second) continue;
+    const int who = std::stoi(request.substr(0, request.find('.')));
+    if (who == rank_) continue;
+    // Claimed as this incarnation: a restarted replica must not take a request
+    // that its earlier life claimed (and served) for its own.
+    const auto mine = request_name();
+    if (set_once(*members_, "donor/" + request, mine) != mine) continue;  // another replica serves it
+    won.emplace_back(who, request);
+  }
+  return won;
+}
+
+void Membership::finish() {
+  std::lock_guard<std::mutex> lock(mutex_);
+  append_item(*members_, "finished", std::to_string(rank_));
+}
+
+bool Roster::holds(int stage, const Peer& p) const {
+  const auto& live = stages.at(size_t(stage));
+  return std::find(live.begin(), live.end(), p) != live.end();
+}
+
+bool Roster::whole(int replicas) const {
+  return std::all_of(stages.begin(), stages.end(), [&](const auto& live) {
+    for (int r = 0; r < replicas; ++r)
+      if (std::none_of(live.begin(), live.end(), [&](const Peer& p) { return p.rank == r; })) return false;
+    return true;
+  });
+}
+
+PipelineRoster::PipelineRoster(StorePtr store, const std::string& token, int stages, int replicas)
+    : store_(std::move(store)),
+      rosters_(run_scope(store_, token, "pipeline/rosters")),
+      token_(token),
+      stages_(stages),
+      replicas_(replicas) {}
+
+Roster PipelineRoster::snapshot(const std::string& name) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  std::string text = read_or_empty(*rosters_, name);
+  if (text.empty()) {
+    for (int s = 0; s < stages_; ++s) {
+      const auto members = members_scope(store_, token_, replica_scope(stages_, s));
+      const std::string dead = read_or_empty(*members, "dead"), lost = read_or_empty(*members, "lost");
+      const auto incarnations = parse_incarnations(read_or_empty(*members, "incarnations"));
+      for (const int r : candidate_ranks(*members, replicas_)) {
+        const auto g = incarnations.find(r);
+        const Peer p{r, g == incarnations.end() ? 0 : g->second};
+        if (!list_has(dead, std::to_string(r)) && !list_has(lost, fmt::format("{}.{}", r, p.incarnation)))
+          text += peer_item(p) + ",";
+      }
+      text += "|";
+    }
+    text = set_once(*rosters_, name, text);
+  }
+  Roster roster;
+  roster.stages.resize(size_t(stages_));
+  size_t stage = 0, from = 0;
+  for (size_t bar = text.find('|'); bar != std::string::npos && stage < roster.stages.size();
+       from = bar + 1, bar = text.find('|', from), ++stage)
+    for (const auto& item : list_items(text.substr(from, bar - from))) roster.stages[stage].push_back(peer_of(item));
+  return roster;
+}
+
+void PipelineRoster::declare_lost(int stage, const Peer& peer) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  append_item(*members_scope(store_, token_, replica_scope(stages_, stage)), "lost",
+              fmt::format("{}.{}", peer.rank, peer.incarnation));
+}
+
+}  // namespace noloco

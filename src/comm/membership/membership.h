@@ -1,0 +1,183 @@
+// Who is in the run: the replicas of one group (all replicas, or the
+// replicas of a pipeline stage) as the run's store records them. Deaths are
+// declared by the launcher or by a partner that noticed; each outer step's
+// members are an agreed snapshot (first writer wins, no barrier); a restarted
+// worker is a new incarnation of its rank and asks a live replica for its
+// state. Coordination only: the bytes travel by the transport. This is
+// torchft's Manager to our ProcessGroup. Thread-safe.
+#pragma once
+#include <chrono>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "comm/membership/heartbeat.h"
+#include "comm/store/store.h"
+#include "comm/membership/peer.h"
+
+namespace noloco {
+
+class Membership {
+ public:
+  // Member `rank` of `world` in `scope` of the run. `store` is a connection
+  // of its own. Workers are laid out replica-major: member r of this group is
+  // worker r·stride + offset (stride = pipeline stages), for heartbeats.
+  // Members 0..world−1 are the run's first; a `rank` of `world` or more is a
+  // worker that joined later (claim_member_id). A member is given up when its
+  // heartbeat is silent for `heartbeat_timeout` or its progress stands still
+  // for `idle_timeout` (peer_timeout). `own` (may be null) is this worker's
+  // heartbeat, which publishes its progress.
+  Membership(StorePtr store, const WorkerEnv& env, const std::string& scope, int rank, int world,
+             std::chrono::milliseconds heartbeat_timeout, std::chrono::milliseconds idle_timeout,
+             Heartbeat* own = nullptr);
+
+  int rank() const { return rank_; }
+  // The members the run started with (joiners come on top).
+  int world() const { return world_; }
+  // How many times this rank's worker was started before this one (0: the first start).
+  int incarnation() const { return incarnation_; }
+  Peer self() const { return {rank_, incarnation_}; }
+  // A joiner that has not taken a live replica's state yet: like a restarted
+  // worker, it asks for it (request_state), and is in snapshots after rejoined().
+  bool joining() const { return joining_; }
+
+  // The members listed under snapshot `name` (an outer step, an evaluation):
+  // the first replica to ask writes it from the deaths known then, everyone
+  // else reads that one, so all agree even though deaths are noticed at
+  // different moments. Sorted by rank. This replica is missing from it when
+  // the snapshot was taken while it was thought dead; it then declares
+  // itself alive again, for later snapshots.
+  std::vector<Peer> snapshot(const std::string& name);
+  void declare_dead(int rank);
+  // Stop waiting for `rank` (waited for since `waiting_since`): declared
+  // dead, or its heartbeat has been silent for the heartbeat timeout (a hung
+  // process or machine), or it has made no progress for the idle timeout
+  // during this wait (stuck). A replica that is merely behind (paused, or
+  // busy handing its state over) is waited for: otherwise it would stay
+  // behind, given up at every exchange, for the rest of the run.
+  bool given_up(int rank, std::chrono::steady_clock::time_point waiting_since);
+  // This replica moved on: an inner step, or a second spent waiting for
+  // partners it has not given up (so that those waiting for it wait too).
+  void progressed() {
+    if (own_) own_->progressed();
+  }
+
+  // A restarted worker: posts its request and waits until a live replica
+  // claims it; returns the donor's rank. Throws if none is left to do so.
+  int request_state(std::chrono::milliseconds timeout);
+  // The hand-over channel of this worker's request (named alike by the donor).
+  std::string handover_channel() const;
+  // Its state is in place: later snapshots include this incarnation (a
+  // joiner: this new member).
+  void rejoined();
+  // A live replica: the pending requests it won the claim on, as
+  // (rank, channel); each must be served.
+  std::vector<std::pair<int, std::string>> claim_requests();
+  // This replica has finished training: it serves no more requests.
+  void finish();
+  // This replica leaves the run for good (SIGTERM): partners stop waiting
+  // for it at once (later snapshots leave it out) and no restarted replica
+  // asks it for state. It is finished (finish()) once its summary is written.
+  void leave();
+
+ private:
+  std::string request_name() const;
+  // Who can be a member: the first `world` ranks and the joiners whose state is in place.
+  std::vector<int> candidates() const;
+  std::mutex mutex_;
+  StorePtr store_;       // the run's store, unprefixed
+  StorePtr members_;     // this group's keys
+  std::string token_;
+  int rank_, world_, incarnation_ = 0;
+  bool joining_ = false;
+  int stride_, offset_;  // member r is worker r·stride + offset
+  std::chrono::milliseconds heartbeat_timeout_, idle_timeout_;
+  Heartbeat* own_;
+  HeartbeatWatch heartbeats_;
+  std::chrono::steady_clock::time_point last_dead_read_;
+  std::string dead_;  // the dead list as last read
+  struct Silence {
+    std::chrono::steady_clock::time_point checked, moved;  // moved: when its progress last did
+    bool silent = false;                                   // its heartbeat
+  };
+  std::map<int, Silence> silence_;  // heartbeats and progress are read at most once a second per member
+  std::set<std::string> seen_requests_;
+};
+
+// Who serves each pipeline stage, per step: the live replicas of every
+// stage, from the stages' memberships (deaths the launcher declared,
+// restarted workers' incarnations) and the losses neighbours noticed, frozen
+// under a name (a step) by the first worker to ask, so every worker routes
+// that step over the same live workers without a barrier.
+struct Roster {
+  std::vector<std::vector<Peer>> stages;  // by stage: live replicas (rank = replica), sorted
+
+  bool holds(int stage, const Peer& p) const;
+  // Whether each of the run's first `replicas` replicas is live at every
+  // stage (workers that joined may come on top).
+  bool whole(int replicas) const;
+};
+
+class PipelineRoster {
+ public:
+  PipelineRoster(StorePtr store, const std::string& token, int stages, int replicas);
+  Roster snapshot(const std::string& name);
+  // A neighbour's pair with `peer` of `stage` failed: later rosters leave
+  // that incarnation out (a restarted one is not affected).
+  void declare_lost(int stage, const Peer& peer);
+
+ private:
+  std::mutex mutex_;
+  StorePtr store_, rosters_;
+  std::string token_;
+  int stages_, replicas_;
+};
+
+// The step a resumed run continues from, the same for all its workers (a
+// worker resumed alone at another step would wait out every exchange): the
+// newest step whose checkpoint every worker holds complete, 0 when none holds
+// any. `steps_by_worker` lists each worker's complete checkpoints. Throws
+// std::runtime_error naming the workers and their newest steps when no step
+// is held by all (some hold none, or no step is common).
+int64_t choose_resume_step(const std::map<int, std::vector<int64_t>>& steps_by_worker);
+
+// Each of the run's `workers` posts the steps it holds complete and reads
+// everyone's; returns choose_resume_step of them (of those that do not start
+// from a peer: start_from_peer_on_resume). Gives up (throwing, naming
+// who is missing) after `timeout`, or as soon as a missing worker is
+// declared dead in its stage's membership.
+int64_t agree_resume_step(const StorePtr& store, const std::string& token, int worker, int workers, int stages,
+                          const std::vector<int64_t>& steps, std::chrono::milliseconds timeout);
+
+// Before a resumed run starts: worker `worker` holds no checkpoint to resume
+// from while others of its stage do (its first checkpoint never finished),
+// so it starts as a restarted worker does, from a live replica's state, and
+// agree_resume_step leaves it out. For a run that takes back restarted workers.
+void start_from_peer_on_resume(const StorePtr& store, const std::string& token, int worker, int stages);
+
+// A new member of `scope` (a worker joining a running run): its rank, the
+// first not taken, counted from `world` (the run's first members) up.
+int claim_member_id(const StorePtr& store, const std::string& token, const std::string& scope, int world);
+
+// The pipeline stage a new worker joins: the one with the fewest live
+// workers (joiners counted from their claim), the first of those on a tie.
+int least_served_stage(const StorePtr& store, const std::string& token, int stages, int replicas);
+
+// The members of `scope` that joined the running run and took their state, in the order they did.
+std::vector<int> joined_members(const StorePtr& store, const std::string& token, const std::string& scope);
+
+// How member `rank` of `scope` has ended so far: finished (also after
+// leaving), or declared dead (a replica leaving is, until it has finished).
+enum class MemberState { running, finished, dead };
+MemberState member_state(const StorePtr& store, const std::string& token, const std::string& scope, int rank);
+
+// The membership scope of the replicas of pipeline stage `stage` ("replicas" without a pipeline).
+std::string replica_scope(int stages, int stage);
+
+// Records that member `rank` of `scope` is gone (the launcher's view of a failed worker).
+void declare_dead(const StorePtr& store, const std::string& token, const std::string& scope, int rank);
+
+}  // namespace noloco

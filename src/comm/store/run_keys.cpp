@@ -1,0 +1,98 @@
+#include "comm/store/run_keys.h"
+
+#include <map>
+#include <mutex>
+#include <stdexcept>
+#include <vector>
+
+#include <sodium.h>
+
+namespace noloco {
+
+namespace {
+
+void sodium_once() {
+  if (sodium_init() < 0) throw std::runtime_error("libsodium could not initialise");
+}
+
+std::array<uint8_t, 32> master_key(const std::string& token) {
+  static std::mutex mutex;
+  static std::map<std::string, std::array<uint8_t, 32>> keys;
+  std::lock_guard<std::mutex> lock(mutex);
+  if (const auto it = keys.find(token); it != keys.end()) return it->second;
+  sodium_once();
+  // Argon2id wants a salt; a run has nothing but its token, so the salt names
+  // the scheme: another program stretching the same token gets another key.
+  std::array<uint8_t, crypto_pwhash_SALTBYTES> salt{};
+  const std::string scheme = "noloco run keys v1";
+  crypto_generichash(salt.data(), salt.size(), reinterpret_cast<const uint8_t*>(scheme.data()), scheme.size(),
+                     nullptr, 0);
+  std::array<uint8_t, 32> key{};
+  if (crypto_pwhash(key.data(), key.size(), token.data(), token.size(), salt.data(), crypto_pwhash_OPSLIMIT_INTERACTIVE,
+                    crypto_pwhash_MEMLIMIT_INTERACTIVE, crypto_pwhash_ALG_ARGON2ID13) != 0)
+    throw std::runtime_error("deriving the run's keys ran out of memory (Argon2id needs 64 MiB)");
+  keys.emplace(token, key);
+  return key;
+}
+
+std::string hex(const uint8_t* bytes, size_t n) {
+  std::string out(2 * n + 1, '\0');
+  sodium_bin2hex(out.data(), out.size(), bytes, n);
+  out.pop_back();
+  return out;
+}
+
+std::string base64(const std::vector<uint8_t>& bytes) {
+  std::string out(sodium_base64_ENCODED_LEN(bytes.size(), sodium_base64_VARIANT_ORIGINAL), '\0');
+  sodium_bin2base64(out.data(), out.size(), bytes.data(), bytes.size(), sodium_base64_VARIANT_ORIGINAL);
+  out.resize(out.find('\0'));
+  return out;
+}
+
+}  // namespace
+
+std::array<uint8_t, 32> run_key(const std::string& token, const std::string& purpose) {
+  const auto master = master_key(token);
+  std::array<uint8_t, 32> key{};
+  crypto_generichash(key.data(), key.size(), reinterpret_cast<const uint8_t*>(purpose.data()), purpose.size(),
+                     master.data(), master.size());
+  return key;
+}
+
+int64_t run_id_of(const std::string& token) {
+  const auto key = run_key(token, "run id");
+  uint64_t id = 0;
+  for (int i = 0; i < 8; ++i) id |= uint64_t(key[size_t(i)]) << (8 * i);
+  return int64_t(id & 0x7fffffffffffffffull);
+}
+
+std::string store_key_prefix(const std::string& token) {
+  const auto key = run_key(token, "store key prefix");
+  return hex(key.data(), 16);
+}
+
+std::string store_password(const std::string& token) {
+  const auto key = run_key(token, "store password");
+  return hex(key.data(), 16);
+}
+
+StoreTlsKey store_tls_key(const std::string& token) {
+  const auto seed = run_key(token, "store tls key");
+  std::array<uint8_t, crypto_sign_PUBLICKEYBYTES> pk{};
+  std::array<uint8_t, crypto_sign_SECRETKEYBYTES> sk{};
+  crypto_sign_seed_keypair(pk.data(), sk.data(), seed.data());
+  sodium_memzero(sk.data(), sk.size());
+  // DER prefixes of RFC 8410: a PKCS#8 Ed25519 private key, and a SubjectPublicKeyInfo.
+  std::vector<uint8_t> pkcs8 = {0x30, 0x2e, 0x02, 0x01, 0x00, 0x30, 0x05, 0x06, 0x03, 0x2b, 0x65, 0x70, 0x04, 0x22, 0x04, 0x20};
+  pkcs8.insert(pkcs8.end(), seed.begin(), seed.end());
+  std::vector<uint8_t> spki = {0x30, 0x2a, 0x30, 0x05, 0x06, 0x03, 0x2b, 0x65, 0x70, 0x03, 0x21, 0x00};
+  spki.insert(spki.end(), pk.begin(), pk.end());
+  std::vector<uint8_t> digest(crypto_hash_sha256_BYTES);
+  crypto_hash_sha256(digest.data(), spki.data(), spki.size());
+  StoreTlsKey out;
+  out.private_key_pem = "-----BEGIN PRIVATE KEY-----\n" + base64(pkcs8) + "\n-----END PRIVATE KEY-----\n";
+  out.pin = "sha256//" + base64(digest);
+  return out;
+}
+
+}  // namespace noloco

@@ -1,0 +1,40 @@
+// The run's key-value store (a c10d::Store): rendezvous of process groups,
+// membership lists, heartbeats. Every key lives under a secret prefix derived
+// from the run's token (comm/store/run_keys.h), never the token itself.
+#pragma once
+#include <chrono>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include <torch/csrc/distributed/c10d/Store.hpp>
+
+#include "comm/store/run_keys.h"
+#include "config/worker_env.h"
+
+namespace noloco {
+
+using StorePtr = c10::intrusive_ptr<c10d::Store>;
+
+// A new connection to the run's store: etcd at env.store_url (our launcher's,
+// one the user runs, or the one worker 0 hosts), else torchrun's TCPStore.
+// Waits up to `timeout` for an etcd that is not up yet; a wrong token is
+// refused at once.
+StorePtr connect_store(const WorkerEnv& env, std::chrono::milliseconds timeout);
+// The keys of `scope` in the run with `token`: "noloco/<store_key_prefix(token)>/<scope>/...".
+StorePtr run_scope(const StorePtr& store, const std::string& token, const std::string& scope);
+
+// Comma-separated lists under one key, changed atomically with compareSet,
+// so that reading a whole list costs one round trip however long it is.
+std::string read_or_empty(c10d::Store& store, const std::string& key);
+std::vector<std::string> list_items(const std::string& text);
+bool list_has(const std::string& text, const std::string& item);
+void append_item(c10d::Store& store, const std::string& key, const std::string& item);
+void remove_item(c10d::Store& store, const std::string& key, const std::string& item);
+// Writes `value` under `key` unless a value is there; returns the one that stays (first writer wins).
+std::string set_once(c10d::Store& store, const std::string& key, const std::string& value);
+
+// A fresh random token (hex) for a launched run.
+std::string new_run_token();
+
+}  // namespace noloco

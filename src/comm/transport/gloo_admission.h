@@ -1,0 +1,60 @@
+// Admission in front of the Gloo of LibTorch 1.13 (libgloo.so, 2022): only
+// a member of the run gets a Gloo pair's connection.
+//
+// That Gloo listens on a fresh port for each pair of a new group and takes
+// the first connection as the peer. A process that watches the machine's
+// socket table (/proc/net/tcp) sees each port the instant it opens, before
+// the real peer can learn it from the store, so it would win every pair it
+// wants. With admission, the socket Gloo listens on is moved aside: a side
+// thread accepts its connections, sends each a fresh 16-byte challenge, and
+// hands Gloo only a connection that answers with the MAC (keyed BLAKE2b
+// under a key from the run's token) of that challenge and the address it
+// connected to; strangers are closed, and Gloo never waits on them. Gloo's
+// own descriptor for the listener becomes an eventfd that the side thread
+// signals when a member's connection is ready, so Gloo's event loop wakes
+// only then and its accept() returns that connection at once. The member's
+// side answers inside Gloo's connect() (called on the thread forming the
+// group, never on Gloo's loop).
+//
+// This works by interposition: the executable defines listen, accept,
+// connect, getsockname and close (exported with the linker's dynamic list,
+// src/comm/transport/gloo_admission.syms), which act only for calls from libgloo.so on
+// a thread inside an Admission scope, or on descriptors such calls created;
+// every other call goes straight to the kernel. A LibTorch with Gloo built
+// in (2.x: one listener per device, connections named by a sequence number)
+// has no libgloo.so: admission is then off and join_gloo_group's greeting
+// alone turns strangers away.
+#pragma once
+#include <sys/socket.h>
+
+#include <array>
+#include <chrono>
+#include <cstdint>
+
+namespace noloco {
+
+using AdmissionKey = std::array<uint8_t, 32>;
+
+// While alive, the Gloo pairs this thread creates admit only connections
+// that prove `key`, and this thread's pair connects prove it, each waiting
+// until `deadline` at most.
+class Admission {
+ public:
+  Admission(const AdmissionKey& key, std::chrono::steady_clock::time_point deadline);
+  ~Admission();
+  Admission(const Admission&) = delete;
+  Admission& operator=(const Admission&) = delete;
+
+ private:
+  const void* outer_;  // the scope this one is inside, if any
+};
+
+// Connects to `address`, proves `key` when given (else just connects), and
+// closes: a Gloo pair waiting there for its peer stops waiting. Bounded by
+// one second.
+void knock(const sockaddr_storage& address, const AdmissionKey* key);
+
+// Whether this process's Gloo is the one admission works with (libgloo.so).
+bool admission_available();
+
+}  // namespace noloco

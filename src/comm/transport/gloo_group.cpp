@@ -1,0 +1,171 @@
+#include "comm/transport/gloo_group.h"
+
+#include <netinet/in.h>
+#include <sys/socket.h>
+
+#include <cstring>
+#include <mutex>
+#include <optional>
+
+#include <fmt/format.h>
+#include <spdlog/spdlog.h>
+#include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
+
+#include "comm/store/abandonable_store.h"
+#include "comm/transport/framed.h"
+#include "comm/transport/gloo_admission.h"
+#include "comm/store/run_keys.h"
+#include "comm/transport/seal.h"
+#include "comm/transport/ticker.h"
+#include "util/error_text.h"
+
+namespace noloco {
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+// Above every tag an exchange uses (its number modulo 2^29, times framed_tags(1)).
+constexpr int kGreetingTag = 1 << 30;
+
+std::chrono::milliseconds left_until(Clock::time_point deadline) {
+  return std::max(std::chrono::milliseconds(0),
+                  std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now()));
+}
+
+// Every member sends every other its own index over their pair, and checks
+// what comes back: a pair that a stranger took gets nothing (or garbage,
+// which fails the header check or the seal). Empty when every greeting came.
+std::string greet(c10d::ProcessGroupGloo& group, int rank, int world, int64_t run, int64_t attempt, const Seal* seal,
+                  Clock::time_point deadline, const std::function<bool()>& stop) {
+  MessageHeader header;
+  header.run = run;
+  header.kind = int64_t(MessageKind::greeting);
+  header.exchange = attempt;
+  header.bytes = sizeof(int64_t);
+  std::vector<FramedReceive> greetings;
+  std::vector<FramedSend> sends;
+  greetings.reserve(size_t(world));
+  sends.reserve(size_t(world));
+  std::mutex posted;  // the watchdog aborts what has been posted so far
+  try {
+    Ticker watchdog(std::chrono::milliseconds(50), [&] {
+      if (!stop()) return false;
+      std::lock_guard<std::mutex> lock(posted);
+      for (auto& g : greetings) g.abort();
+      for (auto& s : sends) s.abort();
+      return true;
+    });
+    {
+      std::lock_guard<std::mutex> lock(posted);
+      for (int m = 0; m < world; ++m)
+        if (m != rank)
+          greetings.emplace_back(group, m, kGreetingTag, header,
+                                 std::vector<torch::Tensor>{torch::empty({1}, torch::kInt64)}, /*eager=*/true, seal);
+      for (int m = 0; m < world; ++m)
+        if (m != rank)
+          sends.emplace_back(group, m, kGreetingTag, header, std::vector<torch::Tensor>{torch::tensor({int64_t(rank)})},
+                             seal);
+    }
+    for (size_t i = 0; i < greetings.size(); ++i) {
+      const int from = int(i) < rank ? int(i) : int(i) + 1;
+      const auto delivery = greetings[i].wait(left_until(deadline));
+      if (delivery != Delivery::received)
+        return fmt::format("member {} did not greet over its pair: {}", from,
+                           greetings[i].problem().empty() ? "not the expected message" : greetings[i].problem());
+      if (greetings[i].parts()[0].item<int64_t>() != from)
+        return fmt::format("member {}'s pair brought the greeting of member {}", from,
+                           greetings[i].parts()[0].item<int64_t>());
+    }
+    for (auto& s : sends) s.wait(left_until(deadline));
+  } catch (const std::exception& e) {
+    return error_text(e);
+  }
+  return {};
+}
+
+// After giving up on an attempt: connects to, and at once closes, every
+// listening port a peer published for its pair with this member (proving
+// the run's key where admission is on, else Gloo's side would never see the
+// connection). A peer still waiting for this member to connect (Gloo's pair
+// connect cannot be interrupted) thus stops waiting instead of waiting out
+// the timeout. Gloo's rendezvous keys: "0/<member>" (device 0) holds a
+// member's addresses for its pairs, in member order without itself, each
+// starting with a sockaddr_storage; anything else is left alone.
+void release_waiting_peers(c10d::Store& rendezvous, int rank, int world, const AdmissionKey* key) {
+  for (int peer = 0; peer < world; ++peer) {
+    const auto name = fmt::format("0/{}", peer);
+    if (peer == rank || !rendezvous.check({name})) continue;
+    const auto addresses = rendezvous.get(name);
+    const size_t size = addresses.size() / size_t(world - 1), index = size_t(rank > peer ? rank - 1 : rank);
+    if (size < sizeof(sockaddr_storage) || (index + 1) * size > addresses.size()) continue;
+    sockaddr_storage address{};
+    std::memcpy(&address, addresses.data() + index * size, sizeof(address));
+    knock(address, key);
+  }
+}
+
+}  // namespace
+
+std::shared_ptr<gloo::transport::Device> gloo_device(const std::string& bind) {
+  return c10d::ProcessGroupGloo::createDeviceForHostname(bind);
+}
+
+GlooGroup join_gloo_group(const StorePtr& store, const WorkerEnv& env, const std::string& name, int rank, int world,
+                          const std::shared_ptr<gloo::transport::Device>& device, std::chrono::milliseconds timeout,
+                          const Seal* seal, const std::function<bool()>& abandon) {
+  // The store cannot list keys, so keys under a secret prefix can be neither
+  // found nor forged by a process without the token: it cannot join the run.
+  const auto deadline = Clock::now() + timeout;
+  const auto given_up = [&] { return abandon && abandon(); };
+  // Only members of the run get a pair's connection (comm/transport/gloo_admission.h).
+  std::optional<AdmissionKey> admission;
+  if (!env.token.empty() && admission_available()) admission = run_key(env.token, "gloo admission");
+  std::string why;
+  int attempt = 0;
+  for (; attempt < kGroupAttempts && left_until(deadline).count() > 0; ++attempt) {
+    // Each attempt is a group of its own name: fresh ports, fresh keys. An
+    // attempt fails for all as soon as one member says so ("failed"), and
+    // succeeds for all once every member has said "ok"; a member that said
+    // ok never says failed, so the two cannot both happen.
+    const auto tried = fmt::format("{}/pg/{}", name, attempt);
+    const auto verdicts = run_scope(store, env.token, tried + "/verdict");
+    const auto rendezvous = run_scope(store, env.token, tried);
+    const auto stop = [&] { return given_up() || verdicts->check({"failed"}); };
+    bool said_ok = false;
+    try {
+      auto options = c10d::ProcessGroupGloo::Options::create(left_until(deadline));
+      options->devices.push_back(device);
+      options->threads = 2;
+      std::optional<Admission> admitting;
+      if (admission) admitting.emplace(*admission, deadline);
+      auto group = c10::make_intrusive<c10d::ProcessGroupGloo>(abandonable(rendezvous, stop), rank, world, options);
+      admitting.reset();
+      const auto problem = greet(*group, rank, world, run_id_of(env.token), attempt, seal, deadline, stop);
+      if (!problem.empty()) throw std::runtime_error(problem);
+      verdicts->set(fmt::format("ok/{}", rank), {1});
+      said_ok = true;
+      std::vector<std::string> everyone;
+      for (int m = 0; m < world; ++m) everyone.push_back(fmt::format("ok/{}", m));
+      abandonable(verdicts, stop)->wait(everyone, left_until(deadline));
+      return group;
+    } catch (const std::exception& e) {
+      why = error_text(e);
+      if (!said_ok) {
+        verdicts->set("failed", {1});
+        release_waiting_peers(*rendezvous, rank, world, admission ? &*admission : nullptr);
+      }
+      if (given_up()) break;
+      if (attempt + 1 < kGroupAttempts && left_until(deadline).count() > 0)
+        spdlog::warn("group {} (member {} of {}), try {}: {}; forming it again on fresh ports", name, rank, world,
+                     attempt + 1, why);
+    }
+  }
+  throw std::runtime_error(fmt::format(
+      "could not join the run at {}:{} as worker {} ({} {} of {}) within {}s ({} tries): a member did not come (it "
+      "died, or is unreachable at its bind address), NOLOCO_RUN_TOKEN differs, or a process that is not a member "
+      "takes the group's connections: {}",
+      env.master_addr, env.master_port, env.rank, name, rank, world, timeout.count() / 1000, attempt, why));
+}
+
+}  // namespace noloco

@@ -1,0 +1,550 @@
+#include "comm/transport/gloo_transport.h"
+
+#include <algorithm>
+#include <mutex>
+
+#include <fmt/format.h>
+#include <spdlog/spdlog.h>
+#include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
+#include <torch/csrc/distributed/c10d/Store.hpp>
+
+#include "comm/transport/framed.h"
+#include "comm/transport/seal.h"
+#include "comm/transport/ticker.h"
+#include "util/error_text.h"
+
+namespace noloco {
+
+std::vector<uint8_t> CollectiveSeal::context(int64_t kind, int64_t number, int from, int to) const {
+  auto bytes = seal_context({run, kind, number, from, to});
+  bytes.insert(bytes.end(), group.begin(), group.end());
+  return bytes;
+}
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+double since(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
+
+std::string members_key(const std::vector<Peer>& members) {
+  std::string key;
+  for (const auto& p : members) key += fmt::format("{}.{}_", p.rank, p.incarnation);
+  return key;
+}
+
+uint8_t* bytes_ptr(const torch::Tensor& t) { return static_cast<uint8_t*>(t.data_ptr()); }
+
+enum CollectiveKind : int64_t { kGather = 1, kToAll = 2 };
+
+torch::Tensor sealed_copy(const CollectiveSeal& sealing, const torch::Tensor& plain, const std::vector<uint8_t>& context) {
+  auto sealed = torch::empty({int64_t(plain.nbytes() + Seal::kOverhead)}, torch::kUInt8);
+  sealing.seal->seal(bytes_ptr(plain), plain.nbytes(), context, bytes_ptr(sealed));
+  return sealed;
+}
+
+torch::Tensor opened(const CollectiveSeal& sealing, const torch::Tensor& sealed, const std::vector<uint8_t>& context,
+                     int from, int64_t number) {
+  auto plain = torch::empty({int64_t(sealed.nbytes() - Seal::kOverhead)}, torch::kUInt8);
+  if (!sealing.seal->open(bytes_ptr(sealed), plain.nbytes(), context, bytes_ptr(plain)))
+    throw std::runtime_error(fmt::format("the message of group member {} in collective {} of {} failed "
+                                         "authentication (changed on the way, replayed, or sealed with another "
+                                         "token): not used",
+                                         from, number, sealing.group));
+  return plain;
+}
+
+CommStats plain_all_reduce_mean_over(c10d::ProcessGroupGloo& pg, torch::Tensor& t, int world,
+                                     std::chrono::milliseconds timeout) {
+  CommStats s;
+  const auto start = Clock::now();
+  auto cpu = t.device().is_cpu() ? t : t.to(torch::kCPU);
+  std::vector<torch::Tensor> tensors{cpu};
+  pg.allreduce(tensors)->wait(timeout);
+  cpu.div_(world);
+  if (!t.device().is_cpu()) t.copy_(cpu);
+  // A ring all-reduce sends and receives 2·(N−1)/N of the buffer per member.
+  const double share = 2.0 * double(world - 1) / double(world);
+  s.bytes_sent += uint64_t(share * double(cpu.nbytes()));
+  s.bytes_received += uint64_t(share * double(cpu.nbytes()));
+  s.collectives += 1;
+  const double dt = since(start);
+  s.comm_seconds += dt;
+  s.wait_seconds += dt;  // a collective is one barrier: all of it is waiting on the slowest
+  return s;
+}
+
+std::vector<torch::Tensor> all_gather_over(c10d::ProcessGroupGloo& pg, const torch::Tensor& bytes, int world,
+                                           std::chrono::milliseconds timeout, CommStats& s, CollectiveSeal& sealing) {
+  s = CommStats{};
+  const auto start = Clock::now();
+  const int64_t number = sealing.count++;
+  std::vector<torch::Tensor> input{bytes.contiguous()};
+  if (sealing.seal) input[0] = sealed_copy(sealing, input[0], sealing.context(kGather, number, pg.getRank(), -1));
+  std::vector<std::vector<torch::Tensor>> output(1);
+  for (int r = 0; r < world; ++r) output[0].push_back(torch::empty_like(input[0]));
+  pg.allgather(output, input)->wait(timeout);
+  // Each member's payload reaches the N−1 others once.
+  s.bytes_sent += uint64_t(world - 1) * uint64_t(input[0].nbytes());
+  s.bytes_received += uint64_t(world - 1) * uint64_t(input[0].nbytes());
+  if (sealing.seal)
+    for (int r = 0; r < world; ++r)
+      output[0][size_t(r)] = opened(sealing, output[0][size_t(r)], sealing.context(kGather, number, r, -1), r, number);
+  s.collectives += 1;
+  const double dt = since(start);
+  s.comm_seconds += dt;
+  s.wait_seconds += dt;
+  return output[0];
+}
+
+std::vector<torch::Tensor> all_to_all_over(c10d::ProcessGroupGloo& pg, const torch::Tensor& bytes, int world,
+                                           std::chrono::milliseconds timeout, CommStats& s, CollectiveSeal& sealing) {
+  TORCH_CHECK(bytes.numel() % world == 0, "all_to_all needs equal chunks");
+  s = CommStats{};
+  const auto start = Clock::now();
+  const int64_t number = sealing.count++;
+  const int self = pg.getRank();
+  auto input = bytes.contiguous();
+  if (sealing.seal) {
+    std::vector<torch::Tensor> sealed;
+    const auto chunks = input.chunk(world);
+    for (int to = 0; to < world; ++to)
+      sealed.push_back(sealed_copy(sealing, chunks[size_t(to)], sealing.context(kToAll, number, self, to)));
+    input = torch::cat(sealed);
+  }
+  auto output = torch::empty_like(input);
+  std::vector<int64_t> equal;
+  pg.alltoall_base(output, input, equal, equal)->wait(timeout);
+  const uint64_t chunk = uint64_t(input.numel() / world);
+  s.bytes_sent += uint64_t(world - 1) * chunk;
+  s.bytes_received += uint64_t(world - 1) * chunk;
+  auto incoming = output.chunk(world);
+  if (sealing.seal)
+    for (int from = 0; from < world; ++from)
+      incoming[size_t(from)] =
+          opened(sealing, incoming[size_t(from)], sealing.context(kToAll, number, from, self), from, number);
+  s.collectives += 1;
+  const double dt = since(start);
+  s.comm_seconds += dt;
+  s.wait_seconds += dt;
+  return incoming;
+}
+
+// Sealed, the mean cannot run inside Gloo's all-reduce (it adds the bytes it
+// carries): it runs as a reduce-scatter through the sealed all-to-all, each
+// member adding up its slice in rank order, and an all-gather of the slices.
+// The same bytes on the wire per member as Gloo's ring, 2·(N−1)/N of the
+// buffer, and the same result on every member.
+CommStats all_reduce_mean_over(c10d::ProcessGroupGloo& pg, torch::Tensor& t, int world,
+                               std::chrono::milliseconds timeout, CollectiveSeal& sealing) {
+  if (!sealing.seal) return plain_all_reduce_mean_over(pg, t, world, timeout);
+  const auto start = Clock::now();
+  const auto flat = t.detach().to(torch::kCPU).contiguous().view(-1);
+  const int64_t n = flat.numel(), slice = (n + world - 1) / world;
+  auto padded = torch::zeros({slice * world}, flat.options());
+  padded.narrow(0, 0, n).copy_(flat);
+  CommStats scatter, gather;
+  const auto parts = all_to_all_over(pg, padded.view(torch::kUInt8), world, timeout, scatter, sealing);
+  auto own = torch::zeros({slice}, flat.options());
+  for (const auto& part : parts) own.add_(part.view(flat.scalar_type()));
+  own.div_(world);
+  const auto slices = all_gather_over(pg, own.view(torch::kUInt8), world, timeout, gather, sealing);
+  std::vector<torch::Tensor> values;
+  for (const auto& b : slices) values.push_back(b.view(flat.scalar_type()));
+  t.copy_(torch::cat(values).narrow(0, 0, n).view_as(t));
+  CommStats s = scatter;
+  s += gather;
+  s.collectives = 1;
+  s.comm_seconds = s.wait_seconds = since(start);
+  return s;
+}
+
+// Collectives among a group formed for one purpose (an evaluation across the live replicas).
+class GlooCollectives final : public Transport {
+ public:
+  GlooCollectives(GlooGroup pg, int rank, int world, std::chrono::milliseconds timeout, CollectiveSeal sealing)
+      : pg_(std::move(pg)), rank_(rank), world_(world), timeout_(timeout), sealing_(std::move(sealing)) {}
+  int rank() const override { return rank_; }
+  int world() const override { return world_; }
+  void all_reduce_mean(torch::Tensor& t) override {
+    charge(all_reduce_mean_over(*pg_, t, world_, timeout_, sealing_));
+  }
+  std::vector<torch::Tensor> all_gather(const torch::Tensor& bytes) override {
+    CommStats cost;
+    auto out = all_gather_over(*pg_, bytes, world_, timeout_, cost, sealing_);
+    charge(cost);
+    return out;
+  }
+  std::vector<torch::Tensor> all_to_all(const torch::Tensor& bytes) override {
+    CommStats cost;
+    auto out = all_to_all_over(*pg_, bytes, world_, timeout_, cost, sealing_);
+    charge(cost);
+    return out;
+  }
+  ExchangeResult exchange(const ExchangeRequest&) override {
+    throw std::logic_error("a collectives-only group does no point-to-point exchanges");
+  }
+  void send_state(const std::string&, const MessageHeader&, const torch::Tensor&) override {
+    throw std::logic_error("a collectives-only group hands over no state");
+  }
+  torch::Tensor receive_state(const std::string&, const MessageHeader&, int64_t) override {
+    throw std::logic_error("a collectives-only group hands over no state");
+  }
+  std::unique_ptr<Transport> subgroup(const std::string&, const std::vector<Peer>&) override {
+    throw std::logic_error("a collectives-only group has no subgroups");
+  }
+
+ private:
+  GlooGroup pg_;
+  int rank_, world_;
+  std::chrono::milliseconds timeout_;
+  CollectiveSeal sealing_;
+};
+
+}  // namespace
+
+GlooTransport::GlooTransport(std::function<StorePtr()> connect, const WorkerEnv& env, std::string scope, Peer self,
+                             int world, const std::string& bind, std::chrono::milliseconds timeout,
+                             std::shared_ptr<const Seal> seal)
+    : connect_(std::move(connect)),
+      env_(env),
+      scope_(std::move(scope)),
+      self_(self),
+      world_(world),
+      timeout_(timeout),
+      run_id_(run_id_of(env.token)),
+      seal_(std::move(seal)),
+      run_sealing_{seal_.get(), scope_, run_id_},
+      store_(connect_()),
+      device_(gloo_device(bind)),
+      p2p_groups_([this](GlooGroup g) { release(std::move(g)); }) {}
+
+P2pGroupCache::P2pGroupCache(std::function<void(GlooGroup)> release) : release_(std::move(release)) {}
+
+P2pGroupCache::~P2pGroupCache() = default;
+
+void P2pGroupCache::clear() { groups_.clear(); }
+
+int64_t P2pGroupCache::generation(const std::string& members) const {
+  const auto it = find(members);
+  return it == groups_.end() ? 0 : it->generation;
+}
+
+GlooGroup P2pGroupCache::reuse(const std::string& members) {
+  const auto it = find(members);
+  groups_.splice(groups_.begin(), groups_, it);
+  return it->group;
+}
+
+void P2pGroupCache::keep(const std::string& members, int64_t generation, GlooGroup group) {
+  forget(members);
+  groups_.push_front({members, generation, std::move(group)});
+  constexpr size_t kMaxGroups = 64;
+  if (groups_.size() > kMaxGroups) {
+    release_(std::move(groups_.back().group));
+    groups_.pop_back();
+  }
+}
+
+void P2pGroupCache::forget(const std::string& members) {
+  const auto it = find(members);
+  if (it == groups_.end()) return;
+  release_(std::move(it->group));
+  groups_.erase(it);
+}
+
+std::list<P2pGroupCache::Entry>::const_iterator P2pGroupCache::find(const std::string& members) const {
+  return std::find_if(groups_.begin(), groups_.end(), [&](const Entry& e) { return e.members == members; });
+}
+
+std::list<P2pGroupCache::Entry>::iterator P2pGroupCache::find(const std::string& members) {
+  return std::find_if(groups_.begin(), groups_.end(), [&](const Entry& e) { return e.members == members; });
+}
+
+GlooTransport::~GlooTransport() {
+  p2p_groups_.clear();
+  if (releasing_.joinable()) releasing_.join();
+}
+
+GlooGroup GlooTransport::join(const std::string& name, int rank, int world, const std::function<bool()>& abandon) {
+  return join_gloo_group(store_, env_, name, rank, world, device_, timeout_, seal_.get(), abandon);
+}
+
+void GlooTransport::release(GlooGroup group) {
+  std::lock_guard<std::mutex> lock(release_mutex_);
+  if (releasing_.joinable()) releasing_.join();  // the previous teardown: long done unless exchanges are back to back
+  releasing_ = std::thread([g = std::move(group)]() mutable { g.reset(); });
+}
+
+c10d::ProcessGroupGloo& GlooTransport::run_group() {
+  if (self_.incarnation > 0) throw std::runtime_error("a restarted worker is not part of the run-wide group");
+  if (!run_group_) run_group_ = join(scope_, self_.rank, world_);
+  return *run_group_;
+}
+
+void GlooTransport::all_reduce_mean(torch::Tensor& t) {
+  charge(all_reduce_mean_over(run_group(), t, world_, timeout_, run_sealing_));
+}
+
+std::vector<torch::Tensor> GlooTransport::all_gather(const torch::Tensor& bytes) {
+  CommStats cost;
+  auto out = all_gather_over(run_group(), bytes, world_, timeout_, cost, run_sealing_);
+  charge(cost);
+  return out;
+}
+
+std::vector<torch::Tensor> GlooTransport::all_to_all(const torch::Tensor& bytes) {
+  CommStats cost;
+  auto out = all_to_all_over(run_group(), bytes, world_, timeout_, cost, run_sealing_);
+  charge(cost);
+  return out;
+}
+
+std::unique_ptr<Transport> GlooTransport::subgroup(const std::string& name, const std::vector<Peer>& members) {
+  const auto me = std::find(members.begin(), members.end(), self_);
+  if (me == members.end()) throw std::logic_error("subgroup without this member");
+  const int index = int(me - members.begin()), size = int(members.size());
+  // Its own store connection: an exchange may be meeting on store_ on another thread (overlap=true).
+  auto group = join_gloo_group(connect_(), env_, scope_ + "/" + name + "/" + members_key(members), index, size, device_,
+                               timeout_, seal_.get());
+  const auto group_name = scope_ + "/" + name;
+  return std::make_unique<GlooCollectives>(std::move(group), index, size, timeout_,
+                                           CollectiveSeal{seal_.get(), group_name, run_id_});
+}
+
+std::vector<Peer> GlooTransport::meet(const std::string& key, const std::vector<Peer>& peers,
+                                      const ExchangeRequest::GiveUp& give_up, const std::function<void()>& waiting,
+                                      std::vector<int>* late, int64_t my_generation,
+                                      std::map<int, int64_t>* generations) {
+  // Each member adds 1 to its own counter under the exchange's key and blocks
+  // until every peer's counter exists: event-driven, so members meet as soon
+  // as all are there. A watchdog on its own store connection adds 2 for a
+  // peer that is given up or has not come within the timeout, which wakes the
+  // wait. A counter of exactly 1 means "came, and not given up"; a member
+  // that finds more on arriving was given up and goes on alone.
+  // (Counters, not compareSet: the store wakes waiters on add, not on compareSet.)
+  // A patient wait (`waiting` given) has no deadline: give_up decides, and
+  // `waiting` tells the members waiting for this one that it is not stuck.
+  const auto meetings = run_scope(store_, env_.token, scope_ + "/meet");
+  auto here = [&](int r) { return fmt::format("{}/here/{}", key, r); };
+  auto generation_key = [&](int r) { return fmt::format("{}/generation/{}", key, r); };
+  const auto generation = std::to_string(my_generation);
+  meetings->set(generation_key(self_.rank), std::vector<uint8_t>(generation.begin(), generation.end()));
+  if (meetings->add(here(self_.rank), 1) != 1) return {};
+  std::vector<std::string> keys;
+  for (const auto& peer : peers) keys.push_back(here(peer.rank));
+  if (!meetings->check(keys)) {
+    if (!watch_) watch_ = connect_();
+    const auto watch = run_scope(watch_, env_.token, scope_ + "/meet");
+    const auto start = Clock::now(), deadline = start + timeout_;
+    auto noted = start;
+    Ticker watchdog(std::chrono::milliseconds(20), [&] {
+      for (const auto& peer : peers) {
+        if (((!waiting && Clock::now() > deadline) || give_up(peer.rank, start)) && !watch->check({here(peer.rank)}))
+          watch->add(here(peer.rank), 2);
+      }
+      if (waiting && Clock::now() - noted > std::chrono::seconds(1)) {
+        waiting();
+        noted = Clock::now();
+      }
+      return false;
+    });
+    for (;;) {
+      try {
+        meetings->wait(keys, timeout_ + std::chrono::seconds(30));
+        break;
+      } catch (const std::exception&) {
+        if (!waiting) throw;
+        if (meetings->check(keys)) break;  // else the peers are behind and moving: wait on
+      }
+    }
+  }
+  std::vector<Peer> present;
+  for (const auto& peer : peers) {
+    if (meetings->add(here(peer.rank), 0) != 1) {
+      late->push_back(peer.rank);
+      continue;
+    }
+    present.push_back(peer);
+    const auto value = meetings->get(generation_key(peer.rank));
+    (*generations)[peer.rank] = std::stoll(std::string(value.begin(), value.end()));
+  }
+  return present;
+}
+
+ExchangeResult GlooTransport::exchange(const ExchangeRequest& request) {
+  const auto start = Clock::now();
+  CommStats cost;
+  ExchangeResult result;
+  std::vector<Peer> peers;
+  for (const auto& p : request.group)
+    if (p.rank != self_.rank) peers.push_back(p);
+  if (peers.empty()) return result;
+  TORCH_CHECK(request.payload.scalar_type() == torch::kUInt8 && request.payload.is_contiguous() &&
+                  request.header.bytes == request.payload.numel(),
+              "exchange payloads are contiguous bytes described by their header");
+  const std::string planned = members_key(request.group);
+  std::map<int, int64_t> generations;
+  const auto present = meet(fmt::format("{}/{}", request.id, planned), peers, request.give_up, request.waiting,
+                            &result.lost, p2p_groups_.generation(planned), &generations);
+  const bool whole = present.size() == peers.size();
+  auto group =
+      present.empty() ? GlooGroup() : acquire_group(request.id, planned, whole, present, generations, request.give_up);
+  if (!group) {
+    for (const auto& p : present) result.lost.push_back(p.rank);
+    cost.wait_seconds += since(start);
+  } else {
+    const bool failed = trade(*group, request, present, start, &result, &cost);
+    // A failed group is never used again (a timed-out Gloo pair stays
+    // closed); one formed for part of the group is not kept either.
+    if (!whole) {
+      release(std::move(group));
+    } else if (failed) {
+      group.reset();
+      p2p_groups_.forget(planned);
+    }
+  }
+  std::sort(result.lost.begin(), result.lost.end());
+  cost.comm_seconds += since(start);
+  charge(cost);
+  return result;
+}
+
+GlooGroup GlooTransport::acquire_group(int64_t exchange, const std::string& planned, bool whole,
+                                       const std::vector<Peer>& present, const std::map<int, int64_t>& generations,
+                                       const ExchangeRequest::GiveUp& give_up) {
+  // Reuse the group of the last exchange among exactly these members, if
+  // every one of them still holds the same one (the generation they announce).
+  const int64_t mine = p2p_groups_.generation(planned);
+  const bool reuse = whole && mine != 0 && std::all_of(present.begin(), present.end(), [&](const Peer& p) {
+                       return generations.at(p.rank) == mine;
+                     });
+  if (reuse) return p2p_groups_.reuse(planned);
+  auto members = with_self(present);
+  const int index = int(std::find(members.begin(), members.end(), self_) - members.begin());
+  try {
+    // Named by this exchange, so that no member can ever meet a stale group.
+    const int64_t generation = exchange + 1;
+    // A member that came to the meeting and died since (declared dead, or
+    // its heartbeat silent) would hold the others for the whole timeout.
+    // Progress is not asked for: every member is standing in this formation.
+    const auto gone = [&] {
+      const auto now = Clock::now();
+      return std::any_of(present.begin(), present.end(), [&](const Peer& p) { return give_up(p.rank, now); });
+    };
+    auto group = join(fmt::format("{}/p2p/{}/{}", scope_, members_key(members), generation), index,
+                      int(members.size()), gone);
+    if (whole) p2p_groups_.keep(planned, generation, group);
+    return group;
+  } catch (const std::exception& e) {
+    // A member died after announcing itself: go on without any of them.
+    spdlog::warn("exchange {} could not form its group; going on alone: {}", exchange, error_text(e));
+    return GlooGroup();
+  }
+}
+
+bool GlooTransport::trade(c10d::ProcessGroupGloo& group, const ExchangeRequest& request,
+                          const std::vector<Peer>& present, Clock::time_point start, ExchangeResult* result,
+                          CommStats* cost) {
+  const auto members = with_self(present);
+  auto member_of = [&](const Peer& p) { return int(std::find(members.begin(), members.end(), p) - members.begin()); };
+  const int tag = int(request.id % (int64_t(1) << 29)) * framed_tags(1);
+  auto expected = request.header;
+  expected.run = run_id_;
+  // Every receive is posted before any send: on Gloo's one socket per pair,
+  // a receive posted late makes the two directions take turns.
+  std::vector<FramedReceive> incoming;
+  std::vector<FramedSend> sends;
+  bool failed = false;
+  try {
+    for (const auto& p : present)
+      incoming.emplace_back(group, member_of(p), tag, expected, std::vector<torch::Tensor>{torch::empty_like(request.payload)},
+                            /*eager=*/true, seal_.get());
+    const bool corrupt = corrupt_next_send_.exchange(false);
+    for (const auto& p : present)
+      sends.emplace_back(group, member_of(p), tag, expected, std::vector<torch::Tensor>{request.payload}, seal_.get(),
+                         corrupt);
+  } catch (const std::exception& e) {
+    spdlog::warn("exchange {} failed to start: {}", request.id, error_text(e));
+    failed = true;
+  }
+  for (size_t i = 0; i < incoming.size(); ++i) {
+    const int rank = present[i].rank;
+    switch (incoming[i].wait(timeout_)) {
+      case Delivery::received:
+        result->received[rank] = incoming[i].parts()[0];
+        cost->bytes_received += incoming[i].wire_bytes();
+        break;
+      case Delivery::unauthentic:
+        spdlog::error("worker {}'s message failed authentication: not used; the worker is handled as lost: {}", rank,
+                      incoming[i].problem());
+        result->lost.push_back(rank);
+        failed = true;
+        break;
+      case Delivery::rejected:
+        spdlog::error("rejected a message from worker {}: {}", rank, incoming[i].problem());
+        result->lost.push_back(rank);
+        break;
+      default:  // died or timed out during the exchange: its pair is closed
+        result->lost.push_back(rank);
+        failed = true;
+    }
+  }
+  cost->wait_seconds += since(start);
+  for (auto& send : sends) {
+    try {
+      send.wait(timeout_);
+      cost->bytes_sent += send.wire_bytes();
+      cost->messages += 1;
+    } catch (const std::exception&) {
+      failed = true;
+    }
+  }
+  return failed;
+}
+
+std::vector<Peer> GlooTransport::with_self(std::vector<Peer> peers) const {
+  peers.push_back(self_);
+  std::sort(peers.begin(), peers.end(), [](const Peer& a, const Peer& b) { return a.rank < b.rank; });
+  return peers;
+}
+
+void GlooTransport::send_state(const std::string& channel, const MessageHeader& header, const torch::Tensor& bytes) {
+  const auto start = Clock::now();
+  auto pg = join_gloo_group(connect_(), env_, scope_ + "/handover/" + channel, 0, 2, device_, timeout_, seal_.get());
+  auto stamped = header;
+  stamped.run = run_id_;
+  FramedSend send(*pg, 1, 0, stamped, {bytes.contiguous()}, seal_.get());
+  send.wait(timeout_);
+  CommStats cost;
+  cost.bytes_sent = send.wire_bytes();
+  cost.messages = 1;
+  cost.comm_seconds = since(start);
+  charge(cost);
+  release(std::move(pg));
+}
+
+torch::Tensor GlooTransport::receive_state(const std::string& channel, const MessageHeader& expected,
+                                           int64_t max_bytes) {
+  const auto start = Clock::now();
+  auto pg = join_gloo_group(connect_(), env_, scope_ + "/handover/" + channel, 1, 2, device_, timeout_, seal_.get());
+  auto stamped = expected;
+  stamped.run = run_id_;
+  FramedReceive receive(*pg, 0, 0, stamped, max_bytes, seal_.get());
+  switch (receive.wait(timeout_)) {
+    case Delivery::received: break;
+    case Delivery::unauthentic:
+      throw std::runtime_error("the state offered to this worker failed authentication: " + receive.problem());
+    case Delivery::rejected: throw std::runtime_error("rejected the state offered to this worker: " + receive.problem());
+    default: throw std::runtime_error("the state's donor was lost during the hand-over: " + receive.problem());
+  }
+  auto bytes = receive.parts()[0];
+  CommStats cost;
+  cost.bytes_received = receive.wire_bytes();
+  cost.comm_seconds = since(start);
+  charge(cost);
+  release(std::move(pg));
+  return bytes;
+}
+
+}  // namespace noloco

@@ -1,0 +1,93 @@
+// Moving tensors between the replicas of one group (all replicas, or the
+// replicas of one pipeline stage): collectives for the all-reduce methods,
+// point-to-point exchanges for NoLoCo, and the hand-over of a replica's state
+// to a restarted one. Data only: who is alive is membership's business
+// (comm/membership/membership.h). Swappable, as torchft's process groups are.
+#pragma once
+#include <chrono>
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include <torch/torch.h>
+
+#include "comm/membership/peer.h"
+#include "comm/transport/comm_stats.h"
+#include "wire/message.h"
+
+namespace noloco {
+
+// One point-to-point exchange among `group` (sorted, this member included):
+// `payload` (uint8, CPU) goes to every other member, preceded by `header`;
+// each peer's message must carry the same header but for the sender.
+struct ExchangeRequest {
+  int64_t id = 0;  // names the exchange identically on all members
+  std::vector<Peer> group;
+  MessageHeader header;  // header.bytes == payload.numel(); the transport stamps header.run
+  torch::Tensor payload;
+  // Asked while waiting (since `waiting_since`): stop waiting for this rank
+  // (declared dead, silent heartbeat, no progress).
+  using GiveUp = std::function<bool(int rank, std::chrono::steady_clock::time_point waiting_since)>;
+  GiveUp give_up = [](int, std::chrono::steady_clock::time_point) { return false; };
+  // Called about once a second while waiting. With it, peers are waited for
+  // until give_up says so (it tells a stuck peer from one that is behind);
+  // without it, for the transport's timeout.
+  std::function<void()> waiting;
+};
+
+struct ExchangeResult {
+  std::map<int, torch::Tensor> received;  // by rank: the payloads that came and passed the header check
+  std::vector<int> lost;                  // peers given up, failed or rejected
+};
+
+class Transport {
+ public:
+  virtual ~Transport() = default;
+  virtual int rank() const = 0;
+  virtual int world() const = 0;
+  // In-place mean over all members: one collective.
+  virtual void all_reduce_mean(torch::Tensor& t) = 0;
+  // Every member's `bytes` (uint8, the same size everywhere), in rank order: one collective.
+  virtual std::vector<torch::Tensor> all_gather(const torch::Tensor& bytes) = 0;
+  // `bytes` (uint8) cut into world() equal chunks, chunk r going to member r;
+  // returns the chunks addressed to this member, in rank order: one collective.
+  virtual std::vector<torch::Tensor> all_to_all(const torch::Tensor& bytes) = 0;
+  // Point-to-point only; never throws for a peer's failure (it is `lost`).
+  virtual ExchangeResult exchange(const ExchangeRequest& request) = 0;
+  // The hand-over of a training state on `channel` (named identically by both
+  // ends): the donor sends, the restarted member receives a payload of at most
+  // `max_bytes` after checking its header (the transport stamps `run`; the
+  // size is the header's). Throw on failure.
+  virtual void send_state(const std::string& channel, const MessageHeader& header, const torch::Tensor& bytes) = 0;
+  virtual torch::Tensor receive_state(const std::string& channel, const MessageHeader& expected,
+                                      int64_t max_bytes) = 0;
+  // Collectives among just `members` (sorted; this member included), for
+  // evaluations across the live replicas; its traffic is its own.
+  virtual std::unique_ptr<Transport> subgroup(const std::string& name, const std::vector<Peer>& members) = 0;
+  // A failure drill (inject_crash=RANK:STEP:corrupt): one byte of this
+  // member's next exchange message is flipped on the wire.
+  virtual void corrupt_next_message() {}
+
+  // What its traffic cost so far. Exchanges may run on a background thread
+  // (overlap=true) while the training thread reads this.
+  CommStats stats() const {
+    std::lock_guard<std::mutex> lock(stats_mutex_);
+    return stats_;
+  }
+
+ protected:
+  void charge(const CommStats& cost) {
+    std::lock_guard<std::mutex> lock(stats_mutex_);
+    stats_ += cost;
+  }
+
+ private:
+  mutable std::mutex stats_mutex_;
+  CommStats stats_;
+};
+
+}  // namespace noloco
