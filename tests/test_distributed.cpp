@@ -10,7 +10,10 @@
 
 #include <fmt/format.h>
 
+#include <arpa/inet.h>
+#include <netinet/in.h>
 #include <signal.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -733,11 +736,15 @@ TEST_F(Distributed, TwoWorkersJoinARunningNoLoCoRunAndItFinishesWithSix) {
 // Issue 29: a joiner killed during its hand-over (a drill, once a donor has
 // claimed it) leaves the run unharmed: it never becomes a member, the donor
 // gives up the hand-over and trains on, and the run ends whole, exit 0.
+// Issue 50 item 1: the donor waited out peer_timeout for its dead joiner
+// without publishing progress, its partner gave it up, and the two replicas
+// trained alone from then on. Now the donor stops when the joiner's heartbeat
+// falls silent, its partner waits for it meanwhile, and they keep pairing.
 TEST_F(Distributed, AJoinerThatDiesDuringItsHandOverLeavesTheRunUnharmed) {
   const std::string run_dir = dir / "failed_join";
   noloco::testing::BackgroundCli runner(
       small_train_args(dir / "c.txt", run_dir) +
-          " method=noloco replicas=2 batch=2 steps=2000 outer_interval=5 peer_timeout=10 threads=1",
+          " method=noloco replicas=2 batch=2 steps=2000 outer_interval=5 peer_timeout=10 heartbeat_timeout=5 threads=1",
       240);
   ASSERT_TRUE(wait_for_step(run_dir, 20, 120));
   const auto joiner = noloco::testing::run_cli("join " + run_dir + " threads=1 inject_crash=2:handover", 120);
@@ -751,4 +758,39 @@ TEST_F(Distributed, AJoinerThatDiesDuringItsHandOverLeavesTheRunUnharmed) {
   EXPECT_TRUE(summary["replicas_failed"].empty()) << summary.dump();
   for (auto& o : metrics_records(run_dir, "outer"))
     for (int member : o["members"].get<std::vector<int>>()) EXPECT_LT(member, 2) << o.dump();
+  EXPECT_EQ(summary.value("handovers_abandoned", -1.0), 1.0) << summary.dump();
+  EXPECT_EQ(summary.value("handovers_served", -1.0), 0.0) << summary.dump();
+  EXPECT_LE(summary.value("longest_alone_outer_steps", 99.0), 2.0) << summary.dump();
+  EXPECT_GE(summary.value("paired_fraction_worst", 0.0), 0.9) << summary.dump();
+  EXPECT_FALSE(summary.contains("replicas_mostly_alone")) << summary.dump();
+}
+
+// Issue 50 item 8: `noloco join store=URL` for a store that takes the
+// connection and never answers was silent for twice peer_timeout (120 s)
+// before its error. It says where it is reaching first, and gives up the
+// first contact within seconds.
+TEST_F(Distributed, AJoinerWhoseStoreDoesNotAnswerSaysSoWithinSeconds) {
+  const std::string run_dir = dir / "hung_store";
+  std::filesystem::create_directories(run_dir);
+  noloco::testing::write_text(run_dir + "/config.yaml", "data: " + (dir / "c.txt") + "\nmethod: noloco\nreplicas: 2\n");
+  // A listening socket that nobody accepts on: the kernel completes the
+  // handshake, and the request waits for an answer that never comes.
+  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  ASSERT_EQ(::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)), 0);
+  ASSERT_EQ(::listen(fd, 16), 0);
+  socklen_t length = sizeof(a);
+  ASSERT_EQ(::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &length), 0);
+  const auto start = std::chrono::steady_clock::now();
+  const auto r = noloco::testing::run_cli(
+      fmt::format("join {} store=http://127.0.0.1:{} threads=1", run_dir, ntohs(a.sin_port)), 90,
+      "NOLOCO_RUN_TOKEN=hung-store-test");
+  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  ::close(fd);
+  EXPECT_EQ(r.exit_code, 1) << r.output;
+  EXPECT_LT(seconds, 45.0) << r.output;
+  EXPECT_NE(r.output.find("join: reaching the run's store at http://127.0.0.1:"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("could not use the run's store at"), std::string::npos) << r.output;
 }

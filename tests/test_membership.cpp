@@ -1,5 +1,6 @@
 // Membership (comm/membership/membership.h) on an in-memory store: who is in an outer
-// step's snapshot as workers join, take their state and die.
+// step's snapshot as workers join, take their state and die; and the
+// transport's waits, which end when the liveness authority gives a peer up.
 #include <gtest/gtest.h>
 
 #include <atomic>
@@ -7,10 +8,13 @@
 #include <thread>
 
 #include <torch/csrc/distributed/c10d/HashStore.hpp>
+#include <torch/csrc/distributed/c10d/TCPStore.hpp>
 
 #include "comm/store/abandonable_store.h"
 #include "comm/membership/membership.h"
+#include "comm/transport/gloo_transport.h"
 #include "config/worker_env.h"
+#include "test_util.h"
 
 using namespace noloco;
 using namespace std::chrono_literals;
@@ -29,6 +33,52 @@ WorkerEnv env_of(int rank, int world) {
   env.world = world;
   env.token = "membership-test";
   return env;
+}
+
+// Gives up member `gone` once `after` has passed; counts what it is told.
+class FakeLiveness final : public Liveness {
+ public:
+  FakeLiveness(int gone, std::chrono::milliseconds after) : gone_(gone), at_(std::chrono::steady_clock::now() + after) {}
+  bool given_up(int rank, std::chrono::steady_clock::time_point) override {
+    return rank == gone_ && std::chrono::steady_clock::now() >= at_;
+  }
+  bool silent(int rank) override { return given_up(rank, {}); }
+  void declare_dead(int rank) override { declared.push_back(rank); }
+  void progressed() override { ++progress; }
+  std::vector<int> declared;
+  std::atomic<int> progress{0};
+
+ private:
+  int gone_;
+  std::chrono::steady_clock::time_point at_;
+};
+
+// A TCPStore on this machine, as torchrun's agent hosts one (HashStore's
+// add does not wake a waiter, which the transport's meetings rely on).
+StorePtr tcp_store(int port, bool server) {
+  c10d::TCPStoreOptions o;
+  o.port = uint16_t(port);
+  o.isServer = server;
+  o.waitWorkers = false;
+  o.numWorkers = c10::nullopt;
+  o.timeout = 30s;
+  return c10::make_intrusive<c10d::TCPStore>("127.0.0.1", o);
+}
+
+// Member 0 of 2 in a transport whose waits allow 30 s; member 1 never comes.
+struct LoneTransport {
+  explicit LoneTransport(Liveness* liveness)
+      : port(noloco::testing::free_port()),
+        host(tcp_store(port, true)),
+        transport([this] { return tcp_store(port, false); }, env_of(0, 2), "replicas", Peer{0, 0}, 2, "127.0.0.1", 30s,
+                  nullptr, liveness) {}
+  int port;
+  StorePtr host;
+  GlooTransport transport;
+};
+
+double seconds_since(std::chrono::steady_clock::time_point t) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t).count();
 }
 
 }  // namespace
@@ -127,4 +177,61 @@ TEST(AbandonableStore, StopsWaitingOnceAMemberIsGoneAndOtherwiseWaits) {
   EXPECT_GE(Clock::now() - start, std::chrono::milliseconds(400));
   EXPECT_EQ(store->add("n", 2), 2);
   EXPECT_TRUE(store->check({"key", "n"}));
+}
+
+// Issue 50 item 1: a donor whose joiner died during the hand-over waited out
+// the whole timeout on the training thread, without publishing progress, so
+// its partners gave it up too. The wait ends when the authority gives the
+// joiner up, and meanwhile tells it the donor is waiting, not stuck.
+TEST(Liveness, AHandOverEndsWhenItsReceiverIsGivenUpAndPublishesProgressMeanwhile) {
+  FakeLiveness liveness(1, 1500ms);
+  LoneTransport lone(&liveness);
+  MessageHeader header;
+  header.kind = int64_t(MessageKind::state);
+  header.bytes = 8;
+  const auto start = std::chrono::steady_clock::now();
+  EXPECT_THROW(lone.transport.send_state("1.0", 1, header, torch::zeros({8}, torch::kUInt8)), std::runtime_error);
+  EXPECT_GE(seconds_since(start), 1.4);
+  EXPECT_LT(seconds_since(start), 10.0) << "waited toward the 30-s timeout";
+  EXPECT_GT(liveness.progress.load(), 0);
+}
+
+// The joiner's side: a donor given up ends its wait the same way.
+TEST(Liveness, AStateReceiveEndsWhenItsDonorIsGivenUp) {
+  FakeLiveness liveness(1, 500ms);
+  LoneTransport lone(&liveness);
+  MessageHeader expected;
+  expected.kind = int64_t(MessageKind::state);
+  const auto start = std::chrono::steady_clock::now();
+  EXPECT_THROW(lone.transport.receive_state("0.1", 1, expected, 1 << 20), std::runtime_error);
+  EXPECT_LT(seconds_since(start), 10.0);
+}
+
+// Issue 50 item 3: an evaluation across replicas waited out the timeout
+// for a member that froze just before it.
+TEST(Liveness, AnEvaluationGroupIsNotWaitedForOnceAMemberIsGivenUp) {
+  FakeLiveness liveness(1, 500ms);
+  LoneTransport lone(&liveness);
+  const auto start = std::chrono::steady_clock::now();
+  EXPECT_THROW(lone.transport.subgroup("evaluation/100", {{0, 0}, {1, 0}}), std::runtime_error);
+  EXPECT_LT(seconds_since(start), 10.0);
+}
+
+// An exchange with a member that never comes: given up by the authority,
+// reported lost and declared dead to it (later snapshots leave it out).
+TEST(Liveness, AnExchangeTellsTheAuthorityWhomItGaveUp) {
+  FakeLiveness liveness(1, 500ms);
+  LoneTransport lone(&liveness);
+  ExchangeRequest request;
+  request.id = 7;
+  request.group = {{0, 0}, {1, 0}};
+  request.payload = torch::zeros({4}, torch::kUInt8);
+  request.header.kind = int64_t(MessageKind::exchange);
+  request.header.bytes = 4;
+  const auto start = std::chrono::steady_clock::now();
+  const auto result = lone.transport.exchange(request);
+  EXPECT_LT(seconds_since(start), 10.0);
+  EXPECT_EQ(result.lost, std::vector<int>{1});
+  EXPECT_EQ(liveness.declared, std::vector<int>{1});
+  EXPECT_TRUE(result.received.empty());
 }

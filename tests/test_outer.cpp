@@ -37,8 +37,8 @@ class FakeTransport final : public Transport {
     r.received[1] = next_peer().to(dtype).contiguous().view(torch::kUInt8);
     return r;
   }
-  void send_state(const std::string&, const MessageHeader&, const torch::Tensor&) override {}
-  torch::Tensor receive_state(const std::string&, const MessageHeader&, int64_t) override { return {}; }
+  void send_state(const std::string&, int, const MessageHeader&, const torch::Tensor&) override {}
+  torch::Tensor receive_state(const std::string&, int, const MessageHeader&, int64_t) override { return {}; }
   std::unique_ptr<Transport> subgroup(const std::string&, const std::vector<Peer>&) override { return nullptr; }
   // The peer's contribution: the next of `peers` while any are left, else `peer`.
   // Exchanges may run on the overlap thread; the test only sets these up front.

@@ -8,6 +8,7 @@
 
 #include "test_util.h"
 #include "train/report.h"
+#include "train/run_summary.h"
 #include "util/files.h"
 #include "util/human.h"
 #include "util/svg_plot.h"
@@ -150,4 +151,56 @@ TEST(Report, LegendsHoldTheirNamesAndByteAxesReadInBytes) {
   EXPECT_EQ(format_bytes(999.4), "999 B");
   EXPECT_EQ(format_bytes(999.6), "1 kB");
   EXPECT_EQ(format_bytes(1.11e9), "1.11 GB");
+}
+
+// Issue 50 item 2: the run's summary shows its health at a glance: the
+// worst replica's share of outer steps with a partner, the longest stretch
+// alone, the hand-overs served and abandoned, and which replicas were alone
+// at more than a tenth of their outer steps.
+TEST(RunSummary, HealthFiguresCombineOverTheReplicasAndNameTheLonelyOnes) {
+  TempDir dir;
+  const auto worker = [&](int rank, double paired, double alone, double served, double abandoned) {
+    WorkerSummary w;
+    w.method = Method::noloco;
+    w.replicas = 3;
+    w.steps = 100;
+    w.paired_fraction = paired;
+    w.longest_alone_outer_steps = alone;
+    w.handovers_served = served;
+    w.handovers_abandoned = abandoned;
+    write_json_atomic(fmt::format("{}/summary_r{}.json", dir.path(), rank), w.to_json());
+    return WorkerExit{rank};
+  };
+  const std::vector<WorkerExit> exits{worker(0, 1.0, 0, 1, 0), worker(1, 0.06, 469, 0, 2), worker(2, 0.95, 2, 0, 0)};
+  const auto run = summarize_run(dir.path(), Method::noloco, 3, 1, "", 1, exits, 10.0);
+  EXPECT_EQ(run.paired_fraction_worst, 0.06);
+  EXPECT_EQ(run.longest_alone_outer_steps, 469.0);
+  EXPECT_EQ(run.handovers_served, 1.0);
+  EXPECT_EQ(run.handovers_abandoned, 2.0);
+  EXPECT_EQ(run.replicas_mostly_alone, std::vector<int>{1});
+  const auto back = RunSummary::from_json(run.to_json());
+  EXPECT_EQ(back.paired_fraction_worst, run.paired_fraction_worst);
+  EXPECT_EQ(back.replicas_mostly_alone, run.replicas_mostly_alone);
+  EXPECT_EQ(back.handovers_abandoned, run.handovers_abandoned);
+}
+
+// Issue 50 item 8: a joiner killed after it joined is listed under `joined`
+// (it was a member) as well as under the failed.
+TEST(RunSummary, AJoinerThatDiedAfterJoiningIsListedAsJoinedAndFailed) {
+  TempDir dir;
+  WorkerSummary w;
+  w.method = Method::noloco;
+  w.replicas = 2;
+  write_json_atomic(dir / "summary_r0.json", w.to_json());
+  write_json_atomic(dir / "summary_r1.json", w.to_json());
+  WorkerExit joiner{2};
+  joiner.joined = true;
+  joiner.signal = 9;
+  joiner.exit_code = -1;
+  const auto run = summarize_run(dir.path(), Method::noloco, 2, 1, "", 1, {WorkerExit{0}, WorkerExit{1}, joiner}, 10.0);
+  ASSERT_EQ(run.joined.size(), 1u);
+  EXPECT_EQ(run.joined[0].replica, 2);
+  ASSERT_EQ(run.failed.size(), 1u);
+  EXPECT_EQ(run.failed[0].replica, 2);
+  EXPECT_EQ(run.finished, (std::vector<int>{0, 1}));
 }

@@ -179,6 +179,16 @@ std::unique_ptr<CappedLinks> capped_links(const TrainConfig& cfg, int workers) {
   return links;
 }
 
+// A run whose replicas trained apart finishes with exit code 0: say so.
+void warn_if_mostly_alone(const RunSummary& summary) {
+  if (summary.replicas_mostly_alone.empty()) return;
+  spdlog::warn("{} {} exchanged with no partner at more than {:.0f}% of {} outer steps (worst: paired at {:.0f}%, "
+               "{:.0f} outer steps alone in a row): the replicas drifted apart; see summary.json",
+               summary.stages > 1 ? "workers" : "replicas", fmt::join(summary.replicas_mostly_alone, ", "),
+               100 * kMostlyAlone, summary.replicas_mostly_alone.size() > 1 ? "their" : "its",
+               100 * summary.paired_fraction_worst.value_or(0.0), summary.longest_alone_outer_steps.value_or(0.0));
+}
+
 // One replica, a launched worker (RANK set: our launcher, torchrun, Slurm...),
 // or the launcher of `replicas` local workers.
 int run_train(const std::string& config_path, const std::vector<std::string>& overrides) {
@@ -250,6 +260,7 @@ int run_train(const std::string& config_path, const std::vector<std::string>& ov
   // A resume that every worker refused leaves the summary of the run it resumed.
   if (!summary.finished.empty() || !cfg.run.resume || !file_exists(cfg.run.out + "/summary.json"))
     write_json_atomic(cfg.run.out + "/summary.json", summary.to_json());
+  warn_if_mostly_alone(summary);
   if (launched.signal) throw Interrupted(launched.signal);
   if (!launched.stopped.empty()) throw std::runtime_error(launched.stopped);
   if (!plan.keep_going_on_failure && !summary.failed.empty()) {
@@ -295,6 +306,8 @@ std::string joiner_token(const std::string& token_file) {
   if (token.empty()) throw std::invalid_argument(fmt::format("join: {} holds no token", token_file));
   return token;
 }
+
+constexpr std::chrono::milliseconds kJoinFirstContact{10000};
 
 // `join RUN_DIR`: a new NoLoCo replica of the run training into RUN_DIR (of
 // one pipeline stage, in a pipelined run). It claims the next member id from
@@ -349,11 +362,21 @@ int run_join(const std::string& run_dir, const std::vector<std::string>& args) {
   env.store_url = store;
   if (store.rfind("https://", 0) == 0 && !std::getenv("NOLOCO_STORE_CA")) env.store_pin = store_tls_key(env.token).pin;
   const auto timeout = std::chrono::milliseconds(int64_t(cfg.comm.peer_timeout * 1000));
-  const auto run_store = connect_store(env, timeout);
-  const int replicas = int(cfg.run.replicas);
-  if (stage < 0) stage = least_served_stage(run_store, env.token, stages, replicas);
-  // Laid out replica-major like the launched workers: member m of stage s is worker m·stages + s.
-  const int member = claim_member_id(run_store, env.token, replica_scope(stages, int(stage)), replicas);
+  // The first contact is bounded on its own: a store that does not answer
+  // would otherwise hold a new user silent for twice peer_timeout.
+  const auto first_contact = std::min(timeout, kJoinFirstContact);
+  spdlog::info("join: reaching the run's store at {} (up to {} s)", store, first_contact.count() / 1000);
+  int member = 0;
+  try {
+    const auto run_store = connect_store(env, first_contact);
+    if (stage < 0) stage = least_served_stage(run_store, env.token, stages, int(cfg.run.replicas));
+    // Laid out replica-major like the launched workers: member m of stage s is worker m·stages + s.
+    member = claim_member_id(run_store, env.token, replica_scope(stages, int(stage)), int(cfg.run.replicas));
+  } catch (const std::runtime_error& e) {
+    throw std::runtime_error(
+        fmt::format("join: could not use the run's store at {} (first contact, {} s): {}", store,
+                    first_contact.count() / 1000, e.what()));
+  }
   env.rank = member * stages + int(stage);
   init_logging(fmt::format("noloco[worker {}]", env.rank));
   if (stages > 1)

@@ -75,17 +75,10 @@ std::map<int, torch::Tensor> NoLoCo::send(int64_t id, const std::vector<Peer>& g
   request.header.bytes = payload.numel();
   request.header.format = format;
   request.payload = payload;
-  if (membership_) {
-    request.give_up = [this](int r, std::chrono::steady_clock::time_point since) {
-      return membership_->given_up(r, since);
-    };
-    request.waiting = [this] { membership_->progressed(); };
-  }
   const auto sent_before = transport_.stats().bytes_sent;
+  // Peers it gives up are declared dead by the transport (later snapshots leave them out).
   auto result = group.size() > 1 ? transport_.exchange(request) : ExchangeResult{};
   sync.bytes = transport_.stats().bytes_sent - sent_before;
-  if (membership_)
-    for (int r : result.lost) membership_->declare_dead(r);  // later snapshots leave it out
   return std::move(result.received);
 }
 

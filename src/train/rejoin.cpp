@@ -29,27 +29,28 @@ Rejoined rejoin_from_peer(Membership& membership, Transport& transport, const Tr
   r.donor = membership.request_state(timeout);
   drill.during_handover();
   const auto bytes =
-      transport.receive_state(membership.handover_channel(), state_header(0), training_state_max_bytes(state));
+      transport.receive_state(membership.handover_channel(), r.donor, state_header(0), training_state_max_bytes(state));
   r.step = deserialize_training_state(bytes, state);
   membership.rejoined();
   r.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   return r;
 }
 
-std::vector<int> serve_rejoins(Membership& membership, Transport& transport, const TrainingState& state, int64_t step) {
-  std::vector<int> served;
+HandOvers serve_rejoins(Membership& membership, Transport& transport, const TrainingState& state, int64_t step) {
+  HandOvers done;
   for (const auto& [who, channel] : membership.claim_requests()) {
     try {
       const auto bytes = serialize_training_state(state, step);
-      transport.send_state(channel, state_header(bytes.numel()), bytes);
-      served.push_back(who);
+      transport.send_state(channel, who, state_header(bytes.numel()), bytes);
+      done.served.push_back(who);
     } catch (const std::exception& e) {
       spdlog::warn("could not hand over state to replica {}: {}", who, error_text(e));
       // It cannot go on without the state: not counted live (a joiner's stage is chosen by who is).
       membership.declare_dead(who);
+      done.abandoned.push_back(who);
     }
   }
-  return served;
+  return done;
 }
 
 }  // namespace noloco

@@ -23,8 +23,13 @@ struct Rejoined {
 // (membership.joining()): waits for a donor, takes its state.
 Rejoined rejoin_from_peer(Membership& membership, Transport& transport, const TrainingState& state,
                           std::chrono::milliseconds timeout, const FailureDrill& drill);
+// The requests a live replica won: those it handed its state to, and those
+// whose receiver was gone before it had the state (declared dead).
+struct HandOvers {
+  std::vector<int> served, abandoned;
+};
 // A live replica after an outer step at inner step `step`: hands its state to
-// the restarted replicas whose request it won; returns them.
-std::vector<int> serve_rejoins(Membership& membership, Transport& transport, const TrainingState& state, int64_t step);
+// the restarted replicas whose request it won.
+HandOvers serve_rejoins(Membership& membership, Transport& transport, const TrainingState& state, int64_t step);
 
 }  // namespace noloco

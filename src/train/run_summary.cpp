@@ -41,6 +41,8 @@ RunSummary::Worker worker_of(const nlohmann::json& j) {
 enum class Combine {
   mean,  // over the finished workers that report it
   max,   // the largest of any finished worker
+  min,   // the smallest
+  sum,   // over the finished workers
   any,   // the same on every worker that reports it
 };
 
@@ -74,6 +76,14 @@ constexpr Figure kFigures[] = {
      Combine::max},
     {"startup_seconds", &WorkerSummary::startup_seconds, "worker_startup_seconds", &RunSummary::worker_startup_seconds,
      Combine::max},
+    {"paired_fraction", &WorkerSummary::paired_fraction, "paired_fraction_worst", &RunSummary::paired_fraction_worst,
+     Combine::min},
+    {"longest_alone_outer_steps", &WorkerSummary::longest_alone_outer_steps, "longest_alone_outer_steps",
+     &RunSummary::longest_alone_outer_steps, Combine::max},
+    {"handovers_served", &WorkerSummary::handovers_served, "handovers_served", &RunSummary::handovers_served,
+     Combine::sum},
+    {"handovers_abandoned", &WorkerSummary::handovers_abandoned, "handovers_abandoned",
+     &RunSummary::handovers_abandoned, Combine::sum},
 };
 
 // The run's figures of kFigures from its finished workers' summaries.
@@ -84,10 +94,13 @@ class FigureCombiner {
       const auto& value = w.*kFigures[i].worker;
       if (!value) continue;
       auto& into = values_[i];
-      into = !into                                         ? *value
-             : kFigures[i].combine == Combine::mean ? *into + *value
-             : kFigures[i].combine == Combine::max  ? std::max(*into, *value)
-                                                    : *value;
+      switch (kFigures[i].combine) {
+        case Combine::mean:
+        case Combine::sum: into = into.value_or(0.0) + *value; break;
+        case Combine::max: into = std::max(into.value_or(*value), *value); break;
+        case Combine::min: into = std::min(into.value_or(*value), *value); break;
+        case Combine::any: into = *value; break;
+      }
       counts_[i] += 1;
     }
   }
@@ -224,6 +237,7 @@ nlohmann::json RunSummary::to_json() const {
   put(j, "weight_std", weight_std);
   for (const auto& f : kFigures)
     if (f.run) put(j, f.run_key, this->*f.run);
+  if (!replicas_mostly_alone.empty()) j["replicas_mostly_alone"] = replicas_mostly_alone;
   if (stages > 1)
     j.update({{"stages", stages},
               {"routing", routing},
@@ -257,6 +271,7 @@ RunSummary RunSummary::from_json(const nlohmann::json& j) {
   s.weight_std = optional_of<double>(j, "weight_std");
   for (const auto& f : kFigures)
     if (f.run) s.*f.run = optional_of<double>(j, f.run_key);
+  s.replicas_mostly_alone = j.value("replicas_mostly_alone", std::vector<int>{});
   s.final_val_loss_replicas = j.value("final_val_loss_replicas", std::vector<double>{});
   s.bytes_sent = j.value("bytes_sent", uint64_t(0));
   s.bytes_received = j.value("bytes_received", uint64_t(0));
@@ -341,7 +356,7 @@ struct RunTally {
     ++traffic_workers;
   }
 
-  void add_finished(RunSummary& run, const WorkerSummary& w, int stage) {
+  void add_finished(RunSummary& run, const WorkerSummary& w, int member, int stage) {
     if (!first) first = w;
     if (w.final_val_loss) {  // the workers that compute the loss: one per replica
       run.final_val_loss_replicas.push_back(*w.final_val_loss);
@@ -349,6 +364,7 @@ struct RunTally {
       run.tokens += w.tokens;
     }
     figures.add(w);
+    if (w.paired_fraction && *w.paired_fraction < 1.0 - kMostlyAlone) run.replicas_mostly_alone.push_back(member);
     if (w.traffic.pipeline) {
       run.activation_bytes_sent += w.traffic.pipeline->bytes_sent;
       run.micro_batches_dropped += w.traffic.pipeline->micro_batches_dropped;
@@ -418,6 +434,8 @@ RunSummary summarize_run(const std::string& run_dir, Method method, int64_t repl
       continue;
     }
     if (!e.ok() || !std::filesystem::exists(path)) {
+      // A joiner that died after it joined was a member all the same.
+      if (e.joined) run.joined.push_back({member, std::nullopt, std::nullopt, std::nullopt});
       run.failed.push_back(where);
       continue;
     }
@@ -430,7 +448,7 @@ RunSummary summarize_run(const std::string& run_dir, Method method, int64_t repl
       continue;
     }
     run.finished.push_back(member);
-    tally.add_finished(run, w, int(e.rank % stages));
+    tally.add_finished(run, w, member, int(e.rank % stages));
   }
   tally.write_to(run);
   return run;

@@ -43,6 +43,11 @@ struct WorkerSummary {
   std::optional<double> dropped_fraction, dropped_fraction_worst_outer_step;
   // Seconds the outer steps held up training (with overlap: waits for an exchange still in flight).
   std::optional<double> outer_blocked_seconds;
+  // Health of an exchanging method: the share of its outer steps with at
+  // least one partner's message, the longest run of outer steps without; and
+  // the state hand-overs it served to restarted or joining replicas, and
+  // those abandoned because the receiver was gone.
+  std::optional<double> paired_fraction, longest_alone_outer_steps, handovers_served, handovers_abandoned;
   struct Rejoin {
     int64_t step = 0;
     int donor = 0;
@@ -87,6 +92,10 @@ struct RunSummary {
   std::optional<double> dropped_fraction_worst_outer_step;  // the largest of any worker
   std::optional<double> outer_blocked_seconds_per_replica;  // likewise
   std::optional<double> worker_peak_rss_mib, worker_startup_seconds;  // the largest of any worker
+  std::optional<double> paired_fraction_worst, longest_alone_outer_steps;  // the worst of any replica
+  std::optional<double> handovers_served, handovers_abandoned;          // summed over the replicas
+  // Replicas that had no partner at more than kMostlyAlone of their outer steps.
+  std::vector<int> replicas_mostly_alone;
   uint64_t bytes_sent = 0, bytes_received = 0;
   double comm_seconds = 0, wait_seconds = 0, comm_seconds_per_replica = 0, wait_seconds_per_replica = 0;
   double seconds = 0;
@@ -105,6 +114,9 @@ struct RunSummary {
   static RunSummary from_json(const nlohmann::json& j);
   static RunSummary read(const std::string& run_dir);
 };
+
+// A replica alone at more than this share of its outer steps is named in the run's summary.
+constexpr double kMostlyAlone = 0.1;
 
 // summary.json of a launched run, from the workers' summaries and how each ended.
 RunSummary summarize_run(const std::string& run_dir, Method method, int64_t replicas, int64_t stages,

@@ -129,6 +129,10 @@ class Throughput {
 // wait for one still in flight with it).
 struct OuterTally {
   int64_t syncs = 0;
+  // The outer steps of an exchanging method (not ddp's): with at least one
+  // partner's message, and the longest run of them without.
+  int64_t outer_steps = 0, paired = 0, alone_run = 0, longest_alone = 0;
+  int64_t handovers_served = 0, handovers_abandoned = 0;
   uint64_t bytes = 0;
   int64_t values_received = 0, values_dropped = 0;  // of peers' messages
   double worst_dropped = 0;                         // the largest share of one outer step
@@ -174,6 +178,14 @@ WorkerSummary summarize_worker(const TrainConfig& c, const WorkerInfo& w, const 
     summary.dropped_fraction_worst_outer_step = outer.worst_dropped;
   }
   if (w.transport) summary.outer_blocked_seconds = outer.blocked_seconds;
+  if (outer.outer_steps > 0) {
+    summary.paired_fraction = double(outer.paired) / double(outer.outer_steps);
+    summary.longest_alone_outer_steps = double(outer.longest_alone);
+  }
+  if (w.membership) {
+    summary.handovers_served = double(outer.handovers_served);
+    summary.handovers_abandoned = double(outer.handovers_abandoned);
+  }
   return summary;
 }
 
@@ -403,9 +415,13 @@ void WorkerRun::outer_step(int64_t done, bool last) {
   tally_.blocked_seconds += seconds_since(outer_start);
   record_outer_steps(done, syncs);
   // Not at the end: a worker handed the final state would only join the final evaluation late.
-  if (!syncs.empty() && w_.membership && !last)
-    for (int to : serve_rejoins(*w_.membership, *w_.transport, state_, done))
-      telemetry_.write(record(done, "donate", w_, {{"to", to}}));
+  if (!syncs.empty() && w_.membership && !last) {
+    const auto handovers = serve_rejoins(*w_.membership, *w_.transport, state_, done);
+    for (int to : handovers.served) telemetry_.write(record(done, "donate", w_, {{"to", to}}));
+    for (int to : handovers.abandoned) telemetry_.write(record(done, "donate", w_, {{"to", to}, {"abandoned", true}}));
+    tally_.handovers_served += int64_t(handovers.served.size());
+    tally_.handovers_abandoned += int64_t(handovers.abandoned.size());
+  }
 }
 
 nlohmann::json WorkerRun::leave(int64_t done) {
@@ -443,6 +459,13 @@ void WorkerRun::record_outer_steps(int64_t done, const std::vector<OuterSync>& s
     tally_.values_dropped += sync.values_dropped;
     const double dropped = dropped_share(sync.values_dropped, sync.values_received);
     tally_.worst_dropped = std::max(tally_.worst_dropped, dropped);
+    ++tally_.outer_steps;
+    if (sync.arrived.size() > 1) {
+      ++tally_.paired;
+      tally_.alone_run = 0;
+    } else {
+      tally_.longest_alone = std::max(tally_.longest_alone, ++tally_.alone_run);
+    }
     telemetry_.write(record(done, "outer", w_,
                             {{"outer_step", sync.outer_step},
                              {"fragment", sync.fragment},

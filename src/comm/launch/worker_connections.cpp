@@ -98,7 +98,7 @@ WorkerConnections join_as_worker(const WorkerEnv& env, const CommConfig& comm, i
                                                     std::chrono::milliseconds(int64_t(comm.heartbeat_timeout * 1000)),
                                                     timeout, links.heartbeat.get());
     links.transport = std::make_unique<GlooTransport>(connect, env, scope, links.membership->self(), replicas,
-                                                      comm.bind, timeout, links.seal);
+                                                      comm.bind, timeout, links.seal, links.membership.get());
   }
   if (stages > 1)
     links.link = std::make_unique<ActivationLink>(links.store, env, stages,

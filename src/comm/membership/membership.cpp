@@ -227,6 +227,19 @@ bool Membership::given_up(int rank, Clock::time_point waiting_since) {
     last_dead_read_ = now;
   }
   if (list_has(dead_, std::to_string(rank))) return true;
+  const auto& s = silence_of(rank, now);
+  // Progress is published and read once a second each: below 3 s, idle
+  // cannot be told from the lag of the publishing.
+  const auto idle_limit = std::max<Clock::duration>(std::chrono::seconds(3), idle_timeout_);
+  return s.silent || now - std::max(s.moved, waiting_since) > idle_limit;
+}
+
+bool Membership::silent(int rank) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return silence_of(rank, Clock::now()).silent;
+}
+
+const Membership::Silence& Membership::silence_of(int rank, Clock::time_point now) {
   auto& s = silence_[rank];
   if (now - s.checked > std::chrono::seconds(1)) {
     s.checked = now;
@@ -235,10 +248,7 @@ bool Membership::given_up(int rank, Clock::time_point waiting_since) {
     const std::chrono::duration<double> idle(heartbeats_.idle_seconds(worker));
     s.moved = now - std::chrono::duration_cast<Clock::duration>(idle);
   }
-  // Progress is published and read once a second each: below 3 s, idle
-  // cannot be told from the lag of the publishing.
-  const auto idle_limit = std::max<Clock::duration>(std::chrono::seconds(3), idle_timeout_);
-  return s.silent || now - std::max(s.moved, waiting_since) > idle_limit;
+  return s;
 }
 
 std::string Membership::request_name() const { return fmt::format("{}.{}", rank_, incarnation_); }

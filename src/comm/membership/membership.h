@@ -15,12 +15,13 @@
 #include <vector>
 
 #include "comm/membership/heartbeat.h"
+#include "comm/membership/liveness.h"
 #include "comm/store/store.h"
 #include "comm/membership/peer.h"
 
 namespace noloco {
 
-class Membership {
+class Membership final : public Liveness {
  public:
   // Member `rank` of `world` in `scope` of the run. `store` is a connection
   // of its own. Workers are laid out replica-major: member r of this group is
@@ -51,17 +52,18 @@ class Membership {
   // the snapshot was taken while it was thought dead; it then declares
   // itself alive again, for later snapshots.
   std::vector<Peer> snapshot(const std::string& name);
-  void declare_dead(int rank);
+  void declare_dead(int rank) override;
   // Stop waiting for `rank` (waited for since `waiting_since`): declared
   // dead, or its heartbeat has been silent for the heartbeat timeout (a hung
   // process or machine), or it has made no progress for the idle timeout
   // during this wait (stuck). A replica that is merely behind (paused, or
   // busy handing its state over) is waited for: otherwise it would stay
   // behind, given up at every exchange, for the rest of the run.
-  bool given_up(int rank, std::chrono::steady_clock::time_point waiting_since);
+  bool given_up(int rank, std::chrono::steady_clock::time_point waiting_since) override;
+  bool silent(int rank) override;
   // This replica moved on: an inner step, or a second spent waiting for
   // partners it has not given up (so that those waiting for it wait too).
-  void progressed() {
+  void progressed() override {
     if (own_) own_->progressed();
   }
 
@@ -104,6 +106,8 @@ class Membership {
     bool silent = false;                                   // its heartbeat
   };
   std::map<int, Silence> silence_;  // heartbeats and progress are read at most once a second per member
+  // Its heartbeat and progress, read again if a second has passed. Under mutex_.
+  const Silence& silence_of(int rank, std::chrono::steady_clock::time_point now);
   std::set<std::string> seen_requests_;
 };
 

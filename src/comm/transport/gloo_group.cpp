@@ -116,7 +116,7 @@ GlooGroup join_gloo_group(const StorePtr& store, const WorkerEnv& env, const std
                           const Seal* seal, const std::function<bool()>& abandon) {
   // The store cannot list keys, so keys under a secret prefix can be neither
   // found nor forged by a process without the token: it cannot join the run.
-  const auto deadline = Clock::now() + timeout;
+  const auto start = Clock::now(), deadline = start + timeout;
   const auto given_up = [&] { return abandon && abandon(); };
   // Only members of the run get a pair's connection (comm/transport/gloo_admission.h).
   std::optional<AdmissionKey> admission;
@@ -155,7 +155,10 @@ GlooGroup join_gloo_group(const StorePtr& store, const WorkerEnv& env, const std
         verdicts->set("failed", {1});
         release_waiting_peers(*rendezvous, rank, world, admission ? &*admission : nullptr);
       }
-      if (given_up()) break;
+      if (given_up())
+        throw std::runtime_error(fmt::format("group {} (member {} of {}) given up after {:.0f} s: a member is gone "
+                                             "(declared dead or its heartbeat silent)",
+                                             name, rank, world, std::chrono::duration<double>(Clock::now() - start).count()));
       if (attempt + 1 < kGroupAttempts && left_until(deadline).count() > 0)
         spdlog::warn("group {} (member {} of {}), try {}: {}; forming it again on fresh ports", name, rank, world,
                      attempt + 1, why);

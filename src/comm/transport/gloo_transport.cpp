@@ -184,10 +184,10 @@ class GlooCollectives final : public Transport {
   ExchangeResult exchange(const ExchangeRequest&) override {
     throw std::logic_error("a collectives-only group does no point-to-point exchanges");
   }
-  void send_state(const std::string&, const MessageHeader&, const torch::Tensor&) override {
+  void send_state(const std::string&, int, const MessageHeader&, const torch::Tensor&) override {
     throw std::logic_error("a collectives-only group hands over no state");
   }
-  torch::Tensor receive_state(const std::string&, const MessageHeader&, int64_t) override {
+  torch::Tensor receive_state(const std::string&, int, const MessageHeader&, int64_t) override {
     throw std::logic_error("a collectives-only group hands over no state");
   }
   std::unique_ptr<Transport> subgroup(const std::string&, const std::vector<Peer>&) override {
@@ -205,7 +205,7 @@ class GlooCollectives final : public Transport {
 
 GlooTransport::GlooTransport(std::function<StorePtr()> connect, const WorkerEnv& env, std::string scope, Peer self,
                              int world, const std::string& bind, std::chrono::milliseconds timeout,
-                             std::shared_ptr<const Seal> seal)
+                             std::shared_ptr<const Seal> seal, Liveness* liveness)
     : connect_(std::move(connect)),
       env_(env),
       scope_(std::move(scope)),
@@ -214,6 +214,7 @@ GlooTransport::GlooTransport(std::function<StorePtr()> connect, const WorkerEnv&
       timeout_(timeout),
       run_id_(run_id_of(env.token)),
       seal_(std::move(seal)),
+      liveness_(liveness),
       run_sealing_{seal_.get(), scope_, run_id_},
       store_(connect_()),
       device_(gloo_device(bind)),
@@ -266,6 +267,23 @@ GlooTransport::~GlooTransport() {
   if (releasing_.joinable()) releasing_.join();
 }
 
+bool GlooTransport::given_up(int rank, Clock::time_point since) const {
+  return liveness_ && liveness_->given_up(rank, since);
+}
+
+bool GlooTransport::any_gone(const std::vector<int>& ranks) const {
+  if (!liveness_) return false;
+  liveness_->progressed();
+  const auto now = Clock::now();
+  return std::any_of(ranks.begin(), ranks.end(), [&](int r) { return r != self_.rank && given_up(r, now); });
+}
+
+bool GlooTransport::silent(int rank) const {
+  if (!liveness_) return false;
+  liveness_->progressed();
+  return liveness_->silent(rank);
+}
+
 GlooGroup GlooTransport::join(const std::string& name, int rank, int world, const std::function<bool()>& abandon) {
   return join_gloo_group(store_, env_, name, rank, world, device_, timeout_, seal_.get(), abandon);
 }
@@ -304,18 +322,18 @@ std::unique_ptr<Transport> GlooTransport::subgroup(const std::string& name, cons
   const auto me = std::find(members.begin(), members.end(), self_);
   if (me == members.end()) throw std::logic_error("subgroup without this member");
   const int index = int(me - members.begin()), size = int(members.size());
+  std::vector<int> ranks;
+  for (const auto& m : members) ranks.push_back(m.rank);
   // Its own store connection: an exchange may be meeting on store_ on another thread (overlap=true).
   auto group = join_gloo_group(connect_(), env_, scope_ + "/" + name + "/" + members_key(members), index, size, device_,
-                               timeout_, seal_.get());
+                               timeout_, seal_.get(), [&] { return any_gone(ranks); });
   const auto group_name = scope_ + "/" + name;
   return std::make_unique<GlooCollectives>(std::move(group), index, size, timeout_,
                                            CollectiveSeal{seal_.get(), group_name, run_id_});
 }
 
-std::vector<Peer> GlooTransport::meet(const std::string& key, const std::vector<Peer>& peers,
-                                      const ExchangeRequest::GiveUp& give_up, const std::function<void()>& waiting,
-                                      std::vector<int>* late, int64_t my_generation,
-                                      std::map<int, int64_t>* generations) {
+std::vector<Peer> GlooTransport::meet(const std::string& key, const std::vector<Peer>& peers, std::vector<int>* late,
+                                      int64_t my_generation, std::map<int, int64_t>* generations) {
   // Each member adds 1 to its own counter under the exchange's key and blocks
   // until every peer's counter exists: event-driven, so members meet as soon
   // as all are there. A watchdog on its own store connection adds 2 for a
@@ -323,8 +341,10 @@ std::vector<Peer> GlooTransport::meet(const std::string& key, const std::vector<
   // wait. A counter of exactly 1 means "came, and not given up"; a member
   // that finds more on arriving was given up and goes on alone.
   // (Counters, not compareSet: the store wakes waiters on add, not on compareSet.)
-  // A patient wait (`waiting` given) has no deadline: give_up decides, and
-  // `waiting` tells the members waiting for this one that it is not stuck.
+  // With a liveness authority the wait is patient, without a deadline: the
+  // authority decides, and is told about once a second that this member is
+  // waiting, not stuck (for the members waiting for it).
+  const bool patient = liveness_ != nullptr;
   const auto meetings = run_scope(store_, env_.token, scope_ + "/meet");
   auto here = [&](int r) { return fmt::format("{}/here/{}", key, r); };
   auto generation_key = [&](int r) { return fmt::format("{}/generation/{}", key, r); };
@@ -340,11 +360,11 @@ std::vector<Peer> GlooTransport::meet(const std::string& key, const std::vector<
     auto noted = start;
     Ticker watchdog(std::chrono::milliseconds(20), [&] {
       for (const auto& peer : peers) {
-        if (((!waiting && Clock::now() > deadline) || give_up(peer.rank, start)) && !watch->check({here(peer.rank)}))
+        if (((!patient && Clock::now() > deadline) || given_up(peer.rank, start)) && !watch->check({here(peer.rank)}))
           watch->add(here(peer.rank), 2);
       }
-      if (waiting && Clock::now() - noted > std::chrono::seconds(1)) {
-        waiting();
+      if (patient && Clock::now() - noted > std::chrono::seconds(1)) {
+        liveness_->progressed();
         noted = Clock::now();
       }
       return false;
@@ -354,7 +374,7 @@ std::vector<Peer> GlooTransport::meet(const std::string& key, const std::vector<
         meetings->wait(keys, timeout_ + std::chrono::seconds(30));
         break;
       } catch (const std::exception&) {
-        if (!waiting) throw;
+        if (!patient) throw;
         if (meetings->check(keys)) break;  // else the peers are behind and moving: wait on
       }
     }
@@ -385,11 +405,10 @@ ExchangeResult GlooTransport::exchange(const ExchangeRequest& request) {
               "exchange payloads are contiguous bytes described by their header");
   const std::string planned = members_key(request.group);
   std::map<int, int64_t> generations;
-  const auto present = meet(fmt::format("{}/{}", request.id, planned), peers, request.give_up, request.waiting,
-                            &result.lost, p2p_groups_.generation(planned), &generations);
+  const auto present =
+      meet(fmt::format("{}/{}", request.id, planned), peers, &result.lost, p2p_groups_.generation(planned), &generations);
   const bool whole = present.size() == peers.size();
-  auto group =
-      present.empty() ? GlooGroup() : acquire_group(request.id, planned, whole, present, generations, request.give_up);
+  auto group = present.empty() ? GlooGroup() : acquire_group(request.id, planned, whole, present, generations);
   if (!group) {
     for (const auto& p : present) result.lost.push_back(p.rank);
     cost.wait_seconds += since(start);
@@ -405,14 +424,15 @@ ExchangeResult GlooTransport::exchange(const ExchangeRequest& request) {
     }
   }
   std::sort(result.lost.begin(), result.lost.end());
+  if (liveness_)
+    for (int r : result.lost) liveness_->declare_dead(r);  // later snapshots leave it out
   cost.comm_seconds += since(start);
   charge(cost);
   return result;
 }
 
 GlooGroup GlooTransport::acquire_group(int64_t exchange, const std::string& planned, bool whole,
-                                       const std::vector<Peer>& present, const std::map<int, int64_t>& generations,
-                                       const ExchangeRequest::GiveUp& give_up) {
+                                       const std::vector<Peer>& present, const std::map<int, int64_t>& generations) {
   // Reuse the group of the last exchange among exactly these members, if
   // every one of them still holds the same one (the generation they announce).
   const int64_t mine = p2p_groups_.generation(planned);
@@ -427,13 +447,10 @@ GlooGroup GlooTransport::acquire_group(int64_t exchange, const std::string& plan
     const int64_t generation = exchange + 1;
     // A member that came to the meeting and died since (declared dead, or
     // its heartbeat silent) would hold the others for the whole timeout.
-    // Progress is not asked for: every member is standing in this formation.
-    const auto gone = [&] {
-      const auto now = Clock::now();
-      return std::any_of(present.begin(), present.end(), [&](const Peer& p) { return give_up(p.rank, now); });
-    };
+    std::vector<int> ranks;
+    for (const auto& p : present) ranks.push_back(p.rank);
     auto group = join(fmt::format("{}/p2p/{}/{}", scope_, members_key(members), generation), index,
-                      int(members.size()), gone);
+                      int(members.size()), [&] { return any_gone(ranks); });
     if (whole) p2p_groups_.keep(planned, generation, group);
     return group;
   } catch (const std::exception& e) {
@@ -509,9 +526,11 @@ std::vector<Peer> GlooTransport::with_self(std::vector<Peer> peers) const {
   return peers;
 }
 
-void GlooTransport::send_state(const std::string& channel, const MessageHeader& header, const torch::Tensor& bytes) {
+void GlooTransport::send_state(const std::string& channel, int receiver, const MessageHeader& header,
+                               const torch::Tensor& bytes) {
   const auto start = Clock::now();
-  auto pg = join_gloo_group(connect_(), env_, scope_ + "/handover/" + channel, 0, 2, device_, timeout_, seal_.get());
+  auto pg = join_gloo_group(connect_(), env_, scope_ + "/handover/" + channel, 0, 2, device_, timeout_, seal_.get(),
+                            [&] { return silent(receiver); });
   auto stamped = header;
   stamped.run = run_id_;
   FramedSend send(*pg, 1, 0, stamped, {bytes.contiguous()}, seal_.get());
@@ -524,10 +543,11 @@ void GlooTransport::send_state(const std::string& channel, const MessageHeader& 
   release(std::move(pg));
 }
 
-torch::Tensor GlooTransport::receive_state(const std::string& channel, const MessageHeader& expected,
+torch::Tensor GlooTransport::receive_state(const std::string& channel, int donor, const MessageHeader& expected,
                                            int64_t max_bytes) {
   const auto start = Clock::now();
-  auto pg = join_gloo_group(connect_(), env_, scope_ + "/handover/" + channel, 1, 2, device_, timeout_, seal_.get());
+  auto pg = join_gloo_group(connect_(), env_, scope_ + "/handover/" + channel, 1, 2, device_, timeout_, seal_.get(),
+                            [&] { return silent(donor); });
   auto stamped = expected;
   stamped.run = run_id_;
   FramedReceive receive(*pg, 0, 0, stamped, max_bytes, seal_.get());

@@ -21,6 +21,7 @@
 #include <string>
 #include <thread>
 
+#include "comm/membership/liveness.h"
 #include "comm/transport/gloo_group.h"
 #include "comm/store/store.h"
 #include "comm/transport/transport.h"
@@ -75,8 +76,11 @@ class GlooTransport final : public Transport {
   // any (NoLoCo) never waits for every worker to start; a restarted rank has
   // none: Gloo cannot take it back into a formed group. With `seal`, every
   // payload travels sealed (comm/transport/seal.h), collectives included; null: in clear.
+  // `liveness` (may be null: peers are waited for until the timeout) is
+  // asked in every wait for a peer and told of every peer given up.
   GlooTransport(std::function<StorePtr()> connect, const WorkerEnv& env, std::string scope, Peer self, int world,
-                const std::string& bind, std::chrono::milliseconds timeout, std::shared_ptr<const Seal> seal);
+                const std::string& bind, std::chrono::milliseconds timeout, std::shared_ptr<const Seal> seal,
+                Liveness* liveness = nullptr);
   ~GlooTransport() override;
   int rank() const override { return self_.rank; }
   int world() const override { return world_; }
@@ -84,22 +88,32 @@ class GlooTransport final : public Transport {
   std::vector<torch::Tensor> all_gather(const torch::Tensor& bytes) override;
   std::vector<torch::Tensor> all_to_all(const torch::Tensor& bytes) override;
   ExchangeResult exchange(const ExchangeRequest& request) override;
-  void send_state(const std::string& channel, const MessageHeader& header, const torch::Tensor& bytes) override;
-  torch::Tensor receive_state(const std::string& channel, const MessageHeader& expected, int64_t max_bytes) override;
+  void send_state(const std::string& channel, int receiver, const MessageHeader& header,
+                  const torch::Tensor& bytes) override;
+  torch::Tensor receive_state(const std::string& channel, int donor, const MessageHeader& expected,
+                              int64_t max_bytes) override;
   std::unique_ptr<Transport> subgroup(const std::string& name, const std::vector<Peer>& members) override;
   void corrupt_next_message() override { corrupt_next_send_ = true; }
 
  private:
+  // The liveness authority's verdict on `rank`, waited for since `since` (never, without one).
+  bool given_up(int rank, std::chrono::steady_clock::time_point since) const;
+  // For a wait that every one of `ranks` stands in too (forming a group):
+  // tells the authority this worker is waiting, not stuck, and whether any
+  // of them is gone (declared dead, heartbeat silent).
+  bool any_gone(const std::vector<int>& ranks) const;
+  // The same for the two ends of a state hand-over: only a silent heartbeat
+  // counts (the receiver is declared dead until it holds the state).
+  bool silent(int rank) const;
   // Members meet under `key` through store counters before forming a group:
   // returns the peers that came and were not given up; `late` gets the others.
-  std::vector<Peer> meet(const std::string& key, const std::vector<Peer>& peers,
-                         const ExchangeRequest::GiveUp& give_up, const std::function<void()>& waiting,
-                         std::vector<int>* late, int64_t my_generation, std::map<int, int64_t>* generations);
+  std::vector<Peer> meet(const std::string& key, const std::vector<Peer>& peers, std::vector<int>* late,
+                         int64_t my_generation, std::map<int, int64_t>* generations);
   // The group for an exchange among `present` (and this member): the cached
   // one if every member holds it, else a new one; null if it cannot be formed.
-  // Formed while give_up says none of them is gone.
+  // Formed while none of them is gone.
   GlooGroup acquire_group(int64_t exchange, const std::string& planned, bool whole, const std::vector<Peer>& present,
-                          const std::map<int, int64_t>& generations, const ExchangeRequest::GiveUp& give_up);
+                          const std::map<int, int64_t>& generations);
   // Sends this member's message to each of `present` and receives theirs;
   // true if a pair failed (the group must not be used again).
   bool trade(c10d::ProcessGroupGloo& group, const ExchangeRequest& request, const std::vector<Peer>& present,
@@ -118,6 +132,7 @@ class GlooTransport final : public Transport {
   std::chrono::milliseconds timeout_;
   int64_t run_id_;
   std::shared_ptr<const Seal> seal_;
+  Liveness* liveness_;
   CollectiveSeal run_sealing_;  // the run-wide group's
   std::atomic<bool> corrupt_next_send_{false};
   StorePtr store_;  // exchanges' meetings and groups (one exchange at a time, on whichever thread runs them)

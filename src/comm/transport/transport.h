@@ -29,14 +29,6 @@ struct ExchangeRequest {
   std::vector<Peer> group;
   MessageHeader header;  // header.bytes == payload.numel(); the transport stamps header.run
   torch::Tensor payload;
-  // Asked while waiting (since `waiting_since`): stop waiting for this rank
-  // (declared dead, silent heartbeat, no progress).
-  using GiveUp = std::function<bool(int rank, std::chrono::steady_clock::time_point waiting_since)>;
-  GiveUp give_up = [](int, std::chrono::steady_clock::time_point) { return false; };
-  // Called about once a second while waiting. With it, peers are waited for
-  // until give_up says so (it tells a stuck peer from one that is behind);
-  // without it, for the transport's timeout.
-  std::function<void()> waiting;
 };
 
 struct ExchangeResult {
@@ -56,17 +48,24 @@ class Transport {
   // `bytes` (uint8) cut into world() equal chunks, chunk r going to member r;
   // returns the chunks addressed to this member, in rank order: one collective.
   virtual std::vector<torch::Tensor> all_to_all(const torch::Tensor& bytes) = 0;
-  // Point-to-point only; never throws for a peer's failure (it is `lost`).
+  // Point-to-point only; never throws for a peer's failure (it is `lost`,
+  // and declared dead to the transport's liveness authority, if it has one).
+  // With one, peers are waited for until it gives them up (it tells a stuck
+  // peer from one that is behind); without, for the transport's timeout.
   virtual ExchangeResult exchange(const ExchangeRequest& request) = 0;
   // The hand-over of a training state on `channel` (named identically by both
-  // ends): the donor sends, the restarted member receives a payload of at most
-  // `max_bytes` after checking its header (the transport stamps `run`; the
-  // size is the header's). Throw on failure.
-  virtual void send_state(const std::string& channel, const MessageHeader& header, const torch::Tensor& bytes) = 0;
-  virtual torch::Tensor receive_state(const std::string& channel, const MessageHeader& expected,
+  // ends): the donor sends to member `receiver`, the restarted member
+  // receives from member `donor` a payload of at most `max_bytes` after
+  // checking its header (the transport stamps `run`; the size is the
+  // header's). Throw on failure, at once when the liveness authority gives
+  // the other end up.
+  virtual void send_state(const std::string& channel, int receiver, const MessageHeader& header,
+                          const torch::Tensor& bytes) = 0;
+  virtual torch::Tensor receive_state(const std::string& channel, int donor, const MessageHeader& expected,
                                       int64_t max_bytes) = 0;
   // Collectives among just `members` (sorted; this member included), for
-  // evaluations across the live replicas; its traffic is its own.
+  // evaluations across the live replicas; its traffic is its own. Forming
+  // it throws at once when the liveness authority gives a member up.
   virtual std::unique_ptr<Transport> subgroup(const std::string& name, const std::vector<Peer>& members) = 0;
   // A failure drill (inject_crash=RANK:STEP:corrupt): one byte of this
   // member's next exchange message is flipped on the wire.
