@@ -2,7 +2,8 @@
 # Our training step against the same step in plain PyTorch (Debian's
 # python3-torch, installed here rather than by setup.sh), run alternately so
 # both see the same machine; prints the median tokens/s of each, the ratio and
-# peak memory, for the Shakespeare shape and a larger one.
+# peak memory, for the Shakespeare shape and a larger one; both run the same
+# OpenBLAS kernels (OPENBLAS_CORETYPE, named in the output with the CPU).
 #   scripts/bench_vs_pytorch.sh [REPEATS] [THREADS]
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -32,18 +33,25 @@ for shape in "${shapes[@]}"; do
     # set_num_threads says; we run BLAS single-threaded inside each intra-op
     # thread (src/util/compute_threads.h). Capped here to the same count, so
     # that threads=1 means one core for both.
-    t=$(OPENBLAS_NUM_THREADS=$threads "$py" benchmarks/pytorch_step.py $py_args --threads "$threads")
+    # The same OpenBLAS kernels for both: noloco names its own where Debian's
+    # OpenBLAS falls back to SSE3 ones (src/util/process_runtime.cpp), and
+    # reports the core it ran; PyTorch is given that core.
+    core=$(echo "$o" | python3 -c 'import json,sys;print(json.load(sys.stdin).get("blas_core",""))')
+    t=$(OPENBLAS_CORETYPE=${OPENBLAS_CORETYPE:-$core} OPENBLAS_NUM_THREADS=$threads "$py" benchmarks/pytorch_step.py \
+      $py_args --threads "$threads")
     ours+=("$(echo "$o" | python3 -c 'import json,sys;print(json.load(sys.stdin)["tokens_per_s"])')")
     theirs+=("$(echo "$t" | python3 -c 'import json,sys;print(json.load(sys.stdin)["tokens_per_s"])')")
     ours_mem=$(echo "$o" | python3 -c 'import json,sys;print(json.load(sys.stdin)["peak_rss_mib"])')
     theirs_mem=$(echo "$t" | python3 -c 'import json,sys;print(json.load(sys.stdin)["peak_rss_mib"])')
   done
-  python3 - "$name" "$threads" "$ours_mem" "$theirs_mem" "${ours[*]}" "${theirs[*]}" <<'PY'
+  python3 - "$name" "$threads" "$ours_mem" "$theirs_mem" "${ours[*]}" "${theirs[*]}" "${OPENBLAS_CORETYPE:-$core}" <<'PY'
 import statistics, sys
-name, threads, om, tm, o, t = sys.argv[1:]
+name, threads, om, tm, o, t, core = sys.argv[1:]
+cpu = next((l.split(":", 1)[1].strip() for l in open("/proc/cpuinfo") if l.startswith("model name")), "?")
 o = [float(v) for v in o.split()]; t = [float(v) for v in t.split()]
 mo, mt = statistics.median(o), statistics.median(t)
-print(f"{name} ({threads} thread(s), median of {len(o)} alternating runs): noloco {mo:.0f} tokens/s, "
-      f"PyTorch {mt:.0f} tokens/s, ratio {mo / mt:.2f}x; peak memory {float(om):.0f} MiB vs {float(tm):.0f} MiB")
+print(f"{name} ({threads} thread(s), median of {len(o)} alternating runs, {cpu}, OpenBLAS {core} kernels for both): "
+      f"noloco {mo:.0f} tokens/s, PyTorch {mt:.0f} tokens/s, ratio {mo / mt:.2f}x; "
+      f"peak memory {float(om):.0f} MiB vs {float(tm):.0f} MiB")
 PY
 done

@@ -6,6 +6,7 @@
 #include "optim/flat_params.h"
 #include "optim/inner.h"
 #include "util/compute_threads.h"
+#include "util/process_runtime.h"
 #include "util/process_stats.h"
 #include "util/progress.h"
 #include "util/torch_shim.h"
@@ -100,7 +101,8 @@ nlohmann::json bench_training(const TrainConfig& c, int64_t steps, double peak_t
           {"mfu", achieved / peak},
           {"peak_rss_mib", peak_rss_mib()},
           {"peak_gpu_gib", device.is_cuda() ? shim::peak_cuda_allocated_bytes(device.index() < 0 ? 0 : device.index()) / double(1 << 30) : 0.0},
-          {"fused_adamw", inner.fused()}};
+          {"fused_adamw", inner.fused()},
+          {"blas_core", blas_core()}};
 }
 
 }  // namespace noloco

@@ -63,13 +63,11 @@ VectorUnits vector_units() {
 bool use_the_blas_kernels_this_cpu_runs() {
 #if defined(__x86_64__)
   if (std::getenv("OPENBLAS_CORETYPE")) return false;
-  using CoreName = char* (*)();
-  const auto core_name = reinterpret_cast<CoreName>(::dlsym(RTLD_DEFAULT, "openblas_get_corename"));
-  const char* core = core_name ? core_name() : nullptr;
-  if (!core) return false;  // not OpenBLAS
+  const std::string core = blas_core();
+  if (core.empty()) return false;  // not OpenBLAS
   static const char* const vector_cores[] = {"haswell", "zen", "skylakex", "cooperlake", "sapphirerapids"};
   for (const char* vector_core : vector_cores)
-    if (strcasecmp(core, vector_core) == 0) return false;
+    if (strcasecmp(core.c_str(), vector_core) == 0) return false;
   const VectorUnits v = vector_units();
   if (!v.avx2) return false;
   setenv("OPENBLAS_CORETYPE", v.avx512 ? "SkylakeX" : "Haswell", 1);
@@ -80,6 +78,13 @@ bool use_the_blas_kernels_this_cpu_runs() {
 }
 
 }  // namespace
+
+std::string blas_core() {
+  using CoreName = char* (*)();
+  const auto core_name = reinterpret_cast<CoreName>(::dlsym(RTLD_DEFAULT, "openblas_get_corename"));
+  const char* core = core_name ? core_name() : nullptr;
+  return core ? core : "";
+}
 
 void prepare_process_runtime(char** argv) {
   const bool openmp = wait_passively_in_openmp();

@@ -14,10 +14,16 @@
 //    slower on a Xeon with AVX-512): OPENBLAS_CORETYPE names the kernels the
 //    CPU runs, read at load time too, so set before the same re-execution.
 #pragma once
+#include <string>
 
 namespace noloco {
 
 // May replace the process (execv) and not return.
 void prepare_process_runtime(char** argv);
+
+// The kernels OpenBLAS runs in this process ("Haswell", "SkylakeX", ...; its
+// name for them), for stating with every speed figure; empty when the BLAS
+// is not OpenBLAS.
+std::string blas_core();
 
 }  // namespace noloco
