@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Randomized failure drills (issue 32): 4-replica NoLoCo runs of a small model
 # in which one or two workers are killed, frozen or killed halfway through a
-# checkpoint, at random ranks and steps, with and without restarts. Every run
+# checkpoint, at random ranks and steps, with and without restarts; every
+# other run a worker joins at a random moment and may be killed. Every run
 # must end by itself within twice the undisturbed run's wall time, write its
 # summary and leave no process behind. Writes a Markdown table.
 #
@@ -26,7 +27,7 @@ common=(train configs/shakespeare.yaml hidden=32 layers=2 heads=2 context=32 bat
 now() { date +%s.%N; }
 
 # Whether any process of the run in $1 is left.
-leftovers() { pgrep -f "[n]oloco train .*out=$1( |$)" > /dev/null && echo yes || echo no; }
+leftovers() { pgrep -f "[n]oloco (train .*out=$1( |$)|join $1 )" > /dev/null && echo yes || echo no; }
 
 start=$(now)
 "$bin" "${common[@]}" out="$out/undisturbed" > "$out/undisturbed.log" 2>&1
@@ -36,8 +37,8 @@ echo "drills: undisturbed run ${base%.*} s; each drill must end within ${limit%.
 
 table="$out/drills.md"
 {
-  echo "| # | failures | restarts | exit | wall s | within 2x | summary | finished | failed / restarted | processes left |"
-  echo "|---|---|---|---|---|---|---|---|---|---|"
+  echo "| # | failures | restarts | joiner | exit | wall s | within 2x | summary | finished | failed / restarted | joined | processes left |"
+  echo "|---|---|---|---|---|---|---|---|---|---|---|---|"
 } > "$table"
 ok=0
 for ((i = 1; i <= runs; i++)); do
@@ -55,25 +56,54 @@ for ((i = 1; i <= runs; i++)); do
   done
   restarts=$((RANDOM % 2))
   dir="$out/drill_$i"
+  # Every other drill, a worker joins the running run (`noloco join`, id 4)
+  # at a random moment: killed during its hand-over, killed (SIGKILL) at a
+  # random moment after it started, or left to train to the end.
+  join=""
+  if ((RANDOM % 2)); then
+    join_at=$((3 + RANDOM % (${base%.*} / 2 + 1)))
+    case $((RANDOM % 3)) in
+      0) join="join@${join_at}s:handover" ;;
+      1) join="join@${join_at}s:kill@$((join_at + 1 + RANDOM % 10))s" ;;
+      2) join="join@${join_at}s" ;;
+    esac
+  fi
   t0=$(now)
   set +e
-  timeout -k 10 "$limit" "$bin" "${common[@]}" restarts=$restarts inject_crash="$plan" out="$dir" > "$dir.log" 2>&1
+  timeout -k 10 "$limit" "$bin" "${common[@]}" restarts=$restarts inject_crash="$plan" out="$dir" > "$dir.log" 2>&1 &
+  run_pid=$!
+  if [ -n "$join" ]; then
+    (
+      sleep "$join_at"
+      crash=""; [[ $join == *:handover ]] && crash="inject_crash=4:handover"
+      timeout -k 5 "$limit" "$bin" join "$dir" threads=1 $crash > "$dir.join.log" 2>&1 &
+      joiner=$!
+      if [[ $join == *:kill@* ]]; then
+        kill_at=${join##*kill@}; sleep $((${kill_at%s} - join_at)); pkill -9 -f "[n]oloco join $dir " 2> /dev/null
+      fi
+      wait "$joiner"
+    ) &
+    join_pid=$!
+  fi
+  wait "$run_pid"
   code=$?
+  [ -n "$join" ] && { kill "$join_pid" 2> /dev/null; wait "$join_pid" 2> /dev/null; }
   set -e
   wall=$(echo "$(now) - $t0" | bc)
   sleep 1
   left=$(leftovers "$dir")
-  [ "$left" = yes ] && pkill -9 -f "[n]oloco train .*out=$dir( |$)" || true
-  summary=no finished="" lost=""
+  [ "$left" = yes ] && pkill -9 -f "[n]oloco (train .*out=$dir( |$)|join $dir )" || true
+  summary=no finished="" lost="" joined=""
   if [ -f "$dir/summary.json" ]; then
     summary=yes
     finished=$(python3 -c 'import json,sys; s=json.load(open(sys.argv[1])); print(",".join(map(str,s["replicas_finished"])))' "$dir/summary.json")
+    joined=$(python3 -c 'import json,sys; s=json.load(open(sys.argv[1])); print(",".join(str(j["replica"]) for j in s.get("joined", [])))' "$dir/summary.json")
     lost=$(python3 -c 'import json,sys; s=json.load(open(sys.argv[1])); print(" ".join([str(f["replica"]) for f in s["replicas_failed"]] + [str(f["replica"]) + "(restarted)" for f in s.get("replicas_restarted", [])]))' "$dir/summary.json")
   fi
   within=$([ "$code" -ne 124 ] && [ "$code" -ne 137 ] && echo yes || echo no)
   [ "$within" = yes ] && [ "$summary" = yes ] && [ "$left" = no ] && ok=$((ok + 1))
-  printf '| %d | `%s` | %d | %d | %.0f | %s | %s | %s | %s | %s |\n' "$i" "$plan" "$restarts" "$code" "$wall" "$within" \
-    "$summary" "$finished" "$lost" "$left" | tee -a "$table"
+  printf '| %d | `%s` | %d | %s | %d | %.0f | %s | %s | %s | %s | %s | %s |\n' "$i" "$plan" "$restarts" "${join:-–}" "$code" \
+    "$wall" "$within" "$summary" "$finished" "$lost" "$joined" "$left" | tee -a "$table"
 done
 echo "drills: $ok of $runs ended by themselves within ${limit%.*} s with a summary and no process left (seed $seed)" | tee -a "$table"
 [ "$ok" -eq "$runs" ]
