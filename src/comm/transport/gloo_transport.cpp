@@ -267,6 +267,16 @@ GlooTransport::~GlooTransport() {
   if (releasing_.joinable()) releasing_.join();
 }
 
+namespace {
+
+std::vector<int> ranks_of(const std::vector<Peer>& peers) {
+  std::vector<int> ranks;
+  for (const auto& p : peers) ranks.push_back(p.rank);
+  return ranks;
+}
+
+}  // namespace
+
 bool GlooTransport::given_up(int rank, Clock::time_point since) const {
   return liveness_ && liveness_->given_up(rank, since);
 }
@@ -322,8 +332,7 @@ std::unique_ptr<Transport> GlooTransport::subgroup(const std::string& name, cons
   const auto me = std::find(members.begin(), members.end(), self_);
   if (me == members.end()) throw std::logic_error("subgroup without this member");
   const int index = int(me - members.begin()), size = int(members.size());
-  std::vector<int> ranks;
-  for (const auto& m : members) ranks.push_back(m.rank);
+  const auto ranks = ranks_of(members);
   // Its own store connection: an exchange may be meeting on store_ on another thread (overlap=true).
   auto group = join_gloo_group(connect_(), env_, scope_ + "/" + name + "/" + members_key(members), index, size, device_,
                                timeout_, seal_.get(), [&] { return any_gone(ranks); });
@@ -447,8 +456,7 @@ GlooGroup GlooTransport::acquire_group(int64_t exchange, const std::string& plan
     const int64_t generation = exchange + 1;
     // A member that came to the meeting and died since (declared dead, or
     // its heartbeat silent) would hold the others for the whole timeout.
-    std::vector<int> ranks;
-    for (const auto& p : present) ranks.push_back(p.rank);
+    const auto ranks = ranks_of(present);
     auto group = join(fmt::format("{}/p2p/{}/{}", scope_, members_key(members), generation), index,
                       int(members.size()), [&] { return any_gone(ranks); });
     if (whole) p2p_groups_.keep(planned, generation, group);
