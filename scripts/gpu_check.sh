@@ -17,9 +17,10 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-build_packages=(etcd-server libyaml-cpp-dev libfmt-dev libspdlog-dev nlohmann-json3-dev libcurl4-openssl-dev libgloo-dev libgtest-dev)
+build_packages=(etcd-server libyaml-cpp-dev libfmt-dev libspdlog-dev nlohmann-json3-dev libcurl4-openssl-dev libgloo-dev libgtest-dev
+  libpcre2-dev libsodium-dev libzstd-dev zlib1g-dev)
 # What those link against, minus the C and C++ runtimes every machine has.
-runtime_packages=(libyaml-cpp0.7 libfmt9 libspdlog1.10 libcurl4 libbrotli1 libcom-err2 libdb5.3 libffi8 libgmp10
+runtime_packages=(libyaml-cpp0.7 libfmt9 libspdlog1.10 libcurl4 libpcre2-8-0 libsodium23 libbrotli1 libcom-err2 libdb5.3 libffi8 libgmp10
   libgnutls30 libgssapi-krb5-2 libhogweed6 libidn2-0 libk5crypto3 libkeyutils1 libkrb5-3 libkrb5support0
   libldap-2.5-0 libnettle8 libnghttp2-14 libp11-kit0 libpsl5 librtmp1 libsasl2-2 libsasl2-modules-db libssh2-1
   libssl3 libtasn1-6 libunistring2 libzstd1 zlib1g)
@@ -46,6 +47,9 @@ if [ -n "${NOLOCO_DEBS:-}" ]; then
   deps=${NOLOCO_DEPS_PREFIX:-/tmp/noloco-gpu-deps}
   mkdir -p "$deps"
   for f in "$NOLOCO_DEBS"/*.deb; do dpkg -x "$f" "$deps"; done
+  # The packages' pkg-config files name /usr; point them at the private prefix.
+  find "$deps/usr" -name '*.pc' -exec sed -i "s|=/usr|=$deps/usr|g" {} +
+  export PKG_CONFIG_PATH="$deps/usr/lib/x86_64-linux-gnu/pkgconfig:$deps/usr/share/pkgconfig${PKG_CONFIG_PATH:+:$PKG_CONFIG_PATH}"
   prefix_path="$prefix_path;$deps/usr"
   # pip's LibTorch ships fmt headers of its own (a newer fmt than spdlog was
   # built with); a directory given with -I is searched before LibTorch's

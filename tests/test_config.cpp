@@ -2,6 +2,7 @@
 
 #include "config/options.h"
 #include "config/train_config.h"
+#include "config/worker_env.h"
 
 using namespace noloco;
 
@@ -193,4 +194,24 @@ TEST(Config, CompressionPresetSetsTheCodecKeysAndKeysGivenWithItOverrideIt) {
       << "reduce_scatter has no leftover of its own to keep";
   EXPECT_NE(error_of("", {"method=diloco", "error_feedback_decay=0"}).find("error_feedback_decay must be in (0, 1]"),
             std::string::npos);
+}
+
+// device=cuda is the GPU of the worker's local rank; cpu and cuda:N stay as written.
+TEST(WorkerDevice, CudaIsTheLocalRanksOwnGpu) {
+  EXPECT_EQ(worker_device("cuda", 0, 8), "cuda:0");
+  EXPECT_EQ(worker_device("cuda", 7, 8), "cuda:7");
+  EXPECT_EQ(worker_device("cuda:0", 5, 1), "cuda:0");
+  EXPECT_EQ(worker_device("cpu", 3, 0), "cpu");
+}
+
+TEST(WorkerDevice, MoreLocalRanksThanGpusIsRefusedInOneLine) {
+  try {
+    worker_device("cuda", 2, 2);
+    ADD_FAILURE() << "a third local rank on two GPUs was accepted";
+  } catch (const std::invalid_argument& e) {
+    const std::string what = e.what();
+    EXPECT_NE(what.find("local rank 2 has none (2 CUDA devices here)"), std::string::npos) << what;
+    EXPECT_EQ(what.find('\n'), std::string::npos);
+  }
+  EXPECT_THROW(worker_device("cuda", 0, 0), std::invalid_argument);
 }

@@ -3,6 +3,8 @@
 // where LibTorch sees no GPU (Debian's LibTorch is CPU-only); scripts/gpu_check.sh
 // runs them on a GPU machine (`--gtest_filter='Cuda*'`).
 #include <gtest/gtest.h>
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
 #include <torch/torch.h>
 
 #include "model/llama.h"
@@ -12,6 +14,9 @@
 #include "util/torch_shim.h"
 
 using namespace noloco;
+using noloco::testing::read_text;
+using noloco::testing::run_cli;
+using noloco::testing::small_train_args;
 using noloco::testing::train_losses;
 
 namespace {
@@ -125,7 +130,7 @@ class CudaRuns : public noloco::testing::LaunchedRuns {
 TEST_F(CudaRuns, FourNoLoCoReplicasSharingOneGpuFollowTheCpuRun) {
   SKIP_WITHOUT_CUDA();
   const std::string common = "method=noloco replicas=4 batch=4 steps=40 outer_interval=10";
-  const auto gpu = run("gpu", common + " device=cuda");
+  const auto gpu = run("gpu", common + " device=cuda:0");
   const auto cpu = run("cpu", common);
   const double largest = largest_loss_difference(gpu, cpu, 4 * 40);
   std::printf("largest train-loss difference, 4 NoLoCo replicas GPU vs CPU: %.2e\n", largest);
@@ -136,9 +141,36 @@ TEST_F(CudaRuns, FourNoLoCoReplicasSharingOneGpuFollowTheCpuRun) {
 TEST_F(CudaRuns, TwoStagePipelineSharingOneGpuFollowsTheCpuRun) {
   SKIP_WITHOUT_CUDA();
   const std::string common = "stages=2 routing=fixed batch=4 grad_accum=2 steps=40";
-  const auto gpu = run("gpu", common + " device=cuda");
+  const auto gpu = run("gpu", common + " device=cuda:0");
   const auto cpu = run("cpu", common);
   const double largest = largest_loss_difference(gpu, cpu, 40);
   std::printf("largest train-loss difference, 2-stage pipeline GPU vs CPU: %.2e\n", largest);
   EXPECT_LT(largest, 2e-3);
+}
+
+// device=cuda is the GPU of the worker's local rank: every worker of a run
+// with as many replicas as GPUs trains on its own; one more is refused.
+TEST_F(CudaRuns, EachLocalRankTrainsOnItsOwnGpuAndOneTooManyIsRefused) {
+  SKIP_WITHOUT_CUDA();
+  const int gpus = int(torch::cuda::device_count());
+  const auto own = run("own", fmt::format("method=diloco replicas={} steps=10 outer_interval=5 device=cuda", gpus));
+  for (int r = 0; r < gpus; ++r) {
+    const auto summary = nlohmann::json::parse(read_text(own + fmt::format("/summary_r{}.json", r)));
+    EXPECT_EQ(summary.at("device").get<std::string>(), fmt::format("cuda:{}", r));
+  }
+  const auto refused = run_cli(small_train_args(dir / "c.txt", dir / "refused") +
+                                   fmt::format(" method=noloco replicas={} steps=10 device=cuda", gpus + 1),
+                               run_timeout_s);
+  EXPECT_NE(refused.exit_code, 0);
+  EXPECT_NE(refused.output.find(fmt::format("local rank {} has none", gpus)), std::string::npos) << refused.output;
+}
+
+// Where LibTorch sees no GPU (Debian's), device=cuda is refused by the
+// launcher in one line, before any worker starts.
+TEST_F(CudaRuns, WithoutAGpuDeviceCudaIsRefusedBeforeAnyWorkerStarts) {
+  if (torch::cuda::is_available()) GTEST_SKIP() << "this machine has a GPU";
+  const auto r = run_cli(small_train_args(dir / "c.txt", dir / "cpu") + " method=noloco replicas=2 device=cuda", 60);
+  EXPECT_NE(r.exit_code, 0);
+  EXPECT_NE(r.output.find("device=cuda but no CUDA device is available to LibTorch"), std::string::npos) << r.output;
+  EXPECT_EQ(r.output.find("launching"), std::string::npos) << r.output;
 }

@@ -88,6 +88,10 @@ class StrangerOnTheNetwork final : public c10d::Store {
   bool deleteKey(const std::string& key) override { return inner_->deleteKey(key); }
   bool check(const std::vector<std::string>& keys) override { return inner_->check(keys); }
   int64_t getNumKeys() override { return inner_->getNumKeys(); }
+  // One stranger, however many connections c10d asks for (LibTorch 2.x's clone()).
+  c10::intrusive_ptr<c10d::Store> clone() {
+    return c10::intrusive_ptr<c10d::Store>::unsafe_reclaim_from_nonowning(this);
+  }
   void wait(const std::vector<std::string>& keys) override { inner_->wait(keys); }
   void wait(const std::vector<std::string>& keys, const std::chrono::milliseconds& timeout) override {
     inner_->wait(keys, timeout);

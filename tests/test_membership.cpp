@@ -168,7 +168,7 @@ TEST(AbandonableStore, StopsWaitingOnceAMemberIsGoneAndOtherwiseWaits) {
   gone = false;
   std::thread later([&] {
     std::this_thread::sleep_for(std::chrono::milliseconds(200));
-    inner->set("key", {'v'});
+    inner->set("key", std::vector<uint8_t>{'v'});
   });
   EXPECT_EQ(store->get("key"), (std::vector<uint8_t>{'v'}));  // waited for it across slices
   later.join();

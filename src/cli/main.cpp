@@ -22,6 +22,7 @@
 #include "comm/launch/worker_connections.h"
 #include "config/options.h"
 #include "config/train_config.h"
+#include "config/worker_env.h"
 #include "data/dataset.h"
 #include "data/prepare.h"
 #include "data/tokenizer.h"
@@ -121,6 +122,7 @@ WorkerInfo worker_info(const WorkerEnv& env, int stages, const WorkerConnections
   w.stage = env.rank % stages;
   w.replica = env.rank / stages;
   w.replicas = env.world / stages;
+  w.local_rank = env.local_rank;
   w.local_world = env.local_world;
   w.transport = links.transport.get();
   w.membership = links.membership.get();
@@ -228,6 +230,8 @@ int run_train(const std::string& config_path, const std::vector<std::string>& ov
   const auto model = with_vocabulary(cfg.model, *corpus.tokenizer);
   check_local_capacity(cfg.workers(), worker_memory_estimate(model.num_params()), cfg.run.max_local_workers);
   check_fragments(cfg.outer.fragments, model, stages);
+  // The last local rank needs a GPU of its own: refused before any worker starts.
+  worker_device(cfg.run.device, int(cfg.workers()) - 1, torch::cuda::is_available() ? int(torch::cuda::device_count()) : 0);
   write_file_atomic(cfg.run.out + "/config.yaml", cfg.to_yaml());
   LaunchPlan plan;
   plan.workers = int(cfg.workers());

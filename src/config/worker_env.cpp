@@ -45,4 +45,15 @@ bool worker_env_from_environment(WorkerEnv& env) {
   return true;
 }
 
+std::string worker_device(const std::string& configured, int local_rank, int cuda_devices) {
+  if (configured != "cuda") return configured;
+  if (cuda_devices == 0) throw std::invalid_argument("device=cuda but no CUDA device is available to LibTorch");
+  if (local_rank >= cuda_devices)
+    throw std::invalid_argument(fmt::format(
+        "device=cuda gives each local rank its own GPU, but local rank {} has none ({} CUDA device{} here): start at "
+        "most {} worker{} on this machine, or name one GPU for all with device=cuda:N",
+        local_rank, cuda_devices, cuda_devices == 1 ? "" : "s", cuda_devices, cuda_devices == 1 ? "" : "s"));
+  return fmt::format("cuda:{}", local_rank);
+}
+
 }  // namespace noloco

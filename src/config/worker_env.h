@@ -26,4 +26,11 @@ struct WorkerEnv {
 // (not a launched worker). Throws std::invalid_argument on malformed values.
 bool worker_env_from_environment(WorkerEnv& env);
 
+// The device a worker computes on: `device=cuda` is the GPU of the worker's
+// local rank (one GPU per local rank, as torchrun's users expect); cpu and an
+// explicit cuda:N stay as given. Throws std::invalid_argument, in one line,
+// when the local rank has no GPU of its own (`cuda_devices` is how many
+// LibTorch sees).
+std::string worker_device(const std::string& configured, int local_rank, int cuda_devices);
+
 }  // namespace noloco

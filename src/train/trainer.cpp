@@ -9,6 +9,7 @@
 
 #include <fmt/format.h>
 
+#include "config/worker_env.h"
 #include "data/dataset.h"
 #include "model/generate.h"
 #include "optim/flat_params.h"
@@ -43,10 +44,12 @@ constexpr uint64_t kEvalSeed = 0x5eedba11;
 
 double seconds_since(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
 
-torch::Device pick_device(const std::string& name) {
-  torch::Device d(name);
-  if (d.is_cuda() && !torch::cuda::is_available())
-    throw std::runtime_error(fmt::format("device={} but no CUDA device is available to LibTorch", name));
+torch::Device pick_device(const std::string& name, int local_rank) {
+  const int gpus = torch::cuda::is_available() ? int(torch::cuda::device_count()) : 0;
+  torch::Device d(worker_device(name, local_rank, gpus));
+  if (d.is_cuda() && d.index() >= gpus)
+    throw std::invalid_argument(fmt::format("device={} but LibTorch sees {} CUDA device{}", name, gpus,
+                                            gpus == 1 ? "" : "s"));
   return d;
 }
 
@@ -159,7 +162,6 @@ WorkerSummary summarize_worker(const TrainConfig& c, const WorkerInfo& w, const 
   summary.seconds = seconds;
   summary.params = arch.num_params();
   summary.stage_params = stage_params;
-  summary.device = c.run.device;
   summary.traffic = traffic_of(w);
   if (model.computes_loss() && std::isfinite(val_loss)) summary.final_val_loss = val_loss;
   if (model.computes_loss() && std::isfinite(last_loss)) summary.final_train_loss = last_loss;
@@ -264,7 +266,7 @@ std::string prepared_run_dir(const TrainConfig& c) {
 torch::Device compute_device(const TrainConfig& c, const WorkerInfo& w) {
   const int cores = std::max(1, int(std::thread::hardware_concurrency()));
   set_compute_threads(c.run.threads > 0 ? int(c.run.threads) : std::max(1, cores / std::max(1, w.local_world)));
-  return pick_device(c.run.device);
+  return pick_device(c.run.device, w.local_rank);
 }
 
 // What one inner step did, for the progress line.
@@ -515,6 +517,7 @@ nlohmann::json WorkerRun::finish() {
   if (first_step_ == c_.inner.steps) val_loss_ = model_->evaluate(first_step_);  // resumed at the end: report anyway
   auto summary = summarize_worker(c_, w_, arch_, *model_, flat_.numel(), seconds_since(start_), val_loss_, last_loss_,
                                   spread_, rejoined_, tally_);
+  summary.device = device_.str();  // device=cuda resolved to this worker's GPU
   summary.left_at_step = left_at_step_;
   summary.peak_rss_mib = peak_rss_mib();
   summary.startup_seconds = startup_seconds_;

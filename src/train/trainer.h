@@ -18,6 +18,7 @@ struct WorkerInfo {
   int rank = 0;  // worker: replica * stages + stage
   int replica = 0, replicas = 1;
   int stage = 0, stages = 1;
+  int local_rank = 0;   // this worker among them: device=cuda is its own GPU
   int local_world = 1;  // workers sharing this machine's cores
   // Among the replicas of this worker's stage; null for a lone replica without a method.
   Transport* transport = nullptr;

@@ -6,6 +6,7 @@
 #include <vector>
 
 #include <ATen/autocast_mode.h>
+#include <torch/csrc/distributed/c10d/Store.hpp>
 #include <torch/torch.h>
 // Usable only in CUDA builds of LibTorch (Debian ships the header without CUDA).
 #if __has_include(<c10/cuda/CUDACachingAllocator.h>) && __has_include(<cuda_runtime_api.h>)
@@ -14,6 +15,18 @@
 #endif
 
 namespace noloco::shim {
+
+// A store's own new connection: 2.x's c10d::Store declares clone() (c10d
+// calls it on stores it is given), 1.13's has none, so a store wrapping
+// another shares the inner one's connection there. Stores of ours declare
+// clone() without `override` for the same reason.
+inline c10::intrusive_ptr<c10d::Store> clone_store(const c10::intrusive_ptr<c10d::Store>& store) {
+#if TORCH_VERSION_MAJOR >= 2
+  return store->clone();
+#else
+  return store;
+#endif
+}
 
 // Causal scaled-dot-product attention over [B, heads, T, head_dim].
 // 2.x has a fused kernel (flash / memory-efficient on CUDA); 1.13 has none

@@ -143,7 +143,7 @@ GlooGroup join_gloo_group(const StorePtr& store, const WorkerEnv& env, const std
       admitting.reset();
       const auto problem = greet(*group, rank, world, run_id_of(env.token), attempt, seal, deadline, stop);
       if (!problem.empty()) throw std::runtime_error(problem);
-      verdicts->set(fmt::format("ok/{}", rank), {1});
+      verdicts->set(fmt::format("ok/{}", rank), std::vector<uint8_t>{1});
       said_ok = true;
       std::vector<std::string> everyone;
       for (int m = 0; m < world; ++m) everyone.push_back(fmt::format("ok/{}", m));
@@ -152,7 +152,7 @@ GlooGroup join_gloo_group(const StorePtr& store, const WorkerEnv& env, const std
     } catch (const std::exception& e) {
       why = error_text(e);
       if (!said_ok) {
-        verdicts->set("failed", {1});
+        verdicts->set("failed", std::vector<uint8_t>{1});
         release_waiting_peers(*rendezvous, rank, world, admission ? &*admission : nullptr);
       }
       if (given_up())
