@@ -27,7 +27,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
       noloco::CodecSpec spec;
       spec.type = noloco::CodecSpec::Type(choice % 6);
       // Dense (compression=sparse sends int2 so), rotated, or a top-k fraction.
-      constexpr double kTopk[] = {0.004, 0.009, 0.01, 0.02, 0.03};
+      constexpr double kTopk[] = {0.004, 0.0156, 0.01, 0.03, 0.25};
       const int variant = (choice / 6) % 7;
       spec.rotate = variant == 1 && noloco::integer_code(spec.type);
       spec.topk = variant < 2 ? 0.0 : kTopk[variant - 2];

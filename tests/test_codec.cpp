@@ -75,9 +75,13 @@ TEST(Codec, ByteCountsAreExactAndKnownFromTheLengthAlone) {
   EXPECT_EQ(WireCodec(spec(CodecSpec::Type::int3)).encoded_bytes(1001), 16u * 2 + 376);  // 3003 bits
   EXPECT_EQ(WireCodec(spec(CodecSpec::Type::int2)).encoded_bytes(n), 16u * 2 + 250);
   EXPECT_EQ(WireCodec(spec(CodecSpec::Type::int2, 0, false, true)).encoded_bytes(n), 16u * 2 + 250);
-  // Top 1% of a 4096-value chunk and of a 904-value remainder: 41 + 10 positions of 12 bits, then int4 values.
+  // Top 1% of a 4096-value chunk and of a 904-value remainder: 41 and 10
+  // Rice-coded positions, each chunk in its bound k(r + 1) + ((len - k) >> r)
+  // at the best r (6 for both: 287 + 63 and 70 + 14 bits), then int4 values.
   const WireCodec top(spec(CodecSpec::Type::int4, 0.01));
-  EXPECT_EQ(top.encoded_bytes(5000), size_t((51 * 12 + 7) / 8 + 2 * 1 + (51 + 1) / 2));
+  EXPECT_EQ(top.encoded_bytes(5000), size_t((350 + 84 + 7) / 8 + 2 * 1 + (51 + 1) / 2));
+  // 64 of 4096, the SparseLoCo density: 510 bits, 8.0 a position.
+  EXPECT_EQ(WireCodec(spec(CodecSpec::Type::fp32, 64.0 / 4096)).encoded_bytes(4096), size_t(510 / 8 + 1 + 4 * 64));
   for (auto type : {CodecSpec::Type::fp32, CodecSpec::Type::bf16, CodecSpec::Type::int8, CodecSpec::Type::int4,
                     CodecSpec::Type::int3, CodecSpec::Type::int2}) {
     const WireCodec c(spec(type, 0.05));
@@ -225,8 +229,50 @@ TEST(Codec, DecoderRefusesMalformedBytes) {
   b[2 * 2 + 7] &= 0x3f;  // code 0 (-2), never written
   EXPECT_NE(decode_error(int2, b, n).find("int2 code -2"), std::string::npos);
   b = encoded(top);
-  std::swap(b[0], b[1]);  // positions out of order
-  EXPECT_NE(decode_error(top, b, n), "");
+  std::fill(b.begin(), b.begin() + 6, 0xff);  // a unary quotient that never ends: all 51 position bits
+  b[6] |= 0x07;                                 // ones (10 of 100 take 51 bits, see below)
+  EXPECT_NE(decode_error(top, b, n).find("runs past its chunk"), std::string::npos);
+  // 10 of 100: r = 3, 40 + 11 bits; gaps summing to 90 (the last position
+  // 99) end at bit 40 + (90 >> 3) = 51, so a quotient one larger points past the chunk.
+  std::vector<float> last_ten(n, 0.0f);
+  for (size_t i = n - 10; i < n; ++i) last_ten[i] = 1.0f;
+  b.assign(top.encoded_bytes(n), 0);
+  top.encode(last_ten.data(), n, b.data(), 1);
+  EXPECT_EQ(decode_error(top, b, n), "");
+  auto extended = b;
+  extended[1] |= 0x08;  // bit 11, the first quotient's end: 11 ones become 12
+  EXPECT_NE(decode_error(top, extended, n), "");
+  auto padded = b;
+  padded[6] |= 0x80;  // bit 55: after the codes (51 bits), inside the chunk's 51 + padding to the byte
+  EXPECT_NE(decode_error(top, padded, n).find("padding is not zero"), std::string::npos);
+}
+
+// The position code by hand: 4 of 16 values at positions 0, 1, 5, 15. The
+// bound k(r + 1) + ((16 - 4) >> r) is smallest at r = 1 (14 bits); the gaps
+// 0, 0, 3, 9 are written (quotient in unary, then the low bit, from bit 0
+// up) 0 0 | 0 0 | 1 0 1 | 1 1 1 1 0 1, and bit 13 is padding.
+TEST(Codec, TopKPositionsAreRiceCodedInAFixedBudgetPerChunk) {
+  const WireCodec c(spec(CodecSpec::Type::fp32, 0.25));
+  std::vector<float> x(16, 0.5f);
+  x[0] = 4, x[1] = -3, x[5] = 2, x[15] = -6;
+  ASSERT_EQ(c.encoded_bytes(16), 2u + 4 * 4);
+  std::vector<uint8_t> b(c.encoded_bytes(16));
+  c.encode(x.data(), 16, b.data(), 0);
+  EXPECT_EQ(b[0], 0xd0);  // bits 4, 6, 7
+  EXPECT_EQ(b[1], 0x17);  // bits 8, 9, 10, 12
+  std::vector<float> y(16);
+  c.decode(b.data(), b.size(), 16, y.data());
+  for (size_t i = 0; i < 16; ++i) EXPECT_EQ(y[i], i == 0 || i == 1 || i == 5 || i == 15 ? x[i] : 0.0f) << i;
+  // The extremes of the bound: every position at a chunk's end, or at its start, at several densities.
+  for (double topk : {0.001, 0.0156, 0.1, 0.5, 0.99}) {
+    const WireCodec top(spec(CodecSpec::Type::fp32, topk));
+    for (bool at_end : {true, false}) {
+      const size_t n = 4096 + 1000, k = size_t(std::ceil(topk * 4096));
+      std::vector<float> v(n, 0.0f);
+      for (size_t j = 0; j < k; ++j) v[at_end ? 4095 - j : j] = float(j + 1);
+      EXPECT_EQ(round_trip(top, v), v) << topk << (at_end ? " at the end" : " at the start");
+    }
+  }
 }
 
 // Values that are not finite leave their block without a scale: the

@@ -70,7 +70,7 @@ TEST(Report, TableMatchesSummariesAndPlotsAreWritten) {
     EXPECT_LT(evaluating, seconds) << method;
     ASSERT_GE(seconds, 0) << method;
     const auto cells = row_of(md, method);
-    ASSERT_EQ(cells.size(), 12u) << md;  // the comparison row; the time row comes after it
+    ASSERT_EQ(cells.size(), 13u) << md;  // the comparison row; the time row comes after it
     const auto timed = row_of(time_to_loss_table({dir / method}, 100.0), method);
     ASSERT_EQ(timed.size(), 6u);
     EXPECT_EQ(timed[2], "4");
@@ -107,14 +107,15 @@ TEST(Report, TableMatchesSummariesAndPlotsAreWritten) {
   for (auto method : {"noloco", "diloco"}) {
     const auto summary = read_json(dir / method + "/summary.json");
     const auto cells = row_of(md, method);
-    ASSERT_GE(cells.size(), 12u) << md;
+    ASSERT_GE(cells.size(), 13u) << md;
     EXPECT_EQ(cells[1], method);
     EXPECT_EQ(cells[2], "2");
     EXPECT_EQ(cells[3], fmt::format("{:.4f}", summary["final_val_loss"].get<double>()));
     EXPECT_EQ(cells[5], fmt::format("{:.4f}", summary["final_val_loss_mean_model"].get<double>()));
-    EXPECT_EQ(cells[10], std::to_string(summary["collectives"].get<int64_t>()));
+    EXPECT_EQ(cells[8], fmt::format("{:.3g}", summary["bits_per_param_per_inner_step"].get<double>()));
+    EXPECT_EQ(cells[11], std::to_string(summary["collectives"].get<int64_t>()));
   }
-  EXPECT_EQ(row_of(md, "noloco")[10], "0");
+  EXPECT_EQ(row_of(md, "noloco")[11], "0");
   for (auto plot : {"val_loss_vs_step.svg", "val_loss_vs_bytes.svg", "weight_std_vs_step.svg"}) {
     const auto svg = read_file(dir / "report/" + plot);
     EXPECT_NE(svg.find("<polyline"), std::string::npos) << plot;
@@ -122,12 +123,14 @@ TEST(Report, TableMatchesSummariesAndPlotsAreWritten) {
     EXPECT_NE(svg.find("#2ca02c"), std::string::npos) << plot;          // one colour per method
   }
   EXPECT_NE(read_file(dir / "report/val_loss_vs_bytes.svg").find("training bytes sent"), std::string::npos);
-  // Final loss against bits per parameter per outer step: a line for noloco's
-  // two runs (fp32 and int8); diloco's one run is no line.
+  // Final loss against bits per parameter per inner step: a line for noloco's
+  // two runs (fp32 and int8), the field's rates marked; diloco's one run is no line.
   EXPECT_NE(md.find("(val_loss_vs_outer_bits.svg)"), std::string::npos) << md;
   const auto bits = read_file(dir / "report/val_loss_vs_outer_bits.svg");
   EXPECT_NE(bits.find("<polyline"), std::string::npos);
-  EXPECT_NE(bits.find("bits per parameter per outer step"), std::string::npos);
+  EXPECT_NE(bits.find("bits per parameter per inner step"), std::string::npos);
+  EXPECT_NE(bits.find("Covenant-72B, every 30 steps (0.0073)"), std::string::npos);
+  EXPECT_NE(bits.find("SparseLoCo H=100, 8-replica ring (0.015)"), std::string::npos);
   EXPECT_EQ(bits.find(">diloco<"), std::string::npos) << bits;
 }
 

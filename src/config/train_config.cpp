@@ -108,9 +108,9 @@ void add_topology_options(Options& o, TrainConfig& c) {
 void add_outer_options(Options& o, TrainConfig& c) {
   o.add("compression", c.outer.compression,
            "diloco/noloco outer messages: none (the codec keys below as given) | sparse (a preset of them, "
-           "docs/method.md: int2 delta with error feedback, an outer step every 10 steps for one fragment of the "
-           "weights; diloco 8 fragments, reduce-scattered: 0.50 bits/param/outer step at 8 replicas; noloco 5 "
-           "fragments, phi coset-coded in 4 bits every 2nd outer step: 0.90 bits; both within 1% of fp32 in "
+           "docs/method.md: the top 64 of each 4096 values of delta in int2, positions Rice-coded, what is left "
+           "out kept in the replica's weights; diloco all-gathered every 100 steps, noloco to one partner every "
+           "50 steps without phi: 0.011 and 0.0033 bits/param/inner step at 8 replicas; measured in "
            "docs/results.md); keys given with it override it")
       .add("outer_interval", c.outer.interval, "H, inner steps between two synchronisations of the weights (with fragments=F, of each fragment: "
            "an outer step every H/F steps); 0: 100 diloco, 50 noloco")
@@ -140,7 +140,9 @@ void add_outer_options(Options& o, TrainConfig& c) {
       .add("phi_coding", c.outer.phi_coding,
            "how delta_phi sends phi: codec | coset (against the receiver's phi) | auto: codec if lossless, else coset")
       .add("phi_bits", c.outer.phi_bits, "bits a value of coset-coded phi")
-      .add("phi_every", c.outer.phi_every, "send phi (and pull toward the group) every this many outer steps")
+      .add("phi_every", c.outer.phi_every,
+           "send phi (and pull toward the group) every this many outer steps; 0: never (the replicas average "
+           "their increments only)")
       .add("fragments", c.outer.fragments,
            "diloco/noloco: synchronise the weights in this many slices at staggered steps of each period, one "
            "slice an outer step")
@@ -214,25 +216,29 @@ void adopt_imported_model(TrainConfig& c, const ModelConfig& hf, bool tokenizer_
   if (ends_with(c.data.path, ".bin") && c.data.vocab_size == 0) c.data.vocab_size = hf.vocab_size;
 }
 
-// compression=sparse, measured in docs/results.md (issue 27): the keys it
-// sets before any key given with it. Every value travels, coarsely, on a
-// staggered schedule (an outer step every 10 steps, each for the fragment then
-// due): at our scale that beat top-k of the same bytes by 3-5% of the loss.
+// compression=sparse, measured in docs/results.md (issue 47): the keys it
+// sets before any key given with it. SparseLoCo's message (top 64 of each
+// 4096 values, 2-bit values, positions Rice-coded) with what it leaves out
+// kept in the replica's own weights (residual=weights), so no local progress
+// is thrown away; NoLoCo sends no slow weights at all (phi_every=0): the
+// replicas stay together by averaging their increments with a partner. Per
+// inner step at 8 replicas: NoLoCo 0.0033 bits a parameter, DiLoCo (all-gather,
+// 7 messages a replica) 0.011. The earlier dense-ternary setting stays
+// reachable by its keys (docs/method.md).
 void apply_compression_preset(OuterConfig& outer, OuterCompression compression, Method method) {
   if (compression == OuterCompression::none) return;
   if (!has_outer_steps(method)) invalid("compression=sparse applies to diloco and noloco");
   outer.wire_dtype = CodecSpec::Type::int2;
+  outer.topk = 64.0 / 4096;
   outer.error_feedback = true;
-  if (method == Method::diloco) {  // reduce-scatter of int2 shards: 0.50 bits/param/outer step at 8 replicas
-    outer.fragments = 8;
-    outer.interval = 80;
+  outer.residual = ResidualHome::weights;
+  if (method == Method::diloco) {
+    outer.diloco_mean = DilocoMean::all_gather;
+    outer.interval = 100;
     return;
   }
-  // int2 Δ, φ coset-coded in 4 bits every 2nd outer step: 0.90 bits/param/outer step.
-  outer.fragments = 5;
   outer.interval = 50;
-  outer.phi_bits = 4;
-  outer.phi_every = 2;
+  outer.phi_every = 0;
 }
 
 }  // namespace
@@ -334,7 +340,7 @@ void TrainConfig::validate() const {
             "noloco_message=delta_phi (noloco)");
   if (!(outer.error_feedback_decay > 0 && outer.error_feedback_decay <= 1))
     invalid(fmt::format("error_feedback_decay must be in (0, 1], got {}", outer.error_feedback_decay));
-  if (outer.phi_every < 1) invalid(fmt::format("phi_every must be >= 1, got {}", outer.phi_every));
+  if (outer.phi_every < 0) invalid(fmt::format("phi_every must be >= 0, got {}", outer.phi_every));
   if (outer.fragments < 1) invalid(fmt::format("fragments must be >= 1, got {}", outer.fragments));
   if (has_outer_steps(method) && outer.fragments > outer.interval)
     invalid(fmt::format("fragments ({}) must not exceed outer_interval ({})", outer.fragments, outer.interval));

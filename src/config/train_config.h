@@ -64,7 +64,7 @@ struct OuterConfig {
   // automatic: codec for a lossless codec, else coset.
   PhiCoding phi_coding = PhiCoding::automatic;
   int64_t phi_bits = 4;
-  int64_t phi_every = 1;  // φ travels (and pulls) every phi_every-th outer step
+  int64_t phi_every = 1;  // φ travels (and pulls) every phi_every-th outer step; 0: never
   // Schedules (optim/slow_weights.h): the weights in `fragments` slices
   // synchronised at staggered steps; exchanges overlapped with the next period,
   // with `eager`: each replica stepping with its own Δ meanwhile.

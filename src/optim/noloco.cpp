@@ -122,7 +122,7 @@ OuterTerms NoLoCo::group_means(int64_t id, const Fragment& fragment, const torch
   const auto group = my_group(id, sync);
   auto& message = messages_[size_t(fragment.index)];
   const bool theta_message = message.carries_theta();
-  const bool with_phi = !theta_message && (sync.outer_step + 1) % config_.phi_every == 0;
+  const bool with_phi = !theta_message && config_.phi_every > 0 && (sync.outer_step + 1) % config_.phi_every == 0;
   const NolocoParts own{cpu_fp32(theta_message ? theta : theta - phi), cpu_fp32(phi)};
   const uint64_t seed = splitmix64(seed_ ^ splitmix64(uint64_t(id) * 1000003u + uint64_t(transport_.rank())));
   std::map<int, int64_t> separations;  // by partner; the grid is sent for the farthest

@@ -64,6 +64,8 @@ constexpr Figure kFigures[] = {
      &RunSummary::final_val_loss_mean_model, Combine::any},
     {"bits_per_param_per_outer_step", &WorkerSummary::bits_per_param_per_outer_step, "bits_per_param_per_outer_step",
      &RunSummary::bits_per_param_per_outer_step, Combine::mean},
+    {"bits_per_param_per_inner_step", &WorkerSummary::bits_per_param_per_inner_step, "bits_per_param_per_inner_step",
+     &RunSummary::bits_per_param_per_inner_step, Combine::mean},
     {"steps_per_outer_step", &WorkerSummary::steps_per_outer_step, "steps_per_outer_step",
      &RunSummary::steps_per_outer_step, Combine::any},
     {"dropped_fraction", &WorkerSummary::dropped_fraction, "dropped_fraction", &RunSummary::dropped_fraction,
@@ -457,8 +459,8 @@ RunSummary summarize_run(const std::string& run_dir, Method method, int64_t repl
 std::string comparison_table(const std::vector<std::string>& run_dirs) {
   std::string t =
       "| run | method | replicas | final val loss | ppl | mean-model val loss | weight std | training bytes | "
-      "comm s/replica | wait s/replica | collectives | wall s |\n"
-      "|---|---|---|---|---|---|---|---|---|---|---|---|\n";
+      "bits/param/inner step | comm s/replica | wait s/replica | collectives | wall s |\n"
+      "|---|---|---|---|---|---|---|---|---|---|---|---|---|\n";
   auto num = [](const std::optional<double>& v, const char* format) -> std::string {
     if (!v) return "–";
     return fmt::format(fmt::runtime(format), *v);
@@ -467,10 +469,11 @@ std::string comparison_table(const std::vector<std::string>& run_dirs) {
     const auto s = RunSummary::read(dir);
     const double loss = s.final_val_loss.value_or(std::nan(""));
     const bool lone = s.replicas == 1 && s.stages == 1;
-    t += fmt::format("| {} | {} | {} | {} | {:.2f} | {} | {} | {} | {} | {} | {} | {:.0f} |\n",
+    t += fmt::format("| {} | {} | {} | {} | {:.2f} | {} | {} | {} | {} | {} | {} | {} | {:.0f} |\n",
                      std::filesystem::path(dir).filename().string(), choice_name(s.method), s.replicas,
                      num(s.final_val_loss, "{:.4f}"), std::exp(loss), num(s.final_val_loss_mean_model, "{:.4f}"),
                      num(s.weight_std, "{:.2e}"), format_count(double(s.bytes_sent)),
+                     num(s.bits_per_param_per_inner_step, "{:.3g}"),
                      lone ? "–" : fmt::format("{:.1f}", s.comm_seconds_per_replica),
                      lone ? "–" : fmt::format("{:.1f}", s.wait_seconds_per_replica), s.collectives, s.seconds);
   }

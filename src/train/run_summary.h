@@ -37,6 +37,8 @@ struct WorkerSummary {
   // under ddp), in bits per parameter of its model or stage, and the steps
   // between two synchronisations (with fragments: interval/fragments).
   std::optional<double> bits_per_param_per_outer_step, steps_per_outer_step;
+  // Every byte sent for training × 8 / (parameters × inner steps trained): the rate a link must carry.
+  std::optional<double> bits_per_param_per_inner_step;
   // Of the values in peers' outer-step messages that arrived, the share it
   // could not use (rejected messages, φ blocks outside their grid), in all
   // and at its worst outer step.
@@ -87,6 +89,7 @@ struct RunSummary {
   std::optional<double> final_val_loss, final_val_loss_mean_model, weight_std;
   std::vector<double> final_val_loss_replicas;
   std::optional<double> bits_per_param_per_outer_step;  // mean over the workers that finished
+  std::optional<double> bits_per_param_per_inner_step;  // likewise
   std::optional<double> steps_per_outer_step;
   std::optional<double> dropped_fraction;               // likewise
   std::optional<double> dropped_fraction_worst_outer_step;  // the largest of any worker

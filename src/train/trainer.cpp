@@ -137,10 +137,16 @@ struct OuterTally {
   int64_t outer_steps = 0, paired = 0, alone_run = 0, longest_alone = 0;
   int64_t handovers_served = 0, handovers_abandoned = 0;
   uint64_t bytes = 0;
+  int64_t inner_steps = 0;  // trained by this process (after a resume: since it)
   int64_t values_received = 0, values_dropped = 0;  // of peers' messages
   double worst_dropped = 0;                         // the largest share of one outer step
   double blocked_seconds = 0;
 };
+
+// What a link carried for training, per parameter and inner step.
+double bits_per_param_per_step(uint64_t bytes, int64_t params, int64_t steps) {
+  return 8.0 * double(bytes) / double(params) / double(steps);
+}
 
 // The share of peers' values that could not be used; 0 when none came.
 double dropped_share(int64_t dropped, int64_t received) {
@@ -175,6 +181,8 @@ WorkerSummary summarize_worker(const TrainConfig& c, const WorkerInfo& w, const 
     summary.steps_per_outer_step =
         c.outer.method == Method::ddp ? 1.0 : double(c.outer.interval) / double(c.outer.fragments);
   }
+  if (outer.syncs > 0 && outer.inner_steps > 0)
+    summary.bits_per_param_per_inner_step = bits_per_param_per_step(outer.bytes, stage_params, outer.inner_steps);
   if (outer.values_received > 0) {
     summary.dropped_fraction = dropped_share(outer.values_dropped, outer.values_received);
     summary.dropped_fraction_worst_outer_step = outer.worst_dropped;
@@ -483,7 +491,10 @@ void WorkerRun::record_outer_steps(int64_t done, const std::vector<OuterSync>& s
 void WorkerRun::log_progress(int64_t done, bool last, const InnerStepResult& s) {
   if (done % c_.eval.log_interval != 0 && !last) return;
   auto r = record(done, "train", w_, {{"lr", s.lr}, {"grad_norm", s.grad_norm}});
-  if (w_.transport) r["outer_blocked_seconds"] = tally_.blocked_seconds;
+  if (w_.transport) {
+    r["outer_blocked_seconds"] = tally_.blocked_seconds;
+    r["bits_per_param_per_inner_step"] = bits_per_param_per_step(tally_.bytes, flat_.numel(), done - first_step_);
+  }
   if (std::isfinite(s.loss)) r["loss"] = s.loss;
   throughput_->report(done, r);
   telemetry_.write(r);
@@ -515,6 +526,7 @@ void WorkerRun::evaluate(int64_t done, bool last, double lr) {
 
 nlohmann::json WorkerRun::finish() {
   if (first_step_ == c_.inner.steps) val_loss_ = model_->evaluate(first_step_);  // resumed at the end: report anyway
+  tally_.inner_steps = left_at_step_.value_or(c_.inner.steps) - first_step_;
   auto summary = summarize_worker(c_, w_, arch_, *model_, flat_.numel(), seconds_since(start_), val_loss_, last_loss_,
                                   spread_, rejoined_, tally_);
   summary.device = device_.str();  // device=cuda resolved to this worker's GPU

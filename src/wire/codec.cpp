@@ -79,6 +79,69 @@ void unrotate_block(float* v, size_t first, size_t m) {
   for (size_t i = 0; i < m; ++i) v[i] *= rotation_sign(first + i);
 }
 
+// Top-k positions, Rice-coded. A chunk's k sorted positions become gaps
+// g = p - previous - 1 (g >= 0, their sum at most len - k); each gap is its
+// quotient g >> r in unary (ones, then a zero) and its low r bits. Whatever
+// the positions, the chunk takes at most k(r + 1) + ((len - k) >> r) bits,
+// so every chunk gets exactly that many (zeros after its codes) and the
+// message keeps a size known from its length alone. With r chosen to make
+// the bound smallest, 64 of 4096 take 510 bits (8.0 a position, against 12
+// fixed-width and log2 C(4096, 64) / 64 = 7.4 at their entropy).
+int rice_parameter(size_t len, size_t k) {
+  int best = 0;
+  for (int r = 1; r < 13; ++r)
+    if (k * size_t(r + 1) + ((len - k) >> r) < k * size_t(best + 1) + ((len - k) >> best)) best = r;
+  return best;
+}
+
+size_t position_bits(size_t len, size_t k) {
+  const int r = rice_parameter(len, k);
+  return k * size_t(r + 1) + ((len - k) >> r);
+}
+
+void put_bit(uint8_t* out, size_t bit, bool one) {
+  if (one) out[bit / 8] |= uint8_t(1u << (bit % 8));
+}
+
+bool get_bit(const uint8_t* in, size_t bit) { return (in[bit / 8] >> (bit % 8)) & 1u; }
+
+// Writes one chunk's sorted positions from bit `at`; `out` is zeroed.
+void write_positions(const uint32_t* positions, size_t len, size_t k, uint8_t* out, size_t at) {
+  const int r = rice_parameter(len, k);
+  int64_t previous = -1;
+  for (size_t j = 0; j < k; ++j) {
+    const uint32_t gap = uint32_t(int64_t(positions[j]) - previous - 1);
+    for (uint32_t q = gap >> r; q > 0; --q) put_bit(out, at++, true);
+    ++at;  // the unary code's terminating zero
+    for (int b = 0; b < r; ++b) put_bit(out, at++, (gap >> b) & 1u);
+    previous = positions[j];
+  }
+}
+
+// Reads them back, refusing codes that run past the chunk's bits, positions
+// past its end, and anything but zeros after the last code.
+void read_positions(const uint8_t* in, size_t at, size_t len, size_t k, uint32_t* positions) {
+  const int r = rice_parameter(len, k);
+  const size_t end = at + position_bits(len, k);
+  int64_t previous = -1;
+  for (size_t j = 0; j < k; ++j) {
+    uint64_t gap = 0;
+    for (;; ++gap) {
+      if (at >= end) malformed(fmt::format("position code {} of {} runs past its chunk", j, k));
+      if (!get_bit(in, at++)) break;
+    }
+    if (at + size_t(r) > end) malformed(fmt::format("position code {} of {} runs past its chunk", j, k));
+    gap <<= r;
+    for (int b = 0; b < r; ++b) gap |= uint64_t(get_bit(in, at++)) << b;
+    const int64_t p = previous + 1 + int64_t(gap);
+    if (p >= int64_t(len)) malformed(fmt::format("position {} in a chunk of {}", p, len));
+    positions[j] = uint32_t(p);
+    previous = p;
+  }
+  for (; at < end; ++at)
+    if (get_bit(in, at)) malformed("position padding is not zero");
+}
+
 }  // namespace
 
 bool integer_code(CodecSpec::Type type) { return bits_of_type(type) > 0; }
@@ -114,13 +177,18 @@ size_t WireCodec::dense_bytes(size_t n) const {
 
 size_t WireCodec::encoded_bytes(size_t n) const {
   if (spec_.topk == 0) return dense_bytes(n);
-  size_t k = 0;
-  for (size_t first = 0; first < n; first += kChunk) k += chunk_k(std::min(kChunk, n - first));
-  return ceil_div(12 * k, 8) + dense_bytes(k);
+  size_t k = 0, bits = 0;
+  for (size_t first = 0; first < n; first += kChunk) {
+    const size_t len = std::min(kChunk, n - first);
+    k += chunk_k(len);
+    bits += position_bits(len, chunk_k(len));
+  }
+  return ceil_div(bits, 8) + dense_bytes(k);
 }
 
 int64_t WireCodec::format_id() const {
-  return (int64_t(spec_.type) + 1) | (spec_.rotate ? 0x80 : 0) | (spec_.block << 8) |
+  // 0x40: Rice-coded positions (an earlier format had them 12 bits wide).
+  return (int64_t(spec_.type) + 1) | (spec_.rotate ? 0x80 : 0) | (spec_.topk > 0 ? 0x40 : 0) | (spec_.block << 8) |
          (int64_t(std::llround(spec_.topk * 1e6)) << 24);
 }
 
@@ -210,9 +278,10 @@ void WireCodec::decode_dense(const uint8_t* in, size_t n, float* out) const {
 
 void WireCodec::encode(const float* x, size_t n, uint8_t* out, uint64_t seed) const {
   if (spec_.topk == 0) return encode_dense(x, n, out, seed);
-  std::vector<uint32_t> positions;
+  std::memset(out, 0, encoded_bytes(n));
   std::vector<float> values;
   std::vector<uint32_t> order;
+  size_t at = 0;
   for (size_t first = 0; first < n; first += kChunk) {
     const size_t len = std::min(kChunk, n - first), k = chunk_k(len);
     order.resize(len);
@@ -224,46 +293,37 @@ void WireCodec::encode(const float* x, size_t n, uint8_t* out, uint64_t seed) co
     };
     std::nth_element(order.begin(), order.begin() + long(k) - 1, order.end(), larger);
     std::sort(order.begin(), order.begin() + long(k));
-    for (size_t j = 0; j < k; ++j) {
-      positions.push_back(order[j]);
-      values.push_back(x[first + order[j]]);
-    }
+    for (size_t j = 0; j < k; ++j) values.push_back(x[first + order[j]]);
+    write_positions(order.data(), len, k, out, at);
+    at += position_bits(len, k);
   }
-  const size_t position_bytes = ceil_div(12 * positions.size(), 8);
-  std::memset(out, 0, position_bytes);
-  for (size_t j = 0; j < positions.size(); ++j) {
-    const size_t bit = 12 * j;
-    const uint32_t p = positions[j] << (bit % 8);
-    out[bit / 8] |= uint8_t(p & 0xff);
-    out[bit / 8 + 1] |= uint8_t((p >> 8) & 0xff);
-  }
-  encode_dense(values.data(), values.size(), out + position_bytes, seed);
+  encode_dense(values.data(), values.size(), out + ceil_div(at, 8), seed);
 }
 
 void WireCodec::decode(const uint8_t* in, size_t bytes, size_t n, float* out) const {
   if (bytes != encoded_bytes(n))
     malformed(fmt::format("{} bytes where {} values of {} take {}", bytes, n, describe(), encoded_bytes(n)));
   if (spec_.topk == 0) return decode_dense(in, n, out);
-  size_t total = 0;
-  for (size_t first = 0; first < n; first += kChunk) total += chunk_k(std::min(kChunk, n - first));
-  const size_t position_bytes = ceil_div(12 * total, 8);
+  size_t total = 0, bits = 0;
+  for (size_t first = 0; first < n; first += kChunk) {
+    const size_t len = std::min(kChunk, n - first);
+    total += chunk_k(len);
+    bits += position_bits(len, chunk_k(len));
+  }
+  for (size_t bit = bits; bit % 8 != 0; ++bit)
+    if (get_bit(in, bit)) malformed("position padding is not zero");
   std::vector<float> values(total);
-  decode_dense(in + position_bytes, total, values.data());
+  decode_dense(in + ceil_div(bits, 8), total, values.data());
   std::fill(out, out + n, 0.0f);
-  size_t j = 0;
+  std::vector<uint32_t> positions;
+  size_t j = 0, at = 0;
   for (size_t first = 0; first < n; first += kChunk) {
     const size_t len = std::min(kChunk, n - first), k = chunk_k(len);
-    int64_t previous = -1;
-    for (size_t e = 0; e < k; ++e, ++j) {
-      const size_t bit = 12 * j;
-      const uint32_t p = ((uint32_t(in[bit / 8]) | (uint32_t(in[bit / 8 + 1]) << 8)) >> (bit % 8)) & 0xfffu;
-      if (int64_t(p) <= previous || p >= len)
-        malformed(fmt::format("position {} after {} in a chunk of {}", p, previous, len));
-      previous = p;
-      out[first + p] = values[j];
-    }
+    positions.resize(k);
+    read_positions(in, at, len, k, positions.data());
+    at += position_bits(len, k);
+    for (size_t e = 0; e < k; ++e) out[first + positions[e]] = values[j++];
   }
-  if (12 * total % 8 != 0 && (in[position_bytes - 1] >> 4) != 0) malformed("position padding is not zero");
 }
 
 }  // namespace noloco

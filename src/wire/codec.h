@@ -13,8 +13,9 @@
 // fixed randomized Hadamard transform before coding and back after decoding,
 // which spreads outliers so the block's scale fits its typical value.
 // Optionally top-k: in every chunk of 4096 values only the k = ceil(topk·len)
-// largest in magnitude travel (12-bit packed positions, then their values in
-// the codec above); the others decode to zero. Stochastic rounding makes the
+// largest in magnitude travel (their positions Rice-coded in a fixed number
+// of bits per chunk, 8.0 a position at 64 of 4096; then their values in the
+// codec above); the others decode to zero. Stochastic rounding makes the
 // integer codes unbiased: E[decode(encode(x))] = x for the values sent.
 #pragma once
 #include <cstddef>
@@ -54,7 +55,7 @@ bool integer_code(CodecSpec::Type type);
 
 class WireCodec {
  public:
-  static constexpr size_t kChunk = 4096;  // top-k chunk: positions fit in 12 bits
+  static constexpr size_t kChunk = 4096;  // top-k chunk
 
   // Throws std::invalid_argument on a spec out of range.
   explicit WireCodec(CodecSpec spec);
