@@ -25,6 +25,8 @@ head -c 1024 /dev/zero | tr '\0' '\1' > "$corpus/token_file/raw.bin"
 # Outer-step payloads: a valid int4 message of 64 values (block 64) and a coset-coded one of 16 (block 8, 4 bits).
 { printf '\x02\x40\x00\x03\x00\x3c'; head -c 32 /dev/zero | tr '\0' '\x88'; } > "$corpus/codec/int4.bin"
 { printf '\x80\x10\x00\x00'; for b in 1 2; do printf '\x80\x3a\x00\x00'; done; head -c 8 /dev/zero; } > "$corpus/codec/coset.bin"
+# Top-k: 4 of 16 fp32 values, Rice-coded positions 0, 1, 5, 15 (tests/test_codec.cpp works them by hand).
+printf '\x24\x10\x00\x00\xd0\x17\x00\x00\x80\x40\x00\x00\x40\xc0\x00\x00\x00\x40\x00\x00\xc0\xc0' > "$corpus/codec/topk.bin"
 # A byte-level BPE tokenizer.json (every byte, one merge, a Split pre-tokenizer, an added token), a NUL, a text.
 python3 - "$corpus/tokenizer_json/seed" <<'PY'
 import json, sys

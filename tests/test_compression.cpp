@@ -103,17 +103,19 @@ TEST_F(Compression, ErrorFeedbackAndCosetStateResumeBitIdentically) {
   }
 }
 
-// Dense ternary DiLoCo (the preset before issue 47, by its keys): int2 Δ
-// through the reduce-scatter, one fragment of the weights an outer step. The
-// bits counted per outer step are the bytes the transport sent, sealed, over
-// the outer steps taken; every replica applies the same mean, and a resumed
-// run (error feedback of each fragment's shards included) continues bit for bit.
-TEST_F(Compression, DenseTernaryDiLoCoSendsOneInt2FragmentAnOuterStepAndResumesBitIdentically) {
-  const std::string common = "method=diloco wire_dtype=int2 error_feedback=true replicas=3 batch=2 outer_interval=4 "
-                             "fragments=2 decay_steps=12 checkpoint_interval=3";
+// compression=sparse for DiLoCo: int2 Δ through the reduce-scatter, one
+// fragment of the weights an outer step. The bits counted per outer step are
+// the bytes the transport sent, sealed, over the outer steps taken; every
+// replica applies the same mean, and a resumed run (error feedback of each
+// fragment's shards included) continues bit for bit.
+TEST_F(Compression, SparseDiLoCoSendsOneInt2FragmentAnOuterStepAndResumesBitIdentically) {
+  const std::string common = "method=diloco compression=sparse replicas=3 batch=2 outer_interval=4 fragments=2 "
+                             "decay_steps=12 checkpoint_interval=3";
   const auto whole = run("whole", common + " steps=12");
   const auto config = YAML::LoadFile(whole + "/config.yaml");
+  EXPECT_EQ(config["wire_dtype"].as<std::string>(), "int2");
   EXPECT_EQ(config["diloco_mean"].as<std::string>(), "reduce_scatter");
+  EXPECT_EQ(config["outer_interval"].as<int>(), 4) << "a key given with the preset overrides it";
   const auto r1 = read_json(whole + "/summary_r1.json");
   const auto n = r1["params"].get<size_t>();
   // Fragments of n/2 values (the first takes the odd one), each split into 3 shards.
@@ -146,12 +148,12 @@ TEST_F(Compression, DenseTernaryDiLoCoSendsOneInt2FragmentAnOuterStepAndResumesB
   EXPECT_TRUE(torch::equal(states[0].at("outer.phi"), states[2].at("outer.phi")));
 }
 
-// Dense ternary NoLoCo (the preset before issue 47, by its keys): int2 Δ to
-// one partner, φ coset-coded in 4 bits every 2nd outer step of a fragment;
-// bits per outer step from the transport's bytes, and what decoding dropped reported.
-TEST_F(Compression, DenseTernaryNoLoCoSendsInt2DeltaAndCosetCodedSlowWeightsOneFragmentAnOuterStep) {
-  const auto out = run("noloco", "method=noloco wire_dtype=int2 error_feedback=true phi_every=2 replicas=2 batch=2 "
-                                 "steps=16 outer_interval=4 fragments=2");
+// compression=sparse for NoLoCo: int2 Δ to one partner, φ coset-coded in 4
+// bits every 2nd outer step of a fragment; bits per outer step from the
+// transport's bytes, and what decoding dropped reported.
+TEST_F(Compression, SparseNoLoCoSendsInt2DeltaAndCosetCodedSlowWeightsOneFragmentAnOuterStep) {
+  const auto out = run("noloco", "method=noloco compression=sparse replicas=2 batch=2 steps=16 outer_interval=4 "
+                                 "fragments=2");
   const auto r0 = read_json(out + "/summary_r0.json");
   const auto n = r0["params"].get<size_t>();
   const WireCodec int2(int_spec(CodecSpec::Type::int2));
@@ -176,19 +178,19 @@ TEST_F(Compression, DenseTernaryNoLoCoSendsInt2DeltaAndCosetCodedSlowWeightsOneF
       << "each fragment's 4 messages carry its Δ, 2 of them its φ as well";
 }
 
-// compression=sparse (issue 47): the top 64 of each 4096 values of Δ in
+// compression=topk (issue 47): the top 64 of each 4096 values of Δ in
 // int2 with Rice-coded positions, what is left out kept in the weights.
 // NoLoCo sends one such message to its partner an outer step and no slow
 // weights; DiLoCo all-gathers them (2 messages a replica at 3 replicas).
 // bits_per_param_per_inner_step is every byte sent × 8 / (parameters × inner
 // steps), in summary.json and, running, in metrics.jsonl; resumed runs
 // continue bit for bit.
-TEST_F(Compression, SparsePresetSendsTopKMessagesCountedPerInnerStepAndResumesBitIdentically) {
+TEST_F(Compression, TopKPresetSendsSparseMessagesCountedPerInnerStepAndResumesBitIdentically) {
   CodecSpec sparse = int_spec(CodecSpec::Type::int2);
   sparse.topk = 64.0 / 4096;
   const WireCodec codec(sparse);
   for (const std::string method : {"noloco", "diloco"}) {
-    const std::string common = "method=" + method + " compression=sparse replicas=3 batch=2 outer_interval=4 "
+    const std::string common = "method=" + method + " compression=topk replicas=3 batch=2 outer_interval=4 "
                                "decay_steps=16 checkpoint_interval=4";
     const auto whole = run(method + "_whole", common + " steps=16");
     const auto r1 = read_json(whole + "/summary_r1.json");

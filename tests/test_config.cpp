@@ -171,22 +171,35 @@ TEST(Config, FragmentsAndOverlapOnlyWhereTheyMeanSomething) {
 }
 
 TEST(Config, CompressionPresetSetsTheCodecKeysAndKeysGivenWithItOverrideIt) {
-  const auto d = parse_config("outer_interval: 30\n", {"compression=sparse", "method=diloco"});
+  const auto d = parse_config("fragments: 4\n", {"compression=sparse", "method=diloco"});
   EXPECT_EQ(d.outer.wire_dtype, CodecSpec::Type::int2);
-  EXPECT_EQ(d.outer.topk, 64.0 / 4096);
-  EXPECT_EQ(d.outer.diloco_mean, DilocoMean::all_gather);
-  EXPECT_EQ(d.outer.residual, ResidualHome::weights);
-  EXPECT_TRUE(d.outer.error_feedback);
-  EXPECT_EQ(d.outer.interval, 30) << "the key given with the preset wins, wherever written";
-  EXPECT_EQ(parse_config("", {"compression=sparse", "method=diloco"}).outer.interval, 100);
+  EXPECT_EQ(d.outer.diloco_mean, DilocoMean::reduce_scatter);
+  EXPECT_EQ(d.outer.topk, 0.0);
+  EXPECT_EQ(d.outer.interval, 80);
+  EXPECT_EQ(d.outer.fragments, 4) << "the key given with the preset wins, wherever written";
   const auto n = parse_config("", {"method=noloco", "compression=sparse"});
   EXPECT_EQ(n.outer.wire_dtype, CodecSpec::Type::int2);
-  EXPECT_EQ(n.outer.topk, 64.0 / 4096);
   EXPECT_EQ(n.outer.message, NolocoMessage::delta_phi);
-  EXPECT_EQ(n.outer.residual, ResidualHome::weights);
-  EXPECT_EQ(n.outer.phi_every, 0) << "no slow weights travel";
-  EXPECT_EQ(n.outer.interval, 50);
-  EXPECT_EQ(n.outer.fragments, 1);
+  EXPECT_EQ(n.outer.phi_coding, PhiCoding::coset);
+  EXPECT_EQ(n.outer.phi_every, 2);
+  EXPECT_EQ(n.outer.interval / n.outer.fragments, 10) << "an outer step every 10 steps";
+  // compression=topk (issue 47): SparseLoCo's message.
+  const auto td = parse_config("outer_interval: 30\n", {"compression=topk", "method=diloco"});
+  EXPECT_EQ(td.outer.wire_dtype, CodecSpec::Type::int2);
+  EXPECT_EQ(td.outer.topk, 64.0 / 4096);
+  EXPECT_EQ(td.outer.diloco_mean, DilocoMean::all_gather);
+  EXPECT_EQ(td.outer.residual, ResidualHome::weights);
+  EXPECT_TRUE(td.outer.error_feedback);
+  EXPECT_EQ(td.outer.interval, 30) << "the key given with the preset wins, wherever written";
+  EXPECT_EQ(parse_config("", {"compression=topk", "method=diloco"}).outer.interval, 100);
+  const auto tn = parse_config("", {"method=noloco", "compression=topk"});
+  EXPECT_EQ(tn.outer.wire_dtype, CodecSpec::Type::int2);
+  EXPECT_EQ(tn.outer.topk, 64.0 / 4096);
+  EXPECT_EQ(tn.outer.message, NolocoMessage::delta_phi);
+  EXPECT_EQ(tn.outer.residual, ResidualHome::weights);
+  EXPECT_EQ(tn.outer.phi_every, 0) << "no slow weights travel";
+  EXPECT_EQ(tn.outer.interval, 50);
+  EXPECT_EQ(tn.outer.fragments, 1);
   EXPECT_NE(error_of("", {"method=noloco", "replicas=2", "phi_every=-1"}).find("phi_every must be >= 0"),
             std::string::npos);
   const auto none = parse_config("", {"method=diloco", "compression=none"});
