@@ -143,7 +143,7 @@ struct OuterTally {
   double blocked_seconds = 0;
 };
 
-// What a link carried for training, per parameter and inner step.
+// What a link carried for training, per parameter and step (inner or outer).
 double bits_per_param_per_step(uint64_t bytes, int64_t params, int64_t steps) {
   return 8.0 * double(bytes) / double(params) / double(steps);
 }
@@ -177,7 +177,7 @@ WorkerSummary summarize_worker(const TrainConfig& c, const WorkerInfo& w, const 
   // With fragments an outer step is each synchronisation of the fragment
   // then due (Streaming DiLoCo's schedule): one every interval/fragments steps.
   if (outer.syncs > 0) {
-    summary.bits_per_param_per_outer_step = 8.0 * double(outer.bytes) / double(outer.syncs) / double(stage_params);
+    summary.bits_per_param_per_outer_step = bits_per_param_per_step(outer.bytes, stage_params, outer.syncs);
     summary.steps_per_outer_step =
         c.outer.method == Method::ddp ? 1.0 : double(c.outer.interval) / double(c.outer.fragments);
   }

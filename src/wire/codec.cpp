@@ -175,15 +175,20 @@ size_t WireCodec::dense_bytes(size_t n) const {
   }
 }
 
+WireCodec::TopKSize WireCodec::topk_size(size_t n) const {
+  TopKSize size;
+  for (size_t first = 0; first < n; first += kChunk) {
+    const size_t len = std::min(kChunk, n - first), k = chunk_k(len);
+    size.values += k;
+    size.position_bits += position_bits(len, k);
+  }
+  return size;
+}
+
 size_t WireCodec::encoded_bytes(size_t n) const {
   if (spec_.topk == 0) return dense_bytes(n);
-  size_t k = 0, bits = 0;
-  for (size_t first = 0; first < n; first += kChunk) {
-    const size_t len = std::min(kChunk, n - first);
-    k += chunk_k(len);
-    bits += position_bits(len, chunk_k(len));
-  }
-  return ceil_div(bits, 8) + dense_bytes(k);
+  const auto size = topk_size(n);
+  return ceil_div(size.position_bits, 8) + dense_bytes(size.values);
 }
 
 int64_t WireCodec::format_id() const {
@@ -304,16 +309,11 @@ void WireCodec::decode(const uint8_t* in, size_t bytes, size_t n, float* out) co
   if (bytes != encoded_bytes(n))
     malformed(fmt::format("{} bytes where {} values of {} take {}", bytes, n, describe(), encoded_bytes(n)));
   if (spec_.topk == 0) return decode_dense(in, n, out);
-  size_t total = 0, bits = 0;
-  for (size_t first = 0; first < n; first += kChunk) {
-    const size_t len = std::min(kChunk, n - first);
-    total += chunk_k(len);
-    bits += position_bits(len, chunk_k(len));
-  }
-  for (size_t bit = bits; bit % 8 != 0; ++bit)
+  const auto size = topk_size(n);
+  for (size_t bit = size.position_bits; bit % 8 != 0; ++bit)
     if (get_bit(in, bit)) malformed("position padding is not zero");
-  std::vector<float> values(total);
-  decode_dense(in + ceil_div(bits, 8), total, values.data());
+  std::vector<float> values(size.values);
+  decode_dense(in + ceil_div(size.position_bits, 8), size.values, values.data());
   std::fill(out, out + n, 0.0f);
   std::vector<uint32_t> positions;
   size_t j = 0, at = 0;

@@ -83,6 +83,11 @@ class WireCodec {
   void encode_dense(const float* x, size_t n, uint8_t* out, uint64_t seed) const;
   void decode_dense(const uint8_t* in, size_t n, float* out) const;
   size_t chunk_k(size_t chunk_len) const;
+  // A top-k message of n values: the values sent, and the bits of all chunks' positions before them.
+  struct TopKSize {
+    size_t values = 0, position_bits = 0;
+  };
+  TopKSize topk_size(size_t n) const;
   // Only whole blocks rotate (a power of two long); a short last block goes as it is.
   bool rotates(size_t block_len) const { return spec_.rotate && block_len == size_t(spec_.block); }
 
