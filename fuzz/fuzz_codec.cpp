@@ -4,6 +4,7 @@
 // payload. Decoding must give values or a std::runtime_error, never a crash,
 // an out-of-bounds access or undefined behaviour.
 #include <cstdint>
+#include <iterator>
 #include <stdexcept>
 #include <vector>
 
@@ -25,10 +26,11 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
       coset.decode(payload, bytes, n, side.data(), out.data(), &failed);
     } else {
       noloco::CodecSpec spec;
-      spec.type = noloco::CodecSpec::Type(choice % 6);
-      // Dense (compression=sparse sends int2 so), rotated, or a top-k fraction.
+      constexpr size_t kTypes = std::size(noloco::kCodecTypes);
+      spec.type = noloco::kCodecTypes[choice % kTypes].type;
+      // Dense, rotated, or a top-k fraction.
       constexpr double kTopk[] = {0.004, 0.0156, 0.01, 0.03, 0.25};
-      const int variant = (choice / 6) % 7;
+      const int variant = int(choice / kTypes) % 7;
       spec.rotate = variant == 1 && noloco::integer_code(spec.type);
       spec.topk = variant < 2 ? 0.0 : kTopk[variant - 2];
       spec.block = block;

@@ -4,6 +4,7 @@
 // must open only as it was sealed: one flipped byte, chosen by the input,
 // and it must not. What opens is decoded as a peer's coded payload.
 #include <cstdint>
+#include <iterator>
 #include <cstdlib>
 #include <stdexcept>
 #include <vector>
@@ -46,7 +47,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   if (!opened) return 0;
   if (!std::equal(plain.begin(), plain.end(), rest)) std::abort();
   noloco::CodecSpec spec;
-  spec.type = noloco::CodecSpec::Type(mode % 6);
+  spec.type = noloco::kCodecTypes[mode % std::size(noloco::kCodecTypes)].type;
   spec.block = 64;
   std::vector<float> out(plain.size());
   try {

@@ -26,7 +26,9 @@ head -c 1024 /dev/zero | tr '\0' '\1' > "$corpus/token_file/raw.bin"
 { printf '\x02\x40\x00\x03\x00\x3c'; head -c 32 /dev/zero | tr '\0' '\x88'; } > "$corpus/codec/int4.bin"
 { printf '\x80\x10\x00\x00'; for b in 1 2; do printf '\x80\x3a\x00\x00'; done; head -c 8 /dev/zero; } > "$corpus/codec/coset.bin"
 # Top-k: 4 of 16 fp32 values, Rice-coded positions 0, 1, 5, 15 (tests/test_codec.cpp works them by hand).
-printf '\x24\x10\x00\x00\xd0\x17\x00\x00\x80\x40\x00\x00\x40\xc0\x00\x00\x00\x40\x00\x00\xc0\xc0' > "$corpus/codec/topk.bin"
+printf '\x2a\x10\x00\x00\xd0\x17\x00\x00\x80\x40\x00\x00\x40\xc0\x00\x00\x00\x40\x00\x00\xc0\xc0' > "$corpus/codec/topk.bin"
+# bins2: one block of 8 values, bin means 1 and 3, codes 0 1 2 3 0 0 2 2 (the same test's hand example).
+printf '\x06\x08\x00\x00\x80\x3f\x40\x40\xe4\xa0' > "$corpus/codec/bins2.bin"
 # A byte-level BPE tokenizer.json (every byte, one merge, a Split pre-tokenizer, an added token), a NUL, a text.
 python3 - "$corpus/tokenizer_json/seed" <<'PY'
 import json, sys

@@ -120,7 +120,8 @@ void add_outer_options(Options& o, TrainConfig& c) {
       .add("gamma", c.outer.gamma, "NoLoCo pull toward the group mean; <0: equal to outer_lr")
       .add("group_size", c.outer.group_size, "NoLoCo group size n")
       .add("wire_dtype", c.outer.wire_dtype,
-           "wire codec of diloco/noloco messages: " + codec_names())
+           "wire codec of diloco/noloco messages: " + codec_names() +
+               " (int2 is ternary; bins2 sends each value's sign and one of its block's two mean magnitudes)")
       .add("topk", c.outer.topk, "fraction of each 4096-value chunk sent (largest first); 0: dense")
       .add("error_feedback", c.outer.error_feedback, "add what a lossy codec dropped from delta to the next message (diloco; noloco delta_phi)")
       .add("error_feedback_decay", c.outer.error_feedback_decay,
@@ -276,7 +277,7 @@ void TrainConfig::resolve() {
   if (!pipeline.activation_grad_codec) pipeline.activation_grad_codec = pipeline.activation_codec;
   // With γ = β the pull folds into the mean of θ: β·mean(Δ) + β·(mean φ − φ_i) = β·(mean θ − φ_i).
   const bool lossless = outer.wire_dtype == CodecSpec::Type::fp32 && outer.topk == 0;
-  const bool theta_codec = outer.topk == 0 && !integer_code(outer.wire_dtype);
+  const bool theta_codec = outer.topk == 0 && !blockwise_code(outer.wire_dtype);
   if (outer.message == NolocoMessage::automatic)
     outer.message = outer.gamma == outer.lr && theta_codec ? NolocoMessage::theta : NolocoMessage::delta_phi;
   if (outer.phi_coding == PhiCoding::automatic) outer.phi_coding = lossless ? PhiCoding::codec : PhiCoding::coset;

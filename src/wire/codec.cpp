@@ -32,7 +32,7 @@ const CodecType& described(CodecSpec::Type t) {
   throw std::logic_error("a codec type without a row in kCodecTypes");
 }
 
-int bits_of_type(CodecSpec::Type t) { return described(t).integer_bits; }
+int bits_of_type(CodecSpec::Type t) { return described(t).value_bits; }
 
 size_t ceil_div(size_t a, size_t b) { return (a + b - 1) / b; }
 
@@ -142,9 +142,45 @@ void read_positions(const uint8_t* in, size_t at, size_t len, size_t k, uint32_t
     if (get_bit(in, at)) malformed("position padding is not zero");
 }
 
+// Lloyd's two-level quantizer of a block's magnitudes: the split between
+// the bins sits where their means meet, so each value decodes to the nearer
+// mean. A few rounds from the mean magnitude settle it; the means returned
+// are those of the split returned.
+struct TwoBins {
+  float split = 0, low = 0, high = 0;
+};
+TwoBins two_bins(const float* x, size_t m) {
+  double total = 0;
+  for (size_t i = 0; i < m; ++i) total += std::fabs(x[i]);
+  TwoBins bins;
+  float split = float(total / double(m));
+  for (int round = 0; round < 4; ++round) {
+    double low = 0, high = 0;
+    size_t lows = 0, highs = 0;
+    for (size_t i = 0; i < m; ++i) {
+      const float a = std::fabs(x[i]);
+      if (a > split) {
+        high += a;
+        ++highs;
+      } else {
+        low += a;
+        ++lows;
+      }
+    }
+    bins.split = split;
+    bins.low = lows ? float(low / double(lows)) : 0.0f;
+    bins.high = highs ? float(high / double(highs)) : bins.low;
+    split = 0.5f * (bins.low + bins.high);
+    if (split == bins.split) break;
+  }
+  return bins;
+}
+
 }  // namespace
 
-bool integer_code(CodecSpec::Type type) { return bits_of_type(type) > 0; }
+bool integer_code(CodecSpec::Type type) { return described(type).coding == Coding::scaled_integer; }
+
+bool blockwise_code(CodecSpec::Type type) { return described(type).block_bytes > 0; }
 
 const char* codec_type_name(CodecSpec::Type type) { return described(type).name; }
 
@@ -168,11 +204,8 @@ size_t WireCodec::chunk_k(size_t chunk_len) const {
 }
 
 size_t WireCodec::dense_bytes(size_t n) const {
-  switch (spec_.type) {
-    case CodecSpec::Type::fp32: return 4 * n;
-    case CodecSpec::Type::bf16: return 2 * n;
-    default: return 2 * ceil_div(n, size_t(spec_.block)) + ceil_div(n * size_t(bits_of_type(spec_.type)), 8);
-  }
+  const auto& type = described(spec_.type);
+  return size_t(type.block_bytes) * ceil_div(n, size_t(spec_.block)) + ceil_div(n * size_t(type.value_bits), 8);
 }
 
 WireCodec::TopKSize WireCodec::topk_size(size_t n) const {
@@ -202,6 +235,8 @@ std::string WireCodec::describe() const {
   if (integer_code(spec_.type))
     s += fmt::format(" ({}-value blocks{}{})", spec_.block, spec_.rotate ? ", rotated" : "",
                      spec_.stochastic ? ", stochastic rounding" : "");
+  else if (blockwise_code(spec_.type))
+    s += fmt::format(" ({}-value blocks)", spec_.block);
   if (spec_.topk > 0) s += fmt::format(", top {:g}%", spec_.topk * 100);
   return s;
 }
@@ -214,6 +249,7 @@ void WireCodec::encode_dense(const float* x, size_t n, uint8_t* out, uint64_t se
     case CodecSpec::Type::bf16:
       for (size_t i = 0; i < n; ++i) put16(out + 2 * i, to_bf16(x[i]));
       return;
+    case CodecSpec::Type::bins2: return encode_bins(x, n, out);
     default: break;
   }
   const int bits = bits_of_type(spec_.type), qmax = (1 << (bits - 1)) - 1;
@@ -264,10 +300,11 @@ void WireCodec::decode_dense(const uint8_t* in, size_t n, float* out) const {
   }
   const int bits = bits_of_type(spec_.type), qmax = (1 << (bits - 1)) - 1;
   const size_t block = size_t(spec_.block), blocks = ceil_div(n, block);
-  const uint8_t* codes = in + 2 * blocks;
+  const uint8_t* codes = in + size_t(described(spec_.type).block_bytes) * blocks;
   const size_t code_bits = n * size_t(bits);
   if (code_bits % 8 != 0 && (codes[code_bits / 8] >> (code_bits % 8)) != 0)
     malformed(fmt::format("{} padding is not zero", codec_type_name(spec_.type)));
+  if (spec_.type == CodecSpec::Type::bins2) return decode_bins(in, n, out);
   for (size_t b = 0; b < blocks; ++b) {
     const float scale = from_bf16(get16(in + 2 * b));
     if (!std::isfinite(scale) || scale < 0) malformed(fmt::format("block {} has scale {}", b, scale));
@@ -278,6 +315,41 @@ void WireCodec::decode_dense(const uint8_t* in, size_t n, float* out) const {
       out[i] = float(int(code) - qmax - 1) * scale;
     }
     if (rotates(last - first)) unrotate_block(out + first, first, block);
+  }
+}
+
+// Codes: bit 0 the sign (1: negative), bit 1 the upper bin.
+void WireCodec::encode_bins(const float* x, size_t n, uint8_t* out) const {
+  const size_t block = size_t(spec_.block), blocks = ceil_div(n, block);
+  uint8_t* codes = out + 4 * blocks;
+  std::memset(codes, 0, ceil_div(2 * n, 8));
+  for (size_t b = 0; b < blocks; ++b) {
+    const size_t first = b * block, last = std::min(n, first + block);
+    if (!std::all_of(x + first, x + last, [](float v) { return std::isfinite(v); })) {
+      put16(out + 4 * b, 0x7fc0);  // a NaN mean: every receiver refuses the message
+      continue;
+    }
+    const auto bins = two_bins(x + first, last - first);
+    put16(out + 4 * b, to_bf16(bins.low));
+    put16(out + 4 * b + 2, to_bf16(bins.high));
+    for (size_t i = first; i < last; ++i)
+      put_code(codes, i, 2, (std::fabs(x[i]) > bins.split ? 2u : 0u) | (x[i] < 0 ? 1u : 0u));
+  }
+}
+
+void WireCodec::decode_bins(const uint8_t* in, size_t n, float* out) const {
+  const size_t block = size_t(spec_.block), blocks = ceil_div(n, block);
+  const uint8_t* codes = in + 4 * blocks;
+  for (size_t b = 0; b < blocks; ++b) {
+    const float low = from_bf16(get16(in + 4 * b)), high = from_bf16(get16(in + 4 * b + 2));
+    if (!(std::isfinite(low) && std::isfinite(high) && low >= 0 && high >= low))
+      malformed(fmt::format("block {} has bin means {} and {}", b, low, high));
+    const size_t first = b * block, last = std::min(n, first + block);
+    for (size_t i = first; i < last; ++i) {
+      const unsigned code = get_code(codes, i, 2);
+      const float magnitude = (code & 2u) ? high : low;
+      out[i] = (code & 1u) ? -magnitude : magnitude;
+    }
   }
 }
 
