@@ -243,7 +243,7 @@ TEST(ActivationLink, RejectsAMessageThatTheRoutingDidNotAnnounce) {
   auto worker = [&](int rank) {
     const auto env = stage_env(rank, port);
     const auto store = connect_store(env, kLinkTimeout);
-    ActivationLink link(store, env, 2, 0, "127.0.0.1", kLinkTimeout, std::make_shared<const Seal>(env.token));
+    ActivationLink link(store, env, 2, 0, "127.0.0.1", kLinkTimeout, kLinkTimeout, std::make_shared<const Seal>(env.token));
     ASSERT_EQ(link.enter("step/3").stages, (std::vector<std::vector<Peer>>{{{0, 0}}, {{0, 0}}}));
     const auto payload = torch::arange(6, torch::kFloat32);
     if (rank == 0) {
@@ -284,7 +284,7 @@ TEST(ActivationChannel, CodedActivationsDecodeWithinAStepAndAMalformedOneIsDropp
   auto worker = [&](int rank) {
     const auto env = stage_env(rank, port);
     const auto store = connect_store(env, kLinkTimeout);
-    ActivationLink link(store, env, 2, 0, "127.0.0.1", kLinkTimeout, std::make_shared<const Seal>(env.token));
+    ActivationLink link(store, env, 2, 0, "127.0.0.1", kLinkTimeout, kLinkTimeout, std::make_shared<const Seal>(env.token));
     ActivationChannel channel(link, codecs);
     link.enter("step/1");
     const auto labels = torch::arange(8, torch::kInt64);
@@ -350,7 +350,7 @@ TEST(ActivationLink, DroppedNoticesAndALostNeighbour) {
     const auto env = stage_env(rank, port);
     const auto store = connect_store(env, kLinkTimeout);
     {
-      ActivationLink link(store, env, 2, 0, "127.0.0.1", kLinkTimeout, std::make_shared<const Seal>(env.token));
+      ActivationLink link(store, env, 2, 0, "127.0.0.1", kLinkTimeout, kLinkTimeout, std::make_shared<const Seal>(env.token));
       link.enter("step/0");
       const auto payload = torch::arange(6, torch::kFloat32);
       std::vector<torch::Tensor> in{torch::zeros({6})};
@@ -383,6 +383,47 @@ TEST(ActivationLink, DroppedNoticesAndALostNeighbour) {
   ASSERT_TRUE(next);
   EXPECT_TRUE(next->stages[0].empty()) << "the next step routes around worker 0";
   EXPECT_EQ(next->stages[1], (std::vector<Peer>{{0, 0}}));
+}
+
+// The pipeline's liveness authority: a neighbour the launcher declared dead
+// (here: written to the store by the test) is given up before the link waits
+// for it, not after the link's timeout (30 s here), and the next roster
+// leaves it out.
+TEST(ActivationLink, ANeighbourDeclaredDeadIsGivenUpWithoutWaiting) {
+  const int port = noloco::testing::free_port();
+  const auto host = hosted_store(port);
+  constexpr std::chrono::seconds kPatient{30};
+  std::promise<void> done;
+  auto finished = done.get_future();
+  PipelineStats stats;
+  std::optional<Roster> next;
+  double waited = -1;
+  auto worker = [&](int rank) {
+    const auto env = stage_env(rank, port);
+    const auto store = connect_store(env, kLinkTimeout);
+    ActivationLink link(store, env, 2, 0, "127.0.0.1", kPatient, kPatient, std::make_shared<const Seal>(env.token));
+    link.enter("step/0");
+    if (rank == 0) {
+      finished.wait_for(std::chrono::seconds(60));  // alive, in the group, and silent: it never sends
+      return;
+    }
+    declare_dead(store, env.token, replica_scope(2, 0), 0);
+    std::vector<torch::Tensor> in{torch::zeros({6})};
+    const auto start = std::chrono::steady_clock::now();
+    EXPECT_FALSE(link.recv(0, {MessageKind::activations, 0, 0, 0, 0}, in));
+    waited = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    stats = link.stats();
+    next = link.enter("step/1");
+    done.set_value();
+  };
+  std::thread a(worker, 0);
+  worker(1);
+  a.join();
+  EXPECT_LT(waited, 10.0) << "the link's timeout is 30 s";
+  EXPECT_EQ(stats.peers_lost, 1);
+  EXPECT_EQ(stats.micro_batches_dropped, 1);
+  ASSERT_TRUE(next);
+  EXPECT_TRUE(next->stages[0].empty());
 }
 
 namespace {

@@ -101,9 +101,9 @@ WorkerConnections join_as_worker(const WorkerEnv& env, const CommConfig& comm, i
                                                       comm.bind, timeout, links.seal, links.membership.get());
   }
   if (stages > 1)
-    links.link = std::make_unique<ActivationLink>(links.store, env, stages,
-                                                  links.membership ? links.membership->incarnation() : 0, comm.bind,
-                                                  timeout, links.seal);
+    links.link = std::make_unique<ActivationLink>(
+        links.store, env, stages, links.membership ? links.membership->incarnation() : 0, comm.bind, timeout,
+        std::chrono::milliseconds(int64_t(comm.heartbeat_timeout * 1000)), links.seal);
   return links;
 }
 

@@ -331,12 +331,15 @@ bool Roster::whole(int replicas) const {
   });
 }
 
-PipelineRoster::PipelineRoster(StorePtr store, const std::string& token, int stages, int replicas)
+PipelineRoster::PipelineRoster(StorePtr store, const std::string& token, int stages, int replicas,
+                               std::chrono::milliseconds heartbeat_timeout)
     : store_(std::move(store)),
       rosters_(run_scope(store_, token, "pipeline/rosters")),
       token_(token),
       stages_(stages),
-      replicas_(replicas) {}
+      replicas_(replicas),
+      heartbeat_timeout_(heartbeat_timeout),
+      heartbeats_(store_, token) {}
 
 Roster PipelineRoster::snapshot(const std::string& name) {
   std::lock_guard<std::mutex> lock(mutex_);
@@ -362,13 +365,62 @@ Roster PipelineRoster::snapshot(const std::string& name) {
   for (size_t bar = text.find('|'); bar != std::string::npos && stage < roster.stages.size();
        from = bar + 1, bar = text.find('|', from), ++stage)
     for (const auto& item : list_items(text.substr(from, bar - from))) roster.stages[stage].push_back(peer_of(item));
+  last_ = roster;
   return roster;
 }
 
-void PipelineRoster::declare_lost(int stage, const Peer& peer) {
+const PipelineRoster::StageRecord& PipelineRoster::record_of(int stage) {
+  auto& r = records_[stage];
+  const auto now = Clock::now();
+  if (now - r.read > std::chrono::seconds(1)) {
+    const auto members = members_scope(store_, token_, replica_scope(stages_, stage));
+    r = {now, read_or_empty(*members, "dead"), read_or_empty(*members, "lost")};
+  }
+  return r;
+}
+
+std::optional<int> PipelineRoster::listed_incarnation(int worker) const {
+  if (!last_) return std::nullopt;
+  for (const auto& p : last_->stages.at(size_t(worker % stages_)))
+    if (p.rank == worker / stages_) return p.incarnation;
+  return std::nullopt;
+}
+
+bool PipelineRoster::silent_locked(int worker) {
+  auto& [checked, silent] = silence_[worker];
+  const auto now = Clock::now();
+  if (now - checked > std::chrono::seconds(1)) {
+    checked = now;
+    silent = heartbeats_.silent_seconds(worker) * 1000 > double(heartbeat_timeout_.count());
+  }
+  return silent;
+}
+
+bool PipelineRoster::given_up(int worker, Clock::time_point) {
   std::lock_guard<std::mutex> lock(mutex_);
-  append_item(*members_scope(store_, token_, replica_scope(stages_, stage)), "lost",
-              fmt::format("{}.{}", peer.rank, peer.incarnation));
+  if (!last_) return false;
+  const auto incarnation = listed_incarnation(worker);
+  if (!incarnation) return true;
+  const auto& record = record_of(worker % stages_);
+  const int replica = worker / stages_;
+  return list_has(record.dead, std::to_string(replica)) ||
+         list_has(record.lost, fmt::format("{}.{}", replica, *incarnation)) || silent_locked(worker);
+}
+
+bool PipelineRoster::silent(int worker) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return silent_locked(worker);
+}
+
+void PipelineRoster::declare_dead(int worker) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  const auto incarnation = listed_incarnation(worker);
+  if (!incarnation) return;  // not in the last roster: already left out
+  const int stage = worker % stages_;
+  const auto item = fmt::format("{}.{}", worker / stages_, *incarnation);
+  append_item(*members_scope(store_, token_, replica_scope(stages_, stage)), "lost", item);
+  auto& record = records_[stage];
+  record.lost += item + ",";  // asked before the next read: already lost
 }
 
 }  // namespace noloco

@@ -10,6 +10,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <set>
 #include <string>
 #include <vector>
@@ -125,19 +126,47 @@ struct Roster {
   bool whole(int replicas) const;
 };
 
-class PipelineRoster {
+// The pipeline's liveness authority, over global worker ranks (replica ·
+// stages + stage): the pipeline link asks it before it waits for a
+// neighbour and tells it whom it lost, and the rosters it freezes follow
+// from what it was told. Thread-safe.
+class PipelineRoster final : public Liveness {
  public:
-  PipelineRoster(StorePtr store, const std::string& token, int stages, int replicas);
+  PipelineRoster(StorePtr store, const std::string& token, int stages, int replicas,
+                 std::chrono::milliseconds heartbeat_timeout);
   Roster snapshot(const std::string& name);
-  // A neighbour's pair with `peer` of `stage` failed: later rosters leave
-  // that incarnation out (a restarted one is not affected).
-  void declare_lost(int stage, const Peer& peer);
+  // Given up: declared dead (the launcher's record), lost by a neighbour in
+  // the incarnation the last roster lists, left out of the last roster, or
+  // its heartbeat silent for the heartbeat timeout. Stores and heartbeats
+  // are read at most once a second.
+  bool given_up(int worker, std::chrono::steady_clock::time_point waiting_since) override;
+  bool silent(int worker) override;
+  // A neighbour's pair with `worker` failed: later rosters leave out the
+  // incarnation the last roster lists (a restarted one is not affected).
+  void declare_dead(int worker) override;
+  // The worker's own heartbeat publishes its progress; pipeline waits are not meetings.
+  void progressed() override {}
 
  private:
+  struct StageRecord {
+    std::chrono::steady_clock::time_point read;
+    std::string dead, lost;
+  };
+  // The stage's dead and lost lists, read again if a second has passed. Under mutex_.
+  const StageRecord& record_of(int stage);
+  // The incarnation of `worker` in the last roster; none if it is not listed (or no roster was taken).
+  std::optional<int> listed_incarnation(int worker) const;
+  bool silent_locked(int worker);
+
   std::mutex mutex_;
   StorePtr store_, rosters_;
   std::string token_;
   int stages_, replicas_;
+  std::chrono::milliseconds heartbeat_timeout_;
+  HeartbeatWatch heartbeats_;
+  std::optional<Roster> last_;
+  std::map<int, StageRecord> records_;
+  std::map<int, std::pair<std::chrono::steady_clock::time_point, bool>> silence_;  // by worker: when read, silent
 };
 
 // The step a resumed run continues from, the same for all its workers (a

@@ -16,7 +16,7 @@ using Clock = std::chrono::steady_clock;
 
 ActivationLink::ActivationLink(const StorePtr& store, const WorkerEnv& env, int stages, int incarnation,
                                const std::string& bind, std::chrono::milliseconds timeout,
-                               std::shared_ptr<const Seal> seal)
+                               std::chrono::milliseconds heartbeat_timeout, std::shared_ptr<const Seal> seal)
     : store_(store),
       env_(env),
       stages_(stages),
@@ -24,7 +24,7 @@ ActivationLink::ActivationLink(const StorePtr& store, const WorkerEnv& env, int 
       timeout_(timeout),
       run_id_(run_id_of(env.token)),
       seal_(std::move(seal)),
-      rosters_(store, env.token, stages, env.world / stages),
+      rosters_(store, env.token, stages, env.world / stages, heartbeat_timeout),
       device_(gloo_device(bind)) {}
 
 ActivationLink::~ActivationLink() {
@@ -82,7 +82,7 @@ void ActivationLink::lose(int peer, const std::string& why) {
   spdlog::warn("lost pipeline worker {}: {}", peer, why);
   lost_.insert(peer);
   stats_.peers_lost += 1;
-  rosters_.declare_lost(peer % stages_, {peer / stages_, members_[size_t(member)].incarnation});
+  rosters_.declare_dead(peer);
 }
 
 int ActivationLink::next_tag(std::vector<int64_t>& counters, int member) {
@@ -154,6 +154,7 @@ bool ActivationLink::recv(int peer, const ActivationHeader& expected, std::vecto
                            expected.step, expected.micro, why));
     return dropped();
   };
+  if (rosters_.given_up(peer, start)) return lost("given up (declared dead, lost by a neighbour, or silent)");
   // Header first: a dropped notice may come instead, and the payload is only
   // received into buffers of the size the header was checked to announce.
   auto announced = header_of(expected, tensors);

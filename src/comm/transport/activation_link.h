@@ -5,6 +5,8 @@
 // launcher killed it for a stopped heartbeat) does not stop the worker: the
 // micro-batches routed through it are dropped, the neighbours downstream (or
 // upstream, for gradients) are told, and the next step's roster leaves it out.
+// Who is lost is the pipeline's liveness authority's (PipelineRoster): the
+// link asks it before waiting for a neighbour and tells it whom it lost.
 #pragma once
 #include <algorithm>
 #include <chrono>
@@ -38,8 +40,10 @@ class ActivationLink {
  public:
   // Worker env.rank (replica-major over `stages`) in its `incarnation`.
   // With `seal`, every payload travels sealed (comm/transport/seal.h); null: in clear.
+  // A neighbour whose heartbeat is silent for `heartbeat_timeout` is not waited for.
   ActivationLink(const StorePtr& store, const WorkerEnv& env, int stages, int incarnation, const std::string& bind,
-                 std::chrono::milliseconds timeout, std::shared_ptr<const Seal> seal);
+                 std::chrono::milliseconds timeout, std::chrono::milliseconds heartbeat_timeout,
+                 std::shared_ptr<const Seal> seal);
   ~ActivationLink();
 
   // Takes the roster named `name` (a step; all workers ask for the same names
@@ -66,7 +70,8 @@ class ActivationLink {
   void send_dropped(int peer, const ActivationHeader& header);
   // Receives into `tensors` (CPU, preallocated with the expected shapes and
   // dtypes, in `format`) from worker `peer`. False if the micro-batch was
-  // dropped (a notice came, or the pair failed: the peer is lost); throws
+  // dropped (a notice came, or the pair failed or the liveness authority
+  // gave the peer up: it is lost); throws
   // naming the difference if its header is not `expected`. Time blocked
   // counts as idle.
   bool recv(int peer, const ActivationHeader& expected, std::vector<torch::Tensor>& tensors, int64_t format = 0);
