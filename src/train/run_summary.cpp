@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <cmath>
 #include <filesystem>
+#include <type_traits>
+#include <variant>
 
 #include <fmt/format.h>
 
@@ -120,24 +122,58 @@ class FigureCombiner {
 
 }  // namespace
 
+namespace {
+
+// The traffic counters a worker's metrics records and summary carry, each
+// once: its JSON name and its field. A new counter is its field and a row.
+template <class Stats>
+struct Counter {
+  const char* key;
+  std::variant<uint64_t Stats::*, int64_t Stats::*, double Stats::*> field;
+};
+constexpr Counter<CommStats> kCommCounters[] = {
+    {"bytes_sent", &CommStats::bytes_sent},     {"bytes_received", &CommStats::bytes_received},
+    {"comm_seconds", &CommStats::comm_seconds}, {"wait_seconds", &CommStats::wait_seconds},
+    {"collectives", &CommStats::collectives},   {"messages", &CommStats::messages},
+};
+constexpr Counter<PipelineStats> kPipelineCounters[] = {
+    {"activation_bytes_sent", &PipelineStats::bytes_sent},
+    {"activation_bytes_received", &PipelineStats::bytes_received},
+    {"pipeline_idle_seconds", &PipelineStats::idle_seconds},
+    {"peak_micro_batches_held", &PipelineStats::peak_micro_batches_held},
+    {"micro_batches_dropped", &PipelineStats::micro_batches_dropped},
+    {"pipeline_peers_lost", &PipelineStats::peers_lost},
+};
+
+template <class Stats, size_t N>
+void put_counters(nlohmann::json& j, const Counter<Stats> (&counters)[N], const Stats& stats) {
+  for (const auto& c : counters) std::visit([&](auto field) { j[c.key] = stats.*field; }, c.field);
+}
+
+// The counters, if the record holds the first (the group is reported whole or not at all).
+template <class Stats, size_t N>
+std::optional<Stats> counters_of(const nlohmann::json& j, const Counter<Stats> (&counters)[N]) {
+  if (!j.contains(counters[0].key)) return std::nullopt;
+  Stats stats;
+  for (const auto& c : counters)
+    std::visit(
+        [&](auto field) {
+          using Value = std::decay_t<decltype(stats.*field)>;
+          stats.*field = j.value(c.key, Value(0));
+        },
+        c.field);
+  return stats;
+}
+
+}  // namespace
+
 void WorkerTraffic::add_to(nlohmann::json& j) const {
   j["replica"] = replica;
-  if (comm)
-    j.update({{"bytes_sent", comm->bytes_sent},
-              {"bytes_received", comm->bytes_received},
-              {"comm_seconds", comm->comm_seconds},
-              {"wait_seconds", comm->wait_seconds},
-              {"collectives", comm->collectives},
-              {"messages", comm->messages}});
-  if (pipeline)
-    j.update({{"worker", worker},
-              {"stage", stage},
-              {"activation_bytes_sent", pipeline->bytes_sent},
-              {"activation_bytes_received", pipeline->bytes_received},
-              {"pipeline_idle_seconds", pipeline->idle_seconds},
-              {"peak_micro_batches_held", pipeline->peak_micro_batches_held},
-              {"micro_batches_dropped", pipeline->micro_batches_dropped},
-              {"pipeline_peers_lost", pipeline->peers_lost}});
+  if (comm) put_counters(j, kCommCounters, *comm);
+  if (pipeline) {
+    j.update({{"worker", worker}, {"stage", stage}});
+    put_counters(j, kPipelineCounters, *pipeline);
+  }
 }
 
 WorkerTraffic WorkerTraffic::from_json(const nlohmann::json& j) {
@@ -145,26 +181,8 @@ WorkerTraffic WorkerTraffic::from_json(const nlohmann::json& j) {
   t.replica = j.value("replica", 0);
   t.worker = j.value("worker", t.replica);
   t.stage = j.value("stage", 0);
-  if (j.contains("bytes_sent")) {
-    CommStats c;
-    c.bytes_sent = j.value("bytes_sent", uint64_t(0));
-    c.bytes_received = j.value("bytes_received", uint64_t(0));
-    c.comm_seconds = j.value("comm_seconds", 0.0);
-    c.wait_seconds = j.value("wait_seconds", 0.0);
-    c.collectives = j.value("collectives", int64_t(0));
-    c.messages = j.value("messages", int64_t(0));
-    t.comm = c;
-  }
-  if (j.contains("activation_bytes_sent")) {
-    PipelineStats p;
-    p.bytes_sent = j.value("activation_bytes_sent", uint64_t(0));
-    p.bytes_received = j.value("activation_bytes_received", uint64_t(0));
-    p.idle_seconds = j.value("pipeline_idle_seconds", 0.0);
-    p.peak_micro_batches_held = j.value("peak_micro_batches_held", int64_t(0));
-    p.micro_batches_dropped = j.value("micro_batches_dropped", int64_t(0));
-    p.peers_lost = j.value("pipeline_peers_lost", int64_t(0));
-    t.pipeline = p;
-  }
+  t.comm = counters_of(j, kCommCounters);
+  t.pipeline = counters_of(j, kPipelineCounters);
   return t;
 }
 
