@@ -29,6 +29,7 @@ class FakeTransport final : public Transport {
     return {bytes.clone(), peer_bytes};
   }
   std::vector<torch::Tensor> all_to_all(const torch::Tensor&) override { throw std::logic_error("not used"); }
+  void broadcast(torch::Tensor&, int) override { throw std::logic_error("not used"); }
   ExchangeResult exchange(const ExchangeRequest& request) override {
     const auto dtype = wire_dtype;  // fp32 and bf16 payloads are the values' own bytes
     sent = request.payload.view(dtype).clone();

@@ -115,13 +115,16 @@ void leave_on_sigterm() {
   ::sigaction(SIGTERM, &sa, nullptr);
 }
 
-WorkerInfo worker_info(const WorkerEnv& env, int stages, const WorkerConnections& links) {
+WorkerInfo worker_info(const WorkerEnv& env, int stages, int replica_workers, const WorkerConnections& links) {
   WorkerInfo w;
   w.rank = env.rank;
   w.stages = stages;
   w.stage = env.rank % stages;
-  w.replica = env.rank / stages;
-  w.replicas = env.world / stages;
+  w.replica_workers = replica_workers;
+  w.replica_worker = env.rank % replica_workers;
+  w.replica = env.rank / (stages * replica_workers);
+  w.replicas = env.world / (stages * replica_workers);
+  w.replica_group = links.replica_group.get();
   w.local_rank = env.local_rank;
   w.local_world = env.local_world;
   w.transport = links.transport.get();
@@ -199,9 +202,12 @@ int run_train(const std::string& config_path, const std::vector<std::string>& ov
   WorkerEnv env;
   if (worker_env_from_environment(env)) {
     init_logging(fmt::format("noloco[worker {}]", env.rank));
-    if (env.world % stages != 0)
-      throw std::invalid_argument(fmt::format("WORLD_SIZE={} is not a multiple of stages={}", env.world, stages));
-    cfg.run.replicas = env.world / stages;
+    const int per_replica = stages * int(cfg.run.replica_workers);
+    if (env.world % per_replica != 0)
+      throw std::invalid_argument(fmt::format("WORLD_SIZE={} is not a multiple of the {} workers a replica has "
+                                              "(stages={}, replica_workers={})",
+                                              env.world, per_replica, stages, cfg.run.replica_workers));
+    cfg.run.replicas = env.world / per_replica;
     cfg.validate();
     cfg.validate_workers();
     if (cfg.run.out.empty()) throw std::invalid_argument("launched workers need out=DIR, the same for all of them");
@@ -209,10 +215,11 @@ int run_train(const std::string& config_path, const std::vector<std::string>& ov
     // joined, it cannot ask the store which start this is; the launcher
     // tells a restart by its environment.)
     if (!std::getenv("NOLOCO_RESTARTED")) FailureDrill(cfg.run.inject_crash, env.rank, 0).at_startup();
-    const bool can_leave = takes_joiners(cfg.outer.method, cfg.pipeline.routing, stages);
+    const bool can_leave = takes_joiners(cfg.outer.method, cfg.pipeline.routing, stages) && cfg.run.replica_workers == 1;
     if (can_leave) leave_on_sigterm();
-    const auto links = join_as_worker(env, cfg.comm, stages, cfg.outer.method != Method::none);
-    auto info = worker_info(env, stages, links);
+    const auto links =
+        join_as_worker(env, cfg.comm, stages, cfg.outer.method != Method::none, int(cfg.run.replica_workers));
+    auto info = worker_info(env, stages, int(cfg.run.replica_workers), links);
     if (can_leave) info.leave_requested = [] { return leave_signalled.load(); };
     train(cfg, info);
     return 0;
@@ -220,7 +227,7 @@ int run_train(const std::string& config_path, const std::vector<std::string>& ov
   cfg.validate_workers();
   if (cfg.run.out.empty()) cfg.run.out = default_run_dir(cfg);
   const RunDirectory owned(cfg.run.out, cfg);
-  if (cfg.outer.method == Method::none && stages == 1 && cfg.run.replicas == 1) {
+  if (cfg.outer.method == Method::none && cfg.workers() == 1) {
     train(cfg, WorkerInfo{});
     return 0;
   }
@@ -236,18 +243,24 @@ int run_train(const std::string& config_path, const std::vector<std::string>& ov
   LaunchPlan plan;
   plan.workers = int(cfg.workers());
   plan.stages = stages;
+  plan.replica_workers = int(cfg.run.replica_workers);
   plan.method = choice_name(cfg.outer.method);
   plan.comm = cfg.comm;
   plan.keep_going_on_failure = survives_lost_workers(cfg.outer.method, cfg.pipeline.routing, stages);
   const auto links = capped_links(cfg, plan.workers);
   plan.links = links.get();
   // Behind capped links the workers sit in network namespaces a joiner could not reach.
-  if (takes_joiners(cfg.outer.method, cfg.pipeline.routing, stages) && !links) plan.join_dir = cfg.run.out;
-  if (cfg.run.resume && takes_back_restarted(cfg.outer.method, cfg.pipeline.routing, stages))
+  const bool one_worker_replicas = cfg.run.replica_workers == 1;
+  if (takes_joiners(cfg.outer.method, cfg.pipeline.routing, stages) && one_worker_replicas && !links)
+    plan.join_dir = cfg.run.out;
+  if (cfg.run.resume && takes_back_restarted(cfg.outer.method, cfg.pipeline.routing, stages) && one_worker_replicas)
     plan.start_from_peers = workers_without_checkpoints(cfg.run.out, plan.workers, stages);
   if (stages > 1)
     spdlog::info("launching {} replicas x {} stages = {} {} workers, run dir {}", cfg.run.replicas, stages,
                  plan.workers, plan.method, cfg.run.out);
+  else if (!one_worker_replicas)
+    spdlog::info("launching {} replicas x {} workers = {} {} workers, run dir {}", cfg.run.replicas,
+                 cfg.run.replica_workers, plan.workers, plan.method, cfg.run.out);
   else
     spdlog::info("launching {} {} workers, run dir {}", cfg.run.replicas, plan.method, cfg.run.out);
   const auto launched = launch_local_workers(plan, worker_command({"train", config_path}, overrides, cfg.run.out));
@@ -256,7 +269,7 @@ int run_train(const std::string& config_path, const std::vector<std::string>& ov
   auto members = exits;
   members.insert(members.end(), launched.joiners.begin(), launched.joiners.end());
   auto summary = summarize_run(cfg.run.out, cfg.outer.method, cfg.run.replicas, stages, choice_name(cfg.pipeline.routing),
-                               cfg.inner.grad_accum, members, seconds);
+                               cfg.inner.grad_accum, members, seconds, cfg.run.replica_workers);
   summary.activation_codec = choice_name(cfg.pipeline.activation_codec);
   summary.activation_grad_codec = choice_name(cfg.pipeline.activation_grad_codec);
   const auto codecs = activation_codecs(cfg);  // rotation applies to integer codes only
@@ -390,7 +403,7 @@ int run_join(const std::string& run_dir, const std::vector<std::string>& args) {
   FailureDrill(cfg.run.inject_crash, env.rank, 0).at_startup();
   leave_on_sigterm();
   const auto links = join_as_worker(env, cfg.comm, stages, true);
-  auto info = worker_info(env, stages, links);
+  auto info = worker_info(env, stages, 1, links);
   info.agree_resume_step = nullptr;  // it starts from a live replica's state, never from the disk
   info.leave_requested = [] { return leave_signalled.load(); };
   train(cfg, info);

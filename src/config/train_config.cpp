@@ -85,6 +85,9 @@ void add_training_options(Options& o, TrainConfig& c) {
 void add_topology_options(Options& o, TrainConfig& c) {
   o.add("method", c.outer.method, "none (replicas train independently) | ddp | diloco | noloco")
       .add("replicas", c.run.replicas, "data-parallel replicas")
+      .add("replica_workers", c.run.replica_workers,
+           "workers per replica: they average gradients every inner step (the replica steps with their batches "
+           "together) and the first of them runs the outer method for the replica")
       .add("max_local_workers", c.run.max_local_workers,
            "local launcher: the most workers it starts; 0: what this machine can host (8 per core, memory)")
       .add("stages", c.pipeline.stages, "pipeline stages per replica (replicas x stages workers)")
@@ -330,6 +333,16 @@ void TrainConfig::validate() const {
   positive("replicas", double(run.replicas));
   non_negative("max_local_workers", double(run.max_local_workers));
   positive("stages", double(pipeline.stages));
+  positive("replica_workers", double(run.replica_workers));
+  if (run.replica_workers > 1 && pipeline.stages > 1)
+    invalid("replica_workers > 1 with pipeline stages is not implemented: set stages=1 or replica_workers=1");
+  if (run.replica_workers > 1 && method == Method::ddp)
+    invalid(fmt::format("replica_workers with method=ddp: ddp averages gradients over every worker at every step "
+                        "already; use replicas={} instead",
+                        run.replicas * run.replica_workers));
+  if (run.replica_workers > 1 && comm.restarts > 0)
+    invalid("restarts with replica_workers > 1 is not implemented yet (the replica's workers would have to be "
+            "restarted together)");
   stage_layer_ranges(model.layers, pipeline.stages, pipeline.stage_layers);
   if (model.tied_embeddings && pipeline.stages > 1)
     invalid("tie_embeddings with stages > 1 is not implemented (the first and last stage would share one matrix): "

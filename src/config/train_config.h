@@ -119,6 +119,9 @@ struct RunConfig {
   int64_t keep_checkpoints = 0;     // newest checkpoints kept per worker; 0: all
   bool resume = false;
   int64_t replicas = 1;
+  // Workers per replica (data parallel inside it: gradients averaged every
+  // inner step over the replica's own group); the outer method runs between replicas.
+  int64_t replica_workers = 1;
   // Local launcher: the most workers it starts; 0: what the machine can host
   // (8 per core, and memory).
   int64_t max_local_workers = 0;
@@ -169,7 +172,7 @@ struct TrainConfig {
   // WORLD_SIZE under torchrun): group size, failure-drill ranks.
   void validate_workers() const;
   std::string to_yaml() const;
-  int64_t workers() const { return run.replicas * pipeline.stages; }
+  int64_t workers() const { return run.replicas * pipeline.stages * run.replica_workers; }
 };
 
 struct ConfigKey {

@@ -50,9 +50,12 @@ class OuterOptimizer {
 // Where a method's traffic goes: the transport among the replicas of this
 // worker's stage, and (for NoLoCo) who of them is alive. Both may be null
 // for method "none"; membership may be null where every replica always is.
+// In a replica of several workers only its first has them, and `replica` is
+// the replica's own group (replica_workers.h); null for a one-worker replica.
 struct ReplicaPeers {
   Transport* transport = nullptr;
   Membership* membership = nullptr;
+  Transport* replica = nullptr;
 };
 
 std::unique_ptr<OuterOptimizer> make_outer_optimizer(const OuterConfig& config, uint64_t seed, ReplicaPeers links,

@@ -92,7 +92,7 @@ class PipelineStage final : public WorkerModel {
     double sum = 0;
     bool whole = true;
     for (int64_t i = 0; i < o_.eval_batches; ++i) {
-      const auto batch = [&] { return data_.val.sample(uint64_t(i), 0, o_.batch); };
+      const auto batch = [&] { return data_.val.sample(uint64_t(i), 0, o_.eval_batch); };
       for (const auto& r : mine) {
         const int from = place_.first() ? -1 : place_.worker(r.replica[size_t(s - 1)], s - 1);
         const int to = place_.last() ? -1 : place_.worker(r.replica[size_t(s + 1)], s + 1);

@@ -37,7 +37,7 @@ class WholeModel final : public WorkerModel {
     torch::NoGradGuard no_grad;
     double sum = 0;
     for (int64_t i = 0; i < o_.eval_batches; ++i) {
-      auto b = data_.val.sample(uint64_t(i), 0, o_.batch);
+      auto b = data_.val.sample(uint64_t(i), 0, o_.eval_batch);
       shim::CudaBf16Autocast autocast(o_.bf16);
       sum += model_->loss(b.inputs.to(device_), b.targets.to(device_)).item<double>();
     }

@@ -52,6 +52,9 @@ struct StepOptions {
   int64_t batch = 1;       // sequences per micro-batch
   int64_t grad_accum = 1;  // micro-batches per step
   int64_t eval_batches = 1;
+  // Sequences per validation batch: a replica's, whichever of its workers evaluates
+  // (batch × replica_workers), so the measurement does not depend on how a replica is split.
+  int64_t eval_batch = 1;
   bool bf16 = false;   // CUDA autocast
   uint64_t seed = 0;   // weight initialisation
   std::string init_from;  // or a Hugging Face directory's weights

@@ -29,7 +29,7 @@ std::vector<int64_t> Checkpointer::complete_steps() const { return complete_chec
 
 void Checkpointer::resume_at(int64_t step) {
   for (const auto& later : step_directories(dir_)) {
-    if (later.step <= step) continue;
+    if (later.step <= step || !writes_) continue;
     const auto& from = later.path;
     std::string to = from + ".superseded";
     for (int n = 2; fs::exists(to); ++n) to = fmt::format("{}.superseded{}", from, n);
@@ -55,7 +55,7 @@ void Checkpointer::resume_at(int64_t step) {
 }
 
 void Checkpointer::after_step(int64_t done) {
-  if (done % every_ != 0 && done != last_step_) return;
+  if (!writes_ || (done % every_ != 0 && done != last_step_)) return;
   save(done);
 }
 

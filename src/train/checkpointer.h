@@ -32,6 +32,10 @@ class Checkpointer {
   // Writes the checkpoint of step `done` now (a replica leaving the run).
   void save(int64_t done);
   const std::string& dir() const { return dir_; }
+  // This worker reads another's checkpoints (a replica's first worker writes
+  // them for all its workers, whose states are the same): it resumes from
+  // them and never writes or renames.
+  void follow() { writes_ = false; }
 
  private:
   std::string dir_;
@@ -41,6 +45,7 @@ class Checkpointer {
   nlohmann::json info_;
   TrainingState state_;
   const FailureDrill& drill_;
+  bool writes_ = true;
 };
 
 }  // namespace noloco

@@ -352,12 +352,11 @@ RunSummary summarize_lone_run(const WorkerSummary& w) {
 namespace {
 
 // Where exit `e` sat in the run, and how it ended.
-RunSummary::Worker place_of(const WorkerExit& e, int64_t stages) {
-  RunSummary::Worker where{int(e.rank / stages), std::nullopt, std::nullopt, e.describe(), e.seconds};
-  if (stages > 1) {
-    where.worker = e.rank;
-    where.stage = int(e.rank % stages);
-  }
+RunSummary::Worker place_of(const WorkerExit& e, int64_t stages, int64_t replica_workers) {
+  RunSummary::Worker where{int(e.rank / stages / replica_workers), std::nullopt, std::nullopt, e.describe(),
+                           e.seconds};
+  if (stages > 1) where.stage = int(e.rank % stages);
+  if (stages > 1 || replica_workers > 1) where.worker = e.rank;
   return where;
 }
 
@@ -428,7 +427,7 @@ struct RunTally {
 
 RunSummary summarize_run(const std::string& run_dir, Method method, int64_t replicas, int64_t stages,
                          const std::string& routing, int64_t micro_batches, const std::vector<WorkerExit>& exits,
-                         double seconds) {
+                         double seconds, int64_t replica_workers) {
   RunSummary run;
   run.method = method;
   run.replicas = replicas;
@@ -441,12 +440,12 @@ RunSummary summarize_run(const std::string& run_dir, Method method, int64_t repl
   RunTally tally(stages);
   for (const auto& e : exits) {
     const auto path = fmt::format("{}/summary_r{}.json", run_dir, e.rank);
-    auto where = place_of(e, stages);
+    auto where = place_of(e, stages, replica_workers);
     if (e.restarted) {  // its next start decides whether it finished
       run.restarted.push_back(where);
       continue;
     }
-    const int member = stages > 1 ? e.rank : int(e.rank / stages);
+    const int member = stages > 1 ? e.rank : int(e.rank / replica_workers);
     if (e.joined && e.ok() && !std::filesystem::exists(path)) {
       // It finished (the store says so) and wrote its summary where it ran: another machine.
       run.joined.push_back({member, std::nullopt, std::nullopt, std::nullopt});
@@ -459,6 +458,7 @@ RunSummary summarize_run(const std::string& run_dir, Method method, int64_t repl
       run.failed.push_back(where);
       continue;
     }
+    if (e.rank % replica_workers != 0) continue;  // its replica's first worker speaks for it
     const auto w = WorkerSummary::from_json(read_json(path));
     if (w.rejoin && w.rejoin->joined) run.joined.push_back({member, w.rejoin->step, w.rejoin->donor, w.rejoin->seconds});
     tally.add_traffic(run, w);

@@ -122,9 +122,10 @@ struct RunSummary {
 constexpr double kMostlyAlone = 0.1;
 
 // summary.json of a launched run, from the workers' summaries and how each ended.
+// With several workers a replica, the first speaks for it; any that failed is listed.
 RunSummary summarize_run(const std::string& run_dir, Method method, int64_t replicas, int64_t stages,
                          const std::string& routing, int64_t micro_batches, const std::vector<WorkerExit>& exits,
-                         double seconds);
+                         double seconds, int64_t replica_workers = 1);
 // summary.json of a lone worker's run.
 RunSummary summarize_lone_run(const WorkerSummary& worker);
 

@@ -72,9 +72,18 @@ nlohmann::json record(int64_t step, const char* split, const WorkerInfo& w, nloh
 
 std::unique_ptr<WorkerModel> make_worker_model(const TrainConfig& c, const ModelConfig& model, StepData data,
                                                torch::Device device, const WorkerInfo& w) {
-  const StepOptions options{c.inner.batch, c.inner.grad_accum, c.eval.batches, c.run.precision == Precision::bf16,
-                            c.run.seed, c.init_from};
-  if (w.stages == 1) return make_whole_model(model, options, data, device);
+  const StepOptions options{c.inner.batch,
+                            c.inner.grad_accum,
+                            c.eval.batches,
+                            c.inner.batch * w.replica_workers,
+                            c.run.precision == Precision::bf16,
+                            c.run.seed,
+                            c.init_from};
+  if (w.stages == 1) {
+    // Each worker of a replica takes its own rows of the replica's batch.
+    data.replica = w.replica * w.replica_workers + w.replica_worker;
+    return make_whole_model(model, options, data, device);
+  }
   return make_pipeline_stage(model, c.pipeline, options, data, device, {w.replica, w.replicas, w.stage, w.stages},
                              *w.link, activation_codecs(c));
 }
@@ -247,6 +256,9 @@ void announce(const TrainConfig& c, const ModelConfig& arch, const Corpus& corpu
                format_count(double(corpus.val.size())));
   spdlog::info("method {}, {} replica(s), device {}, {} threads, run dir {}", choice_name(c.outer.method), w.replicas, device.str(),
                torch::get_num_threads(), out);
+  if (w.replica_workers > 1)
+    spdlog::info("{} workers a replica: gradients averaged over them every step, {} sequences a step in all",
+                 w.replica_workers, w.replica_workers * c.inner.batch * c.inner.grad_accum);
   if (w.stages > 1)
     spdlog::info("{} pipeline stages, {} routing, {} micro-batches per step ({})", w.stages,
                  choice_name(c.pipeline.routing), c.inner.grad_accum,
@@ -298,6 +310,8 @@ class WorkerRun {
   // (the last step also applies what is still in flight), then the rejoins it serves.
   void outer_step(int64_t done, bool last);
   void log_progress(int64_t done, bool last, const InnerStepResult& s);
+  // The mean over the replica's workers of this worker's `loss` (its own rows of the step's batch).
+  double replica_loss(double loss);
   void evaluate(int64_t done, bool last, double lr);
   void checkpoint(int64_t done) { checkpoints_.after_step(done); }
   // Leaves the run after step `done`: what is in flight is applied, partners
@@ -322,6 +336,8 @@ class WorkerRun {
   const std::string out_;
   // The worker that prints: replica 0's, on the stage that sees the loss.
   const bool lead_;
+  // It speaks for its replica: the replica's first worker (all do, with one a replica).
+  const bool speaks_;
   const torch::Device device_;
   const Corpus corpus_;
   const ModelConfig arch_;
@@ -352,7 +368,8 @@ WorkerRun::WorkerRun(const TrainConfig& c, const WorkerInfo& w)
     : c_(c),
       w_(w),
       out_(prepared_run_dir(c)),
-      lead_(w.replica == 0 && w.stage == w.stages - 1 && w.verbose),
+      lead_(w.replica == 0 && w.stage == w.stages - 1 && w.replica_worker == 0 && w.verbose),
+      speaks_(w.replica_worker == 0),
       device_(compute_device(c, w)),
       corpus_(load_corpus(c.data, c.model.context, out_)),
       arch_(with_vocabulary(c.model, *corpus_.tokenizer)),
@@ -361,10 +378,10 @@ WorkerRun::WorkerRun(const TrainConfig& c, const WorkerInfo& w)
       model_(make_worker_model(c, arch_, {train_windows_, val_windows_, w.replica}, device_, w)),
       flat_(model_->module()),
       inner_(flat_, c.inner),
-      outer_(make_outer_optimizer(c.outer, c.run.seed, {w.transport, w.membership}, flat_)),
+      outer_(make_outer_optimizer(c.outer, c.run.seed, {w.transport, w.membership, w.replica_group}, flat_)),
       state_{flat_, inner_, *outer_},
       drill_(c.run.inject_crash, w.rank, w.membership ? w.membership->incarnation() : 0),
-      checkpoints_(fmt::format("{}/checkpoints/r{}", out_, w.rank),
+      checkpoints_(fmt::format("{}/checkpoints/r{}", out_, w.rank - w.replica_worker),
                    c.run.checkpoint_interval > 0 ? c.run.checkpoint_interval : c.eval.interval,
                    c.run.keep_checkpoints, c.inner.steps, arch_, out_,
                    {{"seed", c.run.seed},
@@ -377,6 +394,7 @@ WorkerRun::WorkerRun(const TrainConfig& c, const WorkerInfo& w)
       telemetry_(out_, w.rank, c.inner.steps, lead_),
       tokens_per_step_(c.inner.batch * c.inner.grad_accum * arch_.context) {
   if (lead_) announce(c, arch_, corpus_, device_, w, out_);
+  if (!speaks_) checkpoints_.follow();
   first_step_ = restore(c, w, checkpoints_, state_, telemetry_, drill_, lead_, rejoined_);
   // Only now: a resume refused above leaves the run's config as it was.
   if (w.rank == 0) write_file_atomic(out_ + "/config.yaml", c.to_yaml());
@@ -488,19 +506,30 @@ void WorkerRun::record_outer_steps(int64_t done, const std::vector<OuterSync>& s
   }
 }
 
+double WorkerRun::replica_loss(double loss) {
+  if (!w_.replica_group) return loss;
+  auto mean = torch::full({1}, loss, torch::kFloat64);
+  w_.replica_group->all_reduce_mean(mean);
+  return mean.item<double>();
+}
+
 void WorkerRun::log_progress(int64_t done, bool last, const InnerStepResult& s) {
   if (done % c_.eval.log_interval != 0 && !last) return;
+  const double loss = replica_loss(s.loss);
+  if (std::isfinite(loss)) last_loss_ = loss;
+  if (!speaks_) return;
   auto r = record(done, "train", w_, {{"lr", s.lr}, {"grad_norm", s.grad_norm}});
   if (w_.transport) {
     r["outer_blocked_seconds"] = tally_.blocked_seconds;
     r["bits_per_param_per_inner_step"] = bits_per_param_per_step(tally_.bytes, flat_.numel(), done - first_step_);
   }
-  if (std::isfinite(s.loss)) r["loss"] = s.loss;
+  if (std::isfinite(loss)) r["loss"] = loss;
   throughput_->report(done, r);
   telemetry_.write(r);
 }
 
 void WorkerRun::evaluate(int64_t done, bool last, double lr) {
+  if (!speaks_) return;  // its weights are its replica's first worker's
   const auto evaluation_start = Clock::now();
   val_loss_ = model_->evaluate(done);
   spread_ = ReplicaSpread{};  // a validation without the spread logs none, not the previous one
@@ -525,7 +554,7 @@ void WorkerRun::evaluate(int64_t done, bool last, double lr) {
 }
 
 nlohmann::json WorkerRun::finish() {
-  if (first_step_ == c_.inner.steps) val_loss_ = model_->evaluate(first_step_);  // resumed at the end: report anyway
+  if (first_step_ == c_.inner.steps && speaks_) val_loss_ = model_->evaluate(first_step_);  // resumed at the end
   tally_.inner_steps = left_at_step_.value_or(c_.inner.steps) - first_step_;
   auto summary = summarize_worker(c_, w_, arch_, *model_, flat_.numel(), seconds_since(start_), val_loss_, last_loss_,
                                   spread_, rejoined_, tally_);
@@ -537,7 +566,7 @@ nlohmann::json WorkerRun::finish() {
   write_json_atomic(fmt::format("{}/summary_r{}.json", out_, w_.rank), j);
   // Only now: a launcher waiting for a joiner to finish reads its summary next.
   if (w_.membership) w_.membership->finish();
-  if (w_.replicas * w_.stages == 1) write_json_atomic(out_ + "/summary.json", summarize_lone_run(summary).to_json());
+  if (w_.replicas * w_.stages * w_.replica_workers == 1) write_json_atomic(out_ + "/summary.json", summarize_lone_run(summary).to_json());
   if (lead_) {
     spdlog::info("done: final val loss {:.4f} (ppl {:.2f}) | {} steps | {} tokens | {} | {} params", val_loss_,
                  std::exp(val_loss_), left_at_step_.value_or(c_.inner.steps), format_count(double(summary.tokens)),

@@ -20,6 +20,12 @@ struct WorkerInfo {
   int stage = 0, stages = 1;
   int local_rank = 0;   // this worker among them: device=cuda is its own GPU
   int local_world = 1;  // workers sharing this machine's cores
+  // A replica of several workers (replica_workers): this worker's place in
+  // it, and the replica's own group (null for a one-worker replica). Its
+  // first worker holds the transport and membership between replicas and
+  // speaks for the replica (metrics, evaluations, checkpoints, summary figures).
+  int replica_worker = 0, replica_workers = 1;
+  Transport* replica_group = nullptr;
   // Among the replicas of this worker's stage; null for a lone replica without a method.
   Transport* transport = nullptr;
   Membership* membership = nullptr;

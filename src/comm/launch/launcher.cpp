@@ -257,7 +257,9 @@ void WorkerSupervisor::on_failure(WorkerExit& e, LaunchResult& result) {
   spdlog::info("{}", e.describe());
   // Later NoLoCo groupings of its stage leave it out.
   try {
-    declare_dead(store_, token_, replica_scope(plan_.stages, e.rank % plan_.stages), e.rank / plan_.stages);
+    // A replica of several workers is lost with any of them (its group's collectives fail).
+    declare_dead(store_, token_, replica_scope(plan_.stages, e.rank % plan_.stages),
+                 e.rank / plan_.stages / plan_.replica_workers);
   } catch (const std::exception& error) {
     // Its partners notice by themselves (a closed connection, a silent heartbeat).
     spdlog::warn("could not record worker {}'s failure in the store: {}", e.rank, error.what());

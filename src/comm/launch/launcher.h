@@ -26,6 +26,7 @@ struct WorkerExit {
 struct LaunchPlan {
   int workers = 1;
   int stages = 1;       // workers are replica-major: worker w is stage w % stages of replica w / stages
+  int replica_workers = 1;  // or, without stages, worker w is of replica w / replica_workers
   std::string method;   // for messages
   CommConfig comm;
   // Unless set, the first failed worker ends the others; with it, a failed

@@ -63,10 +63,13 @@ void check_unsealed_stays_local(const WorkerEnv& env, const CommConfig& comm) {
 
 }  // namespace
 
-WorkerConnections join_as_worker(const WorkerEnv& env, const CommConfig& comm, int stages, bool outer_method) {
+WorkerConnections join_as_worker(const WorkerEnv& env, const CommConfig& comm, int stages, bool outer_method,
+                                 int replica_workers) {
   check_unsealed_stays_local(env, comm);
   const auto timeout = std::chrono::milliseconds(int64_t(comm.peer_timeout * 1000));
-  const int stage = env.rank % stages, replica = env.rank / stages, replicas = env.world / stages;
+  const int per_replica = stages * replica_workers;
+  const int stage = env.rank % stages, replica = env.rank / per_replica, replicas = env.world / per_replica;
+  const int replica_worker = env.rank % replica_workers;
   WorkerConnections links;
   links.timeout = timeout;
   auto client = env;
@@ -92,7 +95,15 @@ WorkerConnections join_as_worker(const WorkerEnv& env, const CommConfig& comm, i
   links.store = connect();
   links.heartbeat = std::make_unique<Heartbeat>(connect(), env.token, env.rank);
   if (comm.seal) links.seal = std::make_shared<const Seal>(env.token);
-  if (outer_method) {
+  // The replica's workers wait for each other while the first exchanges,
+  // evaluates or checkpoints, which may take longer than peer_timeout; a dead
+  // one closes its connections (a hung one is killed for its heartbeat), so
+  // the wait can be long without holding up a lost replica.
+  if (replica_workers > 1)
+    links.replica_group = std::make_unique<GlooTransport>(
+        connect, env, fmt::format("replica{}/workers", replica), Peer{replica_worker, 0}, replica_workers, comm.bind,
+        std::max<std::chrono::milliseconds>(timeout, std::chrono::minutes(30)), links.seal);
+  if (outer_method && replica_worker == 0) {
     const auto scope = replica_scope(stages, stage);
     links.membership = std::make_unique<Membership>(connect(), env, scope, replica, replicas,
                                                     std::chrono::milliseconds(int64_t(comm.heartbeat_timeout * 1000)),

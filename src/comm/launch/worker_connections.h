@@ -24,10 +24,15 @@ struct WorkerConnections {
   std::unique_ptr<Membership> membership;  // among the replicas of this worker's stage
   std::unique_ptr<Transport> transport;    // likewise; null for method none
   std::unique_ptr<ActivationLink> link;    // to the other stages, with a pipeline
+  // The replica's own group, with several workers a replica; only its first
+  // worker (member 0) has the membership and transport between replicas.
+  std::unique_ptr<Transport> replica_group;
 };
 
 // Joins the run this process was launched into as worker env.rank, laid out
-// replica-major over `stages` pipeline stages.
-WorkerConnections join_as_worker(const WorkerEnv& env, const CommConfig& comm, int stages, bool outer_method);
+// replica-major over `stages` pipeline stages, or over `replica_workers`
+// workers a replica (one of the two is 1).
+WorkerConnections join_as_worker(const WorkerEnv& env, const CommConfig& comm, int stages, bool outer_method,
+                                 int replica_workers = 1);
 
 }  // namespace noloco

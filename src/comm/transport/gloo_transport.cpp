@@ -35,7 +35,7 @@ std::string members_key(const std::vector<Peer>& members) {
 
 uint8_t* bytes_ptr(const torch::Tensor& t) { return static_cast<uint8_t*>(t.data_ptr()); }
 
-enum CollectiveKind : int64_t { kGather = 1, kToAll = 2 };
+enum CollectiveKind : int64_t { kGather = 1, kToAll = 2, kBroadcast = 3 };
 
 torch::Tensor sealed_copy(const CollectiveSeal& sealing, const torch::Tensor& plain, const std::vector<uint8_t>& context) {
   auto sealed = torch::empty({int64_t(plain.nbytes() + Seal::kOverhead)}, torch::kUInt8);
@@ -130,6 +130,34 @@ std::vector<torch::Tensor> all_to_all_over(c10d::ProcessGroupGloo& pg, const tor
   return incoming;
 }
 
+CommStats broadcast_over(c10d::ProcessGroupGloo& pg, torch::Tensor& t, int root, int world,
+                         std::chrono::milliseconds timeout, CollectiveSeal& sealing) {
+  CommStats s;
+  const auto start = Clock::now();
+  const int64_t number = sealing.count++;
+  const bool sending = pg.getRank() == root;
+  auto plain = t.detach().to(torch::kCPU).contiguous();  // t itself where it is a contiguous CPU tensor
+  auto bytes = plain.view(-1).view(torch::kUInt8);
+  const auto context = sealing.context(kBroadcast, number, root, -1);
+  auto wire = bytes;
+  if (sealing.seal)
+    wire = sending ? sealed_copy(sealing, bytes, context)
+                   : torch::empty({bytes.numel() + int64_t(Seal::kOverhead)}, torch::kUInt8);
+  std::vector<torch::Tensor> tensors{wire};
+  c10d::BroadcastOptions options;
+  options.rootRank = root;
+  pg.broadcast(tensors, options)->wait(timeout);
+  if (!sending) {
+    if (sealing.seal) bytes.copy_(opened(sealing, wire, context, root, number));
+    if (plain.data_ptr() != t.data_ptr()) t.copy_(plain);
+  }
+  // Counted as a tree would send it: the root's payload reaches the N−1 others once.
+  (sending ? s.bytes_sent : s.bytes_received) += uint64_t(wire.nbytes()) * uint64_t(sending ? world - 1 : 1);
+  s.collectives += 1;
+  s.comm_seconds = s.wait_seconds = since(start);
+  return s;
+}
+
 // Sealed, the mean cannot run inside Gloo's all-reduce (it adds the bytes it
 // carries): it runs as a reduce-scatter through the sealed all-to-all, each
 // member adding up its slice in rank order, and an all-gather of the slices.
@@ -180,6 +208,9 @@ class GlooCollectives final : public Transport {
     auto out = all_to_all_over(*pg_, bytes, world_, timeout_, cost, sealing_);
     charge(cost);
     return out;
+  }
+  void broadcast(torch::Tensor& t, int root) override {
+    charge(broadcast_over(*pg_, t, root, world_, timeout_, sealing_));
   }
   ExchangeResult exchange(const ExchangeRequest&) override {
     throw std::logic_error("a collectives-only group does no point-to-point exchanges");
@@ -312,6 +343,10 @@ c10d::ProcessGroupGloo& GlooTransport::run_group() {
 
 void GlooTransport::all_reduce_mean(torch::Tensor& t) {
   charge(all_reduce_mean_over(run_group(), t, world_, timeout_, run_sealing_));
+}
+
+void GlooTransport::broadcast(torch::Tensor& t, int root) {
+  charge(broadcast_over(run_group(), t, root, world_, timeout_, run_sealing_));
 }
 
 std::vector<torch::Tensor> GlooTransport::all_gather(const torch::Tensor& bytes) {

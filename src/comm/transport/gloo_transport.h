@@ -87,6 +87,7 @@ class GlooTransport final : public Transport {
   void all_reduce_mean(torch::Tensor& t) override;
   std::vector<torch::Tensor> all_gather(const torch::Tensor& bytes) override;
   std::vector<torch::Tensor> all_to_all(const torch::Tensor& bytes) override;
+  void broadcast(torch::Tensor& t, int root) override;
   ExchangeResult exchange(const ExchangeRequest& request) override;
   void send_state(const std::string& channel, int receiver, const MessageHeader& header,
                   const torch::Tensor& bytes) override;

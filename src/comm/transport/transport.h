@@ -48,6 +48,8 @@ class Transport {
   // `bytes` (uint8) cut into world() equal chunks, chunk r going to member r;
   // returns the chunks addressed to this member, in rank order: one collective.
   virtual std::vector<torch::Tensor> all_to_all(const torch::Tensor& bytes) = 0;
+  // `t` (any device) from member `root` to every member, in place: one collective.
+  virtual void broadcast(torch::Tensor& t, int root) = 0;
   // Point-to-point only; never throws for a peer's failure (it is `lost`,
   // and declared dead to the transport's liveness authority, if it has one).
   // With one, peers are waited for until it gives them up (it tells a stuck

@@ -1,0 +1,149 @@
+// Replicas of several workers (replica_workers=K): data parallel inside a
+// replica, the outer method between replicas. Multi-process runs through the
+// real launcher on loopback, each bounded by a timeout.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdio>
+#include <map>
+
+#include <fmt/format.h>
+
+#include "test_util.h"
+#include "train/checkpoint.h"
+#include "util/files.h"
+
+using namespace noloco;
+using noloco::testing::metrics_records;
+using noloco::testing::train_losses;
+
+namespace {
+
+class ReplicaWorkers : public noloco::testing::LaunchedRuns {};
+
+// Validation losses of a run by (replica, step).
+std::map<std::pair<int, int64_t>, double> val_losses(const std::string& run) {
+  std::map<std::pair<int, int64_t>, double> out;
+  for (auto& r : metrics_records(run, "val"))
+    if (r.contains("loss")) out[{r["replica"].get<int>(), r["step"].get<int64_t>()}] = r["loss"].get<double>();
+  return out;
+}
+
+// The largest difference between two runs' losses at the same (replica,
+// step); both must hold exactly the same keys.
+double largest_difference(const std::map<std::pair<int, int64_t>, double>& a,
+                          const std::map<std::pair<int, int64_t>, double>& b) {
+  EXPECT_EQ(a.size(), b.size());
+  double largest = 0;
+  for (const auto& [key, loss] : a) {
+    const auto it = b.find(key);
+    if (it == b.end()) {
+      ADD_FAILURE() << "replica " << key.first << " step " << key.second << " missing";
+      continue;
+    }
+    largest = std::max(largest, std::fabs(loss - it->second));
+  }
+  return largest;
+}
+
+// Float summation order: the mean of two half-batch gradients against one
+// mean over the whole batch, and the all-reduce's own order.
+constexpr double kSummationTolerance = 1e-5;
+
+}  // namespace
+
+// 2 replicas of 2 workers with batch 2 each follow 2 one-worker replicas with
+// batch 4 (the same rows: worker k of replica r takes rows (2r + k)·2 on of
+// the step's global batch), step by step, for both outer methods; the
+// replica's weights are the same on its two workers at the end.
+TEST_F(ReplicaWorkers, TwoWorkersAReplicaFollowOneWorkerWithTwiceTheBatch) {
+  for (const std::string method : {"diloco", "noloco"}) {
+    SCOPED_TRACE(method);
+    const std::string common = "method=" + method + " replicas=2 steps=12 outer_interval=4 eval_interval=4";
+    const auto split = run(method + "_2x2", common + " replica_workers=2 batch=2");
+    const auto whole = run(method + "_2x1", common + " batch=4");
+    const auto train_a = train_losses(split), train_b = train_losses(whole);
+    ASSERT_EQ(train_b.size(), 24u);
+    const double train_gap = largest_difference(train_a, train_b);
+    const double val_gap = largest_difference(val_losses(split), val_losses(whole));
+    ASSERT_EQ(val_losses(whole).size(), 6u);
+    std::printf("%s: largest train-loss difference %.3g, val-loss %.3g over %zu logged steps\n", method.c_str(),
+                train_gap, val_gap, train_b.size());
+    EXPECT_LT(train_gap, kSummationTolerance);
+    EXPECT_LT(val_gap, kSummationTolerance);
+    EXPECT_EQ(metrics_records(split, "outer").size(), metrics_records(whole, "outer").size());
+    // One checkpoint per replica, written by its first worker, close to the one-worker replica's.
+    for (int r = 0; r < 2; ++r) {
+      EXPECT_FALSE(std::filesystem::exists(fmt::format("{}/checkpoints/r{}", split, 2 * r + 1)));
+      const auto a = load_tensors(find_checkpoint(fmt::format("{}/checkpoints/r{}", split, 2 * r)) + "/model.safetensors");
+      const auto b = load_tensors(find_checkpoint(fmt::format("{}/checkpoints/r{}", whole, r)) + "/model.safetensors");
+      for (auto& [name, t] : a) EXPECT_LT((t - b.at(name)).abs().max().item<double>(), 1e-4) << name;
+    }
+    const auto summary = read_json(split + "/summary.json");
+    EXPECT_EQ(summary["replicas_finished"].get<std::vector<int>>(), (std::vector<int>{0, 1}));
+  }
+}
+
+// The replica's first worker sends for it: a 2x2 NoLoCo run moves exactly the
+// bytes between replicas that a 2x1 run does, outer step for outer step.
+TEST_F(ReplicaWorkers, ReplicasOfTwoWorkersSendWhatOneWorkerReplicasSend) {
+  const std::string common = "method=noloco replicas=2 steps=12 outer_interval=4 compression=topk";
+  const auto split = run("split", common + " replica_workers=2 batch=2");
+  const auto whole = run("whole", common + " batch=4");
+  const auto a = read_json(split + "/summary.json"), b = read_json(whole + "/summary.json");
+  EXPECT_GT(b["bytes_sent"].get<uint64_t>(), 0u);
+  EXPECT_EQ(a["bytes_sent"].get<uint64_t>(), b["bytes_sent"].get<uint64_t>());
+  EXPECT_EQ(a["bits_per_param_per_inner_step"].get<double>(), b["bits_per_param_per_inner_step"].get<double>());
+  std::map<std::pair<int, int64_t>, uint64_t> sent_a, sent_b;
+  for (auto& r : metrics_records(split, "outer")) sent_a[{r["replica"], r["outer_step"]}] = r["bytes"];
+  for (auto& r : metrics_records(whole, "outer")) sent_b[{r["replica"], r["outer_step"]}] = r["bytes"];
+  EXPECT_EQ(sent_a, sent_b);
+}
+
+// Stopped after 6 steps and resumed, a 2x2 NoLoCo run logs the losses of the
+// run that never stopped, bit for bit.
+TEST_F(ReplicaWorkers, AResumedRunIsBitIdentical) {
+  const std::string common =
+      "method=noloco replicas=2 replica_workers=2 batch=2 outer_interval=3 decay_steps=12 checkpoint_interval=3";
+  const auto whole = run("whole", common + " steps=12");
+  run("split", common + " steps=6");
+  const auto split = run("split", common + " steps=12 resume=true");
+  const auto a = train_losses(whole), b = train_losses(split);
+  ASSERT_EQ(a.size(), 24u);
+  ASSERT_EQ(b.size(), 24u);
+  for (auto& [key, loss] : a) EXPECT_EQ(b.at(key), loss) << "replica " << key.first << " step " << key.second;
+}
+
+// A killed worker takes its replica out (its group's collectives fail); the
+// other replica finishes, and the run ends as a NoLoCo run that lost a replica.
+TEST_F(ReplicaWorkers, AKilledWorkerTakesItsReplicaOutAndTheOtherFinishes) {
+  auto r = noloco::testing::run_cli(noloco::testing::small_train_args(dir / "c.txt", dir / "crash") +
+                                        " method=noloco replicas=2 replica_workers=2 batch=2 steps=30 "
+                                        "outer_interval=3 inject_crash=3:8",
+                                    120);
+  EXPECT_EQ(r.exit_code, 3) << "finished, but not whole: " << r.output;
+  EXPECT_NE(r.output.find("worker 3 was killed by signal 9"), std::string::npos) << r.output;
+  const auto summary = read_json(dir / "crash/summary.json");
+  EXPECT_EQ(summary["replicas_finished"].get<std::vector<int>>(), (std::vector<int>{0}));
+  ASSERT_GE(summary["replicas_failed"].size(), 1u);
+  for (auto& f : summary["replicas_failed"]) EXPECT_EQ(f["replica"].get<int>(), 1) << f.dump();
+  EXPECT_TRUE(summary.contains("final_val_loss"));
+  const auto losses = train_losses(dir / "crash");
+  EXPECT_TRUE(losses.count({0, 30})) << "replica 0 trained to the end";
+  EXPECT_FALSE(losses.count({1, 30}));
+}
+
+// What is not built yet is refused in one line, before any worker starts.
+TEST_F(ReplicaWorkers, WhatIsNotBuiltIsRefusedInOneLine) {
+  const auto args = noloco::testing::small_train_args(dir / "c.txt", dir / "refused") + " replicas=2 replica_workers=2 ";
+  for (const auto& [extra, expected] : std::vector<std::pair<std::string, std::string>>{
+           {"method=noloco stages=2", "replica_workers > 1 with pipeline stages is not implemented"},
+           {"method=ddp", "use replicas=4 instead"},
+           {"method=noloco restarts=1", "restarts with replica_workers > 1 is not implemented yet"},
+           {"method=noloco replica_workers=0", "replica_workers must be positive"}}) {
+    const auto r = noloco::testing::run_cli(args + extra, 60);
+    EXPECT_NE(r.exit_code, 0) << extra;
+    EXPECT_NE(r.output.find(expected), std::string::npos) << extra << ": " << r.output;
+    EXPECT_FALSE(std::filesystem::exists(dir / "refused/summary.json"));
+  }
+}
