@@ -178,15 +178,15 @@ TEST_F(Compression, SparseNoLoCoSendsInt2DeltaAndCosetCodedSlowWeightsOneFragmen
       << "each fragment's 4 messages carry its Δ, 2 of them its φ as well";
 }
 
-// compression=topk (issue 47): the top 64 of each 4096 values of Δ in
-// int2 with Rice-coded positions, what is left out kept in the weights.
+// compression=topk (issue 47): the top 64 of each 4096 values of Δ as
+// 2-bit bin means with Rice-coded positions, what is left out kept in the weights.
 // NoLoCo sends one such message to its partner an outer step and no slow
 // weights; DiLoCo all-gathers them (2 messages a replica at 3 replicas).
 // bits_per_param_per_inner_step is every byte sent × 8 / (parameters × inner
 // steps), in summary.json and, running, in metrics.jsonl; resumed runs
 // continue bit for bit.
 TEST_F(Compression, TopKPresetSendsSparseMessagesCountedPerInnerStepAndResumesBitIdentically) {
-  CodecSpec sparse = int_spec(CodecSpec::Type::int2);
+  CodecSpec sparse = int_spec(CodecSpec::Type::bins2);
   sparse.topk = 64.0 / 4096;
   const WireCodec codec(sparse);
   for (const std::string method : {"noloco", "diloco"}) {

@@ -185,7 +185,7 @@ TEST(Config, CompressionPresetSetsTheCodecKeysAndKeysGivenWithItOverrideIt) {
   EXPECT_EQ(n.outer.interval / n.outer.fragments, 10) << "an outer step every 10 steps";
   // compression=topk (issue 47): SparseLoCo's message.
   const auto td = parse_config("outer_interval: 30\n", {"compression=topk", "method=diloco"});
-  EXPECT_EQ(td.outer.wire_dtype, CodecSpec::Type::int2);
+  EXPECT_EQ(td.outer.wire_dtype, CodecSpec::Type::bins2);
   EXPECT_EQ(td.outer.topk, 64.0 / 4096);
   EXPECT_EQ(td.outer.diloco_mean, DilocoMean::all_gather);
   EXPECT_EQ(td.outer.residual, ResidualHome::weights);
@@ -193,7 +193,7 @@ TEST(Config, CompressionPresetSetsTheCodecKeysAndKeysGivenWithItOverrideIt) {
   EXPECT_EQ(td.outer.interval, 30) << "the key given with the preset wins, wherever written";
   EXPECT_EQ(parse_config("", {"compression=topk", "method=diloco"}).outer.interval, 100);
   const auto tn = parse_config("", {"method=noloco", "compression=topk"});
-  EXPECT_EQ(tn.outer.wire_dtype, CodecSpec::Type::int2);
+  EXPECT_EQ(tn.outer.wire_dtype, CodecSpec::Type::bins2);
   EXPECT_EQ(tn.outer.topk, 64.0 / 4096);
   EXPECT_EQ(tn.outer.message, NolocoMessage::delta_phi);
   EXPECT_EQ(tn.outer.residual, ResidualHome::weights);

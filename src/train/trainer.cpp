@@ -173,7 +173,8 @@ WorkerSummary summarize_worker(const TrainConfig& c, const WorkerInfo& w, const 
   summary.stages = w.stages;
   summary.routing = choice_name(c.pipeline.routing);
   summary.steps = c.inner.steps;
-  summary.tokens = c.inner.batch * c.inner.grad_accum * arch.context * c.inner.steps;
+  // A replica's tokens: its first worker speaks for all of its workers.
+  summary.tokens = c.inner.batch * c.inner.grad_accum * arch.context * c.inner.steps * w.replica_workers;
   summary.seconds = seconds;
   summary.params = arch.num_params();
   summary.stage_params = stage_params;
@@ -392,7 +393,7 @@ WorkerRun::WorkerRun(const TrainConfig& c, const WorkerInfo& w)
                     {"stages", w.stages}},
                    state_, drill_),
       telemetry_(out_, w.rank, c.inner.steps, lead_),
-      tokens_per_step_(c.inner.batch * c.inner.grad_accum * arch_.context) {
+      tokens_per_step_(c.inner.batch * c.inner.grad_accum * arch_.context * w.replica_workers) {
   if (lead_) announce(c, arch_, corpus_, device_, w, out_);
   if (!speaks_) checkpoints_.follow();
   first_step_ = restore(c, w, checkpoints_, state_, telemetry_, drill_, lead_, rejoined_);
