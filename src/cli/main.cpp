@@ -194,36 +194,39 @@ void warn_if_mostly_alone(const RunSummary& summary) {
                100 * summary.paired_fraction_worst.value_or(0.0), summary.longest_alone_outer_steps.value_or(0.0));
 }
 
+// A worker launched into a run (RANK set: our launcher, torchrun, Slurm...).
+int run_launched_worker(TrainConfig& cfg, const WorkerEnv& env, int stages) {
+  init_logging(fmt::format("noloco[worker {}]", env.rank));
+  const int per_replica = stages * int(cfg.run.replica_workers);
+  if (env.world % per_replica != 0)
+    throw std::invalid_argument(fmt::format("WORLD_SIZE={} is not a multiple of the {} workers a replica has "
+                                            "(stages={}, replica_workers={})",
+                                            env.world, per_replica, stages, cfg.run.replica_workers));
+  cfg.run.replicas = env.world / per_replica;
+  cfg.validate();
+  cfg.validate_workers();
+  if (cfg.run.out.empty()) throw std::invalid_argument("launched workers need out=DIR, the same for all of them");
+  // A first start only: a restarted worker is past its drill. (Not yet
+  // joined, it cannot ask the store which start this is; the launcher
+  // tells a restart by its environment.)
+  if (!std::getenv("NOLOCO_RESTARTED")) FailureDrill(cfg.run.inject_crash, env.rank, 0).at_startup();
+  const bool can_leave = takes_joiners(cfg.outer.method, cfg.pipeline.routing, stages) && cfg.run.replica_workers == 1;
+  if (can_leave) leave_on_sigterm();
+  const auto links =
+      join_as_worker(env, cfg.comm, stages, cfg.outer.method != Method::none, int(cfg.run.replica_workers));
+  auto info = worker_info(env, stages, int(cfg.run.replica_workers), links);
+  if (can_leave) info.leave_requested = [] { return leave_signalled.load(); };
+  train(cfg, info);
+  return 0;
+}
+
 // One replica, a launched worker (RANK set: our launcher, torchrun, Slurm...),
 // or the launcher of `replicas` local workers.
 int run_train(const std::string& config_path, const std::vector<std::string>& overrides) {
   auto cfg = load_config(config_path, overrides);
   const int stages = int(cfg.pipeline.stages);
   WorkerEnv env;
-  if (worker_env_from_environment(env)) {
-    init_logging(fmt::format("noloco[worker {}]", env.rank));
-    const int per_replica = stages * int(cfg.run.replica_workers);
-    if (env.world % per_replica != 0)
-      throw std::invalid_argument(fmt::format("WORLD_SIZE={} is not a multiple of the {} workers a replica has "
-                                              "(stages={}, replica_workers={})",
-                                              env.world, per_replica, stages, cfg.run.replica_workers));
-    cfg.run.replicas = env.world / per_replica;
-    cfg.validate();
-    cfg.validate_workers();
-    if (cfg.run.out.empty()) throw std::invalid_argument("launched workers need out=DIR, the same for all of them");
-    // A first start only: a restarted worker is past its drill. (Not yet
-    // joined, it cannot ask the store which start this is; the launcher
-    // tells a restart by its environment.)
-    if (!std::getenv("NOLOCO_RESTARTED")) FailureDrill(cfg.run.inject_crash, env.rank, 0).at_startup();
-    const bool can_leave = takes_joiners(cfg.outer.method, cfg.pipeline.routing, stages) && cfg.run.replica_workers == 1;
-    if (can_leave) leave_on_sigterm();
-    const auto links =
-        join_as_worker(env, cfg.comm, stages, cfg.outer.method != Method::none, int(cfg.run.replica_workers));
-    auto info = worker_info(env, stages, int(cfg.run.replica_workers), links);
-    if (can_leave) info.leave_requested = [] { return leave_signalled.load(); };
-    train(cfg, info);
-    return 0;
-  }
+  if (worker_env_from_environment(env)) return run_launched_worker(cfg, env, stages);
   cfg.validate_workers();
   if (cfg.run.out.empty()) cfg.run.out = default_run_dir(cfg);
   const RunDirectory owned(cfg.run.out, cfg);

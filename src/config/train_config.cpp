@@ -290,6 +290,25 @@ void TrainConfig::resolve() {
   if (outer.diloco_mean == DilocoMean::automatic) outer.diloco_mean = DilocoMean::reduce_scatter;
 }
 
+namespace {
+
+void validate_replica_workers(const TrainConfig& c) {
+  if (!(c.run.replica_workers > 0))
+    invalid(fmt::format("replica_workers must be positive, got {}", c.run.replica_workers));
+  if (c.run.replica_workers == 1) return;
+  if (c.pipeline.stages > 1)
+    invalid("replica_workers > 1 with pipeline stages is not implemented: set stages=1 or replica_workers=1");
+  if (c.outer.method == Method::ddp)
+    invalid(fmt::format("replica_workers with method=ddp: ddp averages gradients over every worker at every step "
+                        "already; use replicas={} instead",
+                        c.run.replicas * c.run.replica_workers));
+  if (c.comm.restarts > 0)
+    invalid("restarts with replica_workers > 1 is not implemented yet (the replica's workers would have to be "
+            "restarted together)");
+}
+
+}  // namespace
+
 void TrainConfig::validate() const {
   auto positive = [](const char* key, double v) {
     if (!(v > 0)) invalid(fmt::format("{} must be positive, got {}", key, v));
@@ -336,16 +355,7 @@ void TrainConfig::validate() const {
   positive("replicas", double(run.replicas));
   non_negative("max_local_workers", double(run.max_local_workers));
   positive("stages", double(pipeline.stages));
-  positive("replica_workers", double(run.replica_workers));
-  if (run.replica_workers > 1 && pipeline.stages > 1)
-    invalid("replica_workers > 1 with pipeline stages is not implemented: set stages=1 or replica_workers=1");
-  if (run.replica_workers > 1 && method == Method::ddp)
-    invalid(fmt::format("replica_workers with method=ddp: ddp averages gradients over every worker at every step "
-                        "already; use replicas={} instead",
-                        run.replicas * run.replica_workers));
-  if (run.replica_workers > 1 && comm.restarts > 0)
-    invalid("restarts with replica_workers > 1 is not implemented yet (the replica's workers would have to be "
-            "restarted together)");
+  validate_replica_workers(*this);
   stage_layer_ranges(model.layers, pipeline.stages, pipeline.stage_layers);
   if (model.tied_embeddings && pipeline.stages > 1)
     invalid("tie_embeddings with stages > 1 is not implemented (the first and last stage would share one matrix): "
