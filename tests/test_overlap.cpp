@@ -15,7 +15,6 @@
 
 using namespace noloco;
 using noloco::testing::metrics_records;
-using noloco::testing::train_losses;
 using noloco::testing::small_train_args;
 namespace fs = std::filesystem;
 
@@ -37,9 +36,7 @@ TEST_F(Overlap, ACheckpointWithExchangesInFlightResumesBitIdentically) {
     for (const char* later : {"step_00000009", "step_00000012"})
       fs::remove_all(fmt::format("{}/checkpoints/r{}/{}", split, r, later));
   run("split", common + " resume=true");
-  const auto a = train_losses(whole), b = train_losses(split);
-  ASSERT_EQ(a.size(), 24u);
-  for (auto& [key, loss] : a) EXPECT_EQ(b.at(key), loss) << "replica " << key.first << " step " << key.second;
+  noloco::testing::expect_same_train_losses(whole, split, 24);
   for (int r = 0; r < 2; ++r) {
     const auto sub = fmt::format("/checkpoints/r{}", r);
     const auto sa = load_tensors(find_checkpoint(whole + sub) + "/state.safetensors");

@@ -113,10 +113,7 @@ TEST_F(ReplicaWorkers, AResumedRunIsBitIdentical) {
   const auto whole = run("whole", common + " steps=12");
   run("split", common + " steps=6");
   const auto split = run("split", common + " steps=12 resume=true");
-  const auto a = train_losses(whole), b = train_losses(split);
-  ASSERT_EQ(a.size(), 24u);
-  ASSERT_EQ(b.size(), 24u);
-  for (auto& [key, loss] : a) EXPECT_EQ(b.at(key), loss) << "replica " << key.first << " step " << key.second;
+  noloco::testing::expect_same_train_losses(whole, split, 24);
 }
 
 // A killed worker takes its replica out (its group's collectives fail); the

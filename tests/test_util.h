@@ -148,6 +148,15 @@ inline std::map<std::pair<int, int64_t>, double> train_losses(const std::string&
   return out;
 }
 
+// Expects two runs to have logged the same `records` train losses, bit for
+// bit (a run stopped and resumed against one that never stopped).
+inline void expect_same_train_losses(const std::string& a_run, const std::string& b_run, size_t records) {
+  const auto a = train_losses(a_run), b = train_losses(b_run);
+  ASSERT_EQ(a.size(), records);
+  ASSERT_EQ(b.size(), records);
+  for (auto& [key, loss] : a) EXPECT_EQ(b.at(key), loss) << "replica " << key.first << " step " << key.second;
+}
+
 // Tests that launch `train` runs of the small model on a Shakespeare sample in a temporary directory.
 class LaunchedRuns : public ::testing::Test {
  protected:

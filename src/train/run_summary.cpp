@@ -120,9 +120,6 @@ class FigureCombiner {
   double counts_[std::size(kFigures)] = {};
 };
 
-}  // namespace
-
-namespace {
 
 // The traffic counters a worker's metrics records and summary carry, each
 // once: its JSON name and its field. A new counter is its field and a row.
