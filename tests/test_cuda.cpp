@@ -7,6 +7,9 @@
 #include <nlohmann/json.hpp>
 #include <torch/torch.h>
 
+#include <torch/csrc/distributed/c10d/HashStore.hpp>
+
+#include "comm/transport/nccl_collectives.h"
 #include "model/llama.h"
 #include "optim/flat_params.h"
 #include "optim/inner.h"
@@ -146,6 +149,41 @@ TEST_F(CudaRuns, TwoStagePipelineSharingOneGpuFollowsTheCpuRun) {
   const double largest = largest_loss_difference(gpu, cpu, 40);
   std::printf("largest train-loss difference, 2-stage pipeline GPU vs CPU: %.2e\n", largest);
   EXPECT_LT(largest, 2e-3);
+}
+
+// A replica of two workers on one GPU (two NCCL members cannot share one, so
+// its group is Gloo's, through the host): the gradients' all-reduce and the
+// leader's weights broadcast move CUDA tensors, and the run is the CPU run's.
+TEST_F(CudaRuns, ReplicaOfTwoWorkersSharingOneGpuFollowsTheCpuRun) {
+  SKIP_WITHOUT_CUDA();
+  const std::string common = "method=noloco replicas=2 replica_workers=2 batch=4 steps=40 outer_interval=10";
+  const auto gpu = run("gpu", common + " device=cuda:0");
+  const auto cpu = run("cpu", common);
+  const double largest = largest_loss_difference(gpu, cpu, 2 * 40);
+  std::printf("largest train-loss difference, 2 replicas x 2 workers GPU vs CPU: %.2e\n", largest);
+  EXPECT_LT(largest, 2e-3);
+}
+
+// The NCCL group itself, as far as one GPU can host it (one member): CPU
+// tensors (the leader's flag, the logged loss) go through the GPU and come
+// back, GPU tensors stay where they are, and nothing is counted as sent.
+TEST(Cuda, NcclGroupOfOneKeepsTensorsWhereTheyAre) {
+  SKIP_WITHOUT_CUDA();
+  if (!nccl_built()) GTEST_SKIP() << "this build has no NCCL";
+  auto group = join_nccl_group(c10::make_intrusive<c10d::HashStore>(), "one", 0, 1, "cuda:0",
+                               std::chrono::seconds(60));
+  auto grads = torch::arange(6, torch::dtype(torch::kFloat32).device(torch::kCUDA));
+  const auto grads_before = grads.data_ptr();
+  group->all_reduce_mean(grads);
+  EXPECT_EQ(grads.data_ptr(), grads_before);
+  EXPECT_TRUE(torch::equal(grads.cpu(), torch::arange(6, torch::kFloat32)));
+  auto flag = torch::full({1}, 1.0f);
+  group->broadcast(flag, 0);
+  EXPECT_TRUE(flag.device().is_cpu());
+  EXPECT_EQ(flag.item<float>(), 1.0f);
+  EXPECT_EQ(group->stats().collectives, 2);
+  EXPECT_EQ(group->stats().bytes_sent, 0u);
+  EXPECT_THROW(group->all_gather(flag), std::logic_error);
 }
 
 // device=cuda is the GPU of the worker's local rank: every worker of a run

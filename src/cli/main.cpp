@@ -213,7 +213,8 @@ int run_launched_worker(TrainConfig& cfg, const WorkerEnv& env, int stages) {
   const bool can_leave = takes_joiners(cfg.outer.method, cfg.pipeline.routing, stages) && cfg.run.replica_workers == 1;
   if (can_leave) leave_on_sigterm();
   const auto links =
-      join_as_worker(env, cfg.comm, stages, cfg.outer.method != Method::none, int(cfg.run.replica_workers));
+      join_as_worker(env, cfg.comm, stages, cfg.outer.method != Method::none, int(cfg.run.replica_workers),
+                     uses_nccl(cfg.run.device, cfg.comm) ? resolved_device(cfg.run.device, env.local_rank) : "");
   auto info = worker_info(env, stages, int(cfg.run.replica_workers), links);
   if (can_leave) info.leave_requested = [] { return leave_signalled.load(); };
   train(cfg, info);
@@ -241,7 +242,7 @@ int run_train(const std::string& config_path, const std::vector<std::string>& ov
   check_local_capacity(cfg.workers(), worker_memory_estimate(model.num_params()), cfg.run.max_local_workers);
   check_fragments(cfg.outer.fragments, model, stages);
   // The last local rank needs a GPU of its own: refused before any worker starts.
-  worker_device(cfg.run.device, int(cfg.workers()) - 1, torch::cuda::is_available() ? int(torch::cuda::device_count()) : 0);
+  resolved_device(cfg.run.device, int(cfg.workers()) - 1);
   write_file_atomic(cfg.run.out + "/config.yaml", cfg.to_yaml());
   LaunchPlan plan;
   plan.workers = int(cfg.workers());

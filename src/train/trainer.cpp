@@ -44,14 +44,6 @@ constexpr uint64_t kEvalSeed = 0x5eedba11;
 
 double seconds_since(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
 
-torch::Device pick_device(const std::string& name, int local_rank) {
-  const int gpus = torch::cuda::is_available() ? int(torch::cuda::device_count()) : 0;
-  torch::Device d(worker_device(name, local_rank, gpus));
-  if (d.is_cuda() && d.index() >= gpus)
-    throw std::invalid_argument(fmt::format("device={} but LibTorch sees {} CUDA device{}", name, gpus,
-                                            gpus == 1 ? "" : "s"));
-  return d;
-}
 
 WorkerTraffic traffic_of(const WorkerInfo& w) {
   WorkerTraffic t;
@@ -268,6 +260,16 @@ void announce(const TrainConfig& c, const ModelConfig& arch, const Corpus& corpu
 
 }  // namespace
 
+std::string resolved_device(const std::string& configured, int local_rank) {
+  const int gpus = torch::cuda::is_available() ? int(torch::cuda::device_count()) : 0;
+  const auto name = worker_device(configured, local_rank, gpus);
+  const torch::Device d(name);
+  if (d.is_cuda() && d.index() >= gpus)
+    throw std::invalid_argument(fmt::format("device={} but LibTorch sees {} CUDA device{}", configured, gpus,
+                                            gpus == 1 ? "" : "s"));
+  return name;
+}
+
 std::string default_run_dir(const TrainConfig& c) {
   std::time_t now = std::time(nullptr);
   char stamp[32];
@@ -287,7 +289,7 @@ std::string prepared_run_dir(const TrainConfig& c) {
 torch::Device compute_device(const TrainConfig& c, const WorkerInfo& w) {
   const int cores = std::max(1, int(std::thread::hardware_concurrency()));
   set_compute_threads(c.run.threads > 0 ? int(c.run.threads) : std::max(1, cores / std::max(1, w.local_world)));
-  return pick_device(c.run.device, w.local_rank);
+  return torch::Device(resolved_device(c.run.device, w.local_rank));
 }
 
 // What one inner step did, for the progress line.

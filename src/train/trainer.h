@@ -46,5 +46,8 @@ nlohmann::json train(const TrainConfig& config, const WorkerInfo& worker);
 
 // Default run directory for a config without `out`.
 std::string default_run_dir(const TrainConfig& config);
+// The device a worker of `local_rank` trains on (device=cuda is its own GPU),
+// refused in one line where LibTorch sees no such GPU.
+std::string resolved_device(const std::string& configured, int local_rank);
 
 }  // namespace noloco

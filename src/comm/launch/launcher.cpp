@@ -161,6 +161,9 @@ class WorkerSupervisor {
 
  private:
   void on_failure(WorkerExit& e, LaunchResult& result);
+  // A replica of several workers is lost with any of them; the others would
+  // wait in its group's collectives (NCCL's, for its whole timeout).
+  void stop_replica_of(int rank);
   // A pipeline stage whose every worker is lost: nothing can route through it.
   bool stage_is_lost(int stage) const;
   void kill_all(int sig);
@@ -280,6 +283,7 @@ void WorkerSupervisor::on_failure(WorkerExit& e, LaunchResult& result) {
     spawn(e.rank, true);
   }
   lost_[size_t(e.rank)] = !e.restarted;
+  if (plan_.keep_going_on_failure && !terminating_ && plan_.replica_workers > 1) stop_replica_of(e.rank);
   const int stage = e.rank % plan_.stages;
   if (plan_.keep_going_on_failure && !terminating_ && stage_is_lost(stage)) {
     result.stopped = fmt::format("pipeline stage {} has no live worker left (all {} of its workers failed)", stage,
@@ -314,6 +318,16 @@ void WorkerSupervisor::check_workers() {
     why_[size_t(r)] = fmt::format("no heartbeat for {:.0f}s: hung", silent);
     spdlog::info("worker {} sent no heartbeat for {:.0f} s; killing it", r, silent);
     ::kill(pids_[size_t(r)], SIGKILL);
+  }
+}
+
+void WorkerSupervisor::stop_replica_of(int rank) {
+  const int first = rank / plan_.replica_workers * plan_.replica_workers;  // stages == 1 with replica_workers > 1
+  for (int r = first; r < first + plan_.replica_workers; ++r) {
+    if (r == rank || pids_[size_t(r)] <= 0 || !why_[size_t(r)].empty()) continue;
+    why_[size_t(r)] = fmt::format("stopped: worker {} of its replica failed", rank);
+    spdlog::info("stopping worker {}: its replica lost worker {}", r, rank);
+    ::kill(pids_[size_t(r)], SIGTERM);
   }
 }
 

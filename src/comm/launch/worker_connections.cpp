@@ -1,7 +1,6 @@
 #include "comm/launch/worker_connections.h"
 
 #include <algorithm>
-
 #include <stdexcept>
 #include <utility>
 #include <vector>
@@ -10,6 +9,7 @@
 #include <fmt/ranges.h>
 
 #include "comm/store/run_keys.h"
+#include "comm/transport/nccl_collectives.h"
 #include "comm/transport/seal.h"
 
 namespace noloco {
@@ -63,8 +63,12 @@ void check_unsealed_stays_local(const WorkerEnv& env, const CommConfig& comm) {
 
 }  // namespace
 
+bool uses_nccl(const std::string& configured_device, const CommConfig& comm) {
+  return nccl_built() && configured_device == "cuda" && !comm.seal;
+}
+
 WorkerConnections join_as_worker(const WorkerEnv& env, const CommConfig& comm, int stages, bool outer_method,
-                                 int replica_workers) {
+                                 int replica_workers, const std::string& nccl_device) {
   check_unsealed_stays_local(env, comm);
   const auto timeout = std::chrono::milliseconds(int64_t(comm.peer_timeout * 1000));
   const int per_replica = stages * replica_workers;
@@ -99,10 +103,14 @@ WorkerConnections join_as_worker(const WorkerEnv& env, const CommConfig& comm, i
   // evaluates or checkpoints, which may take longer than peer_timeout; a dead
   // one closes its connections (a hung one is killed for its heartbeat), so
   // the wait can be long without holding up a lost replica.
-  if (replica_workers > 1)
-    links.replica_group = std::make_unique<GlooTransport>(
-        connect, env, fmt::format("replica{}/workers", replica), Peer{replica_worker, 0}, replica_workers, comm.bind,
-        std::max<std::chrono::milliseconds>(timeout, std::chrono::minutes(30)), links.seal);
+  const auto replica_timeout = std::max<std::chrono::milliseconds>(timeout, std::chrono::minutes(30));
+  const auto replica_name = fmt::format("replica{}/workers", replica);
+  if (replica_workers > 1 && !nccl_device.empty())
+    links.replica_group = join_nccl_group(run_scope(connect(), env.token, replica_name), "nccl", replica_worker,
+                                          replica_workers, nccl_device, replica_timeout);
+  else if (replica_workers > 1)
+    links.replica_group = std::make_unique<GlooTransport>(connect, env, replica_name, Peer{replica_worker, 0},
+                                                          replica_workers, comm.bind, replica_timeout, links.seal);
   if (outer_method && replica_worker == 0) {
     const auto scope = replica_scope(stages, stage);
     links.membership = std::make_unique<Membership>(connect(), env, scope, replica, replicas,

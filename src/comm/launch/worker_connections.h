@@ -31,8 +31,14 @@ struct WorkerConnections {
 
 // Joins the run this process was launched into as worker env.rank, laid out
 // replica-major over `stages` pipeline stages, or over `replica_workers`
-// workers a replica (one of the two is 1).
+// workers a replica (one of the two is 1). The replica's own group runs over
+// NCCL on `nccl_device` (this worker's GPU) where one is named, else Gloo.
 WorkerConnections join_as_worker(const WorkerEnv& env, const CommConfig& comm, int stages, bool outer_method,
-                                 int replica_workers = 1);
+                                 int replica_workers = 1, const std::string& nccl_device = "");
+// Whether a replica's own group runs over NCCL: in a build that has it, where
+// every worker has a GPU of its own (device=cuda; NCCL takes no two members
+// on one GPU), in a run that does not seal (sealing covers every byte; Gloo
+// seals).
+bool uses_nccl(const std::string& configured_device, const CommConfig& comm);
 
 }  // namespace noloco
