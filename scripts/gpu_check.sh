@@ -19,7 +19,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 build_packages=(etcd-server libyaml-cpp-dev libfmt-dev libspdlog-dev nlohmann-json3-dev libcurl4-openssl-dev libgloo-dev libgtest-dev
-  libpcre2-dev libsodium-dev libzstd-dev zlib1g-dev)
+  libpcre2-dev libsodium-dev libssl-dev libzstd-dev zlib1g-dev)
 # What those link against, minus the C and C++ runtimes every machine has.
 runtime_packages=(libyaml-cpp0.7 libfmt9 libspdlog1.10 libcurl4 libpcre2-8-0 libsodium23 libbrotli1 libcom-err2 libdb5.3 libffi8 libgmp10
   libgnutls30 libgssapi-krb5-2 libhogweed6 libidn2-0 libk5crypto3 libkeyutils1 libkrb5-3 libkrb5support0

@@ -271,21 +271,35 @@ TEST(EtcdServer, TheLaunchersStoreIsReachableOnlyByItsUser) {
 
 // A store other machines reach (worker 0 hosting it) speaks TLS only, with
 // the key the run's token gives: a client pins that key (no authority vouches
-// for it); without the pin, with another run's, or in plain HTTP, nothing.
-TEST(EtcdServer, AStoreOnAPortSpeaksTlsWithTheKeyTheTokenGives) {
+// for it) and presents the certificate the token gives, or the handshake
+// fails before any request reaches etcd: without the pin, with another run's,
+// without the certificate (a stranger who found the port), with another
+// run's, or in plain HTTP, nothing.
+TEST(EtcdServer, AStoreOnAPortSpeaksTlsWithTheKeyTheTokenGivesToTokenHoldersOnly) {
   SKIP_WITHOUT_ETCD();
   const auto tls = store_tls_key("the-token");
   EtcdServer server("127.0.0.1", 0, "secret", &tls);
   ASSERT_EQ(server.endpoint().rfind("https://127.0.0.1:", 0), 0u) << server.endpoint();
   const std::chrono::milliseconds wait(3000);
-  EtcdStore pinned(server.endpoint(), "root", "secret", wait, tls.pin);
-  pinned.set("k", bytes("v"));
-  EXPECT_EQ(text(pinned.get("k")), "v");
-  EXPECT_THROW(EtcdStore(server.endpoint(), "root", "secret", wait), std::runtime_error);
-  EXPECT_THROW(EtcdStore(server.endpoint(), "root", "secret", wait, store_tls_key("another-token").pin),
-               std::runtime_error);
-  EXPECT_THROW(EtcdStore("http://127.0.0.1:" + std::to_string(server.port()), "root", "secret", wait),
-               std::runtime_error);
+  EtcdStore holder(server.endpoint(), "root", "secret", wait, tls);
+  holder.set("k", bytes("v"));
+  EXPECT_EQ(text(holder.get("k")), "v");
+  StoreTlsKey stranger = tls;
+  stranger.certificate_pem.clear();  // knows the pin (it is public), has no certificate
+  const auto other = store_tls_key("another-token");
+  StoreTlsKey other_client = tls;  // pins the right key, presents another run's certificate
+  other_client.certificate_pem = other.certificate_pem;
+  other_client.private_key_pem = other.private_key_pem;
+  // The store asks for no user past the handshake (on TLS the certificate is the credential), so a
+  // refused write is the handshake's doing.
+  const auto write_as = [&](const std::string& endpoint, const StoreTlsKey& client) {
+    EtcdStore store(endpoint, "", "", wait, client);
+    store.set("k", bytes("overwritten"));
+  };
+  for (const auto& refused : {StoreTlsKey{}, stranger, other, other_client})
+    EXPECT_THROW(write_as(server.endpoint(), refused), std::runtime_error);
+  EXPECT_THROW(write_as("http://127.0.0.1:" + std::to_string(server.port()), {}), std::runtime_error);
+  EXPECT_EQ(text(holder.get("k")), "v");
 }
 
 // What the store sees of a run (key prefix, password, TLS key) is derived
@@ -301,6 +315,10 @@ TEST(RunKeys, StoreSecretsAreDerivedStableAndNeverTheToken) {
     EXPECT_EQ(shown.find(token.substr(0, 8)), std::string::npos) << shown;
   EXPECT_EQ(store_tls_key(token).private_key_pem.rfind("-----BEGIN PRIVATE KEY-----\n", 0), 0u);
   EXPECT_EQ(store_tls_key(token).pin.rfind("sha256//", 0), 0u);
+  // Every worker makes the same certificate bytes (no copy from the host needed).
+  EXPECT_EQ(store_tls_key(token).certificate_pem, store_tls_key(token).certificate_pem);
+  EXPECT_NE(store_tls_key(token).certificate_pem, store_tls_key(token + "0").certificate_pem);
+  EXPECT_EQ(store_tls_key(token).certificate_pem.rfind("-----BEGIN CERTIFICATE-----\n", 0), 0u);
 }
 
 // Issue 29: a store that is an etcd cluster (NOLOCO_STORE lists its members)

@@ -137,14 +137,7 @@ void EtcdServer::write_certificate(const StoreTlsKey& tls) {
     if (!written) throw std::runtime_error(fmt::format("cannot write the store's TLS key to {}", key));
   }
   // Self-signed: clients trust the key (pinned), not a signature on it.
-  const auto command = fmt::format(
-      "openssl req -new -x509 -key '{}' -out '{}' -days 3650 -subj /CN=noloco-store > '{}/openssl.log' 2>&1", key,
-      cert, dir_);
-  if (std::system(command.c_str()) != 0) {
-    const auto why = tail_of(dir_ + "/openssl.log");
-    stop();
-    throw std::runtime_error(fmt::format("could not make the store's TLS certificate (is openssl installed?): {}", why));
-  }
+  write_file_atomic(cert, tls.certificate_pem);
 }
 
 void EtcdServer::turn_on_authentication(const std::string& endpoint, const std::string& password) {
@@ -188,6 +181,9 @@ void EtcdServer::start(const std::string& client_url, const std::string& endpoin
   if (tls) {
     args.push_back("--cert-file=store.crt");  // in dir_, etcd's working directory
     args.push_back("--key-file=store.key");
+    // Only token holders get past the handshake: their certificate is this one.
+    args.push_back("--client-cert-auth");
+    args.push_back("--trusted-ca-file=store.crt");
   }
   const std::string log = dir_ + "/etcd.log";
   pid_ = ::fork();
@@ -222,7 +218,7 @@ void EtcdServer::start(const std::string& client_url, const std::string& endpoin
       if (enable_auth) {
         turn_on_authentication(endpoint, password);
       } else {
-        const EtcdStore login(endpoint, "root", password, std::chrono::milliseconds(2000), tls ? tls->pin : "");
+        const EtcdStore login(endpoint, "root", password, std::chrono::milliseconds(2000), tls ? *tls : StoreTlsKey{});
       }
       return;
     } catch (const std::exception& e) {

@@ -57,7 +57,7 @@ class EtcdServer {
   // switching authentication on; else by a login as root. Throws otherwise.
   void start(const std::string& client_url, const std::string& endpoint, const std::string& password,
              bool (*interrupted)(), bool enable_auth, const StoreTlsKey* tls = nullptr);
-  // Writes the key and a self-signed certificate for it (openssl) into the private directory.
+  // Writes the key and its certificate into the private directory.
   void write_certificate(const StoreTlsKey& tls);
   void stop_process();
   void stop();

@@ -79,7 +79,7 @@ std::vector<uint8_t> as_bytes(const std::string& s) { return {s.begin(), s.end()
 
 struct EtcdStore::Http {
   std::string endpoint, user, password, token;
-  std::string pinned_key;   // curl's "sha256//BASE64": the only TLS key this store may present
+  StoreTlsKey tls;  // with a pin: the only TLS key this store may present, and what this client presents
   // What request paths are appended to: one per member of an etcd cluster,
   // the one in use first; a member that cannot be reached hands over to the next.
   std::vector<std::string> bases;
@@ -102,12 +102,22 @@ struct EtcdStore::Http {
     curl_easy_setopt(c, CURLOPT_NOSIGNAL, 1L);
     curl_easy_setopt(c, CURLOPT_TCP_NODELAY, 1L);
     if (const char* ca = std::getenv("NOLOCO_STORE_CA")) curl_easy_setopt(c, CURLOPT_CAINFO, ca);
-    if (!pinned_key.empty()) {
+    if (!tls.pin.empty()) {
       // The key is the identity: no certificate authority vouches for a
       // self-signed certificate, the pin (derived from the token) does.
-      curl_easy_setopt(c, CURLOPT_PINNEDPUBLICKEY, pinned_key.c_str());
+      curl_easy_setopt(c, CURLOPT_PINNEDPUBLICKEY, tls.pin.c_str());
       curl_easy_setopt(c, CURLOPT_SSL_VERIFYPEER, 0L);
       curl_easy_setopt(c, CURLOPT_SSL_VERIFYHOST, 0L);
+    }
+    if (!tls.certificate_pem.empty()) {
+      // curl copies the blobs (CURL_BLOB_COPY).
+      curl_blob certificate{const_cast<char*>(tls.certificate_pem.data()), tls.certificate_pem.size(),
+                            CURL_BLOB_COPY};
+      curl_blob key{const_cast<char*>(tls.private_key_pem.data()), tls.private_key_pem.size(), CURL_BLOB_COPY};
+      curl_easy_setopt(c, CURLOPT_SSLCERT_BLOB, &certificate);
+      curl_easy_setopt(c, CURLOPT_SSLCERTTYPE, "PEM");
+      curl_easy_setopt(c, CURLOPT_SSLKEY_BLOB, &key);
+      curl_easy_setopt(c, CURLOPT_SSLKEYTYPE, "PEM");
     }
   }
 
@@ -154,6 +164,12 @@ struct EtcdStore::Http {
     return rc;
   }
 
+  static long status_of(CURL* c) {
+    long status = 0;
+    curl_easy_getinfo(c, CURLINFO_RESPONSE_CODE, &status);
+    return status;
+  }
+
   Json perform(const std::string& path, const Json& request) {
     const std::string body = request.dump();
     const auto deadline = Clock::now() + timeout;
@@ -174,7 +190,8 @@ struct EtcdStore::Http {
     }
     auto j = Json::parse(response, nullptr, false);
     if (j.is_discarded() || !j.is_object())
-      throw std::runtime_error(fmt::format("store at {}: not an etcd answer to {}", endpoint, path));
+      throw std::runtime_error(fmt::format("store at {}: not an etcd answer to {} (HTTP {}: {:.120})", endpoint, path,
+                                           status_of(curl), response));
     return j;
   }
 
@@ -279,11 +296,11 @@ struct EtcdStore::Http {
 };
 
 EtcdStore::EtcdStore(std::string endpoint, std::string user, std::string password, std::chrono::milliseconds timeout,
-                     std::string pinned_key)
+                     StoreTlsKey tls)
     : c10d::Store(timeout), endpoint_(std::move(endpoint)), http_(std::make_unique<Http>()) {
   curl_once();
   http_->endpoint = endpoint_;
-  http_->pinned_key = std::move(pinned_key);
+  http_->tls = std::move(tls);
   constexpr std::string_view kUnix = "unix://";
   if (endpoint_.rfind(kUnix, 0) == 0) {
     http_->unix_socket = endpoint_.substr(kUnix.size());
@@ -307,7 +324,7 @@ EtcdStore::EtcdStore(std::string endpoint, std::string user, std::string passwor
 EtcdStore::~EtcdStore() = default;
 
 c10::intrusive_ptr<c10d::Store> EtcdStore::clone() {
-  return c10::make_intrusive<EtcdStore>(endpoint_, http_->user, http_->password, timeout_, http_->pinned_key);
+  return c10::make_intrusive<EtcdStore>(endpoint_, http_->user, http_->password, timeout_, http_->tls);
 }
 
 EtcdStore::Value EtcdStore::read(const std::string& key) {

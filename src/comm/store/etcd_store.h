@@ -17,20 +17,22 @@
 
 #include <torch/csrc/distributed/c10d/Store.hpp>
 
+#include "comm/store/run_keys.h"
+
 namespace noloco {
 
 class EtcdStore final : public c10d::Store {
  public:
   // `endpoint`: "http://host:port" (a cluster: its members' endpoints,
   // comma-separated; a member that cannot be reached hands over to the next)
-  // (or https://, with NOLOCO_STORE_CA naming a
-  // CA bundle, or `pinned_key`: the one public key the store may present, in
-  // curl's "sha256//BASE64" form), or "unix:///path/to/socket". Authenticates
-  // as `user` with `password` unless `user` is empty. Throws
+  // (or https://, with NOLOCO_STORE_CA naming a CA bundle, or `tls` from the
+  // run's token: the one public key the store may present, and the
+  // certificate and key this client presents), or "unix:///path/to/socket".
+  // Authenticates as `user` with `password` unless `user` is empty. Throws
   // std::runtime_error naming the endpoint on failure (unreachable, or
   // refused: wrong password, another key).
   EtcdStore(std::string endpoint, std::string user, std::string password, std::chrono::milliseconds timeout,
-            std::string pinned_key = {});
+            StoreTlsKey tls = {});
   ~EtcdStore() override;
 
   void set(const std::string& key, const std::vector<uint8_t>& value) override;

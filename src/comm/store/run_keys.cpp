@@ -1,10 +1,14 @@
 #include "comm/store/run_keys.h"
 
 #include <map>
+#include <memory>
 #include <mutex>
 #include <stdexcept>
 #include <vector>
 
+#include <openssl/pem.h>
+#include <openssl/x509.h>
+#include <openssl/x509v3.h>
 #include <sodium.h>
 
 namespace noloco {
@@ -47,6 +51,37 @@ std::string base64(const std::vector<uint8_t>& bytes) {
   sodium_bin2base64(out.data(), out.size(), bytes.data(), bytes.size(), sodium_base64_VARIANT_ORIGINAL);
   out.resize(out.find('\0'));
   return out;
+}
+
+// The store's certificate, made by OpenSSL from the derived key: the same
+// bytes wherever it is made, so that no worker needs the host's copy.
+std::string self_signed_certificate(const std::array<uint8_t, 32>& seed) {
+  const auto fail = [](const char* what) {
+    return std::runtime_error(std::string("could not make the store's TLS certificate: ") + what);
+  };
+  std::unique_ptr<EVP_PKEY, decltype(&EVP_PKEY_free)> key(
+      EVP_PKEY_new_raw_private_key(EVP_PKEY_ED25519, nullptr, seed.data(), seed.size()), EVP_PKEY_free);
+  std::unique_ptr<X509, decltype(&X509_free)> cert(X509_new(), X509_free);
+  if (!key || !cert) throw fail("out of memory");
+  // Named by an organisation, not a common name: etcd would take a client
+  // certificate's common name for a user, and its JSON gateway refuses those.
+  X509_NAME* name = X509_get_subject_name(cert.get());
+  std::unique_ptr<X509_EXTENSION, decltype(&X509_EXTENSION_free)> ca(
+      X509V3_EXT_conf_nid(nullptr, nullptr, NID_basic_constraints, "critical,CA:TRUE"), X509_EXTENSION_free);
+  const bool made =
+      X509_set_version(cert.get(), 2) == 1 && ASN1_INTEGER_set(X509_get_serialNumber(cert.get()), 1) == 1 &&
+      ASN1_TIME_set_string_X509(X509_getm_notBefore(cert.get()), "20000101000000Z") == 1 &&
+      ASN1_TIME_set_string_X509(X509_getm_notAfter(cert.get()), "99991231235959Z") == 1 &&  // RFC 5280: no end
+      X509_NAME_add_entry_by_txt(name, "O", MBSTRING_ASC, reinterpret_cast<const unsigned char*>("noloco run store"),
+                                 -1, -1, 0) == 1 &&
+      X509_set_issuer_name(cert.get(), name) == 1 && X509_set_pubkey(cert.get(), key.get()) == 1 && ca &&
+      X509_add_ext(cert.get(), ca.get(), -1) == 1 && X509_sign(cert.get(), key.get(), nullptr) > 0;
+  if (!made) throw fail("OpenSSL refused a step");
+  std::unique_ptr<BIO, decltype(&BIO_free)> out(BIO_new(BIO_s_mem()), BIO_free);
+  if (!out || PEM_write_bio_X509(out.get(), cert.get()) != 1) throw fail("PEM encoding");
+  char* pem = nullptr;
+  const long n = BIO_get_mem_data(out.get(), &pem);
+  return std::string(pem, size_t(n));
 }
 
 }  // namespace
@@ -92,6 +127,7 @@ StoreTlsKey store_tls_key(const std::string& token) {
   StoreTlsKey out;
   out.private_key_pem = "-----BEGIN PRIVATE KEY-----\n" + base64(pkcs8) + "\n-----END PRIVATE KEY-----\n";
   out.pin = "sha256//" + base64(digest);
+  out.certificate_pem = self_signed_certificate(seed);
   return out;
 }
 

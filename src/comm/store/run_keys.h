@@ -25,10 +25,16 @@ std::string store_password(const std::string& token);
 
 // The TLS identity of a store that a worker hosts for the run: an Ed25519
 // key every worker derives from the token, so that the others pin its public
-// key (curl's "sha256//BASE64") and need no certificate authority.
+// key (curl's "sha256//BASE64") and need no certificate authority; and a
+// certificate of that key, the same bytes on every worker (fixed serial and
+// dates, deterministic signature). The store presents it and takes it as the
+// only authority for its clients' certificates (etcd --client-cert-auth);
+// a worker presents it too, proving it holds the key, so that a stranger
+// never gets past the handshake to etcd's gateway.
 struct StoreTlsKey {
   std::string private_key_pem;  // PKCS#8
   std::string pin;              // sha256 of the SubjectPublicKeyInfo, curl's pinned-key form
+  std::string certificate_pem;  // X.509, self-signed
 };
 StoreTlsKey store_tls_key(const std::string& token);
 

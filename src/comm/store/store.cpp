@@ -33,7 +33,8 @@ StorePtr connect_store(const WorkerEnv& env, std::chrono::milliseconds timeout) 
   const auto deadline = std::chrono::steady_clock::now() + timeout;
   for (;;) {
     try {
-      return c10::make_intrusive<EtcdStore>(env.store_url, "root", store_password(env.token), timeout, env.store_pin);
+      return c10::make_intrusive<EtcdStore>(env.store_url, "root", store_password(env.token), timeout,
+                                            env.store_pin.empty() ? StoreTlsKey{} : store_tls_key(env.token));
     } catch (const std::runtime_error& e) {
       const std::string why = e.what();
       if (why.find("could not join") != std::string::npos || std::chrono::steady_clock::now() > deadline) throw;
