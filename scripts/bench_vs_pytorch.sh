@@ -28,11 +28,13 @@ for shape in "${shapes[@]}"; do
   py_args=$(echo "$kv" | sed -E 's/([a-z]+)=/--\1 /g')
   steps=$(echo "$kv" | sed -E 's/.*steps=([0-9]+).*/\1/')
   for ((i = 0; i < repeats; i++)); do
-    o=$(build/noloco bench ${kv/steps=$steps/bench_steps=$steps} threads=$threads peak_tflops=1 2>/dev/null | tail -1)
     # PyTorch leaves OpenBLAS's own pool at one thread per core whatever
-    # set_num_threads says; we run BLAS single-threaded inside each intra-op
-    # thread (src/util/compute_threads.h). Capped here to the same count, so
-    # that threads=1 means one core for both.
+    # set_num_threads says; noloco runs BLAS single-threaded inside each
+    # intra-op thread unless OPENBLAS_NUM_THREADS asks for a pool
+    # (src/util/compute_threads.h). Both are given a pool of `threads`, so
+    # that threads=1 means one core for both and threads=2 the same pools.
+    o=$(OPENBLAS_NUM_THREADS=$threads build/noloco bench ${kv/steps=$steps/bench_steps=$steps} threads=$threads \
+      peak_tflops=1 2>/dev/null | tail -1)
     # The same OpenBLAS kernels for both: noloco names its own where Debian's
     # OpenBLAS falls back to SSE3 ones (src/util/process_runtime.cpp), and
     # reports the core it ran; PyTorch is given that core.
