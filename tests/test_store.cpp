@@ -13,6 +13,7 @@
 
 #include <atomic>
 #include <chrono>
+#include <future>
 #include <thread>
 
 #include <fmt/format.h>
@@ -372,4 +373,26 @@ TEST(EtcdStore, AHungClusterMemberCostsSecondsNotTheTimeout) {
   EXPECT_LT(seconds, 15.0) << "a hung member cost the request's whole timeout";
   EtcdStore at_first(cluster.endpoint(0), "root", "secret", std::chrono::milliseconds(10000));
   EXPECT_EQ(text(at_first.get("b")), "2");
+}
+
+// A wait is a watch, quiet until its key is put: one waiting at a member that
+// hangs moves to the next member and sees the key put there, instead of
+// waiting as long as the member is stopped.
+TEST(EtcdStore, AWaitAtAHungClusterMemberSeesTheKeyPutElsewhere) {
+  SKIP_WITHOUT_ETCD();
+  noloco::testing::EtcdCluster cluster(3, "secret");
+  EtcdStore waiter(cluster.endpoints(), "root", "secret", std::chrono::milliseconds(60000));
+  waiter.set("ready", bytes("1"));  // logged in at member 0, where its watch will wait
+  auto waited = std::async(std::launch::async, [&] { waiter.wait({"late"}); });
+  EXPECT_EQ(waited.wait_for(std::chrono::milliseconds(500)), std::future_status::timeout);
+  cluster.stop(0);
+  EtcdStore writer(cluster.endpoint(1), "root", "secret", std::chrono::milliseconds(30000));
+  writer.set("late", bytes("2"));
+  const auto start = std::chrono::steady_clock::now();
+  const auto status = waited.wait_for(std::chrono::seconds(20));
+  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  cluster.resume(0);
+  waited.get();
+  EXPECT_EQ(status, std::future_status::ready) << "the wait stayed with the stopped member";
+  EXPECT_LT(seconds, 10.0);
 }

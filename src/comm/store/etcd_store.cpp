@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cstdlib>
+#include <map>
 #include <mutex>
 #include <stdexcept>
 #include <string_view>
@@ -70,6 +71,31 @@ size_t append_body(char* data, size_t size, size_t count, void* body) {
 void curl_once() {
   static std::once_flag once;
   std::call_once(once, [] { curl_global_init(CURL_GLOBAL_DEFAULT); });
+}
+
+// Cluster members that a connection of this process found hung, and when:
+// the process's other connections (a worker has several) skip them for a
+// while instead of each paying the wait to find out.
+class HungMembers {
+ public:
+  void mark(const std::string& member) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    since_[member] = Clock::now();
+  }
+  bool recently(const std::string& member) const {
+    std::lock_guard<std::mutex> lock(mutex_);
+    const auto it = since_.find(member);
+    return it != since_.end() && Clock::now() - it->second < std::chrono::seconds(30);
+  }
+
+ private:
+  mutable std::mutex mutex_;
+  std::map<std::string, Clock::time_point> since_;
+};
+
+HungMembers& hung_members() {
+  static HungMembers members;
+  return members;
 }
 
 std::string as_string(const std::vector<uint8_t>& v) { return {v.begin(), v.end()}; }
@@ -174,6 +200,8 @@ struct EtcdStore::Http {
     const std::string body = request.dump();
     const auto deadline = Clock::now() + timeout;
     std::string response;
+    for (size_t skipped = 1; skipped < bases.size() && hung_members().recently(bases.front()); ++skipped)
+      next_member();
     for (size_t tries = 1;; ++tries) {
       const auto left = std::chrono::ceil<std::chrono::milliseconds>(deadline - Clock::now());
       CURLcode rc = attempt(path, body, response, bases.size() > 1 ? std::min(left, kHungMember) : timeout);
@@ -184,6 +212,7 @@ struct EtcdStore::Http {
       if (rc == CURLE_OK) break;
       if (!unreachable(rc) || bases.size() < 2 || Clock::now() >= deadline)
         throw std::runtime_error(fmt::format("store at {}: {}", endpoint, curl_easy_strerror(rc)));
+      if (rc == CURLE_OPERATION_TIMEDOUT) hung_members().mark(bases.front());
       next_member();
       // Every member down at once: ask again, but not in a busy loop.
       if (tries % bases.size() == 0) std::this_thread::sleep_for(std::chrono::milliseconds(200));
@@ -250,9 +279,12 @@ struct EtcdStore::Http {
   bool watch_put(const std::string& key, int64_t revision, Clock::time_point deadline) {
     struct Stream {
       std::string pending;
-      bool put = false, failed = false;
+      bool put = false, failed = false, hung = false;
       std::string why;
+      Http* http = nullptr;
+      Clock::time_point heard = Clock::now();
     } stream;
+    stream.http = this;
     const auto left = std::chrono::ceil<std::chrono::milliseconds>(deadline - Clock::now()).count();
     if (left <= 0) return false;
     CURL* w = curl_easy_init();
@@ -262,6 +294,7 @@ struct EtcdStore::Http {
     common(w, "/v3/watch", body, h, long(left));
     curl_easy_setopt(w, CURLOPT_WRITEFUNCTION, +[](char* data, size_t size, size_t count, void* user) -> size_t {
       auto& s = *static_cast<Stream*>(user);
+      s.heard = Clock::now();
       s.pending.append(data, size * count);
       for (size_t end; (end = s.pending.find('\n')) != std::string::npos;) {
         const auto line = Json::parse(s.pending.substr(0, end), nullptr, false);
@@ -280,13 +313,34 @@ struct EtcdStore::Http {
       return size * count;
     });
     curl_easy_setopt(w, CURLOPT_WRITEDATA, &stream);
+    if (bases.size() > 1) {
+      // A watch is quiet until its key is put, and a hung member (stopped,
+      // its machine paused) keeps its connection open: so while it is quiet,
+      // the member is asked something small every second (a count, well
+      // under a millisecond), and one that does not answer within
+      // kHungMember is left for the next, as requests are.
+      using Quiet = int (*)(void*, curl_off_t, curl_off_t, curl_off_t, curl_off_t);
+      const Quiet when_quiet = [](void* user, curl_off_t, curl_off_t, curl_off_t, curl_off_t) -> int {
+        auto& s = *static_cast<Stream*>(user);
+        if (Clock::now() - s.heard < std::chrono::seconds(1)) return 0;
+        std::string answer;
+        const auto probe = Json{{"key", base64("noloco/alive")}, {"count_only", true}}.dump();
+        s.hung = s.http->attempt("/v3/kv/range", probe, answer, kHungMember) != CURLE_OK;
+        if (s.hung) hung_members().mark(s.http->bases.front());
+        s.heard = Clock::now();
+        return s.hung ? 1 : 0;  // non-zero ends the transfer
+      };
+      curl_easy_setopt(w, CURLOPT_NOPROGRESS, 0L);
+      curl_easy_setopt(w, CURLOPT_XFERINFODATA, &stream);
+      curl_easy_setopt(w, CURLOPT_XFERINFOFUNCTION, when_quiet);
+    }
     const CURLcode rc = curl_easy_perform(w);
     curl_slist_free_all(h);
     curl_easy_cleanup(w);
     if (stream.put) return true;
     if (stream.failed) throw std::runtime_error(fmt::format("store at {}: watch failed: {}", endpoint, stream.why));
     if (rc == CURLE_OPERATION_TIMEDOUT) return Clock::now() < deadline && watch_put(key, revision, deadline);
-    if (unreachable(rc) && bases.size() > 1 && Clock::now() < deadline) {  // the same revision, elsewhere
+    if ((unreachable(rc) || stream.hung) && bases.size() > 1 && Clock::now() < deadline) {  // the same revision, elsewhere
       next_member();
       std::this_thread::sleep_for(std::chrono::milliseconds(100));
       return watch_put(key, revision, deadline);
