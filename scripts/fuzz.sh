@@ -8,7 +8,8 @@ runs=${1:-20000}
 if [ ! -f build-fuzz/build.ninja ]; then
   CXX=clang++ cmake -S fuzz -B build-fuzz -G Ninja > /dev/null
 fi
-cmake --build build-fuzz > /dev/null
+# Quiet unless it fails (a failed build had ended the test with no output at all).
+cmake --build build-fuzz > build-fuzz/build.log 2>&1 || { grep -m 20 -B 2 -A 5 "error" build-fuzz/build.log; exit 1; }
 corpus=build-fuzz/corpus
 mkdir -p "$corpus"/{config,safetensors,safetensors_index,token_file,codec,tokenizer_json,sealed,documents}
 cp configs/*.yaml "$corpus/config/"
