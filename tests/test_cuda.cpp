@@ -126,29 +126,29 @@ class CudaRuns : public noloco::testing::LaunchedRuns {
     for (const auto& [key, loss] : la) largest = std::max(largest, std::abs(loss - lb.at(key)));
     return largest;
   }
+  // The run `common` on cuda:0 and on the CPU, each logging `records` training
+  // losses: their largest difference, printed for scripts/gpu_check.sh as `what`'s.
+  double gpu_against_cpu(const std::string& what, const std::string& common, size_t records) {
+    const auto gpu = run("gpu", common + " device=cuda:0");
+    const auto cpu = run("cpu", common);
+    const double largest = largest_loss_difference(gpu, cpu, records);
+    std::printf("largest train-loss difference, %s GPU vs CPU: %.2e\n", what.c_str(), largest);
+    return largest;
+  }
 };
 
 // Four NoLoCo replicas as four processes on one GPU: the same run as on the
 // CPU, with differences of summation order only (fp32).
 TEST_F(CudaRuns, FourNoLoCoReplicasSharingOneGpuFollowTheCpuRun) {
   SKIP_WITHOUT_CUDA();
-  const std::string common = "method=noloco replicas=4 batch=4 steps=40 outer_interval=10";
-  const auto gpu = run("gpu", common + " device=cuda:0");
-  const auto cpu = run("cpu", common);
-  const double largest = largest_loss_difference(gpu, cpu, 4 * 40);
-  std::printf("largest train-loss difference, 4 NoLoCo replicas GPU vs CPU: %.2e\n", largest);
-  EXPECT_LT(largest, 2e-3);
+  EXPECT_LT(gpu_against_cpu("4 NoLoCo replicas", "method=noloco replicas=4 batch=4 steps=40 outer_interval=10", 4 * 40),
+            2e-3);
 }
 
 // Two pipeline stages (activations and gradients cross between processes) on one GPU.
 TEST_F(CudaRuns, TwoStagePipelineSharingOneGpuFollowsTheCpuRun) {
   SKIP_WITHOUT_CUDA();
-  const std::string common = "stages=2 routing=fixed batch=4 grad_accum=2 steps=40";
-  const auto gpu = run("gpu", common + " device=cuda:0");
-  const auto cpu = run("cpu", common);
-  const double largest = largest_loss_difference(gpu, cpu, 40);
-  std::printf("largest train-loss difference, 2-stage pipeline GPU vs CPU: %.2e\n", largest);
-  EXPECT_LT(largest, 2e-3);
+  EXPECT_LT(gpu_against_cpu("2-stage pipeline", "stages=2 routing=fixed batch=4 grad_accum=2 steps=40", 40), 2e-3);
 }
 
 // A replica of two workers on one GPU (two NCCL members cannot share one, so
@@ -156,12 +156,9 @@ TEST_F(CudaRuns, TwoStagePipelineSharingOneGpuFollowsTheCpuRun) {
 // leader's weights broadcast move CUDA tensors, and the run is the CPU run's.
 TEST_F(CudaRuns, ReplicaOfTwoWorkersSharingOneGpuFollowsTheCpuRun) {
   SKIP_WITHOUT_CUDA();
-  const std::string common = "method=noloco replicas=2 replica_workers=2 batch=4 steps=40 outer_interval=10";
-  const auto gpu = run("gpu", common + " device=cuda:0");
-  const auto cpu = run("cpu", common);
-  const double largest = largest_loss_difference(gpu, cpu, 2 * 40);
-  std::printf("largest train-loss difference, 2 replicas x 2 workers GPU vs CPU: %.2e\n", largest);
-  EXPECT_LT(largest, 2e-3);
+  EXPECT_LT(gpu_against_cpu("2 replicas x 2 workers",
+                            "method=noloco replicas=2 replica_workers=2 batch=4 steps=40 outer_interval=10", 2 * 40),
+            2e-3);
 }
 
 // The NCCL group itself, as far as one GPU can host it (one member): CPU
