@@ -137,13 +137,52 @@ TEST_F(ReplicaWorkers, AKilledWorkerTakesItsReplicaOutAndTheOtherFinishes) {
   EXPECT_FALSE(losses.count({1, 30}));
 }
 
+// With restarts=1 a replica that lost a worker is restarted whole: its first
+// worker takes a live replica's state after that replica's next outer step
+// and hands it to the other over the replica's group, formed anew; the
+// replica trains on to the end and averages with its partner again.
+TEST_F(ReplicaWorkers, AReplicaThatLostAWorkerIsRestartedWholeAndTrainsOn) {
+  auto r = noloco::testing::run_cli(noloco::testing::small_train_args(dir / "c.txt", dir / "restart") +
+                                        " method=noloco replicas=2 replica_workers=2 batch=2 steps=300 "
+                                        "outer_interval=10 eval_interval=150 inject_crash=3:25 restarts=1",
+                                    180);
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("restarting replica 1 (its 2 workers)"), std::string::npos) << r.output;
+  const auto summary = read_json(dir / "restart/summary.json");
+  EXPECT_EQ(summary["replicas_finished"].get<std::vector<int>>(), (std::vector<int>{0, 1}));
+  EXPECT_TRUE(summary["replicas_failed"].empty()) << summary.dump();
+  ASSERT_EQ(summary["replicas_restarted"].size(), 2u) << "both of its workers: " << summary.dump();
+  for (auto& w : summary["replicas_restarted"]) EXPECT_EQ(w["replica"].get<int>(), 1) << w.dump();
+
+  const auto rejoins = metrics_records(dir / "restart", "rejoin");
+  ASSERT_EQ(rejoins.size(), 1u) << "its first worker speaks for the replica";
+  const auto step = rejoins[0]["step"].get<int64_t>();
+  EXPECT_EQ(rejoins[0]["replica"], 1);
+  EXPECT_EQ(rejoins[0]["donor"], 0);
+  EXPECT_GT(step, 25) << "the state comes from the live replica, not from before the crash";
+  EXPECT_EQ(step % 10, 0) << "handed over after an outer step";
+  // Both workers start at the donor's step: the replica's first logged step
+  // after the crash is the next one (a worker out of step would hang the group).
+  const auto losses = train_losses(dir / "restart");
+  int64_t first_after = -1;
+  for (auto& [key, loss] : losses)
+    if (key.first == 1 && key.second > 25 && first_after < 0) first_after = key.second;
+  EXPECT_EQ(first_after, step + 1);
+  ASSERT_TRUE(losses.count({1, 300}) && losses.count({0, 300}));
+  EXPECT_NEAR(losses.at({1, 300}), losses.at({0, 300}), 0.1 * losses.at({0, 300})) << "averaged with replica 0 again";
+  bool averaged_with_a_partner = false;
+  for (auto& rec : metrics_records(dir / "restart", "outer"))
+    if (rec["replica"] == 1 && rec["step"].get<int64_t>() > step && rec["arrived"].size() > 1)
+      averaged_with_a_partner = true;
+  EXPECT_TRUE(averaged_with_a_partner);
+}
+
 // What is not built yet is refused in one line, before any worker starts.
 TEST_F(ReplicaWorkers, WhatIsNotBuiltIsRefusedInOneLine) {
   const auto args = noloco::testing::small_train_args(dir / "c.txt", dir / "refused") + " replicas=2 replica_workers=2 ";
   for (const auto& [extra, expected] : std::vector<std::pair<std::string, std::string>>{
            {"method=noloco stages=2", "replica_workers > 1 with pipeline stages is not implemented"},
            {"method=ddp", "use replicas=4 instead"},
-           {"method=noloco restarts=1", "restarts with replica_workers > 1 is not implemented yet"},
            {"method=noloco replica_workers=0", "replica_workers must be positive"}}) {
     const auto r = noloco::testing::run_cli(args + extra, 60);
     EXPECT_NE(r.exit_code, 0) << extra;

@@ -125,6 +125,7 @@ WorkerInfo worker_info(const WorkerEnv& env, int stages, int replica_workers, co
   w.replica = env.rank / (stages * replica_workers);
   w.replicas = env.world / (stages * replica_workers);
   w.replica_group = links.replica_group.get();
+  w.restarted = env.restart > 0;
   w.local_rank = env.local_rank;
   w.local_world = env.local_world;
   w.transport = links.transport.get();
@@ -209,7 +210,7 @@ int run_launched_worker(TrainConfig& cfg, const WorkerEnv& env, int stages) {
   // A first start only: a restarted worker is past its drill. (Not yet
   // joined, it cannot ask the store which start this is; the launcher
   // tells a restart by its environment.)
-  if (!std::getenv("NOLOCO_RESTARTED")) FailureDrill(cfg.run.inject_crash, env.rank, 0).at_startup();
+  if (env.restart == 0) FailureDrill(cfg.run.inject_crash, env.rank, 0).at_startup();
   const bool can_leave = takes_joiners(cfg.outer.method, cfg.pipeline.routing, stages) && cfg.run.replica_workers == 1;
   if (can_leave) leave_on_sigterm();
   const auto links =
@@ -371,6 +372,11 @@ int run_join(const std::string& run_dir, const std::vector<std::string>& args) {
         choice_name(cfg.outer.method),
         stages > 1 ? fmt::format(" with {} pipeline stages, routing={}", stages, choice_name(cfg.pipeline.routing))
                    : ""));
+  if (cfg.run.replica_workers > 1)
+    throw std::invalid_argument(fmt::format(
+        "join: the run in {} has replicas of {} workers (replica_workers); joining it is not built yet (a joiner "
+        "brings one worker)",
+        run_dir, cfg.run.replica_workers));
   if (stage >= stages || stage < -1)
     throw std::invalid_argument(fmt::format("join: stage={} is not a stage of the run (0..{})", stage, stages - 1));
   cfg.validate();

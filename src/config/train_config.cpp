@@ -171,7 +171,8 @@ void add_comm_options(Options& o, TrainConfig& c) {
            "accept seal=false where traffic leaves this machine (bind, MASTER_ADDR or the store off loopback): the "
            "weights and the store's password then cross the network in clear")
       .add("restarts", c.comm.restarts,
-           "noloco: restart a failed worker up to this many times; it rejoins from a live peer")
+           "noloco: restart a failed worker (its whole replica, with replica_workers) up to this many times; it "
+           "rejoins from a live peer")
       .add("heartbeat_timeout", c.comm.heartbeat_timeout,
            "seconds without a heartbeat before the launcher kills a hung worker and partners stop waiting")
       .add("rate", c.comm.rate,
@@ -302,9 +303,6 @@ void validate_replica_workers(const TrainConfig& c) {
     invalid(fmt::format("replica_workers with method=ddp: ddp averages gradients over every worker at every step "
                         "already; use replicas={} instead",
                         c.run.replicas * c.run.replica_workers));
-  if (c.comm.restarts > 0)
-    invalid("restarts with replica_workers > 1 is not implemented yet (the replica's workers would have to be "
-            "restarted together)");
 }
 
 }  // namespace

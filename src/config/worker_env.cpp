@@ -38,6 +38,7 @@ bool worker_env_from_environment(WorkerEnv& env) {
       env.store_url.rfind("unix://", 0) != 0)
     throw std::invalid_argument(fmt::format(
         "NOLOCO_STORE='{}' is not an etcd endpoint (http[s]://host:port or unix:///path)", env.store_url));
+  env.restart = env_int("NOLOCO_RESTARTED", 0);
   const char* agent = std::getenv("TORCHELASTIC_USE_AGENT_STORE");
   env.agent_store = agent && std::string(agent) == "True";
   if (env.world < 1 || env.rank >= env.world)

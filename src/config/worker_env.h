@@ -19,10 +19,14 @@ struct WorkerEnv {
   // The public key an https:// store must present (curl's "sha256//BASE64");
   // set for the store worker 0 hosts, whose key derives from the token.
   std::string store_pin;
+  // NOLOCO_RESTARTED: how many times our launcher started this worker before
+  // (0: its first start). A replica of several workers is restarted whole,
+  // and its own group formed anew under this number.
+  int restart = 0;
 };
 
 // RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, MASTER_ADDR, MASTER_PORT
-// (torchrun's names), NOLOCO_RUN_TOKEN and NOLOCO_STORE; returns false when RANK is unset
+// (torchrun's names), NOLOCO_RUN_TOKEN, NOLOCO_STORE and NOLOCO_RESTARTED; returns false when RANK is unset
 // (not a launched worker). Throws std::invalid_argument on malformed values.
 bool worker_env_from_environment(WorkerEnv& env);
 

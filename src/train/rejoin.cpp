@@ -2,6 +2,8 @@
 
 #include <chrono>
 
+#include <fmt/format.h>
+
 #include "util/error_text.h"
 #include "util/log.h"
 
@@ -34,6 +36,23 @@ Rejoined rejoin_from_peer(Membership& membership, Transport& transport, const Tr
   membership.rejoined();
   r.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   return r;
+}
+
+int64_t share_state_within_replica(Transport& replica, const TrainingState& state, int64_t step) {
+  const bool first = replica.rank() == 0;
+  auto bytes = first ? serialize_training_state(state, step) : torch::Tensor();
+  // The others size their buffer from the first's. Their own state is the
+  // weights and AdamW's two moments; the first's adds the outer state (φ,
+  // momentum, residuals, an exchange in flight: at most six more copies of
+  // the weights), so three times theirs bounds it.
+  auto size = torch::full({1}, first ? bytes.numel() : int64_t(0), torch::kInt64);
+  replica.broadcast(size, 0);
+  const int64_t n = size.item<int64_t>();
+  if (n <= 0 || n > 3 * training_state_max_bytes(state))
+    throw std::runtime_error(fmt::format("the replica's first worker announced a state of {} bytes", n));
+  if (!first) bytes = torch::empty({n}, torch::kUInt8);
+  replica.broadcast(bytes, 0);
+  return first ? step : deserialize_training_state(bytes, state);
 }
 
 HandOvers serve_rejoins(Membership& membership, Transport& transport, const TrainingState& state, int64_t step) {

@@ -203,7 +203,8 @@ WorkerSummary summarize_worker(const TrainConfig& c, const WorkerInfo& w, const 
 
 // Where this worker starts: step 0, the latest checkpoint (resume=true), or,
 // for a restarted NoLoCo worker or one that joins a running run, a live
-// replica's state (not the disk).
+// replica's state (not the disk); the other workers of a restarted replica
+// take it from their first.
 int64_t restore(const TrainConfig& c, const WorkerInfo& w, Checkpointer& checkpoints, const TrainingState& state,
                 Telemetry& telemetry, const FailureDrill& drill, bool lead, std::optional<Rejoined>& rejoined) {
   if (w.membership && (w.membership->incarnation() > 0 || w.membership->joining())) {
@@ -215,6 +216,7 @@ int64_t restore(const TrainConfig& c, const WorkerInfo& w, Checkpointer& checkpo
                                   std::chrono::milliseconds(600000));
     rejoined = rejoin_from_peer(*w.membership, *w.transport, state, timeout, drill);
     rejoined->joined = joining;
+    if (w.replica_group) share_state_within_replica(*w.replica_group, state, rejoined->step);
     telemetry.write(record(rejoined->step, joining ? "join" : "rejoin", w,
                            {{"donor", rejoined->donor}, {"seconds", rejoined->seconds}}));
     if (joining)
@@ -225,6 +227,7 @@ int64_t restore(const TrainConfig& c, const WorkerInfo& w, Checkpointer& checkpo
                    w.membership->incarnation(), rejoined->donor, rejoined->step, rejoined->seconds);
     return rejoined->step;
   }
+  if (w.replica_group && w.restarted) return share_state_within_replica(*w.replica_group, state, 0);
   if (!c.run.resume) return 0;
   const auto steps = checkpoints.complete_steps();
   int64_t step = 0;
@@ -383,7 +386,7 @@ WorkerRun::WorkerRun(const TrainConfig& c, const WorkerInfo& w)
       inner_(flat_, c.inner),
       outer_(make_outer_optimizer(c.outer, c.run.seed, {w.transport, w.membership, w.replica_group}, flat_)),
       state_{flat_, inner_, *outer_},
-      drill_(c.run.inject_crash, w.rank, w.membership ? w.membership->incarnation() : 0),
+      drill_(c.run.inject_crash, w.rank, w.membership ? w.membership->incarnation() : int(w.restarted)),
       checkpoints_(fmt::format("{}/checkpoints/r{}", out_, w.rank - w.replica_worker),
                    c.run.checkpoint_interval > 0 ? c.run.checkpoint_interval : c.eval.interval,
                    c.run.keep_checkpoints, c.inner.steps, arch_, out_,

@@ -147,9 +147,11 @@ class WorkerSupervisor {
         pids_(size_t(n_), -1),
         why_(size_t(n_)),
         restarts_left_(size_t(n_), plan.comm.restarts),
+        restarting_(size_t(n_), false),
         lost_(size_t(n_), false) {}
 
-  void spawn(int rank, bool restart);
+  // `restart`: how many times this worker was started before (NOLOCO_RESTARTED).
+  void spawn(int rank, int64_t restart);
   int running() const { return running_; }
   // Forwards a SIGINT/SIGTERM the launcher got; the run ends with it.
   void take_signal(LaunchResult& result);
@@ -161,6 +163,13 @@ class WorkerSupervisor {
 
  private:
   void on_failure(WorkerExit& e, LaunchResult& result);
+  // Workers restarted together: a replica of several workers (its group is
+  // formed anew, and all of them take the state), else each worker alone.
+  int unit_of(int rank) const { return plan_.replica_workers > 1 ? rank / plan_.replica_workers : rank; }
+  std::vector<int> ranks_of_unit(int unit) const;
+  bool running_outside(int unit) const;
+  // A unit being restarted starts again once the last of its workers has exited.
+  void restart_unit_once_down(int unit);
   // A replica of several workers is lost with any of them; the others would
   // wait in its group's collectives (NCCL's, for its whole timeout).
   void stop_replica_of(int rank);
@@ -180,7 +189,8 @@ class WorkerSupervisor {
   HeartbeatWatch heartbeats_;
   std::vector<pid_t> pids_;
   std::vector<std::string> why_;  // why the launcher itself killed a worker
-  std::vector<int64_t> restarts_left_;
+  std::vector<int64_t> restarts_left_;  // by unit
+  std::vector<bool> restarting_;        // by unit: its workers are being stopped, to start again
   std::vector<bool> lost_;  // failed and not restarted
   int running_ = 0;
   bool terminating_ = false;
@@ -188,12 +198,12 @@ class WorkerSupervisor {
   Clock::time_point last_check_ = Clock::now();
 };
 
-void WorkerSupervisor::spawn(int r, bool restart) {
+void WorkerSupervisor::spawn(int r, int64_t restart) {
   std::vector<std::string> env_vars = {
       fmt::format("RANK={}", r),          fmt::format("WORLD_SIZE={}", n_),
       fmt::format("LOCAL_RANK={}", r),    fmt::format("LOCAL_WORLD_SIZE={}", n_),
       "TORCHELASTIC_USE_AGENT_STORE=True", "NOLOCO_RUN_TOKEN=" + token_, "NOLOCO_STORE=" + endpoint_};
-  if (restart) env_vars.push_back("NOLOCO_RESTARTED=1");
+  if (restart > 0) env_vars.push_back(fmt::format("NOLOCO_RESTARTED={}", restart));
   std::vector<std::string> args = worker_args_;
   // Behind a capped link the worker listens on its own address there.
   if (plan_.links) args.push_back("bind=" + plan_.links->worker_address(r));
@@ -253,6 +263,7 @@ bool WorkerSupervisor::reap(LaunchResult& result) {
   --running_;
   if (!e.ok() && result.signal == 0) on_failure(e, result);
   result.exits.push_back(e);
+  restart_unit_once_down(unit_of(e.rank));
   return true;
 }
 
@@ -267,20 +278,22 @@ void WorkerSupervisor::on_failure(WorkerExit& e, LaunchResult& result) {
     // Its partners notice by themselves (a closed connection, a silent heartbeat).
     spdlog::warn("could not record worker {}'s failure in the store: {}", e.rank, error.what());
   }
+  const int unit = unit_of(e.rank);
   if (!plan_.keep_going_on_failure && !terminating_) {
     spdlog::info("method {} cannot continue without worker {}; stopping the others", plan_.method, e.rank);
     stop_all(SIGTERM);
-  } else if (plan_.keep_going_on_failure && running_ > 0 && restarts_left_[size_t(e.rank)] > 0) {
+  } else if (restarting_[size_t(unit)]) {
+    e.restarted = true;  // stopped with its replica, which starts again whole
+  } else if (plan_.keep_going_on_failure && !terminating_ && running_outside(unit) && restarts_left_[size_t(unit)] > 0) {
     // It rejoins from a live replica; with none left there is nothing to rejoin.
-    --restarts_left_[size_t(e.rank)];
+    --restarts_left_[size_t(unit)];
+    restarting_[size_t(unit)] = true;
     e.restarted = true;
-    spdlog::info("restarting worker {}; it will take its state from a live replica", e.rank);
-    try {
-      store_->set(heartbeat_key(token_, e.rank), std::vector<uint8_t>{'0'});  // silent until the new one beats
-    } catch (const std::exception& error) {
-      spdlog::warn("could not reset worker {}'s heartbeat: {}", e.rank, error.what());
-    }
-    spawn(e.rank, true);
+    if (plan_.replica_workers > 1)
+      spdlog::info("restarting replica {} (its {} workers); it will take its state from a live replica", unit,
+                   plan_.replica_workers);
+    else
+      spdlog::info("restarting worker {}; it will take its state from a live replica", e.rank);
   }
   lost_[size_t(e.rank)] = !e.restarted;
   if (plan_.keep_going_on_failure && !terminating_ && plan_.replica_workers > 1) stop_replica_of(e.rank);
@@ -290,6 +303,36 @@ void WorkerSupervisor::on_failure(WorkerExit& e, LaunchResult& result) {
                                  n_ / plan_.stages);
     spdlog::info("{}; stopping the others", result.stopped);
     stop_all(SIGTERM);
+  }
+}
+
+std::vector<int> WorkerSupervisor::ranks_of_unit(int unit) const {
+  std::vector<int> ranks;
+  for (int r = 0; r < n_; ++r)
+    if (unit_of(r) == unit) ranks.push_back(r);
+  return ranks;
+}
+
+bool WorkerSupervisor::running_outside(int unit) const {
+  for (int r = 0; r < n_; ++r)
+    if (unit_of(r) != unit && pids_[size_t(r)] > 0) return true;
+  return false;
+}
+
+void WorkerSupervisor::restart_unit_once_down(int unit) {
+  if (!restarting_[size_t(unit)] || terminating_) return;
+  const auto ranks = ranks_of_unit(unit);
+  for (const int r : ranks)
+    if (pids_[size_t(r)] > 0) return;
+  restarting_[size_t(unit)] = false;
+  const int64_t restart = plan_.comm.restarts - restarts_left_[size_t(unit)];
+  for (const int r : ranks) {
+    try {
+      store_->set(heartbeat_key(token_, r), std::vector<uint8_t>{'0'});  // silent until the new one beats
+    } catch (const std::exception& error) {
+      spdlog::warn("could not reset worker {}'s heartbeat: {}", r, error.what());
+    }
+    spawn(r, restart);
   }
 }
 
@@ -435,7 +478,7 @@ LaunchResult launch_local_workers(const LaunchPlan& plan, const std::vector<std:
   const auto from_peer = [&](int r) {
     return std::find(plan.start_from_peers.begin(), plan.start_from_peers.end(), r) != plan.start_from_peers.end();
   };
-  for (int r = 0; r < plan.workers && !ForwardedSignals::pending(); ++r) workers.spawn(r, from_peer(r));
+  for (int r = 0; r < plan.workers && !ForwardedSignals::pending(); ++r) workers.spawn(r, from_peer(r) ? 1 : 0);
 
   LaunchResult result;
   workers.take_signal(result);  // one that came while starting

@@ -104,7 +104,8 @@ WorkerConnections join_as_worker(const WorkerEnv& env, const CommConfig& comm, i
   // one closes its connections (a hung one is killed for its heartbeat), so
   // the wait can be long without holding up a lost replica.
   const auto replica_timeout = std::max<std::chrono::milliseconds>(timeout, std::chrono::minutes(30));
-  const auto replica_name = fmt::format("replica{}/workers", replica);
+  // Restarted whole, a replica forms its group anew: the last one's keys belong to dead processes.
+  const auto replica_name = fmt::format("replica{}/workers/{}", replica, env.restart);
   if (replica_workers > 1 && !nccl_device.empty())
     links.replica_group = join_nccl_group(run_scope(connect(), env.token, replica_name), "nccl", replica_worker,
                                           replica_workers, nccl_device, replica_timeout);
