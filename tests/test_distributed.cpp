@@ -33,6 +33,7 @@
 
 using namespace noloco;
 using noloco::testing::metrics_records;
+using noloco::testing::wait_for_step;
 using noloco::testing::small_train_args;
 
 namespace {
@@ -645,20 +646,6 @@ TEST_F(Distributed, ANoLoCoWorkerLeavesOnSigtermAndNobodyWaitsForIt) {
   EXPECT_EQ(r.output.find("timed out"), std::string::npos) << r.output;
 }
 
-namespace {
-
-// Waits (bounded) until some replica of the run in `run_dir` has logged training step `step`.
-bool wait_for_step(const std::string& run_dir, int64_t step, int seconds) {
-  for (int i = 0; i < seconds * 10; ++i) {
-    if (std::filesystem::exists(run_dir + "/metrics.jsonl"))
-      for (auto& r : metrics_records(run_dir, "train"))
-        if (r["step"].get<int64_t>() >= step) return true;
-    std::this_thread::sleep_for(std::chrono::milliseconds(100));
-  }
-  return false;
-}
-
-}  // namespace
 
 // Issue 29: two new workers join a running 4-replica NoLoCo run (`noloco
 // join RUN_DIR`, the token from the run_token file the launcher wrote): each

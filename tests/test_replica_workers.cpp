@@ -177,6 +177,43 @@ TEST_F(ReplicaWorkers, AReplicaThatLostAWorkerIsRestartedWholeAndTrainsOn) {
   EXPECT_TRUE(averaged_with_a_partner);
 }
 
+// `noloco join` of a run whose replicas have two workers brings a whole
+// replica: its first worker claims the member id and starts the other; the
+// first takes a live replica's state and hands it on over their group; the
+// new replica is drawn into the groupings and finishes with the others.
+TEST_F(ReplicaWorkers, AJoinerBringsAWholeReplica) {
+  const std::string run_dir = dir / "grow";
+  noloco::testing::BackgroundCli runner(
+      noloco::testing::small_train_args(dir / "c.txt", run_dir) +
+          " method=noloco replicas=2 replica_workers=2 batch=2 steps=1500 outer_interval=5 heartbeat_timeout=60 "
+          "threads=1",
+      300);
+  ASSERT_TRUE(noloco::testing::wait_for_step(run_dir, 100, 120));
+  const auto joiner = noloco::testing::run_cli("join " + run_dir + " threads=1", 280);
+  const auto& r = runner.wait();
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  ASSERT_EQ(joiner.exit_code, 0) << joiner.output;
+  EXPECT_NE(joiner.output.find("as replica 2 of 2 workers"), std::string::npos) << joiner.output;
+  const auto summary = read_json(run_dir + "/summary.json");
+  EXPECT_EQ(summary["replicas_finished"].get<std::vector<int>>(), (std::vector<int>{0, 1, 2})) << summary.dump();
+  EXPECT_TRUE(summary["replicas_failed"].empty()) << summary.dump();
+  ASSERT_EQ(summary["joined"].size(), 1u) << summary.dump();
+  EXPECT_EQ(summary["joined"][0]["replica"], 2);
+  EXPECT_EQ(summary["joined"][0]["step"].get<int64_t>() % 5, 0) << "handed over after an outer step";
+  EXPECT_TRUE(std::filesystem::exists(run_dir + "/summary_r4.json")) << "its first worker (rank 4) speaks for it";
+  EXPECT_FALSE(std::filesystem::exists(run_dir + "/summary_r5.json") &&
+               read_json(run_dir + "/summary_r5.json").contains("rejoin"))
+      << "the other worker took the state from its first, not from another replica";
+  bool paired_with_joiner = false;
+  for (auto& o : metrics_records(run_dir, "outer"))
+    if (o["replica"].get<int>() < 2)
+      for (int member : o["group"].get<std::vector<int>>()) paired_with_joiner |= member == 2;
+  EXPECT_TRUE(paired_with_joiner);
+  const double joined = read_json(run_dir + "/summary_r4.json")["final_val_loss"].get<double>();
+  const double first = read_json(run_dir + "/summary_r0.json")["final_val_loss"].get<double>();
+  EXPECT_NEAR(joined, first, 0.02 * first);
+}
+
 // What is not built yet is refused in one line, before any worker starts.
 TEST_F(ReplicaWorkers, WhatIsNotBuiltIsRefusedInOneLine) {
   const auto args = noloco::testing::small_train_args(dir / "c.txt", dir / "refused") + " replicas=2 replica_workers=2 ";

@@ -234,6 +234,17 @@ inline pid_t child_of(pid_t parent, const std::string& program) {
   return -1;
 }
 
+// Waits (bounded) until some replica of the run in `run_dir` has logged training step `step`.
+inline bool wait_for_step(const std::string& run_dir, int64_t step, int seconds) {
+  for (int i = 0; i < seconds * 10; ++i) {
+    if (std::filesystem::exists(run_dir + "/metrics.jsonl"))
+      for (auto& r : metrics_records(run_dir, "train"))
+        if (r["step"].get<int64_t>() >= step) return true;
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  }
+  return false;
+}
+
 // Waits (bounded) until `run_dir`'s metrics hold a record of `split`.
 inline bool wait_for_record(const std::string& run_dir, const std::string& split, int seconds) {
   for (int i = 0; i < seconds * 20; ++i) {

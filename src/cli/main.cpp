@@ -1,8 +1,10 @@
 // The noloco command line: a thin layer over train/, model/ and comm/.
 #include <signal.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
 
 #include <atomic>
+#include <cstdio>
 #include <csignal>
 #include <cstdlib>
 #include <optional>
@@ -125,7 +127,7 @@ WorkerInfo worker_info(const WorkerEnv& env, int stages, int replica_workers, co
   w.replica = env.rank / (stages * replica_workers);
   w.replicas = env.world / (stages * replica_workers);
   w.replica_group = links.replica_group.get();
-  w.restarted = env.restart > 0;
+  w.from_live_state = env.restart > 0;
   w.local_rank = env.local_rank;
   w.local_world = env.local_world;
   w.transport = links.transport.get();
@@ -256,7 +258,7 @@ int run_train(const std::string& config_path, const std::vector<std::string>& ov
   plan.links = links.get();
   // Behind capped links the workers sit in network namespaces a joiner could not reach.
   const bool one_worker_replicas = cfg.run.replica_workers == 1;
-  if (takes_joiners(cfg.outer.method, cfg.pipeline.routing, stages) && one_worker_replicas && !links)
+  if (takes_joiners(cfg.outer.method, cfg.pipeline.routing, stages) && !links)
     plan.join_dir = cfg.run.out;
   if (cfg.run.resume && takes_back_restarted(cfg.outer.method, cfg.pipeline.routing, stages) && one_worker_replicas)
     plan.start_from_peers = workers_without_checkpoints(cfg.run.out, plan.workers, stages);
@@ -331,10 +333,76 @@ std::string joiner_token(const std::string& token_file) {
 
 constexpr std::chrono::milliseconds kJoinFirstContact{10000};
 
+// A joining replica of several workers: its first worker claims the member
+// id and starts the others with this variable ("member:worker"), the same
+// command otherwise.
+constexpr const char* kJoiningReplicaWorker = "NOLOCO_JOINING_REPLICA_WORKER";
+
+struct JoinerPlace {
+  int member = 0;
+  int replica_worker = 0;  // its place in a replica of several workers
+  int stage = 0;
+};
+
+// Where a joiner trains: claimed from the run's store, or, for the other
+// workers of a joining replica, the place its first worker claimed.
+JoinerPlace joiner_place(const WorkerEnv& env, const TrainConfig& cfg, int64_t stage) {
+  const int stages = int(cfg.pipeline.stages);
+  if (const char* given = std::getenv(kJoiningReplicaWorker)) {
+    JoinerPlace p;
+    if (std::sscanf(given, "%d:%d", &p.member, &p.replica_worker) != 2 || p.replica_worker <= 0 ||
+        p.replica_worker >= cfg.run.replica_workers || p.member < cfg.run.replicas)
+      throw std::invalid_argument(fmt::format("{}='{}' is not a place in a joining replica", kJoiningReplicaWorker, given));
+    return p;
+  }
+  const auto timeout = std::chrono::milliseconds(int64_t(cfg.comm.peer_timeout * 1000));
+  // The first contact is bounded on its own: a store that does not answer
+  // would otherwise hold a new user silent for twice peer_timeout.
+  const auto first_contact = std::min(timeout, kJoinFirstContact);
+  spdlog::info("join: reaching the run's store at {} (up to {} s)", env.store_url, first_contact.count() / 1000);
+  try {
+    const auto run_store = connect_store(env, first_contact);
+    if (stage < 0) stage = least_served_stage(run_store, env.token, stages, int(cfg.run.replicas));
+    // Laid out replica-major like the launched workers: member m of stage s is worker m·stages + s.
+    return {claim_member_id(run_store, env.token, replica_scope(stages, int(stage)), int(cfg.run.replicas)), 0,
+            int(stage)};
+  } catch (const std::runtime_error& e) {
+    throw std::runtime_error(fmt::format("join: could not use the run's store at {} (first contact, {} s): {}",
+                                         env.store_url, first_contact.count() / 1000, e.what()));
+  }
+}
+
+// The first worker of a joining replica of several starts the others, which
+// take the state it takes; they end with it (SIGTERM when it exits).
+std::vector<pid_t> start_replica_workers(const JoinerPlace& place, int replica_workers, const WorkerEnv& env,
+                                         const std::string& run_dir, const std::vector<std::string>& args) {
+  std::vector<pid_t> others;
+  if (place.replica_worker != 0) return others;
+  std::vector<std::string> command{"join", run_dir};
+  command.insert(command.end(), args.begin(), args.end());
+  for (int k = 1; k < replica_workers; ++k)
+    others.push_back(start_noloco_process(
+        command, {fmt::format("{}={}:{}", kJoiningReplicaWorker, place.member, k), "NOLOCO_RUN_TOKEN=" + env.token}));
+  return others;
+}
+
+// Waits for the replica's other workers; throws naming those that failed.
+void await_replica_workers(const std::vector<pid_t>& others) {
+  int failed = 0;
+  for (const pid_t pid : others) {
+    int status = 0;
+    failed += ::waitpid(pid, &status, 0) != pid || !WIFEXITED(status) || WEXITSTATUS(status) != 0;
+  }
+  if (failed > 0)
+    throw std::runtime_error(fmt::format("join: {} of the replica's other {} workers failed", failed, others.size()));
+}
+
 // `join RUN_DIR`: a new NoLoCo replica of the run training into RUN_DIR (of
-// one pipeline stage, in a pipelined run). It claims the next member id from
-// the run's store, takes a live replica's state at that replica's next outer
-// step and trains with the others to the end (or until SIGTERM).
+// one pipeline stage, in a pipelined run; of replica_workers workers, each a
+// process of this machine, where the run's replicas have several). It claims
+// the next member id from the run's store, takes a live replica's state at
+// that replica's next outer step and trains with the others to the end (or,
+// a replica of one worker, until SIGTERM).
 int run_join(const std::string& run_dir, const std::vector<std::string>& args) {
   std::string store, token_file = run_dir + "/run_token";
   int64_t stage = -1;
@@ -365,58 +433,48 @@ int run_join(const std::string& run_dir, const std::vector<std::string>& args) {
   }
   overrides.push_back("out=" + run_dir);
   auto cfg = load_config(run_dir + "/config.yaml", overrides);
-  const int stages = int(cfg.pipeline.stages);
+  const int stages = int(cfg.pipeline.stages), replica_workers = int(cfg.run.replica_workers);
   if (!takes_joiners(cfg.outer.method, cfg.pipeline.routing, stages))
     throw std::invalid_argument(fmt::format(
         "join: the run in {} is {}{}; only a noloco run (pipelined: with routing=random) takes joiners", run_dir,
         choice_name(cfg.outer.method),
         stages > 1 ? fmt::format(" with {} pipeline stages, routing={}", stages, choice_name(cfg.pipeline.routing))
                    : ""));
-  if (cfg.run.replica_workers > 1)
-    throw std::invalid_argument(fmt::format(
-        "join: the run in {} has replicas of {} workers (replica_workers); joining it is not built yet (a joiner "
-        "brings one worker)",
-        run_dir, cfg.run.replica_workers));
   if (stage >= stages || stage < -1)
     throw std::invalid_argument(fmt::format("join: stage={} is not a stage of the run (0..{})", stage, stages - 1));
   cfg.validate();
   cfg.validate_workers();
   WorkerEnv env;
   env.world = int(cfg.workers());
-  env.local_world = local_workers;
+  env.local_world = local_workers + replica_workers - 1;
   env.agent_store = true;
   env.token = joiner_token(token_file);
   env.store_url = store;
   if (store.rfind("https://", 0) == 0 && !std::getenv("NOLOCO_STORE_CA")) env.store_pin = store_tls_key(env.token).pin;
-  const auto timeout = std::chrono::milliseconds(int64_t(cfg.comm.peer_timeout * 1000));
-  // The first contact is bounded on its own: a store that does not answer
-  // would otherwise hold a new user silent for twice peer_timeout.
-  const auto first_contact = std::min(timeout, kJoinFirstContact);
-  spdlog::info("join: reaching the run's store at {} (up to {} s)", store, first_contact.count() / 1000);
-  int member = 0;
-  try {
-    const auto run_store = connect_store(env, first_contact);
-    if (stage < 0) stage = least_served_stage(run_store, env.token, stages, int(cfg.run.replicas));
-    // Laid out replica-major like the launched workers: member m of stage s is worker m·stages + s.
-    member = claim_member_id(run_store, env.token, replica_scope(stages, int(stage)), int(cfg.run.replicas));
-  } catch (const std::runtime_error& e) {
-    throw std::runtime_error(
-        fmt::format("join: could not use the run's store at {} (first contact, {} s): {}", store,
-                    first_contact.count() / 1000, e.what()));
-  }
-  env.rank = member * stages + int(stage);
+  const auto place = joiner_place(env, cfg, stage);
+  env.rank = (place.member * replica_workers + place.replica_worker) * stages + place.stage;
+  env.local_rank = place.replica_worker;
   init_logging(fmt::format("noloco[worker {}]", env.rank));
   if (stages > 1)
-    spdlog::info("joining the run in {} as worker {}: stage {} of replica {}", run_dir, env.rank, stage, member);
-  else
+    spdlog::info("joining the run in {} as worker {}: stage {} of replica {}", run_dir, env.rank, place.stage,
+                 place.member);
+  else if (replica_workers > 1 && place.replica_worker == 0)
+    spdlog::info("joining the run in {} as replica {} of {} workers (this is its first)", run_dir, place.member,
+                 replica_workers);
+  else if (place.replica_worker == 0)
     spdlog::info("joining the run in {} as replica {}", run_dir, env.rank);
   FailureDrill(cfg.run.inject_crash, env.rank, 0).at_startup();
-  leave_on_sigterm();
-  const auto links = join_as_worker(env, cfg.comm, stages, true);
-  auto info = worker_info(env, stages, 1, links);
+  // A replica of several workers leaves whole or not at all: SIGTERM ends it.
+  if (replica_workers == 1) leave_on_sigterm();
+  const auto others = start_replica_workers(place, replica_workers, env, run_dir, args);
+  const auto links = join_as_worker(env, cfg.comm, stages, true, replica_workers,
+                                    uses_nccl(cfg.run.device, cfg.comm) ? resolved_device(cfg.run.device, env.local_rank) : "");
+  auto info = worker_info(env, stages, replica_workers, links);
   info.agree_resume_step = nullptr;  // it starts from a live replica's state, never from the disk
-  info.leave_requested = [] { return leave_signalled.load(); };
+  info.from_live_state = true;
+  if (replica_workers == 1) info.leave_requested = [] { return leave_signalled.load(); };
   train(cfg, info);
+  await_replica_workers(others);
   return 0;
 }
 

@@ -227,7 +227,7 @@ int64_t restore(const TrainConfig& c, const WorkerInfo& w, Checkpointer& checkpo
                    w.membership->incarnation(), rejoined->donor, rejoined->step, rejoined->seconds);
     return rejoined->step;
   }
-  if (w.replica_group && w.restarted) return share_state_within_replica(*w.replica_group, state, 0);
+  if (w.replica_group && w.from_live_state) return share_state_within_replica(*w.replica_group, state, 0);
   if (!c.run.resume) return 0;
   const auto steps = checkpoints.complete_steps();
   int64_t step = 0;
@@ -386,7 +386,7 @@ WorkerRun::WorkerRun(const TrainConfig& c, const WorkerInfo& w)
       inner_(flat_, c.inner),
       outer_(make_outer_optimizer(c.outer, c.run.seed, {w.transport, w.membership, w.replica_group}, flat_)),
       state_{flat_, inner_, *outer_},
-      drill_(c.run.inject_crash, w.rank, w.membership ? w.membership->incarnation() : int(w.restarted)),
+      drill_(c.run.inject_crash, w.rank, w.membership ? w.membership->incarnation() : int(w.from_live_state)),
       checkpoints_(fmt::format("{}/checkpoints/r{}", out_, w.rank - w.replica_worker),
                    c.run.checkpoint_interval > 0 ? c.run.checkpoint_interval : c.eval.interval,
                    c.run.keep_checkpoints, c.inner.steps, arch_, out_,

@@ -26,9 +26,10 @@ struct WorkerInfo {
   // speaks for the replica (metrics, evaluations, checkpoints, summary figures).
   int replica_worker = 0, replica_workers = 1;
   Transport* replica_group = nullptr;
-  // Started again by its launcher after a failure: its state comes from a
-  // live replica (its replica's first worker takes it, and hands it on).
-  bool restarted = false;
+  // It starts from a live replica's state, not step 0 or the disk:
+  // restarted by its launcher after a failure, or joining the running run.
+  // Its replica's first worker takes the state and hands it on.
+  bool from_live_state = false;
   // Among the replicas of this worker's stage; null for a lone replica without a method.
   Transport* transport = nullptr;
   Membership* membership = nullptr;

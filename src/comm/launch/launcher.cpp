@@ -128,6 +128,34 @@ std::string own_executable() {
   return exe;
 }
 
+}  // namespace
+
+pid_t start_noloco_process(const std::vector<std::string>& args, std::vector<std::string> env,
+                           const std::string& netns) {
+  const std::string exe = own_executable();
+  const pid_t pid = ::fork();
+  if (pid < 0) throw std::runtime_error(fmt::format("fork failed: {}", std::strerror(errno)));
+  if (pid > 0) return pid;
+  // It must not outlive the process that started it.
+  ::prctl(PR_SET_PDEATHSIG, SIGTERM);
+  if (!netns.empty()) {
+    const int fd = ::open(netns.c_str(), O_RDONLY | O_CLOEXEC);
+    if (fd < 0 || ::setns(fd, CLONE_NEWNET) != 0) {
+      std::fprintf(stderr, "noloco: error: cannot enter %s: %s\n", netns.c_str(), std::strerror(errno));
+      ::_exit(126);
+    }
+  }
+  for (auto& e : env) ::putenv(e.data());
+  std::vector<char*> argv{const_cast<char*>(exe.c_str())};
+  for (auto& a : args) argv.push_back(const_cast<char*>(a.c_str()));
+  argv.push_back(nullptr);
+  ::execv(exe.c_str(), argv.data());
+  std::fprintf(stderr, "noloco: error: cannot start %s: %s\n", exe.c_str(), std::strerror(errno));
+  ::_exit(127);
+}
+
+namespace {
+
 // The launcher's side of a local run: starts the workers, reaps their exits
 // and applies the failure policy (restart, stop the others), and kills a
 // worker whose heartbeat stops, so that a hang takes the path of a crash.
@@ -142,7 +170,6 @@ class WorkerSupervisor {
         endpoint_(std::move(store_endpoint)),
         store_(std::move(store)),
         signals_(signals),
-        exe_(own_executable()),
         heartbeats_(store_, token_),
         pids_(size_t(n_), -1),
         why_(size_t(n_)),
@@ -184,7 +211,6 @@ class WorkerSupervisor {
   const std::string token_, endpoint_;
   const StorePtr store_;
   ForwardedSignals& signals_;
-  const std::string exe_;
   const Clock::time_point start_ = Clock::now();
   HeartbeatWatch heartbeats_;
   std::vector<pid_t> pids_;
@@ -207,27 +233,7 @@ void WorkerSupervisor::spawn(int r, int64_t restart) {
   std::vector<std::string> args = worker_args_;
   // Behind a capped link the worker listens on its own address there.
   if (plan_.links) args.push_back("bind=" + plan_.links->worker_address(r));
-  const std::string netns = plan_.links ? plan_.links->netns_path(r) : "";
-  const pid_t pid = ::fork();
-  if (pid < 0) throw std::runtime_error(fmt::format("fork failed: {}", std::strerror(errno)));
-  if (pid == 0) {
-    // A worker must not outlive its launcher.
-    ::prctl(PR_SET_PDEATHSIG, SIGTERM);
-    if (!netns.empty()) {
-      const int fd = ::open(netns.c_str(), O_RDONLY | O_CLOEXEC);
-      if (fd < 0 || ::setns(fd, CLONE_NEWNET) != 0) {
-        std::fprintf(stderr, "noloco: error: worker %d cannot enter %s: %s\n", r, netns.c_str(), std::strerror(errno));
-        ::_exit(126);
-      }
-    }
-    for (auto& e : env_vars) ::putenv(e.data());
-    std::vector<char*> argv{const_cast<char*>(exe_.c_str())};
-    for (auto& a : args) argv.push_back(const_cast<char*>(a.c_str()));
-    argv.push_back(nullptr);
-    ::execv(exe_.c_str(), argv.data());
-    std::fprintf(stderr, "noloco: error: cannot start worker %d: %s\n", r, std::strerror(errno));
-    ::_exit(127);
-  }
+  const pid_t pid = start_noloco_process(args, env_vars, plan_.links ? plan_.links->netns_path(r) : "");
   pids_[size_t(r)] = pid;
   signals_.track(r, pid);
   heartbeats_.expect(r);  // supervised from its start: one frozen before its first beat is hung too
@@ -426,7 +432,7 @@ std::vector<WorkerExit> await_joiners(const LaunchPlan& plan, const StorePtr& st
     const auto scope = replica_scope(plan.stages, stage);
     for (const int member : joined_members(store, token, scope)) {
       WorkerExit e;
-      e.rank = member * plan.stages + stage;  // a worker's rank, as the joiner took it
+      e.rank = member * plan.replica_workers * plan.stages + stage;  // its first worker's rank, as the joiner took it
       e.joined = true;
       heartbeats.expect(e.rank);
       for (;;) {

@@ -1,6 +1,8 @@
 // Starts N local workers the way torchrun does (RANK, WORLD_SIZE, LOCAL_RANK,
 // MASTER_ADDR, MASTER_PORT), hosting the store itself so any worker may die.
 #pragma once
+#include <sys/types.h>
+
 #include <string>
 #include <vector>
 
@@ -59,6 +61,12 @@ struct LaunchResult {
 // Once its own workers have ended it waits for the joiners to finish or be
 // given up (their heartbeat silent for heartbeat_timeout).
 LaunchResult launch_local_workers(const LaunchPlan& plan, const std::vector<std::string>& worker_args);
+
+// Starts this program again (/proc/self/exe) with `args` after its name and
+// `env` (NAME=value) added to the environment, in network namespace `netns`
+// if one is named; it gets SIGTERM when the process that started it dies.
+pid_t start_noloco_process(const std::vector<std::string>& args, std::vector<std::string> env,
+                           const std::string& netns = "");
 
 // How many workers this machine can host: 8 per core, and its available
 // memory at `bytes_per_worker` each. Throws std::invalid_argument naming the
