@@ -47,10 +47,12 @@ int64_t share_state_within_replica(Transport& replica, const TrainingState& stat
   // the weights), so three times theirs bounds it.
   auto size = torch::full({1}, first ? bytes.numel() : int64_t(0), torch::kInt64);
   replica.broadcast(size, 0);
-  const int64_t n = size.item<int64_t>();
-  if (n <= 0 || n > 3 * training_state_max_bytes(state))
-    throw std::runtime_error(fmt::format("the replica's first worker announced a state of {} bytes", n));
-  if (!first) bytes = torch::empty({n}, torch::kUInt8);
+  if (!first) {
+    const int64_t n = size.item<int64_t>();
+    if (n <= 0 || n > 3 * training_state_max_bytes(state))
+      throw std::runtime_error(fmt::format("the replica's first worker announced a state of {} bytes", n));
+    bytes = torch::empty({n}, torch::kUInt8);
+  }
   replica.broadcast(bytes, 0);
   return first ? step : deserialize_training_state(bytes, state);
 }

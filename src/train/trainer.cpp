@@ -203,8 +203,8 @@ WorkerSummary summarize_worker(const TrainConfig& c, const WorkerInfo& w, const 
 
 // Where this worker starts: step 0, the latest checkpoint (resume=true), or,
 // for a restarted NoLoCo worker or one that joins a running run, a live
-// replica's state (not the disk); the other workers of a restarted replica
-// take it from their first.
+// replica's state (not the disk); the other workers of such a replica take
+// it from their first.
 int64_t restore(const TrainConfig& c, const WorkerInfo& w, Checkpointer& checkpoints, const TrainingState& state,
                 Telemetry& telemetry, const FailureDrill& drill, bool lead, std::optional<Rejoined>& rejoined) {
   if (w.membership && (w.membership->incarnation() > 0 || w.membership->joining())) {

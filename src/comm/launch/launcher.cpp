@@ -313,9 +313,9 @@ void WorkerSupervisor::on_failure(WorkerExit& e, LaunchResult& result) {
 }
 
 std::vector<int> WorkerSupervisor::ranks_of_unit(int unit) const {
+  if (plan_.replica_workers == 1) return {unit};
   std::vector<int> ranks;
-  for (int r = 0; r < n_; ++r)
-    if (unit_of(r) == unit) ranks.push_back(r);
+  for (int r = unit * plan_.replica_workers; r < (unit + 1) * plan_.replica_workers; ++r) ranks.push_back(r);
   return ranks;
 }
 
@@ -371,8 +371,7 @@ void WorkerSupervisor::check_workers() {
 }
 
 void WorkerSupervisor::stop_replica_of(int rank) {
-  const int first = rank / plan_.replica_workers * plan_.replica_workers;  // stages == 1 with replica_workers > 1
-  for (int r = first; r < first + plan_.replica_workers; ++r) {
+  for (const int r : ranks_of_unit(unit_of(rank))) {
     if (r == rank || pids_[size_t(r)] <= 0 || !why_[size_t(r)].empty()) continue;
     why_[size_t(r)] = fmt::format("stopped: worker {} of its replica failed", rank);
     spdlog::info("stopping worker {}: its replica lost worker {}", r, rank);
