@@ -3,6 +3,7 @@
 set -euo pipefail
 packages=(
   build-essential cmake ninja-build ccache pkg-config procps iproute2 python3
+  python3-dev python3-torch pybind11-dev
   libtorch-dev libopenblas0-pthread libgloo-dev etcd-server libcurl4-openssl-dev
   libsentencepiece-dev libyaml-cpp-dev libcli11-dev nlohmann-json3-dev
   libspdlog-dev libfmt-dev libgtest-dev libbenchmark-dev libpcre2-dev

@@ -45,6 +45,7 @@
 #include "pipeline/activation_channel.h"
 #include "util/human.h"
 #include "util/error_text.h"
+#include "util/leave_signal.h"
 #include "util/log.h"
 #include "util/process_runtime.h"
 #include "util/parse_number.h"
@@ -102,19 +103,6 @@ std::vector<std::string> worker_command(std::vector<std::string> command, const 
   command.insert(command.end(), args.begin(), args.end());
   command.push_back("out=" + out);
   return command;
-}
-
-std::atomic<bool> leave_signalled{false};
-
-// A NoLoCo replica (unpipelined) can leave a run: nobody depends on it beyond
-// the exchange in flight. SIGTERM then asks it to, at the end of its step;
-// every other worker keeps SIGTERM's default (a collective or a pipeline
-// route needs it: it stops).
-void leave_on_sigterm() {
-  struct sigaction sa {};
-  sa.sa_handler = [](int) { leave_signalled = true; };
-  ::sigemptyset(&sa.sa_mask);
-  ::sigaction(SIGTERM, &sa, nullptr);
 }
 
 WorkerInfo worker_info(const WorkerEnv& env, int stages, int replica_workers, const WorkerConnections& links) {
@@ -219,8 +207,9 @@ int run_launched_worker(TrainConfig& cfg, const WorkerEnv& env, int stages) {
       join_as_worker(env, cfg.comm, stages, cfg.outer.method != Method::none, int(cfg.run.replica_workers),
                      uses_nccl(cfg.run.device, cfg.comm) ? resolved_device(cfg.run.device, env.local_rank) : "");
   auto info = worker_info(env, stages, int(cfg.run.replica_workers), links);
-  if (can_leave) info.leave_requested = [] { return leave_signalled.load(); };
+  if (can_leave) info.leave_requested = leave_requested;
   train(cfg, info);
+  outlast_store_users(links);
   return 0;
 }
 
@@ -472,10 +461,37 @@ int run_join(const std::string& run_dir, const std::vector<std::string>& args) {
   auto info = worker_info(env, stages, replica_workers, links);
   info.agree_resume_step = nullptr;  // it starts from a live replica's state, never from the disk
   info.from_live_state = true;
-  if (replica_workers == 1) info.leave_requested = [] { return leave_signalled.load(); };
+  if (replica_workers == 1) info.leave_requested = leave_requested;
   train(cfg, info);
   await_replica_workers(others);
   return 0;
+}
+
+// `launch N COMMAND...`: N processes of a program of the user's (a PyTorch
+// loop with import noloco) started the torchrun way, with this launcher's
+// store and failure policy: a worker that fails does not stop the others
+// (torchrun's agent stops them all). Exit codes as `train`'s.
+int run_launch(int workers, const std::vector<std::string>& command) {
+  LaunchPlan plan;
+  if (workers < 1) throw std::invalid_argument(fmt::format("launch: {} workers", workers));
+  check_local_capacity(workers, worker_memory_estimate(0), 0);
+  plan.workers = workers;
+  plan.method = "launch";
+  plan.keep_going_on_failure = true;
+  plan.users_program = true;
+  spdlog::info("launching {} workers: {}", workers, fmt::join(command, " "));
+  const auto launched = launch_local_workers(plan, command);
+  if (launched.signal) throw Interrupted(launched.signal);
+  int failed = 0;
+  for (const auto& e : launched.exits) {
+    if (e.ok()) continue;
+    ++failed;
+    spdlog::warn("{}", e.describe());
+  }
+  if (failed == 0) return 0;
+  if (failed == workers) throw std::runtime_error(fmt::format("all {} workers failed", workers));
+  spdlog::warn("finished with {} of {} workers", workers - failed, workers);
+  return kFinishedWithLosses;
 }
 
 // `bench comm ...`: launcher, or (RANK set) one of its workers.
@@ -613,6 +629,14 @@ int run_report(const std::vector<std::string>& args) {
   return 0;
 }
 
+int run_simulate(const std::vector<std::string>& args) {
+  const auto options = sim::parse_simulate_options(args);
+  const auto headline = sim::run_simulation(options);
+  fmt::print("{}\nwrote latency.csv, bandwidth.csv, idle.csv, fig5a.svg, fig5b.svg to {}\n", headline.dump(2),
+             options.out);
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -678,6 +702,14 @@ int main(int argc, char** argv) {
                        "stage=S (pipelined: the stage to serve; default the one with the fewest live workers), "
                        "config overrides for this worker (bind=, threads=, device=)");
 
+  int launch_workers = 0;
+  std::vector<std::string> launch_command;
+  auto* launch_cmd = app.add_subcommand(
+      "launch", "start N processes of your own program the torchrun way (RANK, WORLD_SIZE, ...; a PyTorch loop with "
+                "import noloco): a failed worker does not stop the others; a joined one silent for 30 s is killed");
+  launch_cmd->add_option("workers", launch_workers, "how many")->required();
+  launch_cmd->add_option("command", launch_command, "after --: the program and its arguments")->required();
+
   auto* password_cmd = app.add_subcommand(
       "store-password", "print the password of the run's store for NOLOCO_RUN_TOKEN (to set up an etcd of your own)");
 
@@ -685,17 +717,12 @@ int main(int argc, char** argv) {
   try {
     if (*train_cmd) return run_train(config_path, overrides);
     if (*join_cmd) return run_join(join_dir, join_args);
+    if (*launch_cmd) return run_launch(launch_workers, launch_command);
     if (*gen_cmd) return run_generate(checkpoint, gen_args);
     if (*export_cmd) return run_export(checkpoint, hf_dir, export_args);
     if (*prepare_cmd) return run_prepare(prepare_args);
     if (*bench_cmd) return run_bench(bench_args);
-    if (*sim_cmd) {
-      const auto options = sim::parse_simulate_options(sim_args);
-      const auto headline = sim::run_simulation(options);
-      fmt::print("{}\nwrote latency.csv, bandwidth.csv, idle.csv, fig5a.svg, fig5b.svg to {}\n", headline.dump(2),
-                 options.out);
-      return 0;
-    }
+    if (*sim_cmd) return run_simulate(sim_args);
     if (*report_cmd) return run_report(report_args);
     if (*password_cmd) {
       const char* token = std::getenv("NOLOCO_RUN_TOKEN");

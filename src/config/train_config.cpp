@@ -276,6 +276,17 @@ std::vector<ConfigKey> config_keys() {
   return keys;
 }
 
+std::vector<std::string> outer_method_keys() {
+  TrainConfig c;
+  Options options("outer");
+  add_outer_options(options, c);
+  add_comm_options(options, c);
+  std::vector<std::string> keys{"method", "seed"};
+  for (const auto& o : options.all())
+    if (o.name != "restarts" && o.name != "rate") keys.push_back(o.name);  // the local launcher's
+  return keys;
+}
+
 void TrainConfig::resolve() {
   if (inner.decay_steps == 0) inner.decay_steps = inner.steps;
   if (outer.interval == 0) outer.interval = outer.method == Method::diloco ? 100 : 50;

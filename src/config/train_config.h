@@ -179,6 +179,10 @@ struct ConfigKey {
   std::string name, help;
 };
 std::vector<ConfigKey> config_keys();
+// The keys that configure an outer method and its network (method, seed, the
+// outer keys and the comm keys): all a training loop other than ours (the
+// Python module) can set.
+std::vector<std::string> outer_method_keys();
 
 // YAML file (may be empty: defaults) then overrides "key=value" in order.
 // Throws std::invalid_argument on unknown keys, bad values or a bad file.

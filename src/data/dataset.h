@@ -39,6 +39,9 @@ struct Batch {
 // function of (seed, index, j), so any replica can take its slice of the
 // global batch, runs resume without stored sampler state, and N replicas of
 // batch B see exactly what one replica of batch N·B sees.
+// The seed of the validation windows: the same for every run, so runs can be compared.
+constexpr uint64_t kValidationSeed = 0x5eedba11;
+
 class WindowSampler {
  public:
   WindowSampler(TokenStream tokens, int64_t context, uint64_t seed);

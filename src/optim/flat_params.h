@@ -14,6 +14,9 @@ class FlatParams {
   // Re-seats every parameter (and its gradient) of `module` as a view into the
   // flat buffers. Call after the module reaches its device, before building optimizers.
   explicit FlatParams(torch::nn::Module& module);
+  // The same for parameters that belong to no LibTorch module (a Python
+  // model's, re-seated in place: the caller's tensor objects see the buffer).
+  explicit FlatParams(std::vector<std::pair<std::string, torch::Tensor>> named);
 
   torch::Tensor& values() { return values_; }
   torch::Tensor& grads() { return grads_; }

@@ -39,9 +39,6 @@ using Clock = std::chrono::steady_clock;
 
 namespace {
 
-// Validation windows are the same for every run, so runs can be compared.
-constexpr uint64_t kEvalSeed = 0x5eedba11;
-
 double seconds_since(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
 
 
@@ -380,7 +377,7 @@ WorkerRun::WorkerRun(const TrainConfig& c, const WorkerInfo& w)
       corpus_(load_corpus(c.data, c.model.context, out_)),
       arch_(with_vocabulary(c.model, *corpus_.tokenizer)),
       train_windows_(corpus_.train, arch_.context, c.run.seed),
-      val_windows_(corpus_.val, arch_.context, kEvalSeed),
+      val_windows_(corpus_.val, arch_.context, kValidationSeed),
       model_(make_worker_model(c, arch_, {train_windows_, val_windows_, w.replica}, device_, w)),
       flat_(model_->module()),
       inner_(flat_, c.inner),

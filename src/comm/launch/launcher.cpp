@@ -130,9 +130,8 @@ std::string own_executable() {
 
 }  // namespace
 
-pid_t start_noloco_process(const std::vector<std::string>& args, std::vector<std::string> env,
-                           const std::string& netns) {
-  const std::string exe = own_executable();
+pid_t start_process(const std::vector<std::string>& command, std::vector<std::string> env, const std::string& netns) {
+  if (command.empty()) throw std::invalid_argument("start_process: no command");
   const pid_t pid = ::fork();
   if (pid < 0) throw std::runtime_error(fmt::format("fork failed: {}", std::strerror(errno)));
   if (pid > 0) return pid;
@@ -146,12 +145,19 @@ pid_t start_noloco_process(const std::vector<std::string>& args, std::vector<std
     }
   }
   for (auto& e : env) ::putenv(e.data());
-  std::vector<char*> argv{const_cast<char*>(exe.c_str())};
-  for (auto& a : args) argv.push_back(const_cast<char*>(a.c_str()));
+  std::vector<char*> argv;
+  for (const auto& a : command) argv.push_back(const_cast<char*>(a.c_str()));
   argv.push_back(nullptr);
-  ::execv(exe.c_str(), argv.data());
-  std::fprintf(stderr, "noloco: error: cannot start %s: %s\n", exe.c_str(), std::strerror(errno));
+  ::execvp(argv[0], argv.data());
+  std::fprintf(stderr, "noloco: error: cannot start %s: %s\n", argv[0], std::strerror(errno));
   ::_exit(127);
+}
+
+pid_t start_noloco_process(const std::vector<std::string>& args, std::vector<std::string> env,
+                           const std::string& netns) {
+  std::vector<std::string> command{own_executable()};
+  command.insert(command.end(), args.begin(), args.end());
+  return start_process(command, std::move(env), netns);
 }
 
 namespace {
@@ -230,10 +236,15 @@ void WorkerSupervisor::spawn(int r, int64_t restart) {
       fmt::format("LOCAL_RANK={}", r),    fmt::format("LOCAL_WORLD_SIZE={}", n_),
       "TORCHELASTIC_USE_AGENT_STORE=True", "NOLOCO_RUN_TOKEN=" + token_, "NOLOCO_STORE=" + endpoint_};
   if (restart > 0) env_vars.push_back(fmt::format("NOLOCO_RESTARTED={}", restart));
+  // As torchrun: the cores shared out (our own workers set their threads from LOCAL_WORLD_SIZE).
+  if (plan_.users_program && !std::getenv("OMP_NUM_THREADS"))
+    env_vars.push_back(fmt::format("OMP_NUM_THREADS={}", std::max(1, int(std::thread::hardware_concurrency()) / n_)));
   std::vector<std::string> args = worker_args_;
   // Behind a capped link the worker listens on its own address there.
   if (plan_.links) args.push_back("bind=" + plan_.links->worker_address(r));
-  const pid_t pid = start_noloco_process(args, env_vars, plan_.links ? plan_.links->netns_path(r) : "");
+  const auto netns = plan_.links ? plan_.links->netns_path(r) : "";
+  const pid_t pid =
+      plan_.users_program ? start_process(args, env_vars, netns) : start_noloco_process(args, env_vars, netns);
   pids_[size_t(r)] = pid;
   signals_.track(r, pid);
   heartbeats_.expect(r);  // supervised from its start: one frozen before its first beat is hung too
@@ -362,6 +373,7 @@ void WorkerSupervisor::check_workers() {
       return;  // the store is busy: look again in a second
     }
     const double timeout = plan_.comm.heartbeat_timeout;
+    if (plan_.users_program && !heartbeats_.beating(r)) continue;
     const double allowed = heartbeats_.beating(r) ? timeout : std::max(timeout, kStartupSeconds);
     if (silent <= allowed) continue;
     why_[size_t(r)] = fmt::format("no heartbeat for {:.0f}s: hung", silent);

@@ -45,6 +45,11 @@ struct LaunchPlan {
   // Workers of a resumed run that hold no checkpoint while others of their
   // stage do: started as restarted ones (they take a live replica's state).
   std::vector<int> start_from_peers;
+  // Set: worker_args is a whole command of the user's (python3 train.py ...)
+  // rather than this program's arguments. Such a worker is supervised by its
+  // heartbeat only once it beats (once it has joined the run: it may prepare
+  // for as long as it likes before), and nothing is appended to its command.
+  bool users_program = false;
 };
 
 struct LaunchResult {
@@ -62,9 +67,12 @@ struct LaunchResult {
 // given up (their heartbeat silent for heartbeat_timeout).
 LaunchResult launch_local_workers(const LaunchPlan& plan, const std::vector<std::string>& worker_args);
 
-// Starts this program again (/proc/self/exe) with `args` after its name and
-// `env` (NAME=value) added to the environment, in network namespace `netns`
-// if one is named; it gets SIGTERM when the process that started it dies.
+// Starts `command` (its program looked up on PATH) with `env` (NAME=value)
+// added to the environment, in network namespace `netns` if one is named; it
+// gets SIGTERM when the process that started it dies.
+pid_t start_process(const std::vector<std::string>& command, std::vector<std::string> env,
+                    const std::string& netns = "");
+// The same for this program (/proc/self/exe) with `args` after its name.
 pid_t start_noloco_process(const std::vector<std::string>& args, std::vector<std::string> env,
                            const std::string& netns = "");
 

@@ -2,11 +2,13 @@
 
 #include <algorithm>
 #include <stdexcept>
+#include <thread>
 #include <utility>
 #include <vector>
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>
+#include <spdlog/spdlog.h>
 
 #include "comm/store/run_keys.h"
 #include "comm/transport/nccl_collectives.h"
@@ -62,6 +64,17 @@ void check_unsealed_stays_local(const WorkerEnv& env, const CommConfig& comm) {
 }
 
 }  // namespace
+
+void outlast_store_users(const WorkerConnections& links) {
+  if (!links.hosted_store || !links.membership) return;
+  for (bool told = false;; told = true) {
+    const auto others = links.membership->still_training();
+    if (others.empty()) return;
+    if (!told)
+      spdlog::info("waiting for {} to finish: this worker hosts the run's store", fmt::join(others, ", "));
+    std::this_thread::sleep_for(std::chrono::seconds(1));
+  }
+}
 
 bool uses_nccl(const std::string& configured_device, const CommConfig& comm) {
   return nccl_built() && configured_device == "cuda" && !comm.seal;

@@ -35,6 +35,11 @@ struct WorkerConnections {
 // NCCL on `nccl_device` (this worker's GPU) where one is named, else Gloo.
 WorkerConnections join_as_worker(const WorkerEnv& env, const CommConfig& comm, int stages, bool outer_method,
                                  int replica_workers = 1, const std::string& nccl_device = "");
+// Worker 0 hosting the run's store keeps it up until the other members of
+// its group have finished, died or gone silent: their last store calls (an
+// exchange still in flight, their finish) need it. Returns at once elsewhere.
+void outlast_store_users(const WorkerConnections& links);
+
 // Whether a replica's own group runs over NCCL: in a build that has it, where
 // every worker has a GPU of its own (device=cuda; NCCL takes no two members
 // on one GPU), in a run that does not seal (sealing covers every byte; Gloo

@@ -318,6 +318,15 @@ void Membership::finish() {
   append_item(*members_, "finished", std::to_string(rank_));
 }
 
+std::vector<int> Membership::still_training() {
+  const auto dead = read_or_empty(*members_, "dead"), finished = read_or_empty(*members_, "finished");
+  std::vector<int> out;
+  for (const int r : candidates())
+    if (r != rank_ && !list_has(dead, std::to_string(r)) && !list_has(finished, std::to_string(r)) && !silent(r))
+      out.push_back(r);
+  return out;
+}
+
 bool Roster::holds(int stage, const Peer& p) const {
   const auto& live = stages.at(size_t(stage));
   return std::find(live.begin(), live.end(), p) != live.end();

@@ -81,6 +81,9 @@ class Membership final : public Liveness {
   std::vector<std::pair<int, std::string>> claim_requests();
   // This replica has finished training: it serves no more requests.
   void finish();
+  // The other members (joiners in place included) still training: not
+  // finished, not declared dead, heartbeat not silent.
+  std::vector<int> still_training();
   // This replica leaves the run for good (SIGTERM): partners stop waiting
   // for it at once (later snapshots leave it out) and no restarted replica
   // asks it for state. It is finished (finish()) once its summary is written.

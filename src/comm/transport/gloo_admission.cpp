@@ -374,6 +374,13 @@ void knock(const sockaddr_storage& address, const AdmissionKey* key) {
 }
 
 bool admission_available() {
+  // Only where the process's listen() is ours: an executable exports it (the
+  // dynamic list); in a module loaded into Python, libgloo binds to libc's.
+  Dl_info resolved{}, ours{};
+  void* listen_symbol = ::dlsym(RTLD_DEFAULT, "listen");
+  if (!listen_symbol || ::dladdr(listen_symbol, &resolved) == 0 ||
+      ::dladdr(reinterpret_cast<void*>(&admission_available), &ours) == 0 || resolved.dli_fbase != ours.dli_fbase)
+    return false;
   return ::dl_iterate_phdr(
              [](dl_phdr_info* info, size_t, void*) {
                return int(info->dlpi_name && std::strstr(info->dlpi_name, "libgloo") != nullptr);

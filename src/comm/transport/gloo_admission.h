@@ -23,7 +23,8 @@
 // every other call goes straight to the kernel. A LibTorch with Gloo built
 // in (2.x: one listener per device, connections named by a sequence number)
 // has no libgloo.so: admission is then off and join_gloo_group's greeting
-// alone turns strangers away.
+// alone turns strangers away. So it is in a Python process (import noloco),
+// whose libgloo.so binds to libc's calls, not the module's.
 #pragma once
 #include <sys/socket.h>
 

@@ -1,0 +1,88 @@
+// One replica of a run whose model and training loop are the user's (the
+// Python module's OuterOptimizer): the outer method and its network, the same
+// objects the CLI's workers use, driven by one call after each inner step of
+// the user's own optimizer. The process is a worker launched the torchrun way
+// (RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT, NOLOCO_RUN_TOKEN): one replica
+// of one worker, no pipeline.
+#pragma once
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "comm/launch/worker_connections.h"
+#include "config/train_config.h"
+#include "config/worker_env.h"
+#include "optim/flat_params.h"
+#include "optim/outer.h"
+#include "train/failure_drill.h"
+#include "util/tensor_map.h"
+
+namespace noloco {
+
+// What an outer step did, as the user's loop sees it.
+struct UserOuterStep {
+  OuterSync sync;
+  std::vector<int> lost;  // of its group, the replicas whose message did not come (dead, silent or rejected)
+};
+
+class UserLoopReplica {
+ public:
+  // `params` are re-seated into one flat buffer (the caller's tensors become
+  // views of it); `keys` are the CLI's "key=value" settings, only those of
+  // outer_method_keys(). Joins the run; throws std::invalid_argument naming a
+  // bad key or environment, std::runtime_error when the run cannot be reached.
+  // `store_at_master`: a c10d TCPStore already serves MASTER_ADDR:MASTER_PORT
+  // (the user's torch.distributed, initialised from the environment): the
+  // run's store is that one, rather than an etcd worker 0 would host there.
+  UserLoopReplica(std::vector<std::pair<std::string, torch::Tensor>> params, const std::vector<std::string>& keys,
+                  bool store_at_master = false);
+  // Ends the membership as finish() does, if the loop did not.
+  ~UserLoopReplica();
+  UserLoopReplica(const UserLoopReplica&) = delete;
+  UserLoopReplica& operator=(const UserLoopReplica&) = delete;
+
+  // After each inner step: the outer step when one is due. A lost peer is in
+  // `lost`, never an exception. After a SIGTERM (NoLoCo) it leaves the run
+  // instead: what is in flight is applied and the partners are told.
+  std::vector<UserOuterStep> step();
+  // After the last inner step: what is still in flight is applied; the
+  // membership ends (the partners stop waiting for this replica). Idempotent.
+  std::vector<UserOuterStep> finish();
+  // Leaves before the end of the run (NoLoCo): as finish(), and the others are
+  // told not to wait for this replica.
+  std::vector<UserOuterStep> leave();
+
+  // Outer state (slow weights, momentum, residuals) and the inner-step count.
+  TensorMap state() const;
+  void load_state(const TensorMap& state);
+
+  const TrainConfig& config() const { return config_; }
+  int replica() const { return env_.rank; }
+  int replicas() const { return env_.world; }
+  int64_t params() const { return flat_.numel(); }
+  int64_t inner_steps() const { return inner_steps_; }
+  int64_t outer_steps() const { return outer_steps_; }
+  // Bytes this replica's outer steps sent (message headers included).
+  uint64_t outer_bytes() const { return outer_bytes_; }
+  // Everything the transport sent and received (also evaluations, hand-overs).
+  CommStats traffic() const;
+  double bits_per_param_per_inner_step() const;
+  bool left() const { return left_; }
+  bool finished() const { return finished_; }
+
+ private:
+  std::vector<UserOuterStep> reported(std::vector<OuterSync> syncs);
+
+  TrainConfig config_;
+  WorkerEnv env_;
+  WorkerConnections links_;
+  FlatParams flat_;
+  std::unique_ptr<OuterOptimizer> outer_;
+  FailureDrill drill_;
+  int64_t inner_steps_ = 0, outer_steps_ = 0;
+  uint64_t outer_bytes_ = 0;
+  bool left_ = false, finished_ = false;
+};
+
+}  // namespace noloco

@@ -1,0 +1,24 @@
+#include "util/leave_signal.h"
+
+#include <signal.h>
+
+#include <atomic>
+
+namespace noloco {
+
+namespace {
+
+std::atomic<bool> requested{false};
+
+}  // namespace
+
+void leave_on_sigterm() {
+  struct sigaction sa {};
+  sa.sa_handler = [](int) { requested = true; };
+  ::sigemptyset(&sa.sa_mask);
+  ::sigaction(SIGTERM, &sa, nullptr);
+}
+
+bool leave_requested() { return requested.load(); }
+
+}  // namespace noloco

@@ -1,0 +1,228 @@
+"""The Python module (import noloco) under four processes on this machine.
+ctest runs one case a test: test_outer_optimizer.py CASE BUILD_DIR.
+
+  paper_update   torchrun, inner lr 0 and θ moved by the test: each outer step
+                 equals the paper's update computed from all replicas (1e-5)
+  trains         torchrun, NoLoCo and DiLoCo with a real lr: the loss falls and
+                 the replicas' spread is reported
+  message_bytes  the bytes of each outer step equal the CLI's for the same keys
+                 and parameter count
+  cli_llama      the CLI's Llama trained by the CLI and by a Python loop
+                 (noloco.Llama, torch.optim.AdamW): the same losses at every
+                 step, before and after each outer step, to float tolerance
+  refuses        an unknown key, another method, a bad value, no parameters, no
+                 RANK: each a ValueError naming it
+  resumes        saved at step 15 by state_dict() and started again from it: the
+                 same weights at the end, bit for bit
+  survives       under `noloco launch` (torchrun's agent stops every worker
+                 when one fails): one replica killed, one leaving by SIGTERM,
+                 the rest train to the end; the launcher exits 3
+"""
+import json
+import os
+import socket
+import subprocess
+import sys
+import tempfile
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+SOURCE = os.path.dirname(os.path.dirname(HERE))
+WORKER = os.path.join(HERE, "outer_optimizer_worker.py")
+TIMEOUT = 300
+
+
+def environment(build):
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.path.join(build, "python") + os.pathsep + env.get("PYTHONPATH", "")
+    env["NOLOCO_RUN_TOKEN"] = "python-module-test-token"
+    env["OMP_NUM_THREADS"] = "1"
+    return env
+
+
+def results(output):
+    found = [json.loads(line[len("RESULT "):]) for line in output.splitlines() if line.startswith("RESULT ")]
+    return sorted(found, key=lambda r: r["rank"])
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def torchrun(build, args):
+    """Four replicas under torchrun; their RESULT lines by rank."""
+    # Not --standalone: its rendezvous port is fixed (29400), and ctest runs two of these at once.
+    # --redirects/--tee 2: torch 1.13 on Python 3.11 (Debian 12) reads their default "0" as None and fails.
+    command = [sys.executable, "-m", "torch.distributed.run", "--nnodes=1", "--nproc_per_node=4",
+               "--master_addr=127.0.0.1", f"--master_port={free_port()}", "--redirects=2", "--tee=2", WORKER] + args
+    done = subprocess.run(command, env=environment(build), capture_output=True, text=True, timeout=TIMEOUT)
+    if done.returncode != 0:
+        sys.exit(f"torchrun {' '.join(args)} exited {done.returncode}:\n{done.stdout[-4000:]}\n{done.stderr[-6000:]}")
+    found = results(done.stdout)
+    assert len(found) == 4, f"{len(found)} of 4 replicas reported:\n{done.stdout[-3000:]}"
+    return found
+
+
+def check(condition, message):
+    if not condition:
+        sys.exit("FAILED: " + message)
+
+
+def paper_update(build):
+    for keys in (["outer_interval=5"], ["outer_interval=5", "gamma=0.3", "outer_momentum=0.8"]):
+        found = torchrun(build, ["paper_update", "--steps", "20"] + keys)
+        for r in found:
+            print(f"{' '.join(keys)}: replica {r['rank']}: {r['outer_steps']} outer steps, groups {r['groups']}, "
+                  f"largest difference from the paper's update {r['worst']:.2e}")
+            check(r["outer_steps"] == 4, f"replica {r['rank']} took {r['outer_steps']} outer steps, not 4")
+            check(all(len(g) == 2 and r["rank"] in g for g in r["groups"]), f"groups of two: {r['groups']}")
+            check(r["worst"] < 1e-5, f"replica {r['rank']} is {r['worst']:.2e} from the paper's update")
+
+
+def trains(build):
+    for method, keys in (("noloco", ["outer_interval=10"]), ("diloco", ["outer_interval=10"])):
+        found = torchrun(build, ["trains", "--steps", "200", "--method", method] + keys)
+        for r in found:
+            print(f"{method}: replica {r['rank']}: loss {r['first_loss']:.4f} -> {r['last_loss']:.4f}, "
+                  f"replicas' weight spread {r['spread']:.3e}, {r['outer_steps']} outer steps, "
+                  f"{r['bits_per_param_per_inner_step']:.3f} bits/param/inner step")
+            check(r["outer_steps"] == 20, f"{r['outer_steps']} outer steps, not 20")
+            check(r["last_loss"] < 0.5 * r["first_loss"], "the loss did not halve")
+        spread = found[0]["spread"]
+        check(0 < spread < 0.05 if method == "noloco" else spread < 1e-6, f"{method}: spread {spread}")
+
+
+def small_run_keys(out):
+    """A small, fast run of the demo config on a text written into `out`."""
+    text = os.path.join(out, "corpus.txt")
+    with open(text, "w") as f:
+        f.write("".join(f"line {i}: the quick brown fox jumps over the lazy dog.\n" for i in range(2000)))
+    return {"data": text, "hidden": 32, "layers": 2, "heads": 2, "intermediate": 64, "context": 32, "warmup": 2,
+            "eval_interval": 1000, "eval_batches": 2, "sample_tokens": 0, "log_interval": 1, "steps": 20}
+
+
+def cli_run(build, keys, out):
+    """`noloco train` of the small run with 4 replicas and `keys`; its metrics records."""
+    command = [os.path.join(build, "noloco"), "train", "configs/shakespeare.yaml", f"out={out}/run", "replicas=4"]
+    command += [f"{k}={v}" for k, v in small_run_keys(out).items()] + keys
+    done = subprocess.run(command, cwd=SOURCE, capture_output=True, text=True, timeout=TIMEOUT)
+    check(done.returncode == 0, f"the CLI run failed:\n{done.stderr[-4000:]}")
+    return [json.loads(line) for line in open(os.path.join(out, "run", "metrics.jsonl"))]
+
+
+def cli_outer_bytes(build, keys, out):
+    records = cli_run(build, keys, out)
+    sent = [r["bytes"] for r in records if r.get("split") == "outer" and r["replica"] == 0]
+    params = json.load(open(os.path.join(out, "run", "summary_r0.json")))["params"]
+    return params, sent
+
+
+def message_bytes(build):
+    for keys in (["method=noloco", "outer_interval=5"], ["method=noloco", "compression=sparse", "overlap=true"],
+                 ["method=diloco", "outer_interval=5", "wire_dtype=int8"]):
+        with tempfile.TemporaryDirectory() as out:
+            params, cli = cli_outer_bytes(build, keys, out)
+        method = keys[0].split("=")[1]
+        found = torchrun(build, ["message_bytes", "--steps", "20", "--params", str(params), "--method", method] + keys[1:])
+        print(f"{' '.join(keys)}: {params} parameters: CLI {cli}, Python {found[0]['bytes']}")
+        check(len(cli) > 0, "the CLI took no outer step")
+        for r in found:
+            check(r["bytes"] == cli, f"replica {r['rank']} sent {r['bytes']}, the CLI's replica 0 {cli}")
+            check(r["outer_bytes"] == sum(cli), f"replica {r['rank']}: outer_bytes {r['outer_bytes']}")
+
+
+def cli_llama(build):
+    outer = ["outer_interval=5"]
+    with tempfile.TemporaryDirectory() as out:
+        records = cli_run(build, ["method=noloco"] + outer, out)
+        run = small_run_keys(out)
+        run.update(out=os.path.join(out, "python"), replicas=4)
+        found = torchrun(build, ["cli_llama", "--steps", "20", "--source", SOURCE, "--llama", json.dumps(run)] + outer)
+    worst_train = worst_val = 0.0
+    for r in found:
+        cli = {rec["step"]: rec["loss"] for rec in records if rec["split"] == "train" and rec["replica"] == r["rank"]}
+        cli_val = [rec["loss"] for rec in records if rec["split"] == "val" and rec["replica"] == r["rank"]][-1]
+        check(sorted(cli) == list(range(1, 21)), f"CLI train records of replica {r['rank']}: steps {sorted(cli)}")
+        differences = [abs(loss - cli[step + 1]) / abs(cli[step + 1]) for step, loss in enumerate(r["losses"])]
+        worst_train = max(worst_train, max(differences))
+        worst_val = max(worst_val, abs(r["val_loss"] - cli_val) / cli_val)
+        print(f"replica {r['rank']}: train loss at steps 1, 6, 11, 16, 20: CLI "
+              f"{[round(cli[s], 6) for s in (1, 6, 11, 16, 20)]}, Python "
+              f"{[round(r['losses'][s - 1], 6) for s in (1, 6, 11, 16, 20)]}; final val loss CLI {cli_val:.6f}, "
+              f"Python {r['val_loss']:.6f}")
+    print(f"largest relative difference: train loss {worst_train:.2e} (80 steps), final val loss {worst_val:.2e}")
+    check(worst_train < 1e-4 and worst_val < 1e-4, "the Python path is more than 1e-4 from the CLI's")
+
+
+def refuses(build):
+    """Bad settings are refused in one line, before anything joins a run."""
+    program = """
+import os, torch, noloco
+def refused(make):
+    try:
+        make()
+    except ValueError as e:
+        return str(e)
+    return "accepted"
+params = lambda: torch.nn.Linear(2, 2).parameters()
+print(refused(lambda: noloco.OuterOptimizer(params(), method="noloco", steps=5)))
+print(refused(lambda: noloco.OuterOptimizer(params(), method="ddp")))
+os.environ.update(RANK="0", WORLD_SIZE="2", NOLOCO_RUN_TOKEN="t")
+print(refused(lambda: noloco.OuterOptimizer(params(), method="noloco", outer_interval=0.5)))
+print(refused(lambda: noloco.OuterOptimizer([], method="noloco")))
+os.environ.pop("RANK")
+print(refused(lambda: noloco.OuterOptimizer(params(), method="noloco")))
+"""
+    done = subprocess.run([sys.executable, "-c", program], env=environment(build), capture_output=True, text=True,
+                          timeout=TIMEOUT)
+    check(done.returncode == 0, f"the program failed:\n{done.stderr[-3000:]}")
+    lines = done.stdout.splitlines()
+    print("\n".join(lines))
+    expected = ["steps is not a key of the outer optimizer", "method=ddp", "outer_interval", "no parameters",
+                "RANK is not set"]
+    check(len(lines) == len(expected), f"{len(lines)} lines, expected {len(expected)}")
+    for line, words in zip(lines, expected):
+        check(words in line, f"'{line}' does not name {words}")
+
+
+def resumes(build):
+    """state_dict() and load_state_dict(): a run saved at step 15 and started
+    again from the save (a new torchrun, a new store) ends on the same weights,
+    bit for bit, as the run that went on; with overlap, an exchange is in flight at the save."""
+    for keys in (["outer_interval=10"], ["outer_interval=10", "overlap=true", "compression=sparse"]):
+        with tempfile.TemporaryDirectory() as out:
+            common = ["resumes", "--steps", "40", "--save-at", "15", "--dir", out] + keys
+            whole = torchrun(build, common)
+            resumed = torchrun(build, common + ["--resume"])
+        for a, b in zip(whole, resumed):
+            check(b["first_step"] == 15, f"replica {b['rank']} resumed at {b['first_step']}")
+            check(a["weights"] == b["weights"], f"{' '.join(keys)}: replica {a['rank']} ends elsewhere when resumed")
+        print(f"{' '.join(keys)}: 4 replicas resumed at step 15 end bit-identical at step 40")
+
+
+def survives(build):
+    """Under `noloco launch` (torchrun's agent stops every worker when one fails):
+    replica 3 killed by its drill, replica 2 leaving by SIGTERM; the others
+    train to the end, and the launcher exits 3 as after a CLI run that lost workers."""
+    command = [os.path.join(build, "noloco"), "launch", "4", "--", sys.executable, WORKER, "survives", "--steps", "120",
+               "--leaver", "2", "--leave-at", "60", "outer_interval=10", "inject_crash=3:35", "peer_timeout=20"]
+    done = subprocess.run(command, env=environment(build), capture_output=True, text=True, timeout=TIMEOUT)
+    print(done.stderr[-1500:])
+    check(done.returncode == 3, f"noloco launch exited {done.returncode}, not 3 (finished without some workers)")
+    check("worker 3 was killed by signal 9" in done.stderr, "the launcher did not name worker 3 killed")
+    found = {r["rank"]: r for r in results(done.stdout)}
+    check(sorted(found) == [0, 1, 2], f"replicas that reported: {sorted(found)}")
+    for rank in (0, 1, 2):
+        print(f"replica {rank}: {found[rank]}")
+    check(found[2]["left_at"] == 61 and found[2]["steps"] == 61, f"replica 2 left at {found[2]['left_at']}")
+    for rank in (0, 1):
+        check(found[rank]["steps"] == 120, f"replica {rank} stopped at step {found[rank]['steps']}")
+        check(found[rank]["left_at"] is None, f"replica {rank} left")
+    check(any(3 in found[rank]["lost"] for rank in (0, 1, 2)), "nobody reported replica 3 lost")
+
+
+if __name__ == "__main__":
+    case, build = sys.argv[1], os.path.abspath(sys.argv[2])
+    globals()[case](build)
+    print(f"{case}: passed")
