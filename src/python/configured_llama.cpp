@@ -15,10 +15,12 @@ TrainConfig replica_config(const std::string& path, const std::vector<std::strin
   auto config = load_config(path, overrides);
   config.validate();
   if (config.pipeline.stages != 1 || config.run.replica_workers != 1)
-    throw std::invalid_argument("noloco.Llama is a whole replica of one worker: stages and replica_workers must be 1");
+    throw std::invalid_argument(
+        "noloco.Llama is a whole replica of one worker: stages and replica_workers must be 1");
   if (replica < 0 || replica >= config.run.replicas)
     throw std::invalid_argument(
-        fmt::format("replica {} is not one of the config's {} replicas", replica, config.run.replicas));
+        fmt::format("replica {} is not one of the config's {} replicas (give replicas=N)", replica,
+                    config.run.replicas));
   if (config.run.out.empty()) throw std::invalid_argument("noloco.Llama needs out=DIR (its tokenizer and tokens go there)");
   std::filesystem::create_directories(config.run.out);
   return config;

@@ -138,13 +138,14 @@ void UserLoopReplica::load_state(const TensorMap& state) {
   if (steps == state.end() || steps->second.numel() != 1)
     throw std::invalid_argument("load_state_dict: the state holds no inner_steps (not an OuterOptimizer's state_dict)");
   outer_->load(state);
-  inner_steps_ = steps->second.item<int64_t>();
+  first_step_ = inner_steps_ = steps->second.item<int64_t>();
 }
 
 CommStats UserLoopReplica::traffic() const { return links_.transport->stats(); }
 
 double UserLoopReplica::bits_per_param_per_inner_step() const {
-  return inner_steps_ > 0 ? 8.0 * double(outer_bytes_) / double(flat_.numel()) / double(inner_steps_) : 0.0;
+  const int64_t steps = inner_steps_ - first_step_;
+  return steps > 0 ? 8.0 * double(outer_bytes_) / double(flat_.numel()) / double(steps) : 0.0;
 }
 
 }  // namespace noloco

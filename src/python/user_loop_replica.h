@@ -63,7 +63,7 @@ class UserLoopReplica {
   int64_t params() const { return flat_.numel(); }
   int64_t inner_steps() const { return inner_steps_; }
   int64_t outer_steps() const { return outer_steps_; }
-  // Bytes this replica's outer steps sent (message headers included).
+  // Bytes this replica's outer steps sent (message headers included), since this process began.
   uint64_t outer_bytes() const { return outer_bytes_; }
   // Everything the transport sent and received (also evaluations, hand-overs).
   CommStats traffic() const;
@@ -81,6 +81,7 @@ class UserLoopReplica {
   std::unique_ptr<OuterOptimizer> outer_;
   FailureDrill drill_;
   int64_t inner_steps_ = 0, outer_steps_ = 0;
+  int64_t first_step_ = 0;  // where this process began: 0, or a loaded state's step
   uint64_t outer_bytes_ = 0;
   bool left_ = false, finished_ = false;
 };
