@@ -86,6 +86,7 @@ def paper_update(args):
         phi = gathered(flat(model))
     opt.finish()
     emit({"rank": rank, "outer_steps": checked, "worst": worst, "groups": groups})
+    dist.destroy_process_group()  # before the interpreter's teardown, which may not join Gloo's threads
 
 
 def trains(args):
@@ -113,6 +114,7 @@ def trains(args):
     spread = everyone.std(0).mean().item()
     emit({"rank": rank, "first_loss": sum(losses[:10]) / 10, "last_loss": sum(losses[-10:]) / 10, "spread": spread,
           "outer_steps": opt.outer_steps, "bits_per_param_per_inner_step": opt.bits_per_param_per_inner_step})
+    dist.destroy_process_group()
 
 
 def message_bytes(args):
