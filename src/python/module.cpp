@@ -79,6 +79,12 @@ py::object report(const std::vector<UserOuterStep>& steps, bool left) {
   return std::move(d);
 }
 
+// One of the replica's calls that may wait on the network, without the GIL.
+std::vector<UserOuterStep> released(UserLoopReplica& r, std::vector<UserOuterStep> (UserLoopReplica::*call)()) {
+  py::gil_scoped_release released;
+  return (r.*call)();
+}
+
 void bind_outer_optimizer(py::module_& m) {
   py::class_<UserLoopReplica>(m, "OuterOptimizer", R"(Wraps a replica's parameters in an outer method.
 
@@ -103,11 +109,7 @@ peer_timeout, ...). The parameters become views of one flat buffer.)")
       .def(
           "step",
           [](UserLoopReplica& r) {
-            std::vector<UserOuterStep> steps;
-            {
-              py::gil_scoped_release released;
-              steps = r.step();
-            }
+            const auto steps = released(r, &UserLoopReplica::step);  // before left(), which it may set
             return report(steps, r.left());
           },
           "After an inner step: None, or a dict of the outer step it took (group, arrived, lost, bytes); "
@@ -115,24 +117,13 @@ peer_timeout, ...). The parameters become views of one flat buffer.)")
       .def(
           "finish",
           [](UserLoopReplica& r) {
-            std::vector<UserOuterStep> steps;
-            {
-              py::gil_scoped_release released;
-              steps = r.finish();
-            }
+            const auto steps = released(r, &UserLoopReplica::finish);  // before left(), which it may set
             return report(steps, r.left());
           },
           "After the last inner step: applies what is in flight and ends this replica's membership")
       .def(
           "leave",
-          [](UserLoopReplica& r) {
-            std::vector<UserOuterStep> steps;
-            {
-              py::gil_scoped_release released;
-              steps = r.leave();
-            }
-            return report(steps, true);
-          },
+          [](UserLoopReplica& r) { return report(released(r, &UserLoopReplica::leave), true); },
           "Leaves the run now (noloco): what is in flight is applied, the partners stop waiting for this replica")
       .def("state_dict", &UserLoopReplica::state, "The outer state (slow weights, momentum, residuals) and step count")
       .def("load_state_dict", &UserLoopReplica::load_state, py::arg("state_dict"))
