@@ -11,7 +11,14 @@ or under torchrun (Debian 12's, torch 1.13 on Python 3.11, needs the
 
 Every replica samples its own windows of the text; every 50 steps each averages
 with one random partner. A SIGTERM makes a replica leave the run at the end of
-its step while the others go on."""
+its step while the others go on. A replica started again by the launcher
+(`noloco launch 4 --restarts 2 -- ...`), or a new one joining the run
+
+    build/noloco launch 4 --join-dir /tmp/gru -- python3 examples/char_gru_noloco.py
+    python3 examples/char_gru_noloco.py --join /tmp/gru     # meanwhile, elsewhere
+
+takes a live replica's weights and AdamW state at its next outer step and
+goes on from that replica's step."""
 import argparse
 import os
 
@@ -25,8 +32,8 @@ parser.add_argument("--steps", type=int, default=600)
 parser.add_argument("--context", type=int, default=64)
 parser.add_argument("--batch", type=int, default=16)
 parser.add_argument("--hidden", type=int, default=128)
+parser.add_argument("--join", help="join the run of `noloco launch --join-dir DIR` as a new replica")
 args = parser.parse_args()
-rank = int(os.environ["RANK"])
 
 raw = torch.frombuffer(bytearray(open(args.data, "rb").read()), dtype=torch.uint8).long()
 vocab = raw.unique()
@@ -60,11 +67,16 @@ def loss_of(model, x, y):
 
 torch.manual_seed(0)  # the same initial weights on every replica
 model = CharGRU(len(vocab), args.hidden)
-outer = noloco.OuterOptimizer(model.named_parameters(), method="noloco", outer_interval=50)
 inner = torch.optim.AdamW(model.parameters(), lr=3e-3, weight_decay=0.01)
-data = torch.Generator().manual_seed(1000 + rank)  # each replica its own windows
+# A restarted or joining replica waits here for a live one's state (AdamW's too).
+outer = noloco.OuterOptimizer(model.named_parameters(), method="noloco", outer_interval=50, inner_optimizer=inner,
+                              join=args.join)
+rank, first = outer.replica, outer.inner_steps
+if outer.rejoined:
+    print(f"replica {rank}: took replica {outer.rejoined['donor']}'s state at step {first}")
+data = torch.Generator().manual_seed(1000 + rank + 7919 * first)  # each replica (and restart) its own windows
 
-for step in range(args.steps):
+for step in range(first, args.steps):
     x, y = batch(train_ids, data)
     loss = loss_of(model, x, y)
     inner.zero_grad()

@@ -1,5 +1,11 @@
 #include <gtest/gtest.h>
 
+#include <cstdlib>
+#include <optional>
+#include <string>
+#include <utility>
+#include <vector>
+
 #include "config/options.h"
 #include "config/train_config.h"
 #include "config/worker_env.h"
@@ -233,4 +239,86 @@ TEST(WorkerDevice, MoreLocalRanksThanGpusIsRefusedInOneLine) {
     EXPECT_EQ(what.find('\n'), std::string::npos);
   }
   EXPECT_THROW(worker_device("cuda", 0, 0), std::invalid_argument);
+}
+
+// The environment a test sets, restored after it.
+class ScopedEnv {
+ public:
+  explicit ScopedEnv(std::vector<std::pair<std::string, std::string>> vars) {
+    for (auto& [name, value] : vars) {
+      const char* was = std::getenv(name.c_str());
+      saved_.emplace_back(name, was ? std::optional<std::string>(was) : std::nullopt);
+      if (value.empty())
+        ::unsetenv(name.c_str());
+      else
+        ::setenv(name.c_str(), value.c_str(), 1);
+    }
+  }
+  ~ScopedEnv() {
+    for (auto& [name, was] : saved_)
+      if (was)
+        ::setenv(name.c_str(), was->c_str(), 1);
+      else
+        ::unsetenv(name.c_str());
+  }
+
+ private:
+  std::vector<std::pair<std::string, std::optional<std::string>>> saved_;
+};
+
+// NOLOCO_STORE=tcp://host:port names a c10d TCPStore (torchrun's agent's):
+// the worker then connects to it as to its agent's store.
+TEST(WorkerEnv, TcpStoreIsAnAgentStoreAtThatAddress) {
+  const ScopedEnv env({{"RANK", "1"}, {"WORLD_SIZE", "4"}, {"NOLOCO_RUN_TOKEN", "t"},
+                       {"NOLOCO_STORE", "tcp://10.0.0.7:29511"}, {"MASTER_ADDR", "127.0.0.1"}, {"MASTER_PORT", "1"}});
+  WorkerEnv w;
+  ASSERT_TRUE(worker_env_from_environment(w));
+  EXPECT_TRUE(w.agent_store);
+  EXPECT_TRUE(w.store_url.empty());
+  EXPECT_EQ(w.master_addr, "10.0.0.7");
+  EXPECT_EQ(w.master_port, 29511);
+}
+
+// A joiner: no RANK (the store gives its id), WORLD_SIZE the run's replicas
+// at start, the store named; each missing or malformed piece is one line.
+TEST(WorkerEnv, JoinerNeedsTheStoreTheWorldAndNoRank) {
+  {
+    const ScopedEnv env({{"RANK", ""}, {"NOLOCO_STORE", ""}});
+    WorkerEnv w;
+    EXPECT_FALSE(joiner_env_from_environment(w));
+  }
+  {
+    const ScopedEnv env({{"RANK", ""}, {"WORLD_SIZE", "3"}, {"NOLOCO_RUN_TOKEN", "t"},
+                         {"NOLOCO_STORE", "unix:///tmp/x.sock"}});
+    WorkerEnv w;
+    ASSERT_TRUE(joiner_env_from_environment(w));
+    EXPECT_EQ(w.world, 3);
+    EXPECT_EQ(w.store_url, "unix:///tmp/x.sock");
+    EXPECT_TRUE(w.agent_store) << "a joiner never hosts the run's store";
+  }
+  const auto refusal = [](std::vector<std::pair<std::string, std::string>> vars) {
+    const ScopedEnv env(std::move(vars));
+    WorkerEnv w;
+    try {
+      joiner_env_from_environment(w);
+    } catch (const std::invalid_argument& e) {
+      return std::string(e.what());
+    }
+    return std::string("accepted");
+  };
+  EXPECT_NE(refusal({{"RANK", "0"}, {"WORLD_SIZE", "3"}, {"NOLOCO_RUN_TOKEN", "t"}, {"NOLOCO_STORE", "tcp://h:1"}})
+                .find("RANK is set"),
+            std::string::npos);
+  EXPECT_NE(refusal({{"RANK", ""}, {"WORLD_SIZE", ""}, {"NOLOCO_RUN_TOKEN", "t"}, {"NOLOCO_STORE", "tcp://h:1"}})
+                .find("WORLD_SIZE is not set"),
+            std::string::npos);
+  EXPECT_NE(refusal({{"RANK", ""}, {"WORLD_SIZE", "3"}, {"NOLOCO_RUN_TOKEN", ""}, {"NOLOCO_STORE", "tcp://h:1"}})
+                .find("NOLOCO_RUN_TOKEN is not set"),
+            std::string::npos);
+  EXPECT_NE(refusal({{"RANK", ""}, {"WORLD_SIZE", "3"}, {"NOLOCO_RUN_TOKEN", "t"}, {"NOLOCO_STORE", "tcp://h:99999"}})
+                .find("no such port"),
+            std::string::npos);
+  EXPECT_NE(refusal({{"RANK", ""}, {"WORLD_SIZE", "3"}, {"NOLOCO_RUN_TOKEN", "t"}, {"NOLOCO_STORE", "ftp://h:1"}})
+                .find("is not an etcd endpoint"),
+            std::string::npos);
 }

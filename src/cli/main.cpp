@@ -302,24 +302,6 @@ int run_train(const std::string& config_path, const std::vector<std::string>& ov
   return kFinishedWithLosses;
 }
 
-// The run's token for a joiner: NOLOCO_RUN_TOKEN, else `token_file` (the
-// launcher's run_token in the run directory unless given), which only its
-// owner may read.
-std::string joiner_token(const std::string& token_file) {
-  if (const char* given = std::getenv("NOLOCO_RUN_TOKEN"); given && *given) return given;
-  struct stat st {};
-  if (::stat(token_file.c_str(), &st) != 0)
-    throw std::invalid_argument(fmt::format(
-        "join: no token: set NOLOCO_RUN_TOKEN, or give token_file= ({} does not exist)", token_file));
-  if ((st.st_mode & 077) != 0)
-    throw std::invalid_argument(
-        fmt::format("join: {} can be read by others than its owner; chmod 600 it first", token_file));
-  auto token = read_file(token_file);
-  while (!token.empty() && (token.back() == '\n' || token.back() == '\r')) token.pop_back();
-  if (token.empty()) throw std::invalid_argument(fmt::format("join: {} holds no token", token_file));
-  return token;
-}
-
 constexpr std::chrono::milliseconds kJoinFirstContact{10000};
 
 // A joining replica of several workers: its first worker claims the member
@@ -411,14 +393,9 @@ int run_join(const std::string& run_dir, const std::vector<std::string>& args) {
   }
   int local_workers = 1;  // workers sharing this machine's cores
   if (store.empty()) {
-    const auto invitation = run_dir + "/join.json";
-    if (!file_exists(invitation))
-      throw std::invalid_argument(fmt::format(
-          "join: {} does not exist: the run is not training on this machine (or takes no joiners); give store=URL",
-          invitation));
-    const auto j = read_json(invitation);
-    store = j.at("store").get<std::string>();
-    local_workers = j.value("local_workers", 0) + 1;
+    const auto invitation = read_join_invitation(run_dir);
+    store = invitation.store;
+    local_workers = invitation.workers + 1;
   }
   overrides.push_back("out=" + run_dir);
   auto cfg = load_config(run_dir + "/config.yaml", overrides);
@@ -467,30 +444,76 @@ int run_join(const std::string& run_dir, const std::vector<std::string>& args) {
   return 0;
 }
 
+// `launch N [--restarts K] [--join-dir DIR] -- PROGRAM ARGS`.
+struct LaunchArgs {
+  int workers = 0;
+  std::vector<std::string> command;
+  int64_t restarts = 0;
+  std::string join_dir;
+};
+
+CLI::App* add_launch_command(CLI::App& app, LaunchArgs& a) {
+  auto* cmd = app.add_subcommand(
+      "launch", "start N processes of your own program the torchrun way (RANK, WORLD_SIZE, ...; a PyTorch loop with "
+                "import noloco): a failed worker does not stop the others; a joined one silent for 30 s is killed");
+  cmd->add_option("workers", a.workers, "how many")->required();
+  cmd->add_option("--restarts", a.restarts,
+                  "start a failed worker again up to this many times (it takes a live replica's state)");
+  cmd->add_option("--join-dir", a.join_dir,
+                  "while the run is on, write join.json and run_token here, for OuterOptimizer(join=DIR)");
+  cmd->add_option("command", a.command, "after --: the program and its arguments")->required();
+  return cmd;
+}
+
 // `launch N COMMAND...`: N processes of a program of the user's (a PyTorch
 // loop with import noloco) started the torchrun way, with this launcher's
 // store and failure policy: a worker that fails does not stop the others
 // (torchrun's agent stops them all). Exit codes as `train`'s.
-int run_launch(int workers, const std::vector<std::string>& command) {
+int run_launch(const LaunchArgs& a) {
+  const int workers = a.workers;
   LaunchPlan plan;
   if (workers < 1) throw std::invalid_argument(fmt::format("launch: {} workers", workers));
+  if (a.restarts < 0) throw std::invalid_argument(fmt::format("launch: --restarts {}", a.restarts));
+  if (!a.join_dir.empty() && !std::filesystem::is_directory(a.join_dir))
+    throw std::invalid_argument(fmt::format("launch: --join-dir {} is not a directory", a.join_dir));
   check_local_capacity(workers, worker_memory_estimate(0), 0);
   plan.workers = workers;
   plan.method = "launch";
   plan.keep_going_on_failure = true;
   plan.users_program = true;
-  spdlog::info("launching {} workers: {}", workers, fmt::join(command, " "));
-  const auto launched = launch_local_workers(plan, command);
+  plan.comm.restarts = a.restarts;
+  plan.join_dir = a.join_dir;
+  spdlog::info("launching {} workers: {}", workers, fmt::join(a.command, " "));
+  const auto launched = launch_local_workers(plan, a.command);
   if (launched.signal) throw Interrupted(launched.signal);
-  int failed = 0;
+  // A restarted worker's exit is not a loss: its next start decides.
+  int failed = 0, restarted = 0;
   for (const auto& e : launched.exits) {
     if (e.ok()) continue;
+    if (e.restarted) {
+      ++restarted;
+      spdlog::info("{}; started again", e.describe());
+      continue;
+    }
     ++failed;
     spdlog::warn("{}", e.describe());
   }
-  if (failed == 0) return 0;
+  int joiners_failed = 0;
+  for (const auto& e : launched.joiners)
+    if (!e.ok()) {
+      ++joiners_failed;
+      spdlog::warn("{}", e.describe());
+    }
   if (failed == workers) throw std::runtime_error(fmt::format("all {} workers failed", workers));
-  spdlog::warn("finished with {} of {} workers", workers - failed, workers);
+  const auto joiners = launched.joiners.empty() ? std::string()
+                                                : fmt::format(" and {} of {} joiners",
+                                                              int(launched.joiners.size()) - joiners_failed,
+                                                              launched.joiners.size());
+  spdlog::info("{} workers{}{} finished", workers - failed, joiners,
+               restarted > 0 ? fmt::format(" ({} restarts)", restarted) : "");
+  if (failed == 0 && joiners_failed == 0) return 0;
+  spdlog::warn("finished without {} of {} workers{}", failed, workers,
+               joiners_failed > 0 ? fmt::format(" and {} joiners", joiners_failed) : "");
   return kFinishedWithLosses;
 }
 
@@ -702,13 +725,8 @@ int main(int argc, char** argv) {
                        "stage=S (pipelined: the stage to serve; default the one with the fewest live workers), "
                        "config overrides for this worker (bind=, threads=, device=)");
 
-  int launch_workers = 0;
-  std::vector<std::string> launch_command;
-  auto* launch_cmd = app.add_subcommand(
-      "launch", "start N processes of your own program the torchrun way (RANK, WORLD_SIZE, ...; a PyTorch loop with "
-                "import noloco): a failed worker does not stop the others; a joined one silent for 30 s is killed");
-  launch_cmd->add_option("workers", launch_workers, "how many")->required();
-  launch_cmd->add_option("command", launch_command, "after --: the program and its arguments")->required();
+  LaunchArgs launch;
+  auto* launch_cmd = add_launch_command(app, launch);
 
   auto* password_cmd = app.add_subcommand(
       "store-password", "print the password of the run's store for NOLOCO_RUN_TOKEN (to set up an etcd of your own)");
@@ -717,7 +735,7 @@ int main(int argc, char** argv) {
   try {
     if (*train_cmd) return run_train(config_path, overrides);
     if (*join_cmd) return run_join(join_dir, join_args);
-    if (*launch_cmd) return run_launch(launch_workers, launch_command);
+    if (*launch_cmd) return run_launch(launch);
     if (*gen_cmd) return run_generate(checkpoint, gen_args);
     if (*export_cmd) return run_export(checkpoint, hf_dir, export_args);
     if (*prepare_cmd) return run_prepare(prepare_args);

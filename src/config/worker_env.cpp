@@ -19,7 +19,56 @@ int env_int(const char* name, int fallback) {
   return int(x);
 }
 
+std::string run_token_from_environment() {
+  const char* token = std::getenv("NOLOCO_RUN_TOKEN");
+  if (!token || !*token)
+    throw std::invalid_argument("NOLOCO_RUN_TOKEN is not set: give every worker of the run the same secret token");
+  return token;
+}
+
+// NOLOCO_STORE: an etcd endpoint, or tcp://host:port for a c10d TCPStore
+// (torchrun's agent's), which a joiner started outside torchrun names so.
+void store_from_environment(WorkerEnv& env) {
+  const char* given = std::getenv("NOLOCO_STORE");
+  const std::string store = given ? given : "";
+  if (store.rfind("tcp://", 0) == 0) {
+    const auto address = store.substr(6);
+    const auto colon = address.rfind(':');
+    if (colon == std::string::npos || colon == 0)
+      throw std::invalid_argument(fmt::format("NOLOCO_STORE='{}' is not tcp://host:port", store));
+    env.master_addr = address.substr(0, colon);
+    const int64_t port = parse_integer("NOLOCO_STORE's port", address.substr(colon + 1));
+    if (port <= 0 || port > 65535) throw std::invalid_argument(fmt::format("NOLOCO_STORE='{}': no such port", store));
+    env.master_port = int(port);
+    env.agent_store = true;
+    return;
+  }
+  if (!store.empty() && store.rfind("http://", 0) != 0 && store.rfind("https://", 0) != 0 &&
+      store.rfind("unix://", 0) != 0)
+    throw std::invalid_argument(fmt::format(
+        "NOLOCO_STORE='{}' is not an etcd endpoint (http[s]://host:port or unix:///path) or tcp://host:port",
+        store));
+  env.store_url = store;
+}
+
 }  // namespace
+
+bool joiner_env_from_environment(WorkerEnv& env) {
+  const char* store = std::getenv("NOLOCO_STORE");
+  if (!store || !*store) return false;
+  if (std::getenv("RANK"))
+    throw std::invalid_argument(
+        "RANK is set: a joiner takes the next replica id from the run's store; start it outside the run's launcher");
+  env.world = env_int("WORLD_SIZE", 0);
+  if (env.world < 1)
+    throw std::invalid_argument("WORLD_SIZE is not set: give a joiner the number of replicas the run started with");
+  env.local_rank = env_int("LOCAL_RANK", 0);
+  env.local_world = std::max(1, env_int("LOCAL_WORLD_SIZE", 1));
+  env.token = run_token_from_environment();
+  store_from_environment(env);
+  env.agent_store = true;  // hosted by the run, never by the joiner
+  return true;
+}
 
 bool worker_env_from_environment(WorkerEnv& env) {
   if (!std::getenv("RANK")) return false;
@@ -29,18 +78,11 @@ bool worker_env_from_environment(WorkerEnv& env) {
   env.local_world = std::max(1, env_int("LOCAL_WORLD_SIZE", 1));
   if (const char* a = std::getenv("MASTER_ADDR")) env.master_addr = a;
   env.master_port = env_int("MASTER_PORT", 29500);
-  const char* token = std::getenv("NOLOCO_RUN_TOKEN");
-  if (!token || !*token)
-    throw std::invalid_argument("NOLOCO_RUN_TOKEN is not set: give every worker of the run the same secret token");
-  env.token = token;
-  if (const char* store = std::getenv("NOLOCO_STORE")) env.store_url = store;
-  if (!env.store_url.empty() && env.store_url.rfind("http://", 0) != 0 && env.store_url.rfind("https://", 0) != 0 &&
-      env.store_url.rfind("unix://", 0) != 0)
-    throw std::invalid_argument(fmt::format(
-        "NOLOCO_STORE='{}' is not an etcd endpoint (http[s]://host:port or unix:///path)", env.store_url));
-  env.restart = env_int("NOLOCO_RESTARTED", 0);
+  env.token = run_token_from_environment();
   const char* agent = std::getenv("TORCHELASTIC_USE_AGENT_STORE");
   env.agent_store = agent && std::string(agent) == "True";
+  store_from_environment(env);
+  env.restart = env_int("NOLOCO_RESTARTED", 0);
   if (env.world < 1 || env.rank >= env.world)
     throw std::invalid_argument(fmt::format("RANK={} is outside WORLD_SIZE={}", env.rank, env.world));
   return true;

@@ -12,9 +12,10 @@ struct WorkerEnv {
   bool agent_store = false;  // the store is hosted by the launcher (ours or torchrun's), not rank 0
   std::string token;         // NOLOCO_RUN_TOKEN: the run's shared secret
   // NOLOCO_STORE: an etcd endpoint (http[s]://host:port, or unix:///path as
-  // our launcher sets) holding the run's store. Empty: under torchrun's agent,
-  // its c10d TCPStore at MASTER_ADDR:MASTER_PORT; without one, an etcd that
-  // worker 0 hosts there.
+  // our launcher sets) holding the run's store. Empty: under torchrun's agent
+  // (or NOLOCO_STORE=tcp://host:port, which sets master_addr and
+  // master_port), its c10d TCPStore at MASTER_ADDR:MASTER_PORT; without one,
+  // an etcd that worker 0 hosts there.
   std::string store_url;
   // The public key an https:// store must present (curl's "sha256//BASE64");
   // set for the store worker 0 hosts, whose key derives from the token.
@@ -29,6 +30,13 @@ struct WorkerEnv {
 // (torchrun's names), NOLOCO_RUN_TOKEN, NOLOCO_STORE and NOLOCO_RESTARTED; returns false when RANK is unset
 // (not a launched worker). Throws std::invalid_argument on malformed values.
 bool worker_env_from_environment(WorkerEnv& env);
+// A joiner started outside the run's launcher: NOLOCO_STORE (the run's store;
+// tcp://host:port for torchrun's agent's TCPStore), NOLOCO_RUN_TOKEN and
+// WORLD_SIZE (the replicas the run started with; members are numbered on
+// from there). Its rank is claimed from the store later. Returns false when
+// NOLOCO_STORE is unset; throws std::invalid_argument naming a missing or
+// malformed one, or a RANK set (a launched worker is not a joiner).
+bool joiner_env_from_environment(WorkerEnv& env);
 
 // The device a worker computes on: `device=cuda` is the GPU of the worker's
 // local rank (one GPU per local rank, as torchrun's users expect); cpu and an

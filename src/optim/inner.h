@@ -14,6 +14,7 @@
 
 #include "config/train_config.h"
 #include "optim/flat_params.h"
+#include "optim/inner_state.h"
 #include "util/tensor_map.h"
 
 namespace noloco {
@@ -21,7 +22,7 @@ namespace noloco {
 // Linear warmup to `lr`, then cosine decay to `min_lr` at `decay_steps`, constant after.
 double learning_rate(const InnerConfig& c, int64_t step);
 
-class InnerOptimizer {
+class InnerOptimizer final : public InnerState {
  public:
   // The CPU path works on `chunk_elements` at a time (about 4 MiB per buffer:
   // all four buffers' chunks stay in cache across the update's passes).
@@ -30,10 +31,10 @@ class InnerOptimizer {
   // Scales gradients to global norm <= clip (if clip > 0); returns the norm before.
   double clip_gradients(double clip);
   void step();
-  int64_t steps_taken() const { return steps_; }
+  int64_t steps_taken() const override { return steps_; }
   // Adam moments keyed "adam.exp_avg.<param>" / "adam.exp_avg_sq.<param>".
-  void save(TensorMap& out) const;
-  void load(const TensorMap& in, int64_t steps_taken);
+  void save(TensorMap& out) const override;
+  void load(const TensorMap& in, int64_t steps_taken) override;
   // Whether step() runs LibTorch's fused kernel (CUDA under LibTorch 2.x).
   bool fused() const { return fused_; }
 

@@ -51,6 +51,59 @@ std::vector<std::string> key_values(const py::kwargs& kwargs) {
   return keys;
 }
 
+// The user's optimizer (torch.optim) as the state a restarted or joining
+// replica takes with the weights: its per-parameter state (AdamW's moments
+// and step) under "user_optimizer.<index>.<name>", numbers that are not
+// tensors under "user_optimizer_number.<index>.<name>". Its param_groups
+// (learning rates, betas) stay the joiner's own: the same script's.
+class UserOptimizerState final : public noloco::InnerState {
+ public:
+  explicit UserOptimizerState(py::object optimizer) : optimizer_(std::move(optimizer)) {}
+  ~UserOptimizerState() override {
+    py::gil_scoped_acquire gil;
+    optimizer_ = py::object();
+  }
+
+  void save(noloco::TensorMap& out) const override {
+    py::gil_scoped_acquire gil;
+    const py::dict state = optimizer_.attr("state_dict")()["state"];
+    for (const auto& [index, entries] : state)
+      for (const auto& [name, value] : entries.cast<py::dict>()) {
+        const auto key = py::str(index).cast<std::string>() + "." + name.cast<std::string>();
+        if (py::isinstance<py::float_>(value) || py::isinstance<py::int_>(value))
+          out[kNumber + key] = torch::tensor(value.cast<double>(), torch::kFloat64);
+        else if (!value.is_none())
+          out[kTensor + key] = value.cast<torch::Tensor>().detach().contiguous();
+      }
+  }
+
+  void load(const noloco::TensorMap& in, int64_t) override {
+    py::gil_scoped_acquire gil;
+    py::dict state;
+    for (const auto& [key, tensor] : in) {
+      const bool number = key.rfind(kNumber, 0) == 0;
+      if (!number && key.rfind(kTensor, 0) != 0) continue;
+      const auto rest = key.substr(number ? kNumber.size() : kTensor.size());
+      const auto dot = rest.find('.');
+      if (dot == std::string::npos) throw std::runtime_error("the handed-over optimizer state has a malformed key " + key);
+      const py::int_ index(std::stoll(rest.substr(0, dot)));
+      if (!state.contains(index)) state[index] = py::dict();
+      state[index].cast<py::dict>()[py::str(rest.substr(dot + 1))] =
+          number ? py::cast(tensor.item<double>()) : py::cast(tensor.clone());
+    }
+    if (state.empty()) return;  // the donor handed no optimizer state: this one's stays fresh
+    py::dict whole = optimizer_.attr("state_dict")();
+    whole["state"] = state;
+    optimizer_.attr("load_state_dict")(whole);
+  }
+
+  int64_t steps_taken() const override { return 0; }  // the optimizer counts its own, in its state
+
+ private:
+  inline static const std::string kTensor = "user_optimizer.", kNumber = "user_optimizer_number.";
+  py::object optimizer_;
+};
+
 py::dict as_dict(const UserOuterStep& s) {
   py::dict d;
   d["outer_step"] = s.sync.outer_step;
@@ -62,6 +115,7 @@ py::dict as_dict(const UserOuterStep& s) {
   d["bytes"] = s.sync.bytes;
   d["values_received"] = s.sync.values_received;
   d["values_dropped"] = s.sync.values_dropped;
+  d["handed_over_to"] = s.handed_over_to;
   return d;
 }
 
@@ -92,20 +146,43 @@ Call step() after every step of the inner optimizer. Started under torchrun
 (RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT; NOLOCO_RUN_TOKEN the same secret
 in every process), one process a replica. Keyword arguments are the CLI's
 outer and network keys (outer_interval, outer_lr, compression, overlap, seal,
-peer_timeout, ...). The parameters become views of one flat buffer.)")
-      .def(py::init([](const py::iterable& params, const std::string& method, const py::kwargs& kwargs) {
+peer_timeout, ...). The parameters become views of one flat buffer.
+
+join=True joins a running noloco run as a new replica (NOLOCO_STORE names the
+run's store, tcp://host:port for torchrun's; WORLD_SIZE the replicas it
+started with); join="DIR" reads the invitation of `noloco launch --join-dir
+DIR`. A joining or restarted replica takes a live one's weights and outer
+state at its next outer step; `inner_steps` is then where its loop goes on.
+inner_optimizer=opt hands the optimizer's state (AdamW's moments) over too;
+without it a joiner's optimizer starts afresh.)")
+      .def(py::init([](const py::iterable& params, const std::string& method, const py::object& join,
+                       const py::object& inner_optimizer, const py::kwargs& kwargs) {
              auto named = named_tensors(params);
              auto keys = key_values(kwargs);
              keys.insert(keys.begin(), "method=" + method);
+             noloco::UserLoopStart start;
              // torch.distributed from the environment serves a TCPStore at
              // MASTER_PORT, where worker 0 would otherwise host the run's.
              const auto dist = py::module_::import("torch.distributed");
-             const bool store_at_master = dist.attr("is_available")().cast<bool>() &&
-                                          dist.attr("is_initialized")().cast<bool>();
+             start.store_at_master =
+                 dist.attr("is_available")().cast<bool>() && dist.attr("is_initialized")().cast<bool>();
+             if (py::isinstance<py::str>(join) || py::hasattr(join, "__fspath__")) {
+               start.join = true;
+               start.join_dir = py::module_::import("os").attr("fspath")(join).cast<std::string>();
+             } else if (!join.is_none()) {
+               start.join = join.cast<bool>();
+             }
+             std::unique_ptr<noloco::InnerState> inner;
+             if (!inner_optimizer.is_none()) {
+               if (!py::hasattr(inner_optimizer, "state_dict") || !py::hasattr(inner_optimizer, "load_state_dict"))
+                 throw py::value_error("inner_optimizer: not a torch.optim optimizer (no state_dict/load_state_dict)");
+               inner = std::make_unique<UserOptimizerState>(inner_optimizer);
+             }
              py::gil_scoped_release released;
-             return std::make_unique<UserLoopReplica>(std::move(named), keys, store_at_master);
+             return std::make_unique<UserLoopReplica>(std::move(named), keys, start, std::move(inner));
            }),
-           py::arg("params"), py::arg("method") = "noloco")
+           py::arg("params"), py::arg("method") = "noloco", py::arg("join") = py::none(),
+           py::arg("inner_optimizer") = py::none())
       .def(
           "step",
           [](UserLoopReplica& r) {
@@ -142,6 +219,16 @@ peer_timeout, ...). The parameters become views of one flat buffer.)")
       .def_property_readonly("bits_per_param_per_inner_step", &UserLoopReplica::bits_per_param_per_inner_step)
       .def_property_readonly("bytes_sent", [](const UserLoopReplica& r) { return r.traffic().bytes_sent; })
       .def_property_readonly("bytes_received", [](const UserLoopReplica& r) { return r.traffic().bytes_received; })
+      .def_property_readonly("rejoined",
+                             [](const UserLoopReplica& r) -> py::object {
+                               if (!r.rejoined()) return py::none();
+                               py::dict d;
+                               d["step"] = r.rejoined()->step;
+                               d["donor"] = r.rejoined()->donor;
+                               d["seconds"] = r.rejoined()->seconds;
+                               d["joined"] = r.rejoined()->joined;
+                               return std::move(d);
+                             })
       .def_property_readonly("left", &UserLoopReplica::left)
       .def_property_readonly("finished", &UserLoopReplica::finished);
 }

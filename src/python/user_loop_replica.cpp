@@ -5,6 +5,9 @@
 
 #include <fmt/format.h>
 
+#include "comm/launch/launcher.h"
+#include "comm/store/run_keys.h"
+#include "comm/store/store.h"
 #include "config/worker_env.h"
 #include "util/leave_signal.h"
 #include "util/log.h"
@@ -29,13 +32,58 @@ TrainConfig outer_config(const std::vector<std::string>& keys) {
   return config;
 }
 
-WorkerEnv launched_env(TrainConfig& config, bool store_at_master) {
+// A replica whose state nobody hands on: a joiner's optimizer starts afresh.
+class NoInnerState final : public InnerState {
+ public:
+  void save(TensorMap&) const override {}
+  void load(const TensorMap&, int64_t) override {}
+  int64_t steps_taken() const override { return 0; }
+};
+
+// A joiner's place: claimed from the run's store, numbered on from the
+// replicas the run started with.
+WorkerEnv joiner_env(const UserLoopStart& start, const TrainConfig& config) {
+  if (!takes_joiners(config.outer.method, Routing::fixed, 1))
+    throw std::invalid_argument(fmt::format("join: a {} run takes no joiners (its groups are fixed); only a noloco run does",
+                                            choice_name(config.outer.method)));
   WorkerEnv env;
-  if (!worker_env_from_environment(env))
+  if (start.join_dir.empty()) {
+    if (!joiner_env_from_environment(env))
+      throw std::invalid_argument(
+          "join: NOLOCO_STORE is not set: name the run's store (tcp://host:port for torchrun's, the URL `noloco "
+          "launch` gives), with WORLD_SIZE and NOLOCO_RUN_TOKEN; or give join=DIR (noloco launch --join-dir DIR)");
+  } else {
+    const auto invitation = read_join_invitation(start.join_dir);
+    env.store_url = invitation.store;
+    env.world = invitation.workers;
+    env.token = joiner_token(start.join_dir + "/run_token");
+    env.agent_store = true;
+  }
+  if (env.store_url.rfind("https://", 0) == 0 && !std::getenv("NOLOCO_STORE_CA"))
+    env.store_pin = store_tls_key(env.token).pin;
+  const auto timeout = std::chrono::milliseconds(int64_t(config.comm.peer_timeout * 1000));
+  try {
+    env.rank = claim_member_id(connect_store(env, timeout), env.token, replica_scope(1, 0), env.world);
+  } catch (const std::runtime_error& e) {
+    throw std::runtime_error(fmt::format("join: could not use the run's store{}: {}",
+                                         env.store_url.empty() ? fmt::format(" at tcp://{}:{}", env.master_addr,
+                                                                             env.master_port)
+                                                               : " at " + env.store_url,
+                                         e.what()));
+  }
+  return env;
+}
+
+WorkerEnv launched_env(TrainConfig& config, const UserLoopStart& start) {
+  WorkerEnv env;
+  if (start.join) {
+    env = joiner_env(start, config);
+  } else if (!worker_env_from_environment(env)) {
     throw std::invalid_argument(
         "RANK is not set: start the replicas with torchrun (or set RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT and "
-        "NOLOCO_RUN_TOKEN for each)");
-  if (store_at_master && env.store_url.empty()) env.agent_store = true;
+        "NOLOCO_RUN_TOKEN for each), or join a running run with join=True");
+  }
+  if (start.store_at_master && env.store_url.empty()) env.agent_store = true;
   config.run.replicas = env.world;
   config.validate();
   config.validate_workers();
@@ -52,20 +100,37 @@ WorkerConnections joined(const WorkerEnv& env, const TrainConfig& config) {
 }  // namespace
 
 UserLoopReplica::UserLoopReplica(std::vector<std::pair<std::string, torch::Tensor>> params,
-                                 const std::vector<std::string>& keys, bool store_at_master)
+                                 const std::vector<std::string>& keys, const UserLoopStart& start,
+                                 std::unique_ptr<InnerState> inner)
     : config_(outer_config(keys)),
-      env_(launched_env(config_, store_at_master)),
+      env_(launched_env(config_, start)),
       links_(joined(env_, config_)),
       flat_(std::move(params)),
+      inner_(inner ? std::move(inner) : std::make_unique<NoInnerState>()),
       outer_(make_outer_optimizer(config_.outer, config_.run.seed, {links_.transport.get(), links_.membership.get()},
                                   flat_)),
       drill_(config_.run.inject_crash, env_.rank, links_.membership->incarnation()) {
-  if (links_.membership->incarnation() > 0 || links_.membership->joining())
-    throw std::runtime_error(fmt::format(
-        "replica {} was restarted or joined a running run: taking a live replica's state is not offered through "
-        "the Python module; start the run again",
-        env_.rank));
   if (config_.outer.method == Method::noloco) leave_on_sigterm();
+  if (links_.membership->incarnation() > 0 || links_.membership->joining()) take_live_state();
+}
+
+TrainingState UserLoopReplica::training_state() { return {flat_, *inner_, *outer_}; }
+
+// A restarted or joining replica: the weights, the outer state, the user's
+// optimizer's state and the step count of a live replica, at its next outer step.
+void UserLoopReplica::take_live_state() {
+  const bool joining = links_.membership->joining();
+  if (!takes_back_restarted(config_.outer.method, Routing::fixed, 1))
+    throw std::runtime_error(fmt::format("replica {} was restarted, but a {} run cannot take it back (only noloco)",
+                                         env_.rank, choice_name(config_.outer.method)));
+  spdlog::info("replica {} {}: waiting for a live replica's state at its next outer step", env_.rank,
+               joining ? "joins the run" : fmt::format("was restarted ({})", links_.membership->incarnation()));
+  rejoined_ = rejoin_from_peer(*links_.membership, *links_.transport, training_state(), rejoin_timeout(config_.comm),
+                               drill_);
+  rejoined_->joined = joining;
+  first_step_ = inner_steps_ = rejoined_->step;
+  spdlog::info("replica {} took replica {}'s state at step {} in {:.1f}s", env_.rank, rejoined_->donor,
+               rejoined_->step, rejoined_->seconds);
 }
 
 UserLoopReplica::~UserLoopReplica() {
@@ -97,6 +162,10 @@ std::vector<UserOuterStep> UserLoopReplica::step() {
   if (auto sync = outer_->after_inner_step(inner_steps_, flat_)) syncs.push_back(std::move(*sync));
   ++inner_steps_;
   auto steps = reported(std::move(syncs));
+  if (!steps.empty()) {
+    const auto handovers = serve_rejoins(*links_.membership, *links_.transport, training_state(), inner_steps_);
+    steps.back().handed_over_to = handovers.served;
+  }
   if (leave_requested()) {
     spdlog::info("replica {} leaves the run after step {} (SIGTERM)", env_.rank, inner_steps_);
     for (auto& s : leave()) steps.push_back(std::move(s));

@@ -2,10 +2,11 @@
 // Python module's OuterOptimizer): the outer method and its network, the same
 // objects the CLI's workers use, driven by one call after each inner step of
 // the user's own optimizer. The process is a worker launched the torchrun way
-// (RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT, NOLOCO_RUN_TOKEN): one replica
-// of one worker, no pipeline.
+// (RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT, NOLOCO_RUN_TOKEN), or one that
+// joins a running NoLoCo run: one replica of one worker, no pipeline.
 #pragma once
 #include <memory>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -15,7 +16,9 @@
 #include "config/worker_env.h"
 #include "optim/flat_params.h"
 #include "optim/outer.h"
+#include "optim/inner_state.h"
 #include "train/failure_drill.h"
+#include "train/rejoin.h"
 #include "util/tensor_map.h"
 
 namespace noloco {
@@ -24,27 +27,44 @@ namespace noloco {
 struct UserOuterStep {
   OuterSync sync;
   std::vector<int> lost;  // of its group, the replicas whose message did not come (dead, silent or rejected)
+  std::vector<int> handed_over_to;  // restarted or joining replicas given this replica's state after it
+};
+
+// How the process comes into the run.
+struct UserLoopStart {
+  // A c10d TCPStore already serves MASTER_ADDR:MASTER_PORT (the user's
+  // torch.distributed, initialised from the environment): the run's store is
+  // that one, rather than an etcd worker 0 would host there.
+  bool store_at_master = false;
+  // Joins a running NoLoCo run as a new replica: from the environment
+  // (joiner_env_from_environment) when join_dir is empty, else from the
+  // invitation `noloco launch --join-dir` writes there.
+  bool join = false;
+  std::string join_dir;
 };
 
 class UserLoopReplica {
  public:
   // `params` are re-seated into one flat buffer (the caller's tensors become
   // views of it); `keys` are the CLI's "key=value" settings, only those of
-  // outer_method_keys(). Joins the run; throws std::invalid_argument naming a
-  // bad key or environment, std::runtime_error when the run cannot be reached.
-  // `store_at_master`: a c10d TCPStore already serves MASTER_ADDR:MASTER_PORT
-  // (the user's torch.distributed, initialised from the environment): the
-  // run's store is that one, rather than an etcd worker 0 would host there.
+  // outer_method_keys(). `inner` is the user's optimizer's state, handed to
+  // and taken from restarted and joining replicas with the weights (null: a
+  // replica that takes a live one's state starts its optimizer afresh).
+  // Joins the run; a restarted or joining replica then waits for a live one's
+  // state (rejoined() says whose, at which step). Throws std::invalid_argument
+  // naming a bad key or environment, std::runtime_error when the run cannot
+  // be reached.
   UserLoopReplica(std::vector<std::pair<std::string, torch::Tensor>> params, const std::vector<std::string>& keys,
-                  bool store_at_master = false);
+                  const UserLoopStart& start = {}, std::unique_ptr<InnerState> inner = nullptr);
   // Ends the membership as finish() does, if the loop did not.
   ~UserLoopReplica();
   UserLoopReplica(const UserLoopReplica&) = delete;
   UserLoopReplica& operator=(const UserLoopReplica&) = delete;
 
-  // After each inner step: the outer step when one is due. A lost peer is in
-  // `lost`, never an exception. After a SIGTERM (NoLoCo) it leaves the run
-  // instead: what is in flight is applied and the partners are told.
+  // After each inner step: the outer step when one is due, then the state
+  // handed to replicas that asked for it. A lost peer is in `lost`, never an
+  // exception. After a SIGTERM (NoLoCo) it leaves the run instead: what is in
+  // flight is applied and the partners are told.
   std::vector<UserOuterStep> step();
   // After the last inner step: what is still in flight is applied; the
   // membership ends (the partners stop waiting for this replica). Idempotent.
@@ -63,6 +83,8 @@ class UserLoopReplica {
   int64_t params() const { return flat_.numel(); }
   int64_t inner_steps() const { return inner_steps_; }
   int64_t outer_steps() const { return outer_steps_; }
+  // Set for a restarted or joining replica: the live replica whose state it took.
+  const std::optional<Rejoined>& rejoined() const { return rejoined_; }
   // Bytes this replica's outer steps sent (message headers included), since this process began.
   uint64_t outer_bytes() const { return outer_bytes_; }
   // Everything the transport sent and received (also evaluations, hand-overs).
@@ -74,12 +96,17 @@ class UserLoopReplica {
  private:
   std::vector<UserOuterStep> reported(std::vector<OuterSync> syncs);
 
+  TrainingState training_state();
+  void take_live_state();
+
   TrainConfig config_;
   WorkerEnv env_;
   WorkerConnections links_;
   FlatParams flat_;
+  std::unique_ptr<InnerState> inner_;
   std::unique_ptr<OuterOptimizer> outer_;
   FailureDrill drill_;
+  std::optional<Rejoined> rejoined_;
   int64_t inner_steps_ = 0, outer_steps_ = 0;
   int64_t first_step_ = 0;  // where this process began: 0, or a loaded state's step
   uint64_t outer_bytes_ = 0;

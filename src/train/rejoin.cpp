@@ -1,5 +1,6 @@
 #include "train/rejoin.h"
 
+#include <algorithm>
 #include <chrono>
 
 #include <fmt/format.h>
@@ -23,6 +24,10 @@ MessageHeader state_header(int64_t bytes) {
 }
 
 }  // namespace
+
+std::chrono::milliseconds rejoin_timeout(const CommConfig& comm) {
+  return std::max(std::chrono::milliseconds(int64_t(comm.peer_timeout * 1000)), std::chrono::milliseconds(600000));
+}
 
 Rejoined rejoin_from_peer(Membership& membership, Transport& transport, const TrainingState& state,
                           std::chrono::milliseconds timeout, const FailureDrill& drill) {

@@ -3,10 +3,12 @@
 // after their outer steps. Membership decides who serves whom; the bytes go
 // by the transport, with a checked header.
 #pragma once
+#include <chrono>
 #include <vector>
 
 #include "comm/membership/membership.h"
 #include "comm/transport/transport.h"
+#include "config/train_config.h"
 #include "train/failure_drill.h"
 #include "train/training_state.h"
 
@@ -19,6 +21,9 @@ struct Rejoined {
   bool joined = false;  // a new member of the run, not a restarted one
 };
 
+// How long a restarted or joining replica waits for its donor, which serves
+// it at its next outer step: peer_timeout, but at least ten minutes.
+std::chrono::milliseconds rejoin_timeout(const CommConfig& comm);
 // A restarted worker (membership.incarnation() > 0) or a joiner
 // (membership.joining()): waits for a donor, takes its state.
 Rejoined rejoin_from_peer(Membership& membership, Transport& transport, const TrainingState& state,

@@ -209,9 +209,7 @@ int64_t restore(const TrainConfig& c, const WorkerInfo& w, Checkpointer& checkpo
     if (!takes_back_restarted(c.outer.method, c.pipeline.routing, w.stages))
       throw std::runtime_error(fmt::format("worker {} was {}, but only a noloco run can take it {}", w.rank,
                                            joining ? "started to join" : "restarted", joining ? "in" : "back"));
-    const auto timeout = std::max(std::chrono::milliseconds(int64_t(c.comm.peer_timeout * 1000)),
-                                  std::chrono::milliseconds(600000));
-    rejoined = rejoin_from_peer(*w.membership, *w.transport, state, timeout, drill);
+    rejoined = rejoin_from_peer(*w.membership, *w.transport, state, rejoin_timeout(c.comm), drill);
     rejoined->joined = joining;
     if (w.replica_group) share_state_within_replica(*w.replica_group, state, rejoined->step);
     telemetry.write(record(rejoined->step, joining ? "join" : "rejoin", w,

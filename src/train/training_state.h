@@ -1,7 +1,7 @@
 // A replica's training state in the one format that checkpoints and the
 // hand-over to a restarted replica share: the weights (Hugging Face names),
 // AdamW's moments and the outer method's state as named tensors, and the
-// counters (inner steps done, AdamW steps) as JSON. A checkpoint stores them
+// counters (inner steps done, the inner optimizer's steps) as JSON. A checkpoint stores them
 // as model.safetensors, state.safetensors and state.json (checkpoint.h); the
 // hand-over sends them as one safetensors buffer, the counters in its metadata.
 #pragma once
@@ -11,7 +11,7 @@
 #include <torch/torch.h>
 
 #include "optim/flat_params.h"
-#include "optim/inner.h"
+#include "optim/inner_state.h"
 #include "optim/outer.h"
 #include "util/tensor_map.h"
 
@@ -19,7 +19,7 @@ namespace noloco {
 
 struct TrainingState {
   FlatParams& params;
-  InnerOptimizer& inner;
+  InnerState& inner;  // noloco's AdamW, or a user loop's optimizer
   OuterOptimizer& outer;
 };
 

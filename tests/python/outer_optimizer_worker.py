@@ -6,6 +6,7 @@ import hashlib
 import json
 import os
 import signal
+import time
 
 import torch
 import torch.distributed as dist
@@ -190,6 +191,77 @@ def resumes(args):
     emit({"rank": rank, "first_step": first, "weights": hashlib.sha256(flat(model).numpy().tobytes()).hexdigest()})
 
 
+def state_hash(model, inner):
+    """The weights and AdamW's state (moments, step) of every parameter, hashed."""
+    h = hashlib.sha256(flat(model).numpy().tobytes())
+    for p in model.parameters():
+        state = inner.state.get(p, {})
+        for name in ("exp_avg", "exp_avg_sq"):
+            if name in state:
+                h.update(state[name].numpy().tobytes())
+        if "step" in state:
+            h.update(str(float(state["step"])).encode())
+    return h.hexdigest()
+
+
+def wait_for(path, seconds):
+    """Until `path` exists (a marker another process writes); False after `seconds`."""
+    deadline = time.monotonic() + seconds
+    while not os.path.exists(path):
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.05)
+    return True
+
+
+def handover(args):
+    """A replica that arrives in the running run (a joiner with --join, or one
+    the launcher restarted) takes a live replica's weights, outer state and
+    AdamW state at that replica's next outer step; the donor writes what it
+    handed over, the arriving one what it took. The live replicas wait at
+    --wait-at (saying so in DIR/waiting<rank>) for the arriving one to start, and do not finish before it has
+    been served (a bounded wait)."""
+    arriving = args.join is not None or int(os.environ.get("NOLOCO_RESTARTED", "0")) > 0
+    model = mlp(seed=0)
+    inner = torch.optim.AdamW(model.parameters(), lr=3e-3)
+    served = os.path.join(args.dir, "served.json")
+    if arriving:
+        open(os.path.join(args.dir, "arriving"), "w").close()
+    opt = noloco.OuterOptimizer(model.named_parameters(), method="noloco", inner_optimizer=inner,
+                                join=True if args.join == "env" else args.join, **keys(args.keys))
+    rank = opt.replica
+    took = {"rejoined": opt.rejoined, "hash": state_hash(model, inner)} if arriving else None
+    torch.manual_seed(1000 + rank)
+    step, groups, losses = opt.inner_steps, [], []
+    deadline = time.monotonic() + 240
+    while step < args.steps or (not arriving and not os.path.exists(served) and time.monotonic() < deadline):
+        if not arriving and step == args.wait_at:
+            open(os.path.join(args.dir, f"waiting{rank}"), "w").close()
+            if not wait_for(os.path.join(args.dir, "arriving"), 120):
+                break
+            deadline = time.monotonic() + 120
+        x = torch.randn(32, 16)
+        loss = (model(x) - x[:, :1]).pow(2).mean()
+        inner.zero_grad()
+        loss.backward()
+        inner.step()
+        losses.append(loss.item())
+        report = opt.step()
+        step += 1
+        if report is not None:
+            groups.append(sorted(report["group"]))
+            if report["handed_over_to"]:
+                with open(served + ".tmp", "w") as f:
+                    json.dump({"by": rank, "to": report["handed_over_to"], "step": step,
+                               "hash": state_hash(model, inner)}, f)
+                os.rename(served + ".tmp", served)
+        if not arriving and step > args.wait_at and not os.path.exists(served):
+            time.sleep(0.01)  # paced while the arriving replica starts, so that the run is not over before
+    opt.finish()
+    emit({"rank": rank, "steps": opt.inner_steps, "took": took, "groups": groups,
+          "first_loss": sum(losses[:10]) / max(1, len(losses[:10])), "last_loss": sum(losses[-10:]) / 10})
+
+
 def cli_llama(args):
     """The CLI's Llama and batches (noloco.Llama), stepped by torch.optim.AdamW
     as the CLI's inner optimizer steps (weight decay on matrices only, its
@@ -217,7 +289,8 @@ def cli_llama(args):
 
 def main():
     parser = argparse.ArgumentParser()
-    parser.add_argument("mode", choices=["paper_update", "trains", "message_bytes", "survives", "cli_llama", "resumes"])
+    parser.add_argument("mode", choices=["paper_update", "trains", "message_bytes", "survives", "cli_llama", "resumes",
+                                           "handover"])
     parser.add_argument("--steps", type=int, default=40)
     parser.add_argument("--method", default="noloco")
     parser.add_argument("--params", type=int, default=0)
@@ -225,7 +298,9 @@ def main():
     parser.add_argument("--leave-at", type=int, default=-1)
     parser.add_argument("--save-at", type=int, default=0, help="resumes: the step whose state is saved")
     parser.add_argument("--resume", action="store_true", help="resumes: start from the save")
-    parser.add_argument("--dir", default=".", help="resumes: where the saves go")
+    parser.add_argument("--dir", default=".", help="resumes: where the saves go; handover: the markers")
+    parser.add_argument("--join", default=None, help="handover: join the run whose noloco launch --join-dir this is; env: the one NOLOCO_STORE names")
+    parser.add_argument("--wait-at", type=int, default=50, help="handover: where live replicas wait for the arriving one")
     parser.add_argument("--llama", default="{}", help="cli_llama: the run's config keys, a JSON object")
     parser.add_argument("--source", default=".", help="cli_llama: the repository (its configs/)")
     parser.add_argument("keys", nargs="*", help="key=value settings of the outer optimizer")

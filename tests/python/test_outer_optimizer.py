@@ -14,6 +14,11 @@ ctest runs one case a test: test_outer_optimizer.py CASE BUILD_DIR.
                  RANK: each a ValueError naming it
   resumes        saved at step 15 by state_dict() and started again from it: the
                  same weights at the end, bit for bit
+  joins          a replica started by hand joins a `noloco launch --join-dir` run,
+                 and a torchrun run, and takes a live replica's state (AdamW's
+                 too), bit for bit
+  restarts       under `noloco launch --restarts 1` a killed replica is started
+                 again and takes a live replica's state likewise
   survives       under `noloco launch` (torchrun's agent stops every worker
                  when one fails): one replica killed, one leaving by SIGTERM,
                  the rest train to the end; the launcher exits 3
@@ -24,6 +29,7 @@ import socket
 import subprocess
 import sys
 import tempfile
+import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 SOURCE = os.path.dirname(os.path.dirname(HERE))
@@ -173,6 +179,12 @@ print(refused(lambda: noloco.OuterOptimizer(params(), method="noloco", outer_int
 print(refused(lambda: noloco.OuterOptimizer([], method="noloco")))
 os.environ.pop("RANK")
 print(refused(lambda: noloco.OuterOptimizer(params(), method="noloco")))
+print(refused(lambda: noloco.OuterOptimizer(params(), method="noloco", join=True)))
+print(refused(lambda: noloco.OuterOptimizer(params(), method="diloco", join=True)))
+print(refused(lambda: noloco.OuterOptimizer(params(), method="noloco", join="/nonexistent")))
+os.environ["NOLOCO_STORE"] = "tcp://127.0.0.1"
+print(refused(lambda: noloco.OuterOptimizer(params(), method="noloco", join=True)))
+print(refused(lambda: noloco.OuterOptimizer(params(), method="noloco", inner_optimizer=object())))
 """
     done = subprocess.run([sys.executable, "-c", program], env=environment(build), capture_output=True, text=True,
                           timeout=TIMEOUT)
@@ -180,7 +192,8 @@ print(refused(lambda: noloco.OuterOptimizer(params(), method="noloco")))
     lines = done.stdout.splitlines()
     print("\n".join(lines))
     expected = ["steps is not a key of the outer optimizer", "method=ddp", "outer_interval", "no parameters",
-                "RANK is not set"]
+                "RANK is not set", "NOLOCO_STORE is not set", "a diloco run takes no joiners",
+                "/nonexistent/join.json does not exist", "is not tcp://host:port", "not a torch.optim optimizer"]
     check(len(lines) == len(expected), f"{len(lines)} lines, expected {len(expected)}")
     for line, words in zip(lines, expected):
         check(words in line, f"'{line}' does not name {words}")
@@ -220,6 +233,98 @@ def survives(build):
         check(found[rank]["steps"] == 120, f"replica {rank} stopped at step {found[rank]['steps']}")
         check(found[rank]["left_at"] is None, f"replica {rank} left")
     check(any(3 in found[rank]["lost"] for rank in (0, 1, 2)), "nobody reported replica 3 lost")
+
+
+def check_handover(found, served, newcomer, joined):
+    """The arriving replica took, bit for bit, the state its donor handed over
+    (weights, AdamW's moments and step), at the donor's outer step, and trained
+    to the end with the others."""
+    took = found[newcomer]["took"]
+    print(f"donor: {served}\narriving replica {newcomer}: {took['rejoined']}; trained to step "
+          f"{found[newcomer]['steps']}, loss {found[newcomer]['first_loss']:.4f} -> {found[newcomer]['last_loss']:.4f}")
+    check(took["rejoined"] is not None and took["rejoined"]["joined"] == joined,
+          f"replica {newcomer}: rejoined {took['rejoined']}")
+    check(served["to"] == [newcomer] and served["step"] == took["rejoined"]["step"],
+          f"served {served}, took {took['rejoined']}")
+    check(took["rejoined"]["donor"] == served["by"], "the donor named is not the one that served")
+    check(took["hash"] == served["hash"], "the state taken differs from the state handed over")
+    check(took["rejoined"]["step"] % 10 == 0 and took["rejoined"]["step"] >= 50,
+          "not taken at an outer step after the arriving replica started (step 50 on)")
+    for rank, r in found.items():
+        check(r["steps"] >= 200, f"replica {rank} stopped at step {r['steps']}")
+    check(any(newcomer in g for rank, r in found.items() if rank != newcomer for g in r["groups"]),
+          f"no live replica was grouped with replica {newcomer} after it arrived")
+    check(found[newcomer]["last_loss"] < found[newcomer]["first_loss"], "the arriving replica's loss did not fall")
+
+
+def joins(build):
+    """A third replica started by hand, mid-run (once the others are at step
+    50), joins a run of two and takes a live replica's state (with the AdamW
+    state given as inner_optimizer); both ways a run is started:
+    `noloco launch 2 --join-dir DIR` (join=DIR: the launcher's invitation and
+    token; the launcher waits for the joiner and exits 0), and torchrun
+    (join=True: NOLOCO_STORE=tcp://MASTER_ADDR:MASTER_PORT, its agent's store)."""
+    for starter in ("launch", "torchrun"):
+        with tempfile.TemporaryDirectory() as out:
+            common = [WORKER, "handover", "--steps", "200", "--wait-at", "50", "--dir", out, "outer_interval=10",
+                      "peer_timeout=30"]
+            env, joiner_env = environment(build), environment(build)
+            if starter == "launch":
+                # No token given: the launcher makes one up and leaves it in DIR/run_token for the joiner.
+                env.pop("NOLOCO_RUN_TOKEN")
+                joiner_env.pop("NOLOCO_RUN_TOKEN")
+                command = [os.path.join(build, "noloco"), "launch", "2", "--join-dir", out, "--", sys.executable]
+                join = ["--join", out]
+            else:
+                port = free_port()
+                command = [sys.executable, "-m", "torch.distributed.run", "--nnodes=1", "--nproc_per_node=2",
+                           "--master_addr=127.0.0.1", f"--master_port={port}", "--redirects=2", "--tee=2"]
+                joiner_env.update(NOLOCO_STORE=f"tcp://127.0.0.1:{port}", WORLD_SIZE="2")
+                join = ["--join", "env"]
+            run = subprocess.Popen(command + common, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                   text=True)
+            try:
+                check(wait_for_file(os.path.join(out, "waiting0"), 120), f"{starter}: replica 0 did not reach step 50")
+                joiner = subprocess.run([sys.executable] + common + join, env=joiner_env, capture_output=True,
+                                        text=True, timeout=TIMEOUT)
+                stdout, stderr = run.communicate(timeout=TIMEOUT)
+            finally:
+                run.kill()
+            print(f"{starter}:\n{stderr[-800:]}")
+            check(joiner.returncode == 0, f"{starter}: the joiner exited {joiner.returncode}:\n{joiner.stderr[-3000:]}")
+            check(run.returncode == 0, f"{starter} exited {run.returncode}:\n{stderr[-3000:]}")
+            if starter == "launch":
+                check("and 1 of 1 joiners" in stderr, "the launcher did not wait for the joiner")
+            found = {r["rank"]: r for r in results(stdout + joiner.stdout)}
+            check(sorted(found) == [0, 1, 2], f"{starter}: replicas that reported: {sorted(found)}")
+            check_handover(found, json.load(open(os.path.join(out, "served.json"))), 2, joined=True)
+
+
+def restarts(build):
+    """`noloco launch 3 --restarts 1`: replica 2 killed at step 35 by its drill
+    is started again, takes a live replica's state and trains to the end; the
+    launcher exits 0."""
+    with tempfile.TemporaryDirectory() as out:
+        command = [os.path.join(build, "noloco"), "launch", "3", "--restarts", "1", "--", sys.executable, WORKER,
+                   "handover", "--steps", "200", "--wait-at", "50", "--dir", out, "outer_interval=10",
+                   "inject_crash=2:35", "peer_timeout=30"]
+        done = subprocess.run(command, env=environment(build), capture_output=True, text=True, timeout=TIMEOUT)
+        print(done.stderr[-1500:])
+        check(done.returncode == 0, f"noloco launch exited {done.returncode}, not 0")
+        check("worker 2 was killed by signal 9" in done.stderr and "started again" in done.stderr,
+              "the launcher did not restart worker 2")
+        found = {r["rank"]: r for r in results(done.stdout)}
+        check(sorted(found) == [0, 1, 2], f"replicas that reported: {sorted(found)}")
+        check_handover(found, json.load(open(os.path.join(out, "served.json"))), 2, joined=False)
+
+
+def wait_for_file(path, seconds):
+    deadline = time.monotonic() + seconds
+    while not os.path.exists(path):
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.1)
+    return True
 
 
 if __name__ == "__main__":

@@ -4,6 +4,7 @@
 #include <sched.h>
 #include <signal.h>
 #include <sys/prctl.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -429,6 +430,37 @@ class JoinInvitation {
  private:
   std::string dir_;
 };
+
+}  // namespace
+
+JoinInvitationFile read_join_invitation(const std::string& dir) {
+  const auto path = dir + "/join.json";
+  if (!file_exists(path))
+    throw std::invalid_argument(
+        fmt::format("join: {} does not exist: no run is training from there on this machine (or it takes no joiners); from elsewhere, name its store", path));
+  const auto j = nlohmann::json::parse(read_file(path), nullptr, false);
+  if (!j.is_object() || !j.contains("store") || !j["store"].is_string() ||
+      !j.value("local_workers", nlohmann::json()).is_number_integer() || j["local_workers"].get<int64_t>() < 1)
+    throw std::invalid_argument(fmt::format("join: {} is not a launcher's invitation (store, local_workers)", path));
+  return {j["store"].get<std::string>(), j["local_workers"].get<int>()};
+}
+
+std::string joiner_token(const std::string& token_file) {
+  if (const char* given = std::getenv("NOLOCO_RUN_TOKEN"); given && *given) return given;
+  struct stat st {};
+  if (::stat(token_file.c_str(), &st) != 0)
+    throw std::invalid_argument(fmt::format(
+        "join: no token: set NOLOCO_RUN_TOKEN, or give token_file= ({} does not exist)", token_file));
+  if ((st.st_mode & 077) != 0)
+    throw std::invalid_argument(
+        fmt::format("join: {} can be read by others than its owner; chmod 600 it first", token_file));
+  auto token = read_file(token_file);
+  while (!token.empty() && (token.back() == '\n' || token.back() == '\r')) token.pop_back();
+  if (token.empty()) throw std::invalid_argument(fmt::format("join: {} holds no token", token_file));
+  return token;
+}
+
+namespace {
 
 // The workers that joined the run (members of each stage's scope), each
 // once it finished (its summary written; also after leaving) or was given

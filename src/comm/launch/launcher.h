@@ -67,6 +67,20 @@ struct LaunchResult {
 // given up (their heartbeat silent for heartbeat_timeout).
 LaunchResult launch_local_workers(const LaunchPlan& plan, const std::vector<std::string>& worker_args);
 
+// What a joiner on this machine finds in a run's join directory while the
+// run is on (LaunchPlan::join_dir): the store's endpoint, the workers the
+// launcher started, and the token where the launcher made it up.
+struct JoinInvitationFile {
+  std::string store;
+  int workers = 0;
+};
+// Throws std::invalid_argument, in one line, when DIR holds no invitation
+// (the run is not on here, or takes no joiners) or a malformed one.
+JoinInvitationFile read_join_invitation(const std::string& dir);
+// The run's token for a joiner: NOLOCO_RUN_TOKEN, else `token_file` (the
+// launcher's run_token in the join directory), which only its owner may read.
+std::string joiner_token(const std::string& token_file);
+
 // Starts `command` (its program looked up on PATH) with `env` (NAME=value)
 // added to the environment, in network namespace `netns` if one is named; it
 // gets SIGTERM when the process that started it dies.
