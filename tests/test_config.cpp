@@ -296,29 +296,25 @@ TEST(WorkerEnv, JoinerNeedsTheStoreTheWorldAndNoRank) {
     EXPECT_EQ(w.store_url, "unix:///tmp/x.sock");
     EXPECT_TRUE(w.agent_store) << "a joiner never hosts the run's store";
   }
-  const auto refusal = [](std::vector<std::pair<std::string, std::string>> vars) {
-    const ScopedEnv env(std::move(vars));
+  const std::vector<std::pair<std::vector<std::pair<std::string, std::string>>, std::string>> refused = {
+      {{{"RANK", "0"}, {"WORLD_SIZE", "3"}, {"NOLOCO_RUN_TOKEN", "t"}, {"NOLOCO_STORE", "tcp://h:1"}}, "RANK is set"},
+      {{{"RANK", ""}, {"WORLD_SIZE", ""}, {"NOLOCO_RUN_TOKEN", "t"}, {"NOLOCO_STORE", "tcp://h:1"}},
+       "WORLD_SIZE is not set"},
+      {{{"RANK", ""}, {"WORLD_SIZE", "3"}, {"NOLOCO_RUN_TOKEN", ""}, {"NOLOCO_STORE", "tcp://h:1"}},
+       "NOLOCO_RUN_TOKEN is not set"},
+      {{{"RANK", ""}, {"WORLD_SIZE", "3"}, {"NOLOCO_RUN_TOKEN", "t"}, {"NOLOCO_STORE", "tcp://h:99999"}},
+       "no such port"},
+      {{{"RANK", ""}, {"WORLD_SIZE", "3"}, {"NOLOCO_RUN_TOKEN", "t"}, {"NOLOCO_STORE", "ftp://h:1"}},
+       "is not an etcd endpoint"},
+  };
+  for (const auto& [vars, expected] : refused) {
+    const ScopedEnv env(vars);
     WorkerEnv w;
     try {
       joiner_env_from_environment(w);
+      ADD_FAILURE() << "accepted; expected: " << expected;
     } catch (const std::invalid_argument& e) {
-      return std::string(e.what());
+      EXPECT_NE(std::string(e.what()).find(expected), std::string::npos) << e.what();
     }
-    return std::string("accepted");
-  };
-  EXPECT_NE(refusal({{"RANK", "0"}, {"WORLD_SIZE", "3"}, {"NOLOCO_RUN_TOKEN", "t"}, {"NOLOCO_STORE", "tcp://h:1"}})
-                .find("RANK is set"),
-            std::string::npos);
-  EXPECT_NE(refusal({{"RANK", ""}, {"WORLD_SIZE", ""}, {"NOLOCO_RUN_TOKEN", "t"}, {"NOLOCO_STORE", "tcp://h:1"}})
-                .find("WORLD_SIZE is not set"),
-            std::string::npos);
-  EXPECT_NE(refusal({{"RANK", ""}, {"WORLD_SIZE", "3"}, {"NOLOCO_RUN_TOKEN", ""}, {"NOLOCO_STORE", "tcp://h:1"}})
-                .find("NOLOCO_RUN_TOKEN is not set"),
-            std::string::npos);
-  EXPECT_NE(refusal({{"RANK", ""}, {"WORLD_SIZE", "3"}, {"NOLOCO_RUN_TOKEN", "t"}, {"NOLOCO_STORE", "tcp://h:99999"}})
-                .find("no such port"),
-            std::string::npos);
-  EXPECT_NE(refusal({{"RANK", ""}, {"WORLD_SIZE", "3"}, {"NOLOCO_RUN_TOKEN", "t"}, {"NOLOCO_STORE", "ftp://h:1"}})
-                .find("is not an etcd endpoint"),
-            std::string::npos);
+  }
 }

@@ -416,7 +416,7 @@ int run_join(const std::string& run_dir, const std::vector<std::string>& args) {
   env.agent_store = true;
   env.token = joiner_token(token_file);
   env.store_url = store;
-  if (store.rfind("https://", 0) == 0 && !std::getenv("NOLOCO_STORE_CA")) env.store_pin = store_tls_key(env.token).pin;
+  pin_hosted_store_key(env);
   const auto place = joiner_place(env, cfg, stage);
   env.rank = (place.member * replica_workers + place.replica_worker) * stages + place.stage;
   env.local_rank = place.replica_worker;

@@ -6,7 +6,6 @@
 #include <fmt/format.h>
 
 #include "comm/launch/launcher.h"
-#include "comm/store/run_keys.h"
 #include "comm/store/store.h"
 #include "config/worker_env.h"
 #include "util/leave_signal.h"
@@ -59,8 +58,7 @@ WorkerEnv joiner_env(const UserLoopStart& start, const TrainConfig& config) {
     env.token = joiner_token(start.join_dir + "/run_token");
     env.agent_store = true;
   }
-  if (env.store_url.rfind("https://", 0) == 0 && !std::getenv("NOLOCO_STORE_CA"))
-    env.store_pin = store_tls_key(env.token).pin;
+  pin_hosted_store_key(env);
   const auto timeout = std::chrono::milliseconds(int64_t(config.comm.peer_timeout * 1000));
   try {
     env.rank = claim_member_id(connect_store(env, timeout), env.token, replica_scope(1, 0), env.world);

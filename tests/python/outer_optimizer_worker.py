@@ -12,6 +12,7 @@ import torch
 import torch.distributed as dist
 
 import noloco
+from markers import wait_for
 
 
 def emit(result):
@@ -202,16 +203,6 @@ def state_hash(model, inner):
         if "step" in state:
             h.update(str(float(state["step"])).encode())
     return h.hexdigest()
-
-
-def wait_for(path, seconds):
-    """Until `path` exists (a marker another process writes); False after `seconds`."""
-    deadline = time.monotonic() + seconds
-    while not os.path.exists(path):
-        if time.monotonic() > deadline:
-            return False
-        time.sleep(0.05)
-    return True
 
 
 def handover(args):

@@ -29,7 +29,8 @@ import socket
 import subprocess
 import sys
 import tempfile
-import time
+
+from markers import wait_for
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 SOURCE = os.path.dirname(os.path.dirname(HERE))
@@ -284,7 +285,7 @@ def joins(build):
             run = subprocess.Popen(command + common, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                    text=True)
             try:
-                check(wait_for_file(os.path.join(out, "waiting0"), 120), f"{starter}: replica 0 did not reach step 50")
+                check(wait_for(os.path.join(out, "waiting0"), 120), f"{starter}: replica 0 did not reach step 50")
                 joiner = subprocess.run([sys.executable] + common + join, env=joiner_env, capture_output=True,
                                         text=True, timeout=TIMEOUT)
                 stdout, stderr = run.communicate(timeout=TIMEOUT)
@@ -316,15 +317,6 @@ def restarts(build):
         found = {r["rank"]: r for r in results(done.stdout)}
         check(sorted(found) == [0, 1, 2], f"replicas that reported: {sorted(found)}")
         check_handover(found, json.load(open(os.path.join(out, "served.json"))), 2, joined=False)
-
-
-def wait_for_file(path, seconds):
-    deadline = time.monotonic() + seconds
-    while not os.path.exists(path):
-        if time.monotonic() > deadline:
-            return False
-        time.sleep(0.1)
-    return True
 
 
 if __name__ == "__main__":

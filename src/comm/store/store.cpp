@@ -43,6 +43,11 @@ StorePtr connect_store(const WorkerEnv& env, std::chrono::milliseconds timeout) 
   }
 }
 
+void pin_hosted_store_key(WorkerEnv& env) {
+  if (env.store_url.rfind("https://", 0) == 0 && !std::getenv("NOLOCO_STORE_CA"))
+    env.store_pin = store_tls_key(env.token).pin;
+}
+
 StorePtr run_scope(const StorePtr& store, const std::string& token, const std::string& scope) {
   return c10::make_intrusive<c10d::PrefixStore>("noloco/" + store_key_prefix(token) + "/" + scope, store);
 }

@@ -21,6 +21,10 @@ using StorePtr = c10::intrusive_ptr<c10d::Store>;
 // Waits up to `timeout` for an etcd that is not up yet; a wrong token is
 // refused at once.
 StorePtr connect_store(const WorkerEnv& env, std::chrono::milliseconds timeout);
+// A joiner reaching the run's store at an https:// URL pins the key the token
+// gives (the store worker 0 hosts), unless NOLOCO_STORE_CA names the CA of a
+// store of one's own.
+void pin_hosted_store_key(WorkerEnv& env);
 // The keys of `scope` in the run with `token`: "noloco/<store_key_prefix(token)>/<scope>/...".
 StorePtr run_scope(const StorePtr& store, const std::string& token, const std::string& scope);
 
