@@ -84,6 +84,13 @@ TEST(Config, RotatedActivationsNeedAPowerOfTwoBlock) {
   EXPECT_NO_THROW(parse_config("", {"stages=2", "activation_codec=bf16", "quant_block=96"}));
 }
 
+TEST(Config, ActivationSubspaceNeedsStagesAndFitsTheWidth) {
+  EXPECT_NE(error_of("", {"activation_subspace=16"}).find("activation_subspace needs stages > 1"), std::string::npos);
+  EXPECT_NE(error_of("", {"stages=2", "activation_subspace=129"}).find("activation_subspace must be in [0, hidden=128]"),
+            std::string::npos);
+  EXPECT_EQ(parse_config("", {"stages=2", "activation_subspace=16"}).pipeline.activation_subspace, 16);
+  EXPECT_EQ(parse_config("", {"stages=2"}).pipeline.activation_codec, CodecSpec::Type::int8) << "the default";
+}
 TEST(Config, MoreStagesThanLayers) { EXPECT_NE(error_of("layers: 2\n", {"stages=3"}).find("stages must be in [1, layers=2]"), std::string::npos); }
 TEST(Config, StageLayersMustCoverTheModel) { EXPECT_NE(error_of("layers: 4\n", {"stages=2", "stage_layers=1,2"}).find("summing to layers=4"), std::string::npos); }
 TEST(Config, RestartsOnlyForNoLoCo) { EXPECT_NE(error_of("", {"method=ddp", "restarts=1"}).find("restarts needs method=noloco"), std::string::npos); }

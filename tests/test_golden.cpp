@@ -36,7 +36,7 @@ const std::vector<GoldenRun>& golden_runs() {
       {"noloco", "method=noloco replicas=4 batch=2 steps=12 outer_interval=4"},
       {"noloco_gamma", "method=noloco replicas=2 batch=2 steps=12 outer_interval=4 gamma=0.4"},
       {"noloco_bf16", "method=noloco replicas=2 batch=2 steps=12 outer_interval=4 wire_dtype=bf16"},
-      {"pipeline", "method=noloco replicas=2 stages=2 batch=2 grad_accum=2 steps=8 outer_interval=4"},
+      {"pipeline", "method=noloco replicas=2 stages=2 batch=2 grad_accum=2 steps=8 outer_interval=4 activation_codec=fp32"},
   };
   return runs;
 }

@@ -18,6 +18,10 @@
 #include "comm/transport/activation_link.h"
 #include "comm/transport/seal.h"
 #include "model/llama.h"
+#include "model/hf_directory.h"
+#include "model/subspace.h"
+#include "optim/flat_params.h"
+#include "optim/subspace_constraint.h"
 #include "pipeline/routing.h"
 #include "pipeline/stage.h"
 #include "test_util.h"
@@ -336,6 +340,82 @@ TEST(ActivationChannel, CodedActivationsDecodeWithinAStepAndAMalformedOneIsDropp
   EXPECT_EQ(stats.bytes_sent, uint64_t(128 + 4 * 2));
 }
 
+// activation_subspace: a boundary carries K coordinates a token, coded by
+// the direction's codec (int8 here: K·tokens bytes plus a bf16 scale per 64
+// values); the receiver rebuilds the hidden states from the token ids it
+// knows, and gradients as their projection onto the span. Coordinates that
+// are not finite are refused and their micro-batch dropped; a receiver that
+// expects another K rejects the message by its header.
+TEST(ActivationChannel, SubspaceCoordinatesCrossInTheirFormulasSizeAndAMalformedOneIsDropped) {
+  const int port = noloco::testing::free_port();
+  const auto host = hosted_store(port);
+  const int64_t B = 2, T = 8, H = 32, K = 8;
+  torch::manual_seed(0);
+  const auto embedding = torch::randn({20, H});
+  const auto subspace = std::make_shared<const ResidualSubspace>(K, 11, embedding, 1);
+  const auto other_k = std::make_shared<const ResidualSubspace>(K / 2, 11, embedding, 1);
+  const auto ids = torch::randint(20, {B, T}, torch::kInt64);
+  // A hidden state the constrained model can produce: F[ids] + U·z.
+  const auto z = torch::randn({B, T, K});
+  const auto h = subspace->residual(z, ids);
+  const auto g = torch::randn({B, T, H});
+  const ActivationCodecs codecs{{CodecSpec::Type::int8, 0, 64, false}, {CodecSpec::Type::fp32, 0, 64, false}};
+  torch::Tensor got_h, got_g;
+  bool nan_delivered = true;
+  std::string other_k_error;
+  PipelineStats receiver;
+  auto worker = [&](int rank) {
+    const auto env = stage_env(rank, port);
+    const auto store = connect_store(env, kLinkTimeout);
+    ActivationLink link(store, env, 2, 0, "127.0.0.1", kLinkTimeout, kLinkTimeout, std::make_shared<const Seal>(env.token));
+    ActivationChannel channel(link, codecs, subspace);
+    link.enter("step/1");
+    if (rank == 0) {
+      channel.send(1, {MessageKind::activations, 1, 0, 0, 0}, {h});
+      channel.send(1, {MessageKind::activations, 1, 1, 0, 0}, {torch::full({B, T, H}, NAN)});
+      channel.send(1, {MessageKind::activations, 1, 2, 0, 0}, {h});
+      std::vector<torch::Tensor> grad{torch::zeros({B, T, H})};
+      EXPECT_TRUE(channel.recv(1, {MessageKind::gradients, 1, 0, 0, 0}, grad));
+      got_g = grad[0];
+      link.finish_sends();
+    } else {
+      std::vector<torch::Tensor> in{torch::zeros({B, T, H})};
+      EXPECT_TRUE(channel.recv(0, {MessageKind::activations, 1, 0, 0, 0}, in, ids));
+      got_h = in[0];
+      in = {torch::zeros({B, T, H})};
+      nan_delivered = channel.recv(0, {MessageKind::activations, 1, 1, 0, 0}, in, ids);
+      ActivationChannel wrong(link, codecs, other_k);
+      in = {torch::zeros({B, T, H})};
+      try {
+        wrong.recv(0, {MessageKind::activations, 1, 2, 0, 0}, in, ids);
+      } catch (const std::exception& e) {
+        other_k_error = e.what();
+      }
+      channel.send(0, {MessageKind::gradients, 1, 0, 0, 0}, {g});
+      link.finish_sends();
+      receiver = link.stats();
+    }
+  };
+  std::thread a(worker, 0), b(worker, 1);
+  a.join();
+  b.join();
+  ASSERT_TRUE(got_h.defined() && got_g.defined());
+  // int8 on z: within half a step of each 64-value block's scale, carried back through orthonormal U.
+  const double step = z.abs().max().item<double>() / 127;
+  EXPECT_LT((got_h - h).abs().max().item<double>(), step * std::sqrt(double(K)));
+  EXPECT_GT((got_h - h).abs().max().item<double>(), 0.0) << "int8 on top of the subspace";
+  const auto& u = subspace->basis();
+  EXPECT_LT((got_g - g.matmul(u).matmul(u.t())).abs().max().item<double>(), 1e-5) << "fp32 gradients: U·Uᵀg";
+  EXPECT_FALSE(nan_delivered) << "a malformed subspace payload is never applied";
+  EXPECT_NE(other_k_error.find("rejected a pipeline message from worker 0"), std::string::npos) << other_k_error;
+  EXPECT_EQ(receiver.micro_batches_dropped, 1);
+  // Received for training: two int8 payloads of B·T·K values (the rejected
+  // one is not counted); sent: one fp32 gradient payload.
+  const double values = B * T * K;
+  EXPECT_EQ(receiver.bytes_received, uint64_t(2 * (values + values / 64 * 2)));
+  EXPECT_EQ(receiver.bytes_sent, uint64_t(values * 4));
+}
+
 // A dropped micro-batch is announced, not awaited; a neighbour whose pair
 // fails (here: its group is torn down) is lost, and the next roster leaves it out.
 TEST(ActivationLink, DroppedNoticesAndALostNeighbour) {
@@ -457,7 +537,7 @@ void expect_same_losses(const std::map<int, std::map<int64_t, double>>& a,
 // whole-model clipping by design, so clipping is off in both runs.
 TEST_F(Pipeline, FixedRoutingWithTwoStagesMatchesTheUnpipelinedRun) {
   const std::string common = "batch=4 grad_accum=2 steps=12 clip=0 eval_interval=6";
-  const auto piped = run("piped", "stages=2 routing=fixed " + common);
+  const auto piped = run("piped", "stages=2 routing=fixed activation_codec=fp32 " + common);
   const auto whole = run("whole", common);
   expect_same_losses(losses(piped, "train"), losses(whole, "train"), 12);
   expect_same_losses(losses(piped, "val"), losses(whole, "val"), 2);
@@ -478,7 +558,7 @@ TEST_F(Pipeline, FixedRoutingWithTwoStagesMatchesTheUnpipelinedRun) {
 TEST_F(Pipeline, CodedActivationsCrossTheBoundaryInTheirCodedSize) {
   const std::string common = "batch=4 grad_accum=2 steps=12 clip=0 eval_interval=6 stages=2 routing=fixed";
   const auto coded = run("coded", common + " activation_codec=int8 activation_grad_codec=int4 activation_rotation=false");
-  const auto exact = run("exact", common);
+  const auto exact = run("exact", common + " activation_codec=fp32");
   const auto summary = read_json(coded + "/summary.json");
   const double B = 4, T = 32, H = 32, M = 2, scales = B * T * H / 64 * 2;
   EXPECT_EQ(summary["activation_bytes_per_step"].get<double>(),
@@ -510,11 +590,11 @@ TEST_F(Pipeline, CodedActivationsCrossTheBoundaryInTheirCodedSize) {
 // routing that is exactly the unpipelined method.
 TEST_F(Pipeline, DdpAndNoLoCoPerStageMatchTheUnpipelinedMethods) {
   const std::string ddp = "method=ddp replicas=2 batch=2 steps=6 clip=0";
-  expect_same_losses(losses(run("ddp_piped", ddp + " stages=2 routing=fixed"), "train"),
+  expect_same_losses(losses(run("ddp_piped", ddp + " stages=2 routing=fixed activation_codec=fp32"), "train"),
                      losses(run("ddp_whole", ddp), "train"), 6);
 
   const std::string noloco = "method=noloco replicas=4 batch=2 steps=6 outer_interval=3 clip=0";
-  const auto piped = run("noloco_piped", noloco + " stages=2 routing=fixed");
+  const auto piped = run("noloco_piped", noloco + " stages=2 routing=fixed activation_codec=fp32");
   const auto whole = run("noloco_whole", noloco);
   for (int d = 0; d < 4; ++d) {
     const auto reference = load_tensors(find_checkpoint(whole + "/checkpoints/r" + std::to_string(d)) + "/model.safetensors");
@@ -579,6 +659,81 @@ TEST_F(Pipeline, ResumesBitIdenticallyAndExportsTheWholeModel) {
   EXPECT_EQ(from_stages, exported.size());
   r = noloco::testing::run_cli("generate " + straight + " tokens=20", 60);
   EXPECT_EQ(r.exit_code, 0) << r.output;
+}
+
+// activation_subspace=K (issue 51): the boundary carries K fp32 values a
+// token each way (exact: ResidualSubspace.ABoundaryOfKCoordinatesGives...),
+// the constraint changes training, and the summary reports the bits a
+// hidden-state value; a run without stages has nothing to constrain.
+TEST_F(Pipeline, SubspaceBoundaryCarriesKValuesAToken) {
+  const std::string common = "batch=4 grad_accum=2 steps=12 clip=0 eval_interval=6 stages=2 routing=fixed "
+                             "activation_codec=fp32";
+  const auto piped = run("sub_piped", "activation_subspace=8 " + common);
+  const auto plain = run("plain_piped", common);
+  const auto plain_train = losses(plain, "train"), piped_train = losses(piped, "train");
+  ASSERT_EQ(piped_train.at(0).size(), 12u);
+  double apart = 0;
+  for (const auto& [step, loss] : plain_train.at(0)) apart = std::max(apart, std::abs(loss - piped_train.at(0).at(step)));
+  EXPECT_GT(apart, 1e-3) << "the constraint changes training";
+  const auto summary = read_json(piped + "/summary.json");
+  const double B = 4, T = 32, K = 8, M = 2, H = 32;
+  EXPECT_EQ(summary["activation_bytes_per_step"].get<double>(), M * 2 * (B * T * K * 4));
+  EXPECT_EQ(summary["activation_subspace"].get<int64_t>(), 8);
+  EXPECT_DOUBLE_EQ(summary["activation_bits_per_value"].get<double>(), 32 * K / H);
+  const auto r = noloco::testing::run_cli(small_train_args(dir / "c.txt", dir / "none") + " activation_subspace=8", 60);
+  EXPECT_NE(r.exit_code, 0);
+  EXPECT_NE(r.output.find("activation_subspace needs stages > 1"), std::string::npos) << r.output;
+}
+
+// NoLoCo with int8 outer messages (whose decoded means leave the span) and
+// int8 activations: after every outer step stage 0's writers are back in
+// span(U) (stage 1's, the last stage's, write freely), the embedding's frozen
+// part never moves, a resumed run continues bit-identically, and the export
+// is an ordinary Llama that a subspace run imports unchanged.
+TEST_F(Pipeline, SubspaceRunStaysInTheSpanResumesBitIdenticallyAndExports) {
+  const std::string common =
+      "method=noloco replicas=2 stages=2 batch=2 grad_accum=2 outer_interval=4 decay_steps=8 checkpoint_interval=4 "
+      "activation_subspace=8 activation_codec=int8 wire_dtype=int8";
+  const auto straight = run("sub_straight", common + " steps=8");
+  run("sub_split", common + " steps=4");
+  const auto split = run("sub_split", common + " steps=8 resume=true");
+  const auto u = subspace_basis(32, 8, 1337);
+  const auto outside = [&](const torch::Tensor& w) {
+    return (w - u.matmul(u.t().matmul(w))).abs().max().item<double>() / w.abs().max().item<double>();
+  };
+  const auto frozen = [&](const torch::Tensor& e) { return e - e.matmul(u).matmul(u.t()); };
+  for (int worker = 0; worker < 4; ++worker) {
+    const auto sub = "/checkpoints/r" + std::to_string(worker);
+    const auto a = load_tensors(find_checkpoint(straight + sub) + "/model.safetensors");
+    const auto b = load_tensors(find_checkpoint(split + sub) + "/model.safetensors");
+    ASSERT_EQ(a.size(), b.size());
+    for (auto& [name, t] : a) {
+      EXPECT_TRUE(torch::equal(t, b.at(name))) << "worker " << worker << " " << name;
+      if (ends_with(name, "o_proj.weight") || ends_with(name, "down_proj.weight")) {
+        if (worker % 2 == 0)
+          EXPECT_LT(outside(t), 1e-6) << "worker " << worker << " " << name;
+        else
+          EXPECT_GT(outside(t), 1e-2) << "worker " << worker << " " << name << " writes freely";
+      }
+    }
+    if (worker % 2 == 0) {  // stage 0 holds the embedding
+      const auto at4 = load_tensors(straight + sub + "/step_00000004/model.safetensors").at("model.embed_tokens.weight");
+      EXPECT_LT((frozen(a.at("model.embed_tokens.weight")) - frozen(at4)).abs().max().item<double>(), 1e-6);
+      EXPECT_GT((a.at("model.embed_tokens.weight") - at4).abs().max().item<double>(), 1e-4) << "it trained";
+    }
+  }
+  auto r = noloco::testing::run_cli("export " + straight + " " + (dir / "hf"), 60);
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  LlamaForCausalLM exported(read_hf_config(dir / "hf"));
+  load_hf_weights(exported, dir / "hf");
+  const auto tokens = torch::randint(exported->config.vocab_size, {2, 16}, torch::kInt64);
+  torch::NoGradGuard no_grad;
+  const auto logits = exported->forward(tokens);
+  FlatParams flat(*exported);
+  auto subspace = std::make_shared<const ResidualSubspace>(8, 1337, exported->model->embed_tokens->weight, 1);
+  flat.constrain(std::make_shared<const SubspaceConstraint>(subspace, flat));
+  EXPECT_LT((exported->forward(tokens) - logits).abs().max().item<double>(), 1e-5)
+      << "imported into a subspace run, the exported model is unchanged";
 }
 
 // 1F1B against GPipe, three stages with random routing and more micro-batches
@@ -647,11 +802,14 @@ TEST_F(Pipeline, AHungStageWorkerIsKilledByItsHeartbeatAndRoutedAround) {
 // from a live replica of that stage and is routed to again. The run is long
 // enough (120 steps) that the restart, a new process that loads LibTorch and
 // meets the store again, lands well before the end even on a loaded machine.
+// The run keeps its residual stream in a subspace (activation_subspace=8), so
+// routing around the lost worker and the newcomer's boundaries use it too:
+// the newcomer derives the same basis and frozen embedding from the seed.
 TEST_F(Pipeline, AKilledStageWorkerRestartsAndRejoinsItsStage) {
   const std::string run_dir = dir / "rejoin";
   noloco::testing::BackgroundCli launcher(small_train_args(dir / "c.txt", run_dir) +
                                           " method=noloco replicas=4 stages=2 batch=2 grad_accum=2 steps=1000000"
-                                          " outer_interval=5 inject_crash=3:12 restarts=1",
+                                          " outer_interval=5 inject_crash=3:12 restarts=1 activation_subspace=8",
                                       240);
   // The events the test is about: worker 3 (replica 1, stage 1) back from a
   // live replica's state, then computing replica 1's losses again.

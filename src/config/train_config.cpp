@@ -98,10 +98,15 @@ void add_topology_options(Options& o, TrainConfig& c) {
            "by stages, not micro-batches); the same gradients")
       .add("activation_codec", c.pipeline.activation_codec,
            "pipeline activations between stages on the wire: " + codec_names() +
-               " (quant_block values a scale; int2 is ternary); evaluations stay fp32")
+               " (quant_block values a scale; int2 is ternary); default int8 (free on every corpus measured); "
+               "evaluations stay fp32")
       .add("activation_grad_codec", c.pipeline.activation_grad_codec,
            "their gradients, back between stages: same (as activation_codec) | " + codec_names() +
                " (integer codes stochastically rounded: unbiased)")
+      .add("activation_subspace", c.pipeline.activation_subspace,
+           "K > 0: what the layers before the last stage write to the residual stream kept in a fixed "
+           "K-dimensional subspace drawn from the seed, so a stage boundary carries K values a token (then coded "
+           "by activation_codec) instead of hidden; 0: off")
       .add("activation_rotation", c.pipeline.activation_rotation,
            "integer activation codes (both directions): a randomized Hadamard rotation of each quant_block "
            "(a power of two) before coding, which spreads outliers so fewer bits suffice (int4: +0.73% loss "
@@ -316,6 +321,27 @@ void validate_replica_workers(const TrainConfig& c) {
                         c.run.replicas * c.run.replica_workers));
 }
 
+// The pipeline's keys: stages, their layers, what crosses a boundary.
+void validate_pipeline(const TrainConfig& c) {
+  const auto& pipeline = c.pipeline;
+  if (!(pipeline.stages > 0)) invalid(fmt::format("stages must be positive, got {}", pipeline.stages));
+  stage_layer_ranges(c.model.layers, pipeline.stages, pipeline.stage_layers);
+  if (c.model.tied_embeddings && pipeline.stages > 1)
+    invalid("tie_embeddings with stages > 1 is not implemented (the first and last stage would share one matrix): "
+            "set tie_embeddings=false to train the head as a copy");
+  if (pipeline.activation_subspace < 0 || pipeline.activation_subspace > c.model.hidden)
+    invalid(fmt::format("activation_subspace must be in [0, hidden={}], got {}", c.model.hidden,
+                        pipeline.activation_subspace));
+  if (pipeline.activation_subspace > 0 && pipeline.stages == 1)
+    invalid("activation_subspace needs stages > 1: it constrains what the layers before the last stage write");
+  const bool rotated = pipeline.stages > 1 && pipeline.activation_rotation &&
+                       (integer_code(pipeline.activation_codec) ||
+                        integer_code(pipeline.activation_grad_codec.value_or(pipeline.activation_codec)));
+  if (rotated && (c.outer.quant_block & (c.outer.quant_block - 1)) != 0)
+    invalid(fmt::format("activation_rotation needs quant_block a power of two, got {} (or activation_rotation=false)",
+                        c.outer.quant_block));
+}
+
 }  // namespace
 
 void TrainConfig::validate() const {
@@ -363,18 +389,8 @@ void TrainConfig::validate() const {
   const auto method = outer.method;
   positive("replicas", double(run.replicas));
   non_negative("max_local_workers", double(run.max_local_workers));
-  positive("stages", double(pipeline.stages));
+  validate_pipeline(*this);
   validate_replica_workers(*this);
-  stage_layer_ranges(model.layers, pipeline.stages, pipeline.stage_layers);
-  if (model.tied_embeddings && pipeline.stages > 1)
-    invalid("tie_embeddings with stages > 1 is not implemented (the first and last stage would share one matrix): "
-            "set tie_embeddings=false to train the head as a copy");
-  const bool rotated = pipeline.stages > 1 && pipeline.activation_rotation &&
-                       (integer_code(pipeline.activation_codec) ||
-                        integer_code(pipeline.activation_grad_codec.value_or(pipeline.activation_codec)));
-  if (rotated && (outer.quant_block & (outer.quant_block - 1)) != 0)
-    invalid(fmt::format("activation_rotation needs quant_block a power of two, got {} (or activation_rotation=false)",
-                        outer.quant_block));
   non_negative("outer_interval", double(outer.interval));
   positive("outer_lr", outer.lr);
   if (outer.group_size < 2) invalid(fmt::format("group_size must be >= 2, got {}", outer.group_size));

@@ -33,8 +33,23 @@ FlatParams::FlatParams(std::vector<std::pair<std::string, torch::Tensor>> named)
     // Autograd accumulates in place into an existing .grad, so gradients land in grads_.
     t.mutable_grad() = grads_.narrow(0, offset, n).view(t.sizes());
     named_.emplace_back(name, t);
+    offsets_.push_back(offset);
     offset += n;
   }
+}
+
+void FlatParams::constrain(std::shared_ptr<const WeightConstraint> constraint) {
+  constraint_ = std::move(constraint);
+  torch::NoGradGuard no_grad;
+  project_weights(values_);
+}
+
+void FlatParams::project_weights(torch::Tensor& flat) const {
+  if (constraint_) constraint_->project_weights(flat);
+}
+
+void FlatParams::project_change(torch::Tensor& flat) const {
+  if (constraint_) constraint_->project_change(flat);
 }
 
 }  // namespace noloco

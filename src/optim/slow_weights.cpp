@@ -158,6 +158,7 @@ std::optional<OuterSync> SlowWeightsMethod::after_inner_step(int64_t step, FlatP
     sync.fragment = f.index;
     const auto terms = group_means(id, f, theta, phi, sync);
     outer_momentum_step(phi, momentum, theta, terms, config_.momentum, config_.lr);
+    keep_constraint(params);
     return sync;
   }
   // Overlap: apply the exchange of the last period, then start this period's.
@@ -180,8 +181,15 @@ std::optional<OuterSync> SlowWeightsMethod::after_inner_step(int64_t step, FlatP
   // φ is not known yet) now, so the next period trains from where the outer
   // step will roughly be; apply_late swaps it for the real one.
   if (config_.eager) theta.copy_(phi + config_.momentum * momentum + config_.lr * (theta - phi));
+  keep_constraint(params);
   start_.narrow(0, f.offset, f.numel).copy_(theta);
   return applied;
+}
+
+void SlowWeightsMethod::keep_constraint(FlatParams& params) {
+  params.project_weights(params.values());
+  params.project_weights(phi_);
+  params.project_change(momentum_);
 }
 
 std::vector<OuterSync> SlowWeightsMethod::finish(FlatParams& params) {
@@ -194,6 +202,7 @@ std::vector<OuterSync> SlowWeightsMethod::finish(FlatParams& params) {
     auto theta = params.values().narrow(0, f.offset, f.numel);
     const auto r = wait(pending);
     apply_late(f, r.terms, theta);
+    keep_constraint(params);
     start_.narrow(0, f.offset, f.numel).copy_(theta);
     applied.push_back(r.sync);
     pending = Pending{};

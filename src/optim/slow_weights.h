@@ -106,6 +106,11 @@ class SlowWeightsMethod : public OuterOptimizer {
   Result wait(Pending& p) const;
   // Applies a delayed result to fragment f: φ, m updated; θ ← φ + (θ − θ_start).
   void apply_late(const Fragment& f, const OuterTerms& terms, torch::Tensor& theta);
+  // After an outer step: a decoded mean (lossy codes, sparse messages) may
+  // leave the weights' constraint (FlatParams::constrain); θ, φ and the
+  // momentum are projected back onto it whole, since a fragment may cut a
+  // constrained matrix.
+  void keep_constraint(FlatParams& params);
 
   std::vector<Fragment> fragments_;
   torch::Tensor phi_, momentum_;

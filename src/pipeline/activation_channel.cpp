@@ -39,8 +39,10 @@ ActivationCodecs activation_codecs(const TrainConfig& config) {
                      p.activation_rotation)};
 }
 
-ActivationChannel::ActivationChannel(ActivationLink& link, const ActivationCodecs& codecs)
-    : link_(link), activation_codec_(codecs.activations), gradient_codec_(codecs.gradients) {}
+ActivationChannel::ActivationChannel(ActivationLink& link, const ActivationCodecs& codecs,
+                                     std::shared_ptr<const ResidualSubspace> subspace)
+    : link_(link), activation_codec_(codecs.activations), gradient_codec_(codecs.gradients),
+      subspace_(std::move(subspace)) {}
 
 const WireCodec* ActivationChannel::codec_for(MessageKind kind) const {
   const WireCodec* codec = kind == MessageKind::activations ? &activation_codec_
@@ -49,26 +51,57 @@ const WireCodec* ActivationChannel::codec_for(MessageKind kind) const {
   return codec && !codec->lossless() ? codec : nullptr;
 }
 
-void ActivationChannel::send(int peer, const ActivationHeader& header, const std::vector<torch::Tensor>& tensors) {
-  const WireCodec* codec = codec_for(header.kind);
-  if (!codec || tensors.empty()) return link_.send(peer, header, tensors);
-  auto payload = tensors;
-  payload[0] = encoded(*codec, tensors[0], message_seed(header));
-  link_.send(peer, header, payload, codec->format_id());
+int64_t ActivationChannel::format_for(MessageKind kind) const {
+  const WireCodec* codec = codec_for(kind);
+  int64_t format = codec ? codec->format_id() : 0;
+  // Codec ids stay below bit 44 (wire/codec.cpp); a subspace takes the bits above.
+  if (subspace_) format |= (int64_t(1) << 61) | (subspace_->k() << 44);
+  return format;
 }
 
-bool ActivationChannel::recv(int peer, const ActivationHeader& expected, std::vector<torch::Tensor>& tensors) {
+void ActivationChannel::send(int peer, const ActivationHeader& header, const std::vector<torch::Tensor>& tensors) {
+  const WireCodec* codec = codec_for(header.kind);
+  if (!training(header.kind) || tensors.empty() || (!codec && !subspace_)) return link_.send(peer, header, tensors);
+  auto payload = tensors;
+  if (subspace_) {
+    torch::NoGradGuard no_grad;
+    payload[0] = subspace_->coordinates(tensors[0].detach().to(torch::kFloat32));
+  }
+  if (codec) payload[0] = encoded(*codec, payload[0], message_seed(header));
+  link_.send(peer, header, payload, format_for(header.kind));
+}
+
+bool ActivationChannel::recv(int peer, const ActivationHeader& expected, std::vector<torch::Tensor>& tensors,
+                             const torch::Tensor& ids) {
   const WireCodec* codec = codec_for(expected.kind);
-  if (!codec || tensors.empty()) return link_.recv(peer, expected, tensors);
-  auto wire = tensors;
-  auto& values = tensors[0];
-  TORCH_CHECK(values.scalar_type() == torch::kFloat32 && values.is_contiguous(),
+  if (!training(expected.kind) || tensors.empty() || (!codec && !subspace_))
+    return link_.recv(peer, expected, tensors);
+  auto& target = tensors[0];
+  TORCH_CHECK(target.scalar_type() == torch::kFloat32 && target.is_contiguous(),
               "coded pipeline values are received into contiguous fp32 buffers");
-  wire[0] = torch::empty({int64_t(codec->encoded_bytes(size_t(values.numel())))}, torch::kUInt8);
-  if (!link_.recv(peer, expected, wire, codec->format_id())) return false;
+  // What travels: the values themselves, or their subspace coordinates.
+  auto values = target;
+  if (subspace_) {
+    auto shape = target.sizes().vec();
+    shape.back() = subspace_->k();
+    values = torch::empty(shape, torch::kFloat32);
+  }
+  auto wire = tensors;
+  wire[0] = codec ? torch::empty({int64_t(codec->encoded_bytes(size_t(values.numel())))}, torch::kUInt8) : values;
+  if (!link_.recv(peer, expected, wire, format_for(expected.kind))) return false;
   try {
-    codec->decode(wire[0].data_ptr<uint8_t>(), size_t(wire[0].numel()), size_t(values.numel()),
-                  values.data_ptr<float>());
+    if (codec)
+      codec->decode(wire[0].data_ptr<uint8_t>(), size_t(wire[0].numel()), size_t(values.numel()),
+                    values.data_ptr<float>());
+    if (subspace_) {
+      TORCH_CHECK(expected.kind != MessageKind::activations || ids.defined(),
+                  "subspace activations are rebuilt from the micro-batch's token ids");
+      if (!torch::isfinite(values).all().item<bool>())
+        throw std::runtime_error("subspace coordinates that are not finite");
+      torch::NoGradGuard no_grad;
+      target = expected.kind == MessageKind::activations ? subspace_->residual(values, ids)
+                                                         : subspace_->span_vector(values);
+    }
   } catch (const std::runtime_error& e) {
     spdlog::error("refused a pipeline message from worker {} (step {}, micro-batch {}): {}; dropped", peer,
                   expected.step, expected.micro, e.what());

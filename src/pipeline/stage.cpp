@@ -43,16 +43,23 @@ class PipelineStage final : public WorkerModel {
  public:
   PipelineStage(const ModelConfig& arch, const PipelineConfig& pipeline, const StepOptions& options, StepData data,
                 torch::Device device, PipelinePlace place, ActivationLink& link, const ActivationCodecs& codecs)
-      : o_(options), data_(data), device_(device), place_(place), link_(link), channel_(link, codecs),
+      : o_(options), data_(data), device_(device), place_(place), link_(link),
         random_(pipeline.routing == Routing::random), one_f_one_b_(pipeline.schedule == Schedule::one_f_one_b) {
     LlamaForCausalLM whole(arch);
     initialise_weights(whole, o_);
     const auto ranges = stage_layer_ranges(arch.layers, place.stages, pipeline.stage_layers);
+    // Every stage knows the initial embedding, so every stage can rebuild a subspace boundary's hidden states.
+    if (o_.activation_subspace > 0)
+      subspace_ = std::make_shared<const ResidualSubspace>(o_.activation_subspace, o_.seed,
+                                                           whole->model->embed_tokens->weight.to(device),
+                                                           /*constrained_layers=*/ranges.back().first);
+    channel_ = std::make_unique<ActivationChannel>(link, codecs, subspace_);
     stage_ = StageModule(whole, ranges.at(size_t(place.stage)), place.first(), place.last());
     stage_->to(device);
   }
 
   torch::nn::Module& module() override { return *stage_; }
+  std::shared_ptr<const ResidualSubspace> residual_subspace() const override { return subspace_; }
   bool computes_loss() const override { return place_.last(); }
 
   StepOutcome train_step(int64_t step) override {
@@ -108,7 +115,7 @@ class PipelineStage final : public WorkerModel {
         if (place_.last())
           sum += next_token_loss(out, batch().targets.to(device_)).item<double>();
         else
-          channel_.send(to, outgoing, {out.to(torch::kFloat32)});
+          channel_->send(to, outgoing, {out.to(torch::kFloat32)});
       }
     }
     link_.finish_sends();
@@ -163,10 +170,12 @@ class PipelineStage final : public WorkerModel {
 
   // What worker `from` sends as `expected`, on this device; undefined if the
   // micro-batch was dropped on the way, and then worker `to` (-1: none) is
-  // told that `onward` will not come either.
-  torch::Tensor receive_or_pass_drop(int from, const ActivationHeader& expected, int to, const ActivationHeader& onward) {
+  // told that `onward` will not come either. `ids`: the micro-batch's tokens
+  // (training activations through a residual subspace are rebuilt from them).
+  torch::Tensor receive_or_pass_drop(int from, const ActivationHeader& expected, int to, const ActivationHeader& onward,
+                                     const torch::Tensor& ids = {}) {
     std::vector<torch::Tensor> in{hidden_buffer()};
-    if (channel_.recv(from, expected, in)) return in[0].to(device_);
+    if (channel_->recv(from, expected, in, ids)) return in[0].to(device_);
     if (to >= 0) link_.send_dropped(to, onward);
     return {};
   }
@@ -183,7 +192,7 @@ class PipelineStage final : public WorkerModel {
       if (place_.first()) {
         f.input = batch().inputs.to(device_);
       } else {
-        f.input = receive_or_pass_drop(f.from, incoming, f.to, outgoing);
+        f.input = receive_or_pass_drop(f.from, incoming, f.to, outgoing, subspace_ ? batch().inputs : torch::Tensor());
         if (!f.input.defined()) {
           f.dropped = true;
           continue;
@@ -198,7 +207,7 @@ class PipelineStage final : public WorkerModel {
       if (place_.last())
         tally.loss_sum += f.output.item<double>();
       else
-        channel_.send(f.to, outgoing, {f.output.to(torch::kFloat32)});
+        channel_->send(f.to, outgoing, {f.output.to(torch::kFloat32)});
     }
   }
 
@@ -219,7 +228,7 @@ class PipelineStage final : public WorkerModel {
         f.output.backward(grad);
       }
       ++tally.completed;
-      if (!place_.first()) channel_.send(f.from, outgoing, {f.input.grad()});
+      if (!place_.first()) channel_->send(f.from, outgoing, {f.input.grad()});
       f = Flight{};  // this micro-batch's activations are no longer needed
     }
   }
@@ -243,7 +252,8 @@ class PipelineStage final : public WorkerModel {
   torch::Device device_;
   PipelinePlace place_;
   ActivationLink& link_;
-  ActivationChannel channel_;
+  std::shared_ptr<const ResidualSubspace> subspace_;
+  std::unique_ptr<ActivationChannel> channel_;
   bool random_;
   bool one_f_one_b_;
   StageModule stage_{nullptr};

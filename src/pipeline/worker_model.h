@@ -10,6 +10,7 @@
 
 #include "data/dataset.h"
 #include "model/llama.h"
+#include "model/subspace.h"
 
 namespace noloco {
 
@@ -38,6 +39,8 @@ class WorkerModel {
   virtual bool evaluates_mean_model(int group_rank) const { return group_rank == 0; }
   // The whole model, where this worker holds all of it (for samples).
   virtual LlamaForCausalLM* whole_model() { return nullptr; }
+  // The subspace its residual-stream writes are kept in (activation_subspace); null: none.
+  virtual std::shared_ptr<const ResidualSubspace> residual_subspace() const { return nullptr; }
 };
 
 // Windows for training (sliced per replica) and validation (the same on all).
@@ -58,6 +61,7 @@ struct StepOptions {
   bool bf16 = false;   // CUDA autocast
   uint64_t seed = 0;   // weight initialisation
   std::string init_from;  // or a Hugging Face directory's weights
+  int64_t activation_subspace = 0;  // K (model/subspace.h); 0: none
 };
 
 // The weights a run starts from: HF's initialisation from options.seed, or

@@ -264,6 +264,8 @@ nlohmann::json RunSummary::to_json() const {
               {"micro_batches", micro_batches},
               {"activation_bytes_sent", activation_bytes_sent},
               {"activation_bytes_per_step", activation_bytes_per_step},
+              {"activation_subspace", activation_subspace},
+              {"activation_bits_per_value", activation_bits_per_value},
               {"pipeline_idle_seconds_per_stage", pipeline_idle_seconds_per_stage},
               {"micro_batches_dropped", micro_batches_dropped}});
   return j;
@@ -305,6 +307,8 @@ RunSummary RunSummary::from_json(const nlohmann::json& j) {
   s.activation_rotation = j.value("activation_rotation", false);
   s.activation_bytes_sent = j.value("activation_bytes_sent", uint64_t(0));
   s.activation_bytes_per_step = j.value("activation_bytes_per_step", 0.0);
+  s.activation_subspace = j.value("activation_subspace", int64_t(0));
+  s.activation_bits_per_value = j.value("activation_bits_per_value", 0.0);
   s.pipeline_idle_seconds_per_stage = j.value("pipeline_idle_seconds_per_stage", std::vector<double>{});
   s.micro_batches_dropped = j.value("micro_batches_dropped", int64_t(0));
   return s;

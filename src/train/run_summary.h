@@ -109,6 +109,10 @@ struct RunSummary {
   bool activation_rotation = false;                     // some of its integer codes Hadamard-rotated
   uint64_t activation_bytes_sent = 0;
   double activation_bytes_per_step = 0;
+  int64_t activation_subspace = 0;  // K; 0: none
+  // activation_bytes_per_step × 8 over the hidden-state values a step's
+  // boundaries carry (both directions, every micro-batch): 16 for bf16.
+  double activation_bits_per_value = 0;
   std::vector<double> pipeline_idle_seconds_per_stage;
   // Summed over the workers: micro-batches given up because a worker on their route was lost.
   int64_t micro_batches_dropped = 0;

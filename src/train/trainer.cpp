@@ -15,6 +15,7 @@
 #include "optim/flat_params.h"
 #include "optim/inner.h"
 #include "optim/outer.h"
+#include "optim/subspace_constraint.h"
 #include "pipeline/stage.h"
 #include "pipeline/worker_model.h"
 #include "train/checkpoint.h"
@@ -67,7 +68,8 @@ std::unique_ptr<WorkerModel> make_worker_model(const TrainConfig& c, const Model
                             c.inner.batch * w.replica_workers,
                             c.run.precision == Precision::bf16,
                             c.run.seed,
-                            c.init_from};
+                            c.init_from,
+                            c.pipeline.activation_subspace};
   if (w.stages == 1) {
     // Each worker of a replica takes its own rows of the replica's batch.
     data.replica = w.replica * w.replica_workers + w.replica_worker;
@@ -75,6 +77,14 @@ std::unique_ptr<WorkerModel> make_worker_model(const TrainConfig& c, const Model
   }
   return make_pipeline_stage(model, c.pipeline, options, data, device, {w.replica, w.replicas, w.stage, w.stages},
                              *w.link, activation_codecs(c));
+}
+
+// The worker's flat weights, kept in the model's residual subspace if it has one.
+FlatParams flat_params_of(WorkerModel& model) {
+  FlatParams flat(model.module());
+  if (auto subspace = model.residual_subspace())
+    flat.constrain(std::make_shared<const SubspaceConstraint>(std::move(subspace), flat));
+  return flat;
 }
 
 // A sample from the model's current weights, for the progress log.
@@ -254,6 +264,10 @@ void announce(const TrainConfig& c, const ModelConfig& arch, const Corpus& corpu
     spdlog::info("{} pipeline stages, {} routing, {} micro-batches per step ({})", w.stages,
                  choice_name(c.pipeline.routing), c.inner.grad_accum,
                  c.pipeline.schedule == Schedule::one_f_one_b ? "1F1B" : "GPipe");
+  if (c.pipeline.activation_subspace > 0)
+    spdlog::info("residual stream kept in a {}-dimensional subspace of {} before the last stage (its o_proj, "
+                 "down_proj and the embedding's trained part projected after every step{})",
+                 c.pipeline.activation_subspace, arch.hidden, c.init_from.empty() ? "" : "; the imported ones at start");
 }
 
 }  // namespace
@@ -377,7 +391,7 @@ WorkerRun::WorkerRun(const TrainConfig& c, const WorkerInfo& w)
       train_windows_(corpus_.train, arch_.context, c.run.seed),
       val_windows_(corpus_.val, arch_.context, kValidationSeed),
       model_(make_worker_model(c, arch_, {train_windows_, val_windows_, w.replica}, device_, w)),
-      flat_(model_->module()),
+      flat_(flat_params_of(*model_)),
       inner_(flat_, c.inner),
       outer_(make_outer_optimizer(c.outer, c.run.seed, {w.transport, w.membership, w.replica_group}, flat_)),
       state_{flat_, inner_, *outer_},
@@ -417,8 +431,10 @@ InnerStepResult WorkerRun::inner_step(int64_t step) {
   // the step, restarted and not yet routed to) has nothing to apply.
   if (outcome.micro_batches > 0) {
     synchronise_gradients();
+    flat_.project_change(flat_.grads());
     s.grad_norm = inner_.clip_gradients(c_.inner.clip);
     inner_.step();
+    flat_.project_weights(flat_.values());
   }
   if (std::isfinite(s.loss)) last_loss_ = s.loss;
   if (w_.membership) w_.membership->progressed();
