@@ -51,12 +51,13 @@ torch::Tensor subspace_basis(int64_t hidden, int64_t k, uint64_t seed) {
 }
 
 ResidualSubspace::ResidualSubspace(int64_t k, uint64_t seed, const torch::Tensor& initial_embedding,
-                                   int64_t constrained_layers)
+                                   int64_t constrained_layers, double frozen_std)
     : constrained_layers_(constrained_layers) {
   torch::NoGradGuard no_grad;
   const auto e0 = initial_embedding.detach().to(torch::kFloat32);
   basis_ = subspace_basis(e0.size(1), k, seed).to(e0.device());
   fixed_ = e0 - e0.matmul(basis_).matmul(basis_.t());
+  if (frozen_std > 0) fixed_.mul_(frozen_std / fixed_.std().item<double>());
 }
 
 torch::Tensor ResidualSubspace::coordinates(const torch::Tensor& h) const {

@@ -18,10 +18,14 @@
 // U·Uᵀg yields the same parameter gradients as g once those of the
 // constrained matrices are projected, which the training loop does.
 //
-// Why F frozen from E₀ rather than node0's separate random embedding: the
-// model at step 0 is exactly the unconstrained one's embedding (an imported
-// model keeps its own), the export is an ordinary Llama (embed_tokens = F +
-// its in-span part), and z needs no subtraction since F ⟂ U.
+// F's scale matters: it is the only full-rank part of the stream before the
+// last stage, the tokens' identity every layer reads through its RMSNorm. A
+// seeded run scales it to standard deviation 1, node0's fixed N(0, 1)
+// embedding (measured at hidden 512: HF's 0.02 cost +4.9% where 1 costs
+// +0.2%; at hidden 128 the reverse, +1.2% against +6.0%: docs/pipeline.md);
+// an imported model keeps its own F, which its
+// layers were trained to read. F ⟂ U either way, so z needs no subtraction,
+// and the export is an ordinary Llama (embed_tokens = F + its in-span part).
 #pragma once
 #include <cstdint>
 
@@ -37,8 +41,10 @@ torch::Tensor subspace_basis(int64_t hidden, int64_t k, uint64_t seed);
 class ResidualSubspace {
  public:
   // `initial_embedding`: E₀, [vocab, hidden]. Tensors live on its device.
-  // Layers [0, constrained_layers) write in the span: those before the last stage.
-  ResidualSubspace(int64_t k, uint64_t seed, const torch::Tensor& initial_embedding, int64_t constrained_layers);
+  // Layers [0, constrained_layers) write in the span: those before the last
+  // stage. `frozen_std` > 0 scales F to that standard deviation; 0 keeps E₀'s.
+  ResidualSubspace(int64_t k, uint64_t seed, const torch::Tensor& initial_embedding, int64_t constrained_layers,
+                   double frozen_std = 0);
   int64_t k() const { return basis_.size(1); }
   bool constrains_layer(int64_t layer) const { return layer < constrained_layers_; }
   int64_t hidden() const { return basis_.size(0); }
