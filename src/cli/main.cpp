@@ -271,9 +271,11 @@ int run_train(const std::string& config_path, const std::vector<std::string>& ov
   const auto codecs = activation_codecs(cfg);  // rotation applies to integer codes only
   summary.activation_rotation = codecs.activations.rotate || codecs.gradients.rotate;
   summary.activation_subspace = cfg.pipeline.activation_subspace;
-  const double boundary_values = double(cfg.run.replicas * (stages - 1) * 2 * cfg.inner.grad_accum * cfg.inner.batch *
-                                        cfg.model.context * cfg.model.hidden);
-  if (stages > 1) summary.activation_bits_per_value = summary.activation_bytes_per_step * 8 / boundary_values;
+  if (stages > 1) {  // over the hidden-state values a step's boundaries carry, both directions
+    const double boundary_values = double(cfg.run.replicas * (stages - 1) * 2 * cfg.inner.grad_accum *
+                                          cfg.inner.batch * cfg.model.context * cfg.model.hidden);
+    summary.activation_bits_per_value = summary.activation_bytes_per_step * 8 / boundary_values;
+  }
   // A resume that every worker refused leaves the summary of the run it resumed.
   if (!summary.finished.empty() || !cfg.run.resume || !file_exists(cfg.run.out + "/summary.json"))
     write_json_atomic(cfg.run.out + "/summary.json", summary.to_json());

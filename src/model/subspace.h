@@ -47,7 +47,6 @@ class ResidualSubspace {
                    double frozen_std = 0);
   int64_t k() const { return basis_.size(1); }
   bool constrains_layer(int64_t layer) const { return layer < constrained_layers_; }
-  int64_t hidden() const { return basis_.size(0); }
   const torch::Tensor& basis() const { return basis_; }
 
   // [..., hidden] -> [..., K]: the coordinates of h (or of a gradient) in the span.
