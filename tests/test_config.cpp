@@ -89,6 +89,27 @@ TEST(Config, ActivationSubspaceNeedsStagesAndFitsTheWidth) {
   EXPECT_NE(error_of("", {"stages=2", "activation_subspace=129"}).find("activation_subspace must be in [0, hidden=128]"),
             std::string::npos);
   EXPECT_EQ(parse_config("", {"stages=2", "activation_subspace=16"}).pipeline.activation_subspace, 16);
+  // The frozen part's scale follows the width unless given: min(1, hidden/2048).
+  EXPECT_EQ(parse_config("", {"stages=2", "activation_subspace=16"}).pipeline.activation_subspace_token_std, 0.0625);
+  EXPECT_EQ(parse_config("", {"stages=2", "activation_subspace=16", "hidden=512"}).pipeline.activation_subspace_token_std,
+            0.25);
+  EXPECT_EQ(parse_config("", {"stages=2", "activation_subspace=16", "hidden=4096"})
+                .pipeline.activation_subspace_token_std,
+            1.0);
+  EXPECT_FALSE(parse_config("", {"stages=2"}).pipeline.activation_subspace_token_std);
+  EXPECT_EQ(
+      parse_config("", {"stages=2", "activation_subspace=16", "activation_subspace_token_std=0.3"})
+          .pipeline.activation_subspace_token_std,
+      0.3);
+  EXPECT_NE(error_of("", {"stages=2", "activation_subspace_token_std=0.3"})
+                .find("activation_subspace_token_std applies with activation_subspace > 0"),
+            std::string::npos);
+  EXPECT_NE(error_of("", {"stages=2", "activation_subspace=16", "activation_subspace_token_std=-1"})
+                .find("activation_subspace_token_std must be >= 0, got -1"),
+            std::string::npos);
+  EXPECT_NE(error_of("", {"stages=2", "activation_subspace=16", "activation_subspace_token_std=nan"})
+                .find("activation_subspace_token_std: 'nan' is not a finite number"),
+            std::string::npos);
   EXPECT_EQ(parse_config("", {"stages=2"}).pipeline.activation_codec, CodecSpec::Type::int8) << "the default";
 }
 TEST(Config, MoreStagesThanLayers) { EXPECT_NE(error_of("layers: 2\n", {"stages=3"}).find("stages must be in [1, layers=2]"), std::string::npos); }

@@ -297,6 +297,11 @@ TEST_F(HfRun, ExportedRunImportsIntoGenerateAndInitFrom) {
   EXPECT_NE(error_of([&] { parse_config("", {"init_from=" + (dir / "hf"), "tie_embeddings=true"}); })
                 .find("has an lm_head of its own"),
             std::string::npos);
+  EXPECT_NE(error_of([&] {
+              parse_config("", {"init_from=" + (dir / "hf"), "stages=2", "activation_subspace=8",
+                                "activation_subspace_token_std=1"});
+            }).find("activation_subspace_token_std with init_from"),
+            std::string::npos);
   EXPECT_NE(error_of([&] { parse_config("", {"tie_embeddings=true", "stages=2"}); })
                 .find("tie_embeddings with stages > 1 is not implemented"),
             std::string::npos);

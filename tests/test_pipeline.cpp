@@ -661,14 +661,23 @@ TEST_F(Pipeline, ResumesBitIdenticallyAndExportsTheWholeModel) {
   EXPECT_EQ(r.exit_code, 0) << r.output;
 }
 
+// The embedding's part outside span(U), which training never moves.
+torch::Tensor frozen_part(const torch::Tensor& embedding, const torch::Tensor& u) {
+  return embedding - embedding.matmul(u).matmul(u.t());
+}
+
 // activation_subspace=K (issue 51): the boundary carries K fp32 values a
 // token each way (exact: ResidualSubspace.ABoundaryOfKCoordinatesGives...),
-// the constraint changes training, and the summary reports the bits a
-// hidden-state value; a run without stages has nothing to constrain.
+// the constraint changes training, the embedding's frozen part has the
+// configured scale, and the summary reports the bits a hidden-state value; a
+// run without stages has nothing to constrain.
 TEST_F(Pipeline, SubspaceBoundaryCarriesKValuesAToken) {
   const std::string common = "batch=4 grad_accum=2 steps=12 clip=0 eval_interval=6 stages=2 routing=fixed "
                              "activation_codec=fp32";
-  const auto piped = run("sub_piped", "activation_subspace=8 " + common);
+  const auto piped = run("sub_piped", "activation_subspace=8 activation_subspace_token_std=0.5 " + common);
+  const auto embedding =
+      load_tensors(find_checkpoint(piped + "/checkpoints/r0") + "/model.safetensors").at("model.embed_tokens.weight");
+  EXPECT_NEAR(frozen_part(embedding, subspace_basis(32, 8, 1337)).std().item<double>(), 0.5, 1e-3);
   const auto plain = run("plain_piped", common);
   const auto plain_train = losses(plain, "train"), piped_train = losses(piped, "train");
   ASSERT_EQ(piped_train.at(0).size(), 12u);
@@ -697,11 +706,17 @@ TEST_F(Pipeline, SubspaceRunStaysInTheSpanResumesBitIdenticallyAndExports) {
   const auto straight = run("sub_straight", common + " steps=8");
   run("sub_split", common + " steps=4");
   const auto split = run("sub_split", common + " steps=8 resume=true");
+  const auto rescaled = noloco::testing::run_cli(
+      small_train_args(dir / "c.txt", dir / "sub_split") + " " + common + " steps=8 resume=true activation_subspace_token_std=0.5", 60);
+  EXPECT_NE(rescaled.exit_code, 0);
+  EXPECT_NE(rescaled.output.find("has activation_subspace 8 (frozen part's std 0.015625), this config 8 (frozen "
+                                 "part's std 0.5)"),
+            std::string::npos)
+      << rescaled.output;
   const auto u = subspace_basis(32, 8, 1337);
   const auto outside = [&](const torch::Tensor& w) {
     return (w - u.matmul(u.t().matmul(w))).abs().max().item<double>() / w.abs().max().item<double>();
   };
-  const auto frozen = [&](const torch::Tensor& e) { return e - e.matmul(u).matmul(u.t()); };
   for (int worker = 0; worker < 4; ++worker) {
     const auto sub = "/checkpoints/r" + std::to_string(worker);
     const auto a = load_tensors(find_checkpoint(straight + sub) + "/model.safetensors");
@@ -718,7 +733,9 @@ TEST_F(Pipeline, SubspaceRunStaysInTheSpanResumesBitIdenticallyAndExports) {
     }
     if (worker % 2 == 0) {  // stage 0 holds the embedding
       const auto at4 = load_tensors(straight + sub + "/step_00000004/model.safetensors").at("model.embed_tokens.weight");
-      EXPECT_LT((frozen(a.at("model.embed_tokens.weight")) - frozen(at4)).abs().max().item<double>(), 1e-6);
+      const auto frozen = frozen_part(a.at("model.embed_tokens.weight"), u);
+      EXPECT_LT((frozen - frozen_part(at4, u)).abs().max().item<double>(), 1e-6);
+      EXPECT_NEAR(frozen.std().item<double>(), 32.0 / 2048, 1e-5) << "a seeded run's frozen part at the width's scale";
       EXPECT_GT((a.at("model.embed_tokens.weight") - at4).abs().max().item<double>(), 1e-4) << "it trained";
     }
   }

@@ -4,6 +4,7 @@
 #pragma once
 #include <cstdint>
 #include <functional>
+#include <optional>
 #include <type_traits>
 #include <string>
 #include <vector>
@@ -17,7 +18,8 @@ class Options {
   explicit Options(std::string what) : what_(std::move(what)) {}
 
   // Binds `name` to `target` (int, int64_t, uint64_t, double, bool,
-  // std::string, or a choice of config/choices.h).
+  // std::string, a choice of config/choices.h, or std::optional of a number:
+  // unset reads and writes as empty text).
   template <class T>
   Options& add(const std::string& name, T& target, const std::string& help);
 
@@ -58,9 +60,20 @@ template <class T>
 std::string format_option_value(const T& value);
 
 template <class T>
+struct is_optional : std::false_type {};
+template <class T>
+struct is_optional<std::optional<T>> : std::true_type {};
+
+template <class T>
 Options& Options::add(const std::string& name, T& target, const std::string& help) {
   T* p = &target;
-  if constexpr (is_choice<T>::value)
+  if constexpr (is_optional<T>::value && !is_choice<T>::value)
+    options_.push_back({name, help,
+                        [p, name](const std::string& v) {
+                          *p = v.empty() ? T{} : T{parse_option_value<typename T::value_type>(name, v)};
+                        },
+                        [p] { return *p ? format_option_value(**p) : std::string(); }});
+  else if constexpr (is_choice<T>::value)
     options_.push_back({name, help, [p, name](const std::string& v) { *p = parse_choice<T>(name, v); },
                         [p] { return choice_name(*p); }});
   else

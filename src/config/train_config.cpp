@@ -1,5 +1,6 @@
 #include "config/train_config.h"
 
+#include <algorithm>
 #include <optional>
 #include <sstream>
 #include <stdexcept>
@@ -107,6 +108,10 @@ void add_topology_options(Options& o, TrainConfig& c) {
            "K > 0: what the layers before the last stage write to the residual stream kept in a fixed "
            "K-dimensional subspace drawn from the seed, so a stage boundary carries K values a token (then coded "
            "by activation_codec) instead of hidden; 0: off")
+      .add("activation_subspace_token_std", c.pipeline.activation_subspace_token_std,
+           "with activation_subspace: the standard deviation of the embedding's frozen part (the tokens' identity "
+           "outside the span, which every stage adds back) in a seeded run; 0: the initial embedding's own "
+           "(0.02); default min(1, hidden/2048) (1 is node0's); an imported model keeps its own")
       .add("activation_rotation", c.pipeline.activation_rotation,
            "integer activation codes (both directions): a randomized Hadamard rotation of each quant_block "
            "(a power of two) before coding, which spreads outliers so fewer bits suffice (int4: +0.73% loss "
@@ -298,6 +303,11 @@ void TrainConfig::resolve() {
   if (outer.momentum < 0) outer.momentum = outer.method == Method::diloco ? 0.3 : 0.5;
   if (outer.gamma < 0) outer.gamma = outer.lr;
   if (!pipeline.activation_grad_codec) pipeline.activation_grad_codec = pipeline.activation_codec;
+  // The frozen part of the embedding (model/subspace.h) at min(1, hidden/2048): 0.0625 at the demo's
+  // 128 and 0.25 at 512, between the best scales measured there (0.02-0.1 and 0.3, docs/pipeline.md),
+  // and node0's fixed N(0, 1) embedding at the widths it trains (2048 and up).
+  if (pipeline.activation_subspace > 0 && init_from.empty() && !pipeline.activation_subspace_token_std)
+    pipeline.activation_subspace_token_std = std::min(1.0, double(model.hidden) / 2048);
   // With γ = β the pull folds into the mean of θ: β·mean(Δ) + β·(mean φ − φ_i) = β·(mean θ − φ_i).
   const bool lossless = outer.wire_dtype == CodecSpec::Type::fp32 && outer.topk == 0;
   const bool theta_codec = outer.topk == 0 && !blockwise_code(outer.wire_dtype);
@@ -334,6 +344,14 @@ void validate_pipeline(const TrainConfig& c) {
                         pipeline.activation_subspace));
   if (pipeline.activation_subspace > 0 && pipeline.stages == 1)
     invalid("activation_subspace needs stages > 1: it constrains what the layers before the last stage write");
+  if (const auto& token_std = pipeline.activation_subspace_token_std) {
+    if (pipeline.activation_subspace == 0)
+      invalid("activation_subspace_token_std applies with activation_subspace > 0");
+    if (*token_std < 0) invalid(fmt::format("activation_subspace_token_std must be >= 0, got {}", *token_std));
+    if (!c.init_from.empty())
+      invalid("activation_subspace_token_std with init_from: an imported model keeps its own embedding, which its "
+              "layers were trained to read");
+  }
   const bool rotated = pipeline.stages > 1 && pipeline.activation_rotation &&
                        (integer_code(pipeline.activation_codec) ||
                         integer_code(pipeline.activation_grad_codec.value_or(pipeline.activation_codec)));

@@ -97,6 +97,9 @@ struct PipelineConfig {
   std::optional<CodecSpec::Type> activation_grad_codec;  // unset (same): as the activations; resolved with the config
   bool activation_rotation = true;  // integer codes: Hadamard-rotate each block first
   int64_t activation_subspace = 0;  // K: residual-stream writes kept in a K-dim subspace (model/subspace.h); 0: off
+  // The standard deviation of the embedding's frozen part (outside the span) in a seeded run; 0: the
+  // initial embedding's own. Resolved from the width when unset; an imported model keeps its own (unset).
+  std::optional<double> activation_subspace_token_std;
 };
 
 struct EvalConfig {

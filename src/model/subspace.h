@@ -20,10 +20,11 @@
 //
 // F's scale matters: it is the only full-rank part of the stream before the
 // last stage, the tokens' identity every layer reads through its RMSNorm. A
-// seeded run scales it to standard deviation 1, node0's fixed N(0, 1)
-// embedding (measured at hidden 512: HF's 0.02 cost +4.9% where 1 costs
-// +0.2%; at hidden 128 the reverse, +1.2% against +6.0%: docs/pipeline.md);
-// an imported model keeps its own F, which its
+// seeded run scales it to `activation_subspace_token_std`, by default
+// min(1, hidden/2048) (config/train_config.cpp): the best scale grows with the
+// width (at K = 16, hidden 128: 0.02 +1.2%, 1 +6.0%; hidden 512: 0.02 +4.9%,
+// 0.3 −3.7%, 1 +0.2%: docs/pipeline.md) toward node0's fixed N(0, 1)
+// embedding at 2048 and up; an imported model keeps its own F, which its
 // layers were trained to read. F ⟂ U either way, so z needs no subtraction,
 // and the export is an ordinary Llama (embed_tokens = F + its in-span part).
 #pragma once

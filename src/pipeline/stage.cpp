@@ -49,12 +49,12 @@ class PipelineStage final : public WorkerModel {
     initialise_weights(whole, o_);
     const auto ranges = stage_layer_ranges(arch.layers, place.stages, pipeline.stage_layers);
     // Every stage knows the initial embedding, so every stage can rebuild a
-    // subspace boundary's hidden states. A seeded run's frozen part gets
-    // node0's scale; an imported model keeps the one its layers read.
+    // subspace boundary's hidden states. A seeded run's frozen part gets the
+    // configured scale; an imported model keeps the one its layers read.
     if (o_.activation_subspace > 0)
       subspace_ = std::make_shared<const ResidualSubspace>(
           o_.activation_subspace, o_.seed, whole->model->embed_tokens->weight.to(device),
-          /*constrained_layers=*/ranges.back().first, /*frozen_std=*/o_.init_from.empty() ? 1.0 : 0.0);
+          /*constrained_layers=*/ranges.back().first, /*frozen_std=*/o_.subspace_token_std);
     channel_ = std::make_unique<ActivationChannel>(link, codecs, subspace_);
     stage_ = StageModule(whole, ranges.at(size_t(place.stage)), place.first(), place.last());
     stage_->to(device);

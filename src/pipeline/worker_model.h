@@ -62,6 +62,7 @@ struct StepOptions {
   uint64_t seed = 0;   // weight initialisation
   std::string init_from;  // or a Hugging Face directory's weights
   int64_t activation_subspace = 0;  // K (model/subspace.h); 0: none
+  double subspace_token_std = 0;    // the frozen part's std; 0: E₀'s (an imported model's always)
 };
 
 // The weights a run starts from: HF's initialisation from options.seed, or

@@ -48,6 +48,13 @@ void check_same_run(const fs::path& dir, const TrainConfig& now) {
   differs("replicas", std::to_string(before.run.replicas), std::to_string(now.run.replicas));
   differs("stages", std::to_string(before.pipeline.stages), std::to_string(now.pipeline.stages));
   differs("data", before.data.path, now.data.path);
+  // The subspace and the frozen part's scale define the model being trained as much as its shape does.
+  const auto subspace = [](const TrainConfig& c) {
+    const auto& token_std = c.pipeline.activation_subspace_token_std;
+    return fmt::format("{} (frozen part's std {})", c.pipeline.activation_subspace,
+                       token_std ? fmt::format("{}", *token_std) : "as initialised");
+  };
+  differs("activation_subspace", subspace(before), subspace(now));
   // A run resumes forwards: a checkpoint past `steps` would make every worker
   // refuse it after the run directory had been rewritten.
   std::error_code ec;

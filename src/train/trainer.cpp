@@ -69,7 +69,8 @@ std::unique_ptr<WorkerModel> make_worker_model(const TrainConfig& c, const Model
                             c.run.precision == Precision::bf16,
                             c.run.seed,
                             c.init_from,
-                            c.pipeline.activation_subspace};
+                            c.pipeline.activation_subspace,
+                            c.pipeline.activation_subspace_token_std.value_or(0.0)};
   if (w.stages == 1) {
     // Each worker of a replica takes its own rows of the replica's batch.
     data.replica = w.replica * w.replica_workers + w.replica_worker;
@@ -266,8 +267,11 @@ void announce(const TrainConfig& c, const ModelConfig& arch, const Corpus& corpu
                  c.pipeline.schedule == Schedule::one_f_one_b ? "1F1B" : "GPipe");
   if (c.pipeline.activation_subspace > 0)
     spdlog::info("residual stream kept in a {}-dimensional subspace of {} before the last stage (its o_proj, "
-                 "down_proj and the embedding's trained part projected after every step{})",
-                 c.pipeline.activation_subspace, arch.hidden, c.init_from.empty() ? "" : "; the imported ones at start");
+                 "down_proj and the embedding's trained part projected after every step{}); the embedding's frozen "
+                 "part {}",
+                 c.pipeline.activation_subspace, arch.hidden, c.init_from.empty() ? "" : "; the imported ones at start",
+                 c.init_from.empty() ? fmt::format("at std {}", c.pipeline.activation_subspace_token_std.value_or(0.0))
+                                     : std::string("as imported"));
 }
 
 }  // namespace
