@@ -24,7 +24,7 @@
 // min(1, hidden/2048) (config/train_config.cpp): the best scale grows with the
 // width (at K = 16, hidden 128: 0.02 +1.2%, 1 +6.0%; hidden 512: 0.02 +4.9%,
 // 0.3 −3.7%, 1 +0.2%: docs/pipeline.md) toward node0's fixed N(0, 1)
-// embedding at 2048 and up; an imported model keeps its own F, which its
+// embedding from hidden 2048 up; an imported model keeps its own F, which its
 // layers were trained to read. F ⟂ U either way, so z needs no subtraction,
 // and the export is an ordinary Llama (embed_tokens = F + its in-span part).
 #pragma once
