@@ -24,6 +24,7 @@
 #include "optim/subspace_constraint.h"
 #include "pipeline/routing.h"
 #include "pipeline/stage.h"
+#include "subspace_measures.h"
 #include "test_util.h"
 #include "train/checkpoint.h"
 #include "train/report.h"
@@ -32,6 +33,8 @@
 using namespace noloco;
 using noloco::testing::metrics_records;
 using noloco::testing::small_train_args;
+using noloco::testing::frozen_part;
+using noloco::testing::outside_span;
 
 TEST(Routing, EveryBoundaryIsABijectionWithAMatchingInverse) {
   int not_identity = 0;
@@ -661,11 +664,6 @@ TEST_F(Pipeline, ResumesBitIdenticallyAndExportsTheWholeModel) {
   EXPECT_EQ(r.exit_code, 0) << r.output;
 }
 
-// The embedding's part outside span(U), which training never moves.
-torch::Tensor frozen_part(const torch::Tensor& embedding, const torch::Tensor& u) {
-  return embedding - embedding.matmul(u).matmul(u.t());
-}
-
 // activation_subspace=K (issue 51): the boundary carries K fp32 values a
 // token each way (exact: ResidualSubspace.ABoundaryOfKCoordinatesGives...),
 // the constraint changes training, the embedding's frozen part has the
@@ -714,9 +712,6 @@ TEST_F(Pipeline, SubspaceRunStaysInTheSpanResumesBitIdenticallyAndExports) {
             std::string::npos)
       << rescaled.output;
   const auto u = subspace_basis(32, 8, 1337);
-  const auto outside = [&](const torch::Tensor& w) {
-    return (w - u.matmul(u.t().matmul(w))).abs().max().item<double>() / w.abs().max().item<double>();
-  };
   for (int worker = 0; worker < 4; ++worker) {
     const auto sub = "/checkpoints/r" + std::to_string(worker);
     const auto a = load_tensors(find_checkpoint(straight + sub) + "/model.safetensors");
@@ -726,9 +721,9 @@ TEST_F(Pipeline, SubspaceRunStaysInTheSpanResumesBitIdenticallyAndExports) {
       EXPECT_TRUE(torch::equal(t, b.at(name))) << "worker " << worker << " " << name;
       if (ends_with(name, "o_proj.weight") || ends_with(name, "down_proj.weight")) {
         if (worker % 2 == 0)
-          EXPECT_LT(outside(t), 1e-6) << "worker " << worker << " " << name;
+          EXPECT_LT(outside_span(t, u), 1e-6) << "worker " << worker << " " << name;
         else
-          EXPECT_GT(outside(t), 1e-2) << "worker " << worker << " " << name << " writes freely";
+          EXPECT_GT(outside_span(t, u), 1e-2) << "worker " << worker << " " << name << " writes freely";
       }
     }
     if (worker % 2 == 0) {  // stage 0 holds the embedding

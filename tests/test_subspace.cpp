@@ -11,9 +11,11 @@
 #include "optim/inner.h"
 #include "optim/subspace_constraint.h"
 #include "pipeline/stage.h"
+#include "subspace_measures.h"
 #include "util/files.h"
 
 using namespace noloco;
+using noloco::testing::outside_span;
 
 namespace {
 
@@ -32,11 +34,6 @@ ModelConfig small_model() {
 
 bool constrained_name(const std::string& name) {
   return ends_with(name, "o_proj.weight") || ends_with(name, "down_proj.weight");
-}
-
-// The largest part of a constrained matrix outside span(U), relative to the matrix.
-double outside_span(const torch::Tensor& w, const torch::Tensor& u) {
-  return (w - u.matmul(u.t().matmul(w))).abs().max().item<double>() / w.abs().max().item<double>();
 }
 
 }  // namespace
