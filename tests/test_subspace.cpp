@@ -64,7 +64,7 @@ TEST(ResidualSubspace, CoordinatesAndTokenIdsRebuildTheResidualStream) {
   const auto projected = s.span_vector(s.coordinates(g));
   EXPECT_LT((s.coordinates(projected) - s.coordinates(g)).abs().max().item<double>(), 1e-5);
   EXPECT_GT((projected - g).abs().max().item<double>(), 0.1) << "a gradient loses what lies outside the span";
-  // A seeded run's frozen part at node0's scale: standard deviation 1, still orthogonal to U.
+  // The frozen part scaled (here to node0's standard deviation 1), still orthogonal to U.
   const ResidualSubspace scaled(8, 3, embedding * 0.02, 0, /*frozen_std=*/1.0);
   const auto unit = scaled.residual(torch::zeros({50, 1, 8}), torch::arange(50).view({50, 1})).view({50, 32});
   EXPECT_NEAR(unit.std().item<double>(), 1.0, 1e-4);

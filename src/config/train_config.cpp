@@ -304,7 +304,7 @@ void TrainConfig::resolve() {
   if (outer.gamma < 0) outer.gamma = outer.lr;
   if (!pipeline.activation_grad_codec) pipeline.activation_grad_codec = pipeline.activation_codec;
   // The frozen part of the embedding (model/subspace.h) at min(1, hidden/2048): 0.0625 at the demo's
-  // 128 and 0.25 at 512, between the best scales measured there (0.02-0.1 and 0.3, docs/pipeline.md),
+  // 128 and 0.25 at 512, between the best scales measured there (0.02-0.1 and 0.25-0.3, docs/pipeline.md),
   // and node0's fixed N(0, 1) embedding from 2048 (1B-class Llamas) up.
   if (pipeline.activation_subspace > 0 && init_from.empty() && !pipeline.activation_subspace_token_std)
     pipeline.activation_subspace_token_std = std::min(1.0, double(model.hidden) / 2048);

@@ -265,13 +265,13 @@ void announce(const TrainConfig& c, const ModelConfig& arch, const Corpus& corpu
     spdlog::info("{} pipeline stages, {} routing, {} micro-batches per step ({})", w.stages,
                  choice_name(c.pipeline.routing), c.inner.grad_accum,
                  c.pipeline.schedule == Schedule::one_f_one_b ? "1F1B" : "GPipe");
-  if (c.pipeline.activation_subspace > 0)
+  // Resolved for every seeded run; unset, an imported model keeps its own.
+  if (const auto& token_std = c.pipeline.activation_subspace_token_std; c.pipeline.activation_subspace > 0)
     spdlog::info("residual stream kept in a {}-dimensional subspace of {} before the last stage (its o_proj, "
                  "down_proj and the embedding's trained part projected after every step{}); the embedding's frozen "
                  "part {}",
                  c.pipeline.activation_subspace, arch.hidden, c.init_from.empty() ? "" : "; the imported ones at start",
-                 c.init_from.empty() ? fmt::format("at std {}", c.pipeline.activation_subspace_token_std.value_or(0.0))
-                                     : std::string("as imported"));
+                 token_std ? fmt::format("at std {}", *token_std) : std::string("as imported"));
 }
 
 }  // namespace
