@@ -213,6 +213,9 @@ TEST(Codec, DecoderRefusesMalformedBytes) {
   b[0] = 0xff, b[1] = 0x7f;  // a NaN scale
   EXPECT_NE(decode_error(int8, b, n).find("block 0 has scale"), std::string::npos);
   b = encoded(int8);
+  b[0] = 0x00, b[1] = 0x7f;  // 2^127: finite, but code 127 times it is not
+  EXPECT_NE(decode_error(int8, b, n).find("block 0 has scale"), std::string::npos);
+  b = encoded(int8);
   b[2 * 2 + 3] = 0x00;  // offset code 0 (-128), never written
   EXPECT_NE(decode_error(int8, b, n).find("int8 code -128"), std::string::npos);
   b = encoded(int4);

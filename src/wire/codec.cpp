@@ -307,7 +307,8 @@ void WireCodec::decode_dense(const uint8_t* in, size_t n, float* out) const {
   if (spec_.type == CodecSpec::Type::bins2) return decode_bins(in, n, out);
   for (size_t b = 0; b < blocks; ++b) {
     const float scale = from_bf16(get16(in + 2 * b));
-    if (!std::isfinite(scale) || scale < 0) malformed(fmt::format("block {} has scale {}", b, scale));
+    // The encoder's scales keep every code finite: a larger one would decode past the float range.
+    if (!std::isfinite(scale * float(qmax)) || scale < 0) malformed(fmt::format("block {} has scale {}", b, scale));
     const size_t first = b * block, last = std::min(n, first + block);
     for (size_t i = first; i < last; ++i) {
       const unsigned code = get_code(codes, i, bits);
