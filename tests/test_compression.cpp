@@ -13,6 +13,7 @@
 #include "wire/coset_codec.h"
 #include "wire/message.h"
 #include "comm/transport/seal.h"
+#include "optim/low_rank.h"
 #include "test_util.h"
 #include "train/checkpoint.h"
 #include "util/files.h"
@@ -174,47 +175,64 @@ TEST_F(Compression, SparseNoLoCoSendsInt2DeltaAndCosetCodedSlowWeightsOneFragmen
       << "each fragment's 4 messages carry its Δ, 2 of them its φ as well";
 }
 
-// compression=topk (issue 47): the top 64 of each 4096 values of Δ as
-// 2-bit bin means with Rice-coded positions, what is left out kept in the weights.
-// NoLoCo sends one such message to its partner an outer step and no slow
-// weights; DiLoCo all-gathers them (2 messages a replica at 3 replicas).
+// The presets of issue 47. compression=topk: the top 64 of each 4096 values
+// of Δ as 2-bit bin means with Rice-coded positions, what it leaves out kept
+// in the weights; NoLoCo sends one such message to its partner an outer step
+// and no slow weights, DiLoCo all-gathers them (2 messages a replica at 3
+// replicas). compression=lowrank: DiLoCo all-gathers each matrix of Δ as
+// int8 rank-2 factors (vectors as they are); NoLoCo sends its partner two
+// rounds of bf16 rank-2 sketches of θ − θ₀ (optim/noloco.h).
 // bits_per_param_per_inner_step is every byte sent × 8 / (parameters × inner
 // steps), in summary.json and, running, in metrics.jsonl; resumed runs
-// continue bit for bit.
-TEST_F(Compression, TopKPresetSendsSparseMessagesCountedPerInnerStepAndResumesBitIdentically) {
+// continue bit for bit (the low-rank factors' sketch is seeded, not state).
+TEST_F(Compression, SparseAndLowRankPresetsCountEveryByteSentPerInnerStepAndResumeBitIdentically) {
   CodecSpec sparse = int_spec(CodecSpec::Type::bins2);
   sparse.topk = 64.0 / 4096;
-  const WireCodec codec(sparse);
-  for (const std::string method : {"noloco", "diloco"}) {
-    const std::string common = "method=" + method + " compression=topk replicas=3 batch=2 outer_interval=4 "
-                               "decay_steps=16 checkpoint_interval=4";
-    const auto whole = run(method + "_whole", common + " steps=16");
-    const auto r1 = read_json(whole + "/summary_r1.json");
-    const auto n = r1["params"].get<uint64_t>();
-    const uint64_t message = codec.encoded_bytes(n) + Seal::kOverhead;
-    // NoLoCo: to each other member of its group (at 3 replicas, a replica may be alone).
-    uint64_t expected = 0;
-    int outer_steps = 0;
-    for (auto& rec : metrics_records(whole, "outer")) {
-      if (rec["replica"] != 1) continue;
-      ++outer_steps;
-      if (method == "diloco") expected += 2 * message;
-      else expected += (rec["group"].size() - 1) * (message + MessageHeader::kBytes);
-    }
-    EXPECT_EQ(outer_steps, 4) << method;
-    EXPECT_EQ(r1["bytes_sent"].get<uint64_t>(), expected) << method;
-    EXPECT_NEAR(r1["bits_per_param_per_inner_step"].get<double>(), 8.0 * double(expected) / double(n) / 16.0, 1e-12)
-        << method;
-    const auto train_records = metrics_records(whole, "train");
-    ASSERT_FALSE(train_records.empty());
-    EXPECT_TRUE(train_records.back().contains("bits_per_param_per_inner_step")) << method;
-    if (method == "noloco")
-      for (auto& rec : metrics_records(whole, "outer"))
-        EXPECT_EQ(rec["phi_blocks_failed"].get<int64_t>(), 0) << "no slow weights travel";
+  const WireCodec topk(sparse), int8(int_spec(CodecSpec::Type::int8));
+  for (const std::string preset : {"topk", "lowrank"})
+    for (const std::string method : {"noloco", "diloco"}) {
+      SCOPED_TRACE(preset + " " + method);
+      const std::string common = "method=" + method + " compression=" + preset +
+                                 " replicas=3 batch=2 outer_interval=4 decay_steps=16 checkpoint_interval=4";
+      const std::string name = preset + "_" + method;
+      const auto whole = run(name + "_whole", common + " steps=16");
+      const auto r1 = read_json(whole + "/summary_r1.json");
+      const auto n = r1["params"].get<uint64_t>();
+      // What one outer step sends to each partner (NoLoCo) or all-gathers (DiLoCo).
+      uint64_t to_partner = topk.encoded_bytes(n) + Seal::kOverhead + MessageHeader::kBytes;
+      uint64_t gathered = topk.encoded_bytes(n) + Seal::kOverhead;
+      if (preset == "lowrank") {
+        const auto weights = load_tensors(find_checkpoint(whole + "/checkpoints/r1") + "/model.safetensors");
+        FlatParams flat(std::vector<std::pair<std::string, torch::Tensor>>(weights.begin(), weights.end()));
+        ASSERT_EQ(uint64_t(flat.numel()), n);
+        const LowRankCoding coding(flat, 0, flat.numel(), 2);
+        EXPECT_LT(coding.coded_values(), flat.numel() / 10);
+        gathered = int8.encoded_bytes(size_t(coding.coded_values())) + Seal::kOverhead;
+        // Two rounds of bf16 sketches, each after a byte that says whether the last one was usable.
+        to_partner = 2 * (1 + Seal::kOverhead + MessageHeader::kBytes) + 2 * uint64_t(coding.coded_values());
+      }
+      // NoLoCo: to each other member of its group (at 3 replicas, a replica may be alone).
+      uint64_t expected = 0;
+      int outer_steps = 0;
+      for (auto& rec : metrics_records(whole, "outer")) {
+        if (rec["replica"] != 1) continue;
+        ++outer_steps;
+        if (method == "diloco") expected += 2 * gathered;
+        else expected += (rec["group"].size() - 1) * to_partner;
+      }
+      EXPECT_EQ(outer_steps, 4);
+      EXPECT_EQ(r1["bytes_sent"].get<uint64_t>(), expected);
+      EXPECT_NEAR(r1["bits_per_param_per_inner_step"].get<double>(), 8.0 * double(expected) / double(n) / 16.0,
+                  1e-12);
+      const auto train_records = metrics_records(whole, "train");
+      ASSERT_FALSE(train_records.empty());
+      EXPECT_TRUE(train_records.back().contains("bits_per_param_per_inner_step"));
+      if (method == "noloco")
+        for (auto& rec : metrics_records(whole, "outer"))
+          EXPECT_EQ(rec["phi_blocks_failed"].get<int64_t>(), 0) << "no slow weights travel";
 
-    run(method + "_split", common + " steps=8");
-    const auto split = run(method + "_split", common + " steps=16 resume=true");
-    SCOPED_TRACE(method);
-    noloco::testing::expect_same_train_losses(whole, split, 48);
-  }
+      run(name + "_split", common + " steps=8");
+      const auto split = run(name + "_split", common + " steps=16 resume=true");
+      noloco::testing::expect_same_train_losses(whole, split, 48);
+    }
 }

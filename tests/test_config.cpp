@@ -249,6 +249,33 @@ TEST(Config, CompressionPresetSetsTheCodecKeysAndKeysGivenWithItOverrideIt) {
             std::string::npos);
 }
 
+// compression=lowrank and message_rank (issue 47): Δ's matrices as factors.
+TEST(Config, LowRankMessagesNeedTheirOwnDeltaWhole) {
+  const auto d = parse_config("", {"compression=lowrank", "method=diloco"});
+  EXPECT_EQ(d.outer.message_rank, 2);
+  EXPECT_EQ(d.outer.wire_dtype, CodecSpec::Type::int8);
+  EXPECT_EQ(d.outer.diloco_mean, DilocoMean::all_gather) << "resolved from auto";
+  EXPECT_EQ(d.outer.residual, ResidualHome::weights);
+  EXPECT_EQ(d.outer.interval, 100);
+  const auto n = parse_config("", {"method=noloco", "compression=lowrank", "message_rank=8"});
+  EXPECT_EQ(n.outer.message_rank, 8) << "the key given with the preset wins";
+  EXPECT_EQ(n.outer.message, NolocoMessage::theta) << "sketched";
+  EXPECT_EQ(n.outer.wire_dtype, CodecSpec::Type::bf16);
+  EXPECT_EQ(n.outer.interval, 50);
+  EXPECT_EQ(parse_config("", {"method=noloco", "message_rank=2"}).outer.message, NolocoMessage::delta_phi)
+      << "fp32 factors are still not theta";
+  EXPECT_NE(error_of("", {"method=noloco", "message_rank=-1"}).find("message_rank must be >= 0"), std::string::npos);
+  EXPECT_NE(error_of("", {"method=noloco", "message_rank=2", "topk=0.1"}).find("set one of them to 0"),
+            std::string::npos);
+  EXPECT_NE(error_of("", {"method=ddp", "message_rank=2"}).find("ddp all-reduces fp32 gradients"), std::string::npos);
+  EXPECT_NE(error_of("", {"method=noloco", "message_rank=2", "noloco_message=theta", "group_size=3"})
+                .find("group_size must be 2"),
+            std::string::npos);
+  EXPECT_NE(error_of("", {"method=diloco", "message_rank=2", "diloco_mean=reduce_scatter"})
+                .find("message_rank needs diloco_mean=all_gather"),
+            std::string::npos);
+}
+
 // device=cuda is the GPU of the worker's local rank; cpu and cuda:N stay as written.
 TEST(WorkerDevice, CudaIsTheLocalRanksOwnGpu) {
   EXPECT_EQ(worker_device("cuda", 0, 8), "cuda:0");

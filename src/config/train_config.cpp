@@ -137,13 +137,18 @@ void add_outer_options(Options& o, TrainConfig& c) {
            "wire codec of diloco/noloco messages: " + codec_names() +
                " (int2 is ternary; bins2 sends each value's sign and one of its block's two mean magnitudes)")
       .add("topk", c.outer.topk, "fraction of each 4096-value chunk sent (largest first); 0: dense")
+      .add("message_rank", c.outer.message_rank,
+           "low-rank outer messages, rank r; 0: whole. diloco (all_gather) and noloco_message=delta_phi: each "
+           "weight matrix's delta as two rank-r factors (a randomized SVD; the factors through wire_dtype, vectors "
+           "as they are). noloco_message=theta: no theta travels; a pair estimates the difference of their theta "
+           "from two rounds of rank-r linear sketches (group_size 2)")
       .add("error_feedback", c.outer.error_feedback, "add what a lossy codec dropped from delta to the next message (diloco; noloco delta_phi)")
       .add("error_feedback_decay", c.outer.error_feedback_decay,
            "error feedback e <- decay*e + delta before each message (SparseLoCo's beta; 1: plain error feedback)")
       .add("diloco_mean", c.outer.diloco_mean,
            "compressed diloco: reduce_scatter (shards averaged by their owners, the mean compressed again: ~2 "
            "messages a replica) | all_gather (each replica's message compressed once, gathered by all: replicas-1 "
-           "messages a replica) | auto: reduce_scatter")
+           "messages a replica) | auto: all_gather with message_rank, else reduce_scatter")
       .add("residual", c.outer.residual,
            "what a lossy outer message left out of delta: message (error feedback: sent with the next one) | "
            "weights (kept in the replica's own weights, theta = phi + decay*leftover, so no local progress is reset "
@@ -264,6 +269,20 @@ void apply_compression_preset(OuterConfig& outer, OuterCompression compression, 
     if (method == Method::noloco) outer.phi_every = 0;
     return;
   }
+  if (compression == OuterCompression::lowrank && method == Method::noloco) {
+    outer.wire_dtype = CodecSpec::Type::bf16;
+    outer.message = NolocoMessage::theta;
+    outer.message_rank = 2;
+    outer.interval = 50;
+    return;
+  }
+  if (compression == OuterCompression::lowrank) {
+    outer.wire_dtype = CodecSpec::Type::int8;
+    outer.message_rank = 2;
+    outer.residual = ResidualHome::weights;
+    outer.interval = 100;
+    return;
+  }
   if (method == Method::diloco) {  // reduce-scatter of int2 shards: 0.50 bits/param/outer step at 8 replicas
     outer.fragments = 8;
     outer.interval = 80;
@@ -310,11 +329,13 @@ void TrainConfig::resolve() {
     pipeline.activation_subspace_token_std = std::min(1.0, double(model.hidden) / 2048);
   // With γ = β the pull folds into the mean of θ: β·mean(Δ) + β·(mean φ − φ_i) = β·(mean θ − φ_i).
   const bool lossless = outer.wire_dtype == CodecSpec::Type::fp32 && outer.topk == 0;
-  const bool theta_codec = outer.topk == 0 && !blockwise_code(outer.wire_dtype);
+  const bool theta_codec = outer.topk == 0 && outer.message_rank == 0 && !blockwise_code(outer.wire_dtype);
   if (outer.message == NolocoMessage::automatic)
     outer.message = outer.gamma == outer.lr && theta_codec ? NolocoMessage::theta : NolocoMessage::delta_phi;
   if (outer.phi_coding == PhiCoding::automatic) outer.phi_coding = lossless ? PhiCoding::codec : PhiCoding::coset;
-  if (outer.diloco_mean == DilocoMean::automatic) outer.diloco_mean = DilocoMean::reduce_scatter;
+  // A shard of a matrix has no factors to send.
+  if (outer.diloco_mean == DilocoMean::automatic)
+    outer.diloco_mean = outer.message_rank > 0 ? DilocoMean::all_gather : DilocoMean::reduce_scatter;
 }
 
 namespace {
@@ -414,9 +435,12 @@ void TrainConfig::validate() const {
   if (outer.group_size < 2) invalid(fmt::format("group_size must be >= 2, got {}", outer.group_size));
 
   if (!(outer.topk >= 0 && outer.topk < 1)) invalid(fmt::format("topk must be in [0, 1), got {}", outer.topk));
-  const bool lossy = outer.wire_dtype != CodecSpec::Type::fp32 || outer.topk > 0;
+  if (outer.message_rank < 0) invalid(fmt::format("message_rank must be >= 0, got {}", outer.message_rank));
+  if (outer.message_rank > 0 && outer.topk > 0)
+    invalid("message_rank and topk are two ways to shrink a message; set one of them to 0");
+  const bool lossy = outer.wire_dtype != CodecSpec::Type::fp32 || outer.topk > 0 || outer.message_rank > 0;
   if (lossy && method == Method::ddp)
-    invalid("wire_dtype and topk apply to diloco and noloco; ddp all-reduces fp32 gradients");
+    invalid("wire_dtype, topk and message_rank apply to diloco and noloco; ddp all-reduces fp32 gradients");
   if (outer.quant_block < 8 || outer.quant_block > 4096)
     invalid(fmt::format("quant_block must be in [8, 4096], got {}", outer.quant_block));
   if (outer.phi_bits < 2 || outer.phi_bits > 8) invalid(fmt::format("phi_bits must be in [2, 8], got {}", outer.phi_bits));
@@ -434,6 +458,13 @@ void TrainConfig::validate() const {
   if ((outer.fragments > 1 || outer.overlap) && !has_outer_steps(method))
     invalid("fragments and overlap apply to diloco and noloco");
   if (outer.eager && !outer.overlap) invalid("eager needs overlap=true (it corrects an exchange that arrives late)");
+  if (outer.message_rank > 0 && method == Method::noloco && outer.message == NolocoMessage::theta &&
+      outer.group_size != 2)
+    invalid(fmt::format("message_rank with noloco_message=theta sketches the difference of a pair: group_size "
+                        "must be 2, got {}",
+                        outer.group_size));
+  if (outer.message_rank > 0 && method == Method::diloco && outer.diloco_mean != DilocoMean::all_gather)
+    invalid("message_rank needs diloco_mean=all_gather: a reduce-scatter shard cuts the matrices");
   if (outer.message == NolocoMessage::theta && outer.gamma != outer.lr)
     invalid(fmt::format("noloco_message=theta needs gamma = outer_lr (got gamma {}, outer_lr {}); use delta_phi",
                         outer.gamma, outer.lr));

@@ -48,11 +48,12 @@ struct OuterConfig {
   // The wire format of DiLoCo's and NoLoCo's messages (optim/channels.h).
   CodecSpec::Type wire_dtype = CodecSpec::Type::fp32;
   double topk = 0;                  // fraction of each 4096-value chunk sent; 0: dense
+  int64_t message_rank = 0;         // Δ's matrices as rank-r factors (optim/low_rank.h); 0: whole
   bool error_feedback = true;       // what a lossy codec drops from Δ is sent next time
   double error_feedback_decay = 1;  // e ← decay·e + Δ before each message (SparseLoCo's β)
   int64_t quant_block = 64;         // values sharing one int8/int4 scale
   bool stochastic_rounding = false;
-  // automatic: reduce_scatter.
+  // automatic: all_gather with message_rank, else reduce_scatter.
   DilocoMean diloco_mean = DilocoMean::automatic;
   // weights (diloco, all_gather): θ ← φ + decay·(what this replica's message left out).
   ResidualHome residual = ResidualHome::message;

@@ -45,9 +45,13 @@ Feedback feedback_of(const OuterConfig& config) {
 }
 
 ErrorFeedbackChannel::ErrorFeedbackChannel(const WireCodec& codec, Feedback feedback, int64_t numel,
-                                           std::string state_name)
-    : codec_(codec), numel_(numel), state_name_(std::move(state_name)), feedback_(feedback) {
-  if (feedback.weight > 0 && feedback.home == ResidualHome::message && !codec.lossless())
+                                           std::string state_name, std::shared_ptr<const LowRankCoding> low_rank)
+    : codec_(codec),
+      numel_(numel),
+      state_name_(std::move(state_name)),
+      feedback_(feedback),
+      low_rank_(std::move(low_rank)) {
+  if (feedback.weight > 0 && feedback.home == ResidualHome::message && !lossless())
     residual_ = torch::zeros({numel}, torch::kFloat32);
 }
 
@@ -55,8 +59,9 @@ torch::Tensor ErrorFeedbackChannel::encode(const torch::Tensor& x, uint8_t* out,
   auto send = cpu_fp32(x);
   const double w = feedback_.weight;
   if (residual_.defined()) send = w == 1 ? send + residual_ : send + w * residual_;
-  codec_.encode(send.data_ptr<float>(), size_t(numel_), out, seed);
-  const bool hand_back = w > 0 && feedback_.home == ResidualHome::weights && !codec_.lossless();
+  const auto coded = low_rank_ ? low_rank_->factor(send, seed) : send;
+  codec_.encode(coded.data_ptr<float>(), size_t(coded_values()), out, seed);
+  const bool hand_back = w > 0 && feedback_.home == ResidualHome::weights && !lossless();
   if (!residual_.defined() && !hand_back) return {};
   auto leftover = send - decode(out);
   if (hand_back) return leftover;
@@ -65,9 +70,9 @@ torch::Tensor ErrorFeedbackChannel::encode(const torch::Tensor& x, uint8_t* out,
 }
 
 torch::Tensor ErrorFeedbackChannel::decode(const uint8_t* in) const {
-  auto out = torch::empty({numel_}, torch::kFloat32);
-  codec_.decode(in, size_t(bytes()), size_t(numel_), out.data_ptr<float>());
-  return out;
+  auto out = torch::empty({coded_values()}, torch::kFloat32);
+  codec_.decode(in, size_t(bytes()), size_t(coded_values()), out.data_ptr<float>());
+  return low_rank_ ? low_rank_->expand(out) : out;
 }
 
 void ErrorFeedbackChannel::save(TensorMap& out) const {

@@ -10,6 +10,7 @@
 #include "wire/codec.h"
 #include "wire/coset_codec.h"
 #include "config/train_config.h"
+#include "optim/low_rank.h"
 #include "util/tensor_map.h"
 
 namespace noloco {
@@ -34,12 +35,14 @@ Feedback feedback_of(const OuterConfig& config);
 // An increment (the pseudo-gradient Δ) through a wire codec with error
 // feedback: what the codec could not carry this time is added to what is
 // sent next time, so compression delays information instead of losing it.
+// With a LowRankCoding the codec carries the increment's low-rank factors.
 // With a weight w < 1 (SparseLoCo), e ← w·e + Δ: the residual is also a
 // decaying sum of past increments, which stands in for outer momentum.
 class ErrorFeedbackChannel {
  public:
-  ErrorFeedbackChannel(const WireCodec& codec, Feedback feedback, int64_t numel, std::string state_name);
-  int64_t bytes() const { return int64_t(codec_.encoded_bytes(size_t(numel_))); }
+  ErrorFeedbackChannel(const WireCodec& codec, Feedback feedback, int64_t numel, std::string state_name,
+                       std::shared_ptr<const LowRankCoding> low_rank = nullptr);
+  int64_t bytes() const { return int64_t(codec_.encoded_bytes(size_t(coded_values()))); }
   // Encodes x (plus w·residual under residual=message, which then becomes
   // what was lost) into `out` (bytes() of them). Returns, under
   // residual=weights with a lossy codec, what the message left out of x
@@ -51,10 +54,14 @@ class ErrorFeedbackChannel {
   void load(const TensorMap& in);
 
  private:
+  int64_t coded_values() const { return low_rank_ ? low_rank_->coded_values() : numel_; }
+  bool lossless() const { return codec_.lossless() && !low_rank_; }
+
   const WireCodec& codec_;
   int64_t numel_;
   std::string state_name_;
   Feedback feedback_;
+  std::shared_ptr<const LowRankCoding> low_rank_;
   torch::Tensor residual_;  // residual=message only; undefined without error feedback or with a lossless codec
 };
 

@@ -8,13 +8,14 @@ namespace noloco {
 
 DiLoCo::DiLoCo(const OuterConfig& config, uint64_t seed, Transport& transport, FlatParams& params)
     : SlowWeightsMethod(config, params), seed_(seed), transport_(transport), codec_(codec_spec(config)) {
-  if (codec_.lossless()) return;
+  if (codec_.lossless() && config.message_rank == 0) return;
   const int64_t world = transport.world();
   const Feedback feedback = feedback_of(config);  // residual=weights only with all_gather (validated)
   for (const auto& f : fragments()) {
     Channels c;
     if (config.diloco_mean == DilocoMean::all_gather) {
-      c.whole = std::make_unique<ErrorFeedbackChannel>(codec_, feedback, f.numel, fragment_state("residual", f));
+      c.whole = std::make_unique<ErrorFeedbackChannel>(codec_, feedback, f.numel, fragment_state("residual", f),
+                                                       low_rank_coding(params, f.offset, f.numel, config.message_rank));
       channels_.push_back(std::move(c));
       continue;
     }
@@ -85,7 +86,7 @@ OuterTerms DiLoCo::group_means(int64_t exchange_id, const Fragment& fragment, co
   auto delta = theta - phi;
   torch::Tensor kept;
   const auto sent_before = transport_.stats().bytes_sent;
-  if (codec_.lossless()) {
+  if (channels_.empty()) {  // fp32, whole
     transport_.all_reduce_mean(delta);
   } else {
     auto& channels = channels_[size_t(fragment.index)];

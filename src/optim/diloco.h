@@ -10,8 +10,9 @@
 //    mean (with a residual of its own) for one all-gather. 2(N−1)/N compressed
 //    payloads a replica, as a ring all-reduce, but every value rounded twice.
 //  - all_gather: each replica's whole Δ compressed once and gathered by all
-//    (N−1 payloads a replica): the choice for sparse messages, whose mean is
-//    denser than any of them and would not survive a second compression.
+//    (N−1 payloads a replica): the choice for sparse and low-rank messages
+//    (message_rank), whose mean is denser than any of them and would not
+//    survive a second compression.
 // What a lossy message left out either waits in an error-feedback buffer for
 // the next message (residual=message) or, with all_gather, stays in the
 // replica's own weights (residual=weights): θ ← φ + w·leftover, so a sparse

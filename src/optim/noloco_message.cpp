@@ -8,11 +8,12 @@ namespace noloco {
 
 NolocoMessageCodec::NolocoMessageCodec(const OuterConfig& config, const WireCodec& codec, const CosetCodec& coset,
                                        int64_t numel,
-                                       const std::function<std::string(const std::string&)>& state_name)
-    : codec_(codec), coset_(coset), numel_(numel) {
+                                       const std::function<std::string(const std::string&)>& state_name,
+                                       std::shared_ptr<const LowRankCoding> low_rank)
+    : codec_(codec), coset_(coset), numel_(numel), rank_(low_rank ? config.message_rank : 0) {
   const bool theta = config.message == NolocoMessage::theta;
   first_ = std::make_unique<ErrorFeedbackChannel>(codec, theta ? Feedback{} : feedback_of(config), numel,
-                                                  state_name("residual"));
+                                                  state_name("residual"), std::move(low_rank));
   if (!theta && config.phi_coding == PhiCoding::coset)
     phi_coset_ = std::make_unique<SlowWeightChannel>(coset, numel, config.stochastic_rounding, state_name("phi_range"));
   if (!theta && config.phi_coding == PhiCoding::codec)
@@ -28,8 +29,9 @@ int64_t NolocoMessageCodec::format_id(bool with_phi) const {
   enum Layout : uint64_t { theta = 1, delta = 2, delta_phi_codec = 3, delta_phi_coset = 4 };
   const uint64_t layout = carries_theta() ? theta : !with_phi ? delta : phi_coset_ ? delta_phi_coset : delta_phi_codec;
   const uint64_t phi_format = with_phi && phi_coset_ ? uint64_t(coset_.format_id()) : 0;
-  // A fingerprint of the three, positive (the header's -1 means "dropped").
-  const uint64_t h = splitmix64(splitmix64(splitmix64(uint64_t(codec_.format_id())) + layout) + phi_format);
+  // A fingerprint of the four, positive (the header's -1 means "dropped").
+  const uint64_t h =
+      splitmix64(splitmix64(splitmix64(splitmix64(uint64_t(codec_.format_id())) + layout) + phi_format) + uint64_t(rank_));
   return int64_t(h >> 1);
 }
 

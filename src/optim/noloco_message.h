@@ -28,9 +28,11 @@ struct NolocoParts {
 
 class NolocoMessageCodec {
  public:
-  // `state_name(name)`: the name of this fragment's channel state `name`.
+  // `state_name(name)`: the name of this fragment's channel state `name`;
+  // `low_rank`: how Δ's matrices travel as factors (message_rank > 0), or null.
   NolocoMessageCodec(const OuterConfig& config, const WireCodec& codec, const CosetCodec& coset, int64_t numel,
-                     const std::function<std::string(const std::string&)>& state_name);
+                     const std::function<std::string(const std::string&)>& state_name,
+                     std::shared_ptr<const LowRankCoding> low_rank);
   bool carries_theta() const { return phi_codec_ == nullptr && phi_coset_ == nullptr; }
   int64_t bytes(bool with_phi) const;
   // Differs between any two layouts (codec, θ or Δ, how φ travels): a
@@ -59,6 +61,7 @@ class NolocoMessageCodec {
   const WireCodec& codec_;
   const CosetCodec& coset_;
   int64_t numel_;
+  int64_t rank_;  // of Δ's factors; 0: Δ travels whole
   std::unique_ptr<ErrorFeedbackChannel> first_;      // θ, or Δ with error feedback
   std::unique_ptr<ErrorFeedbackChannel> phi_codec_;  // φ through the codec
   std::unique_ptr<SlowWeightChannel> phi_coset_;     // φ coset-coded
