@@ -259,8 +259,8 @@ TEST(Config, LowRankMessagesNeedTheirOwnDeltaWhole) {
   EXPECT_EQ(d.outer.interval, 100);
   const auto n = parse_config("", {"method=noloco", "compression=lowrank", "message_rank=8"});
   EXPECT_EQ(n.outer.message_rank, 8) << "the key given with the preset wins";
-  EXPECT_EQ(n.outer.message, NolocoMessage::theta) << "sketched";
-  EXPECT_EQ(n.outer.wire_dtype, CodecSpec::Type::bf16);
+  EXPECT_EQ(n.outer.message, NolocoMessage::delta_phi);
+  EXPECT_EQ(n.outer.phi_every, 0);
   EXPECT_EQ(n.outer.interval, 50);
   EXPECT_EQ(parse_config("", {"method=noloco", "message_rank=2"}).outer.message, NolocoMessage::delta_phi)
       << "fp32 factors are still not theta";
@@ -268,8 +268,8 @@ TEST(Config, LowRankMessagesNeedTheirOwnDeltaWhole) {
   EXPECT_NE(error_of("", {"method=noloco", "message_rank=2", "topk=0.1"}).find("set one of them to 0"),
             std::string::npos);
   EXPECT_NE(error_of("", {"method=ddp", "message_rank=2"}).find("ddp all-reduces fp32 gradients"), std::string::npos);
-  EXPECT_NE(error_of("", {"method=noloco", "message_rank=2", "noloco_message=theta", "group_size=3"})
-                .find("group_size must be 2"),
+  EXPECT_NE(error_of("", {"method=noloco", "message_rank=2", "noloco_message=theta"})
+                .find("message_rank needs noloco_message=delta_phi"),
             std::string::npos);
   EXPECT_NE(error_of("", {"method=diloco", "message_rank=2", "diloco_mean=reduce_scatter"})
                 .find("message_rank needs diloco_mean=all_gather"),

@@ -138,10 +138,9 @@ void add_outer_options(Options& o, TrainConfig& c) {
                " (int2 is ternary; bins2 sends each value's sign and one of its block's two mean magnitudes)")
       .add("topk", c.outer.topk, "fraction of each 4096-value chunk sent (largest first); 0: dense")
       .add("message_rank", c.outer.message_rank,
-           "low-rank outer messages, rank r; 0: whole. diloco (all_gather) and noloco_message=delta_phi: each "
-           "weight matrix's delta as two rank-r factors (a randomized SVD; the factors through wire_dtype, vectors "
-           "as they are). noloco_message=theta: no theta travels; a pair estimates the difference of their theta "
-           "from two rounds of rank-r linear sketches (group_size 2)")
+           "send each weight matrix's delta as two rank-r factors (a randomized SVD; the factors through "
+           "wire_dtype, vectors as they are); 0: whole. Needs noloco_message=delta_phi (noloco) or "
+           "diloco_mean=all_gather (diloco)")
       .add("error_feedback", c.outer.error_feedback, "add what a lossy codec dropped from delta to the next message (diloco; noloco delta_phi)")
       .add("error_feedback_decay", c.outer.error_feedback_decay,
            "error feedback e <- decay*e + delta before each message (SparseLoCo's beta; 1: plain error feedback)")
@@ -269,18 +268,12 @@ void apply_compression_preset(OuterConfig& outer, OuterCompression compression, 
     if (method == Method::noloco) outer.phi_every = 0;
     return;
   }
-  if (compression == OuterCompression::lowrank && method == Method::noloco) {
-    outer.wire_dtype = CodecSpec::Type::bf16;
-    outer.message = NolocoMessage::theta;
-    outer.message_rank = 2;
-    outer.interval = 50;
-    return;
-  }
   if (compression == OuterCompression::lowrank) {
     outer.wire_dtype = CodecSpec::Type::int8;
-    outer.message_rank = 2;
+    outer.message_rank = method == Method::diloco ? 2 : 4;
     outer.residual = ResidualHome::weights;
-    outer.interval = 100;
+    outer.interval = method == Method::diloco ? 100 : 50;
+    if (method == Method::noloco) outer.phi_every = 0;
     return;
   }
   if (method == Method::diloco) {  // reduce-scatter of int2 shards: 0.50 bits/param/outer step at 8 replicas
@@ -458,11 +451,8 @@ void TrainConfig::validate() const {
   if ((outer.fragments > 1 || outer.overlap) && !has_outer_steps(method))
     invalid("fragments and overlap apply to diloco and noloco");
   if (outer.eager && !outer.overlap) invalid("eager needs overlap=true (it corrects an exchange that arrives late)");
-  if (outer.message_rank > 0 && method == Method::noloco && outer.message == NolocoMessage::theta &&
-      outer.group_size != 2)
-    invalid(fmt::format("message_rank with noloco_message=theta sketches the difference of a pair: group_size "
-                        "must be 2, got {}",
-                        outer.group_size));
+  if (outer.message_rank > 0 && method == Method::noloco && outer.message != NolocoMessage::delta_phi)
+    invalid("message_rank needs noloco_message=delta_phi: theta is not low-rank, its increment is");
   if (outer.message_rank > 0 && method == Method::diloco && outer.diloco_mean != DilocoMean::all_gather)
     invalid("message_rank needs diloco_mean=all_gather: a reduce-scatter shard cuts the matrices");
   if (outer.message == NolocoMessage::theta && outer.gamma != outer.lr)

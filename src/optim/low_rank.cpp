@@ -60,11 +60,10 @@ LowRankCoding::LowRankCoding(const FlatParams& params, int64_t offset, int64_t n
   for (const auto& m : matrices_) {
     if (m.offset > covered) plain_.push_back({covered, m.offset - covered});
     covered = m.offset + m.rows * m.cols;
-    range_values_ += m.rows * rank_of(m);
     coded_values_ += (m.rows + m.cols) * rank_of(m);
   }
   if (numel > covered) plain_.push_back({covered, numel - covered});
-  for (const auto& s : plain_) range_values_ += s.numel, coded_values_ += s.numel;
+  for (const auto& s : plain_) coded_values_ += s.numel;
 }
 
 int64_t LowRankCoding::rank_of(const Matrix& m) const { return std::min({rank_, m.rows, m.cols}); }
@@ -114,69 +113,6 @@ torch::Tensor LowRankCoding::expand(const torch::Tensor& coded) const {
   for (const auto& s : plain_) {
     out.narrow(0, s.offset, s.numel).copy_(coded.narrow(0, at, s.numel));
     at += s.numel;
-  }
-  throw_unless_finite(out);
-  return out;
-}
-
-torch::Tensor LowRankCoding::range_sketch(const torch::Tensor& x, uint64_t seed) const {
-  torch::NoGradGuard no_grad;
-  auto out = torch::empty({range_values_}, torch::kFloat32);
-  int64_t at = 0;
-  for (size_t i = 0; i < matrices_.size(); ++i) {
-    const auto& mat = matrices_[i];
-    const int64_t r = rank_of(mat);
-    out.narrow(0, at, mat.rows * r)
-        .view({mat.rows, r})
-        .copy_(view(x, mat).mm(random_signs(mat.cols, r, splitmix64(seed ^ splitmix64(i)))));
-    at += mat.rows * r;
-  }
-  for (const auto& s : plain_) {
-    out.narrow(0, at, s.numel).copy_(x.narrow(0, s.offset, s.numel));
-    at += s.numel;
-  }
-  return out;
-}
-
-std::vector<torch::Tensor> LowRankCoding::bases(const torch::Tensor& range_difference) const {
-  torch::NoGradGuard no_grad;
-  std::vector<torch::Tensor> out;
-  int64_t at = 0;
-  for (const auto& mat : matrices_) {
-    const int64_t r = rank_of(mat);
-    out.push_back(orthonormal_columns(range_difference.narrow(0, at, mat.rows * r).view({mat.rows, r})));
-    at += mat.rows * r;
-  }
-  return out;
-}
-
-torch::Tensor LowRankCoding::corange_sketch(const torch::Tensor& x, const std::vector<torch::Tensor>& bases) const {
-  torch::NoGradGuard no_grad;
-  auto out = torch::empty({corange_values()}, torch::kFloat32);
-  int64_t at = 0;
-  for (size_t i = 0; i < matrices_.size(); ++i) {
-    const auto& mat = matrices_[i];
-    out.narrow(0, at, mat.cols * rank_of(mat)).view({mat.cols, rank_of(mat)}).copy_(view(x, mat).t().mm(bases[i]));
-    at += mat.cols * rank_of(mat);
-  }
-  return out;
-}
-
-torch::Tensor LowRankCoding::difference(const std::vector<torch::Tensor>& bases, const torch::Tensor& range_difference,
-                                        const torch::Tensor& corange_difference) const {
-  torch::NoGradGuard no_grad;
-  auto out = torch::empty({numel_}, torch::kFloat32);
-  int64_t at = 0, range_at = 0;
-  for (size_t i = 0; i < matrices_.size(); ++i) {
-    const auto& mat = matrices_[i];
-    const int64_t r = rank_of(mat);
-    view(out, mat).copy_(bases[i].mm(corange_difference.narrow(0, at, mat.cols * r).view({mat.cols, r}).t()));
-    at += mat.cols * r;
-    range_at += mat.rows * r;
-  }
-  for (const auto& s : plain_) {
-    out.narrow(0, s.offset, s.numel).copy_(range_difference.narrow(0, range_at, s.numel));
-    range_at += s.numel;
   }
   throw_unless_finite(out);
   return out;

@@ -37,25 +37,6 @@ class LowRankCoding {
   // Throws std::runtime_error if they are not all finite.
   torch::Tensor expand(const torch::Tensor& coded) const;
 
-  // The difference of two replicas' values, x_b − x_a, from two rounds of
-  // linear sketches that each replica takes of its own values with the same
-  // maps, so that the difference of the sketches is the sketch of the
-  // difference (PowerSGD's all-reduce, over a pair): round 1 sends each
-  // matrix's M·Ω (Ω: `rank` columns of random signs from a seed the pair
-  // shares) and the plain values; from the difference of those both derive
-  // one orthonormal basis B per matrix; round 2 sends Mᵀ·B. The estimate
-  // B·Bᵀ·(M_b − M_a) is exact in span(B), which the sketch points at the
-  // difference's largest directions; what it misses stays in the
-  // difference, for the next exchange to see.
-  int64_t range_values() const { return range_values_; }
-  int64_t corange_values() const { return coded_values_ - range_values_; }
-  torch::Tensor range_sketch(const torch::Tensor& x, uint64_t seed) const;
-  std::vector<torch::Tensor> bases(const torch::Tensor& range_difference) const;
-  torch::Tensor corange_sketch(const torch::Tensor& x, const std::vector<torch::Tensor>& bases) const;
-  // Throws std::runtime_error if the estimate is not finite.
-  torch::Tensor difference(const std::vector<torch::Tensor>& bases, const torch::Tensor& range_difference,
-                           const torch::Tensor& corange_difference) const;
-
  private:
   struct Matrix {
     int64_t offset = 0, rows = 0, cols = 0;  // offset in the slice
@@ -69,7 +50,7 @@ class LowRankCoding {
   torch::Tensor view(const torch::Tensor& x, const Matrix& m) const;
 
   std::vector<Span> plain_;  // sent as they are, in slice order
-  int64_t numel_, rank_, coded_values_ = 0, range_values_ = 0;
+  int64_t numel_, rank_, coded_values_ = 0;
 };
 
 // A LowRankCoding for each fragment, or none (rank 0).

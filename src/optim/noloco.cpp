@@ -2,8 +2,6 @@
 
 #include <algorithm>
 
-#include <fmt/format.h>
-
 #include "util/log.h"
 #include "util/splitmix.h"
 
@@ -31,34 +29,20 @@ NoLoCo::NoLoCo(const OuterConfig& config, uint64_t seed, ReplicaPeers links, Fla
       membership_(links.membership),
       codec_(codec_spec(config)),
       coset_(int(config.phi_bits), config.quant_block) {
-  const bool sketched = config.message == NolocoMessage::theta && config.message_rank > 0;
-  for (const auto& f : fragments()) {
-    const auto low_rank = low_rank_coding(params, f.offset, f.numel, config.message_rank);
-    if (sketched) {
-      sketches_.push_back(low_rank);
-      continue;
-    }
+  for (const auto& f : fragments())
     messages_.emplace_back(config, codec_, coset_, f.numel,
-                           [&](const std::string& name) { return fragment_state(name, f); }, low_rank);
-  }
-  if (sketched) reference_ = cpu_fp32(params.values()).clone();
+                           [&](const std::string& name) { return fragment_state(name, f); },
+                           low_rank_coding(params, f.offset, f.numel, config.message_rank));
 }
 
 void NoLoCo::save(TensorMap& out) const {
   SlowWeightsMethod::save(out);  // first: it waits for an exchange in flight, which uses the channels
   for (const auto& m : messages_) m.save(out);
-  if (reference_.defined()) out["outer.reference"] = reference_;
 }
 
 void NoLoCo::load(const TensorMap& in) {
   SlowWeightsMethod::load(in);
   for (auto& m : messages_) m.load(in);
-  if (!reference_.defined()) return;
-  const auto it = in.find("outer.reference");
-  TORCH_CHECK(it != in.end(), "checkpoint lacks outer.reference (saved with other noloco_message or message_rank?)");
-  TORCH_CHECK(it->second.numel() == reference_.numel(), "outer.reference has ", it->second.numel(),
-              " values, expected ", reference_.numel());
-  reference_.copy_(it->second.reshape({-1}));
 }
 
 std::vector<Peer> NoLoCo::my_group(int64_t id, OuterSync& sync) {
@@ -138,7 +122,6 @@ OuterTerms NoLoCo::group_means(int64_t id, const Fragment& fragment, const torch
                                const torch::Tensor& phi, OuterSync& sync) {
   const auto group = my_group(id, sync);
   for (const auto& p : group) sync.group.push_back(p.rank);
-  if (!sketches_.empty()) return sketched_means(id, fragment, theta, phi, group, sync);
   auto& message = messages_[size_t(fragment.index)];
   const bool theta_message = message.carries_theta();
   const bool with_phi = !theta_message && config_.phi_every > 0 && (sync.outer_step + 1) % config_.phi_every == 0;
@@ -174,82 +157,6 @@ OuterTerms NoLoCo::group_means(int64_t id, const Fragment& fragment, const torch
   if (theta_message) return {mean_first - phi, {}, 0, {}};
   if (!with_phi) return {mean_first, {}, 0, kept};
   return {mean_first, rank_ordered_mean(transport_.rank(), own.phi, phis).to(theta.device()), config_.gamma, kept};
-}
-
-}  // namespace noloco
-
-namespace noloco {
-
-OuterTerms NoLoCo::sketched_means(int64_t id, const Fragment& fragment, const torch::Tensor& theta,
-                                  const torch::Tensor& phi, const std::vector<Peer>& group, OuterSync& sync) {
-  const int me = transport_.rank();
-  sync.arrived = {me};
-  const OuterTerms alone{theta - phi, {}, 0, {}};
-  if (group.size() < 2) return alone;  // validated: a group is one pair (a lone leftover joins one)
-  const auto& coding = *sketches_[size_t(fragment.index)];
-  const auto own = cpu_fp32(theta) - reference_.narrow(0, fragment.offset, fragment.numel);
-  // The pair's maps: the same seed on both sides.
-  const uint64_t seed = splitmix64(seed_ ^ splitmix64(uint64_t(id)));
-  const int64_t format = int64_t(splitmix64(splitmix64(uint64_t(codec_.format_id())) + uint64_t(config_.message_rank)) >> 1);
-
-  // Every value is used as its bytes decode on both sides, so that the two
-  // derive the same basis and the same difference.
-  auto round = [&](int64_t exchange, const torch::Tensor& values, bool usable, torch::Tensor* own_sent) {
-    const int64_t n = values.numel();
-    auto payload = torch::zeros({1 + int64_t(codec_.encoded_bytes(size_t(n)))}, torch::kUInt8);
-    auto* bytes = payload.data_ptr<uint8_t>();
-    bytes[0] = usable ? 1 : 0;  // 0: the sender could not use the last round, nor can the receiver this one
-    const auto contiguous = values.contiguous();
-    codec_.encode(contiguous.data_ptr<float>(), size_t(n), bytes + 1, seed);
-    *own_sent = torch::empty({n}, torch::kFloat32);
-    codec_.decode(bytes + 1, size_t(payload.numel() - 1), size_t(n), own_sent->data_ptr<float>());
-    std::map<int, torch::Tensor> partners;
-    for (const auto& [r, received] : send(exchange, group, payload, format, sync)) {
-      sync.values_received += n;
-      try {
-        if (received.numel() != payload.numel())
-          throw std::runtime_error(fmt::format("{} bytes, expected {}", received.numel(), payload.numel()));
-        const auto* in = received.data_ptr<uint8_t>();
-        if (in[0] > 1) throw std::runtime_error(fmt::format("usability flag {}", int(in[0])));
-        if (in[0] == 0) {  // the sender dropped our last round: it is not used either way
-          sync.values_dropped += n;
-          continue;
-        }
-        auto decoded = torch::empty({n}, torch::kFloat32);
-        codec_.decode(in + 1, size_t(received.numel() - 1), size_t(n), decoded.data_ptr<float>());
-        partners[r] = decoded;
-      } catch (const std::runtime_error& e) {
-        spdlog::error("rejected the sketch of replica {}: {}", r, e.what());
-        sync.values_dropped += n;
-      }
-    }
-    return partners;
-  };
-
-  torch::Tensor own_range, own_corange;
-  const auto ranges = round(id, coding.range_sketch(own, seed), true, &own_range);
-  // The second round runs whenever the partner came to the first, even when
-  // its sketch was unusable here: it waits for ours and learns from the flag.
-  const bool partner_came = sync.values_received > 0;
-  if (!partner_came) return alone;
-  const bool usable = !ranges.empty();
-  const int partner = usable ? ranges.begin()->first : me;
-  // The basis from the difference in rank order, the same on both sides.
-  const auto range_difference = usable ? ranges.at(partner) - own_range : own_range;
-  const auto bases = coding.bases(me < partner ? -range_difference : range_difference);
-  const auto coranges =
-      round(id + kSecondRound, coding.corange_sketch(own, bases), usable, &own_corange);
-  if (!usable || coranges.empty()) return alone;
-  torch::Tensor difference;
-  try {
-    difference = coding.difference(bases, range_difference, coranges.at(partner) - own_corange);
-  } catch (const std::runtime_error& e) {
-    spdlog::error("rejected the sketch of replica {}: {}", partner, e.what());
-    sync.values_dropped += coding.range_values() + coding.corange_values();
-    return alone;
-  }
-  sync.arrived = {std::min(me, partner), std::max(me, partner)};
-  return {theta - phi + (0.5 * difference).to(theta.device()), {}, 0, {}};
 }
 
 }  // namespace noloco

@@ -13,14 +13,6 @@
 // either through the codec or coset-coded against the receiver's own φ
 // (phi_coding), every phi_every-th outer step. A replica averages its own
 // exact values with what it decoded from the others (docs/method.md).
-// "theta" with message_rank (one partner) sends no θ at all: the pair
-// estimates the difference of their θ from two rounds of low-rank linear
-// sketches (LowRankCoding), of θ − θ₀ (θ₀: the weights both started from, so
-// that the sketches' rounding is relative to what training changed), and
-// each replica steps with its own Δ exactly and half that difference:
-// β·(mean θ − φ_i) = β·(Δ_i + (θ_j − θ_i)/2). What a sketch misses stays in
-// the difference, for the next exchange to see: nothing is lost, nothing
-// accumulates in a residual.
 #pragma once
 #include <memory>
 
@@ -44,9 +36,6 @@ class NoLoCo final : public SlowWeightsMethod {
   // This replica's group for exchange `id`, with the incarnations it is to
   // meet; records the live replicas it was drawn from in `sync`.
   std::vector<Peer> my_group(int64_t id, OuterSync& sync);
-  // noloco_message=theta with message_rank: β·(Δ + the sketched (θ_partner − θ)/2).
-  OuterTerms sketched_means(int64_t id, const Fragment& fragment, const torch::Tensor& theta,
-                            const torch::Tensor& phi, const std::vector<Peer>& group, OuterSync& sync);
   // Sends `payload` to the group; returns the payloads that arrived, by rank.
   std::map<int, torch::Tensor> send(int64_t id, const std::vector<Peer>& group, const torch::Tensor& payload,
                                     int64_t format, OuterSync& sync);
@@ -66,9 +55,6 @@ class NoLoCo final : public SlowWeightsMethod {
   // pairs one exchange apart failed to decode at step 1560 of the demo run
   // (docs/method.md), the pulls toward other partners bounding the walk.
   static constexpr int64_t kSeparationHorizon = 2;
-  // The second round of a sketched exchange is exchange id + this (outer
-  // exchanges number far fewer).
-  static constexpr int64_t kSecondRound = int64_t(1) << 40;
 
   uint64_t seed_;
   Transport& transport_;
@@ -76,9 +62,6 @@ class NoLoCo final : public SlowWeightsMethod {
   WireCodec codec_;
   CosetCodec coset_;
   std::vector<NolocoMessageCodec> messages_;  // by fragment
-  // Sketched θ: each fragment's matrices, and θ₀ (fp32, CPU).
-  std::vector<std::shared_ptr<const LowRankCoding>> sketches_;
-  torch::Tensor reference_;
 };
 
 }  // namespace noloco
