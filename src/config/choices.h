@@ -35,7 +35,7 @@ enum class DilocoMean { automatic, reduce_scatter, all_gather };
 enum class ResidualHome { message, weights };
 // The outer messages' compression as one choice (config/train_config.h's
 // preset): none leaves the codec keys as they are.
-enum class OuterCompression { none, sparse, topk, lowrank };
+enum class OuterCompression { none, sparse, topk };
 
 template <class E>
 struct ChoiceNames;
@@ -114,11 +114,8 @@ struct ChoiceNames<ResidualHome> {
 };
 template <>
 struct ChoiceNames<OuterCompression> {
-  static constexpr std::array<std::pair<OuterCompression, const char*>, 4> all{
-      {{OuterCompression::none, "none"},
-       {OuterCompression::sparse, "sparse"},
-       {OuterCompression::topk, "topk"},
-       {OuterCompression::lowrank, "lowrank"}}};
+  static constexpr std::array<std::pair<OuterCompression, const char*>, 3> all{
+      {{OuterCompression::none, "none"}, {OuterCompression::sparse, "sparse"}, {OuterCompression::topk, "topk"}}};
 };
 
 // Whether E is a choice (has names above).

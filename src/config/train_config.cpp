@@ -268,14 +268,6 @@ void apply_compression_preset(OuterConfig& outer, OuterCompression compression, 
     if (method == Method::noloco) outer.phi_every = 0;
     return;
   }
-  if (compression == OuterCompression::lowrank) {
-    outer.wire_dtype = CodecSpec::Type::int8;
-    outer.message_rank = method == Method::diloco ? 2 : 4;
-    outer.residual = ResidualHome::weights;
-    outer.interval = method == Method::diloco ? 100 : 50;
-    if (method == Method::noloco) outer.phi_every = 0;
-    return;
-  }
   if (method == Method::diloco) {  // reduce-scatter of int2 shards: 0.50 bits/param/outer step at 8 replicas
     outer.fragments = 8;
     outer.interval = 80;
