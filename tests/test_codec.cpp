@@ -212,6 +212,13 @@ TEST(Codec, DecoderRefusesMalformedBytes) {
   b = encoded(int8);
   b[0] = 0xff, b[1] = 0x7f;  // a NaN scale
   EXPECT_NE(decode_error(int8, b, n).find("block 0 has scale"), std::string::npos);
+  const WireCodec fp32(spec(CodecSpec::Type::fp32)), bf16(spec(CodecSpec::Type::bf16));
+  b = encoded(fp32);
+  b[4 * 3 + 2] = 0x80, b[4 * 3 + 3] = 0x7f;  // value 3: exponent all ones, an infinity or NaN
+  EXPECT_NE(decode_error(fp32, b, n).find("value 3 is"), std::string::npos);
+  b = encoded(bf16);
+  b[2 * 5] = 0xc0, b[2 * 5 + 1] = 0x7f;  // value 5: a NaN
+  EXPECT_NE(decode_error(bf16, b, n).find("value 5 is nan"), std::string::npos);
   b = encoded(int8);
   b[0] = 0x00, b[1] = 0x7f;  // 2^127: finite, but code 127 times it is not
   EXPECT_NE(decode_error(int8, b, n).find("block 0 has scale"), std::string::npos);

@@ -291,10 +291,13 @@ void WireCodec::encode_dense(const float* x, size_t n, uint8_t* out, uint64_t se
 void WireCodec::decode_dense(const uint8_t* in, size_t n, float* out) const {
   switch (spec_.type) {
     case CodecSpec::Type::fp32:
-      for (size_t i = 0; i < n; ++i) std::memcpy(&out[i], in + 4 * i, 4);
-      return;
     case CodecSpec::Type::bf16:
-      for (size_t i = 0; i < n; ++i) out[i] = from_bf16(get16(in + 2 * i));
+      for (size_t i = 0; i < n; ++i) {
+        if (spec_.type == CodecSpec::Type::fp32) std::memcpy(&out[i], in + 4 * i, 4);
+        else out[i] = from_bf16(get16(in + 2 * i));
+        // A diverged or hostile peer's NaN would otherwise pass into our weights.
+        if (!std::isfinite(out[i])) malformed(fmt::format("value {} is {}", i, out[i]));
+      }
       return;
     default: break;
   }
