@@ -29,7 +29,6 @@ class LowRankCoding {
   LowRankCoding(const FlatParams& params, int64_t offset, int64_t numel, int64_t rank);
   // Values a message carries: every matrix's factors, then the values sent as they are.
   int64_t coded_values() const { return coded_values_; }
-  int64_t numel() const { return numel_; }
   int64_t matrices() const { return int64_t(matrices_.size()); }
   // x (numel values, fp32, CPU) as coded_values() values.
   torch::Tensor factor(const torch::Tensor& x, uint64_t seed) const;

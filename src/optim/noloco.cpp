@@ -68,6 +68,7 @@ std::vector<Peer> NoLoCo::my_group(int64_t id, OuterSync& sync) {
 
 std::map<int, torch::Tensor> NoLoCo::send(int64_t id, const std::vector<Peer>& group, const torch::Tensor& payload,
                                           int64_t format, OuterSync& sync) {
+  for (const auto& p : group) sync.group.push_back(p.rank);
   ExchangeRequest request;
   request.id = id;
   request.group = group;
@@ -79,7 +80,7 @@ std::map<int, torch::Tensor> NoLoCo::send(int64_t id, const std::vector<Peer>& g
   const auto sent_before = transport_.stats().bytes_sent;
   // Peers it gives up are declared dead by the transport (later snapshots leave them out).
   auto result = group.size() > 1 ? transport_.exchange(request) : ExchangeResult{};
-  sync.bytes += transport_.stats().bytes_sent - sent_before;
+  sync.bytes = transport_.stats().bytes_sent - sent_before;
   return std::move(result.received);
 }
 
@@ -121,7 +122,6 @@ std::map<int, NolocoParts> NoLoCo::decode(NolocoMessageCodec& message, const std
 OuterTerms NoLoCo::group_means(int64_t id, const Fragment& fragment, const torch::Tensor& theta,
                                const torch::Tensor& phi, OuterSync& sync) {
   const auto group = my_group(id, sync);
-  for (const auto& p : group) sync.group.push_back(p.rank);
   auto& message = messages_[size_t(fragment.index)];
   const bool theta_message = message.carries_theta();
   const bool with_phi = !theta_message && config_.phi_every > 0 && (sync.outer_step + 1) % config_.phi_every == 0;

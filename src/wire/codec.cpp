@@ -288,17 +288,24 @@ void WireCodec::encode_dense(const float* x, size_t n, uint8_t* out, uint64_t se
   }
 }
 
+namespace {
+
+// A diverged or hostile peer's NaN would otherwise pass into our weights.
+void refuse_non_finite(const float* values, size_t n) {
+  for (size_t i = 0; i < n; ++i)
+    if (!std::isfinite(values[i])) malformed(fmt::format("value {} is {}", i, values[i]));
+}
+
+}  // namespace
+
 void WireCodec::decode_dense(const uint8_t* in, size_t n, float* out) const {
   switch (spec_.type) {
     case CodecSpec::Type::fp32:
+      for (size_t i = 0; i < n; ++i) std::memcpy(&out[i], in + 4 * i, 4);
+      return refuse_non_finite(out, n);
     case CodecSpec::Type::bf16:
-      for (size_t i = 0; i < n; ++i) {
-        if (spec_.type == CodecSpec::Type::fp32) std::memcpy(&out[i], in + 4 * i, 4);
-        else out[i] = from_bf16(get16(in + 2 * i));
-        // A diverged or hostile peer's NaN would otherwise pass into our weights.
-        if (!std::isfinite(out[i])) malformed(fmt::format("value {} is {}", i, out[i]));
-      }
-      return;
+      for (size_t i = 0; i < n; ++i) out[i] = from_bf16(get16(in + 2 * i));
+      return refuse_non_finite(out, n);
     default: break;
   }
   const int bits = bits_of_type(spec_.type), qmax = (1 << (bits - 1)) - 1;
