@@ -20,6 +20,7 @@ class FakeTransport final : public Transport {
   int rank() const override { return 0; }
   int world() const override { return 2; }
   void all_reduce_mean(torch::Tensor& t) override {
+    ++all_reduces;
     sent = t.clone();
     t.add_(next_peer()).div_(2);
   }
@@ -52,7 +53,7 @@ class FakeTransport final : public Transport {
   }
   torch::Tensor peer, sent, peer_bytes;
   std::deque<torch::Tensor> peers;
-  int exchanges = 0;
+  int exchanges = 0, all_reduces = 0;
   c10::ScalarType wire_dtype = torch::kFloat32;
   std::vector<int> last_group;
 };
@@ -195,13 +196,25 @@ TEST(Outer, SparseDiLoCoKeepsWhatItsMessageLeftOutInTheWeightsByHand) {
 }
 
 TEST(Outer, DdpAveragesTheFlatGradientInOneCollective) {
-  auto c = parse_config("", {"method=ddp", "replicas=2"});
-  Rig rig(c);
-  auto& [m, flat, comm, outer] = rig;
+  struct TwoTensors : torch::nn::Module {
+    TwoTensors() {
+      w = register_parameter("w", torch::zeros({2}));
+      b = register_parameter("b", torch::zeros({1}));
+    }
+    torch::Tensor w, b;
+  } m;
+  const auto c = parse_config("", {"method=ddp", "replicas=2"});
+  FlatParams flat{m};
+  FakeTransport comm;
+  const auto outer = make_outer_optimizer(c.outer, c.run.seed, {&comm, nullptr}, flat);
   flat.grads().copy_(torch::tensor({1.0f, 2.0f, 3.0f}));
   comm.peer = torch::tensor({3.0f, 2.0f, 1.0f});
-  outer->on_gradients(flat);
-  expect_values(m.w.grad(), {2.0, 2.0, 2.0});  // the parameter's own .grad is a view of the flat buffer
+  EXPECT_TRUE(outer->on_gradients(flat));
+  EXPECT_EQ(comm.all_reduces, 1) << "both tensors' gradients travel in one collective";
+  EXPECT_EQ(comm.sent.numel(), 3);
+  // The parameters' own .grad are views of the flat buffer.
+  expect_values(m.w.grad(), {2.0, 2.0});
+  expect_values(m.b.grad(), {2.0});
 }
 
 TEST(Schedule, FragmentsSpreadOverThePeriodAndTheLastEndsIt) {

@@ -15,7 +15,7 @@
 
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
 
-#include "comm/transport/activation_link.h"
+#include "comm/transport/peer_link.h"
 #include "comm/transport/seal.h"
 #include "model/llama.h"
 #include "model/hf_directory.h"
@@ -238,11 +238,25 @@ StorePtr hosted_store(int port) {
   return c10::make_intrusive<c10d::TCPStore>("127.0.0.1", o);
 }
 
+// One stage worker's door to the other stage: its rosters, its sealed link
+// and its activation channel (coding as `codecs` say).
+struct StageDoor {
+  StageDoor(const StorePtr& store, const WorkerEnv& env, std::chrono::milliseconds timeout,
+            const ActivationCodecs& codecs = {}, std::shared_ptr<const ResidualSubspace> subspace = nullptr)
+      : rosters(store, env.token, 2, env.world / 2, timeout),
+        link("pipeline worker", store, env, {env.rank, 0}, "127.0.0.1", timeout,
+             std::make_shared<const Seal>(env.token), rosters),
+        channel(rosters, link, 2, codecs, std::move(subspace)) {}
+  PipelineRoster rosters;
+  PeerLink link;
+  ActivationChannel channel;
+};
+
 }  // namespace
 
-// Two ActivationLinks in one process (one thread each) over a real store:
+// Two stage workers in one process (one thread each) over a real store:
 // the two stages of one replica.
-TEST(ActivationLink, RejectsAMessageThatTheRoutingDidNotAnnounce) {
+TEST(ActivationChannel, RejectsAMessageThatTheRoutingDidNotAnnounce) {
   const int port = noloco::testing::free_port();
   const auto host = hosted_store(port);
   std::string error;
@@ -250,7 +264,8 @@ TEST(ActivationLink, RejectsAMessageThatTheRoutingDidNotAnnounce) {
   auto worker = [&](int rank) {
     const auto env = stage_env(rank, port);
     const auto store = connect_store(env, kLinkTimeout);
-    ActivationLink link(store, env, 2, 0, "127.0.0.1", kLinkTimeout, kLinkTimeout, std::make_shared<const Seal>(env.token));
+    StageDoor door(store, env, kLinkTimeout);
+    auto& link = door.channel;
     ASSERT_EQ(link.enter("step/3").stages, (std::vector<std::vector<Peer>>{{{0, 0}}, {{0, 0}}}));
     const auto payload = torch::arange(6, torch::kFloat32);
     if (rank == 0) {
@@ -291,9 +306,9 @@ TEST(ActivationChannel, CodedActivationsDecodeWithinAStepAndAMalformedOneIsDropp
   auto worker = [&](int rank) {
     const auto env = stage_env(rank, port);
     const auto store = connect_store(env, kLinkTimeout);
-    ActivationLink link(store, env, 2, 0, "127.0.0.1", kLinkTimeout, kLinkTimeout, std::make_shared<const Seal>(env.token));
-    ActivationChannel channel(link, codecs);
-    link.enter("step/1");
+    StageDoor door(store, env, kLinkTimeout, codecs);
+    auto& channel = door.channel;
+    channel.enter("step/1");
     const auto labels = torch::arange(8, torch::kInt64);
     if (rank == 0) {
       channel.send(1, {MessageKind::activations, 1, 0, 0, 0}, {values, labels});
@@ -302,7 +317,7 @@ TEST(ActivationChannel, CodedActivationsDecodeWithinAStepAndAMalformedOneIsDropp
       std::vector<torch::Tensor> grad{torch::zeros({256})};
       EXPECT_TRUE(channel.recv(1, {MessageKind::gradients, 1, 0, 0, 0}, grad));
       got[3] = grad[0];
-      link.finish_sends();
+      channel.finish_sends();
     } else {
       for (int64_t micro : {0, 1}) {
         std::vector<torch::Tensor> in{torch::zeros({256}), torch::zeros({8}, torch::kInt64)};
@@ -321,8 +336,8 @@ TEST(ActivationChannel, CodedActivationsDecodeWithinAStepAndAMalformedOneIsDropp
         }
       }
       channel.send(0, {MessageKind::gradients, 1, 0, 0, 0}, {values});
-      link.finish_sends();
-      stats = link.stats();
+      channel.finish_sends();
+      stats = channel.stats();
     }
   };
   std::thread a(worker, 0), b(worker, 1);
@@ -370,9 +385,9 @@ TEST(ActivationChannel, SubspaceCoordinatesCrossInTheirFormulasSizeAndAMalformed
   auto worker = [&](int rank) {
     const auto env = stage_env(rank, port);
     const auto store = connect_store(env, kLinkTimeout);
-    ActivationLink link(store, env, 2, 0, "127.0.0.1", kLinkTimeout, kLinkTimeout, std::make_shared<const Seal>(env.token));
-    ActivationChannel channel(link, codecs, subspace);
-    link.enter("step/1");
+    StageDoor door(store, env, kLinkTimeout, codecs, subspace);
+    auto& channel = door.channel;
+    channel.enter("step/1");
     if (rank == 0) {
       channel.send(1, {MessageKind::activations, 1, 0, 0, 0}, {h});
       channel.send(1, {MessageKind::activations, 1, 1, 0, 0}, {torch::full({B, T, H}, NAN)});
@@ -380,14 +395,14 @@ TEST(ActivationChannel, SubspaceCoordinatesCrossInTheirFormulasSizeAndAMalformed
       std::vector<torch::Tensor> grad{torch::zeros({B, T, H})};
       EXPECT_TRUE(channel.recv(1, {MessageKind::gradients, 1, 0, 0, 0}, grad));
       got_g = grad[0];
-      link.finish_sends();
+      channel.finish_sends();
     } else {
       std::vector<torch::Tensor> in{torch::zeros({B, T, H})};
       EXPECT_TRUE(channel.recv(0, {MessageKind::activations, 1, 0, 0, 0}, in, ids));
       got_h = in[0];
       in = {torch::zeros({B, T, H})};
       nan_delivered = channel.recv(0, {MessageKind::activations, 1, 1, 0, 0}, in, ids);
-      ActivationChannel wrong(link, codecs, other_k);
+      ActivationChannel wrong(door.rosters, door.link, 2, codecs, other_k);
       in = {torch::zeros({B, T, H})};
       try {
         wrong.recv(0, {MessageKind::activations, 1, 2, 0, 0}, in, ids);
@@ -395,8 +410,8 @@ TEST(ActivationChannel, SubspaceCoordinatesCrossInTheirFormulasSizeAndAMalformed
         other_k_error = e.what();
       }
       channel.send(0, {MessageKind::gradients, 1, 0, 0, 0}, {g});
-      link.finish_sends();
-      receiver = link.stats();
+      channel.finish_sends();
+      receiver = channel.stats();
     }
   };
   std::thread a(worker, 0), b(worker, 1);
@@ -421,7 +436,7 @@ TEST(ActivationChannel, SubspaceCoordinatesCrossInTheirFormulasSizeAndAMalformed
 
 // A dropped micro-batch is announced, not awaited; a neighbour whose pair
 // fails (here: its group is torn down) is lost, and the next roster leaves it out.
-TEST(ActivationLink, DroppedNoticesAndALostNeighbour) {
+TEST(ActivationChannel, DroppedNoticesAndALostNeighbour) {
   const int port = noloco::testing::free_port();
   const auto host = hosted_store(port);
   std::promise<void> received_two, done;
@@ -433,7 +448,8 @@ TEST(ActivationLink, DroppedNoticesAndALostNeighbour) {
     const auto env = stage_env(rank, port);
     const auto store = connect_store(env, kLinkTimeout);
     {
-      ActivationLink link(store, env, 2, 0, "127.0.0.1", kLinkTimeout, kLinkTimeout, std::make_shared<const Seal>(env.token));
+      StageDoor door(store, env, kLinkTimeout);
+      auto& link = door.channel;
       link.enter("step/0");
       const auto payload = torch::arange(6, torch::kFloat32);
       std::vector<torch::Tensor> in{torch::zeros({6})};
@@ -472,7 +488,7 @@ TEST(ActivationLink, DroppedNoticesAndALostNeighbour) {
 // (here: written to the store by the test) is given up before the link waits
 // for it, not after the link's timeout (30 s here), and the next roster
 // leaves it out.
-TEST(ActivationLink, ANeighbourDeclaredDeadIsGivenUpWithoutWaiting) {
+TEST(ActivationChannel, ANeighbourDeclaredDeadIsGivenUpWithoutWaiting) {
   const int port = noloco::testing::free_port();
   const auto host = hosted_store(port);
   constexpr std::chrono::seconds kPatient{30};
@@ -484,7 +500,8 @@ TEST(ActivationLink, ANeighbourDeclaredDeadIsGivenUpWithoutWaiting) {
   auto worker = [&](int rank) {
     const auto env = stage_env(rank, port);
     const auto store = connect_store(env, kLinkTimeout);
-    ActivationLink link(store, env, 2, 0, "127.0.0.1", kPatient, kPatient, std::make_shared<const Seal>(env.token));
+    StageDoor door(store, env, kPatient);
+    auto& link = door.channel;
     link.enter("step/0");
     if (rank == 0) {
       finished.wait_for(std::chrono::seconds(60));  // alive, in the group, and silent: it never sends

@@ -1,10 +1,12 @@
 #include "config/options.h"
 
+#include <algorithm>
 #include <limits>
 #include <stdexcept>
 
 #include <fmt/format.h>
 
+#include "util/human.h"
 #include "util/parse_number.h"
 
 namespace noloco {
@@ -120,9 +122,19 @@ std::vector<std::string> Options::parse_known(const std::vector<std::string>& ar
   return rest;
 }
 
-std::string Options::help() const {
+std::string Options::help(size_t width) const {
+  constexpr size_t kKeyColumn = 24;
   std::string s;
-  for (const auto& o : options_) s += fmt::format("  {:<20} {}\n", o.name, o.help);
+  for (const auto& o : options_) {
+    auto value = o.get();
+    // A default of control characters (generate's prompt, a newline) shows as its escape.
+    for (size_t pos = 0; (pos = value.find('\n', pos)) != std::string::npos; pos += 2) value.replace(pos, 1, "\\n");
+    const auto first = fmt::format("  {:<{}} ", o.name, kKeyColumn - 3);
+    const auto text = fmt::format("{} [default: {}]", o.help, value.empty() ? "unset" : value);
+    // A key longer than its column starts its text on the next line.
+    s += first.size() > kKeyColumn ? first + "\n" + wrap_words(std::string(kKeyColumn, ' '), text, width)
+                                   : wrap_words(first, text, width);
+  }
   return s;
 }
 

@@ -41,8 +41,9 @@ class Options {
     std::function<std::string()> get;
   };
   const std::vector<Option>& all() const { return options_; }
-  // "  name   help" lines.
-  std::string help() const;
+  // One entry a key: its name, its help and its current value (the default,
+  // on options bound to a default-constructed target), wrapped at `width` columns.
+  std::string help(size_t width = 100) const;
 
  private:
   const Option* find(const std::string& name) const;

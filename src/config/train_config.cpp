@@ -282,12 +282,9 @@ void apply_compression_preset(OuterConfig& outer, OuterCompression compression, 
 
 }  // namespace
 
-std::vector<ConfigKey> config_keys() {
+std::string config_keys_help() {
   TrainConfig c;
-  const auto options = config_options(c);
-  std::vector<ConfigKey> keys;
-  for (const auto& o : options.all()) keys.push_back({o.name, o.help});
-  return keys;
+  return config_options(c).help();
 }
 
 std::vector<std::string> outer_method_keys() {

@@ -92,7 +92,7 @@ struct PipelineConfig {
   std::string stage_layers;         // layer counts per stage, "3,5"; empty: balanced
   Routing routing = Routing::random;
   Schedule schedule = Schedule::gpipe;
-  // Training traffic between stages (comm/transport/activation_link.h); evaluations stay exact.
+  // Training traffic between stages (pipeline/activation_channel.h); evaluations stay exact.
   // int8: 3.9x fewer bytes than fp32 and free on every corpus measured (docs/pipeline.md).
   CodecSpec::Type activation_codec = CodecSpec::Type::int8;
   std::optional<CodecSpec::Type> activation_grad_codec;  // unset (same): as the activations; resolved with the config
@@ -181,10 +181,8 @@ struct TrainConfig {
   int64_t workers() const { return run.replicas * pipeline.stages * run.replica_workers; }
 };
 
-struct ConfigKey {
-  std::string name, help;
-};
-std::vector<ConfigKey> config_keys();
+// Every config key with its meaning and default, for --help.
+std::string config_keys_help();
 // The keys that configure an outer method and its network (method, seed, the
 // outer keys and the comm keys): all a training loop other than ours (the
 // Python module) can set.

@@ -7,6 +7,8 @@
 #include <string>
 #include <vector>
 
+#include "config/options.h"
+
 namespace noloco {
 
 struct PrepareOptions {
@@ -31,5 +33,10 @@ struct PrepareResult {
 // (naming the file and line of a malformed JSONL document); leaves no partial
 // token file behind.
 PrepareResult prepare_corpus(const PrepareOptions& options);
+
+// The `prepare` keys, bound to `o` (inputs are the words without '=').
+Options prepare_options(PrepareOptions& o);
+// One line: what was read, what was written, how fast.
+std::string describe(const PrepareResult& r);
 
 }  // namespace noloco

@@ -3,7 +3,7 @@
 // and Q (n × r) with M ≈ P·Qᵀ, (m + n)·r values instead of m·n. At our
 // scale a pseudo-gradient is far more low-rank than sparse: at hidden 512
 // rank 4 holds 37-41% of its energy in 1.8% of the values, where the top 64
-// of every 4096 values hold 15% (docs/results.md, scripts/topk_energy.py).
+// of every 4096 values hold 15% (docs/results-log.md, scripts/topk_energy.py).
 //
 // The factors come from a randomized SVD (Halko et al. 2011: a seeded
 // random sketch, two power iterations, an exact SVD of the small projection),

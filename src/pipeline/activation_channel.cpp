@@ -1,5 +1,8 @@
 #include "pipeline/activation_channel.h"
 
+#include <algorithm>
+
+#include <fmt/format.h>
 #include <spdlog/spdlog.h>
 
 #include "util/splitmix.h"
@@ -7,6 +10,10 @@
 namespace noloco {
 
 namespace {
+
+using Clock = std::chrono::steady_clock;
+
+double seconds_since(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
 
 CodecSpec codec_spec(CodecSpec::Type type, int64_t block, bool stochastic, bool rotate) {
   CodecSpec s;
@@ -39,10 +46,44 @@ ActivationCodecs activation_codecs(const TrainConfig& config) {
                      p.activation_rotation)};
 }
 
-ActivationChannel::ActivationChannel(ActivationLink& link, const ActivationCodecs& codecs,
-                                     std::shared_ptr<const ResidualSubspace> subspace)
-    : link_(link), activation_codec_(codecs.activations), gradient_codec_(codecs.gradients),
-      subspace_(std::move(subspace)) {}
+ActivationChannel::ActivationChannel(PipelineRoster& rosters, PeerLink& link, int stages,
+                                     const ActivationCodecs& codecs, std::shared_ptr<const ResidualSubspace> subspace)
+    : rosters_(rosters), link_(link), stages_(stages), activation_codec_(codecs.activations),
+      gradient_codec_(codecs.gradients), subspace_(std::move(subspace)) {}
+
+const Roster& ActivationChannel::enter(const std::string& name) {
+  roster_ = rosters_.snapshot(name);
+  std::vector<Peer> listed;  // global ranks, in rank order
+  for (int s = 0; s < stages_; ++s)
+    for (const auto& p : roster_->stages[size_t(s)]) listed.push_back({p.rank * stages_ + s, p.incarnation});
+  std::sort(listed.begin(), listed.end(), [](const Peer& a, const Peer& b) { return a.rank < b.rank; });
+  listed_ = std::find(listed.begin(), listed.end(), link_.self()) != listed.end();
+  if (!listed_) {
+    if (was_listed_ && !leaving_)
+      throw std::runtime_error(fmt::format(
+          "worker {} was given up by its pipeline neighbours (roster {} leaves it out); it stops so that it can be "
+          "restarted",
+          link_.self().rank, name));
+    return *roster_;
+  }
+  was_listed_ = true;
+  // Everyone listed reaches this roster (finishing the step before needs
+  // nothing of the step after), so forming the group here cannot deadlock.
+  link_.form(name, listed);
+  return *roster_;
+}
+
+MessageHeader ActivationChannel::header_of(const ActivationHeader& h, const std::vector<torch::Tensor>& tensors) const {
+  MessageHeader m;
+  m.run = link_.run_id();
+  m.kind = int64_t(h.kind);
+  m.exchange = h.step;
+  m.micro = h.micro;
+  m.boundary = h.boundary;
+  m.origin = h.origin;
+  for (const auto& t : tensors) m.bytes += int64_t(t.numel()) * int64_t(t.element_size());
+  return m;
+}
 
 const WireCodec* ActivationChannel::codec_for(MessageKind kind) const {
   const WireCodec* codec = kind == MessageKind::activations ? &activation_codec_
@@ -52,6 +93,7 @@ const WireCodec* ActivationChannel::codec_for(MessageKind kind) const {
 }
 
 int64_t ActivationChannel::format_for(MessageKind kind) const {
+  if (!training(kind)) return 0;
   const WireCodec* codec = codec_for(kind);
   int64_t format = codec ? codec->format_id() : 0;
   // Codec ids stay below bit 44 (wire/codec.cpp); a subspace takes the bits above.
@@ -59,23 +101,64 @@ int64_t ActivationChannel::format_for(MessageKind kind) const {
   return format;
 }
 
-void ActivationChannel::send(int peer, const ActivationHeader& header, const std::vector<torch::Tensor>& tensors) {
-  const WireCodec* codec = codec_for(header.kind);
-  if (!training(header.kind) || tensors.empty() || (!codec && !subspace_)) return link_.send(peer, header, tensors);
+std::vector<torch::Tensor> ActivationChannel::wire_payload(const ActivationHeader& header,
+                                                           const std::vector<torch::Tensor>& tensors) const {
   auto payload = tensors;
-  if (subspace_) {
-    torch::NoGradGuard no_grad;
-    payload[0] = subspace_->coordinates(tensors[0].detach().to(torch::kFloat32));
+  const WireCodec* codec = codec_for(header.kind);
+  if (training(header.kind) && !payload.empty()) {
+    if (subspace_) {
+      torch::NoGradGuard no_grad;
+      payload[0] = subspace_->coordinates(tensors[0].detach().to(torch::kFloat32));
+    }
+    if (codec) payload[0] = encoded(*codec, payload[0], message_seed(header));
   }
-  if (codec) payload[0] = encoded(*codec, payload[0], message_seed(header));
-  link_.send(peer, header, payload, format_for(header.kind));
+  for (auto& t : payload) t = t.detach().to(torch::kCPU).contiguous();
+  return payload;
+}
+
+void ActivationChannel::send(int peer, const ActivationHeader& header, const std::vector<torch::Tensor>& tensors) {
+  auto payload = wire_payload(header, tensors);
+  auto announced = header_of(header, payload);
+  announced.format = format_for(header.kind);
+  const bool evaluation = header.kind == MessageKind::evaluation;
+  if (!link_.send(peer, announced, std::move(payload))) return;
+  (evaluation ? stats_.evaluation_bytes_sent : stats_.bytes_sent) += uint64_t(announced.bytes);
+  if (!evaluation) stats_.messages += 1;
+}
+
+void ActivationChannel::send_dropped(int peer, const ActivationHeader& header) {
+  if (link_.send(peer, dropped_notice(header_of(header, {})), {}) && header.kind != MessageKind::evaluation)
+    stats_.messages += 1;
+}
+
+bool ActivationChannel::receive_wire(int peer, const ActivationHeader& expected, std::vector<torch::Tensor>& wire,
+                                     int64_t format) {
+  const bool evaluation = expected.kind == MessageKind::evaluation;
+  const auto start = Clock::now();
+  auto announced = header_of(expected, wire);
+  announced.format = format;
+  std::string problem;
+  const auto delivery = link_.receive(peer, announced, wire, problem);
+  if (delivery == Delivery::rejected)
+    throw std::runtime_error(fmt::format("rejected a pipeline message from worker {}: {}", peer, problem));
+  if (delivery == Delivery::peer_lost || delivery == Delivery::unauthentic)
+    link_.lose(peer, fmt::format("no {} (step {}, micro-batch {}): {}", message_kind_name(int64_t(expected.kind)),
+                                 expected.step, expected.micro, problem));
+  if (evaluation) return delivery == Delivery::received;
+  stats_.idle_seconds += seconds_since(start);
+  if (delivery != Delivery::received) {
+    stats_.micro_batches_dropped += 1;
+    return false;
+  }
+  for (const auto& t : wire) stats_.bytes_received += t.nbytes();  // what crossed the wire, decodable or not
+  return true;
 }
 
 bool ActivationChannel::recv(int peer, const ActivationHeader& expected, std::vector<torch::Tensor>& tensors,
                              const torch::Tensor& ids) {
   const WireCodec* codec = codec_for(expected.kind);
   if (!training(expected.kind) || tensors.empty() || (!codec && !subspace_))
-    return link_.recv(peer, expected, tensors);
+    return receive_wire(peer, expected, tensors, format_for(expected.kind));
   auto& target = tensors[0];
   TORCH_CHECK(target.scalar_type() == torch::kFloat32 && target.is_contiguous(),
               "coded pipeline values are received into contiguous fp32 buffers");
@@ -88,11 +171,17 @@ bool ActivationChannel::recv(int peer, const ActivationHeader& expected, std::ve
   }
   auto wire = tensors;
   wire[0] = codec ? torch::empty({int64_t(codec->encoded_bytes(size_t(values.numel())))}, torch::kUInt8) : values;
-  if (!link_.recv(peer, expected, wire, format_for(expected.kind))) return false;
+  // The other tensors (labels) are received in place: `wire` shares them.
+  if (!receive_wire(peer, expected, wire, format_for(expected.kind))) return false;
+  return decode(peer, expected, wire[0], values, target, ids);
+}
+
+bool ActivationChannel::decode(int peer, const ActivationHeader& expected, const torch::Tensor& wire,
+                               torch::Tensor& values, torch::Tensor& target, const torch::Tensor& ids) {
+  const WireCodec* codec = codec_for(expected.kind);
   try {
     if (codec)
-      codec->decode(wire[0].data_ptr<uint8_t>(), size_t(wire[0].numel()), size_t(values.numel()),
-                    values.data_ptr<float>());
+      codec->decode(wire.data_ptr<uint8_t>(), size_t(wire.numel()), size_t(values.numel()), values.data_ptr<float>());
     if (subspace_) {
       TORCH_CHECK(expected.kind != MessageKind::activations || ids.defined(),
                   "subspace activations are rebuilt from the micro-batch's token ids");
@@ -105,10 +194,16 @@ bool ActivationChannel::recv(int peer, const ActivationHeader& expected, std::ve
   } catch (const std::runtime_error& e) {
     spdlog::error("refused a pipeline message from worker {} (step {}, micro-batch {}): {}; dropped", peer,
                   expected.step, expected.micro, e.what());
-    link_.note_refused();
+    stats_.micro_batches_dropped += 1;
     return false;
   }
   return true;
+}
+
+PipelineStats ActivationChannel::stats() const {
+  auto s = stats_;
+  s.peers_lost = link_.peers_lost();
+  return s;
 }
 
 }  // namespace noloco

@@ -42,8 +42,9 @@ namespace {
 class PipelineStage final : public WorkerModel {
  public:
   PipelineStage(const ModelConfig& arch, const PipelineConfig& pipeline, const StepOptions& options, StepData data,
-                torch::Device device, PipelinePlace place, ActivationLink& link, const ActivationCodecs& codecs)
-      : o_(options), data_(data), device_(device), place_(place), link_(link),
+                torch::Device device, PipelinePlace place, PipelineRoster& rosters, PeerLink& link,
+                const ActivationCodecs& codecs)
+      : o_(options), data_(data), device_(device), place_(place),
         random_(pipeline.routing == Routing::random), one_f_one_b_(pipeline.schedule == Schedule::one_f_one_b) {
     LlamaForCausalLM whole(arch);
     initialise_weights(whole, o_);
@@ -55,7 +56,7 @@ class PipelineStage final : public WorkerModel {
       subspace_ = std::make_shared<const ResidualSubspace>(
           o_.activation_subspace, o_.seed, whole->model->embed_tokens->weight.to(device),
           /*constrained_layers=*/ranges.back().first, /*frozen_std=*/o_.subspace_token_std);
-    channel_ = std::make_unique<ActivationChannel>(link, codecs, subspace_);
+    channel_ = std::make_unique<ActivationChannel>(rosters, link, place.stages, codecs, subspace_);
     stage_ = StageModule(whole, ranges.at(size_t(place.stage)), place.first(), place.last());
     stage_->to(device);
   }
@@ -63,9 +64,12 @@ class PipelineStage final : public WorkerModel {
   torch::nn::Module& module() override { return *stage_; }
   std::shared_ptr<const ResidualSubspace> residual_subspace() const override { return subspace_; }
   bool computes_loss() const override { return place_.last(); }
+  std::optional<PipelineStats> pipeline_stats() const override { return channel_->stats(); }
+  void leave_pipeline() override { channel_->leave(); }
+  bool listed() const override { return channel_->listed(); }
 
   StepOutcome train_step(int64_t step) override {
-    const auto& roster = link_.enter(fmt::format("step/{}", step));
+    const auto& roster = channel_->enter(fmt::format("step/{}", step));
     if (!roster.holds(place_.stage, self())) return {};  // restarted, and not routed to yet
     auto flights = flights_through_here(step, roster);
     Tally tally;
@@ -80,10 +84,10 @@ class PipelineStage final : public WorkerModel {
     for (; forwards < ahead; ++forwards) forward(step, flights[size_t(forwards)], tally);
     for (int64_t m = 0; m < M; ++m) {
       if (forwards < M) forward(step, flights[size_t(forwards++)], tally);
-      link_.note_micro_batches_held(forwards - m);
+      channel_->note_micro_batches_held(forwards - m);
       backward(step, flights[size_t(m)], tally);
     }
-    link_.finish_sends();
+    channel_->finish_sends();
     return outcome(tally);
   }
 
@@ -93,7 +97,7 @@ class PipelineStage final : public WorkerModel {
   double evaluate(int64_t step) override {
     torch::NoGradGuard no_grad;
     const int s = place_.stage, d = place_.replica;
-    const auto& roster = link_.roster() ? *link_.roster() : link_.enter(fmt::format("evaluation/{}", step));
+    const auto& roster = channel_->roster() ? *channel_->roster() : channel_->enter(fmt::format("evaluation/{}", step));
     if (!roster.holds(s, self())) return std::nan("");
     std::vector<Route> mine;
     for (const auto& r : evaluation_routes(o_.seed, place_.replicas, live_replicas(roster)))
@@ -120,17 +124,17 @@ class PipelineStage final : public WorkerModel {
           channel_->send(to, outgoing, {out.to(torch::kFloat32)});
       }
     }
-    link_.finish_sends();
+    channel_->finish_sends();
     return place_.last() && whole && !mine.empty() ? sum / double(o_.eval_batches) : std::nan("");
   }
 
   // The mean model's pass runs along replica 0's own pipeline, which exists only while no worker is lost.
   bool evaluates_mean_model(int group_rank) const override {
-    return group_rank == 0 && link_.roster() && link_.roster()->whole(place_.replicas);
+    return group_rank == 0 && channel_->roster() && channel_->roster()->whole(place_.replicas);
   }
 
  private:
-  Peer self() const { return {place_.replica, link_.incarnation()}; }
+  Peer self() const { return {place_.replica, channel_->incarnation()}; }
   static LiveReplicas live_replicas(const Roster& roster) {
     LiveReplicas live;
     for (const auto& stage : roster.stages) {
@@ -178,7 +182,7 @@ class PipelineStage final : public WorkerModel {
                                      const torch::Tensor& ids = {}) {
     std::vector<torch::Tensor> in{hidden_buffer()};
     if (channel_->recv(from, expected, in, ids)) return in[0].to(device_);
-    if (to >= 0) link_.send_dropped(to, onward);
+    if (to >= 0) channel_->send_dropped(to, onward);
     return {};
   }
 
@@ -253,7 +257,6 @@ class PipelineStage final : public WorkerModel {
   StepData data_;
   torch::Device device_;
   PipelinePlace place_;
-  ActivationLink& link_;
   std::shared_ptr<const ResidualSubspace> subspace_;
   std::unique_ptr<ActivationChannel> channel_;
   bool random_;
@@ -265,9 +268,9 @@ class PipelineStage final : public WorkerModel {
 
 std::unique_ptr<WorkerModel> make_pipeline_stage(const ModelConfig& model, const PipelineConfig& pipeline,
                                                  const StepOptions& options, StepData data, torch::Device device,
-                                                 PipelinePlace place, ActivationLink& link,
+                                                 PipelinePlace place, PipelineRoster& rosters, PeerLink& link,
                                                  const ActivationCodecs& codecs) {
-  return std::make_unique<PipelineStage>(model, pipeline, options, data, device, place, link, codecs);
+  return std::make_unique<PipelineStage>(model, pipeline, options, data, device, place, rosters, link, codecs);
 }
 
 }  // namespace noloco

@@ -7,11 +7,12 @@
 
 #include <torch/torch.h>
 
-#include "comm/transport/activation_link.h"
-#include "pipeline/activation_channel.h"
-#include "model/llama.h"
-#include "pipeline/routing.h"
+#include "comm/membership/membership.h"
+#include "comm/transport/peer_link.h"
 #include "config/train_config.h"
+#include "model/llama.h"
+#include "pipeline/activation_channel.h"
+#include "pipeline/routing.h"
 #include "pipeline/worker_model.h"
 
 namespace noloco {
@@ -45,10 +46,12 @@ struct PipelinePlace {
 };
 
 // Builds the whole model from options.seed (so every stage starts from the
-// weights the unpipelined run would), keeps this stage's slice and moves it to `device`.
+// weights the unpipelined run would), keeps this stage's slice and moves it to
+// `device`. Its activation channel runs over `link` and `rosters` (the
+// pipeline's liveness authority), both from the worker's connections.
 std::unique_ptr<WorkerModel> make_pipeline_stage(const ModelConfig& model, const PipelineConfig& pipeline,
                                                  const StepOptions& options, StepData data, torch::Device device,
-                                                 PipelinePlace place, ActivationLink& link,
+                                                 PipelinePlace place, PipelineRoster& rosters, PeerLink& link,
                                                  const ActivationCodecs& codecs);
 
 }  // namespace noloco

@@ -4,6 +4,7 @@
 #pragma once
 #include <cmath>
 #include <memory>
+#include <optional>
 #include <string>
 
 #include <torch/torch.h>
@@ -11,6 +12,7 @@
 #include "data/dataset.h"
 #include "model/llama.h"
 #include "model/subspace.h"
+#include "pipeline/pipeline_stats.h"
 
 namespace noloco {
 
@@ -41,6 +43,12 @@ class WorkerModel {
   virtual LlamaForCausalLM* whole_model() { return nullptr; }
   // The subspace its residual-stream writes are kept in (activation_subspace); null: none.
   virtual std::shared_ptr<const ResidualSubspace> residual_subspace() const { return nullptr; }
+  // A pipeline stage's traffic with its neighbours; none for the whole model.
+  virtual std::optional<PipelineStats> pipeline_stats() const { return std::nullopt; }
+  // The worker leaves the run: rosters that leave it out are expected from now on.
+  virtual void leave_pipeline() {}
+  // Whether the step's roster routes micro-batches through this worker.
+  virtual bool listed() const { return false; }
 };
 
 // Windows for training (sliced per replica) and validation (the same on all).

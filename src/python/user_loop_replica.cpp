@@ -8,7 +8,7 @@
 #include "comm/launch/launcher.h"
 #include "comm/store/store.h"
 #include "config/worker_env.h"
-#include "util/leave_signal.h"
+#include "train/worker_entry.h"
 #include "util/log.h"
 
 namespace noloco {
@@ -59,16 +59,8 @@ WorkerEnv joiner_env(const UserLoopStart& start, const TrainConfig& config) {
     env.agent_store = true;
   }
   pin_hosted_store_key(env);
-  const auto timeout = std::chrono::milliseconds(int64_t(config.comm.peer_timeout * 1000));
-  try {
-    env.rank = claim_member_id(connect_store(env, timeout), env.token, replica_scope(1, 0), env.world);
-  } catch (const std::runtime_error& e) {
-    throw std::runtime_error(fmt::format("join: could not use the run's store{}: {}",
-                                         env.store_url.empty() ? fmt::format(" at tcp://{}:{}", env.master_addr,
-                                                                             env.master_port)
-                                                               : " at " + env.store_url,
-                                         e.what()));
-  }
+  int64_t stage = 0;
+  env.rank = claim_joiner_member(env, config, env.world, 1, stage);
   return env;
 }
 
@@ -88,11 +80,12 @@ WorkerEnv launched_env(TrainConfig& config, const UserLoopStart& start) {
   return env;
 }
 
-// Joins the run as the CLI's launched workers do, after the startup drill.
-WorkerConnections joined(const WorkerEnv& env, const TrainConfig& config) {
-  init_logging(fmt::format("noloco[replica {}]", env.rank));
-  if (env.restart == 0) FailureDrill(config.run.inject_crash, env.rank, 0).at_startup();
-  return join_as_worker(env, config.comm, 1, true);
+WorkerStart replica_start(const WorkerEnv& env, bool joins) {
+  WorkerStart start;
+  start.env = env;
+  start.joins = joins;
+  start.log_name = "replica";
+  return start;
 }
 
 }  // namespace
@@ -102,33 +95,19 @@ UserLoopReplica::UserLoopReplica(std::vector<std::pair<std::string, torch::Tenso
                                  std::unique_ptr<InnerState> inner)
     : config_(outer_config(keys)),
       env_(launched_env(config_, start)),
-      links_(joined(env_, config_)),
+      worker_(start_worker(config_, replica_start(env_, start.join))),
       flat_(std::move(params)),
       inner_(inner ? std::move(inner) : std::make_unique<NoInnerState>()),
-      outer_(make_outer_optimizer(config_.outer, config_.run.seed, {links_.transport.get(), links_.membership.get()},
-                                  flat_)),
-      drill_(config_.run.inject_crash, env_.rank, links_.membership->incarnation()) {
-  if (config_.outer.method == Method::noloco) leave_on_sigterm();
-  if (links_.membership->incarnation() > 0 || links_.membership->joining()) take_live_state();
-}
-
-TrainingState UserLoopReplica::training_state() { return {flat_, *inner_, *outer_}; }
-
-// A restarted or joining replica: the weights, the outer state, the user's
-// optimizer's state and the step count of a live replica, at its next outer step.
-void UserLoopReplica::take_live_state() {
-  const bool joining = links_.membership->joining();
-  if (!takes_back_restarted(config_.outer.method, Routing::fixed, 1))
-    throw std::runtime_error(fmt::format("replica {} was restarted, but a {} run cannot take it back (only noloco)",
-                                         env_.rank, choice_name(config_.outer.method)));
-  spdlog::info("replica {} {}: waiting for a live replica's state at its next outer step", env_.rank,
-               joining ? "joins the run" : fmt::format("was restarted ({})", links_.membership->incarnation()));
-  rejoined_ = rejoin_from_peer(*links_.membership, *links_.transport, training_state(), rejoin_timeout(config_.comm),
-                               drill_);
-  rejoined_->joined = joining;
-  first_step_ = inner_steps_ = rejoined_->step;
-  spdlog::info("replica {} took replica {}'s state at step {} in {:.1f}s", env_.rank, rejoined_->donor,
-               rejoined_->step, rejoined_->seconds);
+      outer_(make_outer_optimizer(config_.outer, config_.run.seed,
+                                  {worker_.links.transport.get(), worker_.links.membership.get()}, flat_)),
+      drill_(config_.run.inject_crash, env_.rank, worker_.links.membership->incarnation()),
+      life_(config_, worker_.info, flat_, *outer_, {flat_, *inner_, *outer_}, drill_) {
+  if (life_.takes_live_state()) {
+    rejoined_ = life_.take_live_state();
+    first_step_ = inner_steps_ = rejoined_->step;
+    spdlog::info("replica {} took replica {}'s state at step {} in {:.1f}s", env_.rank, rejoined_->donor,
+                 rejoined_->step, rejoined_->seconds);
+  }
 }
 
 UserLoopReplica::~UserLoopReplica() {
@@ -155,22 +134,15 @@ std::vector<UserOuterStep> UserLoopReplica::reported(std::vector<OuterSync> sync
 
 std::vector<UserOuterStep> UserLoopReplica::step() {
   if (finished_) throw std::logic_error("step() after the replica finished or left the run");
-  links_.membership->progressed();
-  std::vector<OuterSync> syncs;
-  if (auto sync = outer_->after_inner_step(inner_steps_, flat_)) syncs.push_back(std::move(*sync));
-  ++inner_steps_;
-  auto steps = reported(std::move(syncs));
-  if (!steps.empty()) {
-    const auto handovers = serve_rejoins(*links_.membership, *links_.transport, training_state(), inner_steps_);
-    steps.back().handed_over_to = handovers.served;
-  }
-  if (leave_requested()) {
+  auto after = life_.after_inner_step(++inner_steps_, /*last=*/false);
+  auto steps = reported(std::move(after.syncs));
+  if (!steps.empty()) steps.back().handed_over_to = after.handovers.served;
+  if (life_.leave_requested()) {
     spdlog::info("replica {} leaves the run after step {} (SIGTERM)", env_.rank, inner_steps_);
     for (auto& s : leave()) steps.push_back(std::move(s));
     return steps;
   }
-  drill_.before_step(inner_steps_);
-  if (drill_.corrupts_before(inner_steps_)) links_.transport->corrupt_next_message();
+  life_.before_step(inner_steps_);
   return steps;
 }
 
@@ -178,18 +150,17 @@ std::vector<UserOuterStep> UserLoopReplica::finish() {
   if (finished_) return {};
   finished_ = true;
   auto steps = reported(outer_->finish(flat_));
-  links_.membership->finish();
-  outlast_store_users(links_);
+  life_.end_membership();
+  finish_worker(worker_);
   return steps;
 }
 
 std::vector<UserOuterStep> UserLoopReplica::leave() {
   if (finished_) return {};
   finished_ = left_ = true;
-  auto steps = reported(outer_->finish(flat_));
-  links_.membership->leave();
-  links_.membership->finish();  // no summary to write first, as the CLI's workers have
-  outlast_store_users(links_);
+  auto steps = reported(life_.leave());
+  life_.end_membership();  // no summary to write first, as the CLI's workers have
+  finish_worker(worker_);
   return steps;
 }
 
@@ -208,7 +179,7 @@ void UserLoopReplica::load_state(const TensorMap& state) {
   first_step_ = inner_steps_ = steps->second.item<int64_t>();
 }
 
-CommStats UserLoopReplica::traffic() const { return links_.transport->stats(); }
+CommStats UserLoopReplica::traffic() const { return worker_.links.transport->stats(); }
 
 double UserLoopReplica::bits_per_param_per_inner_step() const {
   const int64_t steps = inner_steps_ - first_step_;

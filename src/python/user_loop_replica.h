@@ -11,7 +11,6 @@
 #include <utility>
 #include <vector>
 
-#include "comm/launch/worker_connections.h"
 #include "config/train_config.h"
 #include "config/worker_env.h"
 #include "optim/flat_params.h"
@@ -19,6 +18,7 @@
 #include "optim/inner_state.h"
 #include "train/failure_drill.h"
 #include "train/rejoin.h"
+#include "train/worker_life.h"
 #include "util/tensor_map.h"
 
 namespace noloco {
@@ -96,16 +96,14 @@ class UserLoopReplica {
  private:
   std::vector<UserOuterStep> reported(std::vector<OuterSync> syncs);
 
-  TrainingState training_state();
-  void take_live_state();
-
   TrainConfig config_;
   WorkerEnv env_;
-  WorkerConnections links_;
+  JoinedWorker worker_;
   FlatParams flat_;
   std::unique_ptr<InnerState> inner_;
   std::unique_ptr<OuterOptimizer> outer_;
   FailureDrill drill_;
+  WorkerLife life_;
   std::optional<Rejoined> rejoined_;
   int64_t inner_steps_ = 0, outer_steps_ = 0;
   int64_t first_step_ = 0;  // where this process began: 0, or a loaded state's step

@@ -42,4 +42,23 @@ void export_hf(const std::string& checkpoint, const std::string& hf_dir, const E
   tokenizer->save_hf(hf_dir);
 }
 
+TrainedModel load_trained_model(const std::string& checkpoint) {
+  const auto path = find_checkpoint(checkpoint);
+  const bool hf = path.empty() && is_hf_directory(checkpoint);
+  if (path.empty() && !hf)
+    throw std::runtime_error(fmt::format("no checkpoint or Hugging Face directory found at '{}'", checkpoint));
+  TrainedModel trained;
+  trained.tokenizer = load_tokenizer(hf ? checkpoint : path);
+  if (hf) {
+    trained.model = LlamaForCausalLM(read_hf_config(checkpoint));
+    load_hf_weights(trained.model, checkpoint);
+    return trained;
+  }
+  const auto ckpt = read_whole_model(path);
+  trained.model = LlamaForCausalLM(ckpt.model);
+  torch::NoGradGuard no_grad;
+  for (auto& p : trained.model->named_parameters()) p.value().copy_(ckpt.weights.at(p.key()));
+  return trained;
+}
+
 }  // namespace noloco

@@ -2,7 +2,11 @@
 // or shards with their index) and the tokenizer files.
 #pragma once
 #include <cstdint>
+#include <memory>
 #include <string>
+
+#include "data/tokenizer.h"
+#include "model/llama.h"
 
 namespace noloco {
 
@@ -13,5 +17,13 @@ struct ExportOptions {
 
 // `checkpoint` as accepted by find_checkpoint(). Throws naming the problem.
 void export_hf(const std::string& checkpoint, const std::string& hf_dir, const ExportOptions& options = {});
+
+// A model and its tokenizer, read back from a checkpoint (as find_checkpoint
+// accepts it: a run directory or a step) or a Hugging Face Llama directory.
+struct TrainedModel {
+  LlamaForCausalLM model{nullptr};
+  std::unique_ptr<Tokenizer> tokenizer;
+};
+TrainedModel load_trained_model(const std::string& checkpoint);
 
 }  // namespace noloco

@@ -14,6 +14,7 @@
 #include "train/run_summary.h"
 #include "util/files.h"
 #include "util/human.h"
+#include "util/parse_number.h"
 #include "util/svg_plot.h"
 
 namespace noloco {
@@ -279,6 +280,27 @@ std::string write_report(const std::vector<std::string>& run_dirs, const std::st
            "weight standard deviation against step");
   write_file_atomic(out_dir + "/report.md", md);
   return md;
+}
+
+ReportOptions report_request(double target_loss, const std::string& throughput) {
+  if (target_loss < 0) throw std::invalid_argument("report needs target_loss >= 0");
+  ReportOptions report;
+  if (target_loss > 0) report.target_loss = target_loss;
+  if (throughput.empty()) return report;
+  const auto colon = throughput.find(':');
+  const auto bad = std::invalid_argument(
+      fmt::format("report throughput wants two steps FROM:TO with 0 <= FROM < TO, got '{}'", throughput));
+  if (colon == std::string::npos) throw bad;
+  int64_t from = -1, to = -1;
+  try {
+    from = parse_integer("throughput", throughput.substr(0, colon));
+    to = parse_integer("throughput", throughput.substr(colon + 1));
+  } catch (const std::invalid_argument&) {
+    throw bad;
+  }
+  if (from < 0 || to <= from) throw bad;
+  report.throughput_steps = std::pair{from, to};
+  return report;
 }
 
 }  // namespace noloco

@@ -14,6 +14,10 @@ struct ReportOptions {
   std::optional<std::pair<int64_t, int64_t>> throughput_steps;  // adds throughput_table
 };
 
+// What `report target_loss=X throughput=FROM:TO` asks for (0 and "": not
+// asked); refused in one line when out of range or malformed.
+ReportOptions report_request(double target_loss, const std::string& throughput);
+
 // The comparison table and the tables `options` ask for, without plots.
 std::string report_tables(const std::vector<std::string>& run_dirs, const ReportOptions& options);
 

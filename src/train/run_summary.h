@@ -10,6 +10,7 @@
 #include <nlohmann/json.hpp>
 
 #include "comm/transport/comm_stats.h"
+#include "pipeline/pipeline_stats.h"
 #include "comm/launch/launcher.h"
 #include "config/choices.h"
 

@@ -27,6 +27,7 @@
 #include "train/telemetry.h"
 #include "util/human.h"
 #include "train/training_state.h"
+#include "train/worker_life.h"
 #include "util/compute_threads.h"
 #include "util/error_text.h"
 #include "util/files.h"
@@ -43,20 +44,21 @@ namespace {
 double seconds_since(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
 
 
-WorkerTraffic traffic_of(const WorkerInfo& w) {
+WorkerTraffic traffic_of(const WorkerInfo& w, const WorkerModel& model) {
   WorkerTraffic t;
   t.replica = w.replica;
   t.worker = w.rank;
   t.stage = w.stage;
   if (w.transport) t.comm = w.transport->stats();
-  if (w.link) t.pipeline = w.link->stats();
+  t.pipeline = model.pipeline_stats();
   return t;
 }
 
-nlohmann::json record(int64_t step, const char* split, const WorkerInfo& w, nlohmann::json fields) {
+nlohmann::json record(int64_t step, const char* split, const WorkerInfo& w, const WorkerModel& model,
+                      nlohmann::json fields) {
   fields["step"] = step;
   fields["split"] = split;
-  traffic_of(w).add_to(fields);
+  traffic_of(w, model).add_to(fields);
   return fields;
 }
 
@@ -77,7 +79,7 @@ std::unique_ptr<WorkerModel> make_worker_model(const TrainConfig& c, const Model
     return make_whole_model(model, options, data, device);
   }
   return make_pipeline_stage(model, c.pipeline, options, data, device, {w.replica, w.replicas, w.stage, w.stages},
-                             *w.link, activation_codecs(c));
+                             *w.rosters, *w.stage_link, activation_codecs(c));
 }
 
 // The worker's flat weights, kept in the model's residual subspace if it has one.
@@ -178,7 +180,7 @@ WorkerSummary summarize_worker(const TrainConfig& c, const WorkerInfo& w, const 
   summary.seconds = seconds;
   summary.params = arch.num_params();
   summary.stage_params = stage_params;
-  summary.traffic = traffic_of(w);
+  summary.traffic = traffic_of(w, model);
   if (model.computes_loss() && std::isfinite(val_loss)) summary.final_val_loss = val_loss;
   if (model.computes_loss() && std::isfinite(last_loss)) summary.final_train_loss = last_loss;
   if (!std::isnan(spread.weight_std)) summary.weight_std = spread.weight_std;
@@ -213,17 +215,14 @@ WorkerSummary summarize_worker(const TrainConfig& c, const WorkerInfo& w, const 
 // for a restarted NoLoCo worker or one that joins a running run, a live
 // replica's state (not the disk); the other workers of such a replica take
 // it from their first.
-int64_t restore(const TrainConfig& c, const WorkerInfo& w, Checkpointer& checkpoints, const TrainingState& state,
-                Telemetry& telemetry, const FailureDrill& drill, bool lead, std::optional<Rejoined>& rejoined) {
-  if (w.membership && (w.membership->incarnation() > 0 || w.membership->joining())) {
-    const bool joining = w.membership->joining();
-    if (!takes_back_restarted(c.outer.method, c.pipeline.routing, w.stages))
-      throw std::runtime_error(fmt::format("worker {} was {}, but only a noloco run can take it {}", w.rank,
-                                           joining ? "started to join" : "restarted", joining ? "in" : "back"));
-    rejoined = rejoin_from_peer(*w.membership, *w.transport, state, rejoin_timeout(c.comm), drill);
-    rejoined->joined = joining;
+int64_t restore(const TrainConfig& c, const WorkerInfo& w, const WorkerModel& model, Checkpointer& checkpoints,
+                const TrainingState& state, Telemetry& telemetry, const WorkerLife& life, bool lead,
+                std::optional<Rejoined>& rejoined) {
+  if (life.takes_live_state()) {
+    rejoined = life.take_live_state();
+    const bool joining = rejoined->joined;
     if (w.replica_group) share_state_within_replica(*w.replica_group, state, rejoined->step);
-    telemetry.write(record(rejoined->step, joining ? "join" : "rejoin", w,
+    telemetry.write(record(rejoined->step, joining ? "join" : "rejoin", w, model,
                            {{"donor", rejoined->donor}, {"seconds", rejoined->seconds}}));
     if (joining)
       spdlog::info("joined the run as replica {}; took replica {}'s state at step {} in {:.1f}s", w.replica,
@@ -320,10 +319,8 @@ class WorkerRun {
  public:
   WorkerRun(const TrainConfig& c, const WorkerInfo& w);
   int64_t first_step() const { return first_step_; }
-  void before_step(int64_t step) const {
-    drill_.before_step(step);
-    if (drill_.corrupts_before(step) && w_.transport) w_.transport->corrupt_next_message();
-  }
+  void before_step(int64_t step) const { life_.before_step(step); }
+  bool leave_requested() const { return life_.leave_requested(); }
   InnerStepResult inner_step(int64_t step);
   // After inner step `done` (1-based): the outer method's step, if one is due
   // (the last step also applies what is still in flight), then the rejoins it serves.
@@ -342,6 +339,10 @@ class WorkerRun {
   // for its neighbours, nothing applied to its own weights) until a roster
   // leaves it out, so that nobody loses a micro-batch or waits for it.
   void serve_listed_steps(int64_t from);
+  uint64_t activation_bytes_sent() const {
+    const auto pipeline = model_->pipeline_stats();
+    return pipeline ? pipeline->bytes_sent : 0;
+  }
   // The outer method's hook on the gradients (DDP's all-reduce), tallied as
   // an outer step when it synchronised.
   void synchronise_gradients();
@@ -367,6 +368,7 @@ class WorkerRun {
   const std::unique_ptr<OuterOptimizer> outer_;
   const TrainingState state_;
   const FailureDrill drill_;
+  WorkerLife life_;
   Checkpointer checkpoints_;
   Telemetry telemetry_;
   std::optional<Rejoined> rejoined_;
@@ -400,6 +402,7 @@ WorkerRun::WorkerRun(const TrainConfig& c, const WorkerInfo& w)
       outer_(make_outer_optimizer(c.outer, c.run.seed, {w.transport, w.membership, w.replica_group}, flat_)),
       state_{flat_, inner_, *outer_},
       drill_(c.run.inject_crash, w.rank, w.membership ? w.membership->incarnation() : int(w.from_live_state)),
+      life_(c, w, flat_, *outer_, state_, drill_),
       checkpoints_(fmt::format("{}/checkpoints/r{}", out_, w.rank - w.replica_worker),
                    c.run.checkpoint_interval > 0 ? c.run.checkpoint_interval : c.eval.interval,
                    c.run.keep_checkpoints, c.inner.steps, arch_, out_,
@@ -414,7 +417,7 @@ WorkerRun::WorkerRun(const TrainConfig& c, const WorkerInfo& w)
       tokens_per_step_(c.inner.batch * c.inner.grad_accum * arch_.context * w.replica_workers) {
   if (lead_) announce(c, arch_, corpus_, device_, w, out_);
   if (!speaks_) checkpoints_.follow();
-  first_step_ = restore(c, w, checkpoints_, state_, telemetry_, drill_, lead_, rejoined_);
+  first_step_ = restore(c, w, *model_, checkpoints_, state_, telemetry_, life_, lead_, rejoined_);
   // Only now: a resume refused above leaves the run's config as it was.
   if (w.rank == 0) write_file_atomic(out_ + "/config.yaml", c.to_yaml());
   throughput_.emplace(first_step_, c.inner.steps);
@@ -441,8 +444,7 @@ InnerStepResult WorkerRun::inner_step(int64_t step) {
     flat_.project_weights(flat_.values());
   }
   if (std::isfinite(s.loss)) last_loss_ = s.loss;
-  if (w_.membership) w_.membership->progressed();
-  throughput_->step(s.micro_batches > 0 ? tokens_per_step_ : 0, w_.link ? w_.link->stats().bytes_sent : 0);
+  throughput_->step(s.micro_batches > 0 ? tokens_per_step_ : 0, activation_bytes_sent());
   return s;
 }
 
@@ -456,43 +458,35 @@ void WorkerRun::synchronise_gradients() {
 }
 
 void WorkerRun::outer_step(int64_t done, bool last) {
-  const auto outer_start = Clock::now();
-  std::vector<OuterSync> syncs;
-  if (auto sync = outer_->after_inner_step(done - 1, flat_)) syncs.push_back(std::move(*sync));
-  if (last)  // exchanges still in flight (overlap) are applied before the final evaluation
-    for (auto& sync : outer_->finish(flat_)) syncs.push_back(std::move(sync));
-  tally_.blocked_seconds += seconds_since(outer_start);
-  record_outer_steps(done, syncs);
-  // Not at the end: a worker handed the final state would only join the final evaluation late.
-  if (!syncs.empty() && w_.membership && !last) {
-    const auto handovers = serve_rejoins(*w_.membership, *w_.transport, state_, done);
-    for (int to : handovers.served) telemetry_.write(record(done, "donate", w_, {{"to", to}}));
-    for (int to : handovers.abandoned) telemetry_.write(record(done, "donate", w_, {{"to", to}, {"abandoned", true}}));
-    tally_.handovers_served += int64_t(handovers.served.size());
-    tally_.handovers_abandoned += int64_t(handovers.abandoned.size());
-  }
+  const auto after = life_.after_inner_step(done, last);
+  tally_.blocked_seconds += after.blocked_seconds;
+  record_outer_steps(done, after.syncs);
+  for (int to : after.handovers.served) telemetry_.write(record(done, "donate", w_, *model_, {{"to", to}}));
+  for (int to : after.handovers.abandoned)
+    telemetry_.write(record(done, "donate", w_, *model_, {{"to", to}, {"abandoned", true}}));
+  tally_.handovers_served += int64_t(after.handovers.served.size());
+  tally_.handovers_abandoned += int64_t(after.handovers.abandoned.size());
 }
 
 nlohmann::json WorkerRun::leave(int64_t done) {
   spdlog::info("worker {} leaves the run after step {} (SIGTERM)", w_.rank, done);
   const auto start = Clock::now();
-  const auto in_flight = outer_->finish(flat_);
+  const auto in_flight = life_.leave();
   tally_.blocked_seconds += seconds_since(start);
   record_outer_steps(done, in_flight);
-  if (w_.membership) w_.membership->leave();
   checkpoints_.save(done);
   left_at_step_ = done;
-  if (w_.link) serve_listed_steps(done);
+  if (w_.stage_link) serve_listed_steps(done);
   return finish();
 }
 
 void WorkerRun::serve_listed_steps(int64_t from) {
-  w_.link->leave();
+  model_->leave_pipeline();
   try {
     for (int64_t step = from; step < c_.inner.steps; ++step) {
       flat_.grads().zero_();
       model_->train_step(step);
-      if (!w_.link->listed()) return;
+      if (!model_->listed()) return;
     }
   } catch (const std::exception& e) {
     // Its state is saved: what is lost is a neighbour's micro-batch, which that neighbour reports.
@@ -515,7 +509,7 @@ void WorkerRun::record_outer_steps(int64_t done, const std::vector<OuterSync>& s
     } else {
       tally_.longest_alone = std::max(tally_.longest_alone, ++tally_.alone_run);
     }
-    telemetry_.write(record(done, "outer", w_,
+    telemetry_.write(record(done, "outer", w_, *model_,
                             {{"outer_step", sync.outer_step},
                              {"fragment", sync.fragment},
                              {"members", sync.members},
@@ -539,7 +533,7 @@ void WorkerRun::log_progress(int64_t done, bool last, const InnerStepResult& s) 
   const double loss = replica_loss(s.loss);
   if (std::isfinite(loss)) last_loss_ = loss;
   if (!speaks_) return;
-  auto r = record(done, "train", w_, {{"lr", s.lr}, {"grad_norm", s.grad_norm}});
+  auto r = record(done, "train", w_, *model_, {{"lr", s.lr}, {"grad_norm", s.grad_norm}});
   if (w_.transport) {
     r["outer_blocked_seconds"] = tally_.blocked_seconds;
     r["bits_per_param_per_inner_step"] = bits_per_param_per_step(tally_.bytes, flat_.numel(), done - first_step_);
@@ -561,14 +555,14 @@ void WorkerRun::evaluate(int64_t done, bool last, double lr) {
   }
   evaluation_seconds_ += seconds_since(evaluation_start);
   // So that `report target_loss=` can time runs to a loss.
-  auto r = record(done, "val", w_,
+  auto r = record(done, "val", w_, *model_,
                   {{"lr", lr}, {"elapsed", seconds_since(start_)}, {"evaluation_seconds", evaluation_seconds_}});
   if (std::isfinite(val_loss_)) r["loss"] = val_loss_;
   if (!std::isnan(spread_.weight_std)) r["weight_std"] = spread_.weight_std;
   if (!std::isnan(spread_.weight_std) && w_.stages > 1) r["stage_params"] = flat_.numel();
   if (!std::isnan(spread_.mean_model_loss)) r["loss_mean_model"] = spread_.mean_model_loss;
   if (w_.transport) r["eval_bytes_sent"] = evaluation_bytes_;
-  if (w_.link) r["eval_activation_bytes_sent"] = w_.link->stats().evaluation_bytes_sent;
+  if (const auto pipeline = model_->pipeline_stats()) r["eval_activation_bytes_sent"] = pipeline->evaluation_bytes_sent;
   telemetry_.write(r);
   if (lead_ && c_.eval.sample_tokens > 0 && !last)
     spdlog::info("sample:\n{}", sample_text(*model_, *corpus_.tokenizer, c_.eval, c_.run.seed + uint64_t(done)));
@@ -586,7 +580,7 @@ nlohmann::json WorkerRun::finish() {
   const auto j = summary.to_json();
   write_json_atomic(fmt::format("{}/summary_r{}.json", out_, w_.rank), j);
   // Only now: a launcher waiting for a joiner to finish reads its summary next.
-  if (w_.membership) w_.membership->finish();
+  life_.end_membership();
   if (w_.replicas * w_.stages * w_.replica_workers == 1) write_json_atomic(out_ + "/summary.json", summarize_lone_run(summary).to_json());
   if (lead_) {
     spdlog::info("done: final val loss {:.4f} (ppl {:.2f}) | {} steps | {} tokens | {} | {} params", val_loss_,
@@ -613,7 +607,7 @@ nlohmann::json train(const TrainConfig& c, const WorkerInfo& w) {
     run.log_progress(done, last, inner);
     if (done % c.eval.interval == 0 || last) run.evaluate(done, last, inner.lr);
     // Before the periodic checkpoint: leaving writes this step's own (after what was in flight is applied).
-    if (w.leave_requested && w.leave_requested() && !last) return run.leave(done);
+    if (run.leave_requested() && !last) return run.leave(done);
     run.checkpoint(done);
   }
   return run.finish();

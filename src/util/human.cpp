@@ -1,5 +1,6 @@
 #include "util/human.h"
 
+#include <algorithm>
 #include <cmath>
 #include <iterator>
 #include <cstdint>
@@ -30,6 +31,29 @@ std::string format_bytes(double bytes) {
   size_t unit = 0;
   while (std::abs(bytes) >= 999.5 && unit + 1 < std::size(units)) bytes /= 1000, ++unit;
   return fmt::format("{:.3g} {}", bytes, units[unit]);
+}
+
+std::string wrap_words(const std::string& first, const std::string& text, size_t width) {
+  std::string out = first, line = first;
+  const std::string indent(first.size(), ' ');
+  size_t pos = 0;
+  while (pos < text.size()) {
+    const size_t end = std::min(text.find(' ', pos), text.size());
+    const std::string word = text.substr(pos, end - pos);
+    pos = end + 1;
+    if (word.empty()) continue;
+    const bool fresh = line.size() == indent.size();
+    if (!fresh && line.size() + 1 + word.size() > width) {
+      out += "\n" + indent;
+      line = indent;
+    } else if (!fresh) {
+      out += " ";
+      line += " ";
+    }
+    out += word;
+    line += word;
+  }
+  return out + "\n";
 }
 
 }  // namespace noloco

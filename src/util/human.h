@@ -1,5 +1,7 @@
-// Numbers for people: durations and counts in progress lines and tables.
+// Numbers and text for people: durations and counts in progress lines and
+// tables, help text wrapped to the terminal's usual width.
 #pragma once
+#include <cstddef>
 #include <string>
 
 namespace noloco {
@@ -10,5 +12,9 @@ std::string format_duration(double seconds);
 std::string format_count(double n);
 // Decimal units to three significant digits: "512 B", "56 MB", "1.11 GB", "0.5 B"
 std::string format_bytes(double bytes);
+// The words of `text` on lines of at most `width` columns (a longer word
+// stands alone); the first line starts with `first`, the others with as many
+// spaces. Ends with a newline.
+std::string wrap_words(const std::string& first, const std::string& text, size_t width = 100);
 
 }  // namespace noloco

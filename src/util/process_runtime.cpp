@@ -56,7 +56,7 @@ VectorUnits vector_units() {
 // OpenBLAS picks its kernels from the CPU model, and Debian 12's (0.3.21)
 // does not know newer ones: on a Xeon with AVX-512 it fell back to its
 // Prescott (SSE3) kernels and a tiny model's step ran 3.3x slower than with
-// its SkylakeX ones (docs/results.md). It reads OPENBLAS_CORETYPE only at load
+// its SkylakeX ones (docs/results-log.md). It reads OPENBLAS_CORETYPE only at load
 // time, so the process re-executes itself with it set. Only that fallback is
 // corrected: a core OpenBLAS recognised, or the user's OPENBLAS_CORETYPE,
 // stays. True if this set it.

@@ -105,7 +105,7 @@ WorkerConnections join_as_worker(const WorkerEnv& env, const CommConfig& comm, i
   } else if (comm.seal && in_clear_off_machine(client.store_url)) {
     throw std::runtime_error(fmt::format(
         "NOLOCO_STORE={}: the store's traffic would cross the network in clear; use https:// with NOLOCO_STORE_CA "
-        "(README, Several machines), or seal=false",
+        "(docs/several-machines.md), or seal=false",
         client.store_url));
   }
   const auto connect = [client, timeout] { return connect_store(client, timeout); };
@@ -133,10 +133,13 @@ WorkerConnections join_as_worker(const WorkerEnv& env, const CommConfig& comm, i
     links.transport = std::make_unique<GlooTransport>(connect, env, scope, links.membership->self(), replicas,
                                                       comm.bind, timeout, links.seal, links.membership.get());
   }
-  if (stages > 1)
-    links.link = std::make_unique<ActivationLink>(
-        links.store, env, stages, links.membership ? links.membership->incarnation() : 0, comm.bind, timeout,
-        std::chrono::milliseconds(int64_t(comm.heartbeat_timeout * 1000)), links.seal);
+  if (stages > 1) {
+    links.rosters = std::make_unique<PipelineRoster>(links.store, env.token, stages, env.world / stages,
+                                                     std::chrono::milliseconds(int64_t(comm.heartbeat_timeout * 1000)));
+    const Peer self{env.rank, links.membership ? links.membership->incarnation() : 0};
+    links.stage_link = std::make_unique<PeerLink>("pipeline worker", links.store, env, self, comm.bind, timeout,
+                                                  links.seal, *links.rosters);
+  }
   return links;
 }
 

@@ -1,12 +1,13 @@
 // Everything a worker of a launched run connects: the store, its heartbeat,
 // the transport and membership among the replicas of its pipeline stage (for
-// the outer method), and the activation link to the other stages.
+// the outer method), and, pipelined, the rosters and the link to the other
+// stages that the pipeline's activation channel runs over.
 #pragma once
 #include <memory>
 
-#include "comm/transport/activation_link.h"
 #include "comm/store/etcd_server.h"
 #include "comm/transport/gloo_transport.h"
+#include "comm/transport/peer_link.h"
 #include "comm/membership/heartbeat.h"
 #include "comm/membership/membership.h"
 #include "config/train_config.h"
@@ -23,7 +24,10 @@ struct WorkerConnections {
   std::shared_ptr<const Seal> seal;        // the run's payload key; null with seal=false
   std::unique_ptr<Membership> membership;  // among the replicas of this worker's stage
   std::unique_ptr<Transport> transport;    // likewise; null for method none
-  std::unique_ptr<ActivationLink> link;    // to the other stages, with a pipeline
+  // With a pipeline: who serves each stage at a step (the pipeline's
+  // liveness authority), and the link to the other stages' workers.
+  std::unique_ptr<PipelineRoster> rosters;
+  std::unique_ptr<PeerLink> stage_link;
   // The replica's own group, with several workers a replica; only its first
   // worker (member 0) has the membership and transport between replicas.
   std::unique_ptr<Transport> replica_group;

@@ -1,0 +1,288 @@
+#include "train/local_launch.h"
+
+#include <algorithm>
+#include <chrono>
+#include <filesystem>
+#include <iostream>
+
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
+#include "comm/launch/capped_links.h"
+#include "comm/launch/launcher.h"
+#include "comm/launch/worker_connections.h"
+#include "config/worker_env.h"
+#include "data/dataset.h"
+#include "pipeline/activation_channel.h"
+#include "train/bench_comm.h"
+#include "train/checkpoint.h"
+#include "train/report.h"
+#include "train/run_directory.h"
+#include "train/run_summary.h"
+#include "train/trainer.h"
+#include "train/worker_entry.h"
+#include "util/error_text.h"
+#include "util/files.h"
+#include "util/human.h"
+#include "util/log.h"
+#include "util/parse_number.h"
+
+namespace noloco {
+
+namespace {
+
+// What the launcher's workers run: this command again, with the resolved run directory.
+std::vector<std::string> worker_command(std::vector<std::string> command, const std::vector<std::string>& args,
+                                        const std::string& out) {
+  command.insert(command.end(), args.begin(), args.end());
+  command.push_back("out=" + out);
+  return command;
+}
+
+// The workers of a run directory that hold no complete checkpoint while
+// another worker of their stage holds one (say, one killed or out of disk
+// while writing its first): a resume starts them from a live replica's state.
+std::vector<int> workers_without_checkpoints(const std::string& run_dir, int workers, int stages) {
+  std::vector<bool> holds(static_cast<size_t>(workers)), stage_holds(static_cast<size_t>(stages));
+  for (int w = 0; w < workers; ++w) {
+    holds[size_t(w)] = !complete_checkpoint_steps(fmt::format("{}/checkpoints/r{}", run_dir, w)).empty();
+    stage_holds[size_t(w % stages)] = stage_holds[size_t(w % stages)] || holds[size_t(w)];
+  }
+  std::vector<int> out;
+  for (int w = 0; w < workers; ++w)
+    if (!holds[size_t(w)] && stage_holds[size_t(w % stages)]) out.push_back(w);
+  return out;
+}
+
+// Memory a local worker needs: the runtime, then weights, gradients, AdamW's
+// two moments and the outer method's slow weights and momentum (activations
+// depend on the batch and are left to the margin of max_local_workers).
+int64_t worker_memory_estimate(int64_t params) { return (int64_t(200) << 20) + 24 * params; }
+
+// Each fragment needs at least one of a worker's parameters: checked before
+// any worker starts (a pipeline stage holds at least one layer).
+void check_fragments(int64_t fragments, const ModelConfig& model, int stages) {
+  int64_t smallest = 0;
+  for (const auto& [name, shape] : model.parameter_shapes()) {
+    if (stages > 1 && name.find("layers.0.") == std::string::npos) continue;
+    int64_t n = 1;
+    for (const int64_t d : shape) n *= d;
+    smallest += n;
+  }
+  if (fragments > smallest)
+    throw std::invalid_argument(fmt::format("fragments={} exceeds the {} parameters a worker {}holds", fragments, smallest,
+                                            stages > 1 ? "of a pipeline stage at least " : ""));
+}
+
+// The capped network of a local launch with rate=..., or none.
+std::unique_ptr<CappedLinks> capped_links(const TrainConfig& cfg, int workers) {
+  if (cfg.comm.rate.empty()) return nullptr;
+  auto links = std::make_unique<CappedLinks>(workers, parse_bit_rate("rate", cfg.comm.rate));
+  spdlog::info("{} workers on links capped at {} each way (network namespaces, launcher at {})", workers,
+               cfg.comm.rate, links->host_address());
+  return links;
+}
+
+// A run whose replicas trained apart finishes with exit code 0: say so.
+void warn_if_mostly_alone(const RunSummary& summary) {
+  if (summary.replicas_mostly_alone.empty()) return;
+  spdlog::warn("{} {} exchanged with no partner at more than {:.0f}% of {} outer steps (worst: paired at {:.0f}%, "
+               "{:.0f} outer steps alone in a row): the replicas drifted apart; see summary.json",
+               summary.stages > 1 ? "workers" : "replicas", fmt::join(summary.replicas_mostly_alone, ", "),
+               100 * kMostlyAlone, summary.replicas_mostly_alone.size() > 1 ? "their" : "its",
+               100 * summary.paired_fraction_worst.value_or(0.0), summary.longest_alone_outer_steps.value_or(0.0));
+}
+
+}  // namespace
+
+// One replica, a launched worker (RANK set: our launcher, torchrun, Slurm...),
+// or the launcher of `replicas` local workers.
+int train_command(const std::string& config_path, const std::vector<std::string>& overrides) {
+  auto cfg = load_config(config_path, overrides);
+  const int stages = int(cfg.pipeline.stages);
+  WorkerEnv env;
+  if (worker_env_from_environment(env)) return run_launched_worker(cfg, env);
+  cfg.validate_workers();
+  if (cfg.run.out.empty()) cfg.run.out = default_run_dir(cfg);
+  const RunDirectory owned(cfg.run.out, cfg);
+  if (cfg.outer.method == Method::none && cfg.workers() == 1) {
+    train(cfg, WorkerInfo{});
+    return 0;
+  }
+  const auto start = std::chrono::steady_clock::now();
+  // Builds and saves the tokenizer once, before the workers load it.
+  const auto corpus = load_corpus(cfg.data, cfg.model.context, cfg.run.out);
+  const auto model = with_vocabulary(cfg.model, *corpus.tokenizer);
+  check_local_capacity(cfg.workers(), worker_memory_estimate(model.num_params()), cfg.run.max_local_workers);
+  check_fragments(cfg.outer.fragments, model, stages);
+  // The last local rank needs a GPU of its own: refused before any worker starts.
+  resolved_device(cfg.run.device, int(cfg.workers()) - 1);
+  write_file_atomic(cfg.run.out + "/config.yaml", cfg.to_yaml());
+  LaunchPlan plan;
+  plan.workers = int(cfg.workers());
+  plan.stages = stages;
+  plan.replica_workers = int(cfg.run.replica_workers);
+  plan.method = choice_name(cfg.outer.method);
+  plan.comm = cfg.comm;
+  plan.keep_going_on_failure = survives_lost_workers(cfg.outer.method, cfg.pipeline.routing, stages);
+  const auto links = capped_links(cfg, plan.workers);
+  plan.links = links.get();
+  // Behind capped links the workers sit in network namespaces a joiner could not reach.
+  const bool one_worker_replicas = cfg.run.replica_workers == 1;
+  if (takes_joiners(cfg.outer.method, cfg.pipeline.routing, stages) && !links)
+    plan.join_dir = cfg.run.out;
+  if (cfg.run.resume && takes_back_restarted(cfg.outer.method, cfg.pipeline.routing, stages) && one_worker_replicas)
+    plan.start_from_peers = workers_without_checkpoints(cfg.run.out, plan.workers, stages);
+  if (stages > 1)
+    spdlog::info("launching {} replicas x {} stages = {} {} workers, run dir {}", cfg.run.replicas, stages,
+                 plan.workers, plan.method, cfg.run.out);
+  else if (!one_worker_replicas)
+    spdlog::info("launching {} replicas x {} workers = {} {} workers, run dir {}", cfg.run.replicas,
+                 cfg.run.replica_workers, plan.workers, plan.method, cfg.run.out);
+  else
+    spdlog::info("launching {} {} workers, run dir {}", cfg.run.replicas, plan.method, cfg.run.out);
+  const auto launched = launch_local_workers(plan, worker_command({"train", config_path}, overrides, cfg.run.out));
+  const auto& exits = launched.exits;
+  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  auto members = exits;
+  members.insert(members.end(), launched.joiners.begin(), launched.joiners.end());
+  auto summary = summarize_run(cfg.run.out, cfg.outer.method, cfg.run.replicas, stages, choice_name(cfg.pipeline.routing),
+                               cfg.inner.grad_accum, members, seconds, cfg.run.replica_workers);
+  summary.activation_codec = choice_name(cfg.pipeline.activation_codec);
+  summary.activation_grad_codec = choice_name(cfg.pipeline.activation_grad_codec);
+  const auto codecs = activation_codecs(cfg);  // rotation applies to integer codes only
+  summary.activation_rotation = codecs.activations.rotate || codecs.gradients.rotate;
+  summary.activation_subspace = cfg.pipeline.activation_subspace;
+  if (stages > 1) {  // over the hidden-state values a step's boundaries carry, both directions
+    const double boundary_values = double(cfg.run.replicas * (stages - 1) * 2 * cfg.inner.grad_accum *
+                                          cfg.inner.batch * cfg.model.context * cfg.model.hidden);
+    summary.activation_bits_per_value = summary.activation_bytes_per_step * 8 / boundary_values;
+  }
+  // A resume that every worker refused leaves the summary of the run it resumed.
+  if (!summary.finished.empty() || !cfg.run.resume || !file_exists(cfg.run.out + "/summary.json"))
+    write_json_atomic(cfg.run.out + "/summary.json", summary.to_json());
+  warn_if_mostly_alone(summary);
+  if (launched.signal) throw Interrupted(launched.signal);
+  if (!launched.stopped.empty()) throw std::runtime_error(launched.stopped);
+  if (!plan.keep_going_on_failure && !summary.failed.empty()) {
+    // Name the worker that failed first, not the ones stopped because of it.
+    const auto first = std::min_element(exits.begin(), exits.end(), [](const WorkerExit& a, const WorkerExit& b) {
+      return !a.ok() && (b.ok() || a.seconds < b.seconds);
+    });
+    const bool fixed_pipeline = stages > 1 && cfg.pipeline.routing == Routing::fixed;
+    throw std::runtime_error(fmt::format(
+        "{} run failed: {}{}", plan.method, first->describe(),
+        fixed_pipeline ? "; with routing=fixed a pipeline has nowhere else to send a lost worker's micro-batches "
+                         "(routing=random goes around it)"
+                       : ""));
+  }
+  if (summary.finished.empty()) throw std::runtime_error("no worker finished; see the messages above");
+  std::cout << "\n" << comparison_table({cfg.run.out});
+  if (summary.failed.empty()) return 0;
+  // The run went on without them: done, but not whole.
+  spdlog::warn("finished with {} of {} workers; failed: {}", summary.finished.size(),
+               summary.finished.size() + summary.failed.size(),
+               [&] {
+                 std::string s;
+                 for (const auto& f : summary.failed) s += (s.empty() ? "" : "; ") + f.reason;
+                 return s;
+               }());
+  return kFinishedWithLosses;
+}
+
+// `launch N COMMAND...`: N processes of a program of the user's (a PyTorch
+// loop with import noloco) started the torchrun way, with this launcher's
+// store and failure policy: a worker that fails does not stop the others
+// (torchrun's agent stops them all). Exit codes as `train`'s.
+int launch_command(const LaunchArgs& a) {
+  const int workers = a.workers;
+  LaunchPlan plan;
+  if (workers < 1) throw std::invalid_argument(fmt::format("launch: {} workers", workers));
+  if (a.restarts < 0) throw std::invalid_argument(fmt::format("launch: --restarts {}", a.restarts));
+  if (!a.join_dir.empty() && !std::filesystem::is_directory(a.join_dir))
+    throw std::invalid_argument(fmt::format("launch: --join-dir {} is not a directory", a.join_dir));
+  check_local_capacity(workers, worker_memory_estimate(0), 0);
+  plan.workers = workers;
+  plan.method = "launch";
+  plan.keep_going_on_failure = true;
+  plan.users_program = true;
+  plan.comm.restarts = a.restarts;
+  plan.join_dir = a.join_dir;
+  spdlog::info("launching {} workers: {}", workers, fmt::join(a.command, " "));
+  const auto launched = launch_local_workers(plan, a.command);
+  if (launched.signal) throw Interrupted(launched.signal);
+  // A restarted worker's exit is not a loss: its next start decides.
+  int failed = 0, restarted = 0;
+  for (const auto& e : launched.exits) {
+    if (e.ok()) continue;
+    if (e.restarted) {
+      ++restarted;
+      spdlog::info("{}; started again", e.describe());
+      continue;
+    }
+    ++failed;
+    spdlog::warn("{}", e.describe());
+  }
+  int joiners_failed = 0;
+  for (const auto& e : launched.joiners)
+    if (!e.ok()) {
+      ++joiners_failed;
+      spdlog::warn("{}", e.describe());
+    }
+  if (failed == workers) throw std::runtime_error(fmt::format("all {} workers failed", workers));
+  const auto joiners = launched.joiners.empty() ? std::string()
+                                                : fmt::format(" and {} of {} joiners",
+                                                              int(launched.joiners.size()) - joiners_failed,
+                                                              launched.joiners.size());
+  spdlog::info("{} workers{}{} finished", workers - failed, joiners,
+               restarted > 0 ? fmt::format(" ({} restarts)", restarted) : "");
+  if (failed == 0 && joiners_failed == 0) return 0;
+  spdlog::warn("finished without {} of {} workers{}", failed, workers,
+               joiners_failed > 0 ? fmt::format(" and {} joiners", joiners_failed) : "");
+  return kFinishedWithLosses;
+}
+
+// `bench comm ...`: launcher, or (RANK set) one of its workers.
+int bench_comm_command(const std::vector<std::string>& args) {
+  CommBenchOptions options;
+  auto cfg = parse_config("", comm_bench_options(options).parse_known(args));
+  validate(options);
+  if (cfg.outer.method == Method::none) throw std::invalid_argument("bench comm needs method=ddp, diloco or noloco");
+  if (cfg.run.out.empty()) cfg.run.out = "runs/bench_comm";
+  WorkerEnv env;
+  if (worker_env_from_environment(env)) {
+    init_logging(fmt::format("noloco[worker {}]", env.rank));
+    const auto links = join_as_worker(env, cfg.comm, 1, true);
+    const auto r = comm_bench_worker(cfg, options, {links.transport.get(), links.membership.get()});
+    write_json_atomic(fmt::format("{}/bench_comm_r{}.json", cfg.run.out, env.rank), r);
+    return 0;
+  }
+  std::filesystem::create_directories(cfg.run.out);
+  LaunchPlan plan;
+  plan.workers = int(cfg.run.replicas);
+  plan.method = choice_name(cfg.outer.method);
+  plan.comm = cfg.comm;
+  check_local_capacity(plan.workers, worker_memory_estimate(int64_t(options.megabytes * 1e6 / 4)),
+                       cfg.run.max_local_workers);
+  const auto links = capped_links(cfg, plan.workers);
+  plan.links = links.get();
+  const auto launched = launch_local_workers(plan, worker_command({"bench", "comm"}, args, cfg.run.out));
+  if (launched.signal) throw Interrupted(launched.signal);
+  for (auto& e : launched.exits)
+    if (!e.ok()) throw std::runtime_error("bench comm failed: " + e.describe());
+  const auto s = summarize_comm_bench(cfg, options);
+  fmt::print("bench comm {} x{} ({} MB, {}, {} rounds, compute {}s, sigma2 {}, straggler x{}, {}): sync {:.4f}s/round{}, "
+             "idle {:.4f}s/round, median idle of workers 1..N-1 {:.4f}s/round\n",
+             plan.method, cfg.run.replicas, options.megabytes, choice_name(cfg.outer.wire_dtype), options.rounds,
+             options.compute, options.sigma2, options.straggler,
+             cfg.comm.rate.empty() ? "loopback" : "links at " + cfg.comm.rate,
+             s["sync_seconds_per_round"].get<double>(),
+             cfg.comm.rate.empty() ? ""
+                                   : fmt::format(" (ideal {:.4f}s: {:.2f}x)", s["ideal_sync_seconds"].get<double>(),
+                                                 s["sync_seconds_per_round"].get<double>() /
+                                                     s["ideal_sync_seconds"].get<double>()),
+             s["idle_seconds_per_round"].get<double>(), s["median_idle_seconds_others"].get<double>());
+  return 0;
+}
+
+}  // namespace noloco

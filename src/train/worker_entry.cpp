@@ -1,0 +1,198 @@
+#include "train/worker_entry.h"
+
+#include <sys/wait.h>
+
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+
+#include <fmt/format.h>
+
+#include "comm/launch/launcher.h"
+#include "comm/membership/membership.h"
+#include "comm/store/store.h"
+#include "config/options.h"
+#include "train/trainer.h"
+#include "train/worker_life.h"
+#include "util/log.h"
+
+namespace noloco {
+
+namespace {
+
+constexpr std::chrono::milliseconds kJoinFirstContact{10000};
+
+std::string store_address(const WorkerEnv& env) {
+  return env.store_url.empty() ? fmt::format("tcp://{}:{}", env.master_addr, env.master_port) : env.store_url;
+}
+
+// A joining replica of several workers: its first worker claims the member
+// id and starts the others with this variable ("member:worker"), the same
+// command otherwise.
+constexpr const char* kJoiningReplicaWorker = "NOLOCO_JOINING_REPLICA_WORKER";
+
+struct JoinerPlace {
+  int member = 0;
+  int replica_worker = 0;  // its place in a replica of several workers
+  int stage = 0;
+};
+
+// Where a joiner trains: claimed from the run's store, or, for the other
+// workers of a joining replica, the place its first worker claimed.
+JoinerPlace joiner_place(const WorkerEnv& env, const TrainConfig& cfg, int64_t stage) {
+  if (const char* given = std::getenv(kJoiningReplicaWorker)) {
+    JoinerPlace p;
+    if (std::sscanf(given, "%d:%d", &p.member, &p.replica_worker) != 2 || p.replica_worker <= 0 ||
+        p.replica_worker >= cfg.run.replica_workers || p.member < cfg.run.replicas)
+      throw std::invalid_argument(fmt::format("{}='{}' is not a place in a joining replica", kJoiningReplicaWorker, given));
+    return p;
+  }
+  JoinerPlace p;
+  p.member = claim_joiner_member(env, cfg, int(cfg.run.replicas), int(cfg.pipeline.stages), stage);
+  p.stage = int(stage);
+  return p;
+}
+
+// The first worker of a joining replica of several starts the others, which
+// take the state it takes; they end with it (SIGTERM when it exits).
+std::vector<pid_t> start_replica_workers(const JoinerPlace& place, int replica_workers, const WorkerEnv& env,
+                                         const std::string& run_dir, const std::vector<std::string>& args) {
+  std::vector<pid_t> others;
+  if (place.replica_worker != 0) return others;
+  std::vector<std::string> command{"join", run_dir};
+  command.insert(command.end(), args.begin(), args.end());
+  for (int k = 1; k < replica_workers; ++k)
+    others.push_back(start_noloco_process(
+        command, {fmt::format("{}={}:{}", kJoiningReplicaWorker, place.member, k), "NOLOCO_RUN_TOKEN=" + env.token}));
+  return others;
+}
+
+// Waits for the replica's other workers; throws naming those that failed.
+void await_replica_workers(const std::vector<pid_t>& others) {
+  int failed = 0;
+  for (const pid_t pid : others) {
+    int status = 0;
+    failed += ::waitpid(pid, &status, 0) != pid || !WIFEXITED(status) || WEXITSTATUS(status) != 0;
+  }
+  if (failed > 0)
+    throw std::runtime_error(fmt::format("join: {} of the replica's other {} workers failed", failed, others.size()));
+}
+
+}  // namespace
+
+int claim_joiner_member(const WorkerEnv& env, const TrainConfig& config, int replicas, int stages, int64_t& stage) {
+  const auto timeout = std::chrono::milliseconds(int64_t(config.comm.peer_timeout * 1000));
+  // The first contact is bounded on its own: a store that does not answer
+  // would otherwise hold a new user silent for twice peer_timeout.
+  const auto first_contact = std::min(timeout, kJoinFirstContact);
+  spdlog::info("join: reaching the run's store at {} (up to {} s)", store_address(env), first_contact.count() / 1000);
+  try {
+    const auto run_store = connect_store(env, first_contact);
+    if (stage < 0) stage = least_served_stage(run_store, env.token, stages, replicas);
+    // Laid out replica-major like the launched workers: member m of stage s is worker m·stages + s.
+    return claim_member_id(run_store, env.token, replica_scope(stages, int(stage)), replicas);
+  } catch (const std::runtime_error& e) {
+    throw std::runtime_error(fmt::format("join: could not use the run's store at {} (first contact, {} s): {}",
+                                         store_address(env), first_contact.count() / 1000, e.what()));
+  }
+}
+
+// A worker launched into a run (RANK set: our launcher, torchrun, Slurm...).
+int run_launched_worker(TrainConfig& cfg, const WorkerEnv& env) {
+  const int stages = int(cfg.pipeline.stages);
+  const int per_replica = stages * int(cfg.run.replica_workers);
+  if (env.world % per_replica != 0)
+    throw std::invalid_argument(fmt::format("WORLD_SIZE={} is not a multiple of the {} workers a replica has "
+                                            "(stages={}, replica_workers={})",
+                                            env.world, per_replica, stages, cfg.run.replica_workers));
+  cfg.run.replicas = env.world / per_replica;
+  cfg.validate();
+  cfg.validate_workers();
+  if (cfg.run.out.empty()) throw std::invalid_argument("launched workers need out=DIR, the same for all of them");
+  WorkerStart start;
+  start.env = env;
+  start.stages = stages;
+  start.replica_workers = int(cfg.run.replica_workers);
+  start.outer_method = cfg.outer.method != Method::none;
+  start.nccl_device = uses_nccl(cfg.run.device, cfg.comm) ? resolved_device(cfg.run.device, env.local_rank) : "";
+  const auto worker = start_worker(cfg, start);
+  train(cfg, worker.info);
+  finish_worker(worker);
+  return 0;
+}
+
+// `join RUN_DIR`: a new NoLoCo replica of the run training into RUN_DIR (of
+// one pipeline stage, in a pipelined run; of replica_workers workers, each a
+// process of this machine, where the run's replicas have several). It claims
+// the next member id from the run's store, takes a live replica's state at
+// that replica's next outer step and trains with the others to the end (or,
+// a replica of one worker, until SIGTERM).
+int join_command(const std::string& run_dir, const std::vector<std::string>& args) {
+  std::string store, token_file = run_dir + "/run_token";
+  int64_t stage = -1;
+  Options options("join");
+  options.add("store", store, "the run's store (NOLOCO_STORE's form); default: the one in RUN_DIR/join.json")
+      .add("token_file", token_file, "where the token is when NOLOCO_RUN_TOKEN is unset")
+      .add("stage", stage, "pipelined run: the stage to serve; default: the one with the fewest live workers");
+  auto overrides = options.parse_known(args);
+  // Everything else is the run's: a joiner with its own steps or model would
+  // train apart from the run while the launcher waited for it.
+  for (const auto& o : overrides) {
+    const auto key = o.substr(0, o.find('='));
+    if (key != "device" && key != "threads" && key != "bind" && key != "inject_crash")
+      throw std::invalid_argument(fmt::format("join: {} is the run's (its config.yaml); a joiner sets only device, "
+                                              "threads, bind and inject_crash",
+                                              key));
+  }
+  int local_workers = 1;  // workers sharing this machine's cores
+  if (store.empty()) {
+    const auto invitation = read_join_invitation(run_dir);
+    store = invitation.store;
+    local_workers = invitation.workers + 1;
+  }
+  overrides.push_back("out=" + run_dir);
+  auto cfg = load_config(run_dir + "/config.yaml", overrides);
+  const int stages = int(cfg.pipeline.stages), replica_workers = int(cfg.run.replica_workers);
+  if (!takes_joiners(cfg.outer.method, cfg.pipeline.routing, stages))
+    throw std::invalid_argument(fmt::format(
+        "join: the run in {} is {}{}; only a noloco run (pipelined: with routing=random) takes joiners", run_dir,
+        choice_name(cfg.outer.method),
+        stages > 1 ? fmt::format(" with {} pipeline stages, routing={}", stages, choice_name(cfg.pipeline.routing))
+                   : ""));
+  if (stage >= stages || stage < -1)
+    throw std::invalid_argument(fmt::format("join: stage={} is not a stage of the run (0..{})", stage, stages - 1));
+  cfg.validate();
+  cfg.validate_workers();
+  WorkerEnv env;
+  env.world = int(cfg.workers());
+  env.local_world = local_workers + replica_workers - 1;
+  env.agent_store = true;
+  env.token = joiner_token(token_file);
+  env.store_url = store;
+  pin_hosted_store_key(env);
+  const auto place = joiner_place(env, cfg, stage);
+  env.rank = (place.member * replica_workers + place.replica_worker) * stages + place.stage;
+  env.local_rank = place.replica_worker;
+  if (stages > 1)
+    spdlog::info("joining the run in {} as worker {}: stage {} of replica {}", run_dir, env.rank, place.stage,
+                 place.member);
+  else if (replica_workers > 1 && place.replica_worker == 0)
+    spdlog::info("joining the run in {} as replica {} of {} workers (this is its first)", run_dir, place.member,
+                 replica_workers);
+  else if (place.replica_worker == 0)
+    spdlog::info("joining the run in {} as replica {}", run_dir, env.rank);
+  const auto others = start_replica_workers(place, replica_workers, env, run_dir, args);
+  WorkerStart start;
+  start.env = env;
+  start.stages = stages;
+  start.replica_workers = replica_workers;
+  start.joins = true;
+  start.nccl_device = uses_nccl(cfg.run.device, cfg.comm) ? resolved_device(cfg.run.device, env.local_rank) : "";
+  const auto worker = start_worker(cfg, start);
+  train(cfg, worker.info);
+  finish_worker(worker);
+  await_replica_workers(others);
+  return 0;
+}
+
+}  // namespace noloco

@@ -1,0 +1,121 @@
+#include "train/worker_life.h"
+
+#include <chrono>
+
+#include <fmt/format.h>
+
+#include "comm/membership/membership.h"
+#include "util/leave_signal.h"
+#include "util/log.h"
+
+namespace noloco {
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+WorkerInfo worker_info(const WorkerStart& start, const WorkerConnections& links, bool leaves) {
+  const auto& env = start.env;
+  WorkerInfo w;
+  w.rank = env.rank;
+  w.stages = start.stages;
+  w.stage = env.rank % start.stages;
+  w.replica_workers = start.replica_workers;
+  w.replica_worker = env.rank % start.replica_workers;
+  w.replica = env.rank / (start.stages * start.replica_workers);
+  w.replicas = env.world / (start.stages * start.replica_workers);
+  w.replica_group = links.replica_group.get();
+  w.from_live_state = start.joins || env.restart > 0;
+  w.local_rank = env.local_rank;
+  w.local_world = env.local_world;
+  w.transport = links.transport.get();
+  w.membership = links.membership.get();
+  w.rosters = links.rosters.get();
+  w.stage_link = links.stage_link.get();
+  // A joiner starts from a live replica's state, never from the disk.
+  if (!start.joins) {
+    const auto timeout = std::max(std::chrono::milliseconds(600000), links.timeout);
+    w.agree_resume_step = [store = links.store, env, stages = start.stages, timeout](const std::vector<int64_t>& steps) {
+      return agree_resume_step(store, env.token, env.rank, env.world, stages, steps, timeout);
+    };
+  }
+  if (leaves) w.leave_requested = noloco::leave_requested;
+  return w;
+}
+
+}  // namespace
+
+bool leaves_on_sigterm(const TrainConfig& config, int stages) {
+  return takes_joiners(config.outer.method, config.pipeline.routing, stages) && config.run.replica_workers == 1;
+}
+
+JoinedWorker start_worker(const TrainConfig& config, const WorkerStart& start) {
+  const auto& env = start.env;
+  init_logging(fmt::format("noloco[{} {}]", start.log_name, env.rank));
+  // Not yet joined, a worker cannot ask the store which start this is; its
+  // launcher tells a restart by its environment.
+  if (env.restart == 0) FailureDrill(config.run.inject_crash, env.rank, 0).at_startup();
+  const bool leaves = leaves_on_sigterm(config, start.stages);
+  if (leaves) leave_on_sigterm();
+  JoinedWorker w;
+  w.links = join_as_worker(env, config.comm, start.stages, start.outer_method, start.replica_workers,
+                           start.nccl_device);
+  w.info = worker_info(start, w.links, leaves);
+  return w;
+}
+
+void finish_worker(const JoinedWorker& worker) { outlast_store_users(worker.links); }
+
+WorkerLife::WorkerLife(const TrainConfig& config, const WorkerInfo& worker, FlatParams& flat, OuterOptimizer& outer,
+                       const TrainingState& state, const FailureDrill& drill)
+    : config_(config), worker_(worker), flat_(flat), outer_(outer), state_(state), drill_(drill) {}
+
+bool WorkerLife::takes_live_state() const {
+  return worker_.membership && (worker_.membership->incarnation() > 0 || worker_.membership->joining());
+}
+
+Rejoined WorkerLife::take_live_state() const {
+  const bool joining = worker_.membership->joining();
+  if (!takes_back_restarted(config_.outer.method, config_.pipeline.routing, worker_.stages))
+    throw std::runtime_error(fmt::format("worker {} was {}, but only a noloco run can take it {}", worker_.rank,
+                                         joining ? "started to join" : "restarted", joining ? "in" : "back"));
+  spdlog::info("worker {} {}: waiting for a live replica's state at its next outer step", worker_.rank,
+               joining ? "joins the run" : fmt::format("was restarted ({})", worker_.membership->incarnation()));
+  auto rejoined =
+      rejoin_from_peer(*worker_.membership, *worker_.transport, state_, rejoin_timeout(config_.comm), drill_);
+  rejoined.joined = joining;
+  return rejoined;
+}
+
+void WorkerLife::before_step(int64_t step) const {
+  drill_.before_step(step);
+  if (drill_.corrupts_before(step) && worker_.transport) worker_.transport->corrupt_next_message();
+}
+
+AfterStep WorkerLife::after_inner_step(int64_t done, bool last) {
+  AfterStep after;
+  // Its partners' waits for it see it moving on.
+  if (worker_.membership) worker_.membership->progressed();
+  const auto start = Clock::now();
+  if (auto sync = outer_.after_inner_step(done - 1, flat_)) after.syncs.push_back(std::move(*sync));
+  if (last)  // exchanges still in flight (overlap) are applied before the final evaluation
+    for (auto& sync : outer_.finish(flat_)) after.syncs.push_back(std::move(sync));
+  after.blocked_seconds = std::chrono::duration<double>(Clock::now() - start).count();
+  if (!after.syncs.empty() && worker_.membership && !last)
+    after.handovers = serve_rejoins(*worker_.membership, *worker_.transport, state_, done);
+  return after;
+}
+
+bool WorkerLife::leave_requested() const { return worker_.leave_requested && worker_.leave_requested(); }
+
+std::vector<OuterSync> WorkerLife::leave() {
+  auto in_flight = outer_.finish(flat_);
+  if (worker_.membership) worker_.membership->leave();
+  return in_flight;
+}
+
+void WorkerLife::end_membership() const {
+  if (worker_.membership) worker_.membership->finish();
+}
+
+}  // namespace noloco

@@ -1,0 +1,135 @@
+// One home for a worker's life in a run, whichever way the process came in
+// (the CLI's launched workers, `noloco join`, the Python door's replicas):
+// its start-up (start_worker: the start-up drill, SIGTERM as a request to
+// leave, the run's groups) and what happens around each of its inner steps
+// (WorkerLife: the outer step, the state handed to restarted and joining
+// workers, leaving, the end). The training loops (train/trainer.cpp, the
+// Python module's UserLoopReplica) call these and nothing below them.
+#pragma once
+#include <functional>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "comm/launch/worker_connections.h"
+#include "config/train_config.h"
+#include "config/worker_env.h"
+#include "optim/flat_params.h"
+#include "optim/outer.h"
+#include "train/failure_drill.h"
+#include "train/rejoin.h"
+#include "train/training_state.h"
+
+namespace noloco {
+
+// A worker's place in the run and what it is connected with. Default: a
+// lone worker with no network.
+struct WorkerInfo {
+  int rank = 0;  // worker: replica * stages + stage
+  int replica = 0, replicas = 1;
+  int stage = 0, stages = 1;
+  int local_rank = 0;   // this worker among them: device=cuda is its own GPU
+  int local_world = 1;  // workers sharing this machine's cores
+  // A replica of several workers (replica_workers): this worker's place in
+  // it, and the replica's own group (null for a one-worker replica). Its
+  // first worker holds the transport and membership between replicas and
+  // speaks for the replica (metrics, evaluations, checkpoints, summary figures).
+  int replica_worker = 0, replica_workers = 1;
+  Transport* replica_group = nullptr;
+  // It starts from a live replica's state, not step 0 or the disk:
+  // restarted by its launcher after a failure, or joining the running run.
+  // Its replica's first worker takes the state and hands it on.
+  bool from_live_state = false;
+  // Among the replicas of this worker's stage; null for a lone replica without a method.
+  Transport* transport = nullptr;
+  Membership* membership = nullptr;
+  // To the other stages, with a pipeline (null without): its rosters and link.
+  PipelineRoster* rosters = nullptr;
+  PeerLink* stage_link = nullptr;
+  // With resume=true: given this worker's complete checkpoint steps, the step
+  // the whole run resumes from (agreed with the other workers). Unset: a lone
+  // worker, which takes its newest.
+  std::function<int64_t(const std::vector<int64_t>&)> agree_resume_step;
+  bool verbose = true;  // print progress and samples
+  // Asked after every step: true once this worker is to leave the run
+  // (SIGTERM to a NoLoCo worker). Unset: it never leaves before the end.
+  std::function<bool()> leave_requested;
+};
+
+// How a process comes into the run.
+struct WorkerStart {
+  WorkerEnv env;
+  int stages = 1, replica_workers = 1;
+  bool outer_method = true;  // false: a run of method none (no groups between replicas)
+  // A joiner: it starts from a live replica's state, never from the disk,
+  // and has passed its start-up drill whatever its restart count says.
+  bool joins = false;
+  // The replica's own group over NCCL on this GPU ("": Gloo).
+  std::string nccl_device;
+  std::string log_name = "worker";  // its log lines say "noloco[<log_name> <rank>]"
+};
+
+// A worker joined to the run: its connections, and its place with pointers into them.
+struct JoinedWorker {
+  WorkerConnections links;
+  WorkerInfo info;
+};
+
+// Whether SIGTERM asks a worker of this run to leave it (NoLoCo's replicas of
+// one worker) rather than to stop.
+bool leaves_on_sigterm(const TrainConfig& config, int stages);
+
+// Start-up: the start-up drill (a first start only; a restarted worker is
+// past it), SIGTERM as a request to leave where the run allows it, then the
+// run's store and groups. A worker hosting the run's store keeps it up, at
+// the end, until the others are done with it (finish_worker).
+JoinedWorker start_worker(const TrainConfig& config, const WorkerStart& start);
+void finish_worker(const JoinedWorker& worker);
+
+// What happened after one inner step.
+struct AfterStep {
+  std::vector<OuterSync> syncs;  // the outer steps it took (several at the end, with overlap)
+  HandOvers handovers;           // the restarted or joining workers given this worker's state
+  double blocked_seconds = 0;    // how long the outer step held up training
+};
+
+// A worker's life around its inner steps: the same for every loop. It holds
+// references only; the loop owns the weights, the optimizers and the drill.
+class WorkerLife {
+ public:
+  WorkerLife(const TrainConfig& config, const WorkerInfo& worker, FlatParams& flat, OuterOptimizer& outer,
+             const TrainingState& state, const FailureDrill& drill);
+
+  // Whether this worker starts from a live replica's state: restarted, or joining.
+  bool takes_live_state() const;
+  // A restarted or joining worker waits for a live replica's state at that
+  // replica's next outer step and takes it; refused in one line for a run
+  // that cannot take workers back.
+  Rejoined take_live_state() const;
+  // Before inner step `step` (0-based): the failure drill's kill, freeze,
+  // stall or corruption, if one is due.
+  void before_step(int64_t step) const;
+  // After inner step `done` (1-based): the outer step, if one is due (the last
+  // step also applies what is still in flight), then the state handed to the
+  // workers that asked for it (not after the last: they would only join the
+  // end late).
+  AfterStep after_inner_step(int64_t done, bool last);
+  // A SIGTERM asked this worker to leave.
+  bool leave_requested() const;
+  // Leaves before the end: what is in flight is applied, the partners are
+  // told not to wait for this worker.
+  std::vector<OuterSync> leave();
+  // At the end (after the worker's own last records): the partners stop
+  // waiting for it.
+  void end_membership() const;
+
+ private:
+  const TrainConfig& config_;
+  const WorkerInfo& worker_;
+  FlatParams& flat_;
+  OuterOptimizer& outer_;
+  TrainingState state_;
+  const FailureDrill& drill_;
+};
+
+}  // namespace noloco
