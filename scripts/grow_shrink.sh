@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # A NoLoCo run that grows from 4 to 8 replicas and shrinks back to 4
-# (docs/results.md, "Joining and leaving"): 4 workers join (`noloco join`)
+# (docs/results-log.md, "Joining and leaving"): 4 workers join (`noloco join`)
 # once the run has logged step GROW_AT, and those 4 leave (SIGTERM) once it
 # has logged step SHRINK_AT. Extra arguments go to `train` (and so to the
 # joiners through the run's config.yaml).

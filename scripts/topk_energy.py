@@ -11,7 +11,7 @@ prints, for their difference Δ, the share of |Δ|² that
   whole), with the share of the values such a message sends.
 
 Where Δ holds little more than noise does, a top-k message leaves most of
-the increment behind (docs/results.md, issue 47).
+the increment behind (docs/results-log.md, issue 47).
 
     /usr/bin/python3 scripts/topk_energy.py RUN_DIR STEP_A STEP_B [top=K ...] [rank=R ...]
 
