@@ -294,7 +294,7 @@ TEST_F(Distributed, APartnerGivesUpAFrozenWorkerByItsHeartbeat) {
 TEST_F(Distributed, AReplicaThatFellBehindIsWaitedForAndPairsAgain) {
   // Steps long enough (batch 64) that catching up alone, without the
   // exchanges' cost, does not by itself close the gap before the first pairing.
-  const auto behind = run("behind", "method=noloco replicas=4 batch=64 steps=400 outer_interval=10 peer_timeout=2"
+  const auto behind = run("behind", "method=noloco replicas=4 batch=64 steps=200 outer_interval=10 peer_timeout=2"
                                     " inject_crash=1:30:stall=6");
   std::map<int, int> records;
   bool lost_one = false, paired_again = false;
@@ -308,7 +308,7 @@ TEST_F(Distributed, AReplicaThatFellBehindIsWaitedForAndPairsAgain) {
     EXPECT_EQ(rec["arrived"], rec["group"]) << "replica " << replica << " outer step " << outer_step;
     paired_again |= replica == 1 && rec["group"].size() == 2;
   }
-  EXPECT_EQ(records, (std::map<int, int>{{0, 40}, {1, 40}, {2, 40}, {3, 40}}));
+  EXPECT_EQ(records, (std::map<int, int>{{0, 20}, {1, 20}, {2, 20}, {3, 20}}));
   EXPECT_TRUE(lost_one);  // the stall did cost an exchange: the drill bit
   EXPECT_TRUE(paired_again);
 }
@@ -424,7 +424,7 @@ TEST_F(Distributed, ASignalWhileStartingStopsTheLauncherAndEveryWorker) {
 TEST_F(Distributed, ASecondFailureAfterARejoinEndsTheRun) {
   const std::string run = dir / "twice";
   noloco::testing::BackgroundCli launcher(small_train_args(dir / "c.txt", run) +
-                                          " method=noloco replicas=4 batch=2 steps=4000 outer_interval=10"
+                                          " method=noloco replicas=4 batch=2 steps=2000 outer_interval=10"
                                           " eval_interval=1000 log_interval=100 restarts=1 inject_crash=1:25",
                                       240);
   // The event the drill is about: worker 1 back, from a live peer's state.
@@ -655,7 +655,7 @@ TEST_F(Distributed, ANoLoCoWorkerLeavesOnSigtermAndNobodyWaitsForIt) {
 // the invitation goes with the run.
 TEST_F(Distributed, TwoWorkersJoinARunningNoLoCoRunAndItFinishesWithSix) {
   const std::string run_dir = dir / "grow";
-  const int steps = 2000, join_after = 100;
+  const int steps = 1000, join_after = 100;
   noloco::testing::BackgroundCli runner(
       small_train_args(dir / "c.txt", run_dir) +
           fmt::format(" method=noloco replicas=4 batch=2 steps={} outer_interval=5 eval_interval=1000 "
@@ -728,7 +728,7 @@ TEST_F(Distributed, AJoinerThatDiesDuringItsHandOverLeavesTheRunUnharmed) {
   const std::string run_dir = dir / "failed_join";
   noloco::testing::BackgroundCli runner(
       small_train_args(dir / "c.txt", run_dir) +
-          " method=noloco replicas=2 batch=2 steps=2000 outer_interval=5 peer_timeout=10 heartbeat_timeout=5 threads=1",
+          " method=noloco replicas=2 batch=2 steps=600 outer_interval=5 peer_timeout=10 heartbeat_timeout=5 threads=1",
       240);
   ASSERT_TRUE(wait_for_step(run_dir, 20, 120));
   const auto joiner = noloco::testing::run_cli("join " + run_dir + " threads=1 inject_crash=2:handover", 120);

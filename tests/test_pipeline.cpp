@@ -880,7 +880,7 @@ TEST_F(Pipeline, AKilledStageWorkerRestartsAndRejoinsItsStage) {
 // the first replica's within 2%.
 TEST_F(Pipeline, WorkersJoinARunningPipelinedRunAtTheStageWithFewestWorkers) {
   const std::string run_dir = dir / "grow";
-  const int steps = 800;
+  const int steps = 500;
   noloco::testing::BackgroundCli runner(small_train_args(dir / "c.txt", run_dir) +
                                             fmt::format(" method=noloco replicas=2 stages=2 batch=2 grad_accum=2 "
                                                         "steps={} outer_interval=5 threads=1 inject_crash=3:10",

@@ -185,7 +185,7 @@ TEST_F(ReplicaWorkers, AJoinerBringsAWholeReplica) {
   const std::string run_dir = dir / "grow";
   noloco::testing::BackgroundCli runner(
       noloco::testing::small_train_args(dir / "c.txt", run_dir) +
-          " method=noloco replicas=2 replica_workers=2 batch=2 steps=1500 outer_interval=5 heartbeat_timeout=60 "
+          " method=noloco replicas=2 replica_workers=2 batch=2 steps=800 outer_interval=5 heartbeat_timeout=60 "
           "threads=1",
       300);
   ASSERT_TRUE(noloco::testing::wait_for_step(run_dir, 100, 120));
