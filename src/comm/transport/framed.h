@@ -1,6 +1,6 @@
 // One framed point-to-point message on a Gloo group: a MessageHeader, then
 // the payload parts it announces, on consecutive tags. Every point-to-point
-// path (outer exchanges, the state hand-over, pipeline activations) sends and
+// path (outer exchanges, the state hand-over, the pipeline's messages) sends and
 // receives through here, so that what checks, compresses or seals a payload
 // plugs in once.
 //
@@ -30,7 +30,7 @@ class Seal;
 constexpr int framed_tags(int parts) { return 1 + parts; }
 
 // The notice sent in place of a message that will not come (a pipeline
-// micro-batch dropped because a worker was lost): `header` with no payload.
+// message a lost worker on its route will not produce): `header` with no payload.
 MessageHeader dropped_notice(MessageHeader header);
 
 class FramedSend {

@@ -1,9 +1,9 @@
 // Framed point-to-point messages among a changing set of workers: those the
 // caller's rosters list, over a Gloo group formed anew whenever a roster
-// lists someone the current group lacks. Bytes only: what a message means
-// (the pipeline's activations, pipeline/activation_channel.h) is the
-// caller's, as outer messages are the outer methods'. Each directed pair
-// counts its messages identically at both ends: their tags.
+// lists someone the current group lacks. Bytes only: what a message means is
+// the caller's (the pipeline's channel, in pipeline/), as outer messages are
+// the outer methods'. Each directed pair counts its messages identically at
+// both ends: their tags.
 //
 // A peer is lost when its pair fails (PeerLink tells the liveness authority
 // itself when a send fails; the caller, through lose(), when a receive comes

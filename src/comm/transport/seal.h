@@ -1,7 +1,7 @@
 // Authenticated encryption of payloads on the wire (libsodium's
 // XChaCha20-Poly1305): nobody on the path can read a payload, and a payload
 // changed on the way, sealed under another key, or moved to another place in
-// the run (another exchange, step, micro-batch, sender or receiver: all of
+// the run (another exchange, step, message, sender or receiver: all of
 // it is bound in as associated data) fails to open and is never used.
 //
 // The key is derived from the run's token (comm/store/run_keys.h). Nonces are 24 random bytes drawn for every message: with 192 bits two
