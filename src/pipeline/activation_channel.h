@@ -15,6 +15,7 @@
 // hidden states from the micro-batch's token ids, which it samples itself, so
 // they never cross the network.
 #pragma once
+#include <algorithm>
 #include <chrono>
 #include <memory>
 #include <optional>

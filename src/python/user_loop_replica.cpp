@@ -80,14 +80,6 @@ WorkerEnv launched_env(TrainConfig& config, const UserLoopStart& start) {
   return env;
 }
 
-WorkerStart replica_start(const WorkerEnv& env, bool joins) {
-  WorkerStart start;
-  start.env = env;
-  start.joins = joins;
-  start.log_name = "replica";
-  return start;
-}
-
 }  // namespace
 
 UserLoopReplica::UserLoopReplica(std::vector<std::pair<std::string, torch::Tensor>> params,
@@ -95,7 +87,7 @@ UserLoopReplica::UserLoopReplica(std::vector<std::pair<std::string, torch::Tenso
                                  std::unique_ptr<InnerState> inner)
     : config_(outer_config(keys)),
       env_(launched_env(config_, start)),
-      worker_(start_worker(config_, replica_start(env_, start.join))),
+      worker_(start_worker(config_, {env_, start.join, "replica"})),
       flat_(std::move(params)),
       inner_(inner ? std::move(inner) : std::make_unique<NoInnerState>()),
       outer_(make_outer_optimizer(config_.outer, config_.run.seed,

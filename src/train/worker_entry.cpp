@@ -109,13 +109,7 @@ int run_launched_worker(TrainConfig& cfg, const WorkerEnv& env) {
   cfg.validate();
   cfg.validate_workers();
   if (cfg.run.out.empty()) throw std::invalid_argument("launched workers need out=DIR, the same for all of them");
-  WorkerStart start;
-  start.env = env;
-  start.stages = stages;
-  start.replica_workers = int(cfg.run.replica_workers);
-  start.outer_method = cfg.outer.method != Method::none;
-  start.nccl_device = uses_nccl(cfg.run.device, cfg.comm) ? resolved_device(cfg.run.device, env.local_rank) : "";
-  const auto worker = start_worker(cfg, start);
+  const auto worker = start_worker(cfg, {env});
   train(cfg, worker.info);
   finish_worker(worker);
   return 0;
@@ -182,13 +176,7 @@ int join_command(const std::string& run_dir, const std::vector<std::string>& arg
   else if (place.replica_worker == 0)
     spdlog::info("joining the run in {} as replica {}", run_dir, env.rank);
   const auto others = start_replica_workers(place, replica_workers, env, run_dir, args);
-  WorkerStart start;
-  start.env = env;
-  start.stages = stages;
-  start.replica_workers = replica_workers;
-  start.joins = true;
-  start.nccl_device = uses_nccl(cfg.run.device, cfg.comm) ? resolved_device(cfg.run.device, env.local_rank) : "";
-  const auto worker = start_worker(cfg, start);
+  const auto worker = start_worker(cfg, {env, /*joins=*/true});
   train(cfg, worker.info);
   finish_worker(worker);
   await_replica_workers(others);

@@ -5,6 +5,7 @@
 #include <fmt/format.h>
 
 #include "comm/membership/membership.h"
+#include "train/trainer.h"
 #include "util/leave_signal.h"
 #include "util/log.h"
 
@@ -14,16 +15,18 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
-WorkerInfo worker_info(const WorkerStart& start, const WorkerConnections& links, bool leaves) {
+WorkerInfo worker_info(const TrainConfig& config, const WorkerStart& start, const WorkerConnections& links,
+                       bool leaves) {
   const auto& env = start.env;
+  const int stages = int(config.pipeline.stages), replica_workers = int(config.run.replica_workers);
   WorkerInfo w;
   w.rank = env.rank;
-  w.stages = start.stages;
-  w.stage = env.rank % start.stages;
-  w.replica_workers = start.replica_workers;
-  w.replica_worker = env.rank % start.replica_workers;
-  w.replica = env.rank / (start.stages * start.replica_workers);
-  w.replicas = env.world / (start.stages * start.replica_workers);
+  w.stages = stages;
+  w.stage = env.rank % stages;
+  w.replica_workers = replica_workers;
+  w.replica_worker = env.rank % replica_workers;
+  w.replica = env.rank / (stages * replica_workers);
+  w.replicas = env.world / (stages * replica_workers);
   w.replica_group = links.replica_group.get();
   w.from_live_state = start.joins || env.restart > 0;
   w.local_rank = env.local_rank;
@@ -35,7 +38,7 @@ WorkerInfo worker_info(const WorkerStart& start, const WorkerConnections& links,
   // A joiner starts from a live replica's state, never from the disk.
   if (!start.joins) {
     const auto timeout = std::max(std::chrono::milliseconds(600000), links.timeout);
-    w.agree_resume_step = [store = links.store, env, stages = start.stages, timeout](const std::vector<int64_t>& steps) {
+    w.agree_resume_step = [store = links.store, env, stages, timeout](const std::vector<int64_t>& steps) {
       return agree_resume_step(store, env.token, env.rank, env.world, stages, steps, timeout);
     };
   }
@@ -55,12 +58,16 @@ JoinedWorker start_worker(const TrainConfig& config, const WorkerStart& start) {
   // Not yet joined, a worker cannot ask the store which start this is; its
   // launcher tells a restart by its environment.
   if (env.restart == 0) FailureDrill(config.run.inject_crash, env.rank, 0).at_startup();
-  const bool leaves = leaves_on_sigterm(config, start.stages);
+  const int stages = int(config.pipeline.stages);
+  const bool leaves = leaves_on_sigterm(config, stages);
   if (leaves) leave_on_sigterm();
+  // The replica's own group runs over NCCL on this worker's GPU where it can.
+  const auto nccl_device =
+      uses_nccl(config.run.device, config.comm) ? resolved_device(config.run.device, env.local_rank) : "";
   JoinedWorker w;
-  w.links = join_as_worker(env, config.comm, start.stages, start.outer_method, start.replica_workers,
-                           start.nccl_device);
-  w.info = worker_info(start, w.links, leaves);
+  w.links = join_as_worker(env, config.comm, stages, config.outer.method != Method::none,
+                           int(config.run.replica_workers), nccl_device);
+  w.info = worker_info(config, start, w.links, leaves);
   return w;
 }
 

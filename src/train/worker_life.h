@@ -56,16 +56,14 @@ struct WorkerInfo {
   std::function<bool()> leave_requested;
 };
 
-// How a process comes into the run.
+// How a process comes into the run. The rest of its place (stages, workers
+// a replica, the outer method, the device of a replica's NCCL group) is the
+// config's.
 struct WorkerStart {
   WorkerEnv env;
-  int stages = 1, replica_workers = 1;
-  bool outer_method = true;  // false: a run of method none (no groups between replicas)
   // A joiner: it starts from a live replica's state, never from the disk,
   // and has passed its start-up drill whatever its restart count says.
   bool joins = false;
-  // The replica's own group over NCCL on this GPU ("": Gloo).
-  std::string nccl_device;
   std::string log_name = "worker";  // its log lines say "noloco[<log_name> <rank>]"
 };
 
