@@ -23,7 +23,10 @@ using noloco::testing::metrics_records;
 
 namespace {
 
-class Compression : public noloco::testing::LaunchedRuns {};
+class Compression : public noloco::testing::LaunchedRuns {
+ protected:
+  void count_every_byte_and_resume(const std::string& preset);
+};
 
 CodecSpec int_spec(CodecSpec::Type type) {
   CodecSpec s;
@@ -184,55 +187,63 @@ TEST_F(Compression, SparseNoLoCoSendsInt2DeltaAndCosetCodedSlowWeightsOneFragmen
 // bits_per_param_per_inner_step is every byte sent × 8 / (parameters × inner
 // steps), in summary.json and, running, in metrics.jsonl; resumed runs
 // continue bit for bit (the low-rank factors' sketch is seeded, not state).
-TEST_F(Compression, SparseAndLowRankMessagesCountEveryByteSentPerInnerStepAndResumeBitIdentically) {
+// One preset's runs (two tests, so that ctest -j runs them side by side).
+void Compression::count_every_byte_and_resume(const std::string& preset) {
   CodecSpec sparse = int_spec(CodecSpec::Type::bins2);
   sparse.topk = 64.0 / 4096;
   const WireCodec topk(sparse), int8(int_spec(CodecSpec::Type::int8));
-  for (const std::string preset : {"topk", "lowrank"})
-    for (const std::string method : {"noloco", "diloco"}) {
-      SCOPED_TRACE(preset + " " + method);
-      const std::string message =
-          preset == "topk" ? "compression=topk" : "compression=topk topk=0 wire_dtype=int8 message_rank=2";
-      const std::string common = "method=" + method + " " + message +
-                                 " replicas=3 batch=2 outer_interval=4 decay_steps=16 checkpoint_interval=4";
-      const std::string name = preset + "_" + method;
-      const auto whole = run(name + "_whole", common + " steps=16");
-      const auto r1 = read_json(whole + "/summary_r1.json");
-      const auto n = r1["params"].get<uint64_t>();
-      // What one outer step sends to each partner (NoLoCo) or all-gathers (DiLoCo).
-      uint64_t to_partner = topk.encoded_bytes(n) + Seal::kOverhead + MessageHeader::kBytes;
-      uint64_t gathered = topk.encoded_bytes(n) + Seal::kOverhead;
-      if (preset == "lowrank") {
-        const auto weights = load_tensors(find_checkpoint(whole + "/checkpoints/r1") + "/model.safetensors");
-        FlatParams flat(std::vector<std::pair<std::string, torch::Tensor>>(weights.begin(), weights.end()));
-        ASSERT_EQ(uint64_t(flat.numel()), n);
-        const LowRankCoding coding(flat, 0, flat.numel(), 2);
-        EXPECT_LT(coding.coded_values(), flat.numel() / 4);
-        gathered = int8.encoded_bytes(size_t(coding.coded_values())) + Seal::kOverhead;
-        to_partner = gathered + MessageHeader::kBytes;
-      }
-      // NoLoCo: to each other member of its group (at 3 replicas, a replica may be alone).
-      uint64_t expected = 0;
-      int outer_steps = 0;
-      for (auto& rec : metrics_records(whole, "outer")) {
-        if (rec["replica"] != 1) continue;
-        ++outer_steps;
-        if (method == "diloco") expected += 2 * gathered;
-        else expected += (rec["group"].size() - 1) * to_partner;
-      }
-      EXPECT_EQ(outer_steps, 4);
-      EXPECT_EQ(r1["bytes_sent"].get<uint64_t>(), expected);
-      EXPECT_NEAR(r1["bits_per_param_per_inner_step"].get<double>(), 8.0 * double(expected) / double(n) / 16.0,
-                  1e-12);
-      const auto train_records = metrics_records(whole, "train");
-      ASSERT_FALSE(train_records.empty());
-      EXPECT_TRUE(train_records.back().contains("bits_per_param_per_inner_step"));
-      if (method == "noloco")
-        for (auto& rec : metrics_records(whole, "outer"))
-          EXPECT_EQ(rec["phi_blocks_failed"].get<int64_t>(), 0) << "no slow weights travel";
-
-      run(name + "_split", common + " steps=8");
-      const auto split = run(name + "_split", common + " steps=16 resume=true");
-      noloco::testing::expect_same_train_losses(whole, split, 48);
+  for (const std::string method : {"noloco", "diloco"}) {
+    SCOPED_TRACE(preset + " " + method);
+    const std::string message =
+        preset == "topk" ? "compression=topk" : "compression=topk topk=0 wire_dtype=int8 message_rank=2";
+    const std::string common = "method=" + method + " " + message +
+                               " replicas=3 batch=2 outer_interval=4 decay_steps=16 checkpoint_interval=4";
+    const std::string name = preset + "_" + method;
+    const auto whole = run(name + "_whole", common + " steps=16");
+    const auto r1 = read_json(whole + "/summary_r1.json");
+    const auto n = r1["params"].get<uint64_t>();
+    // What one outer step sends to each partner (NoLoCo) or all-gathers (DiLoCo).
+    uint64_t to_partner = topk.encoded_bytes(n) + Seal::kOverhead + MessageHeader::kBytes;
+    uint64_t gathered = topk.encoded_bytes(n) + Seal::kOverhead;
+    if (preset == "lowrank") {
+      const auto weights = load_tensors(find_checkpoint(whole + "/checkpoints/r1") + "/model.safetensors");
+      FlatParams flat(std::vector<std::pair<std::string, torch::Tensor>>(weights.begin(), weights.end()));
+      ASSERT_EQ(uint64_t(flat.numel()), n);
+      const LowRankCoding coding(flat, 0, flat.numel(), 2);
+      EXPECT_LT(coding.coded_values(), flat.numel() / 4);
+      gathered = int8.encoded_bytes(size_t(coding.coded_values())) + Seal::kOverhead;
+      to_partner = gathered + MessageHeader::kBytes;
     }
+    // NoLoCo: to each other member of its group (at 3 replicas, a replica may be alone).
+    uint64_t expected = 0;
+    int outer_steps = 0;
+    for (auto& rec : metrics_records(whole, "outer")) {
+      if (rec["replica"] != 1) continue;
+      ++outer_steps;
+      if (method == "diloco") expected += 2 * gathered;
+      else expected += (rec["group"].size() - 1) * to_partner;
+    }
+    EXPECT_EQ(outer_steps, 4);
+    EXPECT_EQ(r1["bytes_sent"].get<uint64_t>(), expected);
+    EXPECT_NEAR(r1["bits_per_param_per_inner_step"].get<double>(), 8.0 * double(expected) / double(n) / 16.0,
+                1e-12);
+    const auto train_records = metrics_records(whole, "train");
+    ASSERT_FALSE(train_records.empty());
+    EXPECT_TRUE(train_records.back().contains("bits_per_param_per_inner_step"));
+    if (method == "noloco")
+      for (auto& rec : metrics_records(whole, "outer"))
+        EXPECT_EQ(rec["phi_blocks_failed"].get<int64_t>(), 0) << "no slow weights travel";
+
+    run(name + "_split", common + " steps=8");
+    const auto split = run(name + "_split", common + " steps=16 resume=true");
+    noloco::testing::expect_same_train_losses(whole, split, 48);
+  }
+}
+
+TEST_F(Compression, TopKMessagesCountEveryByteSentPerInnerStepAndResumeBitIdentically) {
+  count_every_byte_and_resume("topk");
+}
+
+TEST_F(Compression, LowRankMessagesCountEveryByteSentPerInnerStepAndResumeBitIdentically) {
+  count_every_byte_and_resume("lowrank");
 }

@@ -86,6 +86,7 @@ CLI::App* add_launch_command(CLI::App& app, LaunchArgs& a) {
 
 int run_bench(const std::vector<std::string>& args) {
   if (!args.empty() && args[0] == "comm") return bench_comm_command({args.begin() + 1, args.end()});
+  compute_in_this_process();
   int64_t steps = 10;
   double peak = 0;
   Options options("bench");
@@ -182,6 +183,9 @@ struct Arguments {
 struct Command {
   CLI::App* app;
   std::function<int()> run;
+  // Computes with LibTorch in this process (train and bench comm, which may
+  // only launch workers, decide for themselves).
+  bool computes = false;
 };
 
 std::string join_keys_help() {
@@ -214,14 +218,14 @@ std::vector<Command> add_commands(CLI::App& app, Arguments& a) {
   gen->add_option("checkpoint", a.checkpoint, "checkpoint, run or Hugging Face Llama directory")->required();
   gen->add_option("options", a.options, "key=value (below)");
   gen->footer(keys_help(generate_options));
-  commands.push_back({gen, [&a] { return run_generate(a.checkpoint, a.options); }});
+  commands.push_back({gen, [&a] { return run_generate(a.checkpoint, a.options); }, true});
 
   auto* exp = app.add_subcommand("export", "write a checkpoint in the Hugging Face Llama layout");
   exp->add_option("checkpoint", a.checkpoint, "checkpoint directory or run directory")->required();
   exp->add_option("hf_dir", a.hf_dir, "output directory")->required();
   exp->add_option("options", a.options, "key=value (below)");
   exp->footer(keys_help(export_options));
-  commands.push_back({exp, [&a] { return run_export(a.checkpoint, a.hf_dir, a.options); }});
+  commands.push_back({exp, [&a] { return run_export(a.checkpoint, a.hf_dir, a.options); }, true});
 
   auto* prepare = app.add_subcommand("prepare", "tokenize text, JSONL, .gz or .zst into train/val token shards");
   prepare->add_option("inputs", a.options, "files or directories, then key=value (below)")->required();
@@ -252,7 +256,7 @@ std::vector<Command> add_commands(CLI::App& app, Arguments& a) {
       ->required();
   join->add_option("options", a.options, "key=value (below)");
   join->footer(join_keys_help());
-  commands.push_back({join, [&a] { return join_command(a.join_dir, a.options); }});
+  commands.push_back({join, [&a] { return join_command(a.join_dir, a.options); }, true});
 
   commands.push_back({add_launch_command(app, a.launch), [&a] { return launch_command(a.launch); }});
   commands.push_back(
@@ -261,10 +265,7 @@ std::vector<Command> add_commands(CLI::App& app, Arguments& a) {
   return commands;
 }
 
-}  // namespace
-
-int main(int argc, char** argv) {
-  prepare_process_runtime(argv);
+int run_command(int argc, char** argv) {
   // A write to a peer that just died must come back as an error that the
   // exchange handles (average without it), not kill this worker with SIGPIPE.
   ::signal(SIGPIPE, SIG_IGN);
@@ -275,8 +276,11 @@ int main(int argc, char** argv) {
   const auto commands = add_commands(app, arguments);
   CLI11_PARSE(app, argc, argv);
   try {
-    for (const auto& command : commands)
-      if (*command.app) return command.run();
+    for (const auto& command : commands) {
+      if (!*command.app) continue;
+      if (command.computes) compute_in_this_process();
+      return command.run();
+    }
   } catch (const Interrupted& e) {
     spdlog::error("{}", e.what());
     return 128 + e.signal;
@@ -285,4 +289,17 @@ int main(int argc, char** argv) {
     return 1;
   }
   return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  prepare_process_runtime(argv);
+  const int code = run_command(argc, argv);
+  // LibTorch's static destructors deregister each of its operators, a tenth of
+  // a second a process spent on nothing; what an exit owes is flushed output.
+  std::cout.flush();
+  spdlog::shutdown();
+  std::fflush(nullptr);
+  std::_Exit(code);
 }

@@ -86,13 +86,22 @@ std::string blas_core() {
   return core ? core : "";
 }
 
+namespace {
+// This process's arguments, when its libraries loaded without the variables it set.
+char** arguments_to_reexecute = nullptr;
+}  // namespace
+
 void prepare_process_runtime(char** argv) {
   const bool openmp = wait_passively_in_openmp();
   const bool blas = use_the_blas_kernels_this_cpu_runs();
+  if (openmp || blas) arguments_to_reexecute = argv;
+  keep_freed_memory_mapped();
+}
+
+void compute_in_this_process() {
   // Both variables are read only when their libraries load. Without /proc the
   // process goes on with the libraries' defaults.
-  if (openmp || blas) execv("/proc/self/exe", argv);
-  keep_freed_memory_mapped();
+  if (arguments_to_reexecute) execv("/proc/self/exe", arguments_to_reexecute);
 }
 
 }  // namespace noloco

@@ -8,8 +8,9 @@
 //  - OpenMP threads spin while waiting by default; with more threads than free
 //    cores (several workers on a machine, or a busy one) the spinning starved
 //    the work (10x slower). Passive waiting unless OMP_WAIT_POLICY says
-//    otherwise; libgomp reads it only at load time, so the process re-executes
-//    itself once with it set.
+//    otherwise; libgomp reads it only at load time, so a process that computes
+//    re-executes itself once with it set. One that only starts others (a
+//    launcher, --help) does not: loading LibTorch again cost a second a run.
 //  - OpenBLAS falls back to SSE3 kernels on x86 CPUs it does not know (3.3x
 //    slower on a Xeon with AVX-512): OPENBLAS_CORETYPE names the kernels the
 //    CPU runs, read at load time too, so set before the same re-execution.
@@ -18,8 +19,13 @@
 
 namespace noloco {
 
-// May replace the process (execv) and not return.
+// Sets the variables below for this process's children; first thing in main().
 void prepare_process_runtime(char** argv);
+
+// Before this process computes with LibTorch, and before it holds anything an
+// exec would leak (a lock, a child, a socket): re-executes it (execv, no
+// return) when its libraries loaded without the variables; else nothing.
+void compute_in_this_process();
 
 // The kernels OpenBLAS runs in this process ("Haswell", "SkylakeX", ...; its
 // name for them), for stating with every speed figure; empty when the BLAS

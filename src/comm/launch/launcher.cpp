@@ -363,9 +363,6 @@ void WorkerSupervisor::check_workers() {
   last_check_ = Clock::now();
   for (int r = 0; r < n_; ++r) {
     if (pids_[size_t(r)] <= 0 || !why_[size_t(r)].empty()) continue;
-    // Starting up (loading LibTorch and the data on a busy machine) may
-    // take longer than a beat's period; never longer than this.
-    constexpr double kStartupSeconds = 30;
     double silent = 0;
     try {
       silent = heartbeats_.silent_seconds(r);
@@ -375,7 +372,9 @@ void WorkerSupervisor::check_workers() {
     }
     const double timeout = plan_.comm.heartbeat_timeout;
     if (plan_.users_program && !heartbeats_.beating(r)) continue;
-    const double allowed = heartbeats_.beating(r) ? timeout : std::max(timeout, kStartupSeconds);
+    // Starting up (loading LibTorch and the data on a busy machine) may
+    // take longer than a beat's period; never longer than startup_timeout.
+    const double allowed = heartbeats_.beating(r) ? timeout : std::max(timeout, plan_.comm.startup_timeout);
     if (silent <= allowed) continue;
     why_[size_t(r)] = fmt::format("no heartbeat for {:.0f}s: hung", silent);
     spdlog::info("worker {} sent no heartbeat for {:.0f} s; killing it", r, silent);
