@@ -515,11 +515,12 @@ TEST_F(Distributed, ReplicasResumeAtTheNewestStepTheyAllHold) {
 // Issue 33: a worker frozen before its first heartbeat was never killed (it
 // was "starting up" for ever) and the launcher waited for it after the others
 // finished. Supervision starts with the process: silent past the start-up
-// allowance (30 s, or heartbeat_timeout if longer), it is killed as hung.
+// allowance (startup_timeout, 30 s, or heartbeat_timeout if longer), it is killed as hung.
 TEST_F(Distributed, AWorkerFrozenBeforeItsFirstHeartbeatIsKilled) {
   auto r = noloco::testing::run_cli(small_train_args(dir / "c.txt", dir / "frozen_start") +
                                         " method=noloco replicas=3 batch=2 steps=60 outer_interval=10"
-                                        " heartbeat_timeout=4 peer_timeout=10 inject_crash=1:startup:freeze",
+                                        " heartbeat_timeout=4 startup_timeout=12 peer_timeout=10"
+                                        " inject_crash=1:startup:freeze",
                                     120);
   ASSERT_EQ(r.exit_code, 3) << r.output;
   const auto summary = read_json(dir / "frozen_start/summary.json");
@@ -777,4 +778,25 @@ TEST_F(Distributed, AJoinerWhoseStoreDoesNotAnswerSaysSoWithinSeconds) {
   EXPECT_LT(seconds, 45.0) << r.output;
   EXPECT_NE(r.output.find("join: reaching the run's store at http://127.0.0.1:"), std::string::npos) << r.output;
   EXPECT_NE(r.output.find("could not use the run's store at"), std::string::npos) << r.output;
+}
+
+// The first python3 on PATH may lack torch or noloco (a pyenv shim, a bare
+// venv): once every worker failed, launch names the interpreter it ran and
+// what its import said; an interpreter that imports both is not blamed.
+TEST(Launch, AnInterpreterWithoutNolocoIsNamedWhenEveryWorkerFails) {
+  noloco::testing::TempDir dir;
+  const std::string python = dir / "python3";
+  for (const bool imports : {false, true}) {
+    SCOPED_TRACE(imports ? "imports both" : "has no torch");
+    noloco::testing::write_text(
+        python, fmt::format("#!/bin/sh\nif [ \"$1\" = -c ] && {}; then exit 0; fi\n"
+                            "echo \"ModuleNotFoundError: No module named 'torch'\" >&2\nexit 1\n",
+                            imports ? "true" : "false"));
+    ::chmod(python.c_str(), 0755);
+    const auto r = noloco::testing::run_cli("launch 2 -- python3 loop.py", 60, "PATH=" + dir.path() + ":$PATH");
+    EXPECT_EQ(r.exit_code, 1) << r.output;
+    EXPECT_NE(r.output.find("all 2 workers failed"), std::string::npos) << r.output;
+    const std::string blamed = "python3 (" + python + ") cannot import torch and noloco (ModuleNotFoundError: No module named 'torch')";
+    EXPECT_EQ(r.output.find(blamed) != std::string::npos, !imports) << r.output;
+  }
 }

@@ -1,6 +1,7 @@
 #include <gtest/gtest.h>
 
 #include <map>
+#include <set>
 #include <sstream>
 
 #include <fmt/format.h>
@@ -116,22 +117,66 @@ TEST(Report, TableMatchesSummariesAndPlotsAreWritten) {
     EXPECT_EQ(cells[11], std::to_string(summary["collectives"].get<int64_t>()));
   }
   EXPECT_EQ(row_of(md, "noloco")[11], "0");
-  for (auto plot : {"val_loss_vs_step.svg", "val_loss_vs_bytes.svg", "weight_std_vs_step.svg"}) {
+  // Each run its own colour and legend name, also two runs of one method (issue 67 item 7).
+  const std::vector<std::string> names = {"noloco (noloco)", "diloco (diloco)", "noloco_int8 (noloco)"};
+  for (auto plot : {"val_loss_vs_step.svg", "val_loss_vs_bytes.svg", "val_loss_vs_outer_bits.svg"}) {
     const auto svg = read_file(dir / "report/" + plot);
-    EXPECT_NE(svg.find("<polyline"), std::string::npos) << plot;
-    EXPECT_NE(svg.find("noloco (noloco)"), std::string::npos) << plot;  // legend names each run
-    EXPECT_NE(svg.find("#2ca02c"), std::string::npos) << plot;          // one colour per method
+    for (size_t i = 0; i < names.size(); ++i) {
+      const auto legend = svg.find(">" + names[i] + "<");
+      ASSERT_NE(legend, std::string::npos) << plot << " names " << names[i] << "\n" << svg;
+      EXPECT_NE(svg.rfind("stroke=\"" + series_color(i) + "\"", legend), std::string::npos) << plot << " " << names[i];
+    }
   }
+  EXPECT_NE(read_file(dir / "report/val_loss_vs_step.svg").find("<polyline"), std::string::npos);
   EXPECT_NE(read_file(dir / "report/val_loss_vs_bytes.svg").find("training bytes sent"), std::string::npos);
-  // Final loss against bits per parameter per inner step: a line for noloco's
-  // two runs (fp32 and int8), the field's rates marked; diloco's one run is no line.
+  // Final loss against bits per parameter per inner step: a dot a run, the field's rates marked.
   EXPECT_NE(md.find("(val_loss_vs_outer_bits.svg)"), std::string::npos) << md;
   const auto bits = read_file(dir / "report/val_loss_vs_outer_bits.svg");
-  EXPECT_NE(bits.find("<polyline"), std::string::npos);
+  size_t dots = 0;
+  for (size_t at = bits.find("<circle"); at != std::string::npos; at = bits.find("<circle", at + 1)) ++dots;
+  EXPECT_EQ(dots, 3u) << bits;
   EXPECT_NE(bits.find("bits per parameter per inner step"), std::string::npos);
   EXPECT_NE(bits.find("Covenant-72B, every 30 steps (0.0073)"), std::string::npos);
   EXPECT_NE(bits.find("SparseLoCo H=100, 8-replica ring (0.015)"), std::string::npos);
-  EXPECT_EQ(bits.find(">diloco<"), std::string::npos) << bits;
+  // DiLoCo's replicas never differ (nor do NoLoCo's two in fp32, a group of
+  // the whole run): on the spread's log axis their legends say they are not
+  // drawn; int8 messages leave the NoLoCo pair apart.
+  const auto spread = read_file(dir / "report/weight_std_vs_step.svg");
+  EXPECT_NE(spread.find("(log scale)"), std::string::npos) << spread;
+  EXPECT_NE(spread.find(">diloco (diloco) (not drawn: nothing above 0 on the log axis)<"), std::string::npos) << spread;
+  EXPECT_NE(spread.find(">noloco_int8 (noloco)<"), std::string::npos) << spread;
+  EXPECT_NE(spread.find("<polyline"), std::string::npos) << spread;
+}
+
+// Issue 67 item 7: a spread that is 0 everywhere had a log axis and an empty
+// frame; ticks over a narrow range read "1.914" four times; a lone point was
+// no line and so drew nothing.
+TEST(SvgPlot, ZerosLoneDotsAndNarrowRangesAreDrawnAndLabelled) {
+  const PlotSeries flat{"equal replicas", series_color(0), false, {{0, 0.0}, {10, 0.0}}};
+  const auto on_log = line_chart_svg({flat}, {"spread", "step", "std", /*log_y=*/true});
+  EXPECT_NE(on_log.find(">equal replicas (not drawn: nothing above 0 on the log axis)<"), std::string::npos) << on_log;
+  EXPECT_EQ(on_log.find("<polyline"), std::string::npos);
+  const auto linear = line_chart_svg({flat}, {"spread", "step", "std"});
+  EXPECT_NE(linear.find("<polyline"), std::string::npos);
+  EXPECT_NE(linear.find(">equal replicas<"), std::string::npos);
+
+  const PlotSeries narrow{"narrow", series_color(1), false, {{1, 1.91401}, {2, 1.91405}, {3, 1.91409}}};
+  const auto svg = line_chart_svg({narrow}, {"loss", "step", "loss"});
+  std::vector<std::string> y_labels;
+  for (size_t at = svg.find("text-anchor=\"end\">"); at != std::string::npos;
+       at = svg.find("text-anchor=\"end\">", at + 1)) {
+    const size_t from = at + std::string("text-anchor=\"end\">").size();
+    y_labels.push_back(svg.substr(from, svg.find('<', from) - from));
+  }
+  ASSERT_GE(y_labels.size(), 3u) << svg;
+  EXPECT_EQ(std::set<std::string>(y_labels.begin(), y_labels.end()).size(), y_labels.size()) << svg;
+  EXPECT_EQ(svg.find(">1.914<"), std::string::npos) << "four digits do not tell these ticks apart\n" << svg;
+
+  const PlotSeries lone{"one run", series_color(2), false, {{0.01, 2.0}}};
+  const auto dot = line_chart_svg({lone}, {"loss against bits", "bits", "loss", false, /*log_x=*/true});
+  EXPECT_NE(dot.find("<circle"), std::string::npos) << dot;
+  EXPECT_NE(dot.find("fill=\"" + series_color(2) + "\""), std::string::npos) << dot;
+  EXPECT_NE(series_color(0), series_color(1));
 }
 
 // Issue 50 item 10: the demo's own run names were clipped at the right edge

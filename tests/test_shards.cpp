@@ -288,3 +288,59 @@ TEST(Corpus, APreparedDirectoryBringsItsValidationShardsAndTokenizer) {
   EXPECT_EQ(corpus.train.size(), r.train_tokens);
   EXPECT_EQ(corpus.val.size(), r.val_tokens);
 }
+
+// A lone shard whose magic is flipped used to be read as bare ids, header
+// included; now only raw_tokens=true reads a file without llm.c's header.
+TEST(Shards, ALoneShardWithAnUnknownMagicIsRefusedUnlessSaidRaw) {
+  TempDir dir;
+  fs::create_directories(dir / "set");
+  write_token_file(dir / "set/train_000000.bin", sequence(2000, 300), 300);
+  auto bytes = noloco::testing::read_text(dir / "set/train_000000.bin");
+  bytes[0] = 'X';
+  noloco::testing::write_text(dir / "set/train_000000.bin", bytes);
+  TrainConfig c;
+  c.data.path = dir / "set";
+  c.data.vocab_size = 65536;
+  const auto error = error_of([&] { load_corpus(c.data, 32, ""); });
+  EXPECT_NE(error.find(dir / "set/train_000000.bin"), std::string::npos) << error;
+  EXPECT_NE(error.find("unknown magic " + std::to_string((20240520 & ~0xff) | 'X')), std::string::npos) << error;
+  EXPECT_NE(error.find("raw_tokens=true"), std::string::npos) << error;
+  c.data.raw_tokens = true;
+  EXPECT_EQ(load_corpus(c.data, 32, "").train.size() + load_corpus(c.data, 32, "").val.size(),
+            int64_t(bytes.size() / 2));
+}
+
+// A resume maps the shards the run started on: one deleted, replaced or added
+// is refused naming it (the promise of a bit-identical resume rests on it);
+// accept_changed_data=true goes on and records the new set.
+TEST(Corpus, AResumeOverChangedShardsIsRefusedNamingTheChange) {
+  TempDir dir;
+  const auto ids = sequence(20000, 300);
+  fs::create_directories(dir / "set");
+  write_shards(dir / "set", "train", ids, 5000, 300);
+  TrainConfig c;
+  c.data.path = dir / "set";
+  const std::string run = dir / "run";
+  load_corpus(c.data, 32, run);
+  EXPECT_NO_THROW(load_corpus(c.data, 32, run, /*resuming=*/true));
+  const auto refusal = [&] { return error_of([&] { load_corpus(c.data, 32, run, true); }); };
+  fs::remove(dir / "set/train_000003.bin");
+  auto error = refusal();
+  EXPECT_NE(error.find("training shard train_000003.bin (11024 bytes, 5000 ids) is gone"), std::string::npos) << error;
+  EXPECT_NE(error.find("accept_changed_data=true"), std::string::npos) << error;
+  EXPECT_EQ(error.find('\n'), std::string::npos) << error;
+  write_token_file(dir / "set/train_000003.bin", std::vector<int32_t>(ids.begin(), ids.begin() + 4000), 300);
+  error = refusal();
+  EXPECT_NE(error.find("train_000003.bin was 11024 bytes, 5000 ids, is now 9024 bytes, 4000 ids"), std::string::npos)
+      << error;
+  write_token_file(dir / "set/train_000003.bin", std::vector<int32_t>(ids.begin() + 15000, ids.end()), 300);
+  EXPECT_NO_THROW(load_corpus(c.data, 32, run, true)) << "the same names, sizes and counts";
+  write_token_file(dir / "set/train_000004.bin", std::vector<int32_t>(ids.begin(), ids.begin() + 100), 300);
+  EXPECT_NE(refusal().find("training shard train_000004.bin (1224 bytes, 100 ids) is new"), std::string::npos);
+  c.data.accept_changed_data = true;
+  EXPECT_NO_THROW(load_corpus(c.data, 32, run, true));
+  c.data.accept_changed_data = false;
+  EXPECT_NO_THROW(load_corpus(c.data, 32, run, true)) << "the accepted set is the run's now";
+  fs::remove(dir / "set/train_000004.bin");
+  EXPECT_NO_THROW(load_corpus(c.data, 32, run, false)) << "a fresh start records its own set";
+}

@@ -36,6 +36,9 @@ void add_data_model_options(Options& o, TrainConfig& c) {
            "char | bpe | path to a sentencepiece .model | a directory holding one (run, checkpoint, Hugging Face)")
       .add("vocab_size", c.data.vocab_size, "BPE vocabulary to train, or vocabulary of a token file")
       .add("val_fraction", c.data.val_fraction, "fraction of the corpus held out for validation")
+      .add("raw_tokens", c.data.raw_tokens, "token files are bare uint16 ids (nanoGPT's), without llm.c's header")
+      .add("accept_changed_data", c.data.accept_changed_data,
+           "resume although the data changed since the run started (no longer the run it continues)")
       .add("model", c.preset, "preset: tiny | 125m | 1.3b | 6.8b (keys below override it)")
       .add("init_from", c.init_from,
            "Hugging Face Llama directory to start from: shape, weights and tokenizer (model keys must agree, "
@@ -189,6 +192,9 @@ void add_comm_options(Options& o, TrainConfig& c) {
            "rejoins from a live peer")
       .add("heartbeat_timeout", c.comm.heartbeat_timeout,
            "seconds without a heartbeat before the launcher kills a hung worker and partners stop waiting")
+      .add("startup_timeout", c.comm.startup_timeout,
+           "seconds a local worker may take to its first heartbeat (loading LibTorch and the data) before the "
+           "launcher kills it as hung; heartbeat_timeout if longer")
       .add("rate", c.comm.rate,
            "local launcher: cap each worker's link at this rate each way, e.g. 10mbit (own network namespaces; "
            "root only); empty: no cap")
@@ -450,6 +456,7 @@ void TrainConfig::validate() const {
   positive("peer_timeout", comm.peer_timeout);
   non_negative("restarts", double(comm.restarts));
   positive("heartbeat_timeout", comm.heartbeat_timeout);
+  positive("startup_timeout", comm.startup_timeout);
   if (!comm.rate.empty()) parse_bit_rate("rate", comm.rate);
   if (comm.restarts > 0 && !takes_back_restarted(method, pipeline.routing, pipeline.stages))
     invalid("restarts needs method=noloco, and routing=random with pipeline stages (only NoLoCo can take a replica "

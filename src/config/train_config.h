@@ -17,6 +17,8 @@ struct DataConfig {
   std::string tokenizer = "char";                 // char | bpe | path to a sentencepiece .model
   int64_t vocab_size = 0;                         // BPE size to train, or the vocabulary of a token file
   double val_fraction = 0.1;
+  bool raw_tokens = false;           // token files are nanoGPT's bare uint16 ids (no llm.c header)
+  bool accept_changed_data = false;  // resume although the data changed since the run started
   // init_from's directory when no tokenizer is named: its tokenizer, if it
   // holds one, is the run's (data/dataset.h looks; a config does not read files).
   std::string model_dir;
@@ -81,6 +83,7 @@ struct CommConfig {
   bool seal = true;  // comm/transport/seal.h
   bool insecure = false;  // seal=false is accepted off loopback only with it (comm/launch/worker_connections.cpp)
   double heartbeat_timeout = 30;  // seconds without a heartbeat before a worker counts as hung
+  double startup_timeout = 30;    // seconds a launched worker may take to its first heartbeat (>= heartbeat_timeout)
   int64_t restarts = 0;           // times the launcher restarts a failed worker, which rejoins from a live peer
   // The local launcher puts every worker behind a link capped at this rate
   // each way ("10mbit"; comm/launch/capped_links.h; root only). Empty: no cap.

@@ -153,13 +153,72 @@ TokenStream checked(TokenStream tokens, const std::string& spec, int64_t vocab) 
   return tokens;
 }
 
+nlohmann::json file_identities(const TokenStream& tokens) {
+  auto out = nlohmann::json::array();
+  for (const auto& f : tokens.file_identities()) out.push_back({{"file", f.name}, {"bytes", f.bytes}, {"ids", f.ids}});
+  return out;
+}
+
+// What a run trains on, as a resume checks it.
+nlohmann::json corpus_identity(const DataConfig& c, const Corpus& corpus) {
+  if (!names_token_files(c.path)) return {{"text", text_source(c.path, *corpus.tokenizer)}};
+  return {{"train", file_identities(corpus.train)}, {"val", file_identities(corpus.val)}};
+}
+
+// The first difference between two identities' lists of files, in words.
+std::string changed_files(const std::string& split, const nlohmann::json& was, const nlohmann::json& now) {
+  const auto find = [](const nlohmann::json& files, const nlohmann::json& name) {
+    for (const auto& f : files)
+      if (f["file"] == name) return f;
+    return nlohmann::json();
+  };
+  const auto described = [](const nlohmann::json& f) {
+    return fmt::format("{} bytes, {} ids", f["bytes"].get<int64_t>(), f["ids"].get<int64_t>());
+  };
+  for (const auto& f : was) {
+    const auto same = find(now, f["file"]);
+    if (same.is_null())
+      return fmt::format("{} shard {} ({}) is gone", split, f["file"].get<std::string>(), described(f));
+    if (same != f)
+      return fmt::format("{} shard {} was {}, is now {}", split, f["file"].get<std::string>(), described(f),
+                         described(same));
+  }
+  for (const auto& f : now)
+    if (find(was, f["file"]).is_null())
+      return fmt::format("{} shard {} ({}) is new", split, f["file"].get<std::string>(), described(f));
+  return "";
+}
+
+// Records what the run trains on; a resume over other data is refused.
+void check_corpus_identity(const DataConfig& c, const Corpus& corpus, const std::string& run_dir, bool resuming) {
+  const std::string path = run_dir + "/corpus.json";
+  const auto now = corpus_identity(c, corpus);
+  const auto was = file_exists(path) ? read_json(path) : nlohmann::json();
+  if (was == now) return;
+  if (resuming && !c.accept_changed_data && !was.is_null()) {
+    std::string change;
+    if (was.contains("text") || now.contains("text")) {
+      change = fmt::format("the text {} changed (size or time) or the data is no longer the same kind", c.path);
+    } else {
+      change = changed_files("training", was.value("train", nlohmann::json::array()), now["train"]);
+      if (change.empty()) change = changed_files("validation", was.value("val", nlohmann::json::array()), now["val"]);
+    }
+    throw std::invalid_argument(fmt::format("resume: the data changed since the run started ({}; {} holds what it "
+                                            "was): resumed, it is not the run it continues; accept_changed_data=true "
+                                            "goes on over it",
+                                            change, path));
+  }
+  fs::create_directories(run_dir);
+  write_json_atomic(path, now);
+}
+
 }  // namespace
 
-Corpus load_corpus(const DataConfig& c, int64_t context, const std::string& run_dir) {
+Corpus load_corpus(const DataConfig& c, int64_t context, const std::string& run_dir, bool resuming) {
   Corpus corpus;
   TokenStream all;
   if (names_token_files(c.path)) {
-    all = TokenStream::map_files(token_files(c.path));
+    all = TokenStream::map_files(token_files(c.path), c.raw_tokens);
     if (!run_dir.empty() && file_exists(run_dir + "/tokenizer.json")) {
       corpus.tokenizer = load_tokenizer(run_dir);
     } else {
@@ -178,7 +237,8 @@ Corpus load_corpus(const DataConfig& c, int64_t context, const std::string& run_
   const auto val_files = c.val_path.empty() ? validation_files_beside(c.path) : token_files(c.val_path);
   if (!val_files.empty()) {
     corpus.train = all;
-    corpus.val = checked(TokenStream::map_files(val_files), c.val_path.empty() ? c.path : c.val_path, vocab);
+    corpus.val =
+        checked(TokenStream::map_files(val_files, c.raw_tokens), c.val_path.empty() ? c.path : c.val_path, vocab);
   } else {
     const int64_t n_val = int64_t(double(all.size()) * c.val_fraction);
     corpus.train = all.slice(0, all.size() - n_val);
@@ -190,6 +250,7 @@ Corpus load_corpus(const DataConfig& c, int64_t context, const std::string& run_
     throw std::invalid_argument(fmt::format(
         "corpus '{}' is too short: {} training and {} validation tokens, but one block needs {}", c.path,
         corpus.train.size(), corpus.val.size(), need));
+  if (!run_dir.empty()) check_corpus_identity(c, corpus, run_dir, resuming);
   return corpus;
 }
 

@@ -24,8 +24,12 @@ struct Corpus {
 // tokens. If `run_dir/tokenizer.json` exists, that tokenizer is used (resume,
 // or a worker of a launched run); otherwise the new one is saved there. Text is
 // tokenized once per run: into `run_dir/tokens/`, which later workers and
-// resumes map. Throws std::runtime_error / std::invalid_argument with one-line reasons.
-Corpus load_corpus(const DataConfig& config, int64_t context, const std::string& run_dir);
+// resumes map. What the run trains on (token files' names, sizes and id
+// counts; a text's size and time) is recorded in `run_dir/corpus.json`: a
+// resume (`resuming`) over changed data is refused, naming the change, unless
+// config.accept_changed_data. Throws std::runtime_error / std::invalid_argument
+// with one-line reasons.
+Corpus load_corpus(const DataConfig& config, int64_t context, const std::string& run_dir, bool resuming = false);
 
 // The model's vocabulary: the tokenizer's where the model does not fix one
 // (an imported model may have more rows than its tokenizer has tokens; never fewer).

@@ -53,7 +53,7 @@ TokenLayout parse_token_layout(const uint8_t* data, size_t size, bool allow_raw)
   if (magic != kMagic16 && magic != kMagic32) {
     if (!allow_raw)
       throw std::runtime_error(fmt::format("unknown magic {} (llm.c token shards start with {} for uint16 or {} for "
-                                           "uint32 ids)",
+                                           "uint32 ids; for nanoGPT's bare uint16 ids say raw_tokens=true)",
                                            magic, kMagic16, kMagic32));
     if (size % 2 != 0) throw std::runtime_error("raw token file has an odd number of bytes");
     return {0, int64_t(size / 2), 2, 0};

@@ -23,9 +23,9 @@ struct TokenLayout {
 
 // Reads the header of a whole file of `size` bytes starting at `data`; the
 // file must hold exactly the ids its header counts. `allow_raw`: a file
-// without llm.c's magic is nanoGPT's raw uint16 array (only a single file can
-// be: in a shard set an unknown magic is refused). Throws std::runtime_error
-// with a one-line reason (without the path; callers add it).
+// without llm.c's magic is nanoGPT's raw uint16 array (the user said so:
+// raw_tokens=true); else an unknown magic is refused, naming it. Throws
+// std::runtime_error with a one-line reason (without the path; callers add it).
 TokenLayout parse_token_layout(const uint8_t* data, size_t size, bool allow_raw);
 // Throws std::runtime_error with a one-line reason on a malformed file.
 std::vector<int32_t> parse_token_file(const std::string& bytes);

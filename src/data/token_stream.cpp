@@ -52,7 +52,7 @@ namespace {
 
 using File = TokenStream::Files::File;
 
-File map_file(const std::string& path, bool several, int64_t& vocab) {
+File map_file(const std::string& path, bool raw, int64_t& vocab) {
   const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
   if (fd < 0) throw std::runtime_error(fmt::format("cannot read {}: {}", path, std::strerror(errno)));
   struct stat st {};
@@ -67,7 +67,7 @@ File map_file(const std::string& path, bool several, int64_t& vocab) {
   ::madvise(mapping, size_t(st.st_size), MADV_RANDOM);
   File f{path, nullptr, 0, 2, mapping, size_t(st.st_size)};
   try {
-    const auto layout = parse_token_layout(static_cast<const uint8_t*>(mapping), f.mapped, !several);
+    const auto layout = parse_token_layout(static_cast<const uint8_t*>(mapping), f.mapped, raw);
     f.ids = static_cast<const uint8_t*>(mapping) + layout.offset, f.count = layout.count, f.width = layout.width;
     if (layout.vocab != 0 && vocab != 0 && layout.vocab != vocab)
       throw std::runtime_error(
@@ -96,10 +96,10 @@ void release(const File& f, const uint8_t* at, size_t bytes) {
 
 }  // namespace
 
-TokenStream TokenStream::map_files(const std::vector<std::string>& paths) {
+TokenStream TokenStream::map_files(const std::vector<std::string>& paths, bool raw) {
   auto files = std::make_shared<Files>();
   for (const auto& path : paths) {
-    files->files.push_back(map_file(path, paths.size() > 1, files->vocab));
+    files->files.push_back(map_file(path, raw, files->vocab));
     const auto& f = files->files.back();
     if (f.width != files->files.front().width)
       throw std::runtime_error(fmt::format("{}: uint{} ids where {} holds uint{}: a shard set has one id width", path,
@@ -134,6 +134,14 @@ TokenStream TokenStream::slice(int64_t begin, int64_t end) const {
 }
 
 int64_t TokenStream::declared_vocab() const { return files_ ? files_->vocab : 0; }
+
+std::vector<TokenStream::FileIdentity> TokenStream::file_identities() const {
+  std::vector<FileIdentity> out;
+  if (files_)
+    for (const auto& f : files_->files)
+      if (f.mapping) out.push_back({fs::path(f.name).filename().string(), int64_t(f.mapped), f.count});
+  return out;
+}
 
 void TokenStream::read(int64_t at, int64_t count, int64_t* out) const {
   if (at < 0 || count < 0 || at + count > size())

@@ -15,9 +15,9 @@ class TokenStream {
  public:
   TokenStream() = default;
   // The files in order, memory-mapped; one line naming the file on a malformed
-  // one, an unknown magic in a set of several, or shards that declare different
-  // vocabularies or id widths.
-  static TokenStream map_files(const std::vector<std::string>& paths);
+  // one, an unknown magic, or shards that declare different vocabularies or id
+  // widths. `raw`: the files are nanoGPT's bare uint16 arrays, no header.
+  static TokenStream map_files(const std::vector<std::string>& paths, bool raw = false);
   // Ids held in memory (tests, and text encoded where no run directory caches it).
   static TokenStream hold(std::vector<int32_t> ids, std::string name);
 
@@ -34,6 +34,14 @@ class TokenStream {
   void check_ids() const;
   // Copies ids [at, at + count) widened to int64.
   void read(int64_t at, int64_t count, int64_t* out) const;
+
+  // A mapped file as a resume checks it is unchanged: name, size, ids.
+  struct FileIdentity {
+    std::string name;
+    int64_t bytes = 0, ids = 0;
+  };
+  // The files this stream maps, in order (none for ids held in memory).
+  std::vector<FileIdentity> file_identities() const;
 
   struct Files;  // the mapped files, shared by slices (defined in the .cpp)
 

@@ -31,7 +31,7 @@ TrainConfig replica_config(const std::string& path, const std::vector<std::strin
 ConfiguredLlama::ConfiguredLlama(const std::string& config_path, const std::vector<std::string>& overrides,
                                  int replica)
     : config_(replica_config(config_path, overrides, replica)),
-      corpus_(load_corpus(config_.data, config_.model.context, config_.run.out)),
+      corpus_(load_corpus(config_.data, config_.model.context, config_.run.out, config_.run.resume)),
       arch_(with_vocabulary(config_.model, *corpus_.tokenizer)),
       train_windows_(corpus_.train, arch_.context, config_.run.seed),
       val_windows_(corpus_.val, arch_.context, kValidationSeed) {

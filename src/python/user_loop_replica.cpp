@@ -24,6 +24,10 @@ TrainConfig outer_config(const std::vector<std::string>& keys) {
           "{} is not a key of the outer optimizer (the model, data and inner optimizer are your loop's); it takes: {}",
           name, fmt::join(allowed, ", ")));
   }
+  // Before parse_config, whose refusal of an unknown method lists none and ddp, which a user loop can't run.
+  for (const auto& k : keys)
+    if (k.rfind("method=", 0) == 0 && k != "method=noloco" && k != "method=diloco")
+      throw std::invalid_argument(fmt::format("{}: the outer optimizer is noloco or diloco", k));
   auto config = parse_config("", keys, "OuterOptimizer");
   if (config.outer.method != Method::noloco && config.outer.method != Method::diloco)
     throw std::invalid_argument(

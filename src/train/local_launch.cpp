@@ -1,9 +1,16 @@
 #include "train/local_launch.h"
 
+#include <fcntl.h>
+#include <poll.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
 #include <algorithm>
 #include <chrono>
 #include <filesystem>
 #include <iostream>
+#include <thread>
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>
@@ -26,6 +33,7 @@
 #include "util/human.h"
 #include "util/log.h"
 #include "util/parse_number.h"
+#include "util/process_runtime.h"
 
 namespace noloco {
 
@@ -93,6 +101,69 @@ void warn_if_mostly_alone(const RunSummary& summary) {
                100 * summary.paired_fraction_worst.value_or(0.0), summary.longest_alone_outer_steps.value_or(0.0));
 }
 
+// `program` as execvp finds it: the first match on PATH for a bare name.
+std::string found_on_path(const std::string& program) {
+  if (program.find('/') != std::string::npos) return program;
+  const char* path = std::getenv("PATH");
+  std::string dirs = path ? path : "";
+  for (size_t at = 0; at <= dirs.size();) {
+    const size_t end = std::min(dirs.find(':', at), dirs.size());
+    const std::string candidate = (end > at ? dirs.substr(at, end - at) : ".") + "/" + program;
+    if (::access(candidate.c_str(), X_OK) == 0) return candidate;
+    at = end + 1;
+  }
+  return program;
+}
+
+// Why `command`, when it starts a Python interpreter, can't run a loop with
+// `import noloco` ("" if it can, or is no Python): the first python3 on PATH
+// may be a pyenv shim or a venv without torch, and every worker failing said
+// nothing of it. Asked only once all workers failed; bounded by 60 s.
+std::string python_without_noloco(const std::vector<std::string>& command) {
+  const std::string program = command.front();
+  if (std::filesystem::path(program).filename().string().rfind("python", 0) != 0) return "";
+  int fds[2];
+  if (::pipe2(fds, O_CLOEXEC) != 0) return "";
+  const pid_t pid = ::fork();
+  if (pid < 0) {
+    ::close(fds[0]);
+    ::close(fds[1]);
+    return "";
+  }
+  if (pid == 0) {
+    ::dup2(fds[1], 1);
+    ::dup2(fds[1], 2);
+    ::execlp(program.c_str(), program.c_str(), "-c", "import torch, noloco", static_cast<char*>(nullptr));
+    ::_exit(127);
+  }
+  ::close(fds[1]);
+  std::string output;
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+  for (char buf[4096]; std::chrono::steady_clock::now() < deadline;) {
+    pollfd readable{fds[0], POLLIN, 0};
+    if (::poll(&readable, 1, 200) <= 0) continue;
+    const ssize_t n = ::read(fds[0], buf, sizeof buf);
+    if (n <= 0) break;
+    output.append(buf, size_t(n));
+  }
+  ::close(fds[0]);
+  int status = 0;
+  while (::waitpid(pid, &status, WNOHANG) == 0) {
+    if (std::chrono::steady_clock::now() > deadline) {
+      ::kill(pid, SIGKILL);
+      ::waitpid(pid, &status, 0);
+      break;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  if (WIFEXITED(status) && WEXITSTATUS(status) == 0) return "";
+  while (!output.empty() && output.back() == '\n') output.pop_back();
+  const auto last_line = output.substr(output.rfind('\n') == std::string::npos ? 0 : output.rfind('\n') + 1);
+  return fmt::format("{} ({}) cannot import torch and noloco ({}): run the Python that has both (the one noloco's "
+                     "module was built for, with PYTHONPATH naming it)",
+                     program, found_on_path(program), last_line.empty() ? "no reason given" : last_line);
+}
+
 }  // namespace
 
 // One replica, a launched worker (RANK set: our launcher, torchrun, Slurm...),
@@ -101,17 +172,22 @@ int train_command(const std::string& config_path, const std::vector<std::string>
   auto cfg = load_config(config_path, overrides);
   const int stages = int(cfg.pipeline.stages);
   WorkerEnv env;
-  if (worker_env_from_environment(env)) return run_launched_worker(cfg, env);
+  if (worker_env_from_environment(env)) {
+    compute_in_this_process();
+    return run_launched_worker(cfg, env);
+  }
   cfg.validate_workers();
+  const bool trains_here = cfg.outer.method == Method::none && cfg.workers() == 1;
+  if (trains_here) compute_in_this_process();
   if (cfg.run.out.empty()) cfg.run.out = default_run_dir(cfg);
   const RunDirectory owned(cfg.run.out, cfg);
-  if (cfg.outer.method == Method::none && cfg.workers() == 1) {
+  if (trains_here) {
     train(cfg, WorkerInfo{});
     return 0;
   }
   const auto start = std::chrono::steady_clock::now();
   // Builds and saves the tokenizer once, before the workers load it.
-  const auto corpus = load_corpus(cfg.data, cfg.model.context, cfg.run.out);
+  const auto corpus = load_corpus(cfg.data, cfg.model.context, cfg.run.out, cfg.run.resume);
   const auto model = with_vocabulary(cfg.model, *corpus.tokenizer);
   check_local_capacity(cfg.workers(), worker_memory_estimate(model.num_params()), cfg.run.max_local_workers);
   check_fragments(cfg.outer.fragments, model, stages);
@@ -229,7 +305,10 @@ int launch_command(const LaunchArgs& a) {
       ++joiners_failed;
       spdlog::warn("{}", e.describe());
     }
-  if (failed == workers) throw std::runtime_error(fmt::format("all {} workers failed", workers));
+  if (failed == workers) {
+    const auto why = python_without_noloco(a.command);
+    throw std::runtime_error(fmt::format("all {} workers failed{}", workers, why.empty() ? "" : ": " + why));
+  }
   const auto joiners = launched.joiners.empty() ? std::string()
                                                 : fmt::format(" and {} of {} joiners",
                                                               int(launched.joiners.size()) - joiners_failed,
@@ -251,6 +330,7 @@ int bench_comm_command(const std::vector<std::string>& args) {
   if (cfg.run.out.empty()) cfg.run.out = "runs/bench_comm";
   WorkerEnv env;
   if (worker_env_from_environment(env)) {
+    compute_in_this_process();
     init_logging(fmt::format("noloco[worker {}]", env.rank));
     const auto links = join_as_worker(env, cfg.comm, 1, true);
     const auto r = comm_bench_worker(cfg, options, {links.transport.get(), links.membership.get()});

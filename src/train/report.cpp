@@ -77,16 +77,6 @@ Curves read_curves(const std::string& run_dir) {
   return c;
 }
 
-std::string method_color(Method method) {
-  switch (method) {
-    case Method::ddp: return "#1f77b4";
-    case Method::diloco: return "#ff7f0e";
-    case Method::noloco: return "#2ca02c";
-    case Method::none: break;
-  }
-  return "#7f7f7f";
-}
-
 // One run as the report shows it: its directory's name, method and curves.
 struct Run {
   std::string name;
@@ -158,25 +148,27 @@ std::string requested_tables(const std::vector<Run>& runs, const ReportOptions& 
   return md;
 }
 
-// Each run's final validation loss against one figure of its summary (runs
-// without it left out), a series per method joined in order of the figure;
-// series of fewer than two points left out.
+// A run's name in every legend, and its colour (the i-th run's): two runs of
+// one method are told apart, and identical runs do not hide each other.
+PlotSeries run_series(const std::string& dir, Method method, size_t i) {
+  PlotSeries s;
+  s.name = fmt::format("{} ({})", std::filesystem::path(dir).filename().string(), choice_name(method));
+  s.color = series_color(i);
+  return s;
+}
+
+// Each run's final validation loss against one figure of its summary, a dot
+// per run (runs without the figure left out).
 std::vector<PlotSeries> final_loss_against(const std::vector<std::string>& run_dirs,
                                            const std::function<std::optional<double>(const RunSummary&)>& figure) {
-  std::map<Method, PlotSeries> by_method;
-  for (const auto& dir : run_dirs) {
-    const auto summary = RunSummary::read(dir);
+  std::vector<PlotSeries> series;
+  for (size_t i = 0; i < run_dirs.size(); ++i) {
+    const auto summary = RunSummary::read(run_dirs[i]);
     const auto x = figure(summary);
     if (!x || !summary.final_val_loss) continue;
-    auto& s = by_method[summary.method];
-    s.name = choice_name(summary.method);
-    s.color = method_color(summary.method);
+    auto s = run_series(run_dirs[i], summary.method, i);
+    s.markers = true;
     s.points.emplace_back(*x, *summary.final_val_loss);
-  }
-  std::vector<PlotSeries> series;
-  for (auto& [method, s] : by_method) {
-    if (s.points.size() < 2) continue;
-    std::sort(s.points.begin(), s.points.end());
     series.push_back(std::move(s));
   }
   return series;
@@ -223,13 +215,10 @@ std::string write_report(const std::vector<std::string>& run_dirs, const std::st
                          const ReportOptions& options) {
   std::filesystem::create_directories(out_dir);
   std::vector<PlotSeries> by_step, by_bytes, spread;
-  std::map<Method, int> seen_methods;
   const auto runs = read_runs(run_dirs);
-  for (const auto& [name, method, curves] : runs) {
-    PlotSeries s;
-    s.name = fmt::format("{} ({})", name, choice_name(method));
-    s.color = method_color(method);
-    s.dashed = seen_methods[method]++ > 0;  // a second run of a method: same colour, dashed
+  for (size_t i = 0; i < runs.size(); ++i) {
+    const auto& curves = runs[i].curves;
+    auto s = run_series(run_dirs[i], runs[i].method, i);
     s.points = curves.loss_by_step;
     by_step.push_back(s);
     s.points = curves.loss_by_bytes;
@@ -275,8 +264,13 @@ std::string write_report(const std::vector<std::string>& run_dirs, const std::st
             "bits per parameter per inner step (all a replica sent for training)",
             "final validation loss (mean over replicas)", /*log_y=*/false, /*log_x=*/true},
            "final validation loss against bits per parameter per inner step");
+  // A log axis for spreads that span decades; where no replicas ever differ
+  // (DiLoCo, DDP) it would be an empty frame, so a linear one shows the zeros.
+  bool spread_positive = false;
+  for (const auto& s : spread)
+    for (const auto& [step, std] : s.points) spread_positive = spread_positive || std > 0;
   add_plot("weight_std_vs_step.svg", spread,
-           {"Spread of weights across replicas", "inner step", "standard deviation of weights", /*log_y=*/true},
+           {"Spread of weights across replicas", "inner step", "standard deviation of weights", spread_positive},
            "weight standard deviation against step");
   write_file_atomic(out_dir + "/report.md", md);
   return md;

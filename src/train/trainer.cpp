@@ -392,7 +392,7 @@ WorkerRun::WorkerRun(const TrainConfig& c, const WorkerInfo& w)
       lead_(w.replica == 0 && w.stage == w.stages - 1 && w.replica_worker == 0 && w.verbose),
       speaks_(w.replica_worker == 0),
       device_(compute_device(c, w)),
-      corpus_(load_corpus(c.data, c.model.context, out_)),
+      corpus_(load_corpus(c.data, c.model.context, out_, c.run.resume)),
       arch_(with_vocabulary(c.model, *corpus_.tokenizer)),
       train_windows_(corpus_.train, arch_.context, c.run.seed),
       val_windows_(corpus_.val, arch_.context, kValidationSeed),

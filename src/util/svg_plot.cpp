@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <limits>
+#include <functional>
 #include <set>
 
 #include <fmt/format.h>
@@ -34,10 +35,23 @@ std::vector<double> nice_ticks(double lo, double hi) {
   return ticks;
 }
 
-std::string tick_label(double v) {
+std::string tick_label(double v, int digits) {
   const double a = std::abs(v);
-  if (a != 0 && (a >= 1e5 || a < 1e-3)) return fmt::format("{:.1e}", v);
-  return fmt::format("{:.4g}", v);
+  if (a != 0 && (a >= 1e5 || a < 1e-3)) return fmt::format("{:.{}e}", v, std::max(1, digits - 3));
+  return fmt::format("{:.{}g}", v, digits);
+}
+
+// Labels of `values` (ascending), with the fewest digits (4 at least) that
+// tell each from its neighbours: a narrow range printed "1.914" four times.
+std::vector<std::string> tick_labels(const std::vector<double>& values,
+                                     const std::function<std::string(double, int)>& label) {
+  std::vector<std::string> out;
+  for (int digits = 4; digits <= 12; ++digits) {
+    out.clear();
+    for (const double v : values) out.push_back(label(v, digits));
+    if (std::adjacent_find(out.begin(), out.end()) == out.end()) break;
+  }
+  return out;
 }
 
 std::string escape(const std::string& s) {
@@ -52,6 +66,12 @@ std::string escape(const std::string& s) {
 }
 
 }  // namespace
+
+std::string series_color(size_t i) {
+  static const char* const palette[] = {"#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd",
+                                        "#8c564b", "#e377c2", "#7f7f7f", "#bcbd22", "#17becf"};
+  return palette[i % std::size(palette)];
+}
 
 std::string line_chart_svg(const std::vector<PlotSeries>& series, const PlotOptions& o) {
   double x0 = std::numeric_limits<double>::infinity(), x1 = -x0, y0 = x0, y1 = -x0;
@@ -72,8 +92,16 @@ std::string line_chart_svg(const std::vector<PlotSeries>& series, const PlotOpti
   const double pad = (y1 - y0) * 0.05;
   y0 -= pad, y1 += pad;
   const double pw = kWidth - kLeft - kRight, ph = kHeight - kTop - kBottom;
+  std::vector<std::string> names;
+  for (const auto& s : series) {
+    const bool drawable =
+        std::any_of(s.points.begin(), s.points.end(), [&](auto& p) { return usable(p.first, p.second); });
+    names.push_back(drawable ? s.name
+                             : s.name + ((o.log_x || o.log_y) ? " (not drawn: nothing above 0 on the log axis)"
+                                                              : " (not drawn: no finite value)"));
+  }
   size_t longest = 0;
-  for (const auto& s : series) longest = std::max(longest, s.name.size());
+  for (const auto& name : names) longest = std::max(longest, name.size());
   const double width = std::max(kWidth, kLeft + pw + 42 + kLegendCharWidth * double(longest) + 12);
   auto px = [&](double x) { return kLeft + (tx(x) - x0) / (x1 - x0) * pw; };
   auto pxt = [&](double t) { return kLeft + (t - x0) / (x1 - x0) * pw; };  // t already transformed
@@ -94,19 +122,23 @@ std::string line_chart_svg(const std::vector<PlotSeries>& series, const PlotOpti
     if (xs.size() <= 12) x_ticks.assign(xs.begin(), xs.end());
   }
   if (x_ticks.empty()) x_ticks = nice_ticks(x0, x1);
-  for (double t : x_ticks) {
+  const auto x_label = [&](double t, int digits) {
     const double x = o.log_x ? std::pow(10, t) : t;
+    return o.x_bytes ? format_bytes(x) : tick_label(x, digits);
+  };
+  const auto x_texts = tick_labels(x_ticks, x_label);
+  for (size_t i = 0; i < x_ticks.size(); ++i)
     svg += fmt::format("<line x1=\"{0:.1f}\" y1=\"{1}\" x2=\"{0:.1f}\" y2=\"{2}\" stroke=\"#ddd\"/>"
                        "<text x=\"{0:.1f}\" y=\"{3}\" text-anchor=\"middle\">{4}</text>\n",
-                       pxt(t), kTop, kTop + ph, kTop + ph + 16,
-                       o.x_bytes ? format_bytes(x) : tick_label(x));
-  }
-  for (double t : nice_ticks(y0, y1)) {
-    const double yv = o.log_y ? std::pow(10, t) : t;
+                       pxt(x_ticks[i]), kTop, kTop + ph, kTop + ph + 16, x_texts[i]);
+  const auto y_ticks = nice_ticks(y0, y1);
+  const auto y_texts =
+      tick_labels(y_ticks, [&](double t, int digits) { return tick_label(o.log_y ? std::pow(10, t) : t, digits); });
+  for (size_t i = 0; i < y_ticks.size(); ++i) {
+    const double at = kTop + (1 - (y_ticks[i] - y0) / (y1 - y0)) * ph;
     svg += fmt::format("<line x1=\"{0}\" y1=\"{1:.1f}\" x2=\"{2}\" y2=\"{1:.1f}\" stroke=\"#ddd\"/>"
                        "<text x=\"{3}\" y=\"{4:.1f}\" text-anchor=\"end\">{5}</text>\n",
-                       kLeft, kTop + (1 - (t - y0) / (y1 - y0)) * ph, kLeft + pw, kLeft - 6,
-                       kTop + (1 - (t - y0) / (y1 - y0)) * ph + 4, tick_label(yv));
+                       kLeft, at, kLeft + pw, kLeft - 6, at + 4, y_texts[i]);
   }
   svg += fmt::format("<rect x=\"{}\" y=\"{}\" width=\"{}\" height=\"{}\" fill=\"none\" stroke=\"#333\"/>\n", kLeft, kTop,
                      pw, ph);
@@ -116,16 +148,22 @@ std::string line_chart_svg(const std::vector<PlotSeries>& series, const PlotOpti
                      kTop + ph / 2, escape(o.y_label), o.log_y ? " (log scale)" : "");
   for (size_t i = 0; i < series.size(); ++i) {
     const auto& s = series[i];
-    std::string points;
+    std::string points, dots;
+    size_t drawn = 0;
     for (auto& [x, y] : s.points)
-      if (usable(x, y)) points += fmt::format("{:.1f},{:.1f} ", px(x), py(y));
-    svg += fmt::format("<polyline fill=\"none\" stroke=\"{}\" stroke-width=\"2\"{} points=\"{}\"/>\n", s.color,
-                       s.dashed ? " stroke-dasharray=\"6,4\"" : "", points);
+      if (usable(x, y)) ++drawn, points += fmt::format("{:.1f},{:.1f} ", px(x), py(y));
+    for (auto& [x, y] : s.points)
+      if (usable(x, y) && (s.markers || drawn == 1))
+        dots += fmt::format("<circle cx=\"{:.1f}\" cy=\"{:.1f}\" r=\"4\" fill=\"{}\"/>", px(x), py(y), s.color);
+    if (drawn > 1)
+      svg += fmt::format("<polyline fill=\"none\" stroke=\"{}\" stroke-width=\"2\"{} points=\"{}\"/>\n", s.color,
+                         s.dashed ? " stroke-dasharray=\"6,4\"" : "", points);
+    if (!dots.empty()) svg += dots + "\n";
     const double ly = kTop + 14 + 20 * double(i);
     svg += fmt::format("<line x1=\"{0}\" y1=\"{1}\" x2=\"{2}\" y2=\"{1}\" stroke=\"{3}\" stroke-width=\"2\"{4}/>"
                        "<text x=\"{5}\" y=\"{6}\">{7}</text>\n",
                        kLeft + pw + 12, ly, kLeft + pw + 36, s.color, s.dashed ? " stroke-dasharray=\"6,4\"" : "",
-                       kLeft + pw + 42, ly + 4, escape(s.name));
+                       kLeft + pw + 42, ly + 4, escape(names[i]));
   }
   svg += "</svg>\n";
   return svg;

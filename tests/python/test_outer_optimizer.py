@@ -57,17 +57,17 @@ def free_port():
         return s.getsockname()[1]
 
 
-def torchrun(build, args):
-    """Four replicas under torchrun; their RESULT lines by rank."""
+def torchrun(build, args, replicas=4):
+    """`replicas` (four) under torchrun; their RESULT lines by rank."""
     # Not --standalone: its rendezvous port is fixed (29400), and ctest runs two of these at once.
     # --redirects/--tee 2: torch 1.13 on Python 3.11 (Debian 12) reads their default "0" as None and fails.
-    command = [sys.executable, "-m", "torch.distributed.run", "--nnodes=1", "--nproc_per_node=4",
+    command = [sys.executable, "-m", "torch.distributed.run", "--nnodes=1", f"--nproc_per_node={replicas}",
                "--master_addr=127.0.0.1", f"--master_port={free_port()}", "--redirects=2", "--tee=2", WORKER] + args
     done = subprocess.run(command, env=environment(build), capture_output=True, text=True, timeout=TIMEOUT)
     if done.returncode != 0:
         sys.exit(f"torchrun {' '.join(args)} exited {done.returncode}:\n{done.stdout[-4000:]}\n{done.stderr[-6000:]}")
     found = results(done.stdout)
-    assert len(found) == 4, f"{len(found)} of 4 replicas reported:\n{done.stdout[-3000:]}"
+    assert len(found) == replicas, f"{len(found)} of {replicas} replicas reported:\n{done.stdout[-3000:]}"
     return found
 
 
@@ -109,29 +109,32 @@ def small_run_keys(out):
             "eval_interval": 1000, "eval_batches": 2, "sample_tokens": 0, "log_interval": 1, "steps": 20}
 
 
-def cli_run(build, keys, out):
-    """`noloco train` of the small run with 4 replicas and `keys`; its metrics records."""
-    command = [os.path.join(build, "noloco"), "train", "configs/shakespeare.yaml", f"out={out}/run", "replicas=4"]
+def cli_run(build, keys, out, replicas=4):
+    """`noloco train` of the small run with `replicas` and `keys`; its metrics records."""
+    command = [os.path.join(build, "noloco"), "train", "configs/shakespeare.yaml", f"out={out}/run",
+               f"replicas={replicas}"]
     command += [f"{k}={v}" for k, v in small_run_keys(out).items()] + keys
     done = subprocess.run(command, cwd=SOURCE, capture_output=True, text=True, timeout=TIMEOUT)
     check(done.returncode == 0, f"the CLI run failed:\n{done.stderr[-4000:]}")
     return [json.loads(line) for line in open(os.path.join(out, "run", "metrics.jsonl"))]
 
 
-def cli_outer_bytes(build, keys, out):
-    records = cli_run(build, keys, out)
+def cli_outer_bytes(build, keys, out, replicas):
+    records = cli_run(build, keys, out, replicas)
     sent = [r["bytes"] for r in records if r.get("split") == "outer" and r["replica"] == 0]
     params = json.load(open(os.path.join(out, "run", "summary_r0.json")))["params"]
     return params, sent
 
 
 def message_bytes(build):
+    # Two replicas: a NoLoCo pair, a DiLoCo all-gather; what one sends does not grow with more.
     for keys in (["method=noloco", "outer_interval=5"], ["method=noloco", "compression=sparse", "overlap=true"],
                  ["method=diloco", "outer_interval=5", "wire_dtype=int8"]):
         with tempfile.TemporaryDirectory() as out:
-            params, cli = cli_outer_bytes(build, keys, out)
+            params, cli = cli_outer_bytes(build, keys, out, replicas=2)
         method = keys[0].split("=")[1]
-        found = torchrun(build, ["message_bytes", "--steps", "20", "--params", str(params), "--method", method] + keys[1:])
+        found = torchrun(build, ["message_bytes", "--steps", "20", "--params", str(params), "--method", method] + keys[1:],
+                         replicas=2)
         print(f"{' '.join(keys)}: {params} parameters: CLI {cli}, Python {found[0]['bytes']}")
         check(len(cli) > 0, "the CLI took no outer step")
         for r in found:
@@ -175,6 +178,7 @@ def refused(make):
 params = lambda: torch.nn.Linear(2, 2).parameters()
 print(refused(lambda: noloco.OuterOptimizer(params(), method="noloco", steps=5)))
 print(refused(lambda: noloco.OuterOptimizer(params(), method="ddp")))
+print(refused(lambda: noloco.OuterOptimizer(params(), method="sgd")))
 os.environ.update(RANK="0", WORLD_SIZE="2", NOLOCO_RUN_TOKEN="t")
 print(refused(lambda: noloco.OuterOptimizer(params(), method="noloco", outer_interval=0.5)))
 print(refused(lambda: noloco.OuterOptimizer([], method="noloco")))
@@ -192,12 +196,14 @@ print(refused(lambda: noloco.OuterOptimizer(params(), method="noloco", inner_opt
     check(done.returncode == 0, f"the program failed:\n{done.stderr[-3000:]}")
     lines = done.stdout.splitlines()
     print("\n".join(lines))
-    expected = ["steps is not a key of the outer optimizer", "method=ddp", "outer_interval", "no parameters",
+    expected = ["steps is not a key of the outer optimizer", "method=ddp",
+                "method=sgd: the outer optimizer is noloco or diloco", "outer_interval", "no parameters",
                 "RANK is not set", "NOLOCO_STORE is not set", "a diloco run takes no joiners",
                 "/nonexistent/join.json does not exist", "is not tcp://host:port", "not a torch.optim optimizer"]
     check(len(lines) == len(expected), f"{len(lines)} lines, expected {len(expected)}")
     for line, words in zip(lines, expected):
         check(words in line, f"'{line}' does not name {words}")
+    check("none" not in lines[2] and "ddp" not in lines[2], f"'{lines[2]}' offers what Python does not run")
 
 
 def resumes(build):
@@ -207,12 +213,12 @@ def resumes(build):
     for keys in (["outer_interval=10"], ["outer_interval=10", "overlap=true", "compression=sparse"]):
         with tempfile.TemporaryDirectory() as out:
             common = ["resumes", "--steps", "40", "--save-at", "15", "--dir", out] + keys
-            whole = torchrun(build, common)
-            resumed = torchrun(build, common + ["--resume"])
+            whole = torchrun(build, common, replicas=2)
+            resumed = torchrun(build, common + ["--resume"], replicas=2)
         for a, b in zip(whole, resumed):
             check(b["first_step"] == 15, f"replica {b['rank']} resumed at {b['first_step']}")
             check(a["weights"] == b["weights"], f"{' '.join(keys)}: replica {a['rank']} ends elsewhere when resumed")
-        print(f"{' '.join(keys)}: 4 replicas resumed at step 15 end bit-identical at step 40")
+        print(f"{' '.join(keys)}: 2 replicas resumed at step 15 end bit-identical at step 40")
 
 
 def survives(build):
