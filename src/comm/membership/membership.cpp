@@ -8,11 +8,16 @@
 #include <fmt/format.h>
 #include <torch/csrc/distributed/c10d/Store.hpp>
 
+#include "util/leave_signal.h"
+
 namespace noloco {
 
 namespace {
 
 using Clock = std::chrono::steady_clock;
+
+// How long a worker asked to stop waits on a silent partner (heartbeats come every second).
+constexpr std::chrono::milliseconds kSilentWhenStopping{3000};
 
 // In place of a worker's list of checkpoints: it starts from a live replica's state.
 const std::string kFromPeer = "peer";
@@ -244,7 +249,11 @@ const Membership::Silence& Membership::silence_of(int rank, Clock::time_point no
   if (now - s.checked > std::chrono::seconds(1)) {
     s.checked = now;
     const int worker = rank * stride_ + offset_;
-    s.silent = heartbeats_.silent_seconds(worker) * 1000 > double(heartbeat_timeout_.count());
+    // Asked to stop (SIGTERM), a worker gives a silent partner a few beats,
+    // not the hung-worker allowance: under torchrun the agent stops every
+    // worker once one died, and nobody declares the dead one dead.
+    const auto allowed = leave_requested() ? std::min(heartbeat_timeout_, kSilentWhenStopping) : heartbeat_timeout_;
+    s.silent = heartbeats_.silent_seconds(worker) * 1000 > double(allowed.count());
     const std::chrono::duration<double> idle(heartbeats_.idle_seconds(worker));
     s.moved = now - std::chrono::duration_cast<Clock::duration>(idle);
   }
