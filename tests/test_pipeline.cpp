@@ -594,10 +594,12 @@ TEST_F(Pipeline, CodedActivationsCrossTheBoundaryInTheirCodedSize) {
   const auto low_val = losses(low, "val"), exact_val = losses(exact, "val");
   for (const auto& [step, loss] : exact_val.at(0))
     EXPECT_NEAR(low_val.at(0).at(step), loss, 0.05 * loss) << "rotated int3/int2, step " << step;
-  // `report` plots the two runs' final losses against their activation bytes.
+  // `report` plots the two runs' final losses against their activation bytes, a dot a run.
   const auto md = write_report({coded, exact}, dir / "report", {});
   EXPECT_NE(md.find("(val_loss_vs_activation_bytes.svg)"), std::string::npos) << md;
-  EXPECT_NE(read_file(dir / "report/val_loss_vs_activation_bytes.svg").find("<polyline"), std::string::npos);
+  const auto plot = read_file(dir / "report/val_loss_vs_activation_bytes.svg");
+  EXPECT_NE(plot.find("<circle"), std::string::npos) << plot;
+  EXPECT_NE(plot.find("<circle", plot.find("<circle") + 1), std::string::npos) << plot;
   const auto a = losses(coded, "val"), b = losses(exact, "val");
   ASSERT_EQ(a.at(0).size(), 2u);
   for (const auto& [step, loss] : b.at(0)) {
