@@ -812,20 +812,16 @@ TEST_F(Distributed, UnderTorchrunWorkersStoppedAfterARankWasKilledDoNotWaitOutIt
   GTEST_SKIP() << "this build found no Python with torch, so no torchrun";
 #else
   const std::string run = dir / "torchrun";
-  const std::string command = fmt::format(
-      "cd {} && NOLOCO_RUN_TOKEN=torchrun-test timeout -k 5 150 {} -m torch.distributed.run --nnodes=1 "
-      "--nproc_per_node=3 --rdzv_backend=c10d --rdzv_endpoint=127.0.0.1:{} --redirects=2 --tee=2 --no_python {} {} "
-      "method=noloco replicas=3 batch=2 steps=1000000 outer_interval=10 inject_crash=1:30 2>&1",
-      NOLOCO_SOURCE_DIR, NOLOCO_TORCH_PYTHON, noloco::testing::free_port(), NOLOCO_BINARY,
-      small_train_args(dir / "c.txt", run));
-  std::string output;
-  FILE* p = ::popen(command.c_str(), "r");
-  ASSERT_NE(p, nullptr);
-  char buf[4096];
-  for (size_t n; (n = std::fread(buf, 1, sizeof buf, p)) > 0;) output.append(buf, n);
-  const int status = ::pclose(p);
-  ASSERT_TRUE(WIFEXITED(status)) << output;
-  EXPECT_NE(WEXITSTATUS(status), 124) << "timed out:\n" << output;
+  const auto done = noloco::testing::run_command(
+      fmt::format("{} -m torch.distributed.run --nnodes=1 --nproc_per_node=3 --rdzv_backend=c10d "
+                  "--rdzv_endpoint=127.0.0.1:{} --redirects=2 --tee=2 --no_python {} {} method=noloco replicas=3 "
+                  "batch=2 steps=1000000 outer_interval=10 inject_crash=1:30",
+                  NOLOCO_TORCH_PYTHON, noloco::testing::free_port(), NOLOCO_BINARY,
+                  small_train_args(dir / "c.txt", run)),
+      150, "NOLOCO_RUN_TOKEN=torchrun-test");
+  const std::string& output = done.output;
+  ASSERT_LT(done.exit_code, 128) << "ended by a signal:\n" << output;  // torchrun's own exit, not a kill
+  EXPECT_NE(done.exit_code, 124) << "timed out:\n" << output;
   for (const int r : {0, 2}) {
     EXPECT_NE(output.find(fmt::format("worker {} leaves the run after step", r)), std::string::npos) << output;
     ASSERT_TRUE(std::filesystem::exists(fmt::format("{}/summary_r{}.json", run, r))) << output;

@@ -83,11 +83,11 @@ struct CliResult {
   std::string output;  // stdout and stderr together
 };
 
-// Runs build/noloco with a hard time limit so a hang fails the test instead of CI.
-// `env` is prepended as VAR=value assignments.
-inline CliResult run_cli(const std::string& args, int timeout_s = 120, const std::string& env = "") {
-  const std::string cmd = "cd " NOLOCO_SOURCE_DIR " && " + env + " timeout -k 5 " + std::to_string(timeout_s) +
-                          " " NOLOCO_BINARY " " + args + " 2>&1";
+// Runs a shell command line in the source directory with a hard time limit,
+// so a hang fails the test instead of CI. `env` is prepended as VAR=value assignments.
+inline CliResult run_command(const std::string& command, int timeout_s, const std::string& env = "") {
+  const std::string cmd = "cd " NOLOCO_SOURCE_DIR " && " + env + " timeout -k 5 " + std::to_string(timeout_s) + " " +
+                          command + " 2>&1";
   CliResult r{-1, ""};
   FILE* p = ::popen(cmd.c_str(), "r");
   if (!p) return r;
@@ -97,6 +97,11 @@ inline CliResult run_cli(const std::string& args, int timeout_s = 120, const std
   const int status = ::pclose(p);
   r.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
   return r;
+}
+
+// Runs build/noloco with `args` (run_command's limit and environment).
+inline CliResult run_cli(const std::string& args, int timeout_s = 120, const std::string& env = "") {
+  return run_command(NOLOCO_BINARY " " + args, timeout_s, env);
 }
 
 // A `noloco` command running on its own thread while the test acts on the
