@@ -7,7 +7,7 @@ packages=(
   libtorch-dev libopenblas0-pthread libgloo-dev etcd-server libcurl4-openssl-dev
   libsentencepiece-dev libyaml-cpp-dev libcli11-dev nlohmann-json3-dev
   libspdlog-dev libfmt-dev libgtest-dev libbenchmark-dev libpcre2-dev
-  clang libclang-rt-14-dev libsodium-dev libssl-dev openssl tcpdump zlib1g-dev libzstd-dev zstd
+  clang libclang-rt-14-dev libsodium-dev libssl-dev openssl tcpdump nftables zlib1g-dev libzstd-dev zstd
 )
 missing=()
 for p in "${packages[@]}"; do

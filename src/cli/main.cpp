@@ -12,7 +12,7 @@
 #include <fmt/format.h>
 #include <torch/torch.h>
 
-#include "comm/store/run_keys.h"
+#include "comm/launch/serve.h"
 #include "config/options.h"
 #include "config/train_config.h"
 #include "data/prepare.h"
@@ -199,13 +199,6 @@ std::string join_keys_help() {
          wrap_words(std::string(24, ' '), "this worker's own settings; every other key is the run's (its config.yaml)");
 }
 
-int print_store_password() {
-  const char* token = std::getenv("NOLOCO_RUN_TOKEN");
-  if (!token || !*token) throw std::invalid_argument("store-password: set NOLOCO_RUN_TOKEN to the run's token");
-  fmt::print("{}\n", store_password(token));
-  return 0;
-}
-
 std::vector<Command> add_commands(CLI::App& app, Arguments& a) {
   std::vector<Command> commands;
   auto* train = app.add_subcommand("train", "train a model (CONFIG then key=value overrides)");
@@ -259,9 +252,13 @@ std::vector<Command> add_commands(CLI::App& app, Arguments& a) {
   commands.push_back({join, [&a] { return join_command(a.join_dir, a.options); }, true});
 
   commands.push_back({add_launch_command(app, a.launch), [&a] { return launch_command(a.launch); }});
+  auto* serve = app.add_subcommand("serve", "host a run's store and relay for workers behind NAT (a public machine)");
+  serve->add_option("options", a.options, "key=value (below)");
+  serve->footer(keys_help(serve_options));
+  commands.push_back({serve, [&a] { return serve_command(a.options); }});
   commands.push_back(
       {app.add_subcommand("store-password", "the store's password for NOLOCO_RUN_TOKEN (for an etcd of your own)"),
-       print_store_password});
+       store_password_command});
   return commands;
 }
 

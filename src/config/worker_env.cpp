@@ -51,6 +51,10 @@ void store_from_environment(WorkerEnv& env) {
   env.store_url = store;
 }
 
+void relays_from_environment(WorkerEnv& env) {
+  if (const char* relays = std::getenv("NOLOCO_RELAY")) env.relays = relays;
+}
+
 }  // namespace
 
 bool joiner_env_from_environment(WorkerEnv& env) {
@@ -66,6 +70,7 @@ bool joiner_env_from_environment(WorkerEnv& env) {
   env.local_world = std::max(1, env_int("LOCAL_WORLD_SIZE", 1));
   env.token = run_token_from_environment();
   store_from_environment(env);
+  relays_from_environment(env);
   env.agent_store = true;  // hosted by the run, never by the joiner
   return true;
 }
@@ -82,6 +87,7 @@ bool worker_env_from_environment(WorkerEnv& env) {
   const char* agent = std::getenv("TORCHELASTIC_USE_AGENT_STORE");
   env.agent_store = agent && std::string(agent) == "True";
   store_from_environment(env);
+  relays_from_environment(env);
   env.restart = env_int("NOLOCO_RESTARTED", 0);
   if (env.world < 1 || env.rank >= env.world)
     throw std::invalid_argument(fmt::format("RANK={} is outside WORLD_SIZE={}", env.rank, env.world));

@@ -20,6 +20,10 @@ struct WorkerEnv {
   // The public key an https:// store must present (curl's "sha256//BASE64");
   // set for the store worker 0 hosts, whose key derives from the token.
   std::string store_pin;
+  // NOLOCO_RELAY: relays (host:port, comma-separated; `noloco serve` prints
+  // it) that carry this worker's connections to peers it cannot reach
+  // directly or that cannot reach it (comm/transport/relay.h). Empty: direct only.
+  std::string relays;
   // NOLOCO_RESTARTED: how many times our launcher started this worker before
   // (0: its first start). A replica of several workers is restarted whole,
   // and its own group formed anew under this number.
@@ -27,7 +31,7 @@ struct WorkerEnv {
 };
 
 // RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, MASTER_ADDR, MASTER_PORT
-// (torchrun's names), NOLOCO_RUN_TOKEN, NOLOCO_STORE and NOLOCO_RESTARTED; returns false when RANK is unset
+// (torchrun's names), NOLOCO_RUN_TOKEN, NOLOCO_STORE, NOLOCO_RELAY and NOLOCO_RESTARTED; returns false when RANK is unset
 // (not a launched worker). Throws std::invalid_argument on malformed values.
 bool worker_env_from_environment(WorkerEnv& env);
 // A joiner started outside the run's launcher: NOLOCO_STORE (the run's store;

@@ -11,6 +11,7 @@
 #include <spdlog/spdlog.h>
 
 #include "comm/store/run_keys.h"
+#include "comm/transport/gloo_admission.h"
 #include "comm/transport/nccl_collectives.h"
 #include "comm/transport/seal.h"
 
@@ -63,6 +64,16 @@ void check_unsealed_stays_local(const WorkerEnv& env, const CommConfig& comm) {
         fmt::join(off, ", ")));
 }
 
+// NOLOCO_RELAY: this process's Gloo pairs may go through the relays.
+void use_configured_relays(const WorkerEnv& env) {
+  if (env.relays.empty()) return;
+  if (!admission_available())
+    throw std::runtime_error(
+        "NOLOCO_RELAY is set, but this process's Gloo is not the one relays work with (Debian's LibTorch 1.13, in "
+        "the noloco binary): start this worker with the noloco command, or give it a reachable bind address instead");
+  use_relays(resolve_relays(env.relays), run_key(env.token, "relay"));
+}
+
 }  // namespace
 
 void outlast_store_users(const WorkerConnections& links) {
@@ -83,6 +94,7 @@ bool uses_nccl(const std::string& configured_device, const CommConfig& comm) {
 WorkerConnections join_as_worker(const WorkerEnv& env, const CommConfig& comm, int stages, bool outer_method,
                                  int replica_workers, const std::string& nccl_device) {
   check_unsealed_stays_local(env, comm);
+  use_configured_relays(env);
   const auto timeout = std::chrono::milliseconds(int64_t(comm.peer_timeout * 1000));
   const int per_replica = stages * replica_workers;
   const int stage = env.rank % stages, replica = env.rank / per_replica, replicas = env.world / per_replica;
@@ -90,6 +102,8 @@ WorkerConnections join_as_worker(const WorkerEnv& env, const CommConfig& comm, i
   WorkerConnections links;
   links.timeout = timeout;
   auto client = env;
+  // An https store named without a CA of its own is one a worker or `noloco serve` hosts: pin its token-derived key.
+  pin_hosted_store_key(client);
   if (env.store_url.empty() && !env.agent_store) {
     // The store crosses the network: over TLS, every worker pinning the key
     // that the token gives (comm/store/run_keys.h), unless sealing is off.

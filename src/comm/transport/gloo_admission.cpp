@@ -1,4 +1,5 @@
 #include "comm/transport/gloo_admission.h"
+#include "comm/transport/socket_io.h"
 
 #include <dlfcn.h>
 #include <fcntl.h>
@@ -8,6 +9,8 @@
 #include <pthread.h>
 #include <sodium.h>
 #include <sys/eventfd.h>
+#include <arpa/inet.h>
+#include <netinet/tcp.h>
 #include <sys/syscall.h>
 #include <unistd.h>
 
@@ -23,6 +26,8 @@
 #include <thread>
 #include <vector>
 
+#include <spdlog/spdlog.h>
+
 namespace noloco {
 
 namespace {
@@ -35,6 +40,16 @@ constexpr size_t kProofBytes = 32;
 constexpr auto kProofWindow = std::chrono::seconds(5);
 // Strangers' connections held at once per listener; the oldest go first.
 constexpr size_t kMostPending = 64;
+// Sent by the listener once a proof checks out: the member's connect()
+// returns only then, so a connection that reached the wrong listener (two
+// homes on the same LAN address) is told apart and goes through a relay.
+constexpr uint8_t kAdmitted = 'A';
+// With relays, a direct connection gets this long before the relay is asked;
+// an address that could not be reached is relayed at once for a while.
+constexpr auto kDirectWait = std::chrono::seconds(2);
+constexpr auto kUnreachableFor = std::chrono::minutes(1);
+// A listener's park at a relay (connection and proof) must take no longer.
+constexpr auto kParkSetUp = std::chrono::seconds(5);
 
 // The kernel's calls, bypassing the interposed names below.
 int sys_close(int fd) { return int(::syscall(SYS_close, fd)); }
@@ -49,14 +64,69 @@ struct Scope {
 };
 thread_local const Scope* scope = nullptr;
 
+struct Relays {
+  std::vector<sockaddr_storage> at;
+  RelayKey key{};
+};
+std::mutex relays_mutex;
+std::shared_ptr<const Relays> configured_relays;
+
+std::shared_ptr<const Relays> relays() {
+  std::lock_guard<std::mutex> lock(relays_mutex);
+  return configured_relays;
+}
+
+std::string address_text(const sockaddr* address) {
+  char text[INET6_ADDRSTRLEN] = {};
+  if (address->sa_family == AF_INET) {
+    const auto* a = reinterpret_cast<const sockaddr_in*>(address);
+    ::inet_ntop(AF_INET, &a->sin_addr, text, sizeof(text));
+    return std::string(text) + ":" + std::to_string(ntohs(a->sin_port));
+  }
+  const auto* a = reinterpret_cast<const sockaddr_in6*>(address);
+  ::inet_ntop(AF_INET6, &a->sin6_addr, text, sizeof(text));
+  return "[" + std::string(text) + "]:" + std::to_string(ntohs(a->sin6_port));
+}
+
+// IPv4 hosts a direct connection did not reach lately: relayed at once.
+class Unreachable {
+ public:
+  bool now(const sockaddr* to) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    const auto it = until_.find(host(to));
+    return it != until_.end() && it->second > Clock::now();
+  }
+  void mark(const sockaddr* to) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    until_[host(to)] = Clock::now() + kUnreachableFor;
+  }
+
+ private:
+  static uint32_t host(const sockaddr* to) {
+    return to->sa_family == AF_INET ? reinterpret_cast<const sockaddr_in*>(to)->sin_addr.s_addr : 0;
+  }
+  std::mutex mutex_;
+  std::map<uint32_t, Clock::time_point> until_;
+};
+Unreachable unreachable;
+
+// The listener id travels in the 8 unused bytes of an IPv4 address (Gloo
+// copies the whole address through the store and compares only host and port).
+ListenerId listener_id(const sockaddr* address) {
+  ListenerId id{};
+  if (address->sa_family == AF_INET)
+    std::memcpy(id.data(), reinterpret_cast<const sockaddr_in*>(address)->sin_zero, id.size());
+  return id;
+}
+
 bool called_from_gloo(const void* return_address) {
   Dl_info info{};
   return ::dladdr(return_address, &info) != 0 && info.dli_fname && std::strstr(info.dli_fname, "libgloo");
 }
 
-// What the proof binds: the address the member connected to (so a proof
-// cannot be carried to another port) and the listener's fresh challenge (so
-// it cannot be replayed).
+// What the proof binds: the address the member connected to, listener id
+// included (so a proof cannot be carried to another listener), and the
+// listener's fresh challenge (so it cannot be replayed).
 std::array<uint8_t, kProofBytes> proof(const AdmissionKey& key, const sockaddr* to, const uint8_t* challenge) {
   std::vector<uint8_t> message{'n', 'o', 'l', 'o', 'c', 'o', ' ', 'g', 'l', 'o', 'o', ' ', 'a', 'd', 'm', 'i', 't'};
   auto append = [&](const void* p, size_t n) {
@@ -66,6 +136,7 @@ std::array<uint8_t, kProofBytes> proof(const AdmissionKey& key, const sockaddr* 
     const auto* a = reinterpret_cast<const sockaddr_in*>(to);
     append(&a->sin_port, sizeof(a->sin_port));
     append(&a->sin_addr, sizeof(a->sin_addr));
+    append(a->sin_zero, sizeof(a->sin_zero));
   } else if (to->sa_family == AF_INET6) {
     const auto* a = reinterpret_cast<const sockaddr_in6*>(to);
     append(&a->sin6_port, sizeof(a->sin6_port));
@@ -93,6 +164,7 @@ struct Listener {
     size_t received;
   };
   std::deque<Pending> pending;
+  std::vector<int> parked;  // connections waiting at relays for a dialer (-1: gone)
   int admitted = -1;  // a member's connection, for Gloo's accept()
   bool closed = false;
 };
@@ -123,13 +195,21 @@ class Gatekeeper {
       sys_close(listener->tcp_fd);
       return false;
     }
-    std::lock_guard<std::mutex> lock(mutex_);
-    ::dup2(signal, fd);
-    sys_close(signal);
-    listeners_[fd] = listener;
-    count_.fetch_add(1, std::memory_order_release);
-    start_locked();
-    wake();
+    if (listener->address.ss_family == AF_INET) {
+      ListenerId id;
+      randombytes_buf(id.data(), id.size());
+      std::memcpy(reinterpret_cast<sockaddr_in*>(&listener->address)->sin_zero, id.data(), id.size());
+    }
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      ::dup2(signal, fd);
+      sys_close(signal);
+      listeners_[fd] = listener;
+      count_.fetch_add(1, std::memory_order_release);
+      start_locked();
+      wake();
+    }
+    park(listener);
     return true;
   }
 
@@ -194,6 +274,45 @@ class Gatekeeper {
     l.tcp_fd = -1;
     for (auto& p : l.pending) sys_close(p.fd);
     l.pending.clear();
+    for (int fd : l.parked)
+      if (fd >= 0) sys_close(fd);
+    l.parked.clear();
+  }
+
+  // With relays, the listener also waits at each of them for a dialer that
+  // cannot reach it directly; set up off Gloo's thread, as it may take a while.
+  void park(const std::shared_ptr<Listener>& listener) {
+    const auto configured = relays();
+    if (!configured || listener->address.ss_family != AF_INET) return;
+    const auto id = listener_id(reinterpret_cast<const sockaddr*>(&listener->address));
+    std::weak_ptr<Listener> weak = listener;
+    for (const auto& relay : configured->at)
+      std::thread([this, weak, relay, configured, id] {
+        const int fd = relay_request(relay, configured->key, relay_wire::kPark, id, Clock::now() + kParkSetUp);
+        if (fd < 0) return;
+        std::lock_guard<std::mutex> lock(mutex_);
+        const auto l = weak.lock();
+        if (!l || l->closed || l->tcp_fd < 0) {
+          sys_close(fd);
+          return;
+        }
+        l->parked.push_back(fd);
+        wake();
+      }).detach();
+  }
+
+  // A parked connection spoke: joined to a dialer, it is proved like an accepted one.
+  void read_parked(Listener& l, size_t index) {
+    int& fd = l.parked[index];
+    uint8_t joined = 0;
+    const auto n = ::recv(fd, &joined, 1, MSG_DONTWAIT);
+    if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR)) return;
+    if (n == 1 && joined == relay_wire::kJoined) {
+      challenge(l, fd);
+    } else {
+      sys_close(fd);
+    }
+    fd = -1;
   }
 
   void serve() {
@@ -218,6 +337,10 @@ class Gatekeeper {
             owners.emplace_back(l, int(i));
             next = std::min(next, l->pending[i].until);
           }
+          for (size_t i = 0; i < l->parked.size(); ++i) {
+            polled.push_back({l->parked[i], POLLIN, 0});
+            owners.emplace_back(l, -2 - int(i));
+          }
         }
       }
       const auto wait = std::chrono::duration_cast<std::chrono::milliseconds>(next - Clock::now()).count();
@@ -233,8 +356,13 @@ class Gatekeeper {
       }
       for (size_t k = 1; k < polled.size(); ++k) {
         auto& [l, index] = owners[k];
-        if (index >= 0 || l->closed || l->tcp_fd < 0 || !polled[k].revents) continue;
+        if (index != -1 || l->closed || l->tcp_fd < 0 || !polled[k].revents) continue;
         accept_all(*l);
+      }
+      for (size_t k = 1; k < polled.size(); ++k) {
+        auto& [l, index] = owners[k];
+        if (index > -2 || l->closed || l->tcp_fd < 0 || !polled[k].revents) continue;
+        read_parked(*l, size_t(-2 - index));
       }
       const auto now = Clock::now();
       for (auto& [fd, l] : listeners_) {
@@ -245,6 +373,7 @@ class Gatekeeper {
             c.fd = -1;
           }
         p.erase(std::remove_if(p.begin(), p.end(), [](const Listener::Pending& c) { return c.fd < 0; }), p.end());
+        l->parked.erase(std::remove(l->parked.begin(), l->parked.end(), -1), l->parked.end());
       }
     }
   }
@@ -253,18 +382,23 @@ class Gatekeeper {
     for (;;) {
       const int fd = sys_accept4(l.tcp_fd, nullptr, nullptr, SOCK_NONBLOCK | SOCK_CLOEXEC);
       if (fd < 0) return;
-      Listener::Pending p{fd, Clock::now() + kProofWindow, {}, {}, 0};
-      randombytes_buf(p.challenge.data(), p.challenge.size());
-      if (::send(fd, p.challenge.data(), p.challenge.size(), MSG_NOSIGNAL) != ssize_t(p.challenge.size())) {
-        sys_close(fd);
-        continue;
-      }
-      if (l.pending.size() >= kMostPending) {
-        sys_close(l.pending.front().fd);
-        l.pending.pop_front();
-      }
-      l.pending.push_back(p);
+      challenge(l, fd);
     }
+  }
+
+  // A connection that must now prove the key: direct, or spliced at a relay.
+  static void challenge(Listener& l, int fd) {
+    Listener::Pending p{fd, Clock::now() + kProofWindow, {}, {}, 0};
+    randombytes_buf(p.challenge.data(), p.challenge.size());
+    if (::send(fd, p.challenge.data(), p.challenge.size(), MSG_NOSIGNAL) != ssize_t(p.challenge.size())) {
+      sys_close(fd);
+      return;
+    }
+    if (l.pending.size() >= kMostPending) {
+      sys_close(l.pending.front().fd);
+      l.pending.pop_front();
+    }
+    l.pending.push_back(p);
   }
 
   void read_proof(Listener& l, size_t index) {
@@ -280,11 +414,10 @@ class Gatekeeper {
     }
     p.received += size_t(n);
     if (p.received < kProofBytes) return;
-    sockaddr_storage local{};
-    socklen_t length = sizeof(local);
-    const bool genuine = sys_getsockname(p.fd, reinterpret_cast<sockaddr*>(&local), &length) == 0 &&
-                         sodium_memcmp(proof(l.key, reinterpret_cast<sockaddr*>(&local), p.challenge.data()).data(),
-                                       p.answer.data(), kProofBytes) == 0;
+    const bool genuine =
+        sodium_memcmp(proof(l.key, reinterpret_cast<const sockaddr*>(&l.address), p.challenge.data()).data(),
+                      p.answer.data(), kProofBytes) == 0 &&
+        ::send(p.fd, &kAdmitted, 1, MSG_NOSIGNAL) == 1;
     if (!genuine) {
       sys_close(p.fd);
       p.fd = -1;
@@ -304,23 +437,11 @@ class Gatekeeper {
   int wake_fd_ = -1;
 };
 
-bool wait_for(int fd, short events, Clock::time_point deadline) {
-  for (;;) {
-    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now()).count();
-    if (left <= 0) {
-      errno = ETIMEDOUT;
-      return false;
-    }
-    pollfd p{fd, events, 0};
-    const int n = ::poll(&p, 1, int(std::min<int64_t>(left, 1 << 30)));
-    if (n > 0) return true;
-    if (n < 0 && errno != EINTR) return false;
-  }
-}
-
 // The member's half, on a connecting socket (blocking or not): waits for the
-// connection and the challenge, sends the proof. 0, or -1 with errno set.
-int prove(int fd, const sockaddr* to, const AdmissionKey& key, Clock::time_point deadline) {
+// connection and the challenge, sends the proof, waits to be admitted. 0, or
+// -1 with errno set; `reached` says whether a listener of ours answered.
+int prove(int fd, const sockaddr* to, const AdmissionKey& key, Clock::time_point deadline, bool* reached = nullptr) {
+  if (reached) *reached = false;
   if (!wait_for(fd, POLLOUT, deadline)) return -1;
   int error = 0;
   socklen_t length = sizeof(error);
@@ -330,18 +451,99 @@ int prove(int fd, const sockaddr* to, const AdmissionKey& key, Clock::time_point
     return -1;
   }
   std::array<uint8_t, kChallengeBytes> challenge{};
-  for (size_t got = 0; got < challenge.size();) {
-    if (!wait_for(fd, POLLIN, deadline)) return -1;
-    const auto n = ::recv(fd, challenge.data() + got, challenge.size() - got, MSG_DONTWAIT);
-    if (n == 0) {
-      errno = ECONNRESET;
-      return -1;
-    }
-    if (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR) return -1;
-    if (n > 0) got += size_t(n);
-  }
+  if (!read_exactly(fd, challenge.data(), challenge.size(), deadline)) return -1;
+  if (reached) *reached = true;
   const auto mac = proof(key, to, challenge.data());
   if (::send(fd, mac.data(), mac.size(), MSG_NOSIGNAL | MSG_DONTWAIT) != ssize_t(mac.size())) return -1;
+  uint8_t admitted = 0;
+  if (!read_exactly(fd, &admitted, 1, deadline)) return -1;
+  if (admitted != kAdmitted) {
+    errno = ECONNREFUSED;
+    return -1;
+  }
+  return 0;
+}
+
+// Through the relays, in turn: a connection spliced to the listener `to`
+// names and admitted by it, or -1.
+int dial_relayed(const sockaddr* to, const AdmissionKey& key, Clock::time_point deadline, const Relays& relays) {
+  const auto id = listener_id(to);
+  for (const auto& relay : relays.at) {
+    const int fd = relay_request(relay, relays.key, relay_wire::kDial, id,
+                                 std::min(deadline, Clock::now() + kParkSetUp));
+    if (fd < 0) continue;
+    uint8_t joined = 0;
+    const auto until = std::min(deadline, Clock::now() + RelayServer::kParkWait + std::chrono::seconds(1));
+    if (read_exactly(fd, &joined, 1, until) && joined == relay_wire::kJoined && prove(fd, to, key, deadline) == 0)
+      return fd;
+    sys_close(fd);
+  }
+  errno = EHOSTUNREACH;
+  return -1;
+}
+
+// A connection to the listener at `to`, proved and admitted: direct where it
+// answers, else (with relays) through one. Our own socket, or -1 with errno set.
+int dial(const sockaddr* to, socklen_t length, const AdmissionKey& key, Clock::time_point deadline) {
+  const auto through = relays();
+  if (!through || to->sa_family != AF_INET || !unreachable.now(to)) {
+    const int fd = ::socket(to->sa_family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+    if (fd < 0) return -1;
+    bool reached = false;
+    const auto direct_until = through ? std::min(deadline, Clock::now() + kDirectWait) : deadline;
+    if ((sys_connect(fd, to, length) == 0 || errno == EINPROGRESS) && prove(fd, to, key, direct_until, &reached) == 0)
+      return fd;
+    const int why = errno;
+    sys_close(fd);
+    if (!through || to->sa_family != AF_INET) {
+      errno = why;
+      return -1;
+    }
+    // Refused at once: nobody listens there (another home's address); not worth remembering.
+    if (!reached && why != ECONNREFUSED) unreachable.mark(to);
+  }
+  return dial_relayed(to, key, deadline, *through);
+}
+
+// A TCP connection whose other end is already closed. Gloo 1.13 cannot take
+// a failed connect(): it tears the pair down through a descriptor it already
+// closed and aborts the process (epoll_ctl: Bad file descriptor). Given this
+// instead, it reads "connection closed by peer", and the group forms again.
+int closed_connection() {
+  const int listener = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  sockaddr_in address{};
+  address.sin_family = AF_INET;
+  address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t length = sizeof(address);
+  int fd = -1;
+  if (listener >= 0 && ::bind(listener, reinterpret_cast<sockaddr*>(&address), sizeof(address)) == 0 &&
+      sys_listen(listener, 1) == 0 &&
+      sys_getsockname(listener, reinterpret_cast<sockaddr*>(&address), &length) == 0) {
+    fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    if (fd >= 0 && sys_connect(fd, reinterpret_cast<sockaddr*>(&address), sizeof(address)) == 0) {
+      const int accepted = sys_accept4(listener, nullptr, nullptr, SOCK_CLOEXEC);
+      if (accepted >= 0) sys_close(accepted);
+    }
+  }
+  if (listener >= 0) sys_close(listener);
+  return fd;
+}
+
+// Puts the connection `connected` where Gloo's socket `fd` is, with its flags.
+int adopt(int fd, int connected) {
+  const int status = ::fcntl(fd, F_GETFL), descriptor = ::fcntl(fd, F_GETFD);
+  const int mine = ::fcntl(connected, F_GETFL);
+  const int one = 1;
+  ::setsockopt(connected, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+  if (status < 0 || descriptor < 0 || mine < 0 ||
+      ::fcntl(connected, F_SETFL, (mine & ~O_NONBLOCK) | (status & O_NONBLOCK)) != 0 ||
+      ::dup3(connected, fd, (descriptor & FD_CLOEXEC) ? O_CLOEXEC : 0) < 0) {
+    const int why = errno;
+    sys_close(connected);
+    errno = why;
+    return -1;
+  }
+  sys_close(connected);
   return 0;
 }
 
@@ -355,21 +557,26 @@ Admission::~Admission() {
   scope = static_cast<const Scope*>(outer_);
 }
 
+void use_relays(std::vector<sockaddr_storage> at, const RelayKey& key) {
+  std::lock_guard<std::mutex> lock(relays_mutex);
+  configured_relays = at.empty() ? nullptr : std::make_shared<const Relays>(Relays{std::move(at), key});
+}
+
 void knock(const sockaddr_storage& address, const AdmissionKey* key) {
   const socklen_t length = address.ss_family == AF_INET    ? sizeof(sockaddr_in)
                            : address.ss_family == AF_INET6 ? sizeof(sockaddr_in6)
                                                            : 0;
   if (length == 0) return;
-  const int fd = ::socket(address.ss_family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
-  if (fd < 0) return;
   const auto* to = reinterpret_cast<const sockaddr*>(&address);
   const auto deadline = Clock::now() + std::chrono::seconds(1);
-  if (sys_connect(fd, to, length) == 0 || errno == EINPROGRESS) {
-    if (key)
-      (void)prove(fd, to, *key, deadline);
-    else
-      (void)wait_for(fd, POLLOUT, deadline);
+  if (key) {
+    const int fd = dial(to, length, *key, deadline);
+    if (fd >= 0) sys_close(fd);
+    return;
   }
+  const int fd = ::socket(address.ss_family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+  if (fd < 0) return;
+  if (sys_connect(fd, to, length) == 0 || errno == EINPROGRESS) (void)wait_for(fd, POLLOUT, deadline);
   sys_close(fd);
 }
 
@@ -416,11 +623,16 @@ int getsockname(int fd, sockaddr* address, socklen_t* length) {
 }
 
 int connect(int fd, const sockaddr* address, socklen_t length) {
-  const int rv = noloco::sys_connect(fd, address, length);
-  if (!noloco::scope || !noloco::called_from_gloo(__builtin_return_address(0)) || (rv != 0 && errno != EINPROGRESS) ||
+  if (!noloco::scope || !noloco::called_from_gloo(__builtin_return_address(0)) ||
       (address->sa_family != AF_INET && address->sa_family != AF_INET6))
-    return rv;
-  return noloco::prove(fd, address, noloco::scope->key, noloco::scope->deadline);
+    return noloco::sys_connect(fd, address, length);
+  int connected = noloco::dial(address, length, noloco::scope->key, noloco::scope->deadline);
+  if (connected < 0) {
+    spdlog::warn("no connection to a Gloo pair's listener ({}), direct or through a relay: {}",
+                 noloco::address_text(address), std::strerror(errno));
+    connected = noloco::closed_connection();
+  }
+  return connected < 0 ? -1 : noloco::adopt(fd, connected);
 }
 
 int close(int fd) {

@@ -9,7 +9,11 @@
 // thread accepts its connections, sends each a fresh 16-byte challenge, and
 // hands Gloo only a connection that answers with the MAC (keyed BLAKE2b
 // under a key from the run's token) of that challenge and the address it
-// connected to; strangers are closed, and Gloo never waits on them. Gloo's
+// connected to (with the listener's id: 8 random bytes in the unused tail of
+// the IPv4 address Gloo publishes), and acks it with one byte; strangers are
+// closed, and Gloo never waits on them. The member's connect() returns only
+// on that ack, so a connection that reached the wrong listener is told apart
+// (and, with relays, goes through one: see use_relays below). Gloo's
 // own descriptor for the listener becomes an eventfd that the side thread
 // signals when a member's connection is ready, so Gloo's event loop wakes
 // only then and its accept() returns that connection at once. The member's
@@ -31,6 +35,9 @@
 #include <array>
 #include <chrono>
 #include <cstdint>
+#include <vector>
+
+#include "comm/transport/relay.h"
 
 namespace noloco {
 
@@ -49,6 +56,13 @@ class Admission {
  private:
   const void* outer_;  // the scope this one is inside, if any
 };
+
+// This process's Gloo pairs also go through these relays
+// (comm/transport/relay.h) where a direct connection fails: a listener
+// parks at each, a dialer that cannot reach it directly (within 2 s; an
+// address that failed so is relayed at once for a minute) asks them in turn.
+// None: direct only.
+void use_relays(std::vector<sockaddr_storage> relays, const RelayKey& key);
 
 // Connects to `address`, proves `key` when given (else just connects), and
 // closes: a Gloo pair waiting there for its peer stops waiting. Bounded by

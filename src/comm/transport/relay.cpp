@@ -1,0 +1,344 @@
+#include "comm/transport/relay.h"
+
+#include <arpa/inet.h>
+#include <fcntl.h>
+#include <netdb.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <poll.h>
+#include <sodium.h>
+#include <sys/eventfd.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+#include <set>
+#include <stdexcept>
+
+#include <fmt/format.h>
+
+#include "comm/transport/socket_io.h"
+#include "util/parse_number.h"
+
+namespace noloco {
+
+using Clock = std::chrono::steady_clock;
+
+namespace relay_wire {
+
+std::array<uint8_t, kProofBytes> request_proof(const RelayKey& key, uint8_t op, const ListenerId& id,
+                                               const uint8_t* challenge) {
+  std::vector<uint8_t> message{'n', 'o', 'l', 'o', 'c', 'o', ' ', 'r', 'e', 'l', 'a', 'y', op};
+  message.insert(message.end(), id.begin(), id.end());
+  message.insert(message.end(), challenge, challenge + kChallengeBytes);
+  std::array<uint8_t, kProofBytes> mac{};
+  crypto_generichash(mac.data(), mac.size(), message.data(), message.size(), key.data(), key.size());
+  return mac;
+}
+
+}  // namespace relay_wire
+
+namespace {
+
+void set_blocking(int fd, bool blocking) {
+  const int flags = ::fcntl(fd, F_GETFL);
+  ::fcntl(fd, F_SETFL, blocking ? flags & ~O_NONBLOCK : flags | O_NONBLOCK);
+}
+
+bool send_all(int fd, const uint8_t* data, size_t n) {
+  while (n > 0) {
+    const auto w = ::send(fd, data, n, MSG_NOSIGNAL);
+    if (w < 0 && errno == EINTR) continue;
+    if (w <= 0) return false;
+    data += w;
+    n -= size_t(w);
+  }
+  return true;
+}
+
+}  // namespace
+
+std::vector<sockaddr_storage> resolve_relays(const std::string& list) {
+  std::vector<sockaddr_storage> relays;
+  for (size_t start = 0; start <= list.size();) {
+    const size_t comma = std::min(list.find(',', start), list.size());
+    const auto entry = list.substr(start, comma - start);
+    start = comma + 1;
+    if (entry.empty()) continue;
+    const auto colon = entry.rfind(':');
+    if (colon == std::string::npos || colon == 0)
+      throw std::invalid_argument(fmt::format("NOLOCO_RELAY entry '{}' is not host:port", entry));
+    const auto port = parse_integer("NOLOCO_RELAY's port", entry.substr(colon + 1));
+    if (port <= 0 || port > 65535)
+      throw std::invalid_argument(fmt::format("NOLOCO_RELAY entry '{}': no such port", entry));
+    addrinfo hints{}, *found = nullptr;
+    hints.ai_family = AF_INET;
+    hints.ai_socktype = SOCK_STREAM;
+    const auto host = entry.substr(0, colon);
+    if (::getaddrinfo(host.c_str(), nullptr, &hints, &found) != 0 || !found)
+      throw std::invalid_argument(fmt::format("NOLOCO_RELAY entry '{}': no IPv4 address for {}", entry, host));
+    sockaddr_storage address{};
+    std::memcpy(&address, found->ai_addr, found->ai_addrlen);
+    ::freeaddrinfo(found);
+    reinterpret_cast<sockaddr_in*>(&address)->sin_port = htons(uint16_t(port));
+    relays.push_back(address);
+  }
+  if (relays.empty()) throw std::invalid_argument("NOLOCO_RELAY is set but names no relay (host:port,...)");
+  return relays;
+}
+
+int relay_request(const sockaddr_storage& relay, const RelayKey& key, uint8_t op, const ListenerId& id,
+                  Clock::time_point deadline) {
+  const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+  if (fd < 0) return -1;
+  const auto fail = [fd] {
+    const int saved = errno;
+    ::close(fd);
+    errno = saved;
+    return -1;
+  };
+  if (::connect(fd, reinterpret_cast<const sockaddr*>(&relay), sizeof(sockaddr_in)) != 0 && errno != EINPROGRESS)
+    return fail();
+  if (!wait_for(fd, POLLOUT, deadline)) return fail();
+  int error = 0;
+  socklen_t length = sizeof(error);
+  if (::getsockopt(fd, SOL_SOCKET, SO_ERROR, &error, &length) != 0 || error != 0) {
+    errno = error ? error : errno;
+    return fail();
+  }
+  std::array<uint8_t, relay_wire::kChallengeBytes> challenge{};
+  if (!read_exactly(fd, challenge.data(), challenge.size(), deadline)) return fail();
+  std::array<uint8_t, relay_wire::kRequestBytes> request{};
+  request[0] = op;
+  std::copy(id.begin(), id.end(), request.begin() + 1);
+  const auto mac = relay_wire::request_proof(key, op, id, challenge.data());
+  std::copy(mac.begin(), mac.end(), request.begin() + 1 + id.size());
+  if (::send(fd, request.data(), request.size(), MSG_NOSIGNAL | MSG_DONTWAIT) != ssize_t(request.size()))
+    return fail();
+  const int one = 1;
+  ::setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+  return fd;
+}
+
+// What the splices carry, shared with their threads: the server may go
+// while they finish.
+struct RelayServer::Carried {
+  std::atomic<int64_t> bytes{0}, live{0};
+  std::mutex mutex;
+  std::set<int> fds;  // open spliced connections, shut down when the server stops
+};
+
+struct RelayServer::Connection {
+  enum class State { proving, parked, dialing } state = State::proving;
+  int fd = -1;
+  Clock::time_point until;
+  std::array<uint8_t, relay_wire::kChallengeBytes> challenge{};
+  std::array<uint8_t, relay_wire::kRequestBytes> request{};
+  size_t received = 0;
+  ListenerId id{};
+};
+
+RelayServer::RelayServer(const std::string& bind, int port, const RelayKey& key)
+    : key_(key), carried_(std::make_shared<Carried>()) {
+  if (sodium_init() < 0) throw std::runtime_error("relay: libsodium did not initialise");
+  sockaddr_in address{};
+  address.sin_family = AF_INET;
+  address.sin_port = htons(uint16_t(port));
+  if (::inet_pton(AF_INET, bind.c_str(), &address.sin_addr) != 1)
+    throw std::runtime_error(fmt::format("relay: bind={} is not an IPv4 address", bind));
+  listen_fd_ = ::socket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+  const int one = 1;
+  ::setsockopt(listen_fd_, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
+  socklen_t length = sizeof(address);
+  if (listen_fd_ < 0 || ::bind(listen_fd_, reinterpret_cast<sockaddr*>(&address), sizeof(address)) != 0 ||
+      ::listen(listen_fd_, 1024) != 0 || ::getsockname(listen_fd_, reinterpret_cast<sockaddr*>(&address), &length) != 0) {
+    const auto why = std::strerror(errno);
+    if (listen_fd_ >= 0) ::close(listen_fd_);
+    throw std::runtime_error(fmt::format("relay: cannot listen on {}:{}: {}", bind, port, why));
+  }
+  port_ = ntohs(address.sin_port);
+  wake_fd_ = ::eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+  thread_ = std::thread([this] { serve(); });
+}
+
+RelayServer::~RelayServer() {
+  stopping_ = true;
+  (void)!::eventfd_write(wake_fd_, 1);
+  thread_.join();
+  {
+    std::lock_guard<std::mutex> lock(carried_->mutex);
+    for (int fd : carried_->fds) ::shutdown(fd, SHUT_RDWR);
+  }
+  // The splices' threads hold only what they share with the server's stats; they end once their ends are shut.
+  for (int i = 0; i < 500 && carried_->live.load() > 0; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  for (auto& c : connections_) ::close(c->fd);
+  ::close(listen_fd_);
+  ::close(wake_fd_);
+}
+
+RelayStats RelayServer::stats() const {
+  return {spliced_.load(), refused_.load(), carried_->bytes.load(), carried_->live.load()};
+}
+
+void RelayServer::serve() {
+  while (!stopping_) {
+    std::vector<pollfd> polled{{wake_fd_, POLLIN, 0}, {listen_fd_, POLLIN, 0}};
+    auto next = Clock::now() + std::chrono::seconds(1);
+    for (auto& c : connections_) {
+      polled.push_back({c->fd, POLLIN, 0});
+      if (c->state != Connection::State::parked) next = std::min(next, c->until);
+    }
+    const auto wait = std::chrono::duration_cast<std::chrono::milliseconds>(next - Clock::now()).count();
+    ::poll(polled.data(), polled.size(), int(std::max<int64_t>(0, wait) + 1));
+    if (stopping_) return;
+    eventfd_t ignored;
+    (void)::eventfd_read(wake_fd_, &ignored);
+    // Connections polled are connections_[0, polled.size() - 2): accepting appends.
+    const size_t polled_connections = polled.size() - 2;
+    for (size_t k = 0; k < polled_connections; ++k)
+      if (polled[k + 2].revents && connections_[k]->fd >= 0) read_request(*connections_[k]);
+    if (polled[1].revents) accept_all();
+    const auto now = Clock::now();
+    for (auto& c : connections_)
+      if (c->fd >= 0 && c->state != Connection::State::parked && c->until <= now) {
+        if (c->state == Connection::State::proving) ++refused_;
+        close_connection(*c);
+      }
+    connections_.erase(std::remove_if(connections_.begin(), connections_.end(),
+                                      [](const std::unique_ptr<Connection>& c) { return c->fd < 0; }),
+                       connections_.end());
+  }
+}
+
+void RelayServer::accept_all() {
+  for (;;) {
+    const int fd = ::accept4(listen_fd_, nullptr, nullptr, SOCK_NONBLOCK | SOCK_CLOEXEC);
+    if (fd < 0) return;
+    auto c = std::make_unique<Connection>();
+    c->fd = fd;
+    c->until = Clock::now() + kProofWindow;
+    randombytes_buf(c->challenge.data(), c->challenge.size());
+    if (::send(fd, c->challenge.data(), c->challenge.size(), MSG_NOSIGNAL) != ssize_t(c->challenge.size())) {
+      ::close(fd);
+      continue;
+    }
+    size_t strangers = 0;
+    Connection* oldest = nullptr;
+    for (auto& held : connections_)
+      if (held->fd >= 0 && held->state == Connection::State::proving) {
+        ++strangers;
+        if (!oldest) oldest = held.get();
+      }
+    if (strangers >= kMostStrangers && oldest) {
+      ++refused_;
+      close_connection(*oldest);
+    }
+    connections_.push_back(std::move(c));
+  }
+}
+
+void RelayServer::read_request(Connection& c) {
+  if (c.state != Connection::State::proving) {
+    // A parked or waiting connection says nothing until it is spliced: data or EOF ends it.
+    close_connection(c);
+    return;
+  }
+  const auto n = ::recv(c.fd, c.request.data() + c.received, c.request.size() - c.received, 0);
+  if (n <= 0) {
+    if (n == 0 || (errno != EAGAIN && errno != EWOULDBLOCK)) {
+      ++refused_;
+      close_connection(c);
+    }
+    return;
+  }
+  c.received += size_t(n);
+  if (c.received < c.request.size()) return;
+  const uint8_t op = c.request[0];
+  std::copy(c.request.begin() + 1, c.request.begin() + 1 + long(c.id.size()), c.id.begin());
+  const auto expected = relay_wire::request_proof(key_, op, c.id, c.challenge.data());
+  if ((op != relay_wire::kPark && op != relay_wire::kDial) ||
+      sodium_memcmp(expected.data(), c.request.data() + 1 + c.id.size(), expected.size()) != 0) {
+    ++refused_;
+    close_connection(c);
+    return;
+  }
+  const auto parked = parked_.find(c.id);
+  if (op == relay_wire::kPark) {
+    if (parked != parked_.end()) {  // one listener, one park
+      close_connection(c);
+      return;
+    }
+    c.state = Connection::State::parked;
+    parked_[c.id] = &c;
+    for (auto& other : connections_)
+      if (other->fd >= 0 && other->state == Connection::State::dialing && other->id == c.id) {
+        splice(c, *other);
+        return;
+      }
+    return;
+  }
+  c.state = Connection::State::dialing;
+  c.until = Clock::now() + kParkWait;
+  if (parked != parked_.end()) splice(*parked->second, c);
+}
+
+void RelayServer::close_connection(Connection& c) {
+  if (c.fd < 0) return;
+  const auto parked = parked_.find(c.id);
+  if (c.state == Connection::State::parked && parked != parked_.end() && parked->second == &c) parked_.erase(parked);
+  ::close(c.fd);
+  c.fd = -1;
+}
+
+void RelayServer::splice(Connection& listener, Connection& dialer) {
+  parked_.erase(listener.id);
+  const int a = listener.fd, b = dialer.fd;
+  listener.fd = dialer.fd = -1;
+  const uint8_t joined = relay_wire::kJoined;
+  if (::send(a, &joined, 1, MSG_NOSIGNAL) != 1 || ::send(b, &joined, 1, MSG_NOSIGNAL) != 1) {
+    ::close(a);
+    ::close(b);
+    return;
+  }
+  ++spliced_;
+  auto carried = carried_;
+  {
+    std::lock_guard<std::mutex> lock(carried->mutex);
+    carried->fds.insert(a);
+    carried->fds.insert(b);
+  }
+  ++carried->live;
+  std::thread([carried, a, b] {
+    set_blocking(a, true);
+    set_blocking(b, true);
+    const int one = 1;
+    ::setsockopt(a, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+    ::setsockopt(b, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+    std::vector<uint8_t> buffer(1 << 18);
+    for (bool open = true; open;) {
+      pollfd ends[2] = {{a, POLLIN, 0}, {b, POLLIN, 0}};
+      if (::poll(ends, 2, -1) < 0 && errno != EINTR) break;
+      for (int k = 0; k < 2 && open; ++k) {
+        if (!ends[k].revents) continue;
+        const auto n = ::recv(ends[k].fd, buffer.data(), buffer.size(), MSG_DONTWAIT);
+        if (n < 0 && (errno == EAGAIN || errno == EINTR)) continue;
+        open = n > 0 && send_all(ends[1 - k].fd, buffer.data(), size_t(n));
+        if (open) carried->bytes += n;
+      }
+    }
+    // One end went: the other sees its connection close, as Gloo's pairs do.
+    {
+      std::lock_guard<std::mutex> lock(carried->mutex);
+      carried->fds.erase(a);
+      carried->fds.erase(b);
+    }
+    ::shutdown(a, SHUT_RDWR);
+    ::shutdown(b, SHUT_RDWR);
+    ::close(a);
+    ::close(b);
+    --carried->live;
+  }).detach();
+}
+
+}  // namespace noloco

@@ -1,0 +1,104 @@
+// A relay for workers that can only connect out (behind NAT routers and
+// firewalls, issue 66): both ends of a Gloo pair connect out to it, and it
+// splices the two connections into one byte stream. Gloo then runs over the
+// spliced stream as over a direct connection, so every method, the
+// pipeline's activations and the hand-overs cross it unchanged.
+//
+// The listening end of a pair parks a connection at the relay under the
+// pair's listener id (8 random bytes that travel inside the address Gloo
+// publishes, comm/transport/gloo_admission.h); the dialing end asks for that
+// id, and the relay joins the two. Only holders of the run's token use it:
+// each connection answers a fresh challenge with a MAC under a key from the
+// token before the relay does anything for it. The relay never reads what it
+// carries: the admission proof runs end to end through the splice, and every
+// payload is sealed (comm/transport/seal.h), so it can neither read nor forge
+// a message; the worst it can do is drop the connection, which Gloo sees as
+// a lost peer.
+#pragma once
+#include <sys/socket.h>
+
+#include <array>
+#include <atomic>
+#include <chrono>
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+namespace noloco {
+
+using RelayKey = std::array<uint8_t, 32>;
+using ListenerId = std::array<uint8_t, 8>;
+
+namespace relay_wire {
+constexpr size_t kChallengeBytes = 16;
+constexpr size_t kProofBytes = 32;
+constexpr uint8_t kPark = 'P';    // a listener's connection, waiting for its dialer
+constexpr uint8_t kDial = 'D';    // a dialer's, asking for a listener
+constexpr uint8_t kJoined = 'J';  // sent to both once spliced
+constexpr size_t kRequestBytes = 1 + sizeof(ListenerId) + kProofBytes;
+// The MAC a client sends after the relay's challenge: it binds the request
+// (park or dial, which listener) to this connection's challenge.
+std::array<uint8_t, kProofBytes> request_proof(const RelayKey& key, uint8_t op, const ListenerId& id,
+                                               const uint8_t* challenge);
+}  // namespace relay_wire
+
+// "host:port[,host:port...]" (NOLOCO_RELAY) resolved to IPv4 addresses;
+// throws std::invalid_argument naming an entry that is not one.
+std::vector<sockaddr_storage> resolve_relays(const std::string& list);
+
+// The client's half: a connection to `relay` that has proved `key` and made
+// its request (`op` for listener `id`), or -1 with errno set when it could
+// not by `deadline`. The caller then waits for relay_wire::kJoined.
+int relay_request(const sockaddr_storage& relay, const RelayKey& key, uint8_t op, const ListenerId& id,
+                  std::chrono::steady_clock::time_point deadline);
+
+struct RelayStats {
+  int64_t spliced = 0;   // pairs joined
+  int64_t refused = 0;   // connections that did not prove the key in time
+  int64_t bytes = 0;     // carried, both directions
+  int64_t live = 0;      // splices open now
+};
+
+class RelayServer {
+ public:
+  // Listens on `bind`:`port` (0: a free port). Throws std::runtime_error
+  // naming the address when it cannot.
+  RelayServer(const std::string& bind, int port, const RelayKey& key);
+  ~RelayServer();
+  RelayServer(const RelayServer&) = delete;
+  RelayServer& operator=(const RelayServer&) = delete;
+
+  int port() const { return port_; }
+  RelayStats stats() const;
+
+  // Strangers (connections that have not proved the key) held at once: the
+  // oldest go first, so a flood costs bounded memory and never blocks a member.
+  static constexpr size_t kMostStrangers = 4096;
+  // How long a connection has to prove the key, and a dialer waits for its listener to park.
+  static constexpr auto kProofWindow = std::chrono::seconds(5);
+  static constexpr auto kParkWait = std::chrono::seconds(10);
+
+ private:
+  struct Connection;
+  struct Carried;
+  void serve();
+  void accept_all();
+  void read_request(Connection& c);
+  void splice(Connection& listener, Connection& dialer);
+  void close_connection(Connection& c);
+
+  const RelayKey key_;
+  int listen_fd_ = -1, wake_fd_ = -1, port_ = 0;
+  std::atomic<bool> stopping_{false};
+  std::vector<std::unique_ptr<Connection>> connections_;  // serve()'s own
+  std::map<ListenerId, Connection*> parked_;
+  std::shared_ptr<Carried> carried_;
+  std::atomic<int64_t> refused_{0}, spliced_{0};
+  std::thread thread_;
+};
+
+}  // namespace noloco

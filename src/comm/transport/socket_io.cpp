@@ -1,0 +1,40 @@
+#include "comm/transport/socket_io.h"
+
+#include <poll.h>
+#include <sys/socket.h>
+
+#include <algorithm>
+#include <cerrno>
+
+namespace noloco {
+
+bool wait_for(int fd, short events, std::chrono::steady_clock::time_point deadline) {
+  for (;;) {
+    const auto left =
+        std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now()).count();
+    if (left <= 0) {
+      errno = ETIMEDOUT;
+      return false;
+    }
+    pollfd p{fd, events, 0};
+    const int n = ::poll(&p, 1, int(std::min<int64_t>(left, 1 << 30)));
+    if (n > 0) return true;
+    if (n < 0 && errno != EINTR) return false;
+  }
+}
+
+bool read_exactly(int fd, uint8_t* out, size_t n, std::chrono::steady_clock::time_point deadline) {
+  for (size_t got = 0; got < n;) {
+    if (!wait_for(fd, POLLIN, deadline)) return false;
+    const auto r = ::recv(fd, out + got, n - got, MSG_DONTWAIT);
+    if (r == 0) {
+      errno = ECONNRESET;
+      return false;
+    }
+    if (r < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR) return false;
+    if (r > 0) got += size_t(r);
+  }
+  return true;
+}
+
+}  // namespace noloco
