@@ -229,16 +229,31 @@ class Gatekeeper {
     *result = l.admitted;
     l.admitted = -1;
     if (address && length) ::getpeername(*result, address, length);
+    // Gloo takes the connection's own address as its side of the pair and,
+    // when its thread gets to the pair, compares it with the peer's to decide
+    // who dials. A relayed connection's own address is its outbound port to
+    // the relay: with both ends on one host address (two homes on 10.0.0.2)
+    // the comparison could flip, and both ends dialed. It keeps the listener's.
+    if (admitted_names_.emplace(*result, Named{l.address, l.address_length}).second)
+      count_.fetch_add(1, std::memory_order_release);
     return true;
   }
 
   bool sockname(int fd, sockaddr* address, socklen_t* length, int* result) {
     std::lock_guard<std::mutex> lock(mutex_);
-    auto it = listeners_.find(fd);
-    if (it == listeners_.end()) return false;
-    const auto& l = *it->second;
-    std::memcpy(address, &l.address, std::min(*length, l.address_length));
-    *length = l.address_length;
+    const sockaddr_storage* name = nullptr;
+    socklen_t name_length = 0;
+    if (auto it = listeners_.find(fd); it != listeners_.end()) {
+      name = &it->second->address;
+      name_length = it->second->address_length;
+    } else if (auto named = admitted_names_.find(fd); named != admitted_names_.end()) {
+      name = &named->second.address;
+      name_length = named->second.length;
+    } else {
+      return false;
+    }
+    std::memcpy(address, name, std::min(*length, name_length));
+    *length = name_length;
     *result = 0;
     return true;
   }
@@ -246,6 +261,7 @@ class Gatekeeper {
   // Gloo closes a listener: the side thread closes what is behind it.
   void forget(int fd) {
     std::lock_guard<std::mutex> lock(mutex_);
+    if (admitted_names_.erase(fd) > 0) count_.fetch_sub(1, std::memory_order_release);
     auto it = listeners_.find(fd);
     if (it == listeners_.end()) return;
     it->second->closed = true;
@@ -433,6 +449,11 @@ class Gatekeeper {
   std::mutex mutex_;
   std::atomic<int> count_{0};
   std::map<int, std::shared_ptr<Listener>> listeners_;  // by Gloo's descriptor
+  struct Named {
+    sockaddr_storage address;
+    socklen_t length;
+  };
+  std::map<int, Named> admitted_names_;  // connections Gloo accepted: their listener's address
   std::vector<std::shared_ptr<Listener>> closed_;
   int wake_fd_ = -1;
 };
