@@ -463,14 +463,7 @@ class Gatekeeper {
 // -1 with errno set; `reached` says whether a listener of ours answered.
 int prove(int fd, const sockaddr* to, const AdmissionKey& key, Clock::time_point deadline, bool* reached = nullptr) {
   if (reached) *reached = false;
-  if (!wait_for(fd, POLLOUT, deadline)) return -1;
-  int error = 0;
-  socklen_t length = sizeof(error);
-  if (::getsockopt(fd, SOL_SOCKET, SO_ERROR, &error, &length) != 0) return -1;
-  if (error != 0) {
-    errno = error;
-    return -1;
-  }
+  if (!wait_connected(fd, deadline)) return -1;
   std::array<uint8_t, kChallengeBytes> challenge{};
   if (!read_exactly(fd, challenge.data(), challenge.size(), deadline)) return -1;
   if (reached) *reached = true;

@@ -100,13 +100,7 @@ int relay_request(const sockaddr_storage& relay, const RelayKey& key, uint8_t op
   };
   if (::connect(fd, reinterpret_cast<const sockaddr*>(&relay), sizeof(sockaddr_in)) != 0 && errno != EINPROGRESS)
     return fail();
-  if (!wait_for(fd, POLLOUT, deadline)) return fail();
-  int error = 0;
-  socklen_t length = sizeof(error);
-  if (::getsockopt(fd, SOL_SOCKET, SO_ERROR, &error, &length) != 0 || error != 0) {
-    errno = error ? error : errno;
-    return fail();
-  }
+  if (!wait_connected(fd, deadline)) return fail();
   std::array<uint8_t, relay_wire::kChallengeBytes> challenge{};
   if (!read_exactly(fd, challenge.data(), challenge.size(), deadline)) return fail();
   std::array<uint8_t, relay_wire::kRequestBytes> request{};

@@ -23,6 +23,18 @@ bool wait_for(int fd, short events, std::chrono::steady_clock::time_point deadli
   }
 }
 
+bool wait_connected(int fd, std::chrono::steady_clock::time_point deadline) {
+  if (!wait_for(fd, POLLOUT, deadline)) return false;
+  int error = 0;
+  socklen_t length = sizeof(error);
+  if (::getsockopt(fd, SOL_SOCKET, SO_ERROR, &error, &length) != 0) return false;
+  if (error != 0) {
+    errno = error;
+    return false;
+  }
+  return true;
+}
+
 bool read_exactly(int fd, uint8_t* out, size_t n, std::chrono::steady_clock::time_point deadline) {
   for (size_t got = 0; got < n;) {
     if (!wait_for(fd, POLLIN, deadline)) return false;
