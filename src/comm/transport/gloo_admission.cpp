@@ -61,7 +61,9 @@ int sys_getsockname(int fd, sockaddr* a, socklen_t* n) { return int(::syscall(SY
 struct Scope {
   AdmissionKey key;
   Clock::time_point deadline;
+  uint64_t id;  // never reused, unlike the Scope's address
 };
+std::atomic<uint64_t> scopes_made{0};
 thread_local const Scope* scope = nullptr;
 
 struct Relays {
@@ -148,6 +150,30 @@ std::array<uint8_t, kProofBytes> proof(const AdmissionKey& key, const sockaddr* 
   return mac;
 }
 
+// A TCP connection whose other end is already closed. Gloo 1.13 cannot take
+// a failed connect(): it tears the pair down through a descriptor it already
+// closed and aborts the process (epoll_ctl: Bad file descriptor). Given this
+// instead, it reads "connection closed by peer", and the group forms again.
+int closed_connection() {
+  const int listener = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  sockaddr_in address{};
+  address.sin_family = AF_INET;
+  address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t length = sizeof(address);
+  int fd = -1;
+  if (listener >= 0 && ::bind(listener, reinterpret_cast<sockaddr*>(&address), sizeof(address)) == 0 &&
+      sys_listen(listener, 1) == 0 &&
+      sys_getsockname(listener, reinterpret_cast<sockaddr*>(&address), &length) == 0) {
+    fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    if (fd >= 0 && sys_connect(fd, reinterpret_cast<sockaddr*>(&address), sizeof(address)) == 0) {
+      const int accepted = sys_accept4(listener, nullptr, nullptr, SOCK_CLOEXEC);
+      if (accepted >= 0) sys_close(accepted);
+    }
+  }
+  if (listener >= 0) sys_close(listener);
+  return fd;
+}
+
 // A listener Gloo believes it has: Gloo holds `gloo_fd` (an eventfd now),
 // the side thread the TCP socket.
 struct Listener {
@@ -165,6 +191,7 @@ struct Listener {
   };
   std::deque<Pending> pending;
   std::vector<int> parked;  // connections waiting at relays for a dialer (-1: gone)
+  uint64_t scope = 0;  // the Admission that made it (Scope::id)
   int admitted = -1;  // a member's connection, for Gloo's accept()
   bool closed = false;
 };
@@ -179,10 +206,11 @@ class Gatekeeper {
   bool any() const { return count_.load(std::memory_order_acquire) > 0; }
 
   // Moves Gloo's socket `fd` aside (see the header). False leaves it as it was.
-  bool take(int fd, int backlog, const AdmissionKey& key) {
+  bool take(int fd, int backlog, const AdmissionKey& key, uint64_t scope) {
     auto listener = std::make_shared<Listener>();
     listener->gloo_fd = fd;
     listener->key = key;
+    listener->scope = scope;
     listener->address_length = sizeof(listener->address);
     listener->tcp_fd = ::fcntl(fd, F_DUPFD_CLOEXEC, 0);
     if (listener->tcp_fd < 0) return false;
@@ -256,6 +284,16 @@ class Gatekeeper {
     *length = name_length;
     *result = 0;
     return true;
+  }
+
+  void release(uint64_t scope) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    for (auto& [fd, l] : listeners_) {
+      if (l->scope != scope || l->closed || l->tcp_fd < 0 || l->admitted >= 0) continue;
+      l->admitted = closed_connection();
+      drop(*l);
+      (void)!::eventfd_write(l->gloo_fd, 1);
+    }
   }
 
   // Gloo closes a listener: the side thread closes what is behind it.
@@ -519,30 +557,6 @@ int dial(const sockaddr* to, socklen_t length, const AdmissionKey& key, Clock::t
   return dial_relayed(to, key, deadline, *through);
 }
 
-// A TCP connection whose other end is already closed. Gloo 1.13 cannot take
-// a failed connect(): it tears the pair down through a descriptor it already
-// closed and aborts the process (epoll_ctl: Bad file descriptor). Given this
-// instead, it reads "connection closed by peer", and the group forms again.
-int closed_connection() {
-  const int listener = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  sockaddr_in address{};
-  address.sin_family = AF_INET;
-  address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  socklen_t length = sizeof(address);
-  int fd = -1;
-  if (listener >= 0 && ::bind(listener, reinterpret_cast<sockaddr*>(&address), sizeof(address)) == 0 &&
-      sys_listen(listener, 1) == 0 &&
-      sys_getsockname(listener, reinterpret_cast<sockaddr*>(&address), &length) == 0) {
-    fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-    if (fd >= 0 && sys_connect(fd, reinterpret_cast<sockaddr*>(&address), sizeof(address)) == 0) {
-      const int accepted = sys_accept4(listener, nullptr, nullptr, SOCK_CLOEXEC);
-      if (accepted >= 0) sys_close(accepted);
-    }
-  }
-  if (listener >= 0) sys_close(listener);
-  return fd;
-}
-
 // Puts the connection `connected` where Gloo's socket `fd` is, with its flags.
 int adopt(int fd, int connected) {
   const int status = ::fcntl(fd, F_GETFL), descriptor = ::fcntl(fd, F_GETFD);
@@ -563,11 +577,14 @@ int adopt(int fd, int connected) {
 
 }  // namespace
 
-Admission::Admission(const AdmissionKey& key, Clock::time_point deadline) : outer_(scope) {
-  scope = new Scope{key, deadline};
+Admission::Admission(const AdmissionKey& key, Clock::time_point deadline)
+    : outer_(scope), mine_(new Scope{key, deadline, ++scopes_made}) {
+  scope = static_cast<const Scope*>(mine_);
 }
+
+void Admission::release() { Gatekeeper::get().release(static_cast<const Scope*>(mine_)->id); }
 Admission::~Admission() {
-  delete scope;
+  delete static_cast<const Scope*>(mine_);
   scope = static_cast<const Scope*>(outer_);
 }
 
@@ -575,6 +592,8 @@ void use_relays(std::vector<sockaddr_storage> at, const RelayKey& key) {
   std::lock_guard<std::mutex> lock(relays_mutex);
   configured_relays = at.empty() ? nullptr : std::make_shared<const Relays>(Relays{std::move(at), key});
 }
+
+bool relays_in_use() { return relays() != nullptr; }
 
 void knock(const sockaddr_storage& address, const AdmissionKey* key) {
   const socklen_t length = address.ss_family == AF_INET    ? sizeof(sockaddr_in)
@@ -619,7 +638,7 @@ extern "C" {
 
 int listen(int fd, int backlog) {
   if (noloco::scope && noloco::called_from_gloo(__builtin_return_address(0)) &&
-      Gatekeeper::get().take(fd, backlog, noloco::scope->key))
+      Gatekeeper::get().take(fd, backlog, noloco::scope->key, noloco::scope->id))
     return 0;
   return noloco::sys_listen(fd, backlog);
 }
@@ -642,8 +661,14 @@ int connect(int fd, const sockaddr* address, socklen_t length) {
     return noloco::sys_connect(fd, address, length);
   int connected = noloco::dial(address, length, noloco::scope->key, noloco::scope->deadline);
   if (connected < 0) {
-    spdlog::warn("no connection to a Gloo pair's listener ({}), direct or through a relay: {}",
-                 noloco::address_text(address), std::strerror(errno));
+    const int why = errno;
+    if (noloco::relays())
+      spdlog::warn("no connection to a Gloo pair's listener ({}), direct or through a relay: {}",
+                   noloco::address_text(address), std::strerror(why));
+    else
+      spdlog::warn("no connection to a Gloo pair's listener ({}): {}; a worker behind NAT or a firewall is reached "
+                   "through a relay: run `noloco serve` on a public machine and give every worker its NOLOCO_RELAY",
+                   noloco::address_text(address), std::strerror(why));
     connected = noloco::closed_connection();
   }
   return connected < 0 ? -1 : noloco::adopt(fd, connected);

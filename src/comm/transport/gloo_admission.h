@@ -53,8 +53,15 @@ class Admission {
   Admission(const Admission&) = delete;
   Admission& operator=(const Admission&) = delete;
 
+  // From any thread: every listener of this scope still waiting for its
+  // member gets a connection that is already closed, so Gloo's pair, which
+  // waits for it with no way to be interrupted (and in this Gloo up to
+  // several times its timeout), fails at once. For an attempt given up.
+  void release();
+
  private:
   const void* outer_;  // the scope this one is inside, if any
+  const void* mine_;
 };
 
 // This process's Gloo pairs also go through these relays
@@ -63,6 +70,10 @@ class Admission {
 // address that failed so is relayed at once for a minute) asks them in turn.
 // None: direct only.
 void use_relays(std::vector<sockaddr_storage> relays, const RelayKey& key);
+
+// Whether use_relays named any: a pair's connection may then close because
+// its relay went, not its peer.
+bool relays_in_use();
 
 // Connects to `address`, proves `key` when given (else just connects), and
 // closes: a Gloo pair waiting there for its peer stops waiting. Bounded by

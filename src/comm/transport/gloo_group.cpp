@@ -3,6 +3,7 @@
 #include <netinet/in.h>
 #include <sys/socket.h>
 
+#include <atomic>
 #include <cstring>
 #include <mutex>
 #include <optional>
@@ -131,7 +132,13 @@ GlooGroup join_gloo_group(const StorePtr& store, const WorkerEnv& env, const std
     const auto tried = fmt::format("{}/pg/{}", name, attempt);
     const auto verdicts = run_scope(store, env.token, tried + "/verdict");
     const auto rendezvous = run_scope(store, env.token, tried);
-    const auto stop = [&] { return given_up() || verdicts->check({"failed"}); };
+    // Set where stop() is asked (on this thread, between the store's calls,
+    // whose connection is not for two threads), read by the watchdog below.
+    std::atomic<bool> stopped{false};
+    const auto stop = [&] {
+      if (given_up() || verdicts->check({"failed"})) stopped = true;
+      return stopped.load();
+    };
     bool said_ok = false;
     try {
       auto options = c10d::ProcessGroupGloo::Options::create(left_until(deadline));
@@ -139,7 +146,17 @@ GlooGroup join_gloo_group(const StorePtr& store, const WorkerEnv& env, const std
       options->threads = 2;
       std::optional<Admission> admitting;
       if (admission) admitting.emplace(*admission, deadline);
-      auto group = c10::make_intrusive<c10d::ProcessGroupGloo>(abandonable(rendezvous, stop), rank, world, options);
+      c10::intrusive_ptr<c10d::ProcessGroupGloo> group;
+      {
+        // A pair still waiting for a member that will not come (unreachable,
+        // or it gave up) is let go at the deadline or once the try failed.
+        Ticker watchdog(std::chrono::milliseconds(50), [&] {
+          if (!admitting || (!stopped && Clock::now() < deadline)) return false;
+          admitting->release();
+          return true;
+        });
+        group = c10::make_intrusive<c10d::ProcessGroupGloo>(abandonable(rendezvous, stop), rank, world, options);
+      }
       admitting.reset();
       const auto problem = greet(*group, rank, world, run_id_of(env.token), attempt, seal, deadline, stop);
       if (!problem.empty()) throw std::runtime_error(problem);
@@ -165,11 +182,11 @@ GlooGroup join_gloo_group(const StorePtr& store, const WorkerEnv& env, const std
     }
   }
   throw std::runtime_error(fmt::format(
-      "could not join the run at {}:{} as worker {} ({} {} of {}) within {}s ({} tries): a member did not come (it "
+      "could not join the run at {} as worker {} ({} {} of {}) within {}s ({} tries): a member did not come (it "
       "died, or is unreachable at its bind address: behind NAT or a firewall, run `noloco serve` on a public machine "
       "and give every worker its NOLOCO_RELAY), NOLOCO_RUN_TOKEN differs, or a process that is not a member takes "
       "the group's connections: {}",
-      env.master_addr, env.master_port, env.rank, name, rank, world, timeout.count() / 1000, attempt, why));
+      env.store_url.empty() ? fmt::format("{}:{}", env.master_addr, env.master_port) : env.store_url, env.rank, name, rank, world, timeout.count() / 1000, attempt, why));
 }
 
 }  // namespace noloco
