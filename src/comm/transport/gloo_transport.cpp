@@ -9,6 +9,7 @@
 #include <torch/csrc/distributed/c10d/Store.hpp>
 
 #include "comm/transport/framed.h"
+#include "comm/transport/gloo_admission.h"
 #include "comm/transport/seal.h"
 #include "comm/transport/ticker.h"
 #include "util/error_text.h"
@@ -452,12 +453,31 @@ ExchangeResult GlooTransport::exchange(const ExchangeRequest& request) {
   const auto present =
       meet(fmt::format("{}/{}", request.id, planned), peers, &result.lost, p2p_groups_.generation(planned), &generations);
   const bool whole = present.size() == peers.size();
-  auto group = present.empty() ? GlooGroup() : acquire_group(request.id, planned, whole, present, generations);
+  const auto late = result.lost;
+  auto waiting_since = start;
+  bool reused = false;
+  auto group =
+      present.empty() ? GlooGroup() : acquire_group(request.id, planned, whole, present, generations, &reused);
+  bool failed = group && trade(*group, request, present, start, &result, &cost);
+  if (failed && relays_in_use() && since(start) < 0.5 * std::chrono::duration<double>(timeout_).count()) {
+    // Through a relay, a connection that closed says nothing of the peer: its
+    // relay may be gone. Every member sees the same at once, so they form the
+    // group anew (through another relay) for this exchange and trade again; a
+    // peer that did die is given up while forming, once its heartbeat is silent.
+    spdlog::warn("exchange {}: a connection {} closed; forming the group anew", request.id,
+                 reused ? "kept since an earlier exchange" : "of its group");
+    group.reset();
+    p2p_groups_.forget(planned);
+    result = ExchangeResult();
+    result.lost = late;
+    waiting_since = Clock::now();  // the first try's wait is counted already
+    group = acquire_group(request.id, planned, whole, present, generations, &reused);
+    failed = group && trade(*group, request, present, waiting_since, &result, &cost);
+  }
   if (!group) {
     for (const auto& p : present) result.lost.push_back(p.rank);
-    cost.wait_seconds += since(start);
+    cost.wait_seconds += since(waiting_since);
   } else {
-    const bool failed = trade(*group, request, present, start, &result, &cost);
     // A failed group is never used again (a timed-out Gloo pair stays
     // closed); one formed for part of the group is not kept either.
     if (!whole) {
@@ -476,13 +496,15 @@ ExchangeResult GlooTransport::exchange(const ExchangeRequest& request) {
 }
 
 GlooGroup GlooTransport::acquire_group(int64_t exchange, const std::string& planned, bool whole,
-                                       const std::vector<Peer>& present, const std::map<int, int64_t>& generations) {
+                                       const std::vector<Peer>& present, const std::map<int, int64_t>& generations,
+                                       bool* reused) {
   // Reuse the group of the last exchange among exactly these members, if
   // every one of them still holds the same one (the generation they announce).
   const int64_t mine = p2p_groups_.generation(planned);
   const bool reuse = whole && mine != 0 && std::all_of(present.begin(), present.end(), [&](const Peer& p) {
                        return generations.at(p.rank) == mine;
                      });
+  *reused = reuse;
   if (reuse) return p2p_groups_.reuse(planned);
   auto members = with_self(present);
   const int index = int(std::find(members.begin(), members.end(), self_) - members.begin());

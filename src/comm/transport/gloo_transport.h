@@ -112,9 +112,9 @@ class GlooTransport final : public Transport {
                          int64_t my_generation, std::map<int, int64_t>* generations);
   // The group for an exchange among `present` (and this member): the cached
   // one if every member holds it, else a new one; null if it cannot be formed.
-  // Formed while none of them is gone.
+  // Formed while none of them is gone. `reused`: whether it was the cached one.
   GlooGroup acquire_group(int64_t exchange, const std::string& planned, bool whole, const std::vector<Peer>& present,
-                          const std::map<int, int64_t>& generations);
+                          const std::map<int, int64_t>& generations, bool* reused);
   // Sends this member's message to each of `present` and receives theirs;
   // true if a pair failed (the group must not be used again).
   bool trade(c10d::ProcessGroupGloo& group, const ExchangeRequest& request, const std::vector<Peer>& present,
