@@ -1,6 +1,7 @@
 #include "config/train_config.h"
 
 #include <algorithm>
+#include <map>
 #include <optional>
 #include <sstream>
 #include <stdexcept>
@@ -558,6 +559,45 @@ std::string TrainConfig::to_yaml() const {
     y += fmt::format("{}: {}\n", o.name, e.c_str());
   }
   return y;
+}
+
+const std::vector<std::string>& machine_keys() {
+  static const std::vector<std::string> keys{
+      "data",         "val_data",         "tokenizer",     "init_from",   "accept_changed_data", "device",
+      "precision",    "threads",          "out",           "checkpoint_interval", "keep_checkpoints", "resume",
+      "max_local_workers", "log_interval", "sample_tokens", "sample_prompt", "bind",            "peer_timeout",
+      "insecure",     "restarts",         "heartbeat_timeout", "startup_timeout", "rate",         "inject_crash"};
+  return keys;
+}
+
+std::string TrainConfig::run_yaml() const {
+  const auto& local = machine_keys();
+  std::string y;
+  std::istringstream lines(to_yaml());
+  for (std::string line; std::getline(lines, line);)
+    if (std::find(local.begin(), local.end(), line.substr(0, line.find(':'))) == local.end()) y += line + "\n";
+  return y;
+}
+
+std::string run_yaml_differences(const std::string& ours, const std::string& run) {
+  const auto values = [](const std::string& yaml) {
+    std::map<std::string, std::string> v;
+    std::istringstream lines(yaml);
+    for (std::string line; std::getline(lines, line);)
+      if (const auto colon = line.find(": "); colon != std::string::npos) v[line.substr(0, colon)] = line.substr(colon + 2);
+    return v;
+  };
+  const auto mine = values(ours), theirs = values(run);
+  std::string differences;
+  for (const auto& [key, value] : theirs) {
+    const auto it = mine.find(key);
+    const auto here = it == mine.end() ? std::string("(unknown)") : it->second;
+    if (here != value) differences += fmt::format("{}{}: {} here, {} in the run", differences.empty() ? "" : "; ", key, here, value);
+  }
+  for (const auto& [key, value] : mine)
+    if (!theirs.count(key))
+      differences += fmt::format("{}{}: {} here, unknown to the run", differences.empty() ? "" : "; ", key, value);
+  return differences;
 }
 
 TrainConfig parse_config(const std::string& yaml_text, const std::vector<std::string>& overrides,

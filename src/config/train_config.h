@@ -181,6 +181,9 @@ struct TrainConfig {
   // WORLD_SIZE under torchrun): group size, failure-drill ranks.
   void validate_workers() const;
   std::string to_yaml() const;
+  // to_yaml without the keys each machine sets for itself (machine_keys()):
+  // what every worker of a run must agree on.
+  std::string run_yaml() const;
   int64_t workers() const { return run.replicas * pipeline.stages * run.replica_workers; }
 };
 
@@ -190,6 +193,12 @@ std::string config_keys_help();
 // outer keys and the comm keys): all a training loop other than ours (the
 // Python module) can set.
 std::vector<std::string> outer_method_keys();
+
+// The keys a worker sets for its own machine (paths, device, threads,
+// addresses, timeouts, logging): they may differ between a run's workers.
+const std::vector<std::string>& machine_keys();
+// Empty when `ours` and `run` (run_yaml()s) agree, else "key: ours here, run's in the run; ...".
+std::string run_yaml_differences(const std::string& ours, const std::string& run);
 
 // YAML file (may be empty: defaults) then overrides "key=value" in order.
 // Throws std::invalid_argument on unknown keys, bad values or a bad file.

@@ -57,6 +57,11 @@ void relays_from_environment(WorkerEnv& env) {
 
 }  // namespace
 
+void run_endpoints_from_environment(WorkerEnv& env) {
+  store_from_environment(env);
+  relays_from_environment(env);
+}
+
 bool joiner_env_from_environment(WorkerEnv& env) {
   const char* store = std::getenv("NOLOCO_STORE");
   if (!store || !*store) return false;

@@ -34,6 +34,10 @@ struct WorkerEnv {
 // (torchrun's names), NOLOCO_RUN_TOKEN, NOLOCO_STORE, NOLOCO_RELAY and NOLOCO_RESTARTED; returns false when RANK is unset
 // (not a launched worker). Throws std::invalid_argument on malformed values.
 bool worker_env_from_environment(WorkerEnv& env);
+// NOLOCO_STORE and NOLOCO_RELAY alone, as `noloco serve` prints them (for
+// `noloco join`, which takes the rest from the run). Throws
+// std::invalid_argument on a malformed NOLOCO_STORE.
+void run_endpoints_from_environment(WorkerEnv& env);
 // A joiner started outside the run's launcher: NOLOCO_STORE (the run's store;
 // tcp://host:port for torchrun's agent's TCPStore), NOLOCO_RUN_TOKEN and
 // WORLD_SIZE (the replicas the run started with; members are numbered on

@@ -2,11 +2,14 @@
 
 #include <sys/wait.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
+#include <filesystem>
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include "comm/launch/launcher.h"
 #include "comm/membership/membership.h"
@@ -14,6 +17,7 @@
 #include "config/options.h"
 #include "train/trainer.h"
 #include "train/worker_life.h"
+#include "util/files.h"
 #include "util/log.h"
 
 namespace noloco {
@@ -78,6 +82,30 @@ void await_replica_workers(const std::vector<pid_t>& others) {
     throw std::runtime_error(fmt::format("join: {} of the replica's other {} workers failed", failed, others.size()));
 }
 
+// A joiner's config: RUN_DIR/config.yaml where the run trains on this
+// machine; else the run's, from its store (a joiner in another home has only
+// the lines `noloco serve` printed), kept in RUN_DIR/config.yaml.
+TrainConfig joiner_config(const WorkerEnv& env, const std::string& run_dir, const std::vector<std::string>& overrides) {
+  const auto path = run_dir + "/config.yaml";
+  if (std::filesystem::exists(path)) return load_config(path, overrides);
+  std::string published;
+  try {
+    published = published_run_config(connect_store(env, kJoinFirstContact), env.token);
+  } catch (const std::runtime_error& e) {
+    throw std::runtime_error(fmt::format("join: {} has no config.yaml, and the run's store at {} could not be read "
+                                         "for the run's: {}",
+                                         run_dir, store_address(env), e.what()));
+  }
+  if (published.empty())
+    throw std::invalid_argument(fmt::format(
+        "join: {} has no config.yaml, and the run's store at {} holds no config (no worker of the run has started)",
+        run_dir, store_address(env)));
+  auto config = parse_config(published, overrides, "the run's config (from its store)");
+  std::filesystem::create_directories(run_dir);
+  write_file_atomic(path, published);
+  return config;
+}
+
 }  // namespace
 
 int claim_joiner_member(const WorkerEnv& env, const TrainConfig& config, int replicas, int stages, int64_t& stage) {
@@ -125,27 +153,35 @@ int join_command(const std::string& run_dir, const std::vector<std::string>& arg
   std::string store, token_file = run_dir + "/run_token";
   int64_t stage = -1;
   Options options("join");
-  options.add("store", store, "the run's store (NOLOCO_STORE's form); default: the one in RUN_DIR/join.json")
+  options.add("store", store, "the run's store (NOLOCO_STORE's form); default: NOLOCO_STORE, else RUN_DIR/join.json's")
       .add("token_file", token_file, "where the token is when NOLOCO_RUN_TOKEN is unset")
       .add("stage", stage, "pipelined run: the stage to serve; default: the one with the fewest live workers");
   auto overrides = options.parse_known(args);
   // Everything else is the run's: a joiner with its own steps or model would
   // train apart from the run while the launcher waited for it.
+  const auto& own = machine_keys();
   for (const auto& o : overrides) {
     const auto key = o.substr(0, o.find('='));
-    if (key != "device" && key != "threads" && key != "bind" && key != "inject_crash")
-      throw std::invalid_argument(fmt::format("join: {} is the run's (its config.yaml); a joiner sets only device, "
-                                              "threads, bind and inject_crash",
-                                              key));
+    if (key == "out" || std::find(own.begin(), own.end(), key) == own.end())
+      throw std::invalid_argument(fmt::format("join: {} is the run's (its config); a joiner sets only its machine's "
+                                              "own keys: {}",
+                                              key, fmt::join(own, ", ")));
   }
-  int local_workers = 1;  // workers sharing this machine's cores
-  if (store.empty()) {
+  WorkerEnv env;
+  run_endpoints_from_environment(env);  // NOLOCO_STORE and NOLOCO_RELAY, as `noloco serve` prints them
+  int local_workers = 1;                // workers sharing this machine's cores
+  if (!store.empty()) {
+    env.store_url = store;
+  } else if (env.store_url.empty() && !env.agent_store) {
     const auto invitation = read_join_invitation(run_dir);
-    store = invitation.store;
+    env.store_url = invitation.store;
     local_workers = invitation.workers + 1;
   }
+  env.agent_store = true;
+  env.token = joiner_token(token_file);
+  pin_hosted_store_key(env);
   overrides.push_back("out=" + run_dir);
-  auto cfg = load_config(run_dir + "/config.yaml", overrides);
+  auto cfg = joiner_config(env, run_dir, overrides);
   const int stages = int(cfg.pipeline.stages), replica_workers = int(cfg.run.replica_workers);
   if (!takes_joiners(cfg.outer.method, cfg.pipeline.routing, stages))
     throw std::invalid_argument(fmt::format(
@@ -157,13 +193,8 @@ int join_command(const std::string& run_dir, const std::vector<std::string>& arg
     throw std::invalid_argument(fmt::format("join: stage={} is not a stage of the run (0..{})", stage, stages - 1));
   cfg.validate();
   cfg.validate_workers();
-  WorkerEnv env;
   env.world = int(cfg.workers());
   env.local_world = local_workers + replica_workers - 1;
-  env.agent_store = true;
-  env.token = joiner_token(token_file);
-  env.store_url = store;
-  pin_hosted_store_key(env);
   const auto place = joiner_place(env, cfg, stage);
   env.rank = (place.member * replica_workers + place.replica_worker) * stages + place.stage;
   env.local_rank = place.replica_worker;

@@ -3,8 +3,10 @@
 #include <chrono>
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include "comm/membership/membership.h"
+#include "comm/store/store.h"
 #include "train/trainer.h"
 #include "util/leave_signal.h"
 #include "util/log.h"
@@ -46,7 +48,38 @@ WorkerInfo worker_info(const TrainConfig& config, const WorkerStart& start, cons
   return w;
 }
 
+constexpr const char* kRunConfigScope = "run", *kRunConfigKey = "config";
+
+// Every worker of a run trains the same model the same way: worker 0
+// publishes its run keys in the run's store, the others compare theirs (a
+// worker 0 that never comes: the first to give up waiting publishes). Before
+// this, a worker with another model aborted inside Gloo at its first exchange
+// (a message longer than the one it expected) while its peer trained alone,
+// and one with another lr went unnoticed.
+void agree_on_run_config(const StorePtr& store, const WorkerEnv& env, const TrainConfig& config) {
+  const auto ours = config.run_yaml();
+  const auto scope = run_scope(store, env.token, kRunConfigScope);
+  if (env.rank != 0) {
+    const auto wait = std::chrono::duration<double>(std::max(config.comm.peer_timeout, config.comm.startup_timeout));
+    try {
+      scope->wait({kRunConfigKey}, std::chrono::duration_cast<std::chrono::milliseconds>(wait));
+    } catch (const std::exception&) {
+      spdlog::warn("worker 0 published no config within {:.0f} s: this worker's is the run's", wait.count());
+    }
+  }
+  const auto run = set_once(*scope, kRunConfigKey, ours);
+  const auto differences = run_yaml_differences(ours, run);
+  if (!differences.empty())
+    throw std::invalid_argument(fmt::format(
+        "worker {} was started with another config than the run's: {}; only a machine's own keys ({}) may differ",
+        env.rank, differences, fmt::join(machine_keys(), ", ")));
+}
+
 }  // namespace
+
+std::string published_run_config(const StorePtr& store, const std::string& token) {
+  return read_or_empty(*run_scope(store, token, kRunConfigScope), kRunConfigKey);
+}
 
 bool leaves_on_sigterm(const TrainConfig& config, int stages) {
   return takes_joiners(config.outer.method, config.pipeline.routing, stages) && config.run.replica_workers == 1;
@@ -67,6 +100,7 @@ JoinedWorker start_worker(const TrainConfig& config, const WorkerStart& start) {
   JoinedWorker w;
   w.links = join_as_worker(env, config.comm, stages, config.outer.method != Method::none,
                            int(config.run.replica_workers), nccl_device);
+  if (w.links.store) agree_on_run_config(w.links.store, env, config);
   w.info = worker_info(config, start, w.links, leaves);
   return w;
 }

@@ -81,7 +81,11 @@ bool leaves_on_sigterm(const TrainConfig& config, int stages);
 // past it), SIGTERM as a request to leave where the run allows it, then the
 // run's store and groups. A worker hosting the run's store keeps it up, at
 // the end, until the others are done with it (finish_worker).
+// Refused in one line naming every key that differs when the run's other
+// workers were started with another config (config.run_yaml()).
 JoinedWorker start_worker(const TrainConfig& config, const WorkerStart& start);
+// The run's config (run_yaml) as its first worker published it in `store`; empty if none has yet.
+std::string published_run_config(const StorePtr& store, const std::string& token);
 void finish_worker(const JoinedWorker& worker);
 
 // What happened after one inner step.
