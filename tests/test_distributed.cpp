@@ -607,6 +607,34 @@ TEST_F(Distributed, NoLoCoGoesOnWhenAMemberOfItsEtcdClusterDies) {
   EXPECT_EQ(outer, steps / 10) << "every outer step had both replicas, before the death and after";
 }
 
+// Issue 67 item 1: workers started by hand with different models (or lr)
+// are told so before any step: worker 0 publishes the run's keys and worker
+// 1, started first with hidden=48 and lr=0.01, is refused in one line naming
+// both, instead of aborting inside Gloo at its first exchange. A machine's
+// own keys (threads, log_interval, out) may differ.
+TEST_F(Distributed, AWorkerStartedWithAnotherModelIsRefusedNamingTheKeys) {
+  const std::string env = fmt::format("WORLD_SIZE=2 MASTER_ADDR=127.0.0.1 MASTER_PORT={} NOLOCO_RUN_TOKEN=config-check",
+                                      noloco::testing::free_port());
+  const std::string run = " method=noloco batch=2 steps=4 outer_interval=2 peer_timeout=5";
+  noloco::testing::BackgroundCli other(
+      small_train_args(dir / "c.txt", dir / "other") + run + " hidden=48 lr=0.01 threads=1 log_interval=2", 60,
+      "RANK=1 " + env);
+  const auto first = noloco::testing::run_cli(small_train_args(dir / "c.txt", dir / "first") + run, 60, "RANK=0 " + env);
+  const auto& refused = other.wait();
+  EXPECT_EQ(first.exit_code, 0) << first.output;
+  EXPECT_NE(refused.exit_code, 0) << refused.output;
+  EXPECT_NE(refused.output.find("worker 1 was started with another config than the run's: hidden: 48 here, 32 in the "
+                                "run; lr: 0.01 here, 0.001 in the run;"),
+            std::string::npos)
+      << refused.output;
+  const auto from = refused.output.find("than the run's: "), to = refused.output.find("; only a machine's own keys");
+  ASSERT_LT(from, to) << refused.output;
+  const auto differences = refused.output.substr(from, to - from);
+  EXPECT_EQ(differences.find("threads"), std::string::npos) << "the machine's own: " << differences;
+  EXPECT_EQ(differences.find("log_interval"), std::string::npos) << "the machine's own: " << differences;
+  EXPECT_EQ(refused.output.find("terminate called"), std::string::npos) << refused.output;
+}
+
 // Issue 29: a NoLoCo worker told to leave (SIGTERM) ends its step, applies
 // what is in flight, tells the others not to wait for it, saves its state and
 // exits 0; nobody waits for it, and the run ends with the others, exit 0.

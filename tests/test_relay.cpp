@@ -10,6 +10,7 @@
 #include <filesystem>
 #include <fstream>
 #include <map>
+#include <optional>
 #include <thread>
 
 #include <fmt/format.h>
@@ -125,9 +126,9 @@ namespace {
 // The testbed of scripts/wan_testbed.sh, removed when the test ends (also on failure).
 class WanTestbed {
  public:
-  WanTestbed(int homes, const std::string& prefix) : prefix_(prefix) {
+  WanTestbed(int homes, const std::string& prefix, bool same_lan = true) : prefix_(prefix) {
     const auto up = run_command(fmt::format(NOLOCO_SOURCE_DIR "/scripts/wan_testbed.sh up {}", homes), 60,
-                                fmt::format("NLW_PREFIX={} NLW_SAME_LAN=1", prefix));
+                                fmt::format("NLW_PREFIX={} NLW_SAME_LAN={}", prefix, same_lan ? 1 : 0));
     ok_ = up.exit_code == 0;
     why_ = up.output;
   }
@@ -143,6 +144,8 @@ class WanTestbed {
   bool ok_ = false;
 };
 
+// Every wait in these tests is bounded well inside ctest's limit, so the
+// testbed is always removed.
 class WanRuns : public ::testing::Test {
  protected:
   void SetUp() override {
@@ -154,6 +157,7 @@ class WanRuns : public ::testing::Test {
     std::filesystem::create_directories(dir);
     // Worker processes run in other namespaces but see this file system.
     noloco::testing::write_text(dir / "c.txt", noloco::testing::shakespeare(200000));
+    train = noloco::testing::small_train_args((dir / "c.txt").string(), "OUT") + " batch=2 threads=1";
   }
   void TearDown() override {
     for (const auto& pid : served) run_command("kill -TERM " + pid, 10);
@@ -161,12 +165,13 @@ class WanRuns : public ::testing::Test {
   }
 
   // `noloco serve` on the public host, in the background; its export lines.
-  std::string serve(const WanTestbed& bed, const std::string& name, const std::string& args) {
+  std::string serve(const WanTestbed& bed, const std::string& name, const std::string& args,
+                    const std::string& env = "") {
     const auto out = dir / (name + ".out");
     const auto script = dir / (name + ".sh");
-    noloco::testing::write_text(script, fmt::format("{} timeout -k 5 600 " NOLOCO_BINARY
+    noloco::testing::write_text(script, fmt::format("{} {} timeout -k 5 600 " NOLOCO_BINARY
                                                     " serve bind=198.51.100.1 {} > {} 2> {}.log &\necho $!\n",
-                                                    bed.in("pub"), args, out.string(), out.string()));
+                                                    env, bed.in("pub"), args, out.string(), out.string()));
     const auto started = run_command("bash " + script.string(), 10);
     EXPECT_EQ(started.exit_code, 0) << started.output;
     served.push_back(started.output.substr(0, started.output.find_first_of("\n")));
@@ -179,9 +184,61 @@ class WanRuns : public ::testing::Test {
     return "";
   }
 
+  // `train` with `extra` into the run directory `name` (each home its own, as
+  // machines without a shared file system have).
+  std::string train_args(const std::string& name, const std::string& extra) const {
+    auto args = train;
+    args.replace(args.find("OUT"), 3, (dir / name).string());
+    return args + " " + extra;
+  }
+
+  // A line of a script that runs noloco with `args` in home `home` (from 1)
+  // in the background, with the variables `env`, logging to dir/`name`.log.
+  std::string in_home(const WanTestbed& bed, int home, const std::string& env, const std::string& args,
+                      const std::string& name) const {
+    return fmt::format("{} {} " NOLOCO_BINARY " {} > {}/{}.log 2>&1 &\n", env, bed.in(fmt::format("h{}", home)), args,
+                       dir.string(), name);
+  }
+
+  // Runs `lines` after the serve's `exports` and waits for all of them (at
+  // most `seconds`): exit 0 when every one exited 0.
+  noloco::testing::CliResult run_homes(const std::string& exports, const std::string& lines, int seconds) const {
+    const auto script = dir / "homes.sh";
+    noloco::testing::write_text(script, exports + "cd " NOLOCO_SOURCE_DIR "\n" + lines +
+                                            "fail=0; for p in $(jobs -p); do wait $p || fail=1; done; exit $fail\n");
+    return run_command(fmt::format("timeout -k 5 {} bash {}", seconds, script.string()), seconds + 10);
+  }
+
+  // Stops the serve `name` (the `index`th started) and returns the count of
+  // pairs its relay joined, from the line it logs when stopped; -1 without one.
+  int stop_serve(size_t index, const std::string& name) {
+    run_command("kill -TERM " + served.at(index), 10);
+    const auto log = dir / (name + ".out.log");
+    for (int i = 0; i < 100; ++i) {
+      const auto text = noloco::testing::read_text(log);
+      const auto at = text.find("the relay joined ");
+      if (at != std::string::npos) return std::stoi(text.substr(at + 17));
+      std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    }
+    return -1;
+  }
+
+  std::string logs(const std::vector<std::string>& names) const {
+    std::string all;
+    for (const auto& name : names) all += noloco::testing::read_text(dir / (name + ".log"));
+    return all;
+  }
+
   std::filesystem::path dir;
+  std::string train;
   std::vector<std::string> served;  // serve's process ids
 };
+
+std::vector<std::string> names(const std::string& prefix, int n) {
+  std::vector<std::string> all;
+  for (int k = 0; k < n; ++k) all.push_back(fmt::format("{}{}", prefix, k));
+  return all;
+}
 
 }  // namespace
 
@@ -195,33 +252,23 @@ class WanRuns : public ::testing::Test {
 TEST_F(WanRuns, FourHomesBehindNatTrainThroughTheRelayAsOnLoopback) {
   const WanTestbed bed(4, fmt::format("nw{}", ::getpid() % 1000));
   ASSERT_TRUE(bed.ok()) << bed.why();
-  const std::string train = noloco::testing::small_train_args((dir / "c.txt").string(), "OUT") +
-                            " batch=2 steps=20 outer_interval=5 threads=1 peer_timeout=60";
+  const std::string run = "steps=20 outer_interval=5 peer_timeout=60";
   for (const std::string method : {"noloco", "diloco"}) {
-    // Each run its own serve: its own token, store and relay. Every wait is
-    // bounded well inside ctest's 300 s, so the testbed is always removed.
+    // Each run its own serve: its own token, store and relay.
     const int port = method == "noloco" ? 29500 : 29510;
     const auto exports = serve(bed, method + "_serve", fmt::format("port={} relay_port={}", port, port + 1));
     ASSERT_FALSE(exports.empty());
-    // Each home its own run directory, as machines without a shared file system have.
-    std::string script = exports + "cd " NOLOCO_SOURCE_DIR "\n";
-    for (int k = 0; k < 4; ++k) {
-      auto args = train;
-      args.replace(args.find("OUT"), 3, (dir / fmt::format("{}_h{}", method, k)).string());
-      script += fmt::format("RANK={} WORLD_SIZE=4 {} " NOLOCO_BINARY " {} method={} bind=10.0.0.2 > {}/{}_h{}.log 2>&1 &\n",
-                            k, bed.in(fmt::format("h{}", k + 1)), args, method, dir.string(), method, k);
-    }
-    script += "fail=0; for p in $(jobs -p); do wait $p || fail=1; done; exit $fail\n";
-    noloco::testing::write_text(dir / "homes.sh", script);
-    const auto homes = run_command("timeout -k 5 60 bash " + (dir / "homes.sh").string(), 70);
-    std::string logs;
-    for (int k = 0; k < 4; ++k) logs += noloco::testing::read_text(dir / fmt::format("{}_h{}.log", method, k));
-    ASSERT_EQ(homes.exit_code, 0) << method << ": " << homes.output << logs;
-    EXPECT_EQ(logs.find("forming it again"), std::string::npos) << "every group formed at its first try: " << logs;
+    std::string lines;
+    for (int k = 0; k < 4; ++k)
+      lines += in_home(bed, k + 1, fmt::format("RANK={} WORLD_SIZE=4", k),
+                       train_args(fmt::format("{}_h{}", method, k), run + " bind=10.0.0.2 method=" + method),
+                       fmt::format("{}_h{}", method, k));
+    const auto homes = run_homes(exports, lines, 60);
+    const auto text = logs(names(method + "_h", 4));
+    ASSERT_EQ(homes.exit_code, 0) << method << ": " << homes.output << text;
+    EXPECT_EQ(text.find("forming it again"), std::string::npos) << "every group formed at its first try: " << text;
 
-    auto loopback_args = train;
-    loopback_args.replace(loopback_args.find("OUT"), 3, (dir / (method + "_loopback")).string());
-    const auto local = noloco::testing::run_cli(loopback_args + " replicas=4 method=" + method, 60);
+    const auto local = noloco::testing::run_cli(train_args(method + "_loopback", run + " replicas=4 method=" + method), 60);
     ASSERT_EQ(local.exit_code, 0) << local.output;
     for (int k = 0; k < 4; ++k) {
       const auto home = dir / fmt::format("{}_h{}", method, k);
@@ -238,6 +285,165 @@ TEST_F(WanRuns, FourHomesBehindNatTrainThroughTheRelayAsOnLoopback) {
         }
         EXPECT_EQ(outer_steps, 4) << "replica " << k;
       }
+    }
+  }
+}
+
+// A pipeline whose stages sit in different homes: 2 replicas × 2 stages, one
+// worker a home, activations routed at random between the homes' stages
+// through the relay, NoLoCo per stage. Every worker ends with the losses of
+// the same run on loopback.
+TEST_F(WanRuns, APipelineWithItsStagesInFourHomesTrainsAsOnLoopback) {
+  const WanTestbed bed(4, fmt::format("np{}", ::getpid() % 1000));
+  ASSERT_TRUE(bed.ok()) << bed.why();
+  const std::string run = "method=noloco stages=2 grad_accum=2 steps=12 outer_interval=4 peer_timeout=60";
+  const auto exports = serve(bed, "serve", "");
+  ASSERT_FALSE(exports.empty());
+  std::string lines;
+  for (int k = 0; k < 4; ++k)
+    lines += in_home(bed, k + 1, fmt::format("RANK={} WORLD_SIZE=4", k),
+                     train_args(fmt::format("h{}", k), run + " bind=10.0.0.2"), fmt::format("h{}", k));
+  const auto homes = run_homes(exports, lines, 60);
+  ASSERT_EQ(homes.exit_code, 0) << homes.output << logs(names("h", 4));
+  const auto local = noloco::testing::run_cli(train_args("loopback", run + " replicas=2"), 60);
+  ASSERT_EQ(local.exit_code, 0) << local.output;
+  for (int k = 0; k < 4; ++k) {
+    const auto summary = read_json(dir / fmt::format("h{}/summary_r{}.json", k, k));
+    const auto reference = read_json(dir / fmt::format("loopback/summary_r{}.json", k));
+    if (k % 2 == 1) {  // the last stage computes the losses
+      EXPECT_EQ(summary["final_val_loss"].get<double>(), reference["final_val_loss"].get<double>()) << "worker " << k;
+      EXPECT_EQ(summary["final_train_loss"].get<double>(), reference["final_train_loss"].get<double>())
+          << "worker " << k;
+    }
+    EXPECT_EQ(summary["micro_batches_dropped"], 0) << "worker " << k;
+    EXPECT_GT(summary["activation_bytes_received"].get<double>(), 0) << "worker " << k;
+  }
+}
+
+// A joiner from a fifth home, with nothing but the lines `noloco serve`
+// printed, its data and an empty directory: it takes the run's config from
+// the store, a live replica's state through the relay, and trains with the
+// others to the end.
+TEST_F(WanRuns, AJoinerFromAFifthHomeIsHandedOverAndTrainsToTheEnd) {
+  const WanTestbed bed(5, fmt::format("nj{}", ::getpid() % 1000));
+  ASSERT_TRUE(bed.ok()) << bed.why();
+  const auto exports = serve(bed, "serve", "");
+  ASSERT_FALSE(exports.empty());
+  const std::string run = "method=noloco steps=300 outer_interval=10 peer_timeout=30 bind=10.0.0.2";
+  std::string lines;
+  for (int k = 0; k < 4; ++k)
+    lines += in_home(bed, k + 1, fmt::format("RANK={} WORLD_SIZE=4", k), train_args(fmt::format("h{}", k), run),
+                     fmt::format("h{}", k));
+  std::optional<noloco::testing::CliResult> homes;
+  std::thread running([&] { homes = run_homes(exports, lines, 120); });
+  // Once the run is past its first outer step.
+  for (int i = 0; i < 600; ++i) {
+    if (std::filesystem::exists(dir / "h0/metrics.jsonl") && !metrics_records(dir / "h0", "outer").empty()) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  }
+  const auto joiner_script = dir / "joiner.sh";
+  noloco::testing::write_text(
+      joiner_script, exports + "cd " NOLOCO_SOURCE_DIR "\n" + bed.in("h5") + NOLOCO_BINARY " join " +
+                         (dir / "joiner").string() + " data=" + (dir / "c.txt").string() +
+                         " bind=10.0.0.2 threads=1\n");
+  const auto joiner = run_command("bash " + joiner_script.string(), 120);
+  running.join();
+  ASSERT_EQ(homes->exit_code, 0) << homes->output << logs(names("h", 4));
+  ASSERT_EQ(joiner.exit_code, 0) << joiner.output;
+  EXPECT_NE(joiner.output.find("joining the run in"), std::string::npos) << joiner.output;
+  const auto trained = metrics_records(dir / "joiner", "train");
+  ASSERT_FALSE(trained.empty()) << joiner.output;
+  EXPECT_EQ(trained.back()["step"], 300) << "the joiner trained to the end";
+  EXPECT_GT(trained.front()["step"].get<int>(), 10) << "it started from a live replica's state, not step 0";
+  const auto summary = read_json(dir / "joiner/summary_r4.json");
+  EXPECT_TRUE(summary["final_val_loss"].is_number()) << summary.dump();
+  int with_joiner = 0;
+  for (int k = 0; k < 4; ++k)
+    for (const auto& o : metrics_records(dir / fmt::format("h{}", k), "outer"))
+      for (const auto& member : o["arrived"]) with_joiner += member == 4;
+  EXPECT_GT(with_joiner, 0) << "the others exchanged with the joiner";
+}
+
+// Two relays (each its own `serve store=false`, beside the serve that holds
+// the store); the one every pair goes through is killed mid-run. Its pairs
+// fail, the next groups form through the other, and the run finishes with
+// each replica alone in at most one outer step (the one in flight).
+TEST_F(WanRuns, ARunOutlivesTheRelayItUsesThroughTheOther) {
+  const WanTestbed bed(4, fmt::format("nk{}", ::getpid() % 1000));
+  ASSERT_TRUE(bed.ok()) << bed.why();
+  const auto exports = serve(bed, "serve", "");
+  ASSERT_FALSE(exports.empty());
+  const auto token_at = exports.find("NOLOCO_RUN_TOKEN=");
+  const auto token = exports.substr(token_at, exports.find('\n', token_at) - token_at);
+  ASSERT_FALSE(serve(bed, "first_relay", "store=false relay_port=29502", token).empty());
+  ASSERT_FALSE(serve(bed, "second_relay", "store=false relay_port=29503", token).empty());
+  const std::string relays = "NOLOCO_RELAY=198.51.100.1:29502,198.51.100.1:29503";
+  const std::string run = "method=noloco steps=40 outer_interval=5 peer_timeout=20 bind=10.0.0.2";
+  std::string lines;
+  for (int k = 0; k < 4; ++k)
+    lines += in_home(bed, k + 1, fmt::format("{} RANK={} WORLD_SIZE=4", relays, k),
+                     train_args(fmt::format("h{}", k), run), fmt::format("h{}", k));
+  std::optional<noloco::testing::CliResult> homes;
+  std::thread running([&] { homes = run_homes(exports, lines, 120); });
+  // Mid-run: once a replica is past its second outer step.
+  bool killed = false;
+  for (int i = 0; i < 600 && !killed; ++i) {
+    if (std::filesystem::exists(dir / "h0/metrics.jsonl") && metrics_records(dir / "h0", "outer").size() >= 2) {
+      // served[] are `timeout` processes: the relay is their child.
+      killed = run_command("pkill -KILL -P " + served[1], 10).exit_code == 0;
+      break;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  }
+  running.join();
+  ASSERT_TRUE(killed) << "the run never reached its second outer step: " << logs(names("h", 4));
+  ASSERT_EQ(homes->exit_code, 0) << homes->output << logs(names("h", 4));
+  for (int k = 0; k < 4; ++k) {
+    int alone = 0, outer_steps = 0;
+    for (const auto& o : metrics_records(dir / fmt::format("h{}", k), "outer")) {
+      ++outer_steps;
+      alone += o["arrived"].size() < 2;
+    }
+    fmt::print("replica {}: alone in {} of {} outer steps\n", k, alone, outer_steps);
+    EXPECT_EQ(outer_steps, 8) << "replica " << k;
+    EXPECT_LE(alone, 1) << "replica " << k << " was alone in more than the outer step in flight";
+  }
+  // Dialers ask the first relay first: the second carried pairs only once it was gone.
+  const int carried = stop_serve(2, "second_relay");
+  fmt::print("the second relay joined {} pairs\n", carried);
+  EXPECT_GT(carried, 0);
+}
+
+// Today's case for a user without a relay: two homes behind NAT cannot pair.
+// Each exchange costs its members one peer_timeout at most (a listener whose
+// member never comes is let go at the deadline; Gloo alone waited about five
+// times as long), every worker trains on alone and exits 0, and the dialing
+// side names the address it could not reach and says what to run.
+TEST_F(WanRuns, WithoutARelayTwoHomesEndWithinTheirTimeoutsAndNameTheWayOut) {
+  const WanTestbed bed(2, fmt::format("nu{}", ::getpid() % 1000), /*same_lan=*/false);
+  ASSERT_TRUE(bed.ok()) << bed.why();
+  auto exports = serve(bed, "serve", "");
+  ASSERT_FALSE(exports.empty());
+  exports.erase(exports.find("export NOLOCO_RELAY"));  // the last line
+  const double timeout = 8;
+  std::string lines;
+  for (int k = 0; k < 2; ++k)
+    lines += in_home(bed, k + 1, fmt::format("RANK={} WORLD_SIZE=2", k),
+                     train_args(fmt::format("h{}", k), fmt::format("method=noloco steps=10 outer_interval=5 "
+                                                                   "peer_timeout={} bind=10.0.{}.2",
+                                                                   timeout, k + 1)),
+                     fmt::format("h{}", k));
+  const auto homes = run_homes(exports, lines, 100);
+  const auto text = logs(names("h", 2));
+  ASSERT_EQ(homes.exit_code, 0) << homes.output << text;
+  EXPECT_NE(text.find("(10.0.1.2:"), std::string::npos) << "names the listener it could not reach: " << text;
+  EXPECT_NE(text.find("run `noloco serve`"), std::string::npos) << text;
+  for (int k = 0; k < 2; ++k) {
+    const auto outer = metrics_records(dir / fmt::format("h{}", k), "outer");
+    ASSERT_EQ(outer.size(), 2u) << "replica " << k;
+    for (const auto& o : outer) {
+      EXPECT_EQ(o["arrived"].size(), 1u) << o.dump();
+      EXPECT_LT(o["wait_seconds"].get<double>(), timeout + 4) << "replica " << k << ": " << o.dump();
     }
   }
 }
