@@ -84,10 +84,14 @@ void await_replica_workers(const std::vector<pid_t>& others) {
 
 // A joiner's config: RUN_DIR/config.yaml where the run trains on this
 // machine; else the run's, from its store (a joiner in another home has only
-// the lines `noloco serve` printed), kept in RUN_DIR/config.yaml.
-TrainConfig joiner_config(const WorkerEnv& env, const std::string& run_dir, const std::vector<std::string>& overrides) {
+// the lines `noloco serve` printed), kept in RUN_DIR/config.yaml. Only then
+// does it need the token already (set in `env`).
+TrainConfig joiner_config(WorkerEnv& env, const std::string& run_dir, const std::string& token_file,
+                          const std::vector<std::string>& overrides) {
   const auto path = run_dir + "/config.yaml";
   if (std::filesystem::exists(path)) return load_config(path, overrides);
+  env.token = joiner_token(token_file);
+  pin_hosted_store_key(env);
   std::string published;
   try {
     published = published_run_config(connect_store(env, kJoinFirstContact), env.token);
@@ -178,10 +182,8 @@ int join_command(const std::string& run_dir, const std::vector<std::string>& arg
     local_workers = invitation.workers + 1;
   }
   env.agent_store = true;
-  env.token = joiner_token(token_file);
-  pin_hosted_store_key(env);
   overrides.push_back("out=" + run_dir);
-  auto cfg = joiner_config(env, run_dir, overrides);
+  auto cfg = joiner_config(env, run_dir, token_file, overrides);
   const int stages = int(cfg.pipeline.stages), replica_workers = int(cfg.run.replica_workers);
   if (!takes_joiners(cfg.outer.method, cfg.pipeline.routing, stages))
     throw std::invalid_argument(fmt::format(
@@ -193,6 +195,10 @@ int join_command(const std::string& run_dir, const std::vector<std::string>& arg
     throw std::invalid_argument(fmt::format("join: stage={} is not a stage of the run (0..{})", stage, stages - 1));
   cfg.validate();
   cfg.validate_workers();
+  if (env.token.empty()) {
+    env.token = joiner_token(token_file);
+    pin_hosted_store_key(env);
+  }
   env.world = int(cfg.workers());
   env.local_world = local_workers + replica_workers - 1;
   const auto place = joiner_place(env, cfg, stage);

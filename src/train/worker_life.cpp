@@ -1,6 +1,7 @@
 #include "train/worker_life.h"
 
 #include <chrono>
+#include <thread>
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>
@@ -60,12 +61,13 @@ void agree_on_run_config(const StorePtr& store, const WorkerEnv& env, const Trai
   const auto ours = config.run_yaml();
   const auto scope = run_scope(store, env.token, kRunConfigScope);
   if (env.rank != 0) {
-    const auto wait = std::chrono::duration<double>(std::max(config.comm.peer_timeout, config.comm.startup_timeout));
-    try {
-      scope->wait({kRunConfigKey}, std::chrono::duration_cast<std::chrono::milliseconds>(wait));
-    } catch (const std::exception&) {
-      spdlog::warn("worker 0 published no config within {:.0f} s: this worker's is the run's", wait.count());
-    }
+    // Polled: torchrun's TCPStore (1.13) wakes no waiter on a compareSet.
+    const double wait = std::max(config.comm.peer_timeout, config.comm.startup_timeout);
+    const auto until = Clock::now() + std::chrono::duration<double>(wait);
+    while (!scope->check({kRunConfigKey}) && Clock::now() < until)
+      std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    if (!scope->check({kRunConfigKey}))
+      spdlog::warn("worker 0 published no config within {:.0f} s: this worker's is the run's", wait);
   }
   const auto run = set_once(*scope, kRunConfigKey, ours);
   const auto differences = run_yaml_differences(ours, run);
