@@ -10,7 +10,6 @@
 
 #include <CLI/CLI.hpp>
 #include <fmt/format.h>
-#include <fmt/ranges.h>
 #include <torch/torch.h>
 
 #include "comm/launch/serve.h"
@@ -188,18 +187,6 @@ struct Command {
   // only launch workers, decide for themselves).
   bool computes = false;
 };
-
-std::string join_keys_help() {
-  return "\nKeys (key=value):\n" +
-         wrap_words("  store=URL             ", "the run's store (default: NOLOCO_STORE, else RUN_DIR/join.json's)") +
-         wrap_words("  token_file=PATH       ", "where the token is when NOLOCO_RUN_TOKEN is unset (default: "
-                                               "RUN_DIR/run_token)") +
-         wrap_words("  stage=S               ", "pipelined: the stage to serve (default: the one with the fewest "
-                                               "live workers)") +
-         wrap_words("  data= bind= threads= ", fmt::format("this machine's own keys ({}); every other key is the run's "
-                                                       "(RUN_DIR/config.yaml, else the run's store)",
-                                                       fmt::join(machine_keys(), " ")));
-}
 
 std::vector<Command> add_commands(CLI::App& app, Arguments& a) {
   std::vector<Command> commands;

@@ -18,6 +18,7 @@
 #include "train/trainer.h"
 #include "train/worker_life.h"
 #include "util/files.h"
+#include "util/human.h"
 #include "util/log.h"
 
 namespace noloco {
@@ -145,6 +146,18 @@ int run_launched_worker(TrainConfig& cfg, const WorkerEnv& env) {
   train(cfg, worker.info);
   finish_worker(worker);
   return 0;
+}
+
+std::string join_keys_help() {
+  return "\nKeys (key=value):\n" +
+         wrap_words("  store=URL             ", "the run's store (default: NOLOCO_STORE, else RUN_DIR/join.json's)") +
+         wrap_words("  token_file=PATH       ", "where the token is when NOLOCO_RUN_TOKEN is unset (default: "
+                                               "RUN_DIR/run_token)") +
+         wrap_words("  stage=S               ", "pipelined: the stage to serve (default: the one with the fewest "
+                                               "live workers)") +
+         wrap_words("  data= bind= threads= ", fmt::format("this machine's own keys ({}); every other key is the run's "
+                                                       "(RUN_DIR/config.yaml, else the run's store)",
+                                                       fmt::join(machine_keys(), " ")));
 }
 
 // `join RUN_DIR`: a new NoLoCo replica of the run training into RUN_DIR (of

@@ -23,6 +23,8 @@ int run_launched_worker(TrainConfig& config, const WorkerEnv& env);
 // replica's next outer step and trains with the others to the end (or, a
 // replica of one worker, until SIGTERM).
 int join_command(const std::string& run_dir, const std::vector<std::string>& args);
+// The keys join_command takes, for `noloco join --help`.
+std::string join_keys_help();
 
 // A joiner's member id among the `replicas` the run started with, claimed
 // from the run's store at env's address; with `stage` < 0 (pipelined) the
