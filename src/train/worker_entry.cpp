@@ -83,16 +83,23 @@ void await_replica_workers(const std::vector<pid_t>& others) {
     throw std::runtime_error(fmt::format("join: {} of the replica's other {} workers failed", failed, others.size()));
 }
 
+// The run's token for a joiner, once: from NOLOCO_RUN_TOKEN or `token_file`,
+// with the key an https store it hosts must present.
+void take_token(WorkerEnv& env, const std::string& token_file) {
+  if (!env.token.empty()) return;
+  env.token = joiner_token(token_file);
+  pin_hosted_store_key(env);
+}
+
 // A joiner's config: RUN_DIR/config.yaml where the run trains on this
 // machine; else the run's, from its store (a joiner in another home has only
 // the lines `noloco serve` printed), kept in RUN_DIR/config.yaml. Only then
-// does it need the token already (set in `env`).
+// does it need the token (take_token).
 TrainConfig joiner_config(WorkerEnv& env, const std::string& run_dir, const std::string& token_file,
                           const std::vector<std::string>& overrides) {
   const auto path = run_dir + "/config.yaml";
   if (std::filesystem::exists(path)) return load_config(path, overrides);
-  env.token = joiner_token(token_file);
-  pin_hosted_store_key(env);
+  take_token(env, token_file);
   std::string published;
   try {
     published = published_run_config(connect_store(env, kJoinFirstContact), env.token);
@@ -208,10 +215,7 @@ int join_command(const std::string& run_dir, const std::vector<std::string>& arg
     throw std::invalid_argument(fmt::format("join: stage={} is not a stage of the run (0..{})", stage, stages - 1));
   cfg.validate();
   cfg.validate_workers();
-  if (env.token.empty()) {
-    env.token = joiner_token(token_file);
-    pin_hosted_store_key(env);
-  }
+  take_token(env, token_file);
   env.world = int(cfg.workers());
   env.local_world = local_workers + replica_workers - 1;
   const auto place = joiner_place(env, cfg, stage);
