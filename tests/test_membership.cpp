@@ -235,3 +235,35 @@ TEST(Liveness, AnExchangeTellsTheAuthorityWhomItGaveUp) {
   EXPECT_EQ(liveness.declared, std::vector<int>{1});
   EXPECT_TRUE(result.received.empty());
 }
+
+// Issue 67 item 1: a peer's announced length is input. Two members whose
+// payloads differ in size (another model) refuse each other's message; before,
+// the one expecting less aborted inside Gloo (`op.preamble.length <= op.nbytes`).
+TEST(Liveness, AMessageOfAnotherSizeIsRefusedByBothAndAbortsNeither) {
+  FakeLiveness liveness[2] = {{-1, 0ms}, {-1, 0ms}};
+  const int port = noloco::testing::free_port();
+  const auto host = tcp_store(port, true);
+  auto transport_of = [&](int rank) {
+    return std::make_unique<GlooTransport>([port] { return tcp_store(port, false); }, env_of(rank, 2), "replicas",
+                                           Peer{rank, 0}, 2, "127.0.0.1", 30s, nullptr, &liveness[rank]);
+  };
+  auto request_of = [](int64_t bytes) {
+    ExchangeRequest request;
+    request.id = 3;
+    request.group = {{0, 0}, {1, 0}};
+    request.payload = torch::full({bytes}, 7, torch::kUInt8);
+    request.header.kind = int64_t(MessageKind::exchange);
+    request.header.bytes = bytes;
+    return request;
+  };
+  auto small = transport_of(0), large = transport_of(1);
+  ExchangeResult from_small, from_large;
+  const auto start = std::chrono::steady_clock::now();
+  std::thread other([&] { from_large = large->exchange(request_of(1 << 20)); });
+  from_small = small->exchange(request_of(1 << 10));
+  other.join();
+  EXPECT_EQ(from_small.lost, std::vector<int>{1});
+  EXPECT_EQ(from_large.lost, std::vector<int>{0});
+  EXPECT_TRUE(from_small.received.empty() && from_large.received.empty());
+  EXPECT_LT(seconds_since(start), 20.0) << "a refused peer's payload is not waited for until the 30-s timeout";
+}

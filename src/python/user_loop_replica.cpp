@@ -9,6 +9,7 @@
 #include "comm/store/store.h"
 #include "config/worker_env.h"
 #include "train/worker_entry.h"
+#include "util/crc32c.h"
 #include "util/log.h"
 
 namespace noloco {
@@ -84,6 +85,18 @@ WorkerEnv launched_env(TrainConfig& config, const UserLoopStart& start) {
   return env;
 }
 
+// What every replica's module must share for their messages to line up: the
+// parameters' names, shapes and types, as a count and a checksum a refusal can name.
+std::string user_model_line(const std::vector<std::pair<std::string, torch::Tensor>>& params) {
+  std::string layout;
+  int64_t numel = 0;
+  for (const auto& [name, t] : params) {
+    layout += fmt::format("{}:{}:{};", name, fmt::join(t.sizes(), "x"), std::string(c10::toString(t.scalar_type())));
+    numel += t.numel();
+  }
+  return fmt::format("{} parameters in {} tensors (layout {:08x})", numel, params.size(), crc32c(layout));
+}
+
 }  // namespace
 
 UserLoopReplica::UserLoopReplica(std::vector<std::pair<std::string, torch::Tensor>> params,
@@ -91,7 +104,7 @@ UserLoopReplica::UserLoopReplica(std::vector<std::pair<std::string, torch::Tenso
                                  std::unique_ptr<InnerState> inner)
     : config_(outer_config(keys)),
       env_(launched_env(config_, start)),
-      worker_(start_worker(config_, {env_, start.join, "replica"})),
+      worker_(start_worker(config_, {env_, start.join, "replica", user_model_line(params)})),
       flat_(std::move(params)),
       inner_(inner ? std::move(inner) : std::make_unique<NoInnerState>()),
       outer_(make_outer_optimizer(config_.outer, config_.run.seed,

@@ -57,8 +57,9 @@ constexpr const char* kRunConfigScope = "run", *kRunConfigKey = "config";
 // this, a worker with another model aborted inside Gloo at its first exchange
 // (a message longer than the one it expected) while its peer trained alone,
 // and one with another lr went unnoticed.
-void agree_on_run_config(const StorePtr& store, const WorkerEnv& env, const TrainConfig& config) {
-  const auto ours = config.run_yaml();
+void agree_on_run_config(const StorePtr& store, const WorkerEnv& env, const TrainConfig& config,
+                         const std::string& user_model) {
+  const auto ours = config.run_yaml() + (user_model.empty() ? "" : "user_model: " + user_model + "\n");
   const auto scope = run_scope(store, env.token, kRunConfigScope);
   if (env.rank != 0) {
     // Polled: torchrun's TCPStore (1.13) wakes no waiter on a compareSet.
@@ -102,7 +103,7 @@ JoinedWorker start_worker(const TrainConfig& config, const WorkerStart& start) {
   JoinedWorker w;
   w.links = join_as_worker(env, config.comm, stages, config.outer.method != Method::none,
                            int(config.run.replica_workers), nccl_device);
-  if (w.links.store) agree_on_run_config(w.links.store, env, config);
+  if (w.links.store) agree_on_run_config(w.links.store, env, config, start.user_model);
   w.info = worker_info(config, start, w.links, leaves);
   return w;
 }

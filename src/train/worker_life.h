@@ -65,6 +65,9 @@ struct WorkerStart {
   // and has passed its start-up drill whatever its restart count says.
   bool joins = false;
   std::string log_name = "worker";  // its log lines say "noloco[<log_name> <rank>]"
+  // A model the config does not describe (the Python door's: the user's
+  // module), as a line every worker of the run must agree on.
+  std::string user_model;
 };
 
 // A worker joined to the run: its connections, and its place with pointers into them.

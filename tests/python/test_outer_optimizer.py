@@ -11,7 +11,8 @@ ctest runs one case a test: test_outer_optimizer.py CASE BUILD_DIR.
                  (noloco.Llama, torch.optim.AdamW): the same losses at every
                  step, before and after each outer step, to float tolerance
   refuses        an unknown key, another method, a bad value, no parameters, no
-                 RANK: each a ValueError naming it
+                 RANK: each a ValueError naming it; a replica whose module
+                 differs from the run's, naming both
   resumes        saved at step 15 by state_dict() and started again from it: the
                  same weights at the end, bit for bit
   joins          a replica started by hand joins a `noloco launch --join-dir` run,
@@ -204,6 +205,35 @@ print(refused(lambda: noloco.OuterOptimizer(params(), method="noloco", inner_opt
     for line, words in zip(lines, expected):
         check(words in line, f"'{line}' does not name {words}")
     check("none" not in lines[2] and "ddp" not in lines[2], f"'{lines[2]}' offers what Python does not run")
+    refuses_another_model(build)
+
+
+def refuses_another_model(build):
+    """Two replicas whose modules differ: the second is refused before any
+    step, naming both layouts (before, the smaller aborted inside Gloo)."""
+    program = """
+import os, torch, noloco
+rank = int(os.environ["RANK"])
+model = torch.nn.Linear(2, 2 + rank)
+try:
+    noloco.OuterOptimizer(model.named_parameters(), method="noloco", peer_timeout=20)
+    print(f"REPLICA {rank} accepted", flush=True)
+except ValueError as e:
+    print(f"REPLICA {rank} refused: {e}", flush=True)
+os._exit(0)
+"""
+    with tempfile.NamedTemporaryFile("w", suffix=".py") as script:
+        script.write(program)
+        script.flush()
+        command = [sys.executable, "-m", "torch.distributed.run", "--nnodes=1", "--nproc_per_node=2",
+                   "--master_addr=127.0.0.1", f"--master_port={free_port()}", "--redirects=2", "--tee=2", script.name]
+        done = subprocess.run(command, env=environment(build), capture_output=True, text=True, timeout=TIMEOUT)
+    lines = sorted(line for line in done.stdout.splitlines() if line.startswith("REPLICA"))
+    print("\n".join(lines))
+    check(done.returncode == 0 and len(lines) == 2, f"torchrun exited {done.returncode}:\n{done.stderr[-3000:]}")
+    check(lines[0] == "REPLICA 0 accepted", lines[0])
+    check("another config than the run's" in lines[1] and "user_model: 9 parameters in 2 tensors" in lines[1]
+          and "6 parameters in 2 tensors" in lines[1], f"'{lines[1]}' does not name both models")
 
 
 def resumes(build):

@@ -479,10 +479,11 @@ ExchangeResult GlooTransport::exchange(const ExchangeRequest& request) {
     cost.wait_seconds += since(waiting_since);
   } else {
     // A failed group is never used again (a timed-out Gloo pair stays
-    // closed); one formed for part of the group is not kept either.
+    // closed), nor one that carried a refused message (its payload stays
+    // posted on the pair); one formed for part of the group is not kept either.
     if (!whole) {
       release(std::move(group));
-    } else if (failed) {
+    } else if (failed || result.lost.size() > late.size()) {
       group.reset();
       p2p_groups_.forget(planned);
     }
@@ -533,15 +534,17 @@ bool GlooTransport::trade(c10d::ProcessGroupGloo& group, const ExchangeRequest& 
   const int tag = int(request.id % (int64_t(1) << 29)) * framed_tags(1);
   auto expected = request.header;
   expected.run = run_id_;
-  // Every receive is posted before any send: on Gloo's one socket per pair,
-  // a receive posted late makes the two directions take turns.
+  // Every header's receive is posted before any send. The payload's is posted
+  // once its header is checked: a peer's announced length is input, and Gloo
+  // aborts the process on a payload longer than the buffer waiting for it.
   std::vector<FramedReceive> incoming;
   std::vector<FramedSend> sends;
+  std::vector<bool> refused(present.size(), false);
   bool failed = false;
   try {
     for (const auto& p : present)
       incoming.emplace_back(group, member_of(p), tag, expected, std::vector<torch::Tensor>{torch::empty_like(request.payload)},
-                            /*eager=*/true, seal_.get());
+                            /*eager=*/false, seal_.get());
     const bool corrupt = corrupt_next_send_.exchange(false);
     for (const auto& p : present)
       sends.emplace_back(group, member_of(p), tag, expected, std::vector<torch::Tensor>{request.payload}, seal_.get(),
@@ -566,6 +569,10 @@ bool GlooTransport::trade(c10d::ProcessGroupGloo& group, const ExchangeRequest& 
       case Delivery::rejected:
         spdlog::error("rejected a message from worker {}: {}", rank, incoming[i].problem());
         result->lost.push_back(rank);
+        // The header checks are symmetric: the peer rejects ours too and
+        // never takes our payload.
+        refused[i] = true;
+        if (i < sends.size()) sends[i].abort();
         break;
       default:  // died or timed out during the exchange: its pair is closed
         result->lost.push_back(rank);
@@ -573,7 +580,9 @@ bool GlooTransport::trade(c10d::ProcessGroupGloo& group, const ExchangeRequest& 
     }
   }
   cost->wait_seconds += since(start);
-  for (auto& send : sends) {
+  for (size_t i = 0; i < sends.size(); ++i) {
+    auto& send = sends[i];
+    if (refused[i]) continue;
     try {
       send.wait(timeout_);
       cost->bytes_sent += send.wire_bytes();
