@@ -82,6 +82,20 @@ TEST_F(ReplicaWorkers, TwoWorkersAReplicaFollowOneWorkerWithTwiceTheBatch) {
     const auto summary = read_json(split + "/summary.json");
     EXPECT_EQ(summary["replicas_finished"].get<std::vector<int>>(), (std::vector<int>{0, 1}));
     EXPECT_EQ(summary["tokens"], read_json(whole + "/summary.json")["tokens"]) << "a replica's tokens, all its workers'";
+    // Issue 67 item 8: one summary per replica (r0, r1), its workers listed inside.
+    EXPECT_FALSE(std::filesystem::exists(split + "/summary_r2.json"));
+    for (int r = 0; r < 2; ++r) {
+      const auto replica = read_json(fmt::format("{}/summary_r{}.json", split, r));
+      EXPECT_TRUE(replica["final_val_loss"].is_number()) << replica.dump();
+      ASSERT_EQ(replica["workers"].size(), 2u) << replica.dump();
+      for (int k = 0; k < 2; ++k) {
+        const auto& worker = replica["workers"][size_t(k)];
+        EXPECT_EQ(worker["worker"].get<int>(), 2 * r + k);
+        EXPECT_EQ(worker["device"].get<std::string>(), "cpu");
+        EXPECT_GT(worker["peak_rss_mib"].get<double>(), 0);
+        EXPECT_LE(worker["peak_rss_mib"].get<double>(), replica["peak_rss_mib"].get<double>());
+      }
+    }
   }
 }
 
@@ -200,16 +214,18 @@ TEST_F(ReplicaWorkers, AJoinerBringsAWholeReplica) {
   ASSERT_EQ(summary["joined"].size(), 1u) << summary.dump();
   EXPECT_EQ(summary["joined"][0]["replica"], 2);
   EXPECT_EQ(summary["joined"][0]["step"].get<int64_t>() % 5, 0) << "handed over after an outer step";
-  EXPECT_TRUE(std::filesystem::exists(run_dir + "/summary_r4.json")) << "its first worker (rank 4) speaks for it";
-  ASSERT_TRUE(std::filesystem::exists(run_dir + "/summary_r5.json"));
-  EXPECT_FALSE(read_json(run_dir + "/summary_r5.json").contains("rejoined_at_step"))
-      << "the other worker took the state from its first, not from another replica";
+  const auto replica = read_json(run_dir + "/summary_r2.json");
+  EXPECT_TRUE(replica.contains("rejoined_at_step")) << "its first worker took a live replica's state";
+  ASSERT_EQ(replica["workers"].size(), 2u) << replica.dump();
+  EXPECT_EQ(replica["workers"][0]["worker"], 4);
+  EXPECT_EQ(replica["workers"][1]["worker"], 5);
+  EXPECT_FALSE(std::filesystem::exists(run_dir + "/summary_r4.json")) << "summaries are per replica";
   bool paired_with_joiner = false;
   for (auto& o : metrics_records(run_dir, "outer"))
     if (o["replica"].get<int>() < 2)
       for (int member : o["group"].get<std::vector<int>>()) paired_with_joiner |= member == 2;
   EXPECT_TRUE(paired_with_joiner);
-  const double joined = read_json(run_dir + "/summary_r4.json")["final_val_loss"].get<double>();
+  const double joined = replica["final_val_loss"].get<double>();
   const double first = read_json(run_dir + "/summary_r0.json")["final_val_loss"].get<double>();
   EXPECT_NEAR(joined, first, 0.02 * first);
 }

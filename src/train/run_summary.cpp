@@ -193,6 +193,11 @@ nlohmann::json WorkerSummary::to_json() const {
     j.update({{"rejoined_at_step", rejoin->step}, {"rejoin_donor", rejoin->donor}, {"rejoin_seconds", rejoin->seconds},
               {"joined", rejoin->joined}});
   if (left_at_step) j["left_at_step"] = *left_at_step;
+  for (const auto& w : workers)
+    j["workers"].push_back({{"worker", w.worker},
+                            {"device", w.device},
+                            {"peak_rss_mib", w.peak_rss_mib},
+                            {"startup_seconds", w.startup_seconds}});
   return j;
 }
 
@@ -214,6 +219,9 @@ WorkerSummary WorkerSummary::from_json(const nlohmann::json& j) {
     s.rejoin = WorkerSummary::Rejoin{j["rejoined_at_step"].get<int64_t>(), j.value("rejoin_donor", 0),
                                      j.value("rejoin_seconds", 0.0), j.value("joined", false)};
   s.left_at_step = optional_of<int64_t>(j, "left_at_step");
+  for (const auto& w : j.value("workers", nlohmann::json::array()))
+    s.workers.push_back({w.value("worker", 0), w.value("device", ""), w.value("peak_rss_mib", 0.0),
+                         w.value("startup_seconds", 0.0)});
   return s;
 }
 
@@ -440,13 +448,13 @@ RunSummary summarize_run(const std::string& run_dir, Method method, int64_t repl
   }
   RunTally tally(stages);
   for (const auto& e : exits) {
-    const auto path = fmt::format("{}/summary_r{}.json", run_dir, e.rank);
     auto where = place_of(e, stages, replica_workers);
     if (e.restarted) {  // its next start decides whether it finished
       run.restarted.push_back(where);
       continue;
     }
     const int member = stages > 1 ? e.rank : int(e.rank / replica_workers);
+    const auto path = fmt::format("{}/summary_r{}.json", run_dir, member);
     if (e.joined && e.ok() && !std::filesystem::exists(path)) {
       // It finished (the store says so) and wrote its summary where it ran: another machine.
       run.joined.push_back({member, std::nullopt, std::nullopt, std::nullopt});

@@ -62,6 +62,14 @@ struct WorkerSummary {
   // The process's largest resident set (a corpus's mapped pages included),
   // and the seconds from its start until it was ready for its first step.
   std::optional<double> peak_rss_mib, startup_seconds;
+  // A replica of several workers (replica_workers): each worker's own
+  // figures; the replica's peak_rss_mib and startup_seconds are their largest.
+  struct ReplicaWorker {
+    int worker = 0;
+    std::string device;
+    double peak_rss_mib = 0, startup_seconds = 0;
+  };
+  std::vector<ReplicaWorker> workers;
   nlohmann::json to_json() const;
   static WorkerSummary from_json(const nlohmann::json& j);
 };

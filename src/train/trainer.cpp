@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <ctime>
 #include <filesystem>
 #include <optional>
@@ -164,7 +165,29 @@ double dropped_share(int64_t dropped, int64_t received) {
   return received > 0 ? double(dropped) / double(received) : 0.0;
 }
 
-// This worker's summary_r<k>.json.
+// The figures of every worker of a replica, into the summary its first worker
+// writes: they all finish together, and each adds its row over the
+// replica's group (a mean, times the workers).
+void gather_replica_workers(Transport& replica, const WorkerInfo& w, const torch::Device& device,
+                            WorkerSummary& summary) {
+  auto rows = torch::zeros({int64_t(w.replica_workers), 5}, torch::kFloat64);
+  rows[w.replica_worker].copy_(torch::tensor({double(w.rank), double(int(device.type())), double(device.index()),
+                                              summary.peak_rss_mib.value_or(0), summary.startup_seconds.value_or(0)},
+                                             torch::kFloat64));
+  replica.all_reduce_mean(rows);
+  rows.mul_(double(w.replica_workers));
+  const auto r = rows.accessor<double, 2>();
+  summary.workers.clear();
+  for (int64_t i = 0; i < rows.size(0); ++i) {
+    const auto type = c10::DeviceType(std::lround(r[i][1]));
+    const auto index = c10::DeviceIndex(std::lround(r[i][2]));
+    summary.workers.push_back({int(std::lround(r[i][0])), torch::Device(type, index).str(), r[i][3], r[i][4]});
+    summary.peak_rss_mib = std::max(summary.peak_rss_mib.value_or(0), r[i][3]);
+    summary.startup_seconds = std::max(summary.startup_seconds.value_or(0), r[i][4]);
+  }
+}
+
+// This worker's share of summary_r<k>.json.
 WorkerSummary summarize_worker(const TrainConfig& c, const WorkerInfo& w, const ModelConfig& arch, WorkerModel& model,
                                int64_t stage_params, double seconds, double val_loss, double last_loss,
                                const ReplicaSpread& spread, const std::optional<Rejoined>& rejoined,
@@ -577,8 +600,10 @@ nlohmann::json WorkerRun::finish() {
   summary.left_at_step = left_at_step_;
   summary.peak_rss_mib = peak_rss_mib();
   summary.startup_seconds = startup_seconds_;
+  if (w_.replica_group) gather_replica_workers(*w_.replica_group, w_, device_, summary);
   const auto j = summary.to_json();
-  write_json_atomic(fmt::format("{}/summary_r{}.json", out_, w_.rank), j);
+  // One summary per replica (a worker in a pipeline), by its first worker.
+  if (speaks_) write_json_atomic(fmt::format("{}/summary_r{}.json", out_, w_.rank / w_.replica_workers), j);
   // Only now: a launcher waiting for a joiner to finish reads its summary next.
   life_.end_membership();
   if (w_.replicas * w_.stages * w_.replica_workers == 1) write_json_atomic(out_ + "/summary.json", summarize_lone_run(summary).to_json());
