@@ -20,17 +20,6 @@ torch::Tensor rank_ordered_mean(int me, const torch::Tensor& own, const std::map
   return sum.div_(double(ranks.size()));
 }
 
-// A partner's increment (its Δ, or θ − φ where θ travels) is refused as
-// diverged when its norm exceeds this many times the largest of this
-// replica's own over its last kIncrementHistory outer steps (this one
-// included). Healthy replicas on one schedule differ only by their data
-// (at most 2.4 times in the test run; docs/failures.md); a replica that blew
-// up is hundreds of times off. The history keeps a replica that blew up, whose
-// AdamW moments then shrink its own steps for a while, from refusing its
-// healthy partners in turn.
-constexpr double kDivergedRatio = 10.0;
-constexpr size_t kIncrementHistory = 4;
-
 }  // namespace
 
 NoLoCo::NoLoCo(const OuterConfig& config, uint64_t seed, ReplicaPeers links, FlatParams& params)
@@ -39,38 +28,21 @@ NoLoCo::NoLoCo(const OuterConfig& config, uint64_t seed, ReplicaPeers links, Fla
       transport_(*links.transport),
       membership_(links.membership),
       codec_(codec_spec(config)),
-      coset_(int(config.phi_bits), config.quant_block),
-      increment_history_(fragments().size()) {
+      coset_(int(config.phi_bits), config.quant_block) {
   for (const auto& f : fragments())
     messages_.emplace_back(config, codec_, coset_, f.numel,
                            [&](const std::string& name) { return fragment_state(name, f); },
                            low_rank_coding(params, f.offset, f.numel, config.message_rank));
 }
 
-std::string NoLoCo::increment_history_key(size_t fragment) {
-  return "outer.increment_norms." + std::to_string(fragment);
-}
-
 void NoLoCo::save(TensorMap& out) const {
   SlowWeightsMethod::save(out);  // first: it waits for an exchange in flight, which uses the channels
   for (const auto& m : messages_) m.save(out);
-  for (size_t f = 0; f < increment_history_.size(); ++f) {
-    const std::vector<double> norms(increment_history_[f].begin(), increment_history_[f].end());
-    out[increment_history_key(f)] = torch::tensor(norms, torch::kFloat64);
-  }
 }
 
 void NoLoCo::load(const TensorMap& in) {
   SlowWeightsMethod::load(in);
   for (auto& m : messages_) m.load(in);
-  for (size_t f = 0; f < increment_history_.size(); ++f) {
-    increment_history_[f].clear();
-    const auto it = in.find(increment_history_key(f));
-    if (it == in.end()) continue;  // a state saved before the bound: it starts afresh
-    const auto norms = it->second.to(torch::kFloat64).contiguous();
-    for (int64_t i = 0; i < std::min<int64_t>(norms.numel(), int64_t(kIncrementHistory)); ++i)
-      increment_history_[f].push_back(norms[i].item<double>());
-  }
 }
 
 std::vector<Peer> NoLoCo::my_group(int64_t id, OuterSync& sync) {
@@ -122,42 +94,22 @@ int64_t NoLoCo::phi_separation(const OuterSync& sync, const Fragment& fragment, 
 }
 
 std::map<int, NolocoParts> NoLoCo::decode(NolocoMessageCodec& message, const std::map<int, torch::Tensor>& arrived,
-                                          bool with_phi, const NolocoParts& own, const std::vector<Peer>& group,
+                                          bool with_phi, const torch::Tensor& own_phi,
                                           const std::map<int, int64_t>& separations, OuterSync& sync) {
   std::map<int, NolocoParts> decoded;
   const int64_t values = message.values(with_phi);
-  const bool theta_message = message.carries_theta();
-  const auto increment = [&](const torch::Tensor& first) { return theta_message ? first - own.phi : first; };
-  auto& history = increment_history_[size_t(sync.fragment)];
-  history.push_back(increment(own.first).norm().item<double>());
-  if (history.size() > kIncrementHistory) history.pop_front();
-  const double own_norm = *std::max_element(history.begin(), history.end());
   for (const auto& [r, bytes] : arrived) {
     sync.values_received += values;
     const int64_t failed_before = sync.phi_blocks_failed;
     const int64_t separation = with_phi ? separations.at(r) : 0;
     try {
-      auto parts = message.decode(bytes, with_phi, own.phi, separation, &sync.phi_blocks_failed);
+      decoded[r] = message.decode(bytes, with_phi, own_phi, separation, &sync.phi_blocks_failed);
       sync.values_dropped += std::min(values, (sync.phi_blocks_failed - failed_before) * int64_t(coset_.block()));
-      const double ratio = own_norm > 0 ? increment(parts.first).norm().item<double>() / own_norm : 0.0;
-      sync.largest_increment_ratio = std::max(sync.largest_increment_ratio, ratio);
-      if (ratio > kDivergedRatio) {
-        spdlog::error("outer step {}: refused replica {}'s message as diverged: its increment is {:.3g} times this "
-                      "replica's own (at most {:g} is taken); it is told to take a live replica's state",
-                      sync.outer_step, r, ratio, kDivergedRatio);
-        sync.values_dropped += values;
-        sync.refused.push_back(r);
-        const auto peer = std::find_if(group.begin(), group.end(), [&](const Peer& p) { return p.rank == r; });
-        if (membership_ && peer != group.end()) membership_->refuse_as_diverged(*peer, sync.outer_step);
-        continue;
-      }
-      decoded[r] = std::move(parts);
     } catch (const std::runtime_error& e) {
       spdlog::error("rejected the outer-step message of replica {}: {}", r, e.what());
       sync.values_dropped += values;
     }
   }
-  if (membership_ && membership_->refused_as_diverged()) sync.diverged = true;
   if (sync.phi_blocks_failed * 10 > message.phi_blocks())
     spdlog::warn("outer step {}: {} blocks of slow weights were further from a partner's than its grid covered; "
                  "no pull there this time", sync.outer_step, sync.phi_blocks_failed);
@@ -185,7 +137,7 @@ OuterTerms NoLoCo::group_means(int64_t id, const Fragment& fragment, const torch
   torch::Tensor leftover;
   const auto payload = message.encode(own, with_phi, farthest, seed, &leftover);
   const auto arrived = send(id, group, payload, message.format_id(with_phi), sync);
-  const auto decoded = decode(message, arrived, with_phi, own, group, separations, sync);
+  const auto decoded = decode(message, arrived, with_phi, own.phi, separations, sync);
   // residual=weights: this replica's Δ counts as its message carries it, as
   // its partners' do, and what the message left out stays in its weights.
   torch::Tensor own_first = own.first, kept;

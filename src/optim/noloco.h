@@ -14,7 +14,6 @@
 // (phi_coding), every phi_every-th outer step. A replica averages its own
 // exact values with what it decoded from the others (docs/method.md).
 #pragma once
-#include <deque>
 #include <memory>
 
 #include "optim/grouping.h"
@@ -46,12 +45,10 @@ class NoLoCo final : public SlowWeightsMethod {
   // roster that changed since makes it an estimate; a block it misjudges is
   // detected and dropped, not corrupted).
   int64_t phi_separation(const OuterSync& sync, const Fragment& fragment, int partner) const;
-  // The arrivals decoded; a malformed one is left out whole, and so is one
-  // whose increment is far larger than this replica's own (`own`), whose
-  // sender is told so through the membership. `separations`: phi_separation
-  // of each sender (on φ exchanges).
+  // The arrivals decoded; a malformed one is left out whole. `separations`:
+  // phi_separation of each sender (on φ exchanges).
   std::map<int, NolocoParts> decode(NolocoMessageCodec& message, const std::map<int, torch::Tensor>& arrived,
-                                    bool with_phi, const NolocoParts& own, const std::vector<Peer>& group,
+                                    bool with_phi, const torch::Tensor& own_phi,
                                     const std::map<int, int64_t>& separations, OuterSync& sync);
 
   // Two exchanges apart a pair is about as far apart as any: counted to 8,
@@ -65,10 +62,6 @@ class NoLoCo final : public SlowWeightsMethod {
   WireCodec codec_;
   CosetCodec coset_;
   std::vector<NolocoMessageCodec> messages_;  // by fragment
-  static std::string increment_history_key(size_t fragment);
-  // By fragment: the norms of this replica's own last increments (the bound
-  // on a partner's); saved with the outer state, so a resume is bit-identical.
-  std::vector<std::deque<double>> increment_history_;
 };
 
 }  // namespace noloco
