@@ -121,6 +121,70 @@ TEST(Relay, RefusesClientsWithoutTheTokenAndHoldsAThousandIdleStrangersWithoutSt
   for (int fd : {listener, dialer, impostor}) ::close(fd);
 }
 
+// Issue 67 item 9, probed at the relay: a proof replayed from another
+// connection (a captured dial), bytes of noise, and requests cut short are
+// each closed without joining anything; the parked member still gets its
+// dialer, and nothing else was spliced.
+TEST(Relay, ReplayedProofsNoiseAndCutRequestsAreRefusedAndAMemberStillJoins) {
+  const auto key = run_key("relay-test", "relay");
+  RelayServer relay("127.0.0.1", 0, key);
+  const ListenerId id{7, 7, 7, 7, 7, 7, 7, 7};
+  const int listener = request(relay.port(), key, relay_wire::kPark, id);
+  ASSERT_GE(listener, 0);
+  auto connect_to_relay = [&] {
+    const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+    const auto to = loopback(relay.port());
+    EXPECT_EQ(::connect(fd, reinterpret_cast<const sockaddr*>(&to), sizeof(sockaddr_in)), 0);
+    return fd;
+  };
+  auto challenge_of = [](int fd) {
+    std::array<uint8_t, relay_wire::kChallengeBytes> c{};
+    EXPECT_EQ(::recv(fd, c.data(), c.size(), MSG_WAITALL), ssize_t(c.size()));
+    return c;
+  };
+  // A dial proved for one connection's challenge, replayed on another's.
+  const int captured = connect_to_relay();
+  const auto first = challenge_of(captured);
+  std::vector<uint8_t> dial{relay_wire::kDial};
+  dial.insert(dial.end(), id.begin(), id.end());
+  const auto proof = relay_wire::request_proof(key, relay_wire::kDial, id, first.data());
+  dial.insert(dial.end(), proof.begin(), proof.end());
+  ::close(captured);
+  const int replayer = connect_to_relay();
+  challenge_of(replayer);
+  ASSERT_EQ(::send(replayer, dial.data(), dial.size(), MSG_NOSIGNAL), ssize_t(dial.size()));
+  EXPECT_EQ(read_byte(replayer, 5), -1) << "a replayed proof joined a pair";
+  // Noise of every length up to 64 KiB, and requests cut short then closed.
+  std::vector<int> hostile;
+  for (size_t n : {size_t(1), relay_wire::kRequestBytes - 1, relay_wire::kRequestBytes, size_t(4096), size_t(65536)}) {
+    const int fd = connect_to_relay();
+    std::vector<uint8_t> noise(n);
+    for (size_t i = 0; i < n; ++i) noise[i] = uint8_t(i * 131 + n);
+    ::send(fd, noise.data(), noise.size(), MSG_NOSIGNAL);
+    hostile.push_back(fd);
+  }
+  for (int i = 0; i < 20; ++i) {
+    const int fd = connect_to_relay();
+    ::send(fd, dial.data(), dial.size() / 2, MSG_NOSIGNAL);
+    ::close(fd);
+  }
+  // Each gets its challenge and nothing more before the relay closes it.
+  for (int fd : hostile) {
+    size_t got = 0;
+    for (int b = read_byte(fd, 10); b != -1; b = read_byte(fd, 10)) ++got;
+    EXPECT_LE(got, relay_wire::kChallengeBytes);
+    ::close(fd);
+  }
+  EXPECT_EQ(relay.stats().spliced, 0) << "nothing was joined by what came so far";
+  const int dialer = request(relay.port(), key, relay_wire::kDial, id);
+  ASSERT_GE(dialer, 0);
+  EXPECT_EQ(read_byte(dialer, 5), relay_wire::kJoined);
+  EXPECT_EQ(read_byte(listener, 5), relay_wire::kJoined);
+  EXPECT_EQ(relay.stats().spliced, 1);
+  EXPECT_GE(relay.stats().refused, 1 + 5);
+  for (int fd : {listener, dialer, replayer}) ::close(fd);
+}
+
 namespace {
 
 // The testbed of scripts/wan_testbed.sh, removed when the test ends (also on failure).
