@@ -7,6 +7,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <array>
 #include <filesystem>
 #include <fstream>
 #include <map>
@@ -44,6 +45,21 @@ int read_byte(int fd, int seconds) {
   if (::poll(&p, 1, seconds * 1000) != 1) return -1;
   uint8_t b = 0;
   return ::recv(fd, &b, 1, 0) == 1 ? b : -1;
+}
+
+// A plain TCP connection to the relay on `port`, which has proved nothing.
+int connect_to(int port) {
+  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  const auto to = loopback(port);
+  EXPECT_EQ(::connect(fd, reinterpret_cast<const sockaddr*>(&to), sizeof(sockaddr_in)), 0);
+  return fd;
+}
+
+// The challenge the relay sends every new connection first.
+std::array<uint8_t, relay_wire::kChallengeBytes> challenge_of(int fd) {
+  std::array<uint8_t, relay_wire::kChallengeBytes> challenge{};
+  EXPECT_EQ(::recv(fd, challenge.data(), challenge.size(), MSG_WAITALL), ssize_t(challenge.size()));
+  return challenge;
 }
 
 // A connection that has proved `key` for `op` on listener `id`, or -1.
@@ -94,12 +110,7 @@ TEST(Relay, RefusesClientsWithoutTheTokenAndHoldsAThousandIdleStrangersWithoutSt
   EXPECT_EQ(read_byte(impostor, 5), -1) << "closed, not joined";
   // A thousand strangers connect and say nothing.
   std::vector<int> idle;
-  for (int i = 0; i < 1000; ++i) {
-    const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-    const auto to = loopback(relay.port());
-    ASSERT_EQ(::connect(fd, reinterpret_cast<const sockaddr*>(&to), sizeof(sockaddr_in)), 0);
-    idle.push_back(fd);
-  }
+  for (int i = 0; i < 1000; ++i) idle.push_back(connect_to(relay.port()));
   // A member still gets its pair joined at once.
   const auto start = Clock::now();
   const int dialer = request(relay.port(), key, relay_wire::kDial, id);
@@ -111,8 +122,7 @@ TEST(Relay, RefusesClientsWithoutTheTokenAndHoldsAThousandIdleStrangersWithoutSt
   // The strangers are closed once their window to prove the key has passed.
   int closed = 0;
   for (int fd : idle) {
-    uint8_t challenge[relay_wire::kChallengeBytes];
-    ASSERT_EQ(::recv(fd, challenge, sizeof(challenge), MSG_WAITALL), ssize_t(sizeof(challenge)));
+    challenge_of(fd);
     closed += read_byte(fd, 10) == -1;
     ::close(fd);
   }
@@ -131,40 +141,29 @@ TEST(Relay, ReplayedProofsNoiseAndCutRequestsAreRefusedAndAMemberStillJoins) {
   const ListenerId id{7, 7, 7, 7, 7, 7, 7, 7};
   const int listener = request(relay.port(), key, relay_wire::kPark, id);
   ASSERT_GE(listener, 0);
-  auto connect_to_relay = [&] {
-    const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-    const auto to = loopback(relay.port());
-    EXPECT_EQ(::connect(fd, reinterpret_cast<const sockaddr*>(&to), sizeof(sockaddr_in)), 0);
-    return fd;
-  };
-  auto challenge_of = [](int fd) {
-    std::array<uint8_t, relay_wire::kChallengeBytes> c{};
-    EXPECT_EQ(::recv(fd, c.data(), c.size(), MSG_WAITALL), ssize_t(c.size()));
-    return c;
-  };
   // A dial proved for one connection's challenge, replayed on another's.
-  const int captured = connect_to_relay();
+  const int captured = connect_to(relay.port());
   const auto first = challenge_of(captured);
   std::vector<uint8_t> dial{relay_wire::kDial};
   dial.insert(dial.end(), id.begin(), id.end());
   const auto proof = relay_wire::request_proof(key, relay_wire::kDial, id, first.data());
   dial.insert(dial.end(), proof.begin(), proof.end());
   ::close(captured);
-  const int replayer = connect_to_relay();
+  const int replayer = connect_to(relay.port());
   challenge_of(replayer);
   ASSERT_EQ(::send(replayer, dial.data(), dial.size(), MSG_NOSIGNAL), ssize_t(dial.size()));
   EXPECT_EQ(read_byte(replayer, 5), -1) << "a replayed proof joined a pair";
   // Noise of every length up to 64 KiB, and requests cut short then closed.
   std::vector<int> hostile;
   for (size_t n : {size_t(1), relay_wire::kRequestBytes - 1, relay_wire::kRequestBytes, size_t(4096), size_t(65536)}) {
-    const int fd = connect_to_relay();
+    const int fd = connect_to(relay.port());
     std::vector<uint8_t> noise(n);
     for (size_t i = 0; i < n; ++i) noise[i] = uint8_t(i * 131 + n);
     ::send(fd, noise.data(), noise.size(), MSG_NOSIGNAL);
     hostile.push_back(fd);
   }
   for (int i = 0; i < 20; ++i) {
-    const int fd = connect_to_relay();
+    const int fd = connect_to(relay.port());
     ::send(fd, dial.data(), dial.size() / 2, MSG_NOSIGNAL);
     ::close(fd);
   }

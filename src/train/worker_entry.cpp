@@ -27,10 +27,6 @@ namespace {
 
 constexpr std::chrono::milliseconds kJoinFirstContact{10000};
 
-std::string store_address(const WorkerEnv& env) {
-  return env.store_url.empty() ? fmt::format("tcp://{}:{}", env.master_addr, env.master_port) : env.store_url;
-}
-
 // A joining replica of several workers: its first worker claims the member
 // id and starts the others with this variable ("member:worker"), the same
 // command otherwise.

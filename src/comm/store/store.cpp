@@ -17,6 +17,10 @@ namespace {
 std::vector<uint8_t> bytes_of(const std::string& s) { return {s.begin(), s.end()}; }
 }  // namespace
 
+std::string store_address(const WorkerEnv& env) {
+  return env.store_url.empty() ? fmt::format("tcp://{}:{}", env.master_addr, env.master_port) : env.store_url;
+}
+
 StorePtr connect_store(const WorkerEnv& env, std::chrono::milliseconds timeout) {
   if (env.store_url.empty()) {
     if (!env.agent_store)

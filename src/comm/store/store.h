@@ -21,6 +21,9 @@ using StorePtr = c10::intrusive_ptr<c10d::Store>;
 // Waits up to `timeout` for an etcd that is not up yet; a wrong token is
 // refused at once.
 StorePtr connect_store(const WorkerEnv& env, std::chrono::milliseconds timeout);
+// Where connect_store connects, as a message names it: the URL, or
+// tcp://MASTER_ADDR:MASTER_PORT for torchrun's store.
+std::string store_address(const WorkerEnv& env);
 // A joiner reaching the run's store at an https:// URL pins the key the token
 // gives (the store worker 0 hosts), unless NOLOCO_STORE_CA names the CA of a
 // store of one's own.

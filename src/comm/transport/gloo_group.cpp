@@ -16,6 +16,7 @@
 #include "comm/transport/framed.h"
 #include "comm/transport/gloo_admission.h"
 #include "comm/store/run_keys.h"
+#include "comm/store/store.h"
 #include "comm/transport/seal.h"
 #include "comm/transport/ticker.h"
 #include "util/error_text.h"
@@ -186,7 +187,7 @@ GlooGroup join_gloo_group(const StorePtr& store, const WorkerEnv& env, const std
       "died, or is unreachable at its bind address: behind NAT or a firewall, run `noloco serve` on a public machine "
       "and give every worker its NOLOCO_RELAY), NOLOCO_RUN_TOKEN differs, or a process that is not a member takes "
       "the group's connections: {}",
-      env.store_url.empty() ? fmt::format("{}:{}", env.master_addr, env.master_port) : env.store_url, env.rank, name, rank, world, timeout.count() / 1000, attempt, why));
+      store_address(env), env.rank, name, rank, world, timeout.count() / 1000, attempt, why));
 }
 
 }  // namespace noloco
