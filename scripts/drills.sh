@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Randomized failure drills (issue 32): 4-replica NoLoCo runs of a small model
-# in which one or two workers are killed, frozen or killed halfway through a
-# checkpoint, at random ranks and steps, with and without restarts; every
+# in which one or two workers are killed, frozen, killed halfway through a
+# checkpoint or thrown off (weights plus noise: a replica that blew up, which
+# its partners must refuse), at random ranks and steps, with and without restarts; every
 # other run a worker joins at a random moment and may be killed. Every run
 # must end by itself within twice the undisturbed run's wall time, write its
 # summary and leave no process behind. Writes a Markdown table.
@@ -33,12 +34,14 @@ start=$(now)
 "$bin" "${common[@]}" out="$out/undisturbed" > "$out/undisturbed.log" 2>&1
 base=$(echo "$(now) - $start" | bc)
 limit=$(echo "2 * $base" | bc)
-echo "drills: undisturbed run ${base%.*} s; each drill must end within ${limit%.*} s (seed $seed)"
+# The worst replica's final validation loss in a run's summary.
+worst_val() { python3 -c 'import json,sys; print("%.3f" % max(json.load(open(sys.argv[1])).get("final_val_loss_replicas") or [float("nan")]))' "$1/summary.json"; }
+echo "drills: undisturbed run ${base%.*} s, worst final val loss $(worst_val "$out/undisturbed"); each drill must end within ${limit%.*} s (seed $seed)"
 
 table="$out/drills.md"
 {
-  echo "| # | failures | restarts | joiner | exit | wall s | within 2x | summary | finished | failed / restarted | joined | processes left |"
-  echo "|---|---|---|---|---|---|---|---|---|---|---|---|"
+  echo "| # | failures | restarts | joiner | exit | wall s | within 2x | summary | finished | failed / restarted | joined | renewed | worst val | processes left |"
+  echo "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"
 } > "$table"
 ok=0
 for ((i = 1; i <= runs; i++)); do
@@ -47,10 +50,11 @@ for ((i = 1; i <= runs; i++)); do
   plan=""
   for ((f = 0; f < failures; f++)); do
     rank=$(((first + f * (1 + RANDOM % 3)) % 4))
-    case $((RANDOM % 3)) in
+    case $((RANDOM % 4)) in
       0) point="$rank:$((20 + RANDOM % (steps - 40)))" ;;
       1) point="$rank:$((20 + RANDOM % (steps - 40))):freeze" ;;
       2) point="$rank:$((100 * (1 + RANDOM % (steps / 100 - 1)))):checkpoint" ;;
+      3) point="$rank:$((20 + RANDOM % (steps - 40))):diverge" ;;
     esac
     plan+="${plan:+,}$point"
   done
@@ -93,17 +97,19 @@ for ((i = 1; i <= runs; i++)); do
   sleep 1
   left=$(leftovers "$dir")
   [ "$left" = yes ] && pkill -9 -f "[n]oloco (train .*out=$dir( |$)|join $dir )" || true
-  summary=no finished="" lost="" joined=""
+  summary=no finished="" lost="" joined="" renewed="" worst=""
   if [ -f "$dir/summary.json" ]; then
     summary=yes
     finished=$(python3 -c 'import json,sys; s=json.load(open(sys.argv[1])); print(",".join(map(str,s["replicas_finished"])))' "$dir/summary.json")
     joined=$(python3 -c 'import json,sys; s=json.load(open(sys.argv[1])); print(",".join(str(j["replica"]) for j in s.get("joined", [])))' "$dir/summary.json")
+    renewed=$(python3 -c 'import json,sys; print(",".join(map(str, json.load(open(sys.argv[1])).get("replicas_renewed", []))))' "$dir/summary.json")
+    worst=$(worst_val "$dir")
     lost=$(python3 -c 'import json,sys; s=json.load(open(sys.argv[1])); print(" ".join([str(f["replica"]) for f in s["replicas_failed"]] + [str(f["replica"]) + "(restarted)" for f in s.get("replicas_restarted", [])]))' "$dir/summary.json")
   fi
   within=$([ "$code" -ne 124 ] && [ "$code" -ne 137 ] && echo yes || echo no)
   [ "$within" = yes ] && [ "$summary" = yes ] && [ "$left" = no ] && ok=$((ok + 1))
-  printf '| %d | `%s` | %d | %s | %d | %.0f | %s | %s | %s | %s | %s | %s |\n' "$i" "$plan" "$restarts" "${join:-–}" "$code" \
-    "$wall" "$within" "$summary" "$finished" "$lost" "$joined" "$left" | tee -a "$table"
+  printf '| %d | `%s` | %d | %s | %d | %.0f | %s | %s | %s | %s | %s | %s | %s | %s |\n' "$i" "$plan" "$restarts" \
+    "${join:-–}" "$code" "$wall" "$within" "$summary" "$finished" "$lost" "$joined" "$renewed" "$worst" "$left" | tee -a "$table"
 done
 echo "drills: $ok of $runs ended by themselves within ${limit%.*} s with a summary and no process left (seed $seed)" | tee -a "$table"
 [ "$ok" -eq "$runs" ]

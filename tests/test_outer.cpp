@@ -120,6 +120,42 @@ TEST(Outer, NoLoCoStepByHandWithDistinctAlphaBetaGamma) {
   expect_values(flat.values(), {1.095, 2.16, -0.275});  // θ ← φ
 }
 
+// Issue 67 item 5's bound: once a partner's increment has been taken, one up
+// to 10 times the largest this replica met over its last outer steps (its own
+// and its partners') is averaged in; beyond, the message is refused whole
+// (counted as dropped, its sender named) and this replica steps alone. The
+// first one met is taken whatever its size: replicas may start apart.
+TEST(Outer, NoLoCoRefusesAPartnersIncrementBeyondTenTimesThoseItMet) {
+  const auto own_delta = torch::tensor({0.5f, -1.0f, 1.0f});
+  for (const double scale : {9.9, 10.5}) {
+    SCOPED_TRACE(scale);
+    auto c = outer_config("noloco", 0.5, 0.7, 0.4);
+    Rig rig(c);
+    const auto phi = torch::tensor({1.0f, 2.0f, -1.0f});
+    rig.outer->load({{"outer.phi", phi}, {"outer.momentum", torch::zeros({3})}});
+    rig.flat.values().copy_(phi + own_delta);
+    rig.comm.peers = {torch::cat({own_delta * 50, phi})};  // the first met: taken
+    auto first = rig.outer->after_inner_step(3, rig.flat);
+    ASSERT_TRUE(first.has_value());
+    EXPECT_NEAR(first->largest_increment_ratio, 50, 1e-4);
+    EXPECT_EQ(first->arrived, (std::vector<int>{0, 1}));
+
+    TensorMap state;
+    rig.outer->save(state);
+    const auto phi_now = state.at("outer.phi");
+    rig.flat.values().copy_(phi_now + own_delta);
+    const double met = 50 * own_delta.norm().item<double>();  // the largest in the window: the partner's
+    rig.comm.peer = torch::cat({own_delta * (50 * scale), phi_now});
+    auto sync = rig.outer->after_inner_step(7, rig.flat);
+    ASSERT_TRUE(sync.has_value());
+    EXPECT_NEAR(sync->largest_increment_ratio * met, 50 * scale * own_delta.norm().item<double>(), 1e-3);
+    const bool refused = scale > 10;
+    EXPECT_EQ(sync->refused, refused ? std::vector<int>{1} : std::vector<int>{});
+    EXPECT_EQ(sync->arrived, refused ? std::vector<int>{0} : (std::vector<int>{0, 1}));
+    EXPECT_EQ(sync->values_dropped, refused ? sync->values_received : 0);
+  }
+}
+
 TEST(Outer, NoLoCoWithGammaEqualBetaSendsOnlyTheta) {
   auto c = outer_config("noloco", 0.5, 0.7, 0.7);
   Rig rig(c);

@@ -200,11 +200,12 @@ void add_comm_options(Options& o, TrainConfig& c) {
            "local launcher: cap each worker's link at this rate each way, e.g. 10mbit (own network namespaces; "
            "root only); empty: no cap")
       .add("inject_crash", c.run.inject_crash,
-           "failure drill: RANK:STEP[:checkpoint|:freeze|:stall=SECONDS|:corrupt][,...] kills that worker (SIGKILL) "
-           "before that step, or while writing its checkpoint, or freezes it (SIGSTOP), or stalls it for SECONDS "
-           "(alive, heartbeat on, like a replica busy handing its state over), or flips one byte of its next outer "
-           "message on the wire; RANK:startup[:freeze] kills (freezes) it before it joins the run; RANK:handover kills "
-           "the worker with that id that joins the running run (noloco join) once a donor has claimed its hand-over");
+           "failure drill: RANK:STEP[:checkpoint|:freeze|:stall=SECONDS|:corrupt|:diverge][,...] kills that worker "
+           "(SIGKILL) before that step, or while writing its checkpoint, or freezes it (SIGSTOP), or stalls it for "
+           "SECONDS (alive, heartbeat on, like a replica busy handing its state over), or flips one byte of its next "
+           "outer message on the wire, or throws its weights off by noise of std 1 (a replica that blew up); "
+           "RANK:startup[:freeze] kills (freezes) it before it joins the run; RANK:handover kills the worker with "
+           "that id that joins the running run (noloco join) once a donor has claimed its hand-over");
 }
 
 Options config_options(TrainConfig& c) {
@@ -493,6 +494,7 @@ std::vector<CrashPoint> parse_crash_plan(const std::string& plan) {
     if (parts.size() == 3 && parts[2] == "checkpoint") mode = CrashPoint::Mode::kill_in_checkpoint;
     if (parts.size() == 3 && parts[2] == "freeze") mode = CrashPoint::Mode::freeze;
     if (parts.size() == 3 && parts[2] == "corrupt") mode = CrashPoint::Mode::corrupt;
+    if (parts.size() == 3 && parts[2] == "diverge") mode = CrashPoint::Mode::diverge;
     if (parts.size() == 3 && parts[2].rfind("stall=", 0) == 0) {
       mode = CrashPoint::Mode::stall;
       stall_seconds = parse_real("inject_crash", parts[2].substr(6));
@@ -500,8 +502,8 @@ std::vector<CrashPoint> parse_crash_plan(const std::string& plan) {
     }
     if (parts.size() != 2 && (parts.size() != 3 || mode == CrashPoint::Mode::kill))
       invalid(fmt::format(
-          "inject_crash must be RANK:STEP[:checkpoint|:freeze|:corrupt|:stall=SECONDS], RANK:startup[:freeze] or "
-          "RANK:handover[,...], got '{}'",
+          "inject_crash must be RANK:STEP[:checkpoint|:freeze|:corrupt|:diverge|:stall=SECONDS], "
+          "RANK:startup[:freeze] or RANK:handover[,...], got '{}'",
           plan));
     if (parts.size() == 2 && parts[1] == "handover") {
       points.push_back({parse_integer("inject_crash", parts[0]), 0, CrashPoint::Mode::handover});
@@ -509,7 +511,7 @@ std::vector<CrashPoint> parse_crash_plan(const std::string& plan) {
     }
     if (parts[1] == "startup") {
       if (mode == CrashPoint::Mode::kill_in_checkpoint || mode == CrashPoint::Mode::corrupt ||
-          mode == CrashPoint::Mode::stall)
+          mode == CrashPoint::Mode::diverge || mode == CrashPoint::Mode::stall)
         invalid(fmt::format("inject_crash: a worker starting up writes no checkpoint and sends no message, in '{}'",
                             plan));
       points.push_back({parse_integer("inject_crash", parts[0]), 0,

@@ -143,7 +143,7 @@ struct RunConfig {
 // (SIGSTOP) like a hung machine, or killed while starting, before it joins
 // the run ("RANK:startup").
 struct CrashPoint {
-  enum class Mode { kill, kill_in_checkpoint, freeze, corrupt, stall, startup, freeze_at_startup, handover };
+  enum class Mode { kill, kill_in_checkpoint, freeze, corrupt, diverge, stall, startup, freeze_at_startup, handover };
   int64_t rank = 0, step = 0;
   Mode mode = Mode::kill;
   double stall_seconds = 0;  // stall: how long the worker stands still, heartbeat on

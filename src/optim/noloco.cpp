@@ -20,6 +20,20 @@ torch::Tensor rank_ordered_mean(int me, const torch::Tensor& own, const std::map
   return sum.div_(double(ranks.size()));
 }
 
+// A partner's increment (θ − φ, how far its weights are from this replica's
+// slow weights, where its message tells θ; else its Δ) is refused as diverged when its
+// norm exceeds this many times the largest increment this replica has met over
+// its last kIncrementHistory outer steps (this one included): its own and the
+// partners' it took. Healthy replicas on one schedule differ only by their
+// data (at most 1.3 times in the test run; docs/failures.md); a replica that
+// blew up is hundreds of times off. Its own history keeps a replica that blew
+// up, whose AdamW moments then shrink its own steps for a while, from refusing
+// its healthy partners in turn. Nothing is judged before the window holds a
+// partner's increment: replicas started apart (the Python door lets each seed
+// its own model) are far from each other at first, and the pull brings them close.
+constexpr double kDivergedRatio = 10.0;
+constexpr size_t kIncrementHistory = 4;
+
 }  // namespace
 
 NoLoCo::NoLoCo(const OuterConfig& config, uint64_t seed, ReplicaPeers links, FlatParams& params)
@@ -28,21 +42,37 @@ NoLoCo::NoLoCo(const OuterConfig& config, uint64_t seed, ReplicaPeers links, Fla
       transport_(*links.transport),
       membership_(links.membership),
       codec_(codec_spec(config)),
-      coset_(int(config.phi_bits), config.quant_block) {
+      coset_(int(config.phi_bits), config.quant_block),
+      increments_(fragments().size()) {
   for (const auto& f : fragments())
     messages_.emplace_back(config, codec_, coset_, f.numel,
                            [&](const std::string& name) { return fragment_state(name, f); },
                            low_rank_coding(params, f.offset, f.numel, config.message_rank));
 }
 
+std::string NoLoCo::increments_key(size_t fragment) { return "outer.increment_norms." + std::to_string(fragment); }
+
 void NoLoCo::save(TensorMap& out) const {
   SlowWeightsMethod::save(out);  // first: it waits for an exchange in flight, which uses the channels
   for (const auto& m : messages_) m.save(out);
+  for (size_t f = 0; f < increments_.size(); ++f) {
+    std::vector<double> norms;
+    for (const auto& met : increments_[f]) norms.insert(norms.end(), {met.own, met.taken});
+    out[increments_key(f)] = torch::tensor(norms, torch::kFloat64).reshape({int64_t(increments_[f].size()), 2});
+  }
 }
 
 void NoLoCo::load(const TensorMap& in) {
   SlowWeightsMethod::load(in);
   for (auto& m : messages_) m.load(in);
+  for (size_t f = 0; f < increments_.size(); ++f) {
+    increments_[f].clear();
+    const auto it = in.find(increments_key(f));
+    if (it == in.end()) continue;  // a state saved before the bound: it starts afresh
+    const auto norms = it->second.to(torch::kFloat64).reshape({it->second.numel() / 2, 2});
+    for (int64_t i = 0; i < std::min<int64_t>(norms.size(0), int64_t(kIncrementHistory)); ++i)
+      increments_[f].push_back({norms[i][0].item<double>(), norms[i][1].item<double>()});
+  }
 }
 
 std::vector<Peer> NoLoCo::my_group(int64_t id, OuterSync& sync) {
@@ -94,22 +124,55 @@ int64_t NoLoCo::phi_separation(const OuterSync& sync, const Fragment& fragment, 
 }
 
 std::map<int, NolocoParts> NoLoCo::decode(NolocoMessageCodec& message, const std::map<int, torch::Tensor>& arrived,
-                                          bool with_phi, const torch::Tensor& own_phi,
+                                          bool with_phi, const NolocoParts& own, const std::vector<Peer>& group,
                                           const std::map<int, int64_t>& separations, OuterSync& sync) {
   std::map<int, NolocoParts> decoded;
   const int64_t values = message.values(with_phi);
+  // θ − φ wherever θ can be known, Δ with φ included: a partner that blew up
+  // an outer step ago sends a small Δ on a φ thrown off.
+  const bool theta_message = message.carries_theta();
+  const auto increment = [&](const NolocoParts& parts) {
+    if (theta_message) return (parts.first - own.phi).norm().item<double>();
+    return (with_phi ? parts.first + parts.phi - own.phi : parts.first).norm().item<double>();
+  };
+  auto& history = increments_[size_t(sync.fragment)];
+  history.push_back({increment(own), 0.0});
+  if (history.size() > kIncrementHistory) history.pop_front();
+  double scale = 0;
+  bool judged = false;
+  for (const auto& met : history) {
+    scale = std::max({scale, met.own, met.taken});
+    judged = judged || met.taken > 0;
+  }
   for (const auto& [r, bytes] : arrived) {
     sync.values_received += values;
     const int64_t failed_before = sync.phi_blocks_failed;
     const int64_t separation = with_phi ? separations.at(r) : 0;
     try {
-      decoded[r] = message.decode(bytes, with_phi, own_phi, separation, &sync.phi_blocks_failed);
+      auto parts = message.decode(bytes, with_phi, own.phi, separation, &sync.phi_blocks_failed);
       sync.values_dropped += std::min(values, (sync.phi_blocks_failed - failed_before) * int64_t(coset_.block()));
+      const double norm = increment(parts);
+      const double ratio = scale > 0 ? norm / scale : 0.0;
+      sync.largest_increment_ratio = std::max(sync.largest_increment_ratio, ratio);
+      if (judged && ratio > kDivergedRatio) {
+        spdlog::error("outer step {}: refused replica {}'s message as diverged: its increment is {:.3g} times the "
+                      "largest this replica met lately (at most {:g} is taken); it is told to take a live "
+                      "replica's state",
+                      sync.outer_step, r, ratio, kDivergedRatio);
+        sync.values_dropped += values;
+        sync.refused.push_back(r);
+        const auto peer = std::find_if(group.begin(), group.end(), [&](const Peer& p) { return p.rank == r; });
+        if (membership_ && peer != group.end()) membership_->refuse_as_diverged(*peer, sync.outer_step);
+        continue;
+      }
+      history.back().taken = std::max(history.back().taken, norm);
+      decoded[r] = std::move(parts);
     } catch (const std::runtime_error& e) {
       spdlog::error("rejected the outer-step message of replica {}: {}", r, e.what());
       sync.values_dropped += values;
     }
   }
+  if (membership_ && membership_->refused_as_diverged()) sync.diverged = true;
   if (sync.phi_blocks_failed * 10 > message.phi_blocks())
     spdlog::warn("outer step {}: {} blocks of slow weights were further from a partner's than its grid covered; "
                  "no pull there this time", sync.outer_step, sync.phi_blocks_failed);
@@ -136,15 +199,16 @@ OuterTerms NoLoCo::group_means(int64_t id, const Fragment& fragment, const torch
     }
   torch::Tensor leftover;
   const auto payload = message.encode(own, with_phi, farthest, seed, &leftover);
-  const auto arrived = send(id, group, payload, message.format_id(with_phi), sync);
-  const auto decoded = decode(message, arrived, with_phi, own.phi, separations, sync);
   // residual=weights: this replica's Δ counts as its message carries it, as
-  // its partners' do, and what the message left out stays in its weights.
+  // its partners' do (and is judged against theirs so), and what the message
+  // left out stays in its weights.
   torch::Tensor own_first = own.first, kept;
   if (leftover.defined()) {
     own_first = own.first - leftover;
     kept = (leftover * config_.error_feedback_decay).to(theta.device());
   }
+  const auto arrived = send(id, group, payload, message.format_id(with_phi), sync);
+  const auto decoded = decode(message, arrived, with_phi, {own_first, own.phi}, group, separations, sync);
 
   // The means over this replica's values (exact, or as sent under residual=weights) and what it
   // decoded, in rank order.

@@ -14,6 +14,7 @@
 // (phi_coding), every phi_every-th outer step. A replica averages its own
 // exact values with what it decoded from the others (docs/method.md).
 #pragma once
+#include <deque>
 #include <memory>
 
 #include "optim/grouping.h"
@@ -45,10 +46,13 @@ class NoLoCo final : public SlowWeightsMethod {
   // roster that changed since makes it an estimate; a block it misjudges is
   // detected and dropped, not corrupted).
   int64_t phi_separation(const OuterSync& sync, const Fragment& fragment, int partner) const;
-  // The arrivals decoded; a malformed one is left out whole. `separations`:
-  // phi_separation of each sender (on φ exchanges).
+  // The arrivals decoded; a malformed one is left out whole, and so is one
+  // whose increment is far larger than those this replica met lately, whose
+  // sender is told so through the membership. `own`: this replica's Δ (or θ)
+  // as its message carries it, and its φ. `separations`: phi_separation of
+  // each sender (on φ exchanges).
   std::map<int, NolocoParts> decode(NolocoMessageCodec& message, const std::map<int, torch::Tensor>& arrived,
-                                    bool with_phi, const torch::Tensor& own_phi,
+                                    bool with_phi, const NolocoParts& own, const std::vector<Peer>& group,
                                     const std::map<int, int64_t>& separations, OuterSync& sync);
 
   // Two exchanges apart a pair is about as far apart as any: counted to 8,
@@ -62,6 +66,14 @@ class NoLoCo final : public SlowWeightsMethod {
   WireCodec codec_;
   CosetCodec coset_;
   std::vector<NolocoMessageCodec> messages_;  // by fragment
+  // One outer step's increment norms: this replica's own and the largest of
+  // the partners' it took (0: none). By fragment, the last few: the bound on a
+  // partner's (noloco.cpp); saved with the outer state, so a resume is bit-identical.
+  struct IncrementsMet {
+    double own = 0, taken = 0;
+  };
+  static std::string increments_key(size_t fragment);
+  std::vector<std::deque<IncrementsMet>> increments_;
 };
 
 }  // namespace noloco

@@ -30,6 +30,13 @@ struct OuterSync {
   // travelled), and of those the ones this replica could not use: a whole
   // rejected message, a φ block outside its grid.
   int64_t values_received = 0, values_dropped = 0;
+  // Partners whose message it refused as diverged (NoLoCo: an increment far
+  // larger than its own), and the largest ratio of a partner's increment to
+  // its own, where a replica drifting off shows first.
+  std::vector<int> refused;
+  double largest_increment_ratio = 0;
+  // A partner refused this replica's own message as diverged: it takes a live replica's state.
+  bool diverged = false;
 };
 
 class OuterOptimizer {

@@ -146,6 +146,11 @@ std::vector<UserOuterStep> UserLoopReplica::step() {
   auto after = life_.after_inner_step(++inner_steps_, /*last=*/false);
   auto steps = reported(std::move(after.syncs));
   if (!steps.empty()) steps.back().handed_over_to = after.handovers.served;
+  if (after.renewed) {
+    spdlog::info("replica {} took replica {}'s state at step {} in {:.1f}s after a partner refused it as diverged",
+                 env_.rank, after.renewed->donor, after.renewed->step, after.renewed->seconds);
+    inner_steps_ = after.renewed->step;
+  }
   if (life_.leave_requested()) {
     spdlog::info("replica {} leaves the run after step {} (SIGTERM)", env_.rank, inner_steps_);
     for (auto& s : leave()) steps.push_back(std::move(s));

@@ -17,6 +17,7 @@ FailureDrill::FailureDrill(const std::string& plan, int worker, int incarnation)
       case CrashPoint::Mode::kill: kill_at_ = point.step; break;
       case CrashPoint::Mode::freeze: freeze_at_ = point.step; break;
       case CrashPoint::Mode::corrupt: corrupt_at_ = point.step; break;
+      case CrashPoint::Mode::diverge: diverge_at_ = point.step; break;
       case CrashPoint::Mode::stall:
         stall_at_ = point.step;
         stall_seconds_ = point.stall_seconds;

@@ -193,6 +193,8 @@ nlohmann::json WorkerSummary::to_json() const {
     j.update({{"rejoined_at_step", rejoin->step}, {"rejoin_donor", rejoin->donor}, {"rejoin_seconds", rejoin->seconds},
               {"joined", rejoin->joined}});
   if (left_at_step) j["left_at_step"] = *left_at_step;
+  if (!refused_as_diverged.empty()) j["refused_as_diverged"] = refused_as_diverged;
+  if (!renewed_at_steps.empty()) j["renewed_at_steps"] = renewed_at_steps;
   for (const auto& w : workers)
     j["workers"].push_back({{"worker", w.worker},
                             {"device", w.device},
@@ -219,6 +221,8 @@ WorkerSummary WorkerSummary::from_json(const nlohmann::json& j) {
     s.rejoin = WorkerSummary::Rejoin{j["rejoined_at_step"].get<int64_t>(), j.value("rejoin_donor", 0),
                                      j.value("rejoin_seconds", 0.0), j.value("joined", false)};
   s.left_at_step = optional_of<int64_t>(j, "left_at_step");
+  s.refused_as_diverged = j.value("refused_as_diverged", std::vector<int>{});
+  s.renewed_at_steps = j.value("renewed_at_steps", std::vector<int64_t>{});
   for (const auto& w : j.value("workers", nlohmann::json::array()))
     s.workers.push_back({w.value("worker", 0), w.value("device", ""), w.value("peak_rss_mib", 0.0),
                          w.value("startup_seconds", 0.0)});
@@ -263,6 +267,8 @@ nlohmann::json RunSummary::to_json() const {
   for (const auto& f : kFigures)
     if (f.run) put(j, f.run_key, this->*f.run);
   if (!replicas_mostly_alone.empty()) j["replicas_mostly_alone"] = replicas_mostly_alone;
+  if (!replicas_refused_as_diverged.empty()) j["replicas_refused_as_diverged"] = replicas_refused_as_diverged;
+  if (!replicas_renewed.empty()) j["replicas_renewed"] = replicas_renewed;
   if (stages > 1)
     j.update({{"stages", stages},
               {"routing", routing},
@@ -299,6 +305,8 @@ RunSummary RunSummary::from_json(const nlohmann::json& j) {
   for (const auto& f : kFigures)
     if (f.run) s.*f.run = optional_of<double>(j, f.run_key);
   s.replicas_mostly_alone = j.value("replicas_mostly_alone", std::vector<int>{});
+  s.replicas_refused_as_diverged = j.value("replicas_refused_as_diverged", std::vector<int>{});
+  s.replicas_renewed = j.value("replicas_renewed", std::vector<int>{});
   s.final_val_loss_replicas = j.value("final_val_loss_replicas", std::vector<double>{});
   s.bytes_sent = j.value("bytes_sent", uint64_t(0));
   s.bytes_received = j.value("bytes_received", uint64_t(0));
@@ -432,6 +440,18 @@ struct RunTally {
   std::vector<std::vector<double>> stage_idle;
 };
 
+// Named once each, sorted.
+void note_divergence(RunSummary& run, const WorkerSummary& w, int member) {
+  auto add = [](std::vector<int>& to, int replica) {
+    if (std::find(to.begin(), to.end(), replica) == to.end()) {
+      to.push_back(replica);
+      std::sort(to.begin(), to.end());
+    }
+  };
+  for (int sender : w.refused_as_diverged) add(run.replicas_refused_as_diverged, sender);
+  if (!w.renewed_at_steps.empty()) add(run.replicas_renewed, member);
+}
+
 }  // namespace
 
 RunSummary summarize_run(const std::string& run_dir, Method method, int64_t replicas, int64_t stages,
@@ -471,6 +491,7 @@ RunSummary summarize_run(const std::string& run_dir, Method method, int64_t repl
     const auto w = WorkerSummary::from_json(read_json(path));
     if (w.rejoin && w.rejoin->joined) run.joined.push_back({member, w.rejoin->step, w.rejoin->donor, w.rejoin->seconds});
     tally.add_traffic(run, w);
+    note_divergence(run, w, member);
     if (w.left_at_step) {
       where.reason = fmt::format("left after step {} (SIGTERM)", *w.left_at_step);
       run.left.push_back(where);

@@ -70,6 +70,11 @@ struct WorkerSummary {
     double peak_rss_mib = 0, startup_seconds = 0;
   };
   std::vector<ReplicaWorker> workers;
+  // Partners whose outer-step message it refused as diverged (one entry a
+  // message), and the steps from which it went on with a live replica's
+  // state after a partner refused its own.
+  std::vector<int> refused_as_diverged;
+  std::vector<int64_t> renewed_at_steps;
   nlohmann::json to_json() const;
   static WorkerSummary from_json(const nlohmann::json& j);
 };
@@ -108,6 +113,9 @@ struct RunSummary {
   std::optional<double> handovers_served, handovers_abandoned;          // summed over the replicas
   // Replicas that had no partner at more than kMostlyAlone of their outer steps.
   std::vector<int> replicas_mostly_alone;
+  // Replicas whose messages a partner refused as diverged, and those that
+  // then took a live replica's state.
+  std::vector<int> replicas_refused_as_diverged, replicas_renewed;
   uint64_t bytes_sent = 0, bytes_received = 0;
   double comm_seconds = 0, wait_seconds = 0, comm_seconds_per_replica = 0, wait_seconds_per_replica = 0;
   double seconds = 0;

@@ -153,6 +153,8 @@ struct OuterTally {
   int64_t values_received = 0, values_dropped = 0;  // of peers' messages
   double worst_dropped = 0;                         // the largest share of one outer step
   double blocked_seconds = 0;
+  std::vector<int> refused_as_diverged;  // senders, one entry a refused message
+  std::vector<int64_t> renewed_at_steps;
 };
 
 // What a link carried for training, per parameter and step (inner or outer).
@@ -231,6 +233,8 @@ WorkerSummary summarize_worker(const TrainConfig& c, const WorkerInfo& w, const 
     summary.handovers_served = double(outer.handovers_served);
     summary.handovers_abandoned = double(outer.handovers_abandoned);
   }
+  summary.refused_as_diverged = outer.refused_as_diverged;
+  summary.renewed_at_steps = outer.renewed_at_steps;
   return summary;
 }
 
@@ -347,7 +351,9 @@ class WorkerRun {
   InnerStepResult inner_step(int64_t step);
   // After inner step `done` (1-based): the outer method's step, if one is due
   // (the last step also applies what is still in flight), then the rejoins it serves.
-  void outer_step(int64_t done, bool last);
+  // The step to go on from, if a partner refused this replica as diverged
+  // and it took a live replica's state.
+  std::optional<int64_t> outer_step(int64_t done, bool last);
   void log_progress(int64_t done, bool last, const InnerStepResult& s);
   // The mean over the replica's workers of this worker's `loss` (its own rows of the step's batch).
   double replica_loss(double loss);
@@ -480,7 +486,7 @@ void WorkerRun::synchronise_gradients() {
   tally_.blocked_seconds += seconds_since(start);
 }
 
-void WorkerRun::outer_step(int64_t done, bool last) {
+std::optional<int64_t> WorkerRun::outer_step(int64_t done, bool last) {
   const auto after = life_.after_inner_step(done, last);
   tally_.blocked_seconds += after.blocked_seconds;
   record_outer_steps(done, after.syncs);
@@ -489,6 +495,15 @@ void WorkerRun::outer_step(int64_t done, bool last) {
     telemetry_.write(record(done, "donate", w_, *model_, {{"to", to}, {"abandoned", true}}));
   tally_.handovers_served += int64_t(after.handovers.served.size());
   tally_.handovers_abandoned += int64_t(after.handovers.abandoned.size());
+  if (!after.renewed) return std::nullopt;
+  const auto& renewed = *after.renewed;
+  telemetry_.write(record(renewed.step, "rejoin", w_, *model_,
+                          {{"donor", renewed.donor}, {"seconds", renewed.seconds}, {"refused_at_step", done}}));
+  spdlog::info("took replica {}'s state at step {} in {:.1f}s, a partner having refused it as diverged (read at "
+               "step {})",
+               renewed.donor, renewed.step, renewed.seconds, done);
+  tally_.renewed_at_steps.push_back(renewed.step);
+  return renewed.step;
 }
 
 nlohmann::json WorkerRun::leave(int64_t done) {
@@ -525,6 +540,7 @@ void WorkerRun::record_outer_steps(int64_t done, const std::vector<OuterSync>& s
     tally_.values_dropped += sync.values_dropped;
     const double dropped = dropped_share(sync.values_dropped, sync.values_received);
     tally_.worst_dropped = std::max(tally_.worst_dropped, dropped);
+    tally_.refused_as_diverged.insert(tally_.refused_as_diverged.end(), sync.refused.begin(), sync.refused.end());
     ++tally_.outer_steps;
     if (sync.arrived.size() > 1) {
       ++tally_.paired;
@@ -532,7 +548,7 @@ void WorkerRun::record_outer_steps(int64_t done, const std::vector<OuterSync>& s
     } else {
       tally_.longest_alone = std::max(tally_.longest_alone, ++tally_.alone_run);
     }
-    telemetry_.write(record(done, "outer", w_, *model_,
+    auto r = record(done, "outer", w_, *model_,
                             {{"outer_step", sync.outer_step},
                              {"fragment", sync.fragment},
                              {"members", sync.members},
@@ -540,7 +556,10 @@ void WorkerRun::record_outer_steps(int64_t done, const std::vector<OuterSync>& s
                              {"arrived", sync.arrived},
                              {"bytes", sync.bytes},
                              {"phi_blocks_failed", sync.phi_blocks_failed},
-                             {"dropped_fraction", dropped}}));
+                             {"dropped_fraction", dropped}});
+    if (sync.largest_increment_ratio > 0) r["largest_increment_ratio"] = sync.largest_increment_ratio;
+    if (!sync.refused.empty()) r["refused_as_diverged"] = sync.refused;
+    telemetry_.write(r);
   }
 }
 
@@ -628,7 +647,10 @@ nlohmann::json train(const TrainConfig& c, const WorkerInfo& w) {
     const auto inner = run.inner_step(step);
     const int64_t done = step + 1;
     const bool last = done == c.inner.steps;
-    run.outer_step(done, last);
+    if (const auto renewed = run.outer_step(done, last)) {
+      step = *renewed - 1;  // on from the live replica's step
+      continue;
+    }
     run.log_progress(done, last, inner);
     if (done % c.eval.interval == 0 || last) run.evaluate(done, last, inner.lr);
     // Before the periodic checkpoint: leaving writes this step's own (after what was in flight is applied).

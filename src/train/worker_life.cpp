@@ -1,5 +1,6 @@
 #include "train/worker_life.h"
 
+#include <algorithm>
 #include <chrono>
 #include <thread>
 
@@ -134,6 +135,10 @@ Rejoined WorkerLife::take_live_state() const {
 void WorkerLife::before_step(int64_t step) const {
   drill_.before_step(step);
   if (drill_.corrupts_before(step) && worker_.transport) worker_.transport->corrupt_next_message();
+  if (drill_.diverges_before(step)) {
+    torch::NoGradGuard no_grad;
+    flat_.values().add_(torch::randn_like(flat_.values()));
+  }
 }
 
 AfterStep WorkerLife::after_inner_step(int64_t done, bool last) {
@@ -144,10 +149,25 @@ AfterStep WorkerLife::after_inner_step(int64_t done, bool last) {
   if (auto sync = outer_.after_inner_step(done - 1, flat_)) after.syncs.push_back(std::move(*sync));
   if (last)  // exchanges still in flight (overlap) are applied before the final evaluation
     for (auto& sync : outer_.finish(flat_)) after.syncs.push_back(std::move(sync));
+  const auto diverged =
+      std::find_if(after.syncs.begin(), after.syncs.end(), [](const OuterSync& s) { return s.diverged; });
+  const bool renews = takes_back_restarted(config_.outer.method, config_.pipeline.routing, worker_.stages) &&
+                      worker_.replica_workers == 1;
+  if (diverged != after.syncs.end() && !last && renews)
+    after.renewed = renew(diverged->outer_step);
   after.blocked_seconds = std::chrono::duration<double>(Clock::now() - start).count();
-  if (!after.syncs.empty() && worker_.membership && !last)
+  if (!after.syncs.empty() && worker_.membership && !last && !after.renewed)
     after.handovers = serve_rejoins(*worker_.membership, *worker_.transport, state_, done);
   return after;
+}
+
+Rejoined WorkerLife::renew(int64_t outer_step) {
+  spdlog::error("worker {}: a partner refused its message as diverged (read after outer step {}); taking a live "
+                "replica's state at that replica's next outer step",
+                worker_.rank, outer_step);
+  outer_.finish(flat_);  // an exchange in flight would land on the state taken
+  worker_.membership->renew(outer_step);
+  return rejoin_from_peer(*worker_.membership, *worker_.transport, state_, rejoin_timeout(config_.comm), drill_);
 }
 
 bool WorkerLife::leave_requested() const { return worker_.leave_requested && worker_.leave_requested(); }

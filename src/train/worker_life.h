@@ -96,6 +96,9 @@ struct AfterStep {
   std::vector<OuterSync> syncs;  // the outer steps it took (several at the end, with overlap)
   HandOvers handovers;           // the restarted or joining workers given this worker's state
   double blocked_seconds = 0;    // how long the outer step held up training
+  // A partner refused this replica's message as diverged: it took a live
+  // replica's state and goes on from its step.
+  std::optional<Rejoined> renewed;
 };
 
 // A worker's life around its inner steps: the same for every loop. It holds
@@ -119,6 +122,9 @@ class WorkerLife {
   // workers that asked for it (not after the last: they would only join the
   // end late).
   AfterStep after_inner_step(int64_t done, bool last);
+  // After an outer step a partner refused as diverged: drops what is in
+  // flight and takes a live replica's state, as a restarted replica does.
+  Rejoined renew(int64_t outer_step);
   // A SIGTERM asked this worker to leave.
   bool leave_requested() const;
   // Leaves before the end: what is in flight is applied, the partners are

@@ -260,7 +260,10 @@ const Membership::Silence& Membership::silence_of(int rank, Clock::time_point no
   return s;
 }
 
-std::string Membership::request_name() const { return fmt::format("{}.{}", rank_, incarnation_); }
+std::string Membership::request_name() const {
+  const auto life = fmt::format("{}.{}", rank_, incarnation_);
+  return renewals_ == 0 ? life : fmt::format("{}.renewed{}", life, renewals_);
+}
 
 std::string Membership::handover_channel() const { return request_name(); }
 
@@ -300,7 +303,7 @@ int Membership::request_state(std::chrono::milliseconds timeout) {
 
 void Membership::rejoined() {
   std::lock_guard<std::mutex> lock(mutex_);
-  append_item(*members_, "incarnations", request_name());
+  append_item(*members_, "incarnations", fmt::format("{}.{}", rank_, incarnation_));
   if (joining_) append_item(*members_, "joined", std::to_string(rank_));
   joining_ = false;
   remove_item(*members_, "dead", std::to_string(rank_));
@@ -320,6 +323,27 @@ std::vector<std::pair<int, std::string>> Membership::claim_requests() {
     won.emplace_back(who, request);
   }
   return won;
+}
+
+// "r.g@k" items: replica r in incarnation g sent a diverged message at outer step k.
+void Membership::refuse_as_diverged(const Peer& partner, int64_t outer_step) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  append_item(*members_, "diverged", fmt::format("{}.{}@{}", partner.rank, partner.incarnation, outer_step));
+}
+
+bool Membership::refused_as_diverged() {
+  std::lock_guard<std::mutex> lock(mutex_);
+  const auto me = fmt::format("{}.{}@", rank_, incarnation_);
+  for (const auto& item : list_items(read_or_empty(*members_, "diverged")))
+    if (item.rfind(me, 0) == 0 && std::stoll(item.substr(me.size())) > refusals_answered_) return true;
+  return false;
+}
+
+void Membership::renew(int64_t outer_step) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  refusals_answered_ = outer_step;
+  ++renewals_;
+  append_item(*members_, "dead", std::to_string(rank_));  // out of snapshots until rejoined()
 }
 
 void Membership::finish() {

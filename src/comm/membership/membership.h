@@ -79,6 +79,16 @@ class Membership final : public Liveness {
   // A live replica: the pending requests it won the claim on, as
   // (rank, channel); each must be served.
   std::vector<std::pair<int, std::string>> claim_requests();
+  // A partner's outer-step message at `outer_step` was refused as diverged:
+  // the partner is told (refused_as_diverged) and takes a live replica's state.
+  void refuse_as_diverged(const Peer& partner, int64_t outer_step);
+  // Whether a partner refused this replica's message of an outer step after
+  // the one its last renewal answered.
+  bool refused_as_diverged();
+  // This replica, alive but diverged, starts over from a live replica's
+  // state as a restarted one does (request_state, then rejoined()); until
+  // then it is out of snapshots. `outer_step`: the refusals it answers.
+  void renew(int64_t outer_step);
   // This replica has finished training: it serves no more requests.
   void finish();
   // The other members (joiners in place included) still training: not
@@ -98,6 +108,8 @@ class Membership final : public Liveness {
   StorePtr members_;     // this group's keys
   std::string token_;
   int rank_, world_, incarnation_ = 0;
+  int renewals_ = 0;                 // in this incarnation: each one's request has a name of its own
+  int64_t refusals_answered_ = -1;   // the last outer step whose refusals a renewal answered
   bool joining_ = false;
   int stride_, offset_;  // member r is worker r·stride + offset
   std::chrono::milliseconds heartbeat_timeout_, idle_timeout_;
