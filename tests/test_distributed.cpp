@@ -862,6 +862,44 @@ TEST_F(Distributed, AJoinerWhoseStoreDoesNotAnswerSaysSoWithinSeconds) {
   EXPECT_NE(r.output.find("could not use the run's store at"), std::string::npos) << r.output;
 }
 
+// Issue 66: a worker that has not trained a step has nothing to hand back,
+// so SIGTERM ends it at once. A joiner waiting for a live replica's state
+// (here every replica is frozen) ignored SIGTERM until its wait ran out (600
+// s); it now ends within seconds with 143, and the run, thawed, finishes.
+TEST_F(Distributed, ASigtermEndsAJoinerStillWaitingForItsStateAtOnce) {
+  const std::string run_dir = dir / "frozen_donors", log = dir / "joiner.log";
+  noloco::testing::BackgroundCli runner(small_train_args(dir / "c.txt", run_dir) +
+                                            " method=noloco replicas=2 batch=2 steps=1000000 outer_interval=5 "
+                                            "heartbeat_timeout=120 peer_timeout=10 threads=1",
+                                        180);
+  ASSERT_TRUE(wait_for_step(run_dir, 20, 120));
+  const pid_t first = noloco::testing::worker_of(run_dir, 0), second = noloco::testing::worker_of(run_dir, 1);
+  ASSERT_GT(first, 0);
+  ASSERT_GT(second, 0);
+  ::kill(first, SIGSTOP);
+  ::kill(second, SIGSTOP);
+  noloco::testing::BackgroundCli joiner("join " + run_dir + " threads=1 > " + log, 120);
+  bool waiting = false;
+  for (int i = 0; i < 600 && !waiting; ++i) {
+    waiting = std::filesystem::exists(log) &&
+              noloco::testing::read_text(log).find("waiting for a live replica's state") != std::string::npos;
+    if (!waiting) std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  }
+  const auto t0 = std::chrono::steady_clock::now();
+  ::system(("pkill -TERM -f '^" NOLOCO_BINARY " join " + run_dir + " '").c_str());
+  const auto& joined = joiner.wait();
+  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  ::kill(first, SIGCONT);
+  ::kill(second, SIGCONT);
+  if (const pid_t launcher = noloco::testing::launcher_of(run_dir); launcher > 0) ::kill(launcher, SIGTERM);
+  const auto& ran = runner.wait();
+  EXPECT_TRUE(waiting) << noloco::testing::read_text(log);
+  EXPECT_EQ(joined.exit_code, 128 + SIGTERM) << noloco::testing::read_text(log);
+  EXPECT_LT(seconds, 10) << "ended " << seconds << " s after SIGTERM";
+  EXPECT_NE(ran.exit_code, 124) << ran.output;
+  EXPECT_TRUE(std::filesystem::exists(run_dir + "/summary.json")) << ran.output;
+}
+
 // The first python3 on PATH may lack torch or noloco (a pyenv shim, a bare
 // venv): once every worker failed, launch names the interpreter it ran and
 // what its import said; an interpreter that imports both is not blamed.

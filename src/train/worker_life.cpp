@@ -96,8 +96,8 @@ JoinedWorker start_worker(const TrainConfig& config, const WorkerStart& start) {
   // launcher tells a restart by its environment.
   if (env.restart == 0) FailureDrill(config.run.inject_crash, env.rank, 0).at_startup();
   const int stages = int(config.pipeline.stages);
+  // SIGTERM asks it to leave only from its first step on (util/leave_signal.h).
   const bool leaves = leaves_on_sigterm(config, stages);
-  if (leaves) leave_on_sigterm();
   // The replica's own group runs over NCCL on this worker's GPU where it can.
   const auto nccl_device =
       uses_nccl(config.run.device, config.comm) ? resolved_device(config.run.device, env.local_rank) : "";
@@ -133,6 +133,7 @@ Rejoined WorkerLife::take_live_state() const {
 }
 
 void WorkerLife::before_step(int64_t step) const {
+  if (worker_.leave_requested) leave_on_sigterm();
   drill_.before_step(step);
   if (drill_.corrupts_before(step) && worker_.transport) worker_.transport->corrupt_next_message();
   if (drill_.diverges_before(step)) {

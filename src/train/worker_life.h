@@ -1,9 +1,9 @@
 // One home for a worker's life in a run, whichever way the process came in
 // (the CLI's launched workers, `noloco join`, the Python door's replicas):
-// its start-up (start_worker: the start-up drill, SIGTERM as a request to
-// leave, the run's groups) and what happens around each of its inner steps
-// (WorkerLife: the outer step, the state handed to restarted and joining
-// workers, leaving, the end). The training loops (train/trainer.cpp, the
+// its start-up (start_worker: the start-up drill, the run's groups) and what
+// happens around each of its inner steps (WorkerLife: the outer step, the
+// state handed to restarted and joining workers, leaving on SIGTERM from the
+// first step on, the end). The training loops (train/trainer.cpp, the
 // Python module's UserLoopReplica) call these and nothing below them.
 #pragma once
 #include <functional>
@@ -114,8 +114,9 @@ class WorkerLife {
   // replica's next outer step and takes it; refused in one line for a run
   // that cannot take workers back.
   Rejoined take_live_state() const;
-  // Before inner step `step` (0-based): the failure drill's kill, freeze,
-  // stall or corruption, if one is due.
+  // Before inner step `step` (0-based): from now on SIGTERM asks a worker
+  // that can leave to; the failure drill's kill, freeze, stall or
+  // corruption, if one is due.
   void before_step(int64_t step) const;
   // After inner step `done` (1-based): the outer step, if one is due (the last
   // step also applies what is still in flight), then the state handed to the

@@ -8,11 +8,12 @@ namespace noloco {
 
 namespace {
 
-std::atomic<bool> requested{false};
+std::atomic<bool> requested{false}, installed{false};
 
 }  // namespace
 
 void leave_on_sigterm() {
+  if (installed.exchange(true)) return;
   struct sigaction sa {};
   sa.sa_handler = [](int) { requested = true; };
   ::sigemptyset(&sa.sa_mask);
