@@ -97,6 +97,8 @@ FramedReceive::FramedReceive(c10d::ProcessGroupGloo& group, int member, int tag,
 }
 
 void FramedReceive::post_parts() {
+  std::lock_guard<std::mutex> lock(*posting_);
+  if (aborted_) throw std::runtime_error("the receive was aborted");
   sealed_.clear();
   for (size_t i = 0; i < parts_.size(); ++i) {
     auto target = parts_[i];
@@ -168,6 +170,8 @@ Delivery FramedReceive::wait(std::chrono::milliseconds timeout) {
 }
 
 void FramedReceive::abort() {
+  std::lock_guard<std::mutex> lock(*posting_);
+  aborted_ = true;
   header_work_->abort();
   for (auto& w : part_works_) w->abort();
 }

@@ -14,6 +14,8 @@
 #pragma once
 #include <chrono>
 #include <cstdint>
+#include <memory>
+#include <mutex>
 #include <string>
 #include <vector>
 
@@ -79,7 +81,7 @@ class FramedReceive {
                 const Seal* seal);
   Delivery wait(std::chrono::milliseconds timeout);
   // Ends a wait on another thread (it returns peer_lost): the group is being
-  // given up. Only for an eager receive (a lazy one posts its parts in wait).
+  // given up. A lazy receive posts no parts after it.
   void abort();
   const std::string& problem() const { return problem_; }
   std::vector<torch::Tensor>& parts() { return parts_; }
@@ -102,6 +104,8 @@ class FramedReceive {
   int64_t max_bytes_ = -1;  // >= 0: the size comes from the header
   c10::intrusive_ptr<c10d::Work> header_work_;
   std::vector<c10::intrusive_ptr<c10d::Work>> part_works_;
+  std::unique_ptr<std::mutex> posting_ = std::make_unique<std::mutex>();  // part_works_ against abort()
+  bool aborted_ = false;
   std::string problem_;
 };
 

@@ -58,6 +58,18 @@ int sys_connect(int fd, const sockaddr* a, socklen_t n) { return int(::syscall(S
 int sys_accept4(int fd, sockaddr* a, socklen_t* n, int flags) { return int(::syscall(SYS_accept4, fd, a, n, flags)); }
 int sys_getsockname(int fd, sockaddr* a, socklen_t* n) { return int(::syscall(SYS_getsockname, fd, a, n)); }
 
+// A relayed connection's other end is the relay: when it dies, the reset
+// its kernel sends may be lost, and a member waiting to receive would learn
+// nothing for its whole timeout. Idle probes meet the missing socket within
+// seconds; they cost a few bytes on idle pairs.
+void probe_when_idle(int fd) {
+  const int on = 1, idle_s = 2, interval_s = 1, probes = 3;
+  ::setsockopt(fd, SOL_SOCKET, SO_KEEPALIVE, &on, sizeof(on));
+  ::setsockopt(fd, IPPROTO_TCP, TCP_KEEPIDLE, &idle_s, sizeof(idle_s));
+  ::setsockopt(fd, IPPROTO_TCP, TCP_KEEPINTVL, &interval_s, sizeof(interval_s));
+  ::setsockopt(fd, IPPROTO_TCP, TCP_KEEPCNT, &probes, sizeof(probes));
+}
+
 struct Scope {
   AdmissionKey key;
   Clock::time_point deadline;
@@ -70,8 +82,9 @@ struct Relays {
   std::vector<sockaddr_storage> at;
   RelayKey key{};
 };
-std::mutex relays_mutex;
-std::shared_ptr<const Relays> configured_relays;
+// Never destroyed: the relay watch's thread reads them until the process ends.
+std::mutex& relays_mutex = *new std::mutex;
+std::shared_ptr<const Relays>& configured_relays = *new std::shared_ptr<const Relays>;
 
 std::shared_ptr<const Relays> relays() {
   std::lock_guard<std::mutex> lock(relays_mutex);
@@ -362,6 +375,7 @@ class Gatekeeper {
     const auto n = ::recv(fd, &joined, 1, MSG_DONTWAIT);
     if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR)) return;
     if (n == 1 && joined == relay_wire::kJoined) {
+      probe_when_idle(fd);
       challenge(l, fd);
     } else {
       sys_close(fd);
@@ -516,6 +530,67 @@ int prove(int fd, const sockaddr* to, const AdmissionKey& key, Clock::time_point
   return 0;
 }
 
+std::atomic<uint64_t> relays_lost_count{0};
+
+// Holds an idle park at each relay in use (an id nobody dials) and counts the
+// ones that end: a relay says nothing to a park until it is spliced.
+void watch_relays() {
+  static std::once_flag started;
+  std::call_once(started, [] {
+    std::thread([] {
+      std::map<size_t, int> parked;  // index in `watched` -> our park there
+      std::map<size_t, Clock::time_point> retry_at;
+      std::shared_ptr<const Relays> watched;
+      for (;;) {
+        const auto configured = relays();
+        if (configured != watched) {  // another list (or none): its parks start afresh
+          for (const auto& [i, fd] : parked) sys_close(fd);
+          parked.clear();
+          retry_at.clear();
+          watched = configured;
+        }
+        if (!configured) {
+          std::this_thread::sleep_for(std::chrono::milliseconds(200));
+          continue;
+        }
+        for (size_t i = 0; i < configured->at.size(); ++i) {
+          if (parked.count(i) || Clock::now() < retry_at[i]) continue;
+          ListenerId id;
+          randombytes_buf(id.data(), id.size());
+          const int fd = relay_request(configured->at[i], configured->key, relay_wire::kPark, id,
+                                       Clock::now() + std::chrono::seconds(2));
+          if (fd >= 0) {
+            probe_when_idle(fd);
+            parked[i] = fd;
+          } else {
+            retry_at[i] = Clock::now() + std::chrono::seconds(2);
+          }
+        }
+        std::vector<pollfd> polled;
+        std::vector<size_t> index;
+        for (const auto& [i, fd] : parked) {
+          polled.push_back({fd, POLLIN | POLLRDHUP, 0});
+          index.push_back(i);
+        }
+        if (polled.empty()) {
+          std::this_thread::sleep_for(std::chrono::milliseconds(500));
+          continue;
+        }
+        if (::poll(polled.data(), polled.size(), 500) <= 0 || relays() != watched) continue;
+        for (size_t k = 0; k < polled.size(); ++k) {
+          if (!polled[k].revents) continue;
+          sys_close(polled[k].fd);
+          parked.erase(index[k]);
+          retry_at[index[k]] = Clock::now() + std::chrono::seconds(2);
+          ++relays_lost_count;
+          spdlog::warn("relay {} is gone: groups formed through relays are formed anew",
+                       address_text(reinterpret_cast<const sockaddr*>(&configured->at[index[k]])));
+        }
+      }
+    }).detach();
+  });
+}
+
 // Through the relays, in turn: a connection spliced to the listener `to`
 // names and admitted by it, or -1.
 int dial_relayed(const sockaddr* to, const AdmissionKey& key, Clock::time_point deadline, const Relays& relays) {
@@ -526,8 +601,10 @@ int dial_relayed(const sockaddr* to, const AdmissionKey& key, Clock::time_point 
     if (fd < 0) continue;
     uint8_t joined = 0;
     const auto until = std::min(deadline, Clock::now() + RelayServer::kParkWait + std::chrono::seconds(1));
-    if (read_exactly(fd, &joined, 1, until) && joined == relay_wire::kJoined && prove(fd, to, key, deadline) == 0)
+    if (read_exactly(fd, &joined, 1, until) && joined == relay_wire::kJoined && prove(fd, to, key, deadline) == 0) {
+      probe_when_idle(fd);
       return fd;
+    }
     sys_close(fd);
   }
   errno = EHOSTUNREACH;
@@ -589,9 +666,14 @@ Admission::~Admission() {
 }
 
 void use_relays(std::vector<sockaddr_storage> at, const RelayKey& key) {
-  std::lock_guard<std::mutex> lock(relays_mutex);
-  configured_relays = at.empty() ? nullptr : std::make_shared<const Relays>(Relays{std::move(at), key});
+  {
+    std::lock_guard<std::mutex> lock(relays_mutex);
+    configured_relays = at.empty() ? nullptr : std::make_shared<const Relays>(Relays{std::move(at), key});
+  }
+  if (relays()) watch_relays();
 }
+
+uint64_t relays_lost() { return relays_lost_count.load(); }
 
 bool relays_in_use() { return relays() != nullptr; }
 

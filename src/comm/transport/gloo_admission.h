@@ -75,6 +75,14 @@ void use_relays(std::vector<sockaddr_storage> relays, const RelayKey& key);
 // its relay went, not its peer.
 bool relays_in_use();
 
+// How many times a relay in use was lost. Each is watched through an idle
+// park of this process's own, which its death ends at once (or, where the
+// reset is lost on the way, within the idle probes: about 5 s); it is parked
+// again every 2 s. A Gloo pair through a lost relay may never learn it (Gloo
+// 1.13 can lose the connection's events and wait out its whole timeout), so
+// a group formed before the count changed is not trusted after it.
+uint64_t relays_lost();
+
 // Connects to `address`, proves `key` when given (else just connects), and
 // closes: a Gloo pair waiting there for its peer stops waiting. Bounded by
 // one second.

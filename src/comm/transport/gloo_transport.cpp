@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <mutex>
+#include <optional>
 
 #include <fmt/format.h>
 #include <spdlog/spdlog.h>
@@ -37,6 +38,10 @@ std::string members_key(const std::vector<Peer>& members) {
 uint8_t* bytes_ptr(const torch::Tensor& t) { return static_cast<uint8_t*>(t.data_ptr()); }
 
 enum CollectiveKind : int64_t { kGather = 1, kToAll = 2, kBroadcast = 3 };
+
+// A meeting counter: 1 came, 2 (or 3) given up by a peer's watchdog, from
+// kStaysAway up: said it will not come.
+constexpr int64_t kStaysAway = 4;
 
 torch::Tensor sealed_copy(const CollectiveSeal& sealing, const torch::Tensor& plain, const std::vector<uint8_t>& context) {
   auto sealed = torch::empty({int64_t(plain.nbytes() + Seal::kOverhead)}, torch::kUInt8);
@@ -378,13 +383,15 @@ std::unique_ptr<Transport> GlooTransport::subgroup(const std::string& name, cons
 }
 
 std::vector<Peer> GlooTransport::meet(const std::string& key, const std::vector<Peer>& peers, std::vector<int>* late,
-                                      int64_t my_generation, std::map<int, int64_t>* generations) {
+                                      int64_t my_generation, std::map<int, int64_t>* generations,
+                                      std::vector<int>* declined) {
   // Each member adds 1 to its own counter under the exchange's key and blocks
   // until every peer's counter exists: event-driven, so members meet as soon
   // as all are there. A watchdog on its own store connection adds 2 for a
   // peer that is given up or has not come within the timeout, which wakes the
   // wait. A counter of exactly 1 means "came, and not given up"; a member
-  // that finds more on arriving was given up and goes on alone.
+  // that finds more on arriving was given up and goes on alone; one that
+  // will not come adds kStaysAway to its own (it is alive: not late).
   // (Counters, not compareSet: the store wakes waiters on add, not on compareSet.)
   // With a liveness authority the wait is patient, without a deadline: the
   // authority decides, and is told about once a second that this member is
@@ -426,7 +433,12 @@ std::vector<Peer> GlooTransport::meet(const std::string& key, const std::vector<
   }
   std::vector<Peer> present;
   for (const auto& peer : peers) {
-    if (meetings->add(here(peer.rank), 0) != 1) {
+    const auto counter = meetings->add(here(peer.rank), 0);
+    if (counter >= kStaysAway && declined) {
+      declined->push_back(peer.rank);
+      continue;
+    }
+    if (counter != 1) {
       late->push_back(peer.rank);
       continue;
     }
@@ -435,6 +447,10 @@ std::vector<Peer> GlooTransport::meet(const std::string& key, const std::vector<
     (*generations)[peer.rank] = std::stoll(std::string(value.begin(), value.end()));
   }
   return present;
+}
+
+void GlooTransport::stay_away(const std::string& key) {
+  run_scope(store_, env_.token, scope_ + "/meet")->add(fmt::format("{}/here/{}", key, self_.rank), kStaysAway);
 }
 
 ExchangeResult GlooTransport::exchange(const ExchangeRequest& request) {
@@ -449,33 +465,52 @@ ExchangeResult GlooTransport::exchange(const ExchangeRequest& request) {
                   request.header.bytes == request.payload.numel(),
               "exchange payloads are contiguous bytes described by their header");
   const std::string planned = members_key(request.group);
+  if (relays_in_use() && relays_lost() != relays_lost_seen_) {
+    p2p_groups_.clear();  // some may run through the relay that went
+    relays_lost_seen_ = relays_lost();
+  }
   std::map<int, int64_t> generations;
   const auto present =
       meet(fmt::format("{}/{}", request.id, planned), peers, &result.lost, p2p_groups_.generation(planned), &generations);
-  const bool whole = present.size() == peers.size();
+  bool whole = present.size() == peers.size();
   const auto late = result.lost;
   auto waiting_since = start;
   bool reused = false;
   auto group =
-      present.empty() ? GlooGroup() : acquire_group(request.id, planned, whole, present, generations, &reused);
+      present.empty() ? GlooGroup() : acquire_group(request.id, planned, whole, present, generations, "", &reused);
+  const auto traded_from = Clock::now();
   bool failed = group && trade(*group, request, present, start, &result, &cost);
-  if (failed && relays_in_use() && since(start) < 0.5 * std::chrono::duration<double>(timeout_).count()) {
+  auto members = present;
+  if (relays_in_use() && !present.empty()) {
     // Through a relay, a connection that closed says nothing of the peer: its
-    // relay may be gone. Every member sees the same at once, so they form the
-    // group anew (through another relay) for this exchange and trade again; a
-    // peer that did die is given up while forming, once its heartbeat is silent.
-    spdlog::warn("exchange {}: a connection {} closed; forming the group anew", request.id,
-                 reused ? "kept since an earlier exchange" : "of its group");
-    group.reset();
-    p2p_groups_.forget(planned);
-    result = ExchangeResult();
-    result.lost = late;
-    waiting_since = Clock::now();  // the first try's wait is counted already
-    group = acquire_group(request.id, planned, whole, present, generations, &reused);
-    failed = group && trade(*group, request, present, waiting_since, &result, &cost);
+    // relay may be gone. The members that saw theirs close form the group anew
+    // (through another relay) and trade again. They agree at a second meeting,
+    // where a member that got through, or spent half its timeout trading,
+    // says it stays away: a member deciding alone waited its whole timeout
+    // for one that never came and declared it dead. A peer that did die is
+    // given up at that meeting, once its heartbeat is silent.
+    const auto again = fmt::format("{}/{}/again", request.id, planned);
+    if (!failed || since(traded_from) >= 0.5 * std::chrono::duration<double>(timeout_).count()) {
+      stay_away(again);
+    } else {
+      spdlog::warn("exchange {}: a connection {} closed, or its relay went; forming the group anew", request.id,
+                   reused ? "kept since an earlier exchange" : "of its group");
+      group.reset();
+      p2p_groups_.forget(planned);
+      result = ExchangeResult();
+      result.lost = late;
+      waiting_since = Clock::now();  // the first try's wait is counted already
+      std::map<int, int64_t> unused;
+      std::vector<int> declined;
+      members = meet(again, present, &result.lost, 0, &unused, &declined);
+      whole = whole && members.size() == present.size();
+      group = members.empty() ? GlooGroup()
+                              : acquire_group(request.id, planned, whole, members, generations, "again", &reused);
+      failed = group && trade(*group, request, members, waiting_since, &result, &cost);
+    }
   }
   if (!group) {
-    for (const auto& p : present) result.lost.push_back(p.rank);
+    for (const auto& p : members) result.lost.push_back(p.rank);
     cost.wait_seconds += since(waiting_since);
   } else {
     // A failed group is never used again (a timed-out Gloo pair stays
@@ -498,7 +533,7 @@ ExchangeResult GlooTransport::exchange(const ExchangeRequest& request) {
 
 GlooGroup GlooTransport::acquire_group(int64_t exchange, const std::string& planned, bool whole,
                                        const std::vector<Peer>& present, const std::map<int, int64_t>& generations,
-                                       bool* reused) {
+                                       const std::string& attempt, bool* reused) {
   // Reuse the group of the last exchange among exactly these members, if
   // every one of them still holds the same one (the generation they announce).
   const int64_t mine = p2p_groups_.generation(planned);
@@ -515,7 +550,7 @@ GlooGroup GlooTransport::acquire_group(int64_t exchange, const std::string& plan
     // A member that came to the meeting and died since (declared dead, or
     // its heartbeat silent) would hold the others for the whole timeout.
     const auto ranks = ranks_of(present);
-    auto group = join(fmt::format("{}/p2p/{}/{}", scope_, members_key(members), generation), index,
+    auto group = join(fmt::format("{}/p2p/{}/{}{}", scope_, members_key(members), generation, attempt), index,
                       int(members.size()), [&] { return any_gone(ranks); });
     if (whole) p2p_groups_.keep(planned, generation, group);
     return group;
@@ -553,6 +588,17 @@ bool GlooTransport::trade(c10d::ProcessGroupGloo& group, const ExchangeRequest& 
     spdlog::warn("exchange {} failed to start: {}", request.id, error_text(e));
     failed = true;
   }
+  // A relay lost now may leave a pair waiting out its whole timeout (see
+  // relays_lost): the trade is given up at once, and formed anew.
+  const auto lost_before = relays_lost();
+  std::optional<Ticker> relay_watch;
+  if (relays_in_use())
+    relay_watch.emplace(std::chrono::milliseconds(50), [&] {
+      if (relays_lost() == lost_before) return false;
+      for (auto& r : incoming) r.abort();
+      for (auto& s : sends) s.abort();
+      return true;
+    });
   for (size_t i = 0; i < incoming.size(); ++i) {
     const int rank = present[i].rank;
     switch (incoming[i].wait(timeout_)) {
@@ -575,6 +621,7 @@ bool GlooTransport::trade(c10d::ProcessGroupGloo& group, const ExchangeRequest& 
         if (i < sends.size()) sends[i].abort();
         break;
       default:  // died or timed out during the exchange: its pair is closed
+        spdlog::warn("exchange {}: worker {}'s message did not come: {}", request.id, rank, incoming[i].problem());
         result->lost.push_back(rank);
         failed = true;
     }

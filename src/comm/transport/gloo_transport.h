@@ -107,14 +107,19 @@ class GlooTransport final : public Transport {
   // counts (the receiver is declared dead until it holds the state).
   bool silent(int rank) const;
   // Members meet under `key` through store counters before forming a group:
-  // returns the peers that came and were not given up; `late` gets the others.
+  // returns the peers that came and were not given up; `late` gets the
+  // others, except those that said they stay away (`declined`, if given).
   std::vector<Peer> meet(const std::string& key, const std::vector<Peer>& peers, std::vector<int>* late,
-                         int64_t my_generation, std::map<int, int64_t>* generations);
+                         int64_t my_generation, std::map<int, int64_t>* generations,
+                         std::vector<int>* declined = nullptr);
+  // Tells the members meeting under `key` that this one will not come.
+  void stay_away(const std::string& key);
   // The group for an exchange among `present` (and this member): the cached
   // one if every member holds it, else a new one; null if it cannot be formed.
   // Formed while none of them is gone. `reused`: whether it was the cached one.
+  // `attempt` names a second try of the same exchange apart from the first.
   GlooGroup acquire_group(int64_t exchange, const std::string& planned, bool whole, const std::vector<Peer>& present,
-                          const std::map<int, int64_t>& generations, bool* reused);
+                          const std::map<int, int64_t>& generations, const std::string& attempt, bool* reused);
   // Sends this member's message to each of `present` and receives theirs;
   // true if a pair failed (the group must not be used again).
   bool trade(c10d::ProcessGroupGloo& group, const ExchangeRequest& request, const std::vector<Peer>& present,
@@ -141,6 +146,7 @@ class GlooTransport final : public Transport {
   std::shared_ptr<gloo::transport::Device> device_;  // one I/O loop for all of this worker's groups
   GlooGroup run_group_;  // formed at the first collective
   P2pGroupCache p2p_groups_;
+  uint64_t relays_lost_seen_ = 0;  // relays_lost() when the cached groups were last trusted
   std::mutex release_mutex_;
   std::thread releasing_;
 };

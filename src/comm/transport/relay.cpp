@@ -172,7 +172,7 @@ RelayServer::~RelayServer() {
 }
 
 RelayStats RelayServer::stats() const {
-  return {spliced_.load(), refused_.load(), carried_->bytes.load(), carried_->live.load()};
+  return {spliced_.load(), refused_.load(), carried_->bytes.load(), carried_->live.load(), parked_now_.load()};
 }
 
 void RelayServer::serve() {
@@ -265,6 +265,7 @@ void RelayServer::read_request(Connection& c) {
     }
     c.state = Connection::State::parked;
     parked_[c.id] = &c;
+    parked_now_ = int64_t(parked_.size());
     for (auto& other : connections_)
       if (other->fd >= 0 && other->state == Connection::State::dialing && other->id == c.id) {
         splice(c, *other);
@@ -281,12 +282,14 @@ void RelayServer::close_connection(Connection& c) {
   if (c.fd < 0) return;
   const auto parked = parked_.find(c.id);
   if (c.state == Connection::State::parked && parked != parked_.end() && parked->second == &c) parked_.erase(parked);
+  parked_now_ = int64_t(parked_.size());
   ::close(c.fd);
   c.fd = -1;
 }
 
 void RelayServer::splice(Connection& listener, Connection& dialer) {
   parked_.erase(listener.id);
+  parked_now_ = int64_t(parked_.size());
   const int a = listener.fd, b = dialer.fd;
   listener.fd = dialer.fd = -1;
   const uint8_t joined = relay_wire::kJoined;

@@ -61,6 +61,7 @@ struct RelayStats {
   int64_t refused = 0;   // connections that did not prove the key in time
   int64_t bytes = 0;     // carried, both directions
   int64_t live = 0;      // splices open now
+  int64_t parked = 0;    // listeners (and workers watching it) waiting now
 };
 
 class RelayServer {
@@ -97,7 +98,7 @@ class RelayServer {
   std::vector<std::unique_ptr<Connection>> connections_;  // serve()'s own
   std::map<ListenerId, Connection*> parked_;
   std::shared_ptr<Carried> carried_;
-  std::atomic<int64_t> refused_{0}, spliced_{0};
+  std::atomic<int64_t> refused_{0}, spliced_{0}, parked_now_{0};
   std::thread thread_;
 };
 
