@@ -58,18 +58,6 @@ int sys_connect(int fd, const sockaddr* a, socklen_t n) { return int(::syscall(S
 int sys_accept4(int fd, sockaddr* a, socklen_t* n, int flags) { return int(::syscall(SYS_accept4, fd, a, n, flags)); }
 int sys_getsockname(int fd, sockaddr* a, socklen_t* n) { return int(::syscall(SYS_getsockname, fd, a, n)); }
 
-// A relayed connection's other end is the relay: when it dies, the reset
-// its kernel sends may be lost, and a member waiting to receive would learn
-// nothing for its whole timeout. Idle probes meet the missing socket within
-// seconds; they cost a few bytes on idle pairs.
-void probe_when_idle(int fd) {
-  const int on = 1, idle_s = 2, interval_s = 1, probes = 3;
-  ::setsockopt(fd, SOL_SOCKET, SO_KEEPALIVE, &on, sizeof(on));
-  ::setsockopt(fd, IPPROTO_TCP, TCP_KEEPIDLE, &idle_s, sizeof(idle_s));
-  ::setsockopt(fd, IPPROTO_TCP, TCP_KEEPINTVL, &interval_s, sizeof(interval_s));
-  ::setsockopt(fd, IPPROTO_TCP, TCP_KEEPCNT, &probes, sizeof(probes));
-}
-
 struct Scope {
   AdmissionKey key;
   Clock::time_point deadline;
@@ -375,7 +363,6 @@ class Gatekeeper {
     const auto n = ::recv(fd, &joined, 1, MSG_DONTWAIT);
     if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR)) return;
     if (n == 1 && joined == relay_wire::kJoined) {
-      probe_when_idle(fd);
       challenge(l, fd);
     } else {
       sys_close(fd);
@@ -530,6 +517,16 @@ int prove(int fd, const sockaddr* to, const AdmissionKey& key, Clock::time_point
   return 0;
 }
 
+// The relay watch's parks: a relay host that vanishes sends no reset, and
+// idle probes find it gone within about 5 s.
+void probe_when_idle(int fd) {
+  const int on = 1, idle_s = 2, interval_s = 1, probes = 3;
+  ::setsockopt(fd, SOL_SOCKET, SO_KEEPALIVE, &on, sizeof(on));
+  ::setsockopt(fd, IPPROTO_TCP, TCP_KEEPIDLE, &idle_s, sizeof(idle_s));
+  ::setsockopt(fd, IPPROTO_TCP, TCP_KEEPINTVL, &interval_s, sizeof(interval_s));
+  ::setsockopt(fd, IPPROTO_TCP, TCP_KEEPCNT, &probes, sizeof(probes));
+}
+
 std::atomic<uint64_t> relays_lost_count{0};
 
 // Holds an idle park at each relay in use (an id nobody dials) and counts the
@@ -601,10 +598,8 @@ int dial_relayed(const sockaddr* to, const AdmissionKey& key, Clock::time_point 
     if (fd < 0) continue;
     uint8_t joined = 0;
     const auto until = std::min(deadline, Clock::now() + RelayServer::kParkWait + std::chrono::seconds(1));
-    if (read_exactly(fd, &joined, 1, until) && joined == relay_wire::kJoined && prove(fd, to, key, deadline) == 0) {
-      probe_when_idle(fd);
+    if (read_exactly(fd, &joined, 1, until) && joined == relay_wire::kJoined && prove(fd, to, key, deadline) == 0)
       return fd;
-    }
     sys_close(fd);
   }
   errno = EHOSTUNREACH;

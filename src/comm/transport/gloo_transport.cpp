@@ -43,6 +43,9 @@ enum CollectiveKind : int64_t { kGather = 1, kToAll = 2, kBroadcast = 3 };
 // kStaysAway up: said it will not come.
 constexpr int64_t kStaysAway = 4;
 
+// Member `rank`'s counter at the meeting `key`.
+std::string arrival_key(const std::string& key, int rank) { return fmt::format("{}/here/{}", key, rank); }
+
 torch::Tensor sealed_copy(const CollectiveSeal& sealing, const torch::Tensor& plain, const std::vector<uint8_t>& context) {
   auto sealed = torch::empty({int64_t(plain.nbytes() + Seal::kOverhead)}, torch::kUInt8);
   sealing.seal->seal(bytes_ptr(plain), plain.nbytes(), context, bytes_ptr(sealed));
@@ -397,8 +400,8 @@ std::vector<Peer> GlooTransport::meet(const std::string& key, const std::vector<
   // authority decides, and is told about once a second that this member is
   // waiting, not stuck (for the members waiting for it).
   const bool patient = liveness_ != nullptr;
-  const auto meetings = run_scope(store_, env_.token, scope_ + "/meet");
-  auto here = [&](int r) { return fmt::format("{}/here/{}", key, r); };
+  const auto meetings = meeting_room(store_);
+  auto here = [&](int r) { return arrival_key(key, r); };
   auto generation_key = [&](int r) { return fmt::format("{}/generation/{}", key, r); };
   const auto generation = std::to_string(my_generation);
   meetings->set(generation_key(self_.rank), std::vector<uint8_t>(generation.begin(), generation.end()));
@@ -407,7 +410,7 @@ std::vector<Peer> GlooTransport::meet(const std::string& key, const std::vector<
   for (const auto& peer : peers) keys.push_back(here(peer.rank));
   if (!meetings->check(keys)) {
     if (!watch_) watch_ = connect_();
-    const auto watch = run_scope(watch_, env_.token, scope_ + "/meet");
+    const auto watch = meeting_room(watch_);
     const auto start = Clock::now(), deadline = start + timeout_;
     auto noted = start;
     Ticker watchdog(std::chrono::milliseconds(20), [&] {
@@ -449,9 +452,11 @@ std::vector<Peer> GlooTransport::meet(const std::string& key, const std::vector<
   return present;
 }
 
-void GlooTransport::stay_away(const std::string& key) {
-  run_scope(store_, env_.token, scope_ + "/meet")->add(fmt::format("{}/here/{}", key, self_.rank), kStaysAway);
+StorePtr GlooTransport::meeting_room(const StorePtr& store) const {
+  return run_scope(store, env_.token, scope_ + "/meet");
 }
+
+void GlooTransport::stay_away(const std::string& key) { meeting_room(store_)->add(arrival_key(key, self_.rank), kStaysAway); }
 
 ExchangeResult GlooTransport::exchange(const ExchangeRequest& request) {
   const auto start = Clock::now();

@@ -112,6 +112,8 @@ class GlooTransport final : public Transport {
   std::vector<Peer> meet(const std::string& key, const std::vector<Peer>& peers, std::vector<int>* late,
                          int64_t my_generation, std::map<int, int64_t>* generations,
                          std::vector<int>* declined = nullptr);
+  // The store's keys where exchanges meet, through `store`.
+  StorePtr meeting_room(const StorePtr& store) const;
   // Tells the members meeting under `key` that this one will not come.
   void stay_away(const std::string& key);
   // The group for an exchange among `present` (and this member): the cached
