@@ -335,6 +335,12 @@ TEST_F(Distributed, APartnerGivesUpAFrozenWorkerByItsHeartbeat) {
     if (rec["replica"] == 0 && rec["step"].get<int64_t>() > 15)
       alone_after_freeze |= rec["arrived"] == std::vector<int>{0};
   EXPECT_TRUE(alone_after_freeze);
+  // With no launcher to write it, worker 0 writes the run's summary (issue 66), the frozen one given up.
+  const auto summary = read_json(dir / "torchrun_like/summary.json");
+  EXPECT_EQ(summary["replicas_finished"].get<std::vector<int>>(), std::vector<int>{0}) << summary.dump();
+  ASSERT_EQ(summary["replicas_failed"].size(), 1u) << summary.dump();
+  EXPECT_EQ(summary["replicas_failed"][0]["replica"], 1) << summary.dump();
+  EXPECT_NE(summary["replicas_failed"][0]["reason"].get<std::string>().find("no heartbeat"), std::string::npos);
 }
 
 // Issue 33 (split groups): a replica that falls behind while alive (a long
@@ -633,19 +639,21 @@ TEST_F(Distributed, AResumeStartsAWorkerWithoutCheckpointsFromALiveReplica) {
 // Issue 29: no single machine holds the run. Its store is a 3-member etcd
 // cluster (NOLOCO_STORE lists the members); the member every worker talks to
 // is killed while they train, and the run finishes as if nothing happened.
+// The two workers share no disk: worker 0 writes the run's summary.json
+// with worker 1's summary taken from the store (issue 66).
 TEST_F(Distributed, NoLoCoGoesOnWhenAMemberOfItsEtcdClusterDies) {
   if (EtcdServer::binary().empty()) GTEST_SKIP() << "skipped: no etcd binary (install etcd-server)";
   const std::string token = "cluster-run-token";
   noloco::testing::EtcdCluster cluster(3, store_password(token));
-  const std::string run_dir = dir / "cluster";
+  const std::string run_dir = dir / "cluster", other_disk = dir / "cluster_second";
   const int steps = 300;
-  const std::string args = small_train_args(dir / "c.txt", run_dir) +
-                           fmt::format(" method=noloco replicas=2 batch=2 steps={} outer_interval=10", steps);
+  const std::string run = fmt::format(" method=noloco replicas=2 batch=2 steps={} outer_interval=10", steps);
   const std::string env = fmt::format("WORLD_SIZE=2 LOCAL_WORLD_SIZE=2 MASTER_ADDR=127.0.0.1 MASTER_PORT={} "
                                       "NOLOCO_STORE={} NOLOCO_RUN_TOKEN={}",
                                       noloco::testing::free_port(), cluster.endpoints(), token);
-  noloco::testing::BackgroundCli second(args, run_timeout_s, "RANK=1 " + env);
-  noloco::testing::BackgroundCli first(args, run_timeout_s, "RANK=0 " + env);
+  noloco::testing::BackgroundCli second(small_train_args(dir / "c.txt", other_disk) + run, run_timeout_s,
+                                        "RANK=1 " + env);
+  noloco::testing::BackgroundCli first(small_train_args(dir / "c.txt", run_dir) + run, run_timeout_s, "RANK=0 " + env);
   ASSERT_TRUE(noloco::testing::wait_for_record(run_dir, "outer", 90));
   cluster.kill(0);
   int64_t step_at_kill = 0;
@@ -659,6 +667,10 @@ TEST_F(Distributed, NoLoCoGoesOnWhenAMemberOfItsEtcdClusterDies) {
   for (auto& r : metrics_records(run_dir, "outer"))
     if (r["replica"] == 0 && r["arrived"].size() == 2) ++outer;
   EXPECT_EQ(outer, steps / 10) << "every outer step had both replicas, before the death and after";
+  const auto summary = read_json(run_dir + "/summary.json");
+  EXPECT_EQ(summary["replicas_finished"].get<std::vector<int>>(), (std::vector<int>{0, 1})) << summary.dump();
+  EXPECT_EQ(read_json(run_dir + "/summary_r1.json"), read_json(other_disk + "/summary_r1.json"));
+  EXPECT_FALSE(std::filesystem::exists(other_disk + "/summary.json")) << "worker 0 alone writes it";
 }
 
 // Issue 67 item 1: workers started by hand with different models (or lr)

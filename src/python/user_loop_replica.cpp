@@ -164,7 +164,7 @@ std::vector<UserOuterStep> UserLoopReplica::finish() {
   if (finished_) return {};
   finished_ = true;
   auto steps = reported(outer_->finish(flat_));
-  life_.end_membership();
+  life_.end_membership("");  // a Python replica writes no summary
   finish_worker(worker_);
   return steps;
 }
@@ -173,7 +173,7 @@ std::vector<UserOuterStep> UserLoopReplica::leave() {
   if (finished_) return {};
   finished_ = left_ = true;
   auto steps = reported(life_.leave());
-  life_.end_membership();  // no summary to write first, as the CLI's workers have
+  life_.end_membership("");  // no summary to write first, as the CLI's workers have
   finish_worker(worker_);
   return steps;
 }

@@ -20,11 +20,11 @@
 #include "comm/launch/worker_connections.h"
 #include "config/worker_env.h"
 #include "data/dataset.h"
-#include "pipeline/activation_channel.h"
 #include "train/bench_comm.h"
 #include "train/checkpoint.h"
 #include "train/report.h"
 #include "train/run_directory.h"
+#include "train/run_end.h"
 #include "train/run_summary.h"
 #include "train/trainer.h"
 #include "train/worker_entry.h"
@@ -89,16 +89,6 @@ std::unique_ptr<CappedLinks> capped_links(const TrainConfig& cfg, int workers) {
   spdlog::info("{} workers on links capped at {} each way (network namespaces, launcher at {})", workers,
                cfg.comm.rate, links->host_address());
   return links;
-}
-
-// A run whose replicas trained apart finishes with exit code 0: say so.
-void warn_if_mostly_alone(const RunSummary& summary) {
-  if (summary.replicas_mostly_alone.empty()) return;
-  spdlog::warn("{} {} exchanged with no partner at more than {:.0f}% of {} outer steps (worst: paired at {:.0f}%, "
-               "{:.0f} outer steps alone in a row): the replicas drifted apart; see summary.json",
-               summary.stages > 1 ? "workers" : "replicas", fmt::join(summary.replicas_mostly_alone, ", "),
-               100 * kMostlyAlone, summary.replicas_mostly_alone.size() > 1 ? "their" : "its",
-               100 * summary.paired_fraction_worst.value_or(0.0), summary.longest_alone_outer_steps.value_or(0.0));
 }
 
 // `program` as execvp finds it: the first match on PATH for a bare name.
@@ -222,18 +212,7 @@ int train_command(const std::string& config_path, const std::vector<std::string>
   const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   auto members = exits;
   members.insert(members.end(), launched.joiners.begin(), launched.joiners.end());
-  auto summary = summarize_run(cfg.run.out, cfg.outer.method, cfg.run.replicas, stages, choice_name(cfg.pipeline.routing),
-                               cfg.inner.grad_accum, members, seconds, cfg.run.replica_workers);
-  summary.activation_codec = choice_name(cfg.pipeline.activation_codec);
-  summary.activation_grad_codec = choice_name(cfg.pipeline.activation_grad_codec);
-  const auto codecs = activation_codecs(cfg);  // rotation applies to integer codes only
-  summary.activation_rotation = codecs.activations.rotate || codecs.gradients.rotate;
-  summary.activation_subspace = cfg.pipeline.activation_subspace;
-  if (stages > 1) {  // over the hidden-state values a step's boundaries carry, both directions
-    const double boundary_values = double(cfg.run.replicas * (stages - 1) * 2 * cfg.inner.grad_accum *
-                                          cfg.inner.batch * cfg.model.context * cfg.model.hidden);
-    summary.activation_bits_per_value = summary.activation_bytes_per_step * 8 / boundary_values;
-  }
+  const auto summary = summarize_run(cfg, members, seconds);
   // A resume that every worker refused leaves the summary of the run it resumed.
   if (!summary.finished.empty() || !cfg.run.resume || !file_exists(cfg.run.out + "/summary.json"))
     write_json_atomic(cfg.run.out + "/summary.json", summary.to_json());

@@ -64,7 +64,7 @@ int64_t share_state_within_replica(Transport& replica, const TrainingState& stat
 
 HandOvers serve_rejoins(Membership& membership, Transport& transport, const TrainingState& state, int64_t step) {
   HandOvers done;
-  for (const auto& [who, channel] : membership.claim_requests()) {
+  for (const auto& [who, channel] : membership.claim_requests(step)) {
     try {
       const auto bytes = serialize_training_state(state, step);
       transport.send_state(channel, who, state_header(bytes.numel()), bytes);

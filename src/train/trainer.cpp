@@ -624,7 +624,7 @@ nlohmann::json WorkerRun::finish() {
   // One summary per replica (a worker in a pipeline), by its first worker.
   if (speaks_) write_json_atomic(fmt::format("{}/summary_r{}.json", out_, w_.rank / w_.replica_workers), j);
   // Only now: a launcher waiting for a joiner to finish reads its summary next.
-  life_.end_membership();
+  life_.end_membership(j.dump());
   if (w_.replicas * w_.stages * w_.replica_workers == 1) write_json_atomic(out_ + "/summary.json", summarize_lone_run(summary).to_json());
   if (lead_) {
     spdlog::info("done: final val loss {:.4f} (ppl {:.2f}) | {} steps | {} tokens | {} | {} params", val_loss_,

@@ -15,6 +15,7 @@
 #include "comm/membership/membership.h"
 #include "comm/store/store.h"
 #include "config/options.h"
+#include "train/run_end.h"
 #include "train/trainer.h"
 #include "train/worker_life.h"
 #include "util/files.h"
@@ -145,8 +146,11 @@ int run_launched_worker(TrainConfig& cfg, const WorkerEnv& env) {
   cfg.validate();
   cfg.validate_workers();
   if (cfg.run.out.empty()) throw std::invalid_argument("launched workers need out=DIR, the same for all of them");
+  const auto start = std::chrono::steady_clock::now();
   const auto worker = start_worker(cfg, {env});
   train(cfg, worker.info);
+  if (writes_run_summary(env))
+    write_run_summary(cfg, env, worker, std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
   finish_worker(worker);
   return 0;
 }

@@ -155,19 +155,19 @@ AfterStep WorkerLife::after_inner_step(int64_t done, bool last) {
   const bool renews = takes_back_restarted(config_.outer.method, config_.pipeline.routing, worker_.stages) &&
                       worker_.replica_workers == 1;
   if (diverged != after.syncs.end() && !last && renews)
-    after.renewed = renew(diverged->outer_step);
+    after.renewed = renew(diverged->outer_step, done);
   after.blocked_seconds = std::chrono::duration<double>(Clock::now() - start).count();
   if (!after.syncs.empty() && worker_.membership && !last && !after.renewed)
     after.handovers = serve_rejoins(*worker_.membership, *worker_.transport, state_, done);
   return after;
 }
 
-Rejoined WorkerLife::renew(int64_t outer_step) {
+Rejoined WorkerLife::renew(int64_t outer_step, int64_t step) {
   spdlog::error("worker {}: a partner refused its message as diverged (read after outer step {}); taking a live "
                 "replica's state at that replica's next outer step",
                 worker_.rank, outer_step);
   outer_.finish(flat_);  // an exchange in flight would land on the state taken
-  worker_.membership->renew(outer_step);
+  worker_.membership->renew(outer_step, step);
   return rejoin_from_peer(*worker_.membership, *worker_.transport, state_, rejoin_timeout(config_.comm), drill_);
 }
 
@@ -179,8 +179,8 @@ std::vector<OuterSync> WorkerLife::leave() {
   return in_flight;
 }
 
-void WorkerLife::end_membership() const {
-  if (worker_.membership) worker_.membership->finish();
+void WorkerLife::end_membership(const std::string& summary) const {
+  if (worker_.membership) worker_.membership->finish(summary);
 }
 
 }  // namespace noloco

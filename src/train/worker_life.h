@@ -125,15 +125,16 @@ class WorkerLife {
   AfterStep after_inner_step(int64_t done, bool last);
   // After an outer step a partner refused as diverged: drops what is in
   // flight and takes a live replica's state, as a restarted replica does.
-  Rejoined renew(int64_t outer_step);
+  Rejoined renew(int64_t outer_step, int64_t step);
   // A SIGTERM asked this worker to leave.
   bool leave_requested() const;
   // Leaves before the end: what is in flight is applied, the partners are
   // told not to wait for this worker.
   std::vector<OuterSync> leave();
   // At the end (after the worker's own last records): the partners stop
-  // waiting for it.
-  void end_membership() const;
+  // waiting for it. `summary`: its summary_r<k>.json (empty: none), kept in
+  // the run's store for the worker writing the run's (train/run_end.h).
+  void end_membership(const std::string& summary) const;
 
  private:
   const TrainConfig& config_;

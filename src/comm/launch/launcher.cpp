@@ -55,6 +55,8 @@ std::string WorkerExit::describe() const {
   if (joined)
     return ok() ? fmt::format("worker {} (joined) finished", rank)
                 : fmt::format("worker {} (joined) was lost: {}", rank, why);
+  // Lost as the run's store tells (a run without our launcher): no exit code to give.
+  if (!ok() && !why.empty()) return fmt::format("worker {} was lost: {}", rank, why);
   if (exit_code != 0) return fmt::format("worker {} exited with code {} after {:.1f}s", rank, exit_code, seconds);
   return fmt::format("worker {} finished after {:.1f}s", rank, seconds);
 }
@@ -461,10 +463,7 @@ std::string joiner_token(const std::string& token_file) {
 
 namespace {
 
-// The workers that joined the run (members of each stage's scope), each
-// once it finished (its summary written; also after leaving) or was given
-// up: its heartbeat silent for heartbeat_timeout. Declared dead alone is not
-// given up: a replica that leaves is, while it saves its checkpoint.
+// The workers that joined the run (members of each stage's scope), each once it ended (await_member_end).
 std::vector<WorkerExit> await_joiners(const LaunchPlan& plan, const StorePtr& store, const std::string& token,
                                       Clock::time_point launched) {
   std::vector<WorkerExit> out;
@@ -477,21 +476,14 @@ std::vector<WorkerExit> await_joiners(const LaunchPlan& plan, const StorePtr& st
       e.rank = member * plan.replica_workers * plan.stages + stage;  // its first worker's rank, as the joiner took it
       e.joined = true;
       heartbeats.expect(e.rank);
-      for (;;) {
-        const auto state = member_state(store, token, scope, member);
-        if (state == MemberState::finished) break;
-        if (const double silent = heartbeats.silent_seconds(e.rank); silent > plan.comm.heartbeat_timeout) {
-          e.exit_code = 1;
-          e.why =
-              fmt::format("{}no heartbeat for {:.0f} s", state == MemberState::dead ? "declared dead, " : "", silent);
-          break;
-        }
-        if (ForwardedSignals::pending()) {
-          e.exit_code = 1;
-          e.why = "not waited for (the launcher was stopped)";
-          break;
-        }
-        std::this_thread::sleep_for(std::chrono::milliseconds(200));
+      const auto stopped = []() -> std::optional<std::string> {
+        if (!ForwardedSignals::pending()) return std::nullopt;
+        return "not waited for (the launcher was stopped)";
+      };
+      if (const auto why =
+              await_member_end(store, token, scope, member, e.rank, heartbeats, plan.comm.heartbeat_timeout, stopped)) {
+        e.exit_code = 1;
+        e.why = *why;
       }
       e.seconds = std::chrono::duration<double>(Clock::now() - launched).count();
       out.push_back(e);

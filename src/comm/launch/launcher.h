@@ -17,7 +17,7 @@ struct WorkerExit {
   int signal = 0;
   double seconds = 0;  // since launch
   bool restarted = false;  // the launcher started the worker again after this exit
-  std::string why;         // set when the launcher itself ended the worker
+  std::string why;         // set when the launcher itself ended the worker, or the store says it was lost
   // A worker that joined the running run (noloco join) rather than one this
   // launcher started: its end is what the run's store recorded.
   bool joined = false;

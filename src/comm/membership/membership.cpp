@@ -26,6 +26,8 @@ StorePtr members_scope(const StorePtr& store, const std::string& token, const st
   return run_scope(store, token, scope + "/members");
 }
 
+std::string summary_key(int rank) { return fmt::format("summary/{}", rank); }
+
 // "r.g" items: replica r is in its g-th incarnation (the latest one listed).
 std::map<int, int> parse_incarnations(const std::string& text) {
   std::map<int, int> out;
@@ -95,6 +97,24 @@ MemberState member_state(const StorePtr& store, const std::string& token, const 
   if (list_has(read_or_empty(*members, "finished"), std::to_string(rank))) return MemberState::finished;
   if (list_has(read_or_empty(*members, "dead"), std::to_string(rank))) return MemberState::dead;
   return MemberState::running;
+}
+
+std::string member_summary(const StorePtr& store, const std::string& token, const std::string& scope, int rank) {
+  return read_or_empty(*members_scope(store, token, scope), summary_key(rank));
+}
+
+std::optional<std::string> await_member_end(const StorePtr& store, const std::string& token, const std::string& scope,
+                                            int rank, int worker, HeartbeatWatch& heartbeats,
+                                            double heartbeat_timeout,
+                                            const std::function<std::optional<std::string>()>& given_up) {
+  for (;;) {
+    const auto state = member_state(store, token, scope, rank);
+    if (state == MemberState::finished) return std::nullopt;
+    if (const double silent = heartbeats.silent_seconds(worker); silent > heartbeat_timeout)
+      return fmt::format("{}no heartbeat for {:.0f} s", state == MemberState::dead ? "declared dead, " : "", silent);
+    if (auto why = given_up()) return why;
+    std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  }
 }
 
 void declare_dead(const StorePtr& store, const std::string& token, const std::string& scope, int rank) {
@@ -267,11 +287,12 @@ std::string Membership::request_name() const {
 
 std::string Membership::handover_channel() const { return request_name(); }
 
+// "name" items, or "name@step" for a renewal: served by a replica at `step` or later.
 int Membership::request_state(std::chrono::milliseconds timeout) {
   const std::string me = request_name();
   {
     std::lock_guard<std::mutex> lock(mutex_);
-    append_item(*members_, "rejoin", me);
+    append_item(*members_, "rejoin", renewals_ == 0 ? me : fmt::format("{}@{}", me, renewed_at_step_));
   }
   // A live replica claims the request at its next outer step; until then,
   // make sure one is left that could.
@@ -309,10 +330,13 @@ void Membership::rejoined() {
   remove_item(*members_, "dead", std::to_string(rank_));
 }
 
-std::vector<std::pair<int, std::string>> Membership::claim_requests() {
+std::vector<std::pair<int, std::string>> Membership::claim_requests(int64_t step) {
   std::lock_guard<std::mutex> lock(mutex_);
   std::vector<std::pair<int, std::string>> won;
-  for (const auto& request : list_items(read_or_empty(*members_, "rejoin"))) {
+  for (const auto& item : list_items(read_or_empty(*members_, "rejoin"))) {
+    const auto at = item.find('@');
+    const auto request = item.substr(0, at);
+    if (at != std::string::npos && std::stoll(item.substr(at + 1)) > step) continue;  // asked of one further on
     if (!seen_requests_.insert(request).second) continue;
     const int who = std::stoi(request.substr(0, request.find('.')));
     if (who == rank_) continue;
@@ -339,15 +363,17 @@ bool Membership::refused_as_diverged() {
   return false;
 }
 
-void Membership::renew(int64_t outer_step) {
+void Membership::renew(int64_t outer_step, int64_t step) {
   std::lock_guard<std::mutex> lock(mutex_);
   refusals_answered_ = outer_step;
+  renewed_at_step_ = step;
   ++renewals_;
   append_item(*members_, "dead", std::to_string(rank_));  // out of snapshots until rejoined()
 }
 
-void Membership::finish() {
+void Membership::finish(const std::string& summary) {
   std::lock_guard<std::mutex> lock(mutex_);
+  if (!summary.empty()) members_->set(summary_key(rank_), std::vector<uint8_t>(summary.begin(), summary.end()));
   append_item(*members_, "finished", std::to_string(rank_));
 }
 

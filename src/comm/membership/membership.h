@@ -7,6 +7,7 @@
 // torchft's Manager to our ProcessGroup. Thread-safe.
 #pragma once
 #include <chrono>
+#include <functional>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -76,9 +77,10 @@ class Membership final : public Liveness {
   // Its state is in place: later snapshots include this incarnation (a
   // joiner: this new member).
   void rejoined();
-  // A live replica: the pending requests it won the claim on, as
-  // (rank, channel); each must be served.
-  std::vector<std::pair<int, std::string>> claim_requests();
+  // A live replica at inner step `step`: the pending requests it won the
+  // claim on, as (rank, channel); each must be served. A renewal's request
+  // waits for a replica at or past the step the renewer had reached.
+  std::vector<std::pair<int, std::string>> claim_requests(int64_t step);
   // A partner's outer-step message at `outer_step` was refused as diverged:
   // the partner is told (refused_as_diverged) and takes a live replica's state.
   void refuse_as_diverged(const Peer& partner, int64_t outer_step);
@@ -87,10 +89,14 @@ class Membership final : public Liveness {
   bool refused_as_diverged();
   // This replica, alive but diverged, starts over from a live replica's
   // state as a restarted one does (request_state, then rejoined()); until
-  // then it is out of snapshots. `outer_step`: the refusals it answers.
-  void renew(int64_t outer_step);
-  // This replica has finished training: it serves no more requests.
-  void finish();
+  // then it is out of snapshots. `outer_step`: the refusals it answers;
+  // `step`: the inner step it reached, which its donor must have reached
+  // too (a state from behind would have it take part in an outer step twice).
+  void renew(int64_t outer_step, int64_t step);
+  // This replica has finished training: it serves no more requests. Its
+  // summary (JSON; empty: none) is kept in the store for the run's
+  // (member_summary), since the machine writing that one may not share a disk with it.
+  void finish(const std::string& summary);
   // The other members (joiners in place included) still training: not
   // finished, not declared dead, heartbeat not silent.
   std::vector<int> still_training();
@@ -110,6 +116,7 @@ class Membership final : public Liveness {
   int rank_, world_, incarnation_ = 0;
   int renewals_ = 0;                 // in this incarnation: each one's request has a name of its own
   int64_t refusals_answered_ = -1;   // the last outer step whose refusals a renewal answered
+  int64_t renewed_at_step_ = 0;      // the inner step the last renewal started from
   bool joining_ = false;
   int stride_, offset_;  // member r is worker r·stride + offset
   std::chrono::milliseconds heartbeat_timeout_, idle_timeout_;
@@ -221,6 +228,20 @@ std::vector<int> joined_members(const StorePtr& store, const std::string& token,
 // leaving), or declared dead (a replica leaving is, until it has finished).
 enum class MemberState { running, finished, dead };
 MemberState member_state(const StorePtr& store, const std::string& token, const std::string& scope, int rank);
+
+// The summary member `rank` of `scope` left at finish(); empty if none.
+std::string member_summary(const StorePtr& store, const std::string& token, const std::string& scope, int rank);
+
+// Waits until member `rank` of `scope` (worker `worker`, expected by
+// `heartbeats`) has ended: returns nullopt once it finished (also after
+// leaving); else why it is not counted as finished: its heartbeat silent
+// for `heartbeat_timeout` seconds (a member declared dead alone is still
+// waited for: a replica leaving is, while it saves its checkpoint), or what
+// `given_up()` says when it says something.
+std::optional<std::string> await_member_end(const StorePtr& store, const std::string& token, const std::string& scope,
+                                            int rank, int worker, HeartbeatWatch& heartbeats,
+                                            double heartbeat_timeout,
+                                            const std::function<std::optional<std::string>()>& given_up);
 
 // The membership scope of the replicas of pipeline stage `stage` ("replicas" without a pipeline).
 std::string replica_scope(int stages, int stage);

@@ -2,7 +2,7 @@
 // firewalls, issue 66): both ends of a Gloo pair connect out to it, and it
 // splices the two connections into one byte stream. Gloo then runs over the
 // spliced stream as over a direct connection, so every method, the
-// pipeline's activations and the hand-overs cross it unchanged.
+// pipeline's traffic and the hand-overs cross it unchanged.
 //
 // The listening end of a pair parks a connection at the relay under the
 // pair's listener id (8 random bytes that travel inside the address Gloo

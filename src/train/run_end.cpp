@@ -1,0 +1,97 @@
+#include "train/run_end.h"
+
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
+#include "comm/membership/membership.h"
+#include "config/train_config.h"
+#include "config/worker_env.h"
+#include "pipeline/activation_channel.h"
+#include "train/worker_life.h"
+#include "util/files.h"
+#include "util/leave_signal.h"
+#include "util/log.h"
+
+namespace noloco {
+
+RunSummary summarize_run(const TrainConfig& cfg, const std::vector<WorkerExit>& members, double seconds) {
+  const int64_t stages = cfg.pipeline.stages;
+  auto summary = summarize_run(cfg.run.out, cfg.outer.method, cfg.run.replicas, stages, choice_name(cfg.pipeline.routing),
+                               cfg.inner.grad_accum, members, seconds, cfg.run.replica_workers);
+  summary.activation_codec = choice_name(cfg.pipeline.activation_codec);
+  summary.activation_grad_codec = choice_name(cfg.pipeline.activation_grad_codec);
+  const auto codecs = activation_codecs(cfg);  // rotation applies to integer codes only
+  summary.activation_rotation = codecs.activations.rotate || codecs.gradients.rotate;
+  summary.activation_subspace = cfg.pipeline.activation_subspace;
+  if (stages > 1) {  // over the hidden-state values a step's boundaries carry, both directions
+    const double boundary_values = double(cfg.run.replicas * (stages - 1) * 2 * cfg.inner.grad_accum *
+                                          cfg.inner.batch * cfg.model.context * cfg.model.hidden);
+    summary.activation_bits_per_value = summary.activation_bytes_per_step * 8 / boundary_values;
+  }
+  return summary;
+}
+
+void warn_if_mostly_alone(const RunSummary& summary) {
+  if (summary.replicas_mostly_alone.empty()) return;
+  spdlog::warn("{} {} exchanged with no partner at more than {:.0f}% of {} outer steps (worst: paired at {:.0f}%, "
+               "{:.0f} outer steps alone in a row): the replicas drifted apart; see summary.json",
+               summary.stages > 1 ? "workers" : "replicas", fmt::join(summary.replicas_mostly_alone, ", "),
+               100 * kMostlyAlone, summary.replicas_mostly_alone.size() > 1 ? "their" : "its",
+               100 * summary.paired_fraction_worst.value_or(0.0), summary.longest_alone_outer_steps.value_or(0.0));
+}
+
+// Our launcher hosts the run's store as an agent does, and names it in NOLOCO_STORE.
+bool writes_run_summary(const WorkerEnv& env) { return env.rank == 0 && !(env.agent_store && !env.store_url.empty()); }
+
+void write_run_summary(const TrainConfig& cfg, const WorkerEnv& env, const JoinedWorker& worker, double seconds) {
+  const auto& store = worker.links.store;
+  if (!store || !worker.links.membership) return;  // no members to hear from (method none)
+  const int stages = int(cfg.pipeline.stages), replica_workers = int(cfg.run.replica_workers);
+  const int replicas = env.world / (stages * replica_workers);
+  HeartbeatWatch heartbeats(store, env.token);
+  auto& own = *worker.links.membership;  // has watched its own scope's heartbeats all along
+  const auto own_scope = replica_scope(stages, int(env.rank % stages));
+  std::vector<WorkerExit> members;
+  bool told = false;
+  for (int stage = 0; stage < stages; ++stage) {
+    const auto scope = replica_scope(stages, stage);
+    std::vector<int> ids(size_t(replicas), 0);
+    for (int m = 0; m < replicas; ++m) ids[size_t(m)] = m;
+    for (const int m : joined_members(store, env.token, scope)) ids.push_back(m);
+    for (const int member : ids) {
+      WorkerExit e;
+      e.rank = (member * replica_workers) * stages + stage;  // its first worker's
+      e.joined = member >= replicas;
+      if (!told && member_state(store, env.token, scope, member) != MemberState::finished) {
+        spdlog::info("waiting for the other workers to finish: this worker writes the run's summary.json");
+        told = true;
+      }
+      heartbeats.expect(e.rank);
+      const auto given_up = [&]() -> std::optional<std::string> {
+        if (leave_requested()) return "still training when worker 0 was asked to leave (SIGTERM)";
+        if (scope == own_scope && own.silent(member))
+          return fmt::format("no heartbeat for {:.0f} s", cfg.comm.heartbeat_timeout);
+        return std::nullopt;
+      };
+      if (const auto why = await_member_end(store, env.token, scope, member, e.rank, heartbeats,
+                                            cfg.comm.heartbeat_timeout, given_up)) {
+        e.exit_code = 1;
+        e.why = *why;
+      }
+      // Its own worker wrote it where it ran: here too (the same bytes, if this disk is that one).
+      const auto text = member_summary(store, env.token, scope, member);
+      if (!text.empty()) write_file_atomic(fmt::format("{}/summary_r{}.json", cfg.run.out, e.rank / replica_workers), text);
+      members.push_back(e);
+    }
+  }
+  auto run_cfg = cfg;
+  run_cfg.run.replicas = replicas;
+  const auto summary = summarize_run(run_cfg, members, seconds);
+  write_json_atomic(cfg.run.out + "/summary.json", summary.to_json());
+  spdlog::info("the run's summary: {} of {} {} finished{} -> {}/summary.json", summary.finished.size(),
+               members.size(), stages > 1 ? "workers" : "replicas",
+               summary.failed.empty() ? "" : fmt::format(" ({} failed)", summary.failed.size()), cfg.run.out);
+  warn_if_mostly_alone(summary);
+}
+
+}  // namespace noloco
