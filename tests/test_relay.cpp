@@ -353,7 +353,9 @@ std::vector<std::string> names(const std::string& prefix, int n) {
 // step exchanged and end with the losses of the same run on loopback (the
 // bytes are the same; only their path differs). Groups of four test what
 // pairs alone would not: a relayed connection keeps its listener's address
-// for Gloo, else both ends of a pair could decide to dial.
+// for Gloo, else both ends of a pair could decide to dial. Every byte went
+// through the relay, and each replica's summary says so and names it; worker
+// 0 writes the run's summary.json from what the store holds (no disk is shared).
 TEST_F(WanRuns, FourHomesBehindNatTrainThroughTheRelayAsOnLoopback) {
   const WanTestbed bed(4, fmt::format("nw{}", ::getpid() % 1000));
   ASSERT_TRUE(bed.ok()) << bed.why();
@@ -381,6 +383,11 @@ TEST_F(WanRuns, FourHomesBehindNatTrainThroughTheRelayAsOnLoopback) {
       const auto reference = read_json(dir / (method + "_loopback") / fmt::format("summary_r{}.json", k));
       EXPECT_EQ(summary["final_val_loss"].get<double>(), reference["final_val_loss"].get<double>())
           << method << " replica " << k;
+      EXPECT_GT(summary["bytes_sent"].get<uint64_t>(), 0u);
+      EXPECT_EQ(summary["bytes_relayed"], summary["bytes_sent"]) << method << " replica " << k;
+      EXPECT_EQ(summary["relays_used"], std::vector<std::string>{fmt::format("198.51.100.1:{}", port + 1)});
+      EXPECT_EQ(reference["bytes_relayed"], 0) << "on loopback, nothing is relayed";
+      EXPECT_FALSE(reference.contains("relays_used"));
       if (method == "noloco") {
         int outer_steps = 0;
         for (const auto& o : metrics_records(home, "outer")) {
@@ -391,6 +398,11 @@ TEST_F(WanRuns, FourHomesBehindNatTrainThroughTheRelayAsOnLoopback) {
         EXPECT_EQ(outer_steps, 4) << "replica " << k;
       }
     }
+    const auto run_summary = read_json(dir / (method + "_h0") / "summary.json");
+    EXPECT_EQ(run_summary["replicas_finished"].get<std::vector<int>>(), (std::vector<int>{0, 1, 2, 3}))
+        << run_summary.dump();
+    EXPECT_EQ(run_summary["bytes_relayed"], run_summary["bytes_sent"]) << run_summary.dump();
+    EXPECT_FALSE(std::filesystem::exists(dir / (method + "_h1") / "summary.json")) << "worker 0 alone writes it";
   }
 }
 

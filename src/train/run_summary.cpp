@@ -132,6 +132,7 @@ constexpr Counter<CommStats> kCommCounters[] = {
     {"bytes_sent", &CommStats::bytes_sent},     {"bytes_received", &CommStats::bytes_received},
     {"comm_seconds", &CommStats::comm_seconds}, {"wait_seconds", &CommStats::wait_seconds},
     {"collectives", &CommStats::collectives},   {"messages", &CommStats::messages},
+    {"bytes_relayed", &CommStats::bytes_relayed},
 };
 constexpr Counter<PipelineStats> kPipelineCounters[] = {
     {"activation_bytes_sent", &PipelineStats::bytes_sent},
@@ -195,6 +196,7 @@ nlohmann::json WorkerSummary::to_json() const {
   if (left_at_step) j["left_at_step"] = *left_at_step;
   if (!refused_as_diverged.empty()) j["refused_as_diverged"] = refused_as_diverged;
   if (!renewed_at_steps.empty()) j["renewed_at_steps"] = renewed_at_steps;
+  if (!relays_used.empty()) j["relays_used"] = relays_used;
   for (const auto& w : workers)
     j["workers"].push_back({{"worker", w.worker},
                             {"device", w.device},
@@ -223,6 +225,7 @@ WorkerSummary WorkerSummary::from_json(const nlohmann::json& j) {
   s.left_at_step = optional_of<int64_t>(j, "left_at_step");
   s.refused_as_diverged = j.value("refused_as_diverged", std::vector<int>{});
   s.renewed_at_steps = j.value("renewed_at_steps", std::vector<int64_t>{});
+  s.relays_used = j.value("relays_used", std::vector<std::string>{});
   for (const auto& w : j.value("workers", nlohmann::json::array()))
     s.workers.push_back({w.value("worker", 0), w.value("device", ""), w.value("peak_rss_mib", 0.0),
                          w.value("startup_seconds", 0.0)});
@@ -254,6 +257,7 @@ nlohmann::json RunSummary::to_json() const {
                       {"final_val_loss_replicas", final_val_loss_replicas},
                       {"bytes_sent", bytes_sent},
                       {"bytes_received", bytes_received},
+                      {"bytes_relayed", bytes_relayed},
                       {"comm_seconds", comm_seconds},
                       {"wait_seconds", wait_seconds},
                       {"comm_seconds_per_replica", comm_seconds_per_replica},
@@ -310,6 +314,7 @@ RunSummary RunSummary::from_json(const nlohmann::json& j) {
   s.final_val_loss_replicas = j.value("final_val_loss_replicas", std::vector<double>{});
   s.bytes_sent = j.value("bytes_sent", uint64_t(0));
   s.bytes_received = j.value("bytes_received", uint64_t(0));
+  s.bytes_relayed = j.value("bytes_relayed", uint64_t(0));
   s.comm_seconds = j.value("comm_seconds", 0.0);
   s.wait_seconds = j.value("wait_seconds", 0.0);
   s.comm_seconds_per_replica = j.value("comm_seconds_per_replica", 0.0);
@@ -386,6 +391,7 @@ struct RunTally {
     if (!w.traffic.comm) return;
     run.bytes_sent += w.traffic.comm->bytes_sent;
     run.bytes_received += w.traffic.comm->bytes_received;
+    run.bytes_relayed += w.traffic.comm->bytes_relayed;
     run.comm_seconds += w.traffic.comm->comm_seconds;
     run.wait_seconds += w.traffic.comm->wait_seconds;
     run.collectives += w.traffic.comm->collectives;

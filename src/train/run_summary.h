@@ -75,6 +75,8 @@ struct WorkerSummary {
   // state after a partner refused its own.
   std::vector<int> refused_as_diverged;
   std::vector<int64_t> renewed_at_steps;
+  // The relays its exchanges and collectives went through (host:port), if any.
+  std::vector<std::string> relays_used;
   nlohmann::json to_json() const;
   static WorkerSummary from_json(const nlohmann::json& j);
 };
@@ -117,6 +119,7 @@ struct RunSummary {
   // then took a live replica's state.
   std::vector<int> replicas_refused_as_diverged, replicas_renewed;
   uint64_t bytes_sent = 0, bytes_received = 0;
+  uint64_t bytes_relayed = 0;  // of bytes_sent: through a relay
   double comm_seconds = 0, wait_seconds = 0, comm_seconds_per_replica = 0, wait_seconds_per_replica = 0;
   double seconds = 0;
   // Pipelined runs.

@@ -206,6 +206,7 @@ WorkerSummary summarize_worker(const TrainConfig& c, const WorkerInfo& w, const 
   summary.params = arch.num_params();
   summary.stage_params = stage_params;
   summary.traffic = traffic_of(w, model);
+  if (w.transport) summary.relays_used = w.transport->relays_used();
   if (model.computes_loss() && std::isfinite(val_loss)) summary.final_val_loss = val_loss;
   if (model.computes_loss() && std::isfinite(last_loss)) summary.final_train_loss = last_loss;
   if (!std::isnan(spread.weight_std)) summary.weight_std = spread.weight_std;

@@ -191,7 +191,7 @@ class WorkerSupervisor {
   int running() const { return running_; }
   // Forwards a SIGINT/SIGTERM the launcher got; the run ends with it.
   void take_signal(LaunchResult& result);
-  // Records one worker that exited, if any did, and acts on it; false if none did.
+  // Records the workers that exited since, if any did, and acts on each; false if none did.
   bool reap(LaunchResult& result);
   // Once a second: kills the workers whose heartbeat stopped; after a stop
   // request, kills whoever outlived its grace period.
@@ -263,28 +263,38 @@ void WorkerSupervisor::take_signal(LaunchResult& result) {
 }
 
 bool WorkerSupervisor::reap(LaunchResult& result) {
-  int status = 0;
-  const pid_t pid = ::waitpid(-1, &status, WNOHANG);
-  if (pid <= 0) return false;
-  const auto it = std::find(pids_.begin(), pids_.end(), pid);
-  if (it == pids_.end()) return true;
-  WorkerExit e;
-  e.rank = int(it - pids_.begin());
-  e.why = std::exchange(why_[size_t(e.rank)], "");
-  e.seconds = std::chrono::duration<double>(Clock::now() - start_).count();
-  if (WIFSIGNALED(status)) {
-    e.signal = WTERMSIG(status);
-    e.exit_code = -1;
-  } else {
-    e.exit_code = WEXITSTATUS(status);
+  // Every worker that has exited by now, those killed by a signal first: the
+  // others' errors (a connection reset by the dead one) follow from such a
+  // death, and the run's error names the first failure it acts on.
+  std::vector<std::pair<int, int>> exited;  // (rank, wait status)
+  for (int status = 0;;) {
+    const pid_t pid = ::waitpid(-1, &status, WNOHANG);
+    if (pid <= 0) break;
+    const auto it = std::find(pids_.begin(), pids_.end(), pid);
+    if (it != pids_.end()) exited.emplace_back(int(it - pids_.begin()), status);
   }
-  *it = -1;
-  signals_.track(e.rank, -1);
-  --running_;
-  if (!e.ok() && result.signal == 0) on_failure(e, result);
-  result.exits.push_back(e);
-  restart_unit_once_down(unit_of(e.rank));
-  return true;
+  std::stable_sort(exited.begin(), exited.end(), [](const auto& a, const auto& b) {
+    return WIFSIGNALED(a.second) && !WIFSIGNALED(b.second);
+  });
+  for (const auto& [rank, status] : exited) {
+    WorkerExit e;
+    e.rank = rank;
+    e.why = std::exchange(why_[size_t(rank)], "");
+    e.seconds = std::chrono::duration<double>(Clock::now() - start_).count();
+    if (WIFSIGNALED(status)) {
+      e.signal = WTERMSIG(status);
+      e.exit_code = -1;
+    } else {
+      e.exit_code = WEXITSTATUS(status);
+    }
+    pids_[size_t(rank)] = -1;
+    signals_.track(rank, -1);
+    --running_;
+    if (!e.ok() && result.signal == 0) on_failure(e, result);
+    result.exits.push_back(e);
+    restart_unit_once_down(unit_of(rank));
+  }
+  return !exited.empty();
 }
 
 void WorkerSupervisor::on_failure(WorkerExit& e, LaunchResult& result) {

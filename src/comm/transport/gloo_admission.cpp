@@ -22,6 +22,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -89,6 +90,22 @@ std::string address_text(const sockaddr* address) {
   const auto* a = reinterpret_cast<const sockaddr_in6*>(address);
   ::inet_ntop(AF_INET6, &a->sin6_addr, text, sizeof(text));
   return "[" + std::string(text) + "]:" + std::to_string(ntohs(a->sin6_port));
+}
+
+// The relay `fd` is connected to (a spliced connection's other end), if it is one of those in use.
+std::optional<std::string> relay_of(int fd, const Relays& relays) {
+  sockaddr_storage peer{};
+  socklen_t length = sizeof(peer);
+  if (::getpeername(fd, reinterpret_cast<sockaddr*>(&peer), &length) != 0 || peer.ss_family != AF_INET)
+    return std::nullopt;
+  const auto& p = reinterpret_cast<const sockaddr_in&>(peer);
+  for (const auto& at : relays.at) {
+    if (at.ss_family != AF_INET) continue;
+    const auto& r = reinterpret_cast<const sockaddr_in&>(at);
+    if (r.sin_addr.s_addr == p.sin_addr.s_addr && r.sin_port == p.sin_port)
+      return address_text(reinterpret_cast<const sockaddr*>(&at));
+  }
+  return std::nullopt;
 }
 
 // IPv4 hosts a direct connection did not reach lately: relayed at once.
@@ -297,6 +314,28 @@ class Gatekeeper {
     }
   }
 
+  // A pair connection of `scope` (dialed or admitted): through a relay, or direct.
+  void note_route(uint64_t scope, int fd) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    note_route_locked(scope, fd);
+  }
+
+  PairRoutes routes(uint64_t scope) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    const auto it = routes_.find(scope);
+    return it == routes_.end() ? PairRoutes{} : it->second;
+  }
+
+  void open_routes(uint64_t scope) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    routes_.emplace(scope, PairRoutes{});
+  }
+
+  void forget_routes(uint64_t scope) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    routes_.erase(scope);
+  }
+
   // Gloo closes a listener: the side thread closes what is behind it.
   void forget(int fd) {
     std::lock_guard<std::mutex> lock(mutex_);
@@ -314,6 +353,18 @@ class Gatekeeper {
   Gatekeeper() = default;
 
   void wake() { (void)!::eventfd_write(wake_fd_, 1); }
+
+  void note_route_locked(uint64_t scope, int fd) {
+    const auto through = relays();
+    const auto it = routes_.find(scope);
+    if (!through || it == routes_.end()) return;  // a connection after its scope ended counts for nothing
+    auto& r = it->second;
+    ++r.connections;
+    if (auto relay = relay_of(fd, *through)) {
+      ++r.relayed;
+      r.relay = std::move(*relay);
+    }
+  }
 
   void start_locked() {
     if (wake_fd_ >= 0) return;
@@ -479,6 +530,7 @@ class Gatekeeper {
       return;
     }
     // A pair takes one connection: the port closes now, as Gloo's would.
+    note_route_locked(l.scope, p.fd);
     l.admitted = p.fd;
     p.fd = -1;
     drop(l);
@@ -493,6 +545,7 @@ class Gatekeeper {
     socklen_t length;
   };
   std::map<int, Named> admitted_names_;  // connections Gloo accepted: their listener's address
+  std::map<uint64_t, PairRoutes> routes_;  // by scope (Scope::id), while it lives
   std::vector<std::shared_ptr<Listener>> closed_;
   int wake_fd_ = -1;
 };
@@ -652,10 +705,13 @@ int adopt(int fd, int connected) {
 Admission::Admission(const AdmissionKey& key, Clock::time_point deadline)
     : outer_(scope), mine_(new Scope{key, deadline, ++scopes_made}) {
   scope = static_cast<const Scope*>(mine_);
+  Gatekeeper::get().open_routes(scope->id);
 }
 
 void Admission::release() { Gatekeeper::get().release(static_cast<const Scope*>(mine_)->id); }
+PairRoutes Admission::routes() const { return Gatekeeper::get().routes(static_cast<const Scope*>(mine_)->id); }
 Admission::~Admission() {
+  Gatekeeper::get().forget_routes(static_cast<const Scope*>(mine_)->id);
   delete static_cast<const Scope*>(mine_);
   scope = static_cast<const Scope*>(outer_);
 }
@@ -747,6 +803,8 @@ int connect(int fd, const sockaddr* address, socklen_t length) {
                    "through a relay: run `noloco serve` on a public machine and give every worker its NOLOCO_RELAY",
                    noloco::address_text(address), std::strerror(why));
     connected = noloco::closed_connection();
+  } else {
+    Gatekeeper::get().note_route(noloco::scope->id, connected);
   }
   return connected < 0 ? -1 : noloco::adopt(fd, connected);
 }

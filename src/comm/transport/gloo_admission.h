@@ -35,6 +35,7 @@
 #include <array>
 #include <chrono>
 #include <cstdint>
+#include <string>
 #include <vector>
 
 #include "comm/transport/relay.h"
@@ -42,6 +43,13 @@
 namespace noloco {
 
 using AdmissionKey = std::array<uint8_t, 32>;
+
+// How a scope's pair connections went, with relays in use (none counted without).
+struct PairRoutes {
+  int connections = 0;  // dialed or admitted
+  int relayed = 0;      // of which through a relay
+  std::string relay;    // the last relay one went through (host:port)
+};
 
 // While alive, the Gloo pairs this thread creates admit only connections
 // that prove `key`, and this thread's pair connects prove it, each waiting
@@ -58,6 +66,9 @@ class Admission {
   // waits for it with no way to be interrupted (and in this Gloo up to
   // several times its timeout), fails at once. For an attempt given up.
   void release();
+
+  // The connections this scope's pairs have so far, with relays in use.
+  PairRoutes routes() const;
 
  private:
   const void* outer_;  // the scope this one is inside, if any

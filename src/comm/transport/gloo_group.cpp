@@ -115,7 +115,7 @@ std::shared_ptr<gloo::transport::Device> gloo_device(const std::string& bind) {
 
 GlooGroup join_gloo_group(const StorePtr& store, const WorkerEnv& env, const std::string& name, int rank, int world,
                           const std::shared_ptr<gloo::transport::Device>& device, std::chrono::milliseconds timeout,
-                          const Seal* seal, const std::function<bool()>& abandon) {
+                          const Seal* seal, const std::function<bool()>& abandon, PairRoutes* routes) {
   // The store cannot list keys, so keys under a secret prefix can be neither
   // found nor forged by a process without the token: it cannot join the run.
   const auto start = Clock::now(), deadline = start + timeout;
@@ -158,6 +158,7 @@ GlooGroup join_gloo_group(const StorePtr& store, const WorkerEnv& env, const std
         });
         group = c10::make_intrusive<c10d::ProcessGroupGloo>(abandonable(rendezvous, stop), rank, world, options);
       }
+      if (routes) *routes = admitting ? admitting->routes() : PairRoutes{};
       admitting.reset();
       const auto problem = greet(*group, rank, world, run_id_of(env.token), attempt, seal, deadline, stop);
       if (!problem.empty()) throw std::runtime_error(problem);

@@ -29,6 +29,7 @@ class Device;
 namespace noloco {
 
 class Seal;
+struct PairRoutes;
 
 using GlooGroup = c10::intrusive_ptr<c10d::ProcessGroupGloo>;
 
@@ -37,9 +38,11 @@ using GlooGroup = c10::intrusive_ptr<c10d::ProcessGroupGloo>;
 // with `seal`, or in clear when null). Throws with a message that names the
 // likely cause (token, dead workers, a stranger on every try), at once if
 // `abandon` (when given) says a member is gone, else within `timeout`.
+// `routes`, when given, gets how this member's pair connections went (with relays in use).
 GlooGroup join_gloo_group(const StorePtr& store, const WorkerEnv& env, const std::string& name, int rank, int world,
                           const std::shared_ptr<gloo::transport::Device>& device, std::chrono::milliseconds timeout,
-                          const Seal* seal, const std::function<bool()>& abandon = nullptr);
+                          const Seal* seal, const std::function<bool()>& abandon = nullptr,
+                          PairRoutes* routes = nullptr);
 std::shared_ptr<gloo::transport::Device> gloo_device(const std::string& bind);
 
 // How many times a group is formed before join_gloo_group gives up on it.

@@ -334,8 +334,33 @@ bool GlooTransport::silent(int rank) const {
   return liveness_->silent(rank);
 }
 
-GlooGroup GlooTransport::join(const std::string& name, int rank, int world, const std::function<bool()>& abandon) {
-  return join_gloo_group(store_, env_, name, rank, world, device_, timeout_, seal_.get(), abandon);
+GlooGroup GlooTransport::join(const std::string& name, int rank, int world, const std::function<bool()>& abandon,
+                              PairRoutes* routes) {
+  return join_gloo_group(store_, env_, name, rank, world, device_, timeout_, seal_.get(), abandon, routes);
+}
+
+double GlooTransport::note_routes(const PairRoutes& routes, const std::vector<int>& peers) {
+  const double share = routes.connections > 0 ? double(routes.relayed) / double(routes.connections) : 0.0;
+  std::lock_guard<std::mutex> lock(routes_mutex_);
+  for (const int r : peers) relayed_share_[r] = share;
+  if (routes.relayed > 0) relays_used_.insert(routes.relay);
+  return share;
+}
+
+double GlooTransport::relayed_share(int rank) const {
+  std::lock_guard<std::mutex> lock(routes_mutex_);
+  const auto it = relayed_share_.find(rank);
+  return it == relayed_share_.end() ? 0.0 : it->second;
+}
+
+CommStats GlooTransport::relayed(CommStats cost, double share) {
+  cost.bytes_relayed += uint64_t(share * double(cost.bytes_sent));
+  return cost;
+}
+
+std::vector<std::string> GlooTransport::relays_used() const {
+  std::lock_guard<std::mutex> lock(routes_mutex_);
+  return {relays_used_.begin(), relays_used_.end()};
 }
 
 void GlooTransport::release(GlooGroup group) {
@@ -346,29 +371,35 @@ void GlooTransport::release(GlooGroup group) {
 
 c10d::ProcessGroupGloo& GlooTransport::run_group() {
   if (self_.incarnation > 0) throw std::runtime_error("a restarted worker is not part of the run-wide group");
-  if (!run_group_) run_group_ = join(scope_, self_.rank, world_);
+  if (!run_group_) {
+    PairRoutes routes;
+    run_group_ = join(scope_, self_.rank, world_, nullptr, &routes);
+    run_group_relayed_ = note_routes(routes, {});
+  }
   return *run_group_;
 }
 
 void GlooTransport::all_reduce_mean(torch::Tensor& t) {
-  charge(all_reduce_mean_over(run_group(), t, world_, timeout_, run_sealing_));
+  auto& group = run_group();
+  charge(relayed(all_reduce_mean_over(group, t, world_, timeout_, run_sealing_), run_group_relayed_));
 }
 
 void GlooTransport::broadcast(torch::Tensor& t, int root) {
-  charge(broadcast_over(run_group(), t, root, world_, timeout_, run_sealing_));
+  auto& group = run_group();
+  charge(relayed(broadcast_over(group, t, root, world_, timeout_, run_sealing_), run_group_relayed_));
 }
 
 std::vector<torch::Tensor> GlooTransport::all_gather(const torch::Tensor& bytes) {
   CommStats cost;
   auto out = all_gather_over(run_group(), bytes, world_, timeout_, cost, run_sealing_);
-  charge(cost);
+  charge(relayed(cost, run_group_relayed_));
   return out;
 }
 
 std::vector<torch::Tensor> GlooTransport::all_to_all(const torch::Tensor& bytes) {
   CommStats cost;
   auto out = all_to_all_over(run_group(), bytes, world_, timeout_, cost, run_sealing_);
-  charge(cost);
+  charge(relayed(cost, run_group_relayed_));
   return out;
 }
 
@@ -555,8 +586,10 @@ GlooGroup GlooTransport::acquire_group(int64_t exchange, const std::string& plan
     // A member that came to the meeting and died since (declared dead, or
     // its heartbeat silent) would hold the others for the whole timeout.
     const auto ranks = ranks_of(present);
+    PairRoutes routes;
     auto group = join(fmt::format("{}/p2p/{}/{}{}", scope_, members_key(members), generation, attempt), index,
-                      int(members.size()), [&] { return any_gone(ranks); });
+                      int(members.size()), [&] { return any_gone(ranks); }, &routes);
+    note_routes(routes, ranks);
     if (whole) p2p_groups_.keep(planned, generation, group);
     return group;
   } catch (const std::exception& e) {
@@ -638,6 +671,7 @@ bool GlooTransport::trade(c10d::ProcessGroupGloo& group, const ExchangeRequest& 
     try {
       send.wait(timeout_);
       cost->bytes_sent += send.wire_bytes();
+      cost->bytes_relayed += uint64_t(relayed_share(present[i].rank) * double(send.wire_bytes()));
       cost->messages += 1;
     } catch (const std::exception&) {
       failed = true;
@@ -655,8 +689,9 @@ std::vector<Peer> GlooTransport::with_self(std::vector<Peer> peers) const {
 void GlooTransport::send_state(const std::string& channel, int receiver, const MessageHeader& header,
                                const torch::Tensor& bytes) {
   const auto start = Clock::now();
+  PairRoutes routes;
   auto pg = join_gloo_group(connect_(), env_, scope_ + "/handover/" + channel, 0, 2, device_, timeout_, seal_.get(),
-                            [&] { return silent(receiver); });
+                            [&] { return silent(receiver); }, &routes);
   auto stamped = header;
   stamped.run = run_id_;
   FramedSend send(*pg, 1, 0, stamped, {bytes.contiguous()}, seal_.get());
@@ -665,7 +700,7 @@ void GlooTransport::send_state(const std::string& channel, int receiver, const M
   cost.bytes_sent = send.wire_bytes();
   cost.messages = 1;
   cost.comm_seconds = since(start);
-  charge(cost);
+  charge(relayed(cost, note_routes(routes, {})));
   release(std::move(pg));
 }
 

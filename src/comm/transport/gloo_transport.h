@@ -16,7 +16,9 @@
 #include <chrono>
 #include <functional>
 #include <list>
+#include <map>
 #include <mutex>
+#include <set>
 #include <memory>
 #include <string>
 #include <thread>
@@ -84,6 +86,7 @@ class GlooTransport final : public Transport {
   ~GlooTransport() override;
   int rank() const override { return self_.rank; }
   int world() const override { return world_; }
+  std::vector<std::string> relays_used() const override;
   void all_reduce_mean(torch::Tensor& t) override;
   std::vector<torch::Tensor> all_gather(const torch::Tensor& bytes) override;
   std::vector<torch::Tensor> all_to_all(const torch::Tensor& bytes) override;
@@ -127,7 +130,15 @@ class GlooTransport final : public Transport {
   bool trade(c10d::ProcessGroupGloo& group, const ExchangeRequest& request, const std::vector<Peer>& present,
              std::chrono::steady_clock::time_point start, ExchangeResult* result, CommStats* cost);
   std::vector<Peer> with_self(std::vector<Peer> peers) const;
-  GlooGroup join(const std::string& name, int rank, int world, const std::function<bool()>& abandon = nullptr);
+  GlooGroup join(const std::string& name, int rank, int world, const std::function<bool()>& abandon = nullptr,
+                 PairRoutes* routes = nullptr);
+  // How a group just formed went: its share of relayed connections, for
+  // `peers` (each one's messages), and the relay it used.
+  double note_routes(const PairRoutes& routes, const std::vector<int>& peers);
+  // The share of the connections to `rank` that a relay carried, when its group was last formed.
+  double relayed_share(int rank) const;
+  // `cost` with the share of its bytes sent that a relay carried.
+  static CommStats relayed(CommStats cost, double share);
   c10d::ProcessGroupGloo& run_group();
   // Destroys groups on a background thread (teardown is slow and off the training path).
   void release(GlooGroup group);
@@ -147,6 +158,10 @@ class GlooTransport final : public Transport {
   StorePtr watch_;  // the meeting watchdog's own connection (store_ is blocked in a wait meanwhile)
   std::shared_ptr<gloo::transport::Device> device_;  // one I/O loop for all of this worker's groups
   GlooGroup run_group_;  // formed at the first collective
+  double run_group_relayed_ = 0;  // the share of its connections that go through a relay
+  mutable std::mutex routes_mutex_;  // exchanges may run on their own thread (overlap=true)
+  std::map<int, double> relayed_share_;  // by peer rank (relayed_share)
+  std::set<std::string> relays_used_;
   P2pGroupCache p2p_groups_;
   uint64_t relays_lost_seen_ = 0;  // relays_lost() when the cached groups were last trusted
   std::mutex release_mutex_;

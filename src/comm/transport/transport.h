@@ -73,6 +73,9 @@ class Transport {
   // member's next exchange message is flipped on the wire.
   virtual void corrupt_next_message() {}
 
+  // The relays (host:port) its groups' connections went through so far.
+  virtual std::vector<std::string> relays_used() const { return {}; }
+
   // What its traffic cost so far. Exchanges may run on a background thread
   // (overlap=true) while the training thread reads this.
   CommStats stats() const {
