@@ -681,7 +681,8 @@ TEST_F(Distributed, NoLoCoGoesOnWhenAMemberOfItsEtcdClusterDies) {
 TEST_F(Distributed, AWorkerStartedWithAnotherModelIsRefusedNamingTheKeys) {
   const std::string env = fmt::format("WORLD_SIZE=2 MASTER_ADDR=127.0.0.1 MASTER_PORT={} NOLOCO_RUN_TOKEN=config-check",
                                       noloco::testing::free_port());
-  const std::string run = " method=noloco batch=2 steps=4 outer_interval=2 peer_timeout=5";
+  // heartbeat_timeout: how long worker 0, writing the run's summary, waits for the refused one.
+  const std::string run = " method=noloco batch=2 steps=4 outer_interval=2 peer_timeout=5 heartbeat_timeout=5";
   noloco::testing::BackgroundCli other(
       small_train_args(dir / "c.txt", dir / "other") + run + " hidden=48 lr=0.01 threads=1 log_interval=2", 60,
       "RANK=1 " + env);
