@@ -251,9 +251,11 @@ TEST_F(Distributed, ARestartedNoLoCoWorkerRejoinsFromALivePeer) {
 // 4.8% higher); and top-k, whose messages carry a sliver of the noise and were
 // once judged against a replica's whole Δ (on the Vim manual, one replica
 // ended 27% higher).
-// Undisturbed, θ and Δ with φ train alike (γ = β).
+// Undisturbed, θ and Δ with φ train alike (γ = β). A renewal that lands on
+// an evaluation step evaluates there with the others (their group could hold
+// the renewed replica, and the drills saw them wait peer_timeout for it).
 TEST_F(Distributed, ADivergedReplicaIsRefusedAndTakesALiveReplicasState) {
-  const std::string common = " method=noloco replicas=4 batch=2 steps=200 outer_interval=10 eval_interval=100";
+  const std::string common = " method=noloco replicas=4 batch=2 steps=200 outer_interval=10 eval_interval=20";
   struct Case {
     std::string name, keys, control;
   };
@@ -285,6 +287,21 @@ TEST_F(Distributed, ADivergedReplicaIsRefusedAndTakesALiveReplicasState) {
     EXPECT_EQ(rejoins[0]["replica"], 3);
     EXPECT_GE(rejoins[0]["refused_at_step"].get<int64_t>(), 50);
     EXPECT_GE(rejoins[0]["step"].get<int64_t>(), rejoins[0]["refused_at_step"].get<int64_t>());
+    const int64_t renewed_at = rejoins[0]["step"];
+    std::printf("%s: refused at step %lld, renewed at step %lld\n", c.name.c_str(),
+                (long long)rejoins[0]["refused_at_step"].get<int64_t>(), (long long)renewed_at);
+    // On an evaluation step the renewed replica evaluates there too, and no
+    // replica waits out peer_timeout (30 s) for it (the spread itself may be
+    // skipped: the group may be formed while the renewed replica counts as dead).
+    std::map<int, double> evaluation_seconds;
+    bool renewed_evaluated = false;
+    for (auto& v : metrics_records(drilled, "val")) {
+      evaluation_seconds[v["replica"].get<int>()] = v["evaluation_seconds"].get<double>();
+      renewed_evaluated |= v["replica"] == 3 && v["step"] == renewed_at;
+    }
+    if (renewed_at % 20 == 0) EXPECT_TRUE(renewed_evaluated) << "replica 3 evaluated at step " << renewed_at;
+    for (const auto& [replica, seconds] : evaluation_seconds)
+      EXPECT_LT(seconds, 15.0) << "replica " << replica << " waited in its evaluations";
     for (int r = 0; r < 4; ++r) {
       const auto path = fmt::format("summary_r{}.json", r);
       const double ends = read_json(drilled + "/" + path)["final_val_loss"].get<double>();

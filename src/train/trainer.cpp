@@ -650,6 +650,8 @@ nlohmann::json train(const TrainConfig& c, const WorkerInfo& w) {
     const bool last = done == c.inner.steps;
     if (const auto renewed = run.outer_step(done, last)) {
       step = *renewed - 1;  // on from the live replica's step
+      // The others evaluate at that step, and their group holds this replica (issue 67 drills: they waited peer_timeout).
+      if (*renewed % c.eval.interval == 0) run.evaluate(*renewed, false, inner.lr);
       continue;
     }
     run.log_progress(done, last, inner);

@@ -196,9 +196,13 @@ class WorkerSupervisor {
   // Once a second: kills the workers whose heartbeat stopped; after a stop
   // request, kills whoever outlived its grace period.
   void check_workers();
+  // Followed since they joined (check_workers reads their heartbeats too), so
+  // that at the end one that died long ago is given up at once.
+  HeartbeatWatch& heartbeats() { return heartbeats_; }
 
  private:
   void on_failure(WorkerExit& e, LaunchResult& result);
+  void watch_joiners();
   // Workers restarted together: a replica of several workers (its group is
   // formed anew, and all of them take the state), else each worker alone.
   int unit_of(int rank) const { return plan_.replica_workers > 1 ? rank / plan_.replica_workers : rank; }
@@ -392,6 +396,18 @@ void WorkerSupervisor::check_workers() {
     spdlog::info("worker {} sent no heartbeat for {:.0f} s; killing it", r, silent);
     ::kill(pids_[size_t(r)], SIGKILL);
   }
+  watch_joiners();
+}
+
+void WorkerSupervisor::watch_joiners() {
+  if (plan_.join_dir.empty()) return;
+  try {
+    for (int stage = 0; stage < plan_.stages; ++stage)
+      for (const int member : joined_members(store_, token_, replica_scope(plan_.stages, stage)))
+        heartbeats_.silent_seconds(member * plan_.replica_workers * plan_.stages + stage);
+  } catch (const std::exception&) {
+    // The store is busy: look again in a second.
+  }
 }
 
 void WorkerSupervisor::stop_replica_of(int rank) {
@@ -475,17 +491,16 @@ namespace {
 
 // The workers that joined the run (members of each stage's scope), each once it ended (await_member_end).
 std::vector<WorkerExit> await_joiners(const LaunchPlan& plan, const StorePtr& store, const std::string& token,
-                                      Clock::time_point launched) {
+                                      HeartbeatWatch& heartbeats, Clock::time_point launched) {
   std::vector<WorkerExit> out;
   if (plan.join_dir.empty()) return out;
-  HeartbeatWatch heartbeats(store, token);
   for (int stage = 0; stage < plan.stages; ++stage) {
     const auto scope = replica_scope(plan.stages, stage);
     for (const int member : joined_members(store, token, scope)) {
       WorkerExit e;
       e.rank = member * plan.replica_workers * plan.stages + stage;  // its first worker's rank, as the joiner took it
       e.joined = true;
-      heartbeats.expect(e.rank);
+      if (!heartbeats.beating(e.rank)) heartbeats.expect(e.rank);  // else followed since it joined
       const auto stopped = []() -> std::optional<std::string> {
         if (!ForwardedSignals::pending()) return std::nullopt;
         return "not waited for (the launcher was stopped)";
@@ -539,7 +554,7 @@ LaunchResult launch_local_workers(const LaunchPlan& plan, const std::vector<std:
     std::this_thread::sleep_for(std::chrono::milliseconds(50));
   }
   std::stable_sort(result.exits.begin(), result.exits.end(), [](auto& a, auto& b) { return a.rank < b.rank; });
-  if (!result.signal) result.joiners = await_joiners(plan, store, token, launched);
+  if (!result.signal) result.joiners = await_joiners(plan, store, token, workers.heartbeats(), launched);
   return result;
 }
 

@@ -124,8 +124,18 @@ GlooGroup join_gloo_group(const StorePtr& store, const WorkerEnv& env, const std
   std::optional<AdmissionKey> admission;
   if (!env.token.empty() && admission_available()) admission = run_key(env.token, "gloo admission");
   std::string why;
+  // A member that gives the group up (another is gone) says so for every
+  // attempt: the others, failing the attempt with it, would otherwise wait
+  // for it through their next one (peer_timeout).
+  const auto group_scope = run_scope(store, env.token, name + "/pg");
+  const auto abandoned_by_another = [&] {
+    return std::runtime_error(fmt::format("group {} (member {} of {}) given up: another member gave it up (a member "
+                                          "is gone)",
+                                          name, rank, world));
+  };
   int attempt = 0;
   for (; attempt < kGroupAttempts && left_until(deadline).count() > 0; ++attempt) {
+    if (attempt > 0 && group_scope->check({"abandoned"})) throw abandoned_by_another();
     // Each attempt is a group of its own name: fresh ports, fresh keys. An
     // attempt fails for all as soon as one member says so ("failed"), and
     // succeeds for all once every member has said "ok"; a member that said
@@ -170,11 +180,13 @@ GlooGroup join_gloo_group(const StorePtr& store, const WorkerEnv& env, const std
       return group;
     } catch (const std::exception& e) {
       why = error_text(e);
+      const bool gone = given_up();
       if (!said_ok) {
+        if (gone) group_scope->set("abandoned", std::vector<uint8_t>{1});  // before "failed": seen with it
         verdicts->set("failed", std::vector<uint8_t>{1});
         release_waiting_peers(*rendezvous, rank, world, admission ? &*admission : nullptr);
       }
-      if (given_up())
+      if (gone)
         throw std::runtime_error(fmt::format("group {} (member {} of {}) given up after {:.0f} s: a member is gone "
                                              "(declared dead or its heartbeat silent)",
                                              name, rank, world, std::chrono::duration<double>(Clock::now() - start).count()));
