@@ -183,7 +183,8 @@ TEST_F(SealedRuns, ACorruptedOuterMessageIsRefusedAndTheRunGoesOn) {
     if (r["arrived"].size() < r["group"].size()) ++refused;
   }
   EXPECT_EQ(records, 3);
-  EXPECT_EQ(refused, 1) << "the corrupted exchange, and only it, went without the partner's message";
+  EXPECT_EQ(refused, 1) << "the corrupted exchange, and only it, went without the partner's message:\n"
+                        << sealed.output;
 
   auto clear = noloco::testing::run_cli(noloco::testing::small_train_args(dir / "c.txt", dir / "clear") + " " + args + " seal=false",
                                         run_timeout_s);

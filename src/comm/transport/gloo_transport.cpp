@@ -611,20 +611,29 @@ bool GlooTransport::trade(c10d::ProcessGroupGloo& group, const ExchangeRequest& 
   // once its header is checked: a peer's announced length is input, and Gloo
   // aborts the process on a payload longer than the buffer waiting for it.
   std::vector<FramedReceive> incoming;
-  std::vector<FramedSend> sends;
+  std::vector<std::optional<FramedSend>> sends(present.size());
   std::vector<bool> refused(present.size(), false);
   bool failed = false;
   try {
     for (const auto& p : present)
       incoming.emplace_back(group, member_of(p), tag, expected, std::vector<torch::Tensor>{torch::empty_like(request.payload)},
                             /*eager=*/false, seal_.get());
-    const bool corrupt = corrupt_next_send_.exchange(false);
-    for (const auto& p : present)
-      sends.emplace_back(group, member_of(p), tag, expected, std::vector<torch::Tensor>{request.payload}, seal_.get(),
-                         corrupt);
   } catch (const std::exception& e) {
     spdlog::warn("exchange {} failed to start: {}", request.id, error_text(e));
     failed = true;
+  }
+  // Each message on its own: a pair a dead member closed must not hold back
+  // the others' (they waited out peer_timeout for messages never sent).
+  const bool corrupt = corrupt_next_send_.exchange(false);
+  for (size_t i = 0; i < present.size() && incoming.size() == present.size(); ++i) {
+    try {
+      sends[i].emplace(group, member_of(present[i]), tag, expected, std::vector<torch::Tensor>{request.payload},
+                       seal_.get(), corrupt);
+    } catch (const std::exception& e) {
+      spdlog::warn("exchange {}: no message could go to worker {}: {}", request.id, present[i].rank, error_text(e));
+      failed = true;
+      incoming[i].abort();  // its pair is closed: nothing comes over it either
+    }
   }
   // A relay lost now may leave a pair waiting out its whole timeout (see
   // relays_lost): the trade is given up at once, and formed anew.
@@ -634,7 +643,8 @@ bool GlooTransport::trade(c10d::ProcessGroupGloo& group, const ExchangeRequest& 
     relay_watch.emplace(std::chrono::milliseconds(50), [&] {
       if (relays_lost() == lost_before) return false;
       for (auto& r : incoming) r.abort();
-      for (auto& s : sends) s.abort();
+      for (auto& s : sends)
+        if (s) s->abort();
       return true;
     });
   for (size_t i = 0; i < incoming.size(); ++i) {
@@ -656,7 +666,7 @@ bool GlooTransport::trade(c10d::ProcessGroupGloo& group, const ExchangeRequest& 
         // The header checks are symmetric: the peer rejects ours too and
         // never takes our payload.
         refused[i] = true;
-        if (i < sends.size()) sends[i].abort();
+        if (sends[i]) sends[i]->abort();
         break;
       default:  // died or timed out during the exchange: its pair is closed
         spdlog::warn("exchange {}: worker {}'s message did not come: {}", request.id, rank, incoming[i].problem());
@@ -667,11 +677,11 @@ bool GlooTransport::trade(c10d::ProcessGroupGloo& group, const ExchangeRequest& 
   cost->wait_seconds += since(start);
   for (size_t i = 0; i < sends.size(); ++i) {
     auto& send = sends[i];
-    if (refused[i]) continue;
+    if (refused[i] || !send) continue;
     try {
-      send.wait(timeout_);
-      cost->bytes_sent += send.wire_bytes();
-      cost->bytes_relayed += uint64_t(relayed_share(present[i].rank) * double(send.wire_bytes()));
+      send->wait(timeout_);
+      cost->bytes_sent += send->wire_bytes();
+      cost->bytes_relayed += uint64_t(relayed_share(present[i].rank) * double(send->wire_bytes()));
       cost->messages += 1;
     } catch (const std::exception&) {
       failed = true;
