@@ -149,8 +149,14 @@ int run_launched_worker(TrainConfig& cfg, const WorkerEnv& env) {
   const auto start = std::chrono::steady_clock::now();
   const auto worker = start_worker(cfg, {env});
   train(cfg, worker.info);
-  if (writes_run_summary(env))
-    write_run_summary(cfg, env, worker, std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
+  if (writes_run_summary(env)) {
+    try {
+      write_run_summary(cfg, env, worker,
+                        std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
+    } catch (const std::exception& e) {  // its own training is done and saved: the summary alone is lost
+      spdlog::warn("the run's summary.json was not written: {}", e.what());
+    }
+  }
   finish_worker(worker);
   return 0;
 }
