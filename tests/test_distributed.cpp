@@ -683,7 +683,9 @@ TEST_F(Distributed, NoLoCoGoesOnWhenAMemberOfItsEtcdClusterDies) {
   int outer = 0;
   for (auto& r : metrics_records(run_dir, "outer"))
     if (r["replica"] == 0 && r["arrived"].size() == 2) ++outer;
-  EXPECT_EQ(outer, steps / 10) << "every outer step had both replicas, before the death and after";
+  EXPECT_EQ(outer, steps / 10) << "every outer step had both replicas, before the death and after (killed at step "
+                               << step_at_kill << "):\n"
+                               << a.output << b.output;
   const auto summary = read_json(run_dir + "/summary.json");
   EXPECT_EQ(summary["replicas_finished"].get<std::vector<int>>(), (std::vector<int>{0, 1})) << summary.dump();
   EXPECT_EQ(read_json(run_dir + "/summary_r1.json"), read_json(other_disk + "/summary_r1.json"));
