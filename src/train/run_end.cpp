@@ -47,7 +47,7 @@ void write_run_summary(const TrainConfig& cfg, const WorkerEnv& env, const Joine
   const auto& store = worker.links.store;
   if (!store || !worker.links.membership) return;  // no members to hear from (method none)
   const int stages = int(cfg.pipeline.stages), replica_workers = int(cfg.run.replica_workers);
-  const int replicas = env.world / (stages * replica_workers);
+  const int replicas = int(cfg.run.replicas);  // the launched workers' (run_launched_worker set it from WORLD_SIZE)
   HeartbeatWatch heartbeats(store, env.token);
   auto& own = *worker.links.membership;  // has watched its own scope's heartbeats all along
   const auto own_scope = replica_scope(stages, int(env.rank % stages));
@@ -60,7 +60,7 @@ void write_run_summary(const TrainConfig& cfg, const WorkerEnv& env, const Joine
     for (const int m : joined_members(store, env.token, scope)) ids.push_back(m);
     for (const int member : ids) {
       WorkerExit e;
-      e.rank = (member * replica_workers) * stages + stage;  // its first worker's
+      e.rank = first_worker_of(member, stage, stages, replica_workers);
       e.joined = member >= replicas;
       if (!told && member_state(store, env.token, scope, member) != MemberState::finished) {
         spdlog::info("waiting for the other workers to finish: this worker writes the run's summary.json");
@@ -84,9 +84,7 @@ void write_run_summary(const TrainConfig& cfg, const WorkerEnv& env, const Joine
       members.push_back(e);
     }
   }
-  auto run_cfg = cfg;
-  run_cfg.run.replicas = replicas;
-  const auto summary = summarize_run(run_cfg, members, seconds);
+  const auto summary = summarize_run(cfg, members, seconds);
   write_json_atomic(cfg.run.out + "/summary.json", summary.to_json());
   spdlog::info("the run's summary: {} of {} {} finished{} -> {}/summary.json", summary.finished.size(),
                members.size(), stages > 1 ? "workers" : "replicas",

@@ -404,7 +404,7 @@ void WorkerSupervisor::watch_joiners() {
   try {
     for (int stage = 0; stage < plan_.stages; ++stage)
       for (const int member : joined_members(store_, token_, replica_scope(plan_.stages, stage)))
-        heartbeats_.silent_seconds(member * plan_.replica_workers * plan_.stages + stage);
+        heartbeats_.silent_seconds(first_worker_of(member, stage, plan_.stages, plan_.replica_workers));
   } catch (const std::exception&) {
     // The store is busy: look again in a second.
   }
@@ -494,17 +494,17 @@ std::vector<WorkerExit> await_joiners(const LaunchPlan& plan, const StorePtr& st
                                       HeartbeatWatch& heartbeats, Clock::time_point launched) {
   std::vector<WorkerExit> out;
   if (plan.join_dir.empty()) return out;
+  const auto stopped = []() -> std::optional<std::string> {
+    if (!ForwardedSignals::pending()) return std::nullopt;
+    return "not waited for (the launcher was stopped)";
+  };
   for (int stage = 0; stage < plan.stages; ++stage) {
     const auto scope = replica_scope(plan.stages, stage);
     for (const int member : joined_members(store, token, scope)) {
       WorkerExit e;
-      e.rank = member * plan.replica_workers * plan.stages + stage;  // its first worker's rank, as the joiner took it
+      e.rank = first_worker_of(member, stage, plan.stages, plan.replica_workers);  // as the joiner took it
       e.joined = true;
       if (!heartbeats.beating(e.rank)) heartbeats.expect(e.rank);  // else followed since it joined
-      const auto stopped = []() -> std::optional<std::string> {
-        if (!ForwardedSignals::pending()) return std::nullopt;
-        return "not waited for (the launcher was stopped)";
-      };
       if (const auto why =
               await_member_end(store, token, scope, member, e.rank, heartbeats, plan.comm.heartbeat_timeout, stopped)) {
         e.exit_code = 1;

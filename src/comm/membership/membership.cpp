@@ -63,6 +63,10 @@ std::string replica_scope(int stages, int stage) {
   return stages > 1 ? fmt::format("stage{}", stage) : std::string("replicas");
 }
 
+int first_worker_of(int member, int stage, int stages, int replica_workers) {
+  return member * replica_workers * stages + stage;
+}
+
 int claim_member_id(const StorePtr& store, const std::string& token, const std::string& scope, int world) {
   return world + int(members_scope(store, token, scope)->add("joiners", 1)) - 1;
 }

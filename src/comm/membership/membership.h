@@ -243,6 +243,10 @@ std::optional<std::string> await_member_end(const StorePtr& store, const std::st
                                             double heartbeat_timeout,
                                             const std::function<std::optional<std::string>()>& given_up);
 
+// The rank of the first worker of member `member` of stage `stage`'s scope:
+// workers are laid out replica-major, (member·replica_workers + k)·stages + stage.
+int first_worker_of(int member, int stage, int stages, int replica_workers);
+
 // The membership scope of the replicas of pipeline stage `stage` ("replicas" without a pipeline).
 std::string replica_scope(int stages, int stage);
 

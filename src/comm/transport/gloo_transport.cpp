@@ -353,8 +353,10 @@ double GlooTransport::relayed_share(int rank) const {
   return it == relayed_share_.end() ? 0.0 : it->second;
 }
 
+uint64_t GlooTransport::relayed_part(uint64_t bytes, double share) { return uint64_t(share * double(bytes)); }
+
 CommStats GlooTransport::relayed(CommStats cost, double share) {
-  cost.bytes_relayed += uint64_t(share * double(cost.bytes_sent));
+  cost.bytes_relayed += relayed_part(cost.bytes_sent, share);
   return cost;
 }
 
@@ -681,7 +683,7 @@ bool GlooTransport::trade(c10d::ProcessGroupGloo& group, const ExchangeRequest& 
     try {
       send->wait(timeout_);
       cost->bytes_sent += send->wire_bytes();
-      cost->bytes_relayed += uint64_t(relayed_share(present[i].rank) * double(send->wire_bytes()));
+      cost->bytes_relayed += relayed_part(send->wire_bytes(), relayed_share(present[i].rank));
       cost->messages += 1;
     } catch (const std::exception&) {
       failed = true;

@@ -137,7 +137,8 @@ class GlooTransport final : public Transport {
   double note_routes(const PairRoutes& routes, const std::vector<int>& peers);
   // The share of the connections to `rank` that a relay carried, when its group was last formed.
   double relayed_share(int rank) const;
-  // `cost` with the share of its bytes sent that a relay carried.
+  // Of `bytes` sent, those a relay carried; and `cost` with its own counted.
+  static uint64_t relayed_part(uint64_t bytes, double share);
   static CommStats relayed(CommStats cost, double share);
   c10d::ProcessGroupGloo& run_group();
   // Destroys groups on a background thread (teardown is slow and off the training path).
