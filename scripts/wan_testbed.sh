@@ -5,6 +5,7 @@
 # answers something sent out) with a capped uplink.
 #
 #   scripts/wan_testbed.sh up [HOMES]   # default 4
+#   scripts/wan_testbed.sh forward K PORT   # home K's router forwards TCP PORT to its machine
 #   scripts/wan_testbed.sh down
 #
 # Environment: NLW_PREFIX (namespace and link names, default "nlw"; at most
@@ -91,8 +92,20 @@ up() {
   echo "wan_testbed: public host $PUBLIC in $P-pub; homes $P-h1..$P-h$homes behind NAT routers (uplink $UP)"
 }
 
+forward() {  # home, port: what a user does in a router's "port forwarding" page
+  local k=$1 port=$2 machine
+  machine=$(ip -n "$P-h$k" -4 -o addr show dev eth0 | awk '{print $4}' | cut -d/ -f1)
+  ip netns exec "$P-r$k" nft -f - <<NFT
+table ip home {
+  chain prerouting { type nat hook prerouting priority -100; iifname "wan" tcp dport $port dnat to $machine; }
+  chain forward { ct status dnat accept; }
+}
+NFT
+}
+
 case "${1:-}" in
   up) up "${2:-4}" ;;
+  forward) [ $# -eq 3 ] || { echo "usage: $0 forward HOME PORT" >&2; exit 2; }; forward "$2" "$3" ;;
   down) down ;;
-  *) echo "usage: $0 up [HOMES] | down" >&2; exit 2 ;;
+  *) echo "usage: $0 up [HOMES] | forward HOME PORT | down" >&2; exit 2 ;;
 esac

@@ -136,6 +136,13 @@ TEST(Config, ThetaMessageNeedsGammaEqualToBeta) {
   EXPECT_NE(error_of("", {"noloco_message=weights"}).find("noloco_message must be"), std::string::npos);
 }
 TEST(Config, BadRouting) { EXPECT_NE(error_of("", {"routing=roundrobin"}).find("routing must be random or fixed"), std::string::npos); }
+TEST(Config, AnAdvertisedAddressNeedsAPort) {
+  EXPECT_NE(error_of("", {"advertise=203.0.113.5"}).find("advertise=203.0.113.5 needs a port"), std::string::npos);
+  EXPECT_NE(error_of("", {"advertise=203.0.113.5:0"}).find("not HOST:PORT"), std::string::npos);
+  EXPECT_NE(error_of("", {"listen_port=70000"}).find("listen_port must be in 0..65535"), std::string::npos);
+  EXPECT_NO_THROW(parse_config("", {"advertise=203.0.113.5", "listen_port=29600"}));
+  EXPECT_NO_THROW(parse_config("", {"advertise=203.0.113.5:40000"}));
+}
 TEST(Config, UnknownPreset) { EXPECT_NE(error_of("", {"model=7b"}).find("unknown model preset"), std::string::npos); }
 
 TEST(Options, ParsesTypedValuesAndNamesBadKeys) {

@@ -382,3 +382,4 @@ TEST(GlooGroup, WithoutAdmissionAStrangerOnEveryTryEndsTheFormationInBoundedTime
     EXPECT_EQ(j.error.find('\n'), std::string::npos) << j.error;
   }
 }
+

@@ -233,6 +233,12 @@ class WanTestbed {
   }
   bool ok() const { return ok_; }
   const std::string& why() const { return why_; }
+  // Home `home`'s router forwards TCP `port` to its machine.
+  bool forward(int home, int port) const {
+    return run_command(fmt::format(NOLOCO_SOURCE_DIR "/scripts/wan_testbed.sh forward {} {}", home, port), 20,
+                       "NLW_PREFIX=" + prefix_)
+               .exit_code == 0;
+  }
   std::string in(const std::string& host) const { return fmt::format("ip netns exec {}-{} ", prefix_, host); }
 
  private:
@@ -563,5 +569,55 @@ TEST_F(WanRuns, WithoutARelayTwoHomesEndWithinTheirTimeoutsAndNameTheWayOut) {
       EXPECT_EQ(o["arrived"].size(), 1u) << o.dump();
       EXPECT_LT(o["wait_seconds"].get<double>(), timeout + 4) << "replica " << k << ": " << o.dump();
     }
+  }
+}
+
+// Issue 66: a home whose router forwards one port needs no relay. Two homes,
+// both machines on 10.0.0.2, each forwarding 29600 and advertising its
+// router's public address there (listen_port, advertise); no NOLOCO_RELAY.
+// Without the forward, the same two homes never pair (the test above); with
+// it every connection comes in at the one port, every outer step is
+// exchanged, nothing is relayed, and the losses are those of loopback, while
+// a stranger on the public side holds idle connections to one home's port
+// and sends it noise.
+TEST_F(WanRuns, TwoHomesWithAForwardedPortTrainDirectWithoutARelay) {
+  const WanTestbed bed(2, fmt::format("nf{}", ::getpid() % 1000));
+  ASSERT_TRUE(bed.ok()) << bed.why();
+  const int port = 29600;
+  ASSERT_TRUE(bed.forward(1, port) && bed.forward(2, port));
+  auto exports = serve(bed, "serve", "");
+  ASSERT_FALSE(exports.empty());
+  exports.erase(exports.find("export NOLOCO_RELAY"));  // the last line
+  const std::string run = "method=noloco steps=20 outer_interval=5 peer_timeout=30";
+  std::string lines;
+  for (int k = 0; k < 2; ++k)
+    lines += in_home(bed, k + 1, fmt::format("RANK={} WORLD_SIZE=2", k),
+                     train_args(fmt::format("h{}", k), fmt::format("{} bind=10.0.0.2 listen_port={} advertise=100.64.{}.2",
+                                                                   run, port, k + 1)),
+                     fmt::format("h{}", k));
+  // The stranger: up to 100 connections held open, one every 0.1 s, the odd ones sent noise.
+  const auto held = dir / "stranger.txt";
+  lines += fmt::format(
+      "{} timeout 40 bash -c 'for i in $(seq 100); do exec {{fd}}<>/dev/tcp/100.64.1.2/{} 2>/dev/null && "
+      "{{ echo $i >> {}; [ $((i % 2)) = 1 ] && echo noise-noise-noise-noise-noise-noise >&$fd; }}; sleep 0.1; "
+      "done; sleep 10' > /dev/null 2>&1 &\n",
+      bed.in("pub"), port, held.string());
+  const auto homes = run_homes(exports, lines, 90);
+  const auto text = logs(names("h", 2));
+  ASSERT_EQ(homes.exit_code, 0) << homes.output << text;
+  EXPECT_NE(text.find(fmt::format("reach this one's connections at 100.64.1.2:{}", port)), std::string::npos) << text;
+  EXPECT_GT(noloco::testing::read_text(held).size(), 0u) << "the stranger never reached the forwarded port";
+  const auto local = noloco::testing::run_cli(train_args("loopback", run + " replicas=2"), 60);
+  ASSERT_EQ(local.exit_code, 0) << local.output;
+  for (int k = 0; k < 2; ++k) {
+    const auto home = dir / fmt::format("h{}", k);
+    const auto summary = read_json(home / fmt::format("summary_r{}.json", k));
+    const auto reference = read_json(dir / "loopback" / fmt::format("summary_r{}.json", k));
+    EXPECT_EQ(summary["final_val_loss"].get<double>(), reference["final_val_loss"].get<double>()) << "replica " << k;
+    EXPECT_GT(summary["bytes_sent"].get<uint64_t>(), 0u);
+    EXPECT_EQ(summary["bytes_relayed"], 0);
+    const auto outer = metrics_records(home, "outer");
+    EXPECT_EQ(outer.size(), 4u) << "replica " << k;
+    for (const auto& o : outer) EXPECT_EQ(o["arrived"].size(), 2u) << "replica " << k << ": " << o.dump();
   }
 }

@@ -179,6 +179,12 @@ void add_outer_options(Options& o, TrainConfig& c) {
 
 void add_comm_options(Options& o, TrainConfig& c) {
   o.add("bind", c.comm.bind, "address workers listen on (and the store, when worker 0 hosts it; the launcher's store is a private unix socket)")
+      .add("listen_port", c.comm.listen_port,
+           "one fixed port for every connection from other workers (a port forwarded to this machine, or a "
+           "firewall's one opening; LOCAL_RANK r listens at listen_port + r); 0: a fresh port each")
+      .add("advertise", c.comm.advertise,
+           "HOST[:PORT] other machines reach listen_port at (the router's public address and forwarded port); "
+           "empty: bind's")
       .add("peer_timeout", c.comm.peer_timeout,
            "seconds a store call or a peer's message may take; a NoLoCo partner that makes no progress this long "
            "(at least 3 s) is given up")
@@ -455,6 +461,18 @@ void TrainConfig::validate() const {
   if (outer.message == NolocoMessage::theta && outer.gamma != outer.lr)
     invalid(fmt::format("noloco_message=theta needs gamma = outer_lr (got gamma {}, outer_lr {}); use delta_phi",
                         outer.gamma, outer.lr));
+  if (comm.listen_port < 0 || comm.listen_port > 65535)
+    invalid(fmt::format("listen_port must be in 0..65535, got {}", comm.listen_port));
+  if (!comm.advertise.empty()) {
+    const auto colon = comm.advertise.rfind(':');
+    if (colon == std::string::npos && comm.listen_port == 0)
+      invalid(fmt::format("advertise={} needs a port: advertise=HOST:PORT, or listen_port", comm.advertise));
+    if (colon != std::string::npos) {
+      const auto port = parse_integer("advertise's port", comm.advertise.substr(colon + 1));
+      if (colon == 0 || port < 1 || port > 65535)
+        invalid(fmt::format("advertise={} is not HOST:PORT with a port in 1..65535", comm.advertise));
+    }
+  }
   positive("peer_timeout", comm.peer_timeout);
   non_negative("restarts", double(comm.restarts));
   positive("heartbeat_timeout", comm.heartbeat_timeout);
@@ -568,6 +586,7 @@ const std::vector<std::string>& machine_keys() {
       "data",         "val_data",         "tokenizer",     "init_from",   "accept_changed_data", "device",
       "precision",    "threads",          "out",           "checkpoint_interval", "keep_checkpoints", "resume",
       "max_local_workers", "log_interval", "sample_tokens", "sample_prompt", "bind",            "peer_timeout",
+      "listen_port",  "advertise",
       "insecure",     "restarts",         "heartbeat_timeout", "startup_timeout", "rate",         "inject_crash"};
   return keys;
 }

@@ -79,6 +79,12 @@ struct OuterConfig {
 // The network: where to listen, how long to wait for whom.
 struct CommConfig {
   std::string bind = "127.0.0.1";
+  // A fixed port for every Gloo pair's connection (each local worker the
+  // next one up), and the address other machines reach it at (a forwarded
+  // port, a public address): comm/transport/gloo_admission.h's door. 0 and
+  // empty: a fresh port per pair, reached at bind.
+  int64_t listen_port = 0;
+  std::string advertise;  // HOST or HOST:PORT
   double peer_timeout = 60;
   bool seal = true;  // comm/transport/seal.h
   bool insecure = false;  // seal=false is accepted off loopback only with it (comm/launch/worker_connections.cpp)

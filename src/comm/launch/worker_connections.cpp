@@ -1,5 +1,7 @@
 #include "comm/launch/worker_connections.h"
 
+#include <netinet/in.h>
+
 #include <algorithm>
 #include <stdexcept>
 #include <thread>
@@ -74,6 +76,32 @@ void use_configured_relays(const WorkerEnv& env) {
   use_relays(resolve_relays(env.relays), run_key(env.token, "relay"));
 }
 
+// listen_port and advertise: other machines reach this process's Gloo pairs
+// at one fixed port (comm/transport/gloo_admission.h's door).
+void open_configured_door(const WorkerEnv& env, const CommConfig& comm) {
+  if (comm.listen_port == 0 && comm.advertise.empty()) return;
+  if (!admission_available())
+    throw std::runtime_error(
+        "listen_port and advertise need the Gloo that admission works with (Debian's LibTorch 1.13, in the noloco "
+        "binary): start this worker with the noloco command");
+  if (env.token.empty()) throw std::runtime_error("listen_port and advertise need the run's token (NOLOCO_RUN_TOKEN)");
+  int port = comm.listen_port > 0 ? int(comm.listen_port) + env.local_rank : 0;
+  auto host = comm.bind;
+  int advertised_port = 0;  // the door's
+  if (const auto colon = comm.advertise.rfind(':'); colon != std::string::npos) {
+    host = comm.advertise.substr(0, colon);
+    advertised_port = int(std::stol(comm.advertise.substr(colon + 1))) + env.local_rank;  // checked by validate()
+    if (port == 0) port = advertised_port;
+  } else if (!comm.advertise.empty()) {
+    host = comm.advertise;
+  }
+  const auto door = listen_at_door(resolve_ipv4(comm.bind, port, "bind"),
+                                   resolve_ipv4(host, advertised_port, "advertise"));
+  spdlog::info("other workers reach this one's connections at {}:{} (listening at {}:{})", host,
+               advertised_port ? advertised_port : port, comm.bind,
+               ntohs(reinterpret_cast<const sockaddr_in&>(door).sin_port));
+}
+
 }  // namespace
 
 void outlast_store_users(const WorkerConnections& links) {
@@ -95,6 +123,7 @@ WorkerConnections join_as_worker(const WorkerEnv& env, const CommConfig& comm, i
                                  int replica_workers, const std::string& nccl_device) {
   check_unsealed_stays_local(env, comm);
   use_configured_relays(env);
+  open_configured_door(env, comm);
   const auto timeout = std::chrono::milliseconds(int64_t(comm.peer_timeout * 1000));
   const int per_replica = stages * replica_workers;
   const int stage = env.rank % stages, replica = env.rank / per_replica, replicas = env.world / per_replica;

@@ -27,6 +27,7 @@
 #include <thread>
 #include <vector>
 
+#include <fmt/format.h>
 #include <spdlog/spdlog.h>
 
 namespace noloco {
@@ -39,8 +40,10 @@ constexpr size_t kChallengeBytes = 16;
 constexpr size_t kProofBytes = 32;
 // A connection that has not proved the key by then is a stranger's.
 constexpr auto kProofWindow = std::chrono::seconds(5);
-// Strangers' connections held at once per listener; the oldest go first.
+// Strangers' connections held at once per listener, and at the door (every
+// member's connections arrive there); the oldest go first.
 constexpr size_t kMostPending = 64;
+constexpr size_t kMostAtDoor = 1024;
 // Sent by the listener once a proof checks out: the member's connect()
 // returns only then, so a connection that reached the wrong listener (two
 // homes on the same LAN address) is told apart and goes through a relay.
@@ -241,6 +244,13 @@ class Gatekeeper {
       sys_close(listener->tcp_fd);
       return false;
     }
+    if (listener->address.ss_family == AF_INET) {  // published where the door is reached, if there is one
+      std::lock_guard<std::mutex> lock(mutex_);
+      if (door_) {
+        listener->address = advertised_;
+        listener->address_length = sizeof(sockaddr_in);
+      }
+    }
     if (listener->address.ss_family == AF_INET) {
       ListenerId id;
       randombytes_buf(id.data(), id.size());
@@ -257,6 +267,22 @@ class Gatekeeper {
     }
     park(listener);
     return true;
+  }
+
+  // The door (see the header): `fd` listens, non-blocking.
+  void open_door(int fd, const sockaddr_storage& advertised) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (door_) sys_close(door_->tcp_fd);
+    door_ = std::make_shared<Listener>();
+    door_->tcp_fd = fd;
+    advertised_ = advertised;
+    start_locked();
+    wake();
+  }
+
+  uint64_t door_admitted() {
+    std::lock_guard<std::mutex> lock(mutex_);
+    return door_admitted_;
   }
 
   // Gloo's accept() on a listener it believes it has: the member's connection.
@@ -434,7 +460,9 @@ class Gatekeeper {
           l->admitted = -1;
         }
         closed_.clear();
-        for (auto& [fd, l] : listeners_) {
+        auto all = listeners_;
+        if (door_) all.emplace(-1, door_);
+        for (auto& [fd, l] : all) {
           if (l->tcp_fd < 0) continue;
           polled.push_back({l->tcp_fd, POLLIN, 0});
           owners.emplace_back(l, -1);
@@ -471,7 +499,9 @@ class Gatekeeper {
         read_parked(*l, size_t(-2 - index));
       }
       const auto now = Clock::now();
-      for (auto& [fd, l] : listeners_) {
+      auto all = listeners_;
+      if (door_) all.emplace(-1, door_);
+      for (auto& [fd, l] : all) {
         auto& p = l->pending;
         for (auto& c : p)
           if (c.until <= now || c.fd < 0) {
@@ -492,15 +522,15 @@ class Gatekeeper {
     }
   }
 
-  // A connection that must now prove the key: direct, or spliced at a relay.
-  static void challenge(Listener& l, int fd) {
+  // A connection that must now prove the key: direct, at the door, or spliced at a relay.
+  void challenge(Listener& l, int fd) {
     Listener::Pending p{fd, Clock::now() + kProofWindow, {}, {}, 0};
     randombytes_buf(p.challenge.data(), p.challenge.size());
     if (::send(fd, p.challenge.data(), p.challenge.size(), MSG_NOSIGNAL) != ssize_t(p.challenge.size())) {
       sys_close(fd);
       return;
     }
-    if (l.pending.size() >= kMostPending) {
+    if (l.pending.size() >= (&l == door_.get() ? kMostAtDoor : kMostPending)) {
       sys_close(l.pending.front().fd);
       l.pending.pop_front();
     }
@@ -520,21 +550,32 @@ class Gatekeeper {
     }
     p.received += size_t(n);
     if (p.received < kProofBytes) return;
-    const bool genuine =
-        sodium_memcmp(proof(l.key, reinterpret_cast<const sockaddr*>(&l.address), p.challenge.data()).data(),
-                      p.answer.data(), kProofBytes) == 0 &&
-        ::send(p.fd, &kAdmitted, 1, MSG_NOSIGNAL) == 1;
-    if (!genuine) {
+    Listener* to = addressee(l, p);
+    if (!to || ::send(p.fd, &kAdmitted, 1, MSG_NOSIGNAL) != 1) {
       sys_close(p.fd);
       p.fd = -1;
       return;
     }
     // A pair takes one connection: the port closes now, as Gloo's would.
-    note_route_locked(l.scope, p.fd);
-    l.admitted = p.fd;
+    note_route_locked(to->scope, p.fd);
+    to->admitted = p.fd;
     p.fd = -1;
-    drop(l);
-    (void)!::eventfd_write(l.gloo_fd, 1);
+    if (to != &l) ++door_admitted_;
+    drop(*to);
+    (void)!::eventfd_write(to->gloo_fd, 1);
+  }
+
+  // The listener a proof is for: `l` itself, or, at the door, whichever of
+  // this process's waiting listeners it names (a handful at a time).
+  Listener* addressee(Listener& l, const Listener::Pending& p) {
+    const auto proves = [&](const Listener& to) {
+      return sodium_memcmp(proof(to.key, reinterpret_cast<const sockaddr*>(&to.address), p.challenge.data()).data(),
+                           p.answer.data(), kProofBytes) == 0;
+    };
+    if (&l != door_.get()) return proves(l) ? &l : nullptr;
+    for (auto& [fd, waiting] : listeners_)
+      if (!waiting->closed && waiting->tcp_fd >= 0 && waiting->admitted < 0 && proves(*waiting)) return waiting.get();
+    return nullptr;
   }
 
   std::mutex mutex_;
@@ -547,6 +588,9 @@ class Gatekeeper {
   std::map<int, Named> admitted_names_;  // connections Gloo accepted: their listener's address
   std::map<uint64_t, PairRoutes> routes_;  // by scope (Scope::id), while it lives
   std::vector<std::shared_ptr<Listener>> closed_;
+  std::shared_ptr<Listener> door_;  // its tcp_fd alone: it admits for the others
+  sockaddr_storage advertised_{};   // what listeners publish while there is a door
+  uint64_t door_admitted_ = 0;
   int wake_fd_ = -1;
 };
 
@@ -723,6 +767,29 @@ void use_relays(std::vector<sockaddr_storage> at, const RelayKey& key) {
   }
   if (relays()) watch_relays();
 }
+
+sockaddr_storage listen_at_door(const sockaddr_storage& door, sockaddr_storage advertised) {
+  const auto text = address_text(reinterpret_cast<const sockaddr*>(&door));
+  if (door.ss_family != AF_INET || advertised.ss_family != AF_INET)
+    throw std::runtime_error("the door for Gloo's pairs takes IPv4 addresses only, not " + text);
+  const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+  const int on = 1;
+  sockaddr_storage bound = door;
+  socklen_t length = sizeof(sockaddr_in);
+  if (fd < 0 || ::setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &on, sizeof(on)) != 0 ||
+      ::bind(fd, reinterpret_cast<const sockaddr*>(&door), sizeof(sockaddr_in)) != 0 || sys_listen(fd, 512) != 0 ||
+      sys_getsockname(fd, reinterpret_cast<sockaddr*>(&bound), &length) != 0) {
+    const int why = errno;
+    if (fd >= 0) sys_close(fd);
+    throw std::runtime_error(fmt::format("cannot listen at {} for Gloo's pairs: {}", text, std::strerror(why)));
+  }
+  auto& published = reinterpret_cast<sockaddr_in&>(advertised);
+  if (published.sin_port == 0) published.sin_port = reinterpret_cast<const sockaddr_in&>(bound).sin_port;
+  Gatekeeper::get().open_door(fd, advertised);
+  return bound;
+}
+
+uint64_t door_admitted() { return Gatekeeper::get().door_admitted(); }
 
 uint64_t relays_lost() { return relays_lost_count.load(); }
 

@@ -82,6 +82,18 @@ class Admission {
 // None: direct only.
 void use_relays(std::vector<sockaddr_storage> relays, const RelayKey& key);
 
+// This process's Gloo listeners are also reached at one fixed port (a port
+// forwarded by a home router, a firewall's one opening): a door bound at
+// `door` takes every member's connection there and hands it to the listener
+// whose admission proof it carries, and every listener publishes
+// `advertised` (with its own id) instead of its own address, so that members
+// elsewhere dial the door. Advertised port 0: the door's. Returns the door's
+// address; throws std::runtime_error naming it when it cannot be bound.
+sockaddr_storage listen_at_door(const sockaddr_storage& door, sockaddr_storage advertised);
+
+// Connections the door handed to a listener so far.
+uint64_t door_admitted();
+
 // Whether use_relays named any: a pair's connection may then close because
 // its relay went, not its peer.
 bool relays_in_use();

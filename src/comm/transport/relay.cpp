@@ -59,6 +59,19 @@ bool send_all(int fd, const uint8_t* data, size_t n) {
 
 }  // namespace
 
+sockaddr_storage resolve_ipv4(const std::string& host, int port, const std::string& named_by) {
+  addrinfo hints{}, *found = nullptr;
+  hints.ai_family = AF_INET;
+  hints.ai_socktype = SOCK_STREAM;
+  if (::getaddrinfo(host.c_str(), nullptr, &hints, &found) != 0 || !found)
+    throw std::invalid_argument(fmt::format("{}: no IPv4 address for {}", named_by, host));
+  sockaddr_storage address{};
+  std::memcpy(&address, found->ai_addr, found->ai_addrlen);
+  ::freeaddrinfo(found);
+  reinterpret_cast<sockaddr_in*>(&address)->sin_port = htons(uint16_t(port));
+  return address;
+}
+
 std::vector<sockaddr_storage> resolve_relays(const std::string& list) {
   std::vector<sockaddr_storage> relays;
   for (size_t start = 0; start <= list.size();) {
@@ -72,17 +85,7 @@ std::vector<sockaddr_storage> resolve_relays(const std::string& list) {
     const auto port = parse_integer("NOLOCO_RELAY's port", entry.substr(colon + 1));
     if (port <= 0 || port > 65535)
       throw std::invalid_argument(fmt::format("NOLOCO_RELAY entry '{}': no such port", entry));
-    addrinfo hints{}, *found = nullptr;
-    hints.ai_family = AF_INET;
-    hints.ai_socktype = SOCK_STREAM;
-    const auto host = entry.substr(0, colon);
-    if (::getaddrinfo(host.c_str(), nullptr, &hints, &found) != 0 || !found)
-      throw std::invalid_argument(fmt::format("NOLOCO_RELAY entry '{}': no IPv4 address for {}", entry, host));
-    sockaddr_storage address{};
-    std::memcpy(&address, found->ai_addr, found->ai_addrlen);
-    ::freeaddrinfo(found);
-    reinterpret_cast<sockaddr_in*>(&address)->sin_port = htons(uint16_t(port));
-    relays.push_back(address);
+    relays.push_back(resolve_ipv4(entry.substr(0, colon), int(port), fmt::format("NOLOCO_RELAY entry '{}'", entry)));
   }
   if (relays.empty()) throw std::invalid_argument("NOLOCO_RELAY is set but names no relay (host:port,...)");
   return relays;
