@@ -13,6 +13,7 @@
 #include <map>
 #include <optional>
 #include <sstream>
+#include <future>
 #include <thread>
 
 #include <fmt/format.h>
@@ -619,5 +620,49 @@ TEST_F(WanRuns, TwoHomesWithAForwardedPortTrainDirectWithoutARelay) {
     const auto outer = metrics_records(home, "outer");
     EXPECT_EQ(outer.size(), 4u) << "replica " << k;
     for (const auto& o : outer) EXPECT_EQ(o["arrived"].size(), 2u) << "replica " << k << ": " << o.dump();
+  }
+}
+
+// Issue 66: a SIGTERM to a NoLoCo worker whose exchange group is forming
+// with a partner it cannot reach (two homes, no relay) ends it at once: it
+// gives the forming group up and leaves after that step, instead of waiting
+// out peer_timeout (60 s here) first. Both homes get the signal once past
+// step 4, so each is in step 5, whose exchange cannot form.
+TEST_F(WanRuns, ASigtermWhileAnUnreachablePartnersGroupFormsEndsTheWorkerAtOnce) {
+  const WanTestbed bed(2, fmt::format("ns{}", ::getpid() % 1000), /*same_lan=*/false);
+  ASSERT_TRUE(bed.ok()) << bed.why();
+  auto exports = serve(bed, "serve", "");
+  ASSERT_FALSE(exports.empty());
+  exports.erase(exports.find("export NOLOCO_RELAY"));  // the last line
+  std::string lines;
+  for (int k = 0; k < 2; ++k)
+    lines += in_home(bed, k + 1, fmt::format("RANK={} WORLD_SIZE=2", k),
+                     train_args(fmt::format("h{}", k), fmt::format("method=noloco steps=200 outer_interval=5 "
+                                                                   "peer_timeout=60 bind=10.0.{}.2",
+                                                                   k + 1)),
+                     fmt::format("h{}", k));
+  auto homes = std::async(std::launch::async, [&] { return run_homes(exports, lines, 150); });
+  const auto past_step_4 = [&](int k) {
+    for (const auto& r : metrics_records(dir / fmt::format("h{}", k), "train"))
+      if (r["step"].get<int64_t>() >= 4) return true;
+    return false;
+  };
+  bool both = false;
+  for (int i = 0; i < 600 && !both; ++i) {
+    both = past_step_4(0) && past_step_4(1);
+    if (!both) std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  }
+  ASSERT_TRUE(both) << "the workers never reached step 4: " << logs(names("h", 2));
+  const auto signalled = std::chrono::steady_clock::now();
+  run_command(fmt::format("pkill -TERM -f 'out={}/h'", dir.string()), 10);
+  const auto ended = homes.get();
+  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - signalled).count();
+  const auto text = logs(names("h", 2));
+  ASSERT_EQ(ended.exit_code, 0) << ended.output << text;
+  EXPECT_LT(seconds, 30) << "a worker waited for its unreachable partner after the SIGTERM: " << text;
+  for (int k = 0; k < 2; ++k) {
+    const auto log = noloco::testing::read_text(dir / fmt::format("h{}.log", k));
+    EXPECT_NE(log.find("given up while its group formed: this worker leaves the run"), std::string::npos) << log;
+    EXPECT_NE(log.find(fmt::format("worker {} leaves the run after step 5", k)), std::string::npos) << log;
   }
 }

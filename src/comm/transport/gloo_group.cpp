@@ -160,8 +160,12 @@ GlooGroup join_gloo_group(const StorePtr& store, const WorkerEnv& env, const std
       c10::intrusive_ptr<c10d::ProcessGroupGloo> group;
       {
         // A pair still waiting for a member that will not come (unreachable,
-        // or it gave up) is let go at the deadline or once the try failed.
+        // or it gave up) is let go at the deadline, once the try failed, or
+        // once `abandon` says so (asked here every half second: Gloo's pair
+        // connect asks the store nothing, so stop() is not called meanwhile).
+        int ticks = 0;
         Ticker watchdog(std::chrono::milliseconds(50), [&] {
+          if (admitting && !stopped && ++ticks % 10 == 0 && given_up()) stopped = true;
           if (!admitting || (!stopped && Clock::now() < deadline)) return false;
           admitting->release();
           return true;

@@ -38,6 +38,8 @@ using GlooGroup = c10::intrusive_ptr<c10d::ProcessGroupGloo>;
 // with `seal`, or in clear when null). Throws with a message that names the
 // likely cause (token, dead workers, a stranger on every try), at once if
 // `abandon` (when given) says a member is gone, else within `timeout`.
+// `abandon` is also asked from a watchdog thread while pairs connect: it
+// must be safe to call from another thread.
 // `routes`, when given, gets how this member's pair connections went (with relays in use).
 GlooGroup join_gloo_group(const StorePtr& store, const WorkerEnv& env, const std::string& name, int rank, int world,
                           const std::shared_ptr<gloo::transport::Device>& device, std::chrono::milliseconds timeout,

@@ -14,6 +14,7 @@
 #include "comm/transport/seal.h"
 #include "comm/transport/ticker.h"
 #include "util/error_text.h"
+#include "util/leave_signal.h"
 
 namespace noloco {
 
@@ -587,14 +588,20 @@ GlooGroup GlooTransport::acquire_group(int64_t exchange, const std::string& plan
     const int64_t generation = exchange + 1;
     // A member that came to the meeting and died since (declared dead, or
     // its heartbeat silent) would hold the others for the whole timeout.
+    // So would this member's own SIGTERM (asked to leave at the end of its
+    // step): a partner it cannot reach would hold it for peer_timeout.
     const auto ranks = ranks_of(present);
     PairRoutes routes;
     auto group = join(fmt::format("{}/p2p/{}/{}{}", scope_, members_key(members), generation, attempt), index,
-                      int(members.size()), [&] { return any_gone(ranks); }, &routes);
+                      int(members.size()), [&] { return leave_requested() || any_gone(ranks); }, &routes);
     note_routes(routes, ranks);
     if (whole) p2p_groups_.keep(planned, generation, group);
     return group;
   } catch (const std::exception& e) {
+    if (leave_requested()) {
+      spdlog::info("exchange {} given up while its group formed: this worker leaves the run (SIGTERM)", exchange);
+      return GlooGroup();
+    }
     // A member died after announcing itself: go on without any of them.
     spdlog::warn("exchange {} could not form its group; going on alone: {}", exchange, error_text(e));
     return GlooGroup();
