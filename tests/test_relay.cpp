@@ -416,7 +416,7 @@ TEST_F(WanRuns, FourHomesBehindNatTrainThroughTheRelayAsOnLoopback) {
 // A pipeline whose stages sit in different homes: 2 replicas × 2 stages, one
 // worker a home, activations routed at random between the homes' stages
 // through the relay, NoLoCo per stage. Every worker ends with the losses of
-// the same run on loopback.
+// the same run on loopback, and counts every activation byte it sent as relayed.
 TEST_F(WanRuns, APipelineWithItsStagesInFourHomesTrainsAsOnLoopback) {
   const WanTestbed bed(4, fmt::format("np{}", ::getpid() % 1000));
   ASSERT_TRUE(bed.ok()) << bed.why();
@@ -441,7 +441,13 @@ TEST_F(WanRuns, APipelineWithItsStagesInFourHomesTrainsAsOnLoopback) {
     }
     EXPECT_EQ(summary["micro_batches_dropped"], 0) << "worker " << k;
     EXPECT_GT(summary["activation_bytes_received"].get<double>(), 0) << "worker " << k;
+    // Every home on 10.0.0.2: each pair between stages went through the relay.
+    EXPECT_GT(summary["activation_bytes_sent"].get<uint64_t>(), 0u) << "worker " << k;
+    EXPECT_EQ(summary["activation_bytes_relayed"], summary["activation_bytes_sent"]) << "worker " << k;
+    EXPECT_EQ(reference["activation_bytes_relayed"], 0) << "on loopback, nothing is relayed";
   }
+  const auto run_summary = read_json(dir / "h0" / "summary.json");
+  EXPECT_EQ(run_summary["activation_bytes_relayed"], run_summary["activation_bytes_sent"]) << run_summary.dump();
 }
 
 // A joiner from a fifth home, with nothing but the lines `noloco serve`

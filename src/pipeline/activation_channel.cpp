@@ -123,6 +123,7 @@ void ActivationChannel::send(int peer, const ActivationHeader& header, const std
   const bool evaluation = header.kind == MessageKind::evaluation;
   if (!link_.send(peer, announced, std::move(payload))) return;
   (evaluation ? stats_.evaluation_bytes_sent : stats_.bytes_sent) += uint64_t(announced.bytes);
+  if (!evaluation && link_.relayed(peer)) stats_.bytes_relayed += uint64_t(announced.bytes);
   if (!evaluation) stats_.messages += 1;
 }
 

@@ -8,6 +8,7 @@ namespace noloco {
 // Pipeline activations and their gradients; evaluation passes are counted apart.
 struct PipelineStats {
   uint64_t bytes_sent = 0, bytes_received = 0;
+  uint64_t bytes_relayed = 0;  // of bytes_sent: through a relay
   double idle_seconds = 0;  // blocked waiting for activations or gradients (transfer included)
   int64_t messages = 0;
   uint64_t evaluation_bytes_sent = 0;

@@ -137,6 +137,7 @@ constexpr Counter<CommStats> kCommCounters[] = {
 constexpr Counter<PipelineStats> kPipelineCounters[] = {
     {"activation_bytes_sent", &PipelineStats::bytes_sent},
     {"activation_bytes_received", &PipelineStats::bytes_received},
+    {"activation_bytes_relayed", &PipelineStats::bytes_relayed},
     {"pipeline_idle_seconds", &PipelineStats::idle_seconds},
     {"peak_micro_batches_held", &PipelineStats::peak_micro_batches_held},
     {"micro_batches_dropped", &PipelineStats::micro_batches_dropped},
@@ -281,6 +282,7 @@ nlohmann::json RunSummary::to_json() const {
               {"activation_rotation", activation_rotation},
               {"micro_batches", micro_batches},
               {"activation_bytes_sent", activation_bytes_sent},
+              {"activation_bytes_relayed", activation_bytes_relayed},
               {"activation_bytes_per_step", activation_bytes_per_step},
               {"activation_subspace", activation_subspace},
               {"activation_bits_per_value", activation_bits_per_value},
@@ -327,6 +329,7 @@ RunSummary RunSummary::from_json(const nlohmann::json& j) {
   s.activation_grad_codec = j.value("activation_grad_codec", "fp32");
   s.activation_rotation = j.value("activation_rotation", false);
   s.activation_bytes_sent = j.value("activation_bytes_sent", uint64_t(0));
+  s.activation_bytes_relayed = j.value("activation_bytes_relayed", uint64_t(0));
   s.activation_bytes_per_step = j.value("activation_bytes_per_step", 0.0);
   s.activation_subspace = j.value("activation_subspace", int64_t(0));
   s.activation_bits_per_value = j.value("activation_bits_per_value", 0.0);
@@ -409,6 +412,7 @@ struct RunTally {
     if (w.paired_fraction && *w.paired_fraction < 1.0 - kMostlyAlone) run.replicas_mostly_alone.push_back(member);
     if (w.traffic.pipeline) {
       run.activation_bytes_sent += w.traffic.pipeline->bytes_sent;
+      run.activation_bytes_relayed += w.traffic.pipeline->bytes_relayed;
       run.micro_batches_dropped += w.traffic.pipeline->micro_batches_dropped;
     }
     auto& spread = stage_spread[size_t(stage)];

@@ -128,6 +128,7 @@ struct RunSummary {
   std::string activation_codec, activation_grad_codec;  // what the training traffic between stages went as
   bool activation_rotation = false;                     // some of its integer codes Hadamard-rotated
   uint64_t activation_bytes_sent = 0;
+  uint64_t activation_bytes_relayed = 0;  // of activation_bytes_sent: through a relay
   double activation_bytes_per_step = 0;
   int64_t activation_subspace = 0;  // K; 0: none
   // activation_bytes_per_step × 8 over the hidden-state values a step's

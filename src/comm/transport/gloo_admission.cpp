@@ -341,9 +341,9 @@ class Gatekeeper {
   }
 
   // A pair connection of `scope` (dialed or admitted): through a relay, or direct.
-  void note_route(uint64_t scope, int fd) {
+  void note_route(uint64_t scope, int fd, const ListenerId& listener) {
     std::lock_guard<std::mutex> lock(mutex_);
-    note_route_locked(scope, fd);
+    note_route_locked(scope, fd, listener);
   }
 
   PairRoutes routes(uint64_t scope) {
@@ -380,13 +380,15 @@ class Gatekeeper {
 
   void wake() { (void)!::eventfd_write(wake_fd_, 1); }
 
-  void note_route_locked(uint64_t scope, int fd) {
+  void note_route_locked(uint64_t scope, int fd, const ListenerId& listener) {
     const auto through = relays();
     const auto it = routes_.find(scope);
     if (!through || it == routes_.end()) return;  // a connection after its scope ended counts for nothing
     auto& r = it->second;
     ++r.connections;
-    if (auto relay = relay_of(fd, *through)) {
+    auto relay = relay_of(fd, *through);
+    r.pairs.emplace_back(listener, relay.has_value());
+    if (relay) {
       ++r.relayed;
       r.relay = std::move(*relay);
     }
@@ -557,7 +559,7 @@ class Gatekeeper {
       return;
     }
     // A pair takes one connection: the port closes now, as Gloo's would.
-    note_route_locked(to->scope, p.fd);
+    note_route_locked(to->scope, p.fd, listener_id(reinterpret_cast<const sockaddr*>(&to->address)));
     to->admitted = p.fd;
     p.fd = -1;
     if (to != &l) ++door_admitted_;
@@ -871,7 +873,7 @@ int connect(int fd, const sockaddr* address, socklen_t length) {
                    noloco::address_text(address), std::strerror(why));
     connected = noloco::closed_connection();
   } else {
-    Gatekeeper::get().note_route(noloco::scope->id, connected);
+    Gatekeeper::get().note_route(noloco::scope->id, connected, noloco::listener_id(address));
   }
   return connected < 0 ? -1 : noloco::adopt(fd, connected);
 }

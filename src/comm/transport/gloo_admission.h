@@ -36,6 +36,7 @@
 #include <chrono>
 #include <cstdint>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "comm/transport/relay.h"
@@ -49,6 +50,16 @@ struct PairRoutes {
   int connections = 0;  // dialed or admitted
   int relayed = 0;      // of which through a relay
   std::string relay;    // the last relay one went through (host:port)
+  // Each connection by the id of the pair's listener (ours or the peer's),
+  // and whether it went through a relay.
+  std::vector<std::pair<ListenerId, bool>> pairs;
+  // By group member (join_gloo_group fills it in): whether the pair with it
+  // went through a relay. Empty: not known (no relays, or no admission).
+  std::vector<bool> relayed_to;
+
+  // The share of connections relayed: a collective's bytes cross them all.
+  double relayed_share() const { return connections > 0 ? double(relayed) / double(connections) : 0.0; }
+  bool relayed_with(int member) const { return size_t(member) < relayed_to.size() && relayed_to[size_t(member)]; }
 };
 
 // While alive, the Gloo pairs this thread creates admit only connections

@@ -3,6 +3,7 @@
 #include <netinet/in.h>
 #include <sys/socket.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cstring>
 #include <mutex>
@@ -94,17 +95,41 @@ std::string greet(c10d::ProcessGroupGloo& group, int rank, int world, int64_t ru
 // the timeout. Gloo's rendezvous keys: "0/<member>" (device 0) holds a
 // member's addresses for its pairs, in member order without itself, each
 // starting with a sockaddr_storage; anything else is left alone.
+std::optional<sockaddr_storage> pair_address(c10d::Store& rendezvous, int owner, int other, int world) {
+  const auto name = fmt::format("0/{}", owner);
+  if (!rendezvous.check({name})) return std::nullopt;
+  const auto addresses = rendezvous.get(name);
+  const size_t size = addresses.size() / size_t(world - 1), index = size_t(other > owner ? other - 1 : other);
+  if (size < sizeof(sockaddr_storage) || (index + 1) * size > addresses.size()) return std::nullopt;
+  sockaddr_storage address{};
+  std::memcpy(&address, addresses.data() + index * size, sizeof(address));
+  return address;
+}
+
 void release_waiting_peers(c10d::Store& rendezvous, int rank, int world, const AdmissionKey* key) {
-  for (int peer = 0; peer < world; ++peer) {
-    const auto name = fmt::format("0/{}", peer);
-    if (peer == rank || !rendezvous.check({name})) continue;
-    const auto addresses = rendezvous.get(name);
-    const size_t size = addresses.size() / size_t(world - 1), index = size_t(rank > peer ? rank - 1 : rank);
-    if (size < sizeof(sockaddr_storage) || (index + 1) * size > addresses.size()) continue;
-    sockaddr_storage address{};
-    std::memcpy(&address, addresses.data() + index * size, sizeof(address));
-    knock(address, key);
+  for (int peer = 0; peer < world; ++peer)
+    if (peer != rank)
+      if (const auto address = pair_address(rendezvous, peer, rank, world)) knock(*address, key);
+}
+
+// By member: whether this member's pair with it went through a relay. A
+// pair's one listener, this member's or the peer's, is named by the id in
+// the address its end published (comm/transport/gloo_admission.h).
+std::vector<bool> relayed_by_member(c10d::Store& rendezvous, int rank, int world, const PairRoutes& routes) {
+  std::vector<bool> relayed(size_t(world), false);
+  for (int peer = 0; peer < world && routes.relayed > 0; ++peer) {
+    if (peer == rank) continue;
+    std::vector<ListenerId> ids;
+    for (const auto& address : {pair_address(rendezvous, rank, peer, world), pair_address(rendezvous, peer, rank, world)})
+      if (address && address->ss_family == AF_INET) {
+        ListenerId id;
+        std::memcpy(id.data(), reinterpret_cast<const sockaddr_in&>(*address).sin_zero, id.size());
+        ids.push_back(id);
+      }
+    for (const auto& [listener, through_relay] : routes.pairs)
+      if (through_relay && std::find(ids.begin(), ids.end(), listener) != ids.end()) relayed[size_t(peer)] = true;
   }
+  return relayed;
 }
 
 }  // namespace
@@ -172,7 +197,10 @@ GlooGroup join_gloo_group(const StorePtr& store, const WorkerEnv& env, const std
         });
         group = c10::make_intrusive<c10d::ProcessGroupGloo>(abandonable(rendezvous, stop), rank, world, options);
       }
-      if (routes) *routes = admitting ? admitting->routes() : PairRoutes{};
+      if (routes) {
+        *routes = admitting ? admitting->routes() : PairRoutes{};
+        if (routes->connections > 0) routes->relayed_to = relayed_by_member(*rendezvous, rank, world, *routes);
+      }
       admitting.reset();
       const auto problem = greet(*group, rank, world, run_id_of(env.token), attempt, seal, deadline, stop);
       if (!problem.empty()) throw std::runtime_error(problem);

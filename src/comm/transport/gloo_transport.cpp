@@ -340,24 +340,23 @@ GlooGroup GlooTransport::join(const std::string& name, int rank, int world, cons
   return join_gloo_group(store_, env_, name, rank, world, device_, timeout_, seal_.get(), abandon, routes);
 }
 
-double GlooTransport::note_routes(const PairRoutes& routes, const std::vector<int>& peers) {
-  const double share = routes.connections > 0 ? double(routes.relayed) / double(routes.connections) : 0.0;
+double GlooTransport::note_routes(const PairRoutes& routes, const std::vector<Peer>& members) {
+  const double share = routes.relayed_share();
   std::lock_guard<std::mutex> lock(routes_mutex_);
-  for (const int r : peers) relayed_share_[r] = share;
+  for (size_t i = 0; i < members.size(); ++i)
+    if (!(members[i] == self_)) relayed_to_[members[i].rank] = routes.relayed_with(int(i));
   if (routes.relayed > 0) relays_used_.insert(routes.relay);
   return share;
 }
 
-double GlooTransport::relayed_share(int rank) const {
+bool GlooTransport::relayed_to(int rank) const {
   std::lock_guard<std::mutex> lock(routes_mutex_);
-  const auto it = relayed_share_.find(rank);
-  return it == relayed_share_.end() ? 0.0 : it->second;
+  const auto it = relayed_to_.find(rank);
+  return it != relayed_to_.end() && it->second;
 }
 
-uint64_t GlooTransport::relayed_part(uint64_t bytes, double share) { return uint64_t(share * double(bytes)); }
-
 CommStats GlooTransport::relayed(CommStats cost, double share) {
-  cost.bytes_relayed += relayed_part(cost.bytes_sent, share);
+  cost.bytes_relayed += uint64_t(share * double(cost.bytes_sent));
   return cost;
 }
 
@@ -594,7 +593,7 @@ GlooGroup GlooTransport::acquire_group(int64_t exchange, const std::string& plan
     PairRoutes routes;
     auto group = join(fmt::format("{}/p2p/{}/{}{}", scope_, members_key(members), generation, attempt), index,
                       int(members.size()), [&] { return leave_requested() || any_gone(ranks); }, &routes);
-    note_routes(routes, ranks);
+    note_routes(routes, members);
     if (whole) p2p_groups_.keep(planned, generation, group);
     return group;
   } catch (const std::exception& e) {
@@ -690,7 +689,7 @@ bool GlooTransport::trade(c10d::ProcessGroupGloo& group, const ExchangeRequest& 
     try {
       send->wait(timeout_);
       cost->bytes_sent += send->wire_bytes();
-      cost->bytes_relayed += relayed_part(send->wire_bytes(), relayed_share(present[i].rank));
+      if (relayed_to(present[i].rank)) cost->bytes_relayed += send->wire_bytes();
       cost->messages += 1;
     } catch (const std::exception&) {
       failed = true;

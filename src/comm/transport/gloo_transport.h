@@ -132,13 +132,13 @@ class GlooTransport final : public Transport {
   std::vector<Peer> with_self(std::vector<Peer> peers) const;
   GlooGroup join(const std::string& name, int rank, int world, const std::function<bool()>& abandon = nullptr,
                  PairRoutes* routes = nullptr);
-  // How a group just formed went: its share of relayed connections, for
-  // `peers` (each one's messages), and the relay it used.
-  double note_routes(const PairRoutes& routes, const std::vector<int>& peers);
-  // The share of the connections to `rank` that a relay carried, when its group was last formed.
-  double relayed_share(int rank) const;
-  // Of `bytes` sent, those a relay carried; and `cost` with its own counted.
-  static uint64_t relayed_part(uint64_t bytes, double share);
+  // How a group just formed went: its share of relayed connections (what a
+  // collective's bytes cross), whether each of `members` (the group, in its
+  // order; point-to-point messages) is reached through a relay, and the relay used.
+  double note_routes(const PairRoutes& routes, const std::vector<Peer>& members);
+  // 1 when the pair with `rank` went through a relay when its group was last formed, else 0.
+  bool relayed_to(int rank) const;
+  // `cost` with the bytes a relay carried counted: `share` of those sent.
   static CommStats relayed(CommStats cost, double share);
   c10d::ProcessGroupGloo& run_group();
   // Destroys groups on a background thread (teardown is slow and off the training path).
@@ -161,7 +161,7 @@ class GlooTransport final : public Transport {
   GlooGroup run_group_;  // formed at the first collective
   double run_group_relayed_ = 0;  // the share of its connections that go through a relay
   mutable std::mutex routes_mutex_;  // exchanges may run on their own thread (overlap=true)
-  std::map<int, double> relayed_share_;  // by peer rank (relayed_share)
+  std::map<int, bool> relayed_to_;  // by peer rank
   std::set<std::string> relays_used_;
   P2pGroupCache p2p_groups_;
   uint64_t relays_lost_seen_ = 0;  // relays_lost() when the cached groups were last trusted

@@ -62,6 +62,8 @@ class PeerLink {
   // sent tensors are reused.
   void finish_sends();
 
+  // Whether the pair with worker `peer` went through a relay (issue 66).
+  bool relayed(int peer) const;
   const Peer& self() const { return self_; }
   int64_t run_id() const { return run_id_; }
   int64_t peers_lost() const { return peers_lost_; }
@@ -83,6 +85,7 @@ class PeerLink {
   GlooGroup group_;
   std::vector<GlooGroup> retired_;  // earlier groups: peers may still be reading from them
   std::vector<Peer> members_;       // of group_, by group rank (rank: global worker rank)
+  std::vector<bool> relayed_to_;    // by group rank (PairRoutes::relayed_to)
   std::set<int> lost_;              // global ranks lost in this group
   std::vector<int64_t> sent_to_, received_from_;  // messages per directed pair, by group rank
   struct Pending {
