@@ -12,6 +12,7 @@
 #include <fstream>
 #include <map>
 #include <optional>
+#include <random>
 #include <sstream>
 #include <future>
 #include <thread>
@@ -19,6 +20,7 @@
 #include <fmt/format.h>
 #include <gtest/gtest.h>
 
+#include "comm/store/etcd_server.h"
 #include "comm/store/run_keys.h"
 #include "comm/transport/gloo_admission.h"
 #include "comm/transport/relay.h"
@@ -671,4 +673,149 @@ TEST_F(WanRuns, ASigtermWhileAnUnreachablePartnersGroupFormsEndsTheWorkerAtOnce)
     EXPECT_NE(log.find("given up while its group formed: this worker leaves the run"), std::string::npos) << log;
     EXPECT_NE(log.find(fmt::format("worker {} leaves the run after step 5", k)), std::string::npos) << log;
   }
+}
+
+namespace {
+
+// A block of `n` loopback ports, all free a moment ago, below the kernel's
+// range for ephemeral ports (so that no test's connection takes one meanwhile).
+int free_port_block(int n) {
+  std::mt19937 pick(std::random_device{}());
+  for (int tries = 0; tries < 200; ++tries) {
+    const int base = 20000 + int(pick() % 1200) * 10;
+    bool all = true;
+    for (int p = base; p < base + n && all; ++p) {
+      const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+      sockaddr_in at{};
+      at.sin_family = AF_INET;
+      at.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+      at.sin_port = htons(uint16_t(p));
+      all = ::bind(fd, reinterpret_cast<const sockaddr*>(&at), sizeof(at)) == 0;
+      ::close(fd);
+    }
+    if (all) return base;
+  }
+  return 0;
+}
+
+// `export NAME=VALUE` lines as the NAME=VALUE assignments of a command line.
+std::string assignments(const std::string& exports) {
+  std::istringstream lines(exports);
+  std::string out;
+  for (std::string line; std::getline(lines, line);)
+    if (line.rfind("export ", 0) == 0) out += line.substr(7) + " ";
+  return out;
+}
+
+}  // namespace
+
+// Issue 66: three `noloco serve`s with the same cluster= and token are one
+// store cluster with three relays, so that no one machine holds the run.
+// Each prints the same lines (every store and every relay). Two NoLoCo
+// workers start with them; once they have exchanged, the serve that the
+// workers' store requests go to first is killed (SIGKILL: its etcd and its
+// relay die with it). The run goes on at the others: both workers finish
+// with every outer step exchanged, and the other two serves stop on SIGTERM.
+TEST(ServeCluster, ARunOutlivesTheServeItsWorkersUsedFirst) {
+  if (EtcdServer::binary().empty()) GTEST_SKIP() << "skipped: no etcd binary (install etcd-server)";
+  const noloco::testing::TempDir dir;
+  const int base = free_port_block(30);
+  ASSERT_GT(base, 0) << "no block of free ports";
+  std::vector<std::string> entries;
+  for (int k = 0; k < 3; ++k) entries.push_back(fmt::format("127.0.0.1:{}", base + 10 * k));
+  const auto cluster = fmt::format("{}", fmt::join(entries, ","));
+  const std::string token = "serve-cluster-test";
+  std::vector<std::string> pids;  // of each serve's `timeout`
+  for (int k = 0; k < 3; ++k) {
+    const auto started = run_command(
+        fmt::format("sh -c 'NOLOCO_RUN_TOKEN={} timeout -k 5 300 " NOLOCO_BINARY
+                    " serve bind=127.0.0.1 port={} relay_port={} cluster={} > {} 2> {} & echo $!'",
+                    token, base + 10 * k, base + 10 * k + 1, cluster, dir / fmt::format("s{}.out", k),
+                    dir / fmt::format("s{}.log", k)),
+        10);
+    ASSERT_EQ(started.exit_code, 0) << started.output;
+    pids.push_back(started.output.substr(0, started.output.find('\n')));
+  }
+  const auto stop_all = [&] {
+    for (const auto& pid : pids) run_command("kill -TERM " + pid, 10);
+  };
+  std::vector<std::string> printed(3);
+  for (int i = 0; i < 600; ++i) {
+    bool all = true;
+    for (int k = 0; k < 3; ++k) {
+      printed[size_t(k)] = noloco::testing::read_text(dir / fmt::format("s{}.out", k));
+      all = all && printed[size_t(k)].find("NOLOCO_RELAY") != std::string::npos;
+    }
+    if (all) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  }
+  for (int k = 0; k < 3; ++k) {
+    if (printed[size_t(k)].find("NOLOCO_RELAY") == std::string::npos) {
+      stop_all();
+      FAIL() << "serve " << k << " printed no lines: " << noloco::testing::read_text(dir / fmt::format("s{}.log", k));
+    }
+    EXPECT_EQ(printed[size_t(k)], printed[0]) << "every serve of the cluster prints the same lines";
+  }
+  EXPECT_NE(printed[0].find(fmt::format("NOLOCO_STORE=https://{},https://{},https://{}", entries[0], entries[1],
+                                        entries[2])),
+            std::string::npos)
+      << printed[0];
+  EXPECT_NE(printed[0].find(fmt::format("NOLOCO_RELAY=127.0.0.1:{},127.0.0.1:{},127.0.0.1:{}", base + 1, base + 11,
+                                        base + 21)),
+            std::string::npos)
+      << printed[0];
+
+  noloco::testing::write_text(dir / "c.txt", noloco::testing::shakespeare(200000));
+  const int steps = 300;
+  const auto run = fmt::format(" method=noloco batch=2 steps={} outer_interval=10 bind=127.0.0.1", steps);
+  const auto env = assignments(printed[0]) + "WORLD_SIZE=2 ";
+  noloco::testing::BackgroundCli second(noloco::testing::small_train_args(dir / "c.txt", dir / "w1") + run, 180,
+                                        env + "RANK=1");
+  noloco::testing::BackgroundCli first(noloco::testing::small_train_args(dir / "c.txt", dir / "w0") + run, 180,
+                                       env + "RANK=0");
+  const bool exchanged = noloco::testing::wait_for_record(dir / "w0", "outer", 90);
+  run_command("pkill -KILL -P " + pids[0], 10);  // the serve, not its `timeout`
+  int64_t step_at_kill = 0;
+  for (auto& r : metrics_records(dir / "w0", "train")) step_at_kill = std::max(step_at_kill, r["step"].get<int64_t>());
+  const auto& a = first.wait();
+  const auto& b = second.wait();
+  stop_all();
+  ASSERT_TRUE(exchanged) << a.output << b.output;
+  ASSERT_EQ(a.exit_code, 0) << a.output;
+  ASSERT_EQ(b.exit_code, 0) << b.output;
+  EXPECT_LT(step_at_kill, steps - 50) << "the serve died too late to matter";
+  int outer = 0;
+  for (auto& r : metrics_records(dir / "w0", "outer"))
+    if (r["arrived"].size() == 2) ++outer;
+  EXPECT_EQ(outer, steps / 10) << "every outer step had both replicas (serve killed at step " << step_at_kill
+                               << "):\n"
+                               << a.output << b.output;
+  for (int k = 1; k < 3; ++k) {
+    std::string log;
+    for (int i = 0; i < 100; ++i) {
+      log = noloco::testing::read_text(dir / fmt::format("s{}.log", k));
+      if (log.find("stopped by signal") != std::string::npos) break;
+      std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    }
+    EXPECT_NE(log.find("stopped by signal"), std::string::npos) << "serve " << k << ": " << log;
+  }
+}
+
+// A cluster list that cannot work is refused in one line before anything starts.
+TEST(ServeCluster, AListThatCannotWorkIsRefusedInOneLine) {
+  const std::string token = "NOLOCO_RUN_TOKEN=serve-cluster-test";
+  const std::vector<std::pair<std::string, std::string>> cases = {
+      {"cluster=127.0.0.1:29500", "at least 2"},
+      {"cluster=localhost:29500,127.0.0.1:29510", "cluster entry 'localhost:29500' is not IPV4_ADDRESS:PORT"},
+      {"cluster=127.0.0.1:29500,127.0.0.1:29510 relay_port=29600", "each relay is at its store's port + 1"},
+      {"cluster=127.0.0.1:29600,127.0.0.1:29610", "does not list this serve (127.0.0.1:29500)"},
+  };
+  for (const auto& [args, why] : cases) {
+    const auto r = noloco::testing::run_cli("serve bind=127.0.0.1 " + args, 30, token);
+    EXPECT_NE(r.exit_code, 0) << args;
+    EXPECT_NE(r.output.find(why), std::string::npos) << args << ": " << r.output;
+    EXPECT_EQ(std::count(r.output.begin(), r.output.end(), '\n'), 1) << args << ": " << r.output;
+  }
+  const auto r = noloco::testing::run_cli("serve bind=127.0.0.1 cluster=127.0.0.1:29500,127.0.0.1:29510", 30);
+  EXPECT_NE(r.output.find("set NOLOCO_RUN_TOKEN, the same on each"), std::string::npos) << r.output;
 }

@@ -8,6 +8,7 @@
 #include <sodium.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <cerrno>
 #include <cstdlib>
 #include <iostream>
@@ -15,12 +16,15 @@
 #include <stdexcept>
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 #include <spdlog/spdlog.h>
 
 #include "comm/store/etcd_server.h"
 #include "comm/store/run_keys.h"
 #include "comm/transport/relay.h"
+#include "util/error_text.h"
 #include "util/human.h"
+#include "util/parse_number.h"
 
 namespace noloco {
 
@@ -32,11 +36,15 @@ namespace {
 // sends a second SIGTERM to its process group, and about one stop in ten
 // killed serve before it logged what its relay carried.
 int stop_pipe[2] = {-1, -1};
+std::atomic<bool> stop_signalled{false};  // for waits before serving (a cluster's majority)
+
+bool stopping() { return stop_signalled.load(); }
 
 void stop_on_signal() {
   if (::pipe2(stop_pipe, O_CLOEXEC) != 0) throw std::runtime_error("serve: no pipe for its stop signal");
   struct sigaction sa {};
   sa.sa_handler = [](int signal) {
+    stop_signalled = true;
     const char s = char(signal);
     (void)!::write(stop_pipe[1], &s, 1);
   };
@@ -82,6 +90,30 @@ std::string run_token() {
   return hex;
 }
 
+struct ClusterEntry {
+  std::string host;
+  int port = 0;
+};
+
+// cluster= parsed: IPv4 addresses (the members' certificate names them), distinct ports.
+std::vector<ClusterEntry> cluster_of(const ServeArgs& a) {
+  std::vector<ClusterEntry> entries;
+  for (size_t start = 0; !a.cluster.empty() && start <= a.cluster.size();) {
+    const size_t comma = std::min(a.cluster.find(',', start), a.cluster.size());
+    const auto entry = a.cluster.substr(start, comma - start);
+    start = comma + 1;
+    const auto colon = entry.rfind(':');
+    in_addr ignored{};
+    if (colon == std::string::npos || ::inet_pton(AF_INET, entry.substr(0, colon).c_str(), &ignored) != 1)
+      throw std::invalid_argument(fmt::format("serve: cluster entry '{}' is not IPV4_ADDRESS:PORT", entry));
+    const auto port = parse_integer("serve: a cluster entry's port", entry.substr(colon + 1));
+    if (port < 1 || port > 65533)
+      throw std::invalid_argument(fmt::format("serve: cluster entry '{}': its port must be in [1, 65533]", entry));
+    entries.push_back({entry.substr(0, colon), int(port)});
+  }
+  return entries;
+}
+
 void check(const ServeArgs& a) {
   const auto port_ok = [](int p) { return p > 0 && p <= 65535; };
   if (!port_ok(a.relay_port) || (a.store && !port_ok(a.port)))
@@ -92,6 +124,22 @@ void check(const ServeArgs& a) {
   in_addr ignored{};
   if (::inet_pton(AF_INET, a.bind.c_str(), &ignored) != 1)
     throw std::invalid_argument(fmt::format("serve: bind={} is not an IPv4 address", a.bind));
+  if (a.cluster.empty()) return;
+  if (!a.store) throw std::invalid_argument("serve: cluster= is for serves that hold the store (store=true)");
+  if (a.relay_port != a.port + 1)
+    throw std::invalid_argument(fmt::format("serve: in a cluster each relay is at its store's port + 1 ({}), not "
+                                            "relay_port={}",
+                                            a.port + 1, a.relay_port));
+  if (cluster_of(a).size() < 2)
+    throw std::invalid_argument("serve: cluster= names every serve of the cluster (at least 2; 3 survive a death)");
+}
+
+// This serve's place in cluster=: the entry at its address and port.
+size_t cluster_index(const std::vector<ClusterEntry>& entries, const std::string& host, int port) {
+  for (size_t i = 0; i < entries.size(); ++i)
+    if (entries[i].host == host && entries[i].port == port) return i;
+  throw std::invalid_argument(
+      fmt::format("serve: cluster= does not list this serve ({}:{}); set advertise= to its address there", host, port));
 }
 
 }  // namespace
@@ -102,16 +150,59 @@ Options serve_options(ServeArgs& a) {
       .add("advertise", a.advertise, "the address workers reach this machine at (empty: bind, or its first address)")
       .add("port", a.port, "the store's port")
       .add("relay_port", a.relay_port, "the relay's port")
-      .add("store", a.store, "host the run's store (false: a second relay for a run another serve holds)");
+      .add("store", a.store, "host the run's store (false: a second relay for a run another serve holds)")
+      .add("cluster", a.cluster,
+           "IPV4:PORT,... every serve of a store cluster, this one included, same list on each (store port; relay "
+           "at PORT+1, etcd peers at PORT+2); the token from NOLOCO_RUN_TOKEN");
   return options;
 }
 
 std::vector<std::string> serve_exports(const std::string& token, const ServeArgs& a, const std::string& host) {
   std::vector<std::string> lines{fmt::format("export NOLOCO_RUN_TOKEN={}", token)};
-  if (a.store) lines.push_back(fmt::format("export NOLOCO_STORE=https://{}:{}", host, a.port));
-  lines.push_back(fmt::format("export NOLOCO_RELAY={}:{}", host, a.relay_port));
+  const auto cluster = cluster_of(a);
+  if (cluster.empty()) {
+    if (a.store) lines.push_back(fmt::format("export NOLOCO_STORE=https://{}:{}", host, a.port));
+    lines.push_back(fmt::format("export NOLOCO_RELAY={}:{}", host, a.relay_port));
+    return lines;
+  }
+  std::vector<std::string> stores, relays;
+  for (const auto& e : cluster) {
+    stores.push_back(fmt::format("https://{}:{}", e.host, e.port));
+    relays.push_back(fmt::format("{}:{}", e.host, e.port + 1));
+  }
+  lines.push_back(fmt::format("export NOLOCO_STORE={}", fmt::join(stores, ",")));
+  lines.push_back(fmt::format("export NOLOCO_RELAY={}", fmt::join(relays, ",")));
   return lines;
 }
+
+namespace {
+
+// The store's etcd: one of its own, or this serve's member of cluster=.
+std::unique_ptr<EtcdServer> host_store(const ServeArgs& a, const std::string& host, const std::string& token) {
+  const auto cluster = cluster_of(a);
+  if (cluster.empty()) {
+    const auto tls = store_tls_key(token);
+    return std::make_unique<EtcdServer>(a.bind, a.port, store_password(token), &tls);
+  }
+  const size_t me = cluster_index(cluster, host, a.port);
+  std::vector<std::string> addresses, members;
+  for (size_t i = 0; i < cluster.size(); ++i) {
+    addresses.push_back(cluster[i].host);
+    members.push_back(fmt::format("serve{}=https://{}:{}", i, cluster[i].host, cluster[i].port + 2));
+  }
+  EtcdClusterMember member;
+  member.name = fmt::format("serve{}", me);
+  member.members = fmt::format("{}", fmt::join(members, ","));
+  member.listen_peer_url = fmt::format("https://{}:{}", a.bind, a.port + 2);
+  member.peer_url = fmt::format("https://{}:{}", host, a.port + 2);
+  member.cluster_token = "noloco-" + store_key_prefix(token);
+  spdlog::info("serve: member {} of a store cluster of {}; up once {} of them are", me, cluster.size(),
+               cluster.size() / 2 + 1);
+  return std::make_unique<EtcdServer>(a.bind, a.port, store_password(token), store_tls_key(token, addresses), member,
+                                      stopping);
+}
+
+}  // namespace
 
 int store_password_command() {
   const char* token = std::getenv("NOLOCO_RUN_TOKEN");
@@ -126,13 +217,17 @@ int serve_command(const std::vector<std::string>& args) {
   check(a);
   const auto host = !a.advertise.empty() ? a.advertise : a.bind != "0.0.0.0" ? a.bind : first_address();
   if (host.empty()) throw std::runtime_error("serve: this machine has no IPv4 address but loopback; set advertise=");
+  if (!a.cluster.empty() && !std::getenv("NOLOCO_RUN_TOKEN"))
+    throw std::invalid_argument("serve: a cluster's serves share one token: set NOLOCO_RUN_TOKEN, the same on each");
   const auto token = run_token();
-  std::unique_ptr<EtcdServer> store;
-  if (a.store) {
-    const auto tls = store_tls_key(token);
-    store = std::make_unique<EtcdServer>(a.bind, a.port, store_password(token), &tls);
-  }
   stop_on_signal();
+  std::unique_ptr<EtcdServer> store;
+  try {
+    if (a.store) store = host_store(a, host, token);
+  } catch (const Interrupted& stopped) {
+    spdlog::info("serve: stopped by signal while its store cluster formed");
+    return 0;
+  }
   RelayServer relay(a.bind, a.relay_port, run_key(token, "relay"));
   for (const auto& line : serve_exports(token, a, host)) std::cout << line << "\n";
   std::cout.flush();

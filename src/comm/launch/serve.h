@@ -19,6 +19,10 @@ struct ServeArgs {
   int port = 29500;       // the store's
   int relay_port = 29501;
   bool store = true;      // false: a relay only (another serve holds the store)
+  // HOST:PORT,... every serve of a store cluster, this one included, each at
+  // its store's port (its relay at PORT+1, its etcd peers at PORT+2); the
+  // same list, in the same order, on every one. Empty: a store of its own.
+  std::string cluster;
 };
 Options serve_options(ServeArgs& args);
 

@@ -127,6 +127,22 @@ EtcdServer::EtcdServer(const std::string& bind, int port, const std::string& pas
   start(endpoint_, endpoint_, password, interrupted, /*enable_auth=*/false, tls);
 }
 
+EtcdServer::EtcdServer(const std::string& bind, int port, const std::string& password, const StoreTlsKey& tls,
+                       const EtcdClusterMember& cluster, bool (*interrupted)()) {
+  port_ = port;
+  make_directory();
+  write_certificate(tls);
+  // As for one member: authentication is on before the client port opens.
+  // The cluster forms over the peer ports first, with clients on the private
+  // socket alone; whichever member gets there first switches it on for all.
+  const std::string private_endpoint = fmt::format("unix://{}/{}", dir_, kClientSocket);
+  start(fmt::format("unix://{}", kClientSocket), private_endpoint, password, interrupted, /*enable_auth=*/true,
+        /*tls=*/nullptr, &cluster);
+  stop_process();
+  endpoint_ = fmt::format("https://{}:{}", bind, port_);
+  start(endpoint_, endpoint_, password, interrupted, /*enable_auth=*/false, &tls, &cluster);
+}
+
 void EtcdServer::write_certificate(const StoreTlsKey& tls) {
   const std::string key = dir_ + "/store.key", cert = dir_ + "/store.crt";
   {
@@ -138,6 +154,7 @@ void EtcdServer::write_certificate(const StoreTlsKey& tls) {
   }
   // Self-signed: clients trust the key (pinned), not a signature on it.
   write_file_atomic(cert, tls.certificate_pem);
+  if (!tls.peer_certificate_pem.empty()) write_file_atomic(dir_ + "/peer.crt", tls.peer_certificate_pem);
 }
 
 void EtcdServer::turn_on_authentication(const std::string& endpoint, const std::string& password) {
@@ -157,7 +174,8 @@ void EtcdServer::turn_on_authentication(const std::string& endpoint, const std::
 }
 
 void EtcdServer::start(const std::string& client_url, const std::string& endpoint, const std::string& password,
-                       bool (*interrupted)(), bool enable_auth, const StoreTlsKey* tls) {
+                       bool (*interrupted)(), bool enable_auth, const StoreTlsKey* tls,
+                       const EtcdClusterMember* cluster) {
   const auto exe = binary();
   if (exe.empty()) {
     stop();
@@ -166,13 +184,13 @@ void EtcdServer::start(const std::string& client_url, const std::string& endpoin
   }
   const std::string peer = "unix://peer.sock:1";  // a socket file in dir_, not a port
   std::vector<std::string> args = {exe,
-                                   "--name=noloco",
+                                   "--name=" + (cluster ? cluster->name : "noloco"),
                                    "--data-dir=" + dir_ + "/data",
                                    "--listen-client-urls=" + client_url,
                                    "--advertise-client-urls=" + client_url,
-                                   "--listen-peer-urls=" + peer,
-                                   "--initial-advertise-peer-urls=" + peer,
-                                   "--initial-cluster=noloco=" + peer,
+                                   "--listen-peer-urls=" + (cluster ? cluster->listen_peer_url : peer),
+                                   "--initial-advertise-peer-urls=" + (cluster ? cluster->peer_url : peer),
+                                   "--initial-cluster=" + (cluster ? cluster->members : "noloco=" + peer),
                                    "--auto-compaction-mode=revision",
                                    "--auto-compaction-retention=100000",
                                    "--quota-backend-bytes=536870912",
@@ -188,6 +206,13 @@ void EtcdServer::start(const std::string& client_url, const std::string& endpoin
     // Only token holders get past the handshake: their certificate is this one.
     args.push_back("--client-cert-auth");
     args.push_back("--trusted-ca-file=store.crt");
+  }
+  if (cluster) {
+    args.push_back("--initial-cluster-token=" + cluster->cluster_token);
+    args.push_back("--peer-cert-file=peer.crt");
+    args.push_back("--peer-key-file=store.key");
+    args.push_back("--peer-client-cert-auth");
+    args.push_back("--peer-trusted-ca-file=peer.crt");
   }
   const std::string log = dir_ + "/etcd.log";
   pid_ = ::fork();
@@ -207,8 +232,9 @@ void EtcdServer::start(const std::string& client_url, const std::string& endpoin
     ::execv(exe.c_str(), argv.data());
     ::_exit(127);
   }
-  // Up within 20 s: authentication is switched on (first start), or a login works (restart).
-  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(20);
+  // Up within 20 s: authentication is switched on (first start), or a login
+  // works (restart). A cluster's member waits for a majority of the others.
+  const auto deadline = std::chrono::steady_clock::now() + (cluster ? std::chrono::seconds(600) : std::chrono::seconds(20));
   std::string last_error;
   for (;;) {
     int status = 0;
@@ -234,7 +260,9 @@ void EtcdServer::start(const std::string& client_url, const std::string& endpoin
     }
     if (std::chrono::steady_clock::now() > deadline) {
       stop();
-      throw std::runtime_error(fmt::format("etcd on {} did not come up within 20 s: {}", endpoint, last_error));
+      throw std::runtime_error(fmt::format("etcd on {} did not come up within {} s{}: {}", endpoint,
+                                           cluster ? 600 : 20, cluster ? " (a majority of the cluster's members)" : "",
+                                           last_error));
     }
     std::this_thread::sleep_for(std::chrono::milliseconds(50));
   }

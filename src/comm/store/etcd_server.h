@@ -24,6 +24,19 @@ namespace noloco {
 
 struct StoreTlsKey;
 
+// This machine's place in a store cluster that several `noloco serve`s host
+// (no one machine holds the run): etcd members that reach each other over
+// TLS on their peer ports, each presenting the token-derived key's
+// certificate that names every member's address (StoreTlsKey::peer_certificate_pem)
+// and taking no other.
+struct EtcdClusterMember {
+  std::string name;             // this member's, as in `members`
+  std::string members;          // name=https://host:peer_port,... every member, this one included
+  std::string listen_peer_url;  // https://bind:peer_port
+  std::string peer_url;         // https://host:peer_port, as in `members`
+  std::string cluster_token;    // keeps another run's cluster on the same hosts apart
+};
+
 class EtcdServer {
  public:
   // The launcher's store, on a private unix socket. Throws std::runtime_error
@@ -33,6 +46,11 @@ class EtcdServer {
   // plain HTTP); also throws when it cannot listen there.
   EtcdServer(const std::string& bind, int port, const std::string& password, const StoreTlsKey* tls = nullptr,
              bool (*interrupted)() = nullptr);
+  // A member of a store cluster, serving clients over TLS on `bind`:`port`.
+  // It is up once a majority of the members are (they may be started minutes
+  // apart): until `interrupted`, or 10 minutes.
+  EtcdServer(const std::string& bind, int port, const std::string& password, const StoreTlsKey& tls,
+             const EtcdClusterMember& cluster, bool (*interrupted)());
   ~EtcdServer();
   EtcdServer(const EtcdServer&) = delete;
   EtcdServer& operator=(const EtcdServer&) = delete;
@@ -56,7 +74,8 @@ class EtcdServer {
   // waits until it answers: with `enable_auth`, by making the root user and
   // switching authentication on; else by a login as root. Throws otherwise.
   void start(const std::string& client_url, const std::string& endpoint, const std::string& password,
-             bool (*interrupted)(), bool enable_auth, const StoreTlsKey* tls = nullptr);
+             bool (*interrupted)(), bool enable_auth, const StoreTlsKey* tls = nullptr,
+             const EtcdClusterMember* cluster = nullptr);
   // Writes the key and its certificate into the private directory.
   void write_certificate(const StoreTlsKey& tls);
   void stop_process();

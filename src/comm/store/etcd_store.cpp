@@ -224,9 +224,11 @@ struct EtcdStore::Http {
     return j;
   }
 
+  // A member that died: also mid-handshake over TLS (the reset comes as an SSL connect error).
   static bool unreachable(CURLcode rc) {
     return rc == CURLE_COULDNT_CONNECT || rc == CURLE_OPERATION_TIMEDOUT || rc == CURLE_SEND_ERROR ||
-           rc == CURLE_RECV_ERROR || rc == CURLE_GOT_NOTHING || rc == CURLE_PARTIAL_FILE;
+           rc == CURLE_RECV_ERROR || rc == CURLE_GOT_NOTHING || rc == CURLE_PARTIAL_FILE ||
+           rc == CURLE_SSL_CONNECT_ERROR;
   }
 
   // Moves on to the next cluster member (and logs in there: etcd's simple

@@ -55,7 +55,7 @@ std::string base64(const std::vector<uint8_t>& bytes) {
 
 // The store's certificate, made by OpenSSL from the derived key: the same
 // bytes wherever it is made, so that no worker needs the host's copy.
-std::string self_signed_certificate(const std::array<uint8_t, 32>& seed) {
+std::string self_signed_certificate(const std::array<uint8_t, 32>& seed, const std::vector<std::string>& addresses) {
   const auto fail = [](const char* what) {
     return std::runtime_error(std::string("could not make the store's TLS certificate: ") + what);
   };
@@ -68,6 +68,14 @@ std::string self_signed_certificate(const std::array<uint8_t, 32>& seed) {
   X509_NAME* name = X509_get_subject_name(cert.get());
   std::unique_ptr<X509_EXTENSION, decltype(&X509_EXTENSION_free)> ca(
       X509V3_EXT_conf_nid(nullptr, nullptr, NID_basic_constraints, "critical,CA:TRUE"), X509_EXTENSION_free);
+  // Peers of a store cluster check the address they dialed against these.
+  if (!addresses.empty()) {
+    std::string names;
+    for (const auto& a : addresses) names += (names.empty() ? "IP:" : ",IP:") + a;
+    std::unique_ptr<X509_EXTENSION, decltype(&X509_EXTENSION_free)> alt(
+        X509V3_EXT_conf_nid(nullptr, nullptr, NID_subject_alt_name, names.c_str()), X509_EXTENSION_free);
+    if (!alt || X509_add_ext(cert.get(), alt.get(), -1) != 1) throw fail("an address it names is not an IP address");
+  }
   const bool made =
       X509_set_version(cert.get(), 2) == 1 && ASN1_INTEGER_set(X509_get_serialNumber(cert.get()), 1) == 1 &&
       ASN1_TIME_set_string_X509(X509_getm_notBefore(cert.get()), "20000101000000Z") == 1 &&
@@ -111,7 +119,7 @@ std::string store_password(const std::string& token) {
   return hex(key.data(), 16);
 }
 
-StoreTlsKey store_tls_key(const std::string& token) {
+StoreTlsKey store_tls_key(const std::string& token, const std::vector<std::string>& addresses) {
   const auto seed = run_key(token, "store tls key");
   std::array<uint8_t, crypto_sign_PUBLICKEYBYTES> pk{};
   std::array<uint8_t, crypto_sign_SECRETKEYBYTES> sk{};
@@ -127,7 +135,8 @@ StoreTlsKey store_tls_key(const std::string& token) {
   StoreTlsKey out;
   out.private_key_pem = "-----BEGIN PRIVATE KEY-----\n" + base64(pkcs8) + "\n-----END PRIVATE KEY-----\n";
   out.pin = "sha256//" + base64(digest);
-  out.certificate_pem = self_signed_certificate(seed);
+  out.certificate_pem = self_signed_certificate(seed, {});
+  if (!addresses.empty()) out.peer_certificate_pem = self_signed_certificate(seed, addresses);
   return out;
 }
 

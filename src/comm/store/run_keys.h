@@ -9,6 +9,7 @@
 #include <array>
 #include <cstdint>
 #include <string>
+#include <vector>
 
 namespace noloco {
 
@@ -35,7 +36,12 @@ struct StoreTlsKey {
   std::string private_key_pem;  // PKCS#8
   std::string pin;              // sha256 of the SubjectPublicKeyInfo, curl's pinned-key form
   std::string certificate_pem;  // X.509, self-signed
+  // For a store cluster's members (`noloco serve cluster=`): a certificate
+  // of the same key naming every member's IP address, which peers present
+  // to each other and check the address they dialed against; the same bytes
+  // on every member given the same addresses in the same order.
+  std::string peer_certificate_pem;
 };
-StoreTlsKey store_tls_key(const std::string& token);
+StoreTlsKey store_tls_key(const std::string& token, const std::vector<std::string>& addresses = {});
 
 }  // namespace noloco
