@@ -785,11 +785,15 @@ TEST(ServeCluster, ARunOutlivesTheServeItsWorkersUsedFirst) {
   ASSERT_EQ(b.exit_code, 0) << b.output;
   EXPECT_LT(step_at_kill, steps - 50) << "the serve died too late to matter";
   int outer = 0;
+  std::string alone;
   for (auto& r : metrics_records(dir / "w0", "outer"))
-    if (r["arrived"].size() == 2) ++outer;
+    if (r["arrived"].size() == 2)
+      ++outer;
+    else
+      alone += r.dump() + "\n";
   EXPECT_EQ(outer, steps / 10) << "every outer step had both replicas (serve killed at step " << step_at_kill
-                               << "):\n"
-                               << a.output << b.output;
+                               << "); alone:\n"
+                               << alone << a.output << b.output;
   for (int k = 1; k < 3; ++k) {
     std::string log;
     for (int i = 0; i < 100; ++i) {

@@ -6,6 +6,7 @@
 #include <cstdlib>
 #include <map>
 #include <mutex>
+#include <random>
 #include <stdexcept>
 #include <string_view>
 #include <thread>
@@ -445,6 +446,15 @@ std::vector<uint8_t> EtcdStore::get(const std::string& key) {
 
 int64_t EtcdStore::add(const std::string& key, int64_t value) {
   const auto k = base64(key);
+  // A compare-and-set is asked again at the next member when the one asked
+  // died before it answered: the first may have gone through, and its
+  // repeat then fails the compare. Reading on and adding again counted the
+  // add twice (a NoLoCo arrival counter at 2 reads "given up": the two
+  // replicas went alone, or each waited for the other at another exchange).
+  // So each add leaves its mark beside the counter, in the same transaction,
+  // and a failed compare that finds this add's mark has its answer.
+  const auto mark_key = base64(key + "\x01last add");
+  const auto mark = fmt::format("{:016x}{:016x}", std::random_device{}(), uint64_t(Clock::now().time_since_epoch().count()));
   for (;;) {
     const auto current = read(key);
     if (current.exists && value == 0) return std::stoll(current.value);  // a read: nothing to write
@@ -457,8 +467,16 @@ int64_t EtcdStore::add(const std::string& key, int64_t value) {
     const auto j = http_->post(
         "/v3/kv/txn",
         {{"compare", Json::array({compare})},
-         {"success", Json::array({{{"request_put", {{"key", k}, {"value", base64(std::to_string(next))}}}}})}});
-    if (j.value("succeeded", false)) return next;  // else another writer came first: read again
+         {"success", Json::array({{{"request_put", {{"key", k}, {"value", base64(std::to_string(next))}}}},
+                                  {{"request_put", {{"key", mark_key}, {"value", base64(mark + " " + std::to_string(next))}}}}})},
+         {"failure", Json::array({{{"request_range", {{"key", mark_key}}}}})}});
+    if (j.value("succeeded", false)) return next;
+    // Another writer came first (read again), unless the mark is this add's own.
+    for (const auto& r : j.value("responses", Json::array()))
+      for (const auto& kv : r.value("response_range", Json::object()).value("kvs", Json::array())) {
+        const auto text = unbase64(kv.value("value", ""));
+        if (text.rfind(mark + " ", 0) == 0) return std::stoll(text.substr(mark.size() + 1));
+      }
   }
 }
 
