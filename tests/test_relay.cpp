@@ -823,3 +823,43 @@ TEST(ServeCluster, AListThatCannotWorkIsRefusedInOneLine) {
   const auto r = noloco::testing::run_cli("serve bind=127.0.0.1 cluster=127.0.0.1:29500,127.0.0.1:29510", 30);
   EXPECT_NE(r.output.find("set NOLOCO_RUN_TOKEN, the same on each"), std::string::npos) << r.output;
 }
+
+// Issue 66: the Python door across homes. Its process's libgloo.so binds to
+// libc's socket calls, not the module's, so admission (and with it the
+// relay) was off there and NOLOCO_RELAY was refused; the module now binds
+// libgloo's references to admission's itself. Two replicas of a user's own
+// PyTorch loop (noloco.OuterOptimizer, no torch.distributed), in two homes on
+// the same LAN address, with nothing but serve's lines: every outer step
+// exchanged, and every byte sent went through the relay.
+TEST_F(WanRuns, ThePythonDoorTrainsAcrossHomesThroughTheRelay) {
+#ifndef NOLOCO_TORCH_PYTHON
+  GTEST_SKIP() << "no Python module was built (a Python with torch and pybind11)";
+#else
+  const WanTestbed bed(2, fmt::format("py{}", ::getpid() % 1000));
+  ASSERT_TRUE(bed.ok()) << bed.why();
+  const auto exports = serve(bed, "serve", "");
+  ASSERT_FALSE(exports.empty());
+  const auto build = std::filesystem::path(NOLOCO_BINARY).parent_path();
+  std::string lines;
+  for (int k = 0; k < 2; ++k)
+    lines += fmt::format("RANK={} WORLD_SIZE=2 OMP_NUM_THREADS=1 PYTHONPATH={}:{} {} {} {} homes --steps 60 "
+                         "outer_interval=10 peer_timeout=30 bind=10.0.0.2 > {}/py{}.log 2>&1 &\n",
+                         k, (build / "python").string(), NOLOCO_SOURCE_DIR "/tests/python", bed.in(fmt::format("h{}", k + 1)),
+                         NOLOCO_TORCH_PYTHON, NOLOCO_SOURCE_DIR "/tests/python/outer_optimizer_worker.py", dir.string(), k);
+  const auto homes = run_homes(exports, lines, 120);
+  const auto text = logs(names("py", 2));
+  ASSERT_EQ(homes.exit_code, 0) << homes.output << text;
+  int reported = 0;
+  std::istringstream output(text);
+  for (std::string line; std::getline(output, line);) {
+    if (line.rfind("RESULT ", 0) != 0) continue;
+    const auto r = nlohmann::json::parse(line.substr(7));
+    ++reported;
+    EXPECT_EQ(r["outer_steps"], 6) << line;
+    EXPECT_EQ(r["exchanged"], r["outer_steps"]) << "every outer step exchanged: " << line;
+    EXPECT_GT(r["bytes_sent"].get<uint64_t>(), 0u) << line;
+    EXPECT_EQ(r["bytes_relayed"], r["bytes_sent"]) << "both homes on 10.0.0.2: all of it relayed: " << line;
+  }
+  EXPECT_EQ(reported, 2) << text;
+#endif
+}

@@ -219,6 +219,7 @@ without it a joiner's optimizer starts afresh.)")
       .def_property_readonly("bits_per_param_per_inner_step", &UserLoopReplica::bits_per_param_per_inner_step)
       .def_property_readonly("bytes_sent", [](const UserLoopReplica& r) { return r.traffic().bytes_sent; })
       .def_property_readonly("bytes_received", [](const UserLoopReplica& r) { return r.traffic().bytes_received; })
+      .def_property_readonly("bytes_relayed", [](const UserLoopReplica& r) { return r.traffic().bytes_relayed; })
       .def_property_readonly("rejoined",
                              [](const UserLoopReplica& r) -> py::object {
                                if (!r.rejoined()) return py::none();

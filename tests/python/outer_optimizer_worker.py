@@ -119,6 +119,32 @@ def trains(args):
     dist.destroy_process_group()
 
 
+def homes(args):
+    """Behind NAT on the WAN testbed, where only the outer optimizer's own
+    traffic gets through (no torch.distributed): reports its exchanges and
+    the bytes a relay carried."""
+    rank = int(os.environ["RANK"])
+    teacher = mlp(seed=99)
+    model = mlp(seed=0)
+    opt = noloco.OuterOptimizer(model.named_parameters(), method=args.method, **keys(args.keys))
+    inner = torch.optim.AdamW(model.parameters(), lr=3e-3)
+    torch.manual_seed(rank)
+    reports = []
+    for _ in range(args.steps):
+        x = torch.randn(32, 16)
+        with torch.no_grad():
+            y = teacher(x)
+        loss = (model(x) - y).pow(2).mean()
+        inner.zero_grad()
+        loss.backward()
+        inner.step()
+        reports += outer_steps(opt.step())
+    reports += outer_steps(opt.finish())
+    emit({"rank": rank, "outer_steps": len(reports),
+          "exchanged": sum(1 for r in reports if len(r["group"]) > 1 and sorted(r["arrived"]) == sorted(r["group"])),
+          "bytes_sent": opt.bytes_sent, "bytes_relayed": opt.bytes_relayed})
+
+
 def message_bytes(args):
     """Parameters of the CLI's model's size: the bytes of each outer step."""
     rank = int(os.environ["RANK"])
@@ -280,7 +306,7 @@ def cli_llama(args):
 
 def main():
     parser = argparse.ArgumentParser()
-    parser.add_argument("mode", choices=["paper_update", "trains", "message_bytes", "survives", "cli_llama", "resumes",
+    parser.add_argument("mode", choices=["paper_update", "trains", "homes", "message_bytes", "survives", "cli_llama", "resumes",
                                            "handover"])
     parser.add_argument("--steps", type=int, default=40)
     parser.add_argument("--method", default="noloco")

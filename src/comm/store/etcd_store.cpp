@@ -100,6 +100,10 @@ HungMembers& hung_members() {
 }
 
 std::string as_string(const std::vector<uint8_t>& v) { return {v.begin(), v.end()}; }
+
+// Where EtcdStore::add leaves its mark for `key`: after every key a caller
+// makes (theirs are text; the run's scopes hex), so that getNumKeys can leave marks out.
+std::string add_mark_key(const std::string& key) { return "\xff" "add mark/" + key; }
 std::vector<uint8_t> as_bytes(const std::string& s) { return {s.begin(), s.end()}; }
 
 }  // namespace
@@ -451,9 +455,9 @@ int64_t EtcdStore::add(const std::string& key, int64_t value) {
   // repeat then fails the compare. Reading on and adding again counted the
   // add twice (a NoLoCo arrival counter at 2 reads "given up": the two
   // replicas went alone, or each waited for the other at another exchange).
-  // So each add leaves its mark beside the counter, in the same transaction,
-  // and a failed compare that finds this add's mark has its answer.
-  const auto mark_key = base64(key + "\x01last add");
+  // So each add leaves its mark (add_mark_key), in the same transaction, and
+  // a failed compare that finds this add's mark has its answer.
+  const auto mark_key = base64(add_mark_key(key));
   const auto mark = fmt::format("{:016x}{:016x}", std::random_device{}(), uint64_t(Clock::now().time_since_epoch().count()));
   for (;;) {
     const auto current = read(key);
@@ -481,7 +485,11 @@ int64_t EtcdStore::add(const std::string& key, int64_t value) {
 }
 
 bool EtcdStore::deleteKey(const std::string& key) {
-  return number(http_->post("/v3/kv/deleterange", {{"key", base64(key)}}), "deleted") > 0;
+  const auto j = http_->post("/v3/kv/txn", {{"success", Json::array({{{"request_delete_range", {{"key", base64(key)}}}},
+                                                                     {{"request_delete_range",
+                                                                       {{"key", base64(add_mark_key(key))}}}}})}});
+  const auto responses = j.value("responses", Json::array());
+  return !responses.empty() && number(responses[0].value("response_delete_range", Json::object()), "deleted") > 0;
 }
 
 bool EtcdStore::check(const std::vector<std::string>& keys) {
@@ -495,9 +503,13 @@ bool EtcdStore::check(const std::vector<std::string>& keys) {
 }
 
 int64_t EtcdStore::getNumKeys() {
-  const std::string all(1, '\0');
-  return number(http_->post("/v3/kv/range", {{"key", base64(all)}, {"range_end", base64(all)}, {"count_only", true}}),
-                "count");
+  // Every key but the adds' marks, which sort after every key a caller can make.
+  const std::string all(1, '\0'), marks = add_mark_key("");
+  const auto count = [&](const std::string& from) {
+    return number(http_->post("/v3/kv/range", {{"key", base64(from)}, {"range_end", base64(all)}, {"count_only", true}}),
+                  "count");
+  };
+  return count(all) - count(marks);
 }
 
 std::string EtcdStore::request(const std::string& path, const std::string& json_body) {

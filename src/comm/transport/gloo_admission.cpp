@@ -9,6 +9,7 @@
 #include <pthread.h>
 #include <sodium.h>
 #include <sys/eventfd.h>
+#include <sys/mman.h>
 #include <arpa/inet.h>
 #include <netinet/tcp.h>
 #include <sys/syscall.h>
@@ -815,14 +816,138 @@ void knock(const sockaddr_storage& address, const AdmissionKey* key) {
   sys_close(fd);
 }
 
-bool admission_available() {
-  // Only where the process's listen() is ours: an executable exports it (the
-  // dynamic list); in a module loaded into Python, libgloo binds to libc's.
-  Dl_info resolved{}, ours{};
-  void* listen_symbol = ::dlsym(RTLD_DEFAULT, "listen");
-  if (!listen_symbol || ::dladdr(listen_symbol, &resolved) == 0 ||
-      ::dladdr(reinterpret_cast<void*>(&admission_available), &ours) == 0 || resolved.dli_fbase != ours.dli_fbase)
-    return false;
+namespace {
+
+// The calls admission stands in for, given the address they were called
+// from (only libgloo.so's listen and connect are taken over). Each does
+// exactly what the kernel does unless admission applies.
+int listen_from(const void* caller, int fd, int backlog) {
+  if (scope && called_from_gloo(caller) && Gatekeeper::get().take(fd, backlog, scope->key, scope->id)) return 0;
+  return sys_listen(fd, backlog);
+}
+
+int accept_any(int fd, sockaddr* address, socklen_t* length) {
+  int result;
+  if (Gatekeeper::get().any() && Gatekeeper::get().accept(fd, address, length, &result)) return result;
+  return sys_accept4(fd, address, length, 0);
+}
+
+int getsockname_any(int fd, sockaddr* address, socklen_t* length) {
+  int result;
+  if (Gatekeeper::get().any() && Gatekeeper::get().sockname(fd, address, length, &result)) return result;
+  return sys_getsockname(fd, address, length);
+}
+
+int connect_from(const void* caller, int fd, const sockaddr* address, socklen_t length) {
+  if (!scope || !called_from_gloo(caller) || (address->sa_family != AF_INET && address->sa_family != AF_INET6))
+    return sys_connect(fd, address, length);
+  int connected = dial(address, length, scope->key, scope->deadline);
+  if (connected < 0) {
+    const int why = errno;
+    if (relays())
+      spdlog::warn("no connection to a Gloo pair's listener ({}), direct or through a relay: {}", address_text(address),
+                   std::strerror(why));
+    else
+      spdlog::warn("no connection to a Gloo pair's listener ({}): {}; a worker behind NAT or a firewall is reached "
+                   "through a relay: run `noloco serve` on a public machine and give every worker its NOLOCO_RELAY",
+                   address_text(address), std::strerror(why));
+    connected = closed_connection();
+  } else {
+    Gatekeeper::get().note_route(scope->id, connected, listener_id(address));
+  }
+  return connected < 0 ? -1 : adopt(fd, connected);
+}
+
+int close_any(int fd) {
+  if (Gatekeeper::get().any()) Gatekeeper::get().forget(fd);
+  return sys_close(fd);
+}
+
+// What libgloo.so's references are bound to where the executable does not
+// export the calls (bind_gloo below): each finds its own caller.
+int bound_listen(int fd, int backlog) { return listen_from(__builtin_return_address(0), fd, backlog); }
+int bound_connect(int fd, const sockaddr* address, socklen_t length) {
+  return connect_from(__builtin_return_address(0), fd, address, length);
+}
+
+// In a process whose executable does not export the calls (Python, whose
+// module's own definitions libgloo.so never sees), libgloo.so's references
+// to them are bound to admission's here: their global offset table entries
+// are written over, as the dynamic linker writes them when it resolves a
+// name. True when every one was found.
+bool bind_gloo() {
+#if defined(__x86_64__)
+  constexpr uint32_t kJumpSlot = R_X86_64_JUMP_SLOT, kGlobalData = R_X86_64_GLOB_DAT;
+#elif defined(__aarch64__)
+  constexpr uint32_t kJumpSlot = R_AARCH64_JUMP_SLOT, kGlobalData = R_AARCH64_GLOB_DAT;
+#else
+  return false;
+#endif
+  struct Binding {
+    const char* name;
+    void* to;
+    bool bound;
+  };
+  std::array<Binding, 5> bindings{{{"listen", reinterpret_cast<void*>(&bound_listen), false},
+                                   {"accept", reinterpret_cast<void*>(&accept_any), false},
+                                   {"getsockname", reinterpret_cast<void*>(&getsockname_any), false},
+                                   {"connect", reinterpret_cast<void*>(&bound_connect), false},
+                                   {"close", reinterpret_cast<void*>(&close_any), false}}};
+  ::dl_iterate_phdr(
+      [](dl_phdr_info* info, size_t, void* data) {
+        if (!info->dlpi_name || !std::strstr(info->dlpi_name, "libgloo")) return 0;
+        auto& wanted = *static_cast<std::array<Binding, 5>*>(data);
+        const ElfW(Dyn)* dynamic = nullptr;
+        uintptr_t relro_from = 0, relro_to = 0;
+        for (int i = 0; i < info->dlpi_phnum; ++i) {
+          const auto& h = info->dlpi_phdr[i];
+          if (h.p_type == PT_DYNAMIC) dynamic = reinterpret_cast<const ElfW(Dyn)*>(info->dlpi_addr + h.p_vaddr);
+          if (h.p_type == PT_GNU_RELRO) {
+            relro_from = info->dlpi_addr + h.p_vaddr;
+            relro_to = relro_from + h.p_memsz;
+          }
+        }
+        if (!dynamic) return 1;
+        // glibc relocates these entries in place; a loader that does not leaves them as offsets.
+        const auto at = [&](ElfW(Addr) a) { return a < info->dlpi_addr ? a + info->dlpi_addr : a; };
+        const char* strings = nullptr;
+        const ElfW(Sym)* symbols = nullptr;
+        const ElfW(Rela)*tables[2] = {nullptr, nullptr};
+        size_t sizes[2] = {0, 0};
+        for (const auto* d = dynamic; d->d_tag != DT_NULL; ++d) {
+          if (d->d_tag == DT_STRTAB) strings = reinterpret_cast<const char*>(at(d->d_un.d_ptr));
+          if (d->d_tag == DT_SYMTAB) symbols = reinterpret_cast<const ElfW(Sym)*>(at(d->d_un.d_ptr));
+          if (d->d_tag == DT_JMPREL) tables[0] = reinterpret_cast<const ElfW(Rela)*>(at(d->d_un.d_ptr));
+          if (d->d_tag == DT_PLTRELSZ) sizes[0] = d->d_un.d_val;
+          if (d->d_tag == DT_RELA) tables[1] = reinterpret_cast<const ElfW(Rela)*>(at(d->d_un.d_ptr));
+          if (d->d_tag == DT_RELASZ) sizes[1] = d->d_un.d_val;
+        }
+        if (!strings || !symbols) return 1;
+        const auto page = uintptr_t(::sysconf(_SC_PAGESIZE));
+        for (int t = 0; t < 2; ++t)
+          for (size_t k = 0; tables[t] && k < sizes[t] / sizeof(ElfW(Rela)); ++k) {
+            const auto& r = tables[t][k];
+            const auto type = ELF64_R_TYPE(r.r_info);
+            if (type != kJumpSlot && type != kGlobalData) continue;
+            const char* name = strings + symbols[ELF64_R_SYM(r.r_info)].st_name;
+            for (auto& b : wanted) {
+              if (std::strcmp(name, b.name) != 0) continue;
+              const auto slot = info->dlpi_addr + r.r_offset;
+              const bool read_only = slot >= relro_from && slot < relro_to;
+              void* first = reinterpret_cast<void*>(slot & ~(page - 1));
+              if (read_only && ::mprotect(first, page, PROT_READ | PROT_WRITE) != 0) continue;
+              *reinterpret_cast<void**>(slot) = b.to;
+              if (read_only) ::mprotect(first, page, PROT_READ);
+              b.bound = true;
+            }
+          }
+        return 1;
+      },
+      &bindings);
+  return std::all_of(bindings.begin(), bindings.end(), [](const Binding& b) { return b.bound; });
+}
+
+bool gloo_loaded() {
   return ::dl_iterate_phdr(
              [](dl_phdr_info* info, size_t, void*) {
                return int(info->dlpi_name && std::strstr(info->dlpi_name, "libgloo") != nullptr);
@@ -830,57 +955,33 @@ bool admission_available() {
              nullptr) != 0;
 }
 
+}  // namespace
+
+bool admission_available() {
+  if (!gloo_loaded()) return false;
+  // Where the process's listen() is ours, an executable exports it (the
+  // dynamic list); in a module loaded into Python, libgloo's references are
+  // bound to admission's instead, once.
+  Dl_info resolved{}, ours{};
+  void* listen_symbol = ::dlsym(RTLD_DEFAULT, "listen");
+  if (listen_symbol && ::dladdr(listen_symbol, &resolved) != 0 &&
+      ::dladdr(reinterpret_cast<void*>(&admission_available), &ours) != 0 && resolved.dli_fbase == ours.dli_fbase)
+    return true;
+  static const bool bound = bind_gloo();
+  return bound;
+}
+
 }  // namespace noloco
 
-// The interposed calls (see the header). Each does exactly what the kernel
-// does unless admission applies.
-using noloco::Gatekeeper;
-
+// The interposed names (see the header), for an executable that exports them.
 extern "C" {
 
-int listen(int fd, int backlog) {
-  if (noloco::scope && noloco::called_from_gloo(__builtin_return_address(0)) &&
-      Gatekeeper::get().take(fd, backlog, noloco::scope->key, noloco::scope->id))
-    return 0;
-  return noloco::sys_listen(fd, backlog);
-}
-
-int accept(int fd, sockaddr* address, socklen_t* length) {
-  int result;
-  if (Gatekeeper::get().any() && Gatekeeper::get().accept(fd, address, length, &result)) return result;
-  return noloco::sys_accept4(fd, address, length, 0);
-}
-
-int getsockname(int fd, sockaddr* address, socklen_t* length) {
-  int result;
-  if (Gatekeeper::get().any() && Gatekeeper::get().sockname(fd, address, length, &result)) return result;
-  return noloco::sys_getsockname(fd, address, length);
-}
-
+int listen(int fd, int backlog) { return noloco::listen_from(__builtin_return_address(0), fd, backlog); }
+int accept(int fd, sockaddr* address, socklen_t* length) { return noloco::accept_any(fd, address, length); }
+int getsockname(int fd, sockaddr* address, socklen_t* length) { return noloco::getsockname_any(fd, address, length); }
 int connect(int fd, const sockaddr* address, socklen_t length) {
-  if (!noloco::scope || !noloco::called_from_gloo(__builtin_return_address(0)) ||
-      (address->sa_family != AF_INET && address->sa_family != AF_INET6))
-    return noloco::sys_connect(fd, address, length);
-  int connected = noloco::dial(address, length, noloco::scope->key, noloco::scope->deadline);
-  if (connected < 0) {
-    const int why = errno;
-    if (noloco::relays())
-      spdlog::warn("no connection to a Gloo pair's listener ({}), direct or through a relay: {}",
-                   noloco::address_text(address), std::strerror(why));
-    else
-      spdlog::warn("no connection to a Gloo pair's listener ({}): {}; a worker behind NAT or a firewall is reached "
-                   "through a relay: run `noloco serve` on a public machine and give every worker its NOLOCO_RELAY",
-                   noloco::address_text(address), std::strerror(why));
-    connected = noloco::closed_connection();
-  } else {
-    Gatekeeper::get().note_route(noloco::scope->id, connected, noloco::listener_id(address));
-  }
-  return connected < 0 ? -1 : noloco::adopt(fd, connected);
+  return noloco::connect_from(__builtin_return_address(0), fd, address, length);
 }
-
-int close(int fd) {
-  if (Gatekeeper::get().any()) Gatekeeper::get().forget(fd);
-  return noloco::sys_close(fd);
-}
+int close(int fd) { return noloco::close_any(fd); }
 
 }  // extern "C"

@@ -27,8 +27,9 @@
 // every other call goes straight to the kernel. A LibTorch with Gloo built
 // in (2.x: one listener per device, connections named by a sequence number)
 // has no libgloo.so: admission is then off and join_gloo_group's greeting
-// alone turns strangers away. So it is in a Python process (import noloco),
-// whose libgloo.so binds to libc's calls, not the module's.
+// alone turns strangers away. In a Python process (import noloco) libgloo.so
+// binds to libc's calls, not the module's: there admission_available()
+// binds libgloo's references to these calls itself (x86-64 and AArch64).
 #pragma once
 #include <sys/socket.h>
 
@@ -122,7 +123,10 @@ uint64_t relays_lost();
 // one second.
 void knock(const sockaddr_storage& address, const AdmissionKey* key);
 
-// Whether this process's Gloo is the one admission works with (libgloo.so).
+// Whether this process's Gloo is the one admission works with (libgloo.so)
+// and its calls come to admission: exported by the executable, or, the first
+// time this is asked in a process that does not export them, libgloo.so's
+// references bound to them here.
 bool admission_available();
 
 }  // namespace noloco
