@@ -336,6 +336,20 @@ void TrainConfig::resolve() {
 
 namespace {
 
+void validate_listening(const CommConfig& comm) {
+  if (comm.listen_port < 0 || comm.listen_port > 65535)
+    invalid(fmt::format("listen_port must be in 0..65535, got {}", comm.listen_port));
+  if (comm.advertise.empty()) return;
+  const auto colon = comm.advertise.rfind(':');
+  if (colon == std::string::npos && comm.listen_port == 0)
+    invalid(fmt::format("advertise={} needs a port: advertise=HOST:PORT, or listen_port", comm.advertise));
+  if (colon != std::string::npos) {
+    const auto port = parse_integer("advertise's port", comm.advertise.substr(colon + 1));
+    if (colon == 0 || port < 1 || port > 65535)
+      invalid(fmt::format("advertise={} is not HOST:PORT with a port in 1..65535", comm.advertise));
+  }
+}
+
 void validate_replica_workers(const TrainConfig& c) {
   if (!(c.run.replica_workers > 0))
     invalid(fmt::format("replica_workers must be positive, got {}", c.run.replica_workers));
@@ -461,18 +475,7 @@ void TrainConfig::validate() const {
   if (outer.message == NolocoMessage::theta && outer.gamma != outer.lr)
     invalid(fmt::format("noloco_message=theta needs gamma = outer_lr (got gamma {}, outer_lr {}); use delta_phi",
                         outer.gamma, outer.lr));
-  if (comm.listen_port < 0 || comm.listen_port > 65535)
-    invalid(fmt::format("listen_port must be in 0..65535, got {}", comm.listen_port));
-  if (!comm.advertise.empty()) {
-    const auto colon = comm.advertise.rfind(':');
-    if (colon == std::string::npos && comm.listen_port == 0)
-      invalid(fmt::format("advertise={} needs a port: advertise=HOST:PORT, or listen_port", comm.advertise));
-    if (colon != std::string::npos) {
-      const auto port = parse_integer("advertise's port", comm.advertise.substr(colon + 1));
-      if (colon == 0 || port < 1 || port > 65535)
-        invalid(fmt::format("advertise={} is not HOST:PORT with a port in 1..65535", comm.advertise));
-    }
-  }
+  validate_listening(comm);
   positive("peer_timeout", comm.peer_timeout);
   non_negative("restarts", double(comm.restarts));
   positive("heartbeat_timeout", comm.heartbeat_timeout);

@@ -91,45 +91,15 @@ def paper_update(args):
     dist.destroy_process_group()  # before the interpreter's teardown, which may not join Gloo's threads
 
 
-def trains(args):
-    """A real lr: each replica fits a fixed teacher on its own data."""
-    rank = int(os.environ["RANK"])
-    dist.init_process_group("gloo")
+def fit_teacher(args, rank):
+    """A real lr: this replica fits a fixed teacher on its own data. The
+    model, the outer optimizer, the losses and the outer steps' reports."""
     teacher = mlp(seed=99)
     model = mlp(seed=0)
     opt = noloco.OuterOptimizer(model.named_parameters(), method=args.method, **keys(args.keys))
     inner = torch.optim.AdamW(model.parameters(), lr=3e-3)
     torch.manual_seed(rank)
-    losses = []
-    for _ in range(args.steps):
-        x = torch.randn(32, 16)
-        with torch.no_grad():
-            y = teacher(x)
-        loss = (model(x) - y).pow(2).mean()
-        inner.zero_grad()
-        loss.backward()
-        inner.step()
-        opt.step()
-        losses.append(loss.item())
-    opt.finish()
-    everyone = gathered(flat(model))
-    spread = everyone.std(0).mean().item()
-    emit({"rank": rank, "first_loss": sum(losses[:10]) / 10, "last_loss": sum(losses[-10:]) / 10, "spread": spread,
-          "outer_steps": opt.outer_steps, "bits_per_param_per_inner_step": opt.bits_per_param_per_inner_step})
-    dist.destroy_process_group()
-
-
-def homes(args):
-    """Behind NAT on the WAN testbed, where only the outer optimizer's own
-    traffic gets through (no torch.distributed): reports its exchanges and
-    the bytes a relay carried."""
-    rank = int(os.environ["RANK"])
-    teacher = mlp(seed=99)
-    model = mlp(seed=0)
-    opt = noloco.OuterOptimizer(model.named_parameters(), method=args.method, **keys(args.keys))
-    inner = torch.optim.AdamW(model.parameters(), lr=3e-3)
-    torch.manual_seed(rank)
-    reports = []
+    losses, reports = [], []
     for _ in range(args.steps):
         x = torch.randn(32, 16)
         with torch.no_grad():
@@ -139,7 +109,29 @@ def homes(args):
         loss.backward()
         inner.step()
         reports += outer_steps(opt.step())
+        losses.append(loss.item())
     reports += outer_steps(opt.finish())
+    return model, opt, losses, reports
+
+
+def trains(args):
+    """The teacher fitted under torchrun: the loss falls and the replicas' spread is reported."""
+    rank = int(os.environ["RANK"])
+    dist.init_process_group("gloo")
+    model, opt, losses, _ = fit_teacher(args, rank)
+    everyone = gathered(flat(model))
+    spread = everyone.std(0).mean().item()
+    emit({"rank": rank, "first_loss": sum(losses[:10]) / 10, "last_loss": sum(losses[-10:]) / 10, "spread": spread,
+          "outer_steps": opt.outer_steps, "bits_per_param_per_inner_step": opt.bits_per_param_per_inner_step})
+    dist.destroy_process_group()
+
+
+def homes(args):
+    """The teacher fitted behind NAT on the WAN testbed, where only the outer
+    optimizer's own traffic gets through (no torch.distributed): reports its
+    exchanges and the bytes a relay carried."""
+    rank = int(os.environ["RANK"])
+    _, opt, _, reports = fit_teacher(args, rank)
     emit({"rank": rank, "outer_steps": len(reports),
           "exchanged": sum(1 for r in reports if len(r["group"]) > 1 and sorted(r["arrived"]) == sorted(r["group"])),
           "bytes_sent": opt.bytes_sent, "bytes_relayed": opt.bytes_relayed})

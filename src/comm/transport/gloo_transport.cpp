@@ -548,7 +548,9 @@ ExchangeResult GlooTransport::exchange(const ExchangeRequest& request) {
     }
   }
   if (!group) {
-    for (const auto& p : members) result.lost.push_back(p.rank);
+    // Unless this member gave the group up itself (it leaves the run): its partners are not to blame.
+    if (!leave_requested())
+      for (const auto& p : members) result.lost.push_back(p.rank);
     cost.wait_seconds += since(waiting_since);
   } else {
     // A failed group is never used again (a timed-out Gloo pair stays
