@@ -224,7 +224,7 @@ int serve_command(const std::vector<std::string>& args) {
   std::unique_ptr<EtcdServer> store;
   try {
     if (a.store) store = host_store(a, host, token);
-  } catch (const Interrupted& stopped) {
+  } catch (const Interrupted&) {
     spdlog::info("serve: stopped by signal while its store cluster formed");
     return 0;
   }
