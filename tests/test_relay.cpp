@@ -813,6 +813,7 @@ TEST(ServeCluster, AListThatCannotWorkIsRefusedInOneLine) {
       {"cluster=localhost:29500,127.0.0.1:29510", "cluster entry 'localhost:29500' is not IPV4_ADDRESS:PORT"},
       {"cluster=127.0.0.1:29500,127.0.0.1:29510 relay_port=29600", "each relay is at its store's port + 1"},
       {"cluster=127.0.0.1:29600,127.0.0.1:29610", "does not list this serve (127.0.0.1:29500)"},
+      {"cluster=127.0.0.1:29500,127.0.0.1:29501", "share ports (each takes PORT to PORT+2)"},
   };
   for (const auto& [args, why] : cases) {
     const auto r = noloco::testing::run_cli("serve bind=127.0.0.1 " + args, 30, token);

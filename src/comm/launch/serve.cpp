@@ -95,7 +95,7 @@ struct ClusterEntry {
   int port = 0;
 };
 
-// cluster= parsed: IPv4 addresses (the members' certificate names them), distinct ports.
+// cluster= parsed: IPv4 addresses (the members' certificate names them), no entry twice.
 std::vector<ClusterEntry> cluster_of(const ServeArgs& a) {
   std::vector<ClusterEntry> entries;
   for (size_t start = 0; !a.cluster.empty() && start <= a.cluster.size();) {
@@ -109,6 +109,11 @@ std::vector<ClusterEntry> cluster_of(const ServeArgs& a) {
     const auto port = parse_integer("serve: a cluster entry's port", entry.substr(colon + 1));
     if (port < 1 || port > 65533)
       throw std::invalid_argument(fmt::format("serve: cluster entry '{}': its port must be in [1, 65533]", entry));
+    for (const auto& e : entries)
+      if (e.host == entry.substr(0, colon) && std::abs(e.port - int(port)) < 3)
+        throw std::invalid_argument(fmt::format("serve: cluster entries {}:{} and '{}' share ports (each takes PORT "
+                                                "to PORT+2)",
+                                                e.host, e.port, entry));
     entries.push_back({entry.substr(0, colon), int(port)});
   }
   return entries;
