@@ -203,8 +203,8 @@ std::unique_ptr<EtcdServer> host_store(const ServeArgs& a, const std::string& ho
   member.cluster_token = "noloco-" + store_key_prefix(token);
   spdlog::info("serve: member {} of a store cluster of {}; up once {} of them are", me, cluster.size(),
                cluster.size() / 2 + 1);
-  return std::make_unique<EtcdServer>(a.bind, a.port, store_password(token), store_tls_key(token, addresses), member,
-                                      stopping);
+  const auto tls = store_tls_key(token, addresses);
+  return std::make_unique<EtcdServer>(a.bind, a.port, store_password(token), &tls, stopping, &member);
 }
 
 }  // namespace

@@ -116,31 +116,20 @@ EtcdServer::EtcdServer(const std::string& password, bool (*interrupted)()) {
 }
 
 EtcdServer::EtcdServer(const std::string& bind, int port, const std::string& password, const StoreTlsKey* tls,
-                       bool (*interrupted)()) {
+                       bool (*interrupted)(), const EtcdClusterMember* cluster) {
+  if (cluster && !tls) throw std::logic_error("a store cluster's member needs the TLS key (its peers' too)");
   port_ = port > 0 ? port : free_port(bind);
   make_directory();
-  const std::string private_endpoint = fmt::format("unix://{}/{}", dir_, kClientSocket);
-  start(fmt::format("unix://{}", kClientSocket), private_endpoint, password, interrupted, /*enable_auth=*/true);
-  stop_process();
-  if (tls) write_certificate(*tls);
-  endpoint_ = fmt::format("{}://{}:{}", tls ? "https" : "http", bind, port_);
-  start(endpoint_, endpoint_, password, interrupted, /*enable_auth=*/false, tls);
-}
-
-EtcdServer::EtcdServer(const std::string& bind, int port, const std::string& password, const StoreTlsKey& tls,
-                       const EtcdClusterMember& cluster, bool (*interrupted)()) {
-  port_ = port;
-  make_directory();
-  write_certificate(tls);
-  // As for one member: authentication is on before the client port opens.
-  // The cluster forms over the peer ports first, with clients on the private
-  // socket alone; whichever member gets there first switches it on for all.
+  if (tls) write_certificate(*tls);  // a cluster's peers present it from the first start on
+  // Authentication is on before the client port opens: etcd first serves
+  // the private socket alone (a cluster forms over its peer ports meanwhile,
+  // and whichever member gets there first switches it on for all).
   const std::string private_endpoint = fmt::format("unix://{}/{}", dir_, kClientSocket);
   start(fmt::format("unix://{}", kClientSocket), private_endpoint, password, interrupted, /*enable_auth=*/true,
-        /*tls=*/nullptr, &cluster);
+        /*tls=*/nullptr, cluster);
   stop_process();
-  endpoint_ = fmt::format("https://{}:{}", bind, port_);
-  start(endpoint_, endpoint_, password, interrupted, /*enable_auth=*/false, &tls, &cluster);
+  endpoint_ = fmt::format("{}://{}:{}", tls ? "https" : "http", bind, port_);
+  start(endpoint_, endpoint_, password, interrupted, /*enable_auth=*/false, tls, cluster);
 }
 
 void EtcdServer::write_certificate(const StoreTlsKey& tls) {

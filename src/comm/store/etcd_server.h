@@ -43,14 +43,12 @@ class EtcdServer {
   // with the reason (no etcd binary, did not come up, `interrupted` while waiting).
   explicit EtcdServer(const std::string& password, bool (*interrupted)() = nullptr);
   // A store on `bind`:`port` (port 0: a free one), over TLS with `tls` (null:
-  // plain HTTP); also throws when it cannot listen there.
+  // plain HTTP); also throws when it cannot listen there. With `cluster`
+  // (and `tls`), this machine's member of a store cluster: up once a majority
+  // of the members are (they may be started minutes apart), waiting until
+  // `interrupted` or 10 minutes.
   EtcdServer(const std::string& bind, int port, const std::string& password, const StoreTlsKey* tls = nullptr,
-             bool (*interrupted)() = nullptr);
-  // A member of a store cluster, serving clients over TLS on `bind`:`port`.
-  // It is up once a majority of the members are (they may be started minutes
-  // apart): until `interrupted`, or 10 minutes.
-  EtcdServer(const std::string& bind, int port, const std::string& password, const StoreTlsKey& tls,
-             const EtcdClusterMember& cluster, bool (*interrupted)());
+             bool (*interrupted)() = nullptr, const EtcdClusterMember* cluster = nullptr);
   ~EtcdServer();
   EtcdServer(const EtcdServer&) = delete;
   EtcdServer& operator=(const EtcdServer&) = delete;

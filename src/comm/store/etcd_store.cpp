@@ -100,11 +100,11 @@ HungMembers& hung_members() {
 }
 
 std::string as_string(const std::vector<uint8_t>& v) { return {v.begin(), v.end()}; }
+std::vector<uint8_t> as_bytes(const std::string& s) { return {s.begin(), s.end()}; }
 
 // Where EtcdStore::add leaves its mark for `key`: after every key a caller
 // makes (theirs are text; the run's scopes hex), so that getNumKeys can leave marks out.
 std::string add_mark_key(const std::string& key) { return "\xff" "add mark/" + key; }
-std::vector<uint8_t> as_bytes(const std::string& s) { return {s.begin(), s.end()}; }
 
 }  // namespace
 

@@ -134,18 +134,12 @@ class Unreachable {
 };
 Unreachable unreachable;
 
-// The listener id travels in the 8 unused bytes of an IPv4 address (Gloo
-// copies the whole address through the store and compares only host and port).
-ListenerId listener_id(const sockaddr* address) {
-  ListenerId id{};
-  if (address->sa_family == AF_INET)
-    std::memcpy(id.data(), reinterpret_cast<const sockaddr_in*>(address)->sin_zero, id.size());
-  return id;
-}
+// Whether the file a loaded object came from is Gloo's library.
+bool is_gloo(const char* file) { return file && std::strstr(file, "libgloo") != nullptr; }
 
 bool called_from_gloo(const void* return_address) {
   Dl_info info{};
-  return ::dladdr(return_address, &info) != 0 && info.dli_fname && std::strstr(info.dli_fname, "libgloo");
+  return ::dladdr(return_address, &info) != 0 && is_gloo(info.dli_fname);
 }
 
 // What the proof binds: the address the member connected to, listener id
@@ -245,14 +239,14 @@ class Gatekeeper {
       sys_close(listener->tcp_fd);
       return false;
     }
-    if (listener->address.ss_family == AF_INET) {  // published where the door is reached, if there is one
-      std::lock_guard<std::mutex> lock(mutex_);
-      if (door_) {
-        listener->address = advertised_;
-        listener->address_length = sizeof(sockaddr_in);
-      }
-    }
     if (listener->address.ss_family == AF_INET) {
+      {  // published where the door is reached, if there is one
+        std::lock_guard<std::mutex> lock(mutex_);
+        if (door_) {
+          listener->address = advertised_;
+          listener->address_length = sizeof(sockaddr_in);
+        }
+      }
       ListenerId id;
       randombytes_buf(id.data(), id.size());
       std::memcpy(reinterpret_cast<sockaddr_in*>(&listener->address)->sin_zero, id.data(), id.size());
@@ -381,6 +375,13 @@ class Gatekeeper {
 
   void wake() { (void)!::eventfd_write(wake_fd_, 1); }
 
+  // The listeners the side thread serves: Gloo's, and the door (under -1) if there is one.
+  std::map<int, std::shared_ptr<Listener>> with_door_locked() const {
+    auto all = listeners_;
+    if (door_) all.emplace(-1, door_);
+    return all;
+  }
+
   void note_route_locked(uint64_t scope, int fd, const ListenerId& listener) {
     const auto through = relays();
     const auto it = routes_.find(scope);
@@ -463,9 +464,7 @@ class Gatekeeper {
           l->admitted = -1;
         }
         closed_.clear();
-        auto all = listeners_;
-        if (door_) all.emplace(-1, door_);
-        for (auto& [fd, l] : all) {
+        for (auto& [fd, l] : with_door_locked()) {
           if (l->tcp_fd < 0) continue;
           polled.push_back({l->tcp_fd, POLLIN, 0});
           owners.emplace_back(l, -1);
@@ -502,9 +501,7 @@ class Gatekeeper {
         read_parked(*l, size_t(-2 - index));
       }
       const auto now = Clock::now();
-      auto all = listeners_;
-      if (door_) all.emplace(-1, door_);
-      for (auto& [fd, l] : all) {
+      for (auto& [fd, l] : with_door_locked()) {
         auto& p = l->pending;
         for (auto& c : p)
           if (c.until <= now || c.fd < 0) {
@@ -763,6 +760,13 @@ Admission::~Admission() {
   scope = static_cast<const Scope*>(outer_);
 }
 
+ListenerId listener_id(const sockaddr* address) {
+  ListenerId id{};
+  if (address->sa_family == AF_INET)
+    std::memcpy(id.data(), reinterpret_cast<const sockaddr_in*>(address)->sin_zero, id.size());
+  return id;
+}
+
 void use_relays(std::vector<sockaddr_storage> at, const RelayKey& key) {
   {
     std::lock_guard<std::mutex> lock(relays_mutex);
@@ -895,7 +899,7 @@ bool bind_gloo() {
                                    {"close", reinterpret_cast<void*>(&close_any), false}}};
   ::dl_iterate_phdr(
       [](dl_phdr_info* info, size_t, void* data) {
-        if (!info->dlpi_name || !std::strstr(info->dlpi_name, "libgloo")) return 0;
+        if (!is_gloo(info->dlpi_name)) return 0;
         auto& wanted = *static_cast<std::array<Binding, 5>*>(data);
         const ElfW(Dyn)* dynamic = nullptr;
         uintptr_t relro_from = 0, relro_to = 0;
@@ -950,7 +954,7 @@ bool bind_gloo() {
 bool gloo_loaded() {
   return ::dl_iterate_phdr(
              [](dl_phdr_info* info, size_t, void*) {
-               return int(info->dlpi_name && std::strstr(info->dlpi_name, "libgloo") != nullptr);
+               return int(is_gloo(info->dlpi_name));
              },
              nullptr) != 0;
 }

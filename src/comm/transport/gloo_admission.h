@@ -87,6 +87,11 @@ class Admission {
   const void* mine_;
 };
 
+// The id of the pair's listener that a published Gloo address names: it
+// travels in the 8 unused bytes of an IPv4 address (Gloo copies the whole
+// address through the store and compares only host and port). Zero otherwise.
+ListenerId listener_id(const sockaddr* address);
+
 // This process's Gloo pairs also go through these relays
 // (comm/transport/relay.h) where a direct connection fails: a listener
 // parks at each, a dialer that cannot reach it directly (within 2 s; an

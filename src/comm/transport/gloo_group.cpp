@@ -87,14 +87,10 @@ std::string greet(c10d::ProcessGroupGloo& group, int rank, int world, int64_t ru
   return {};
 }
 
-// After giving up on an attempt: connects to, and at once closes, every
-// listening port a peer published for its pair with this member (proving
-// the run's key where admission is on, else Gloo's side would never see the
-// connection). A peer still waiting for this member to connect (Gloo's pair
-// connect cannot be interrupted) thus stops waiting instead of waiting out
-// the timeout. Gloo's rendezvous keys: "0/<member>" (device 0) holds a
-// member's addresses for its pairs, in member order without itself, each
-// starting with a sockaddr_storage; anything else is left alone.
+// The address `owner` published for its pair with `other`, if it did. Gloo's
+// rendezvous keys: "0/<member>" (device 0) holds a member's addresses for its
+// pairs, in member order without itself, each starting with a
+// sockaddr_storage; anything else is left alone.
 std::optional<sockaddr_storage> pair_address(c10d::Store& rendezvous, int owner, int other, int world) {
   const auto name = fmt::format("0/{}", owner);
   if (!rendezvous.check({name})) return std::nullopt;
@@ -106,6 +102,12 @@ std::optional<sockaddr_storage> pair_address(c10d::Store& rendezvous, int owner,
   return address;
 }
 
+// After giving up on an attempt: connects to, and at once closes, every
+// listening port a peer published for its pair with this member (proving
+// the run's key where admission is on, else Gloo's side would never see the
+// connection). A peer still waiting for this member to connect (Gloo's pair
+// connect cannot be interrupted) thus stops waiting instead of waiting out
+// the timeout.
 void release_waiting_peers(c10d::Store& rendezvous, int rank, int world, const AdmissionKey* key) {
   for (int peer = 0; peer < world; ++peer)
     if (peer != rank)
@@ -121,11 +123,7 @@ std::vector<bool> relayed_by_member(c10d::Store& rendezvous, int rank, int world
     if (peer == rank) continue;
     std::vector<ListenerId> ids;
     for (const auto& address : {pair_address(rendezvous, rank, peer, world), pair_address(rendezvous, peer, rank, world)})
-      if (address && address->ss_family == AF_INET) {
-        ListenerId id;
-        std::memcpy(id.data(), reinterpret_cast<const sockaddr_in&>(*address).sin_zero, id.size());
-        ids.push_back(id);
-      }
+      if (address && address->ss_family == AF_INET) ids.push_back(listener_id(reinterpret_cast<const sockaddr*>(&*address)));
     for (const auto& [listener, through_relay] : routes.pairs)
       if (through_relay && std::find(ids.begin(), ids.end(), listener) != ids.end()) relayed[size_t(peer)] = true;
   }

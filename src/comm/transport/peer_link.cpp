@@ -1,5 +1,4 @@
 #include "comm/transport/peer_link.h"
-#include "comm/transport/gloo_admission.h"
 
 #include <algorithm>
 #include <optional>
@@ -40,11 +39,9 @@ void PeerLink::form(const std::string& name, const std::vector<Peer>& members) {
   const auto me = std::find(members.begin(), members.end(), self_);
   finish_sends();
   if (group_) retired_.push_back(std::move(group_));
-  PairRoutes routes;
   group_ = join_gloo_group(store_, env_, "pipeline/" + name, int(me - members.begin()), int(members.size()), device_,
-                           timeout_, seal_.get(), nullptr, &routes);
+                           timeout_, seal_.get(), nullptr, &routes_);
   members_ = members;
-  relayed_to_ = routes.relayed_to;
   lost_.clear();
   sent_to_.assign(members.size(), 0);
   received_from_.assign(members.size(), 0);
@@ -59,7 +56,7 @@ int PeerLink::member_of(int peer) const {
 
 bool PeerLink::relayed(int peer) const {
   const int member = member_of(peer);
-  return member >= 0 && size_t(member) < relayed_to_.size() && relayed_to_[size_t(member)];
+  return member >= 0 && routes_.relayed_with(member);
 }
 
 int PeerLink::next_tag(std::vector<int64_t>& counters, int member) const {

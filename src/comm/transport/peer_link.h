@@ -25,6 +25,7 @@
 #include "comm/membership/peer.h"
 #include "comm/store/store.h"
 #include "comm/transport/framed.h"
+#include "comm/transport/gloo_admission.h"
 #include "comm/transport/gloo_group.h"
 
 namespace noloco {
@@ -85,7 +86,7 @@ class PeerLink {
   GlooGroup group_;
   std::vector<GlooGroup> retired_;  // earlier groups: peers may still be reading from them
   std::vector<Peer> members_;       // of group_, by group rank (rank: global worker rank)
-  std::vector<bool> relayed_to_;    // by group rank (PairRoutes::relayed_to)
+  PairRoutes routes_;               // of group_'s pairs
   std::set<int> lost_;              // global ranks lost in this group
   std::vector<int64_t> sent_to_, received_from_;  // messages per directed pair, by group rank
   struct Pending {
