@@ -13,6 +13,7 @@
 #include <torch/torch.h>
 
 #include "comm/launch/serve.h"
+#include "comm/launch/watch.h"
 #include "config/options.h"
 #include "config/train_config.h"
 #include "data/prepare.h"
@@ -245,6 +246,12 @@ std::vector<Command> add_commands(CLI::App& app, Arguments& a) {
   serve->add_option("options", a.options, "key=value (below)");
   serve->footer(keys_help(serve_options));
   commands.push_back({serve, [&a] { return serve_command(a.options); }});
+  auto* watch = app.add_subcommand("watch", "serve the live page of a run: its members, curves, pairings and timeline");
+  watch->add_option("run", a.join_dir, "the run's directory on this machine, or its store's URL (NOLOCO_RUN_TOKEN set)")
+      ->required();
+  watch->add_option("options", a.options, "key=value: bind=127.0.0.1 port=0 (a free one) wait=60 (seconds for the "
+                                          "run's first status)");
+  commands.push_back({watch, [&a] { return watch_command(a.join_dir, a.options); }});
   commands.push_back(
       {app.add_subcommand("store-password", "the store's password for NOLOCO_RUN_TOKEN (for an etcd of your own)"),
        store_password_command});

@@ -191,6 +191,9 @@ void add_comm_options(Options& o, TrainConfig& c) {
       .add("seal", c.comm.seal,
            "seal every payload between workers (authenticated encryption keyed from the run's token); false only to "
            "measure what sealing costs")
+      .add("live_status", c.comm.live_status,
+           "publish this worker's status (step, losses, bytes, partner; sealed, at most one store write a second) "
+           "for the live page of `noloco watch` and `noloco serve`")
       .add("insecure", c.comm.insecure,
            "accept seal=false where traffic leaves this machine (bind, MASTER_ADDR or the store off loopback): the "
            "weights and the store's password then cross the network in clear")
@@ -589,7 +592,7 @@ const std::vector<std::string>& machine_keys() {
       "data",         "val_data",         "tokenizer",     "init_from",   "accept_changed_data", "device",
       "precision",    "threads",          "out",           "checkpoint_interval", "keep_checkpoints", "resume",
       "max_local_workers", "log_interval", "sample_tokens", "sample_prompt", "bind",            "peer_timeout",
-      "listen_port",  "advertise",
+      "listen_port",  "advertise",        "live_status",
       "insecure",     "restarts",         "heartbeat_timeout", "startup_timeout", "rate",         "inject_crash"};
   return keys;
 }

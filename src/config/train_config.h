@@ -87,6 +87,8 @@ struct CommConfig {
   std::string advertise;  // HOST or HOST:PORT
   double peer_timeout = 60;
   bool seal = true;  // comm/transport/seal.h
+  // Publish a small sealed status into the run's store at most once a second, for the live page (comm/view/).
+  bool live_status = true;
   bool insecure = false;  // seal=false is accepted off loopback only with it (comm/launch/worker_connections.cpp)
   double heartbeat_timeout = 30;  // seconds without a heartbeat before a worker counts as hung
   double startup_timeout = 30;    // seconds a launched worker may take to its first heartbeat (>= heartbeat_timeout)

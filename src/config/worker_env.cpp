@@ -26,29 +26,9 @@ std::string run_token_from_environment() {
   return token;
 }
 
-// NOLOCO_STORE: an etcd endpoint, or tcp://host:port for a c10d TCPStore
-// (torchrun's agent's), which a joiner started outside torchrun names so.
 void store_from_environment(WorkerEnv& env) {
   const char* given = std::getenv("NOLOCO_STORE");
-  const std::string store = given ? given : "";
-  if (store.rfind("tcp://", 0) == 0) {
-    const auto address = store.substr(6);
-    const auto colon = address.rfind(':');
-    if (colon == std::string::npos || colon == 0)
-      throw std::invalid_argument(fmt::format("NOLOCO_STORE='{}' is not tcp://host:port", store));
-    env.master_addr = address.substr(0, colon);
-    const int64_t port = parse_integer("NOLOCO_STORE's port", address.substr(colon + 1));
-    if (port <= 0 || port > 65535) throw std::invalid_argument(fmt::format("NOLOCO_STORE='{}': no such port", store));
-    env.master_port = int(port);
-    env.agent_store = true;
-    return;
-  }
-  if (!store.empty() && store.rfind("http://", 0) != 0 && store.rfind("https://", 0) != 0 &&
-      store.rfind("unix://", 0) != 0)
-    throw std::invalid_argument(fmt::format(
-        "NOLOCO_STORE='{}' is not an etcd endpoint (http[s]://host:port or unix:///path) or tcp://host:port",
-        store));
-  env.store_url = store;
+  use_store(env, given ? given : "", "NOLOCO_STORE");
 }
 
 void relays_from_environment(WorkerEnv& env) {
@@ -56,6 +36,26 @@ void relays_from_environment(WorkerEnv& env) {
 }
 
 }  // namespace
+
+void use_store(WorkerEnv& env, const std::string& store, const std::string& named) {
+  if (store.rfind("tcp://", 0) == 0) {
+    const auto address = store.substr(6);
+    const auto colon = address.rfind(':');
+    if (colon == std::string::npos || colon == 0)
+      throw std::invalid_argument(fmt::format("{}='{}' is not tcp://host:port", named, store));
+    env.master_addr = address.substr(0, colon);
+    const int64_t port = parse_integer(named + "'s port", address.substr(colon + 1));
+    if (port <= 0 || port > 65535) throw std::invalid_argument(fmt::format("{}='{}': no such port", named, store));
+    env.master_port = int(port);
+    env.agent_store = true;
+    return;
+  }
+  if (!store.empty() && store.rfind("http://", 0) != 0 && store.rfind("https://", 0) != 0 &&
+      store.rfind("unix://", 0) != 0)
+    throw std::invalid_argument(fmt::format(
+        "{}='{}' is not an etcd endpoint (http[s]://host:port or unix:///path) or tcp://host:port", named, store));
+  env.store_url = store;
+}
 
 void run_endpoints_from_environment(WorkerEnv& env) {
   store_from_environment(env);

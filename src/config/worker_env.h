@@ -38,6 +38,10 @@ bool worker_env_from_environment(WorkerEnv& env);
 // `noloco join`, which takes the rest from the run). Throws
 // std::invalid_argument on a malformed NOLOCO_STORE.
 void run_endpoints_from_environment(WorkerEnv& env);
+// The run's store at `store`, as NOLOCO_STORE names it (an etcd endpoint, or
+// tcp://host:port for torchrun's agent's TCPStore); `named` (what the user
+// set) heads a one-line std::invalid_argument for a malformed one.
+void use_store(WorkerEnv& env, const std::string& store, const std::string& named);
 // A joiner started outside the run's launcher: NOLOCO_STORE (the run's store;
 // tcp://host:port for torchrun's agent's TCPStore), NOLOCO_RUN_TOKEN and
 // WORLD_SIZE (the replicas the run started with; members are numbered on

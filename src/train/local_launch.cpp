@@ -193,10 +193,11 @@ int train_command(const std::string& config_path, const std::vector<std::string>
   plan.keep_going_on_failure = survives_lost_workers(cfg.outer.method, cfg.pipeline.routing, stages);
   const auto links = capped_links(cfg, plan.workers);
   plan.links = links.get();
-  // Behind capped links the workers sit in network namespaces a joiner could not reach.
+  // How `noloco join` and `noloco watch` on this machine find the run's store
+  // (join refuses a run that takes no joiners). Behind capped links the
+  // workers sit in network namespaces a joiner could not reach.
   const bool one_worker_replicas = cfg.run.replica_workers == 1;
-  if (takes_joiners(cfg.outer.method, cfg.pipeline.routing, stages) && !links)
-    plan.join_dir = cfg.run.out;
+  if (!links) plan.join_dir = cfg.run.out;
   if (cfg.run.resume && takes_back_restarted(cfg.outer.method, cfg.pipeline.routing, stages) && one_worker_replicas)
     plan.start_from_peers = workers_without_checkpoints(cfg.run.out, plan.workers, stages);
   if (stages > 1)

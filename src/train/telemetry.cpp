@@ -56,12 +56,14 @@ const std::vector<std::pair<const char*, const char*>>& tensorboard_tags(const s
 
 }  // namespace
 
-Telemetry::Telemetry(const std::string& run_dir, int worker, int64_t total_steps, bool console)
+Telemetry::Telemetry(const std::string& run_dir, int worker, int64_t total_steps, bool console,
+                     std::function<void(const nlohmann::json&)> observer)
     : metrics_(run_dir + "/metrics.jsonl"),
       tensorboard_(std::make_unique<EventWriter>(fmt::format("{}/tensorboard/replica_{}", run_dir, worker),
                                                  fmt::format("r{}", worker))),
       total_steps_(total_steps),
-      console_(console) {}
+      console_(console),
+      observer_(std::move(observer)) {}
 
 Telemetry::~Telemetry() = default;
 
@@ -78,6 +80,7 @@ void Telemetry::write(const nlohmann::json& record) {
   }
   if (wrote) tensorboard_->flush();
   if (console_) print(record);
+  if (observer_) observer_(record);
 }
 
 void Telemetry::print(const nlohmann::json& r) const {

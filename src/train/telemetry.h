@@ -3,8 +3,10 @@
 // sink once; the sink appends it to metrics.jsonl (one JSON object per line,
 // a single write, so replicas can share the file), writes its scalars to the
 // worker's TensorBoard event file, and prints the progress line when this
-// worker is the one that speaks.
+// worker is the one that speaks; and hands it to `observer` (the live
+// status, comm/view/status_board.h) where there is one.
 #pragma once
+#include <functional>
 #include <memory>
 #include <string>
 
@@ -32,7 +34,8 @@ class Telemetry {
  public:
   // TensorBoard under run_dir/tensorboard/replica_<worker>; progress lines
   // (of `total_steps`) on the console if `console`.
-  Telemetry(const std::string& run_dir, int worker, int64_t total_steps, bool console);
+  Telemetry(const std::string& run_dir, int worker, int64_t total_steps, bool console,
+            std::function<void(const nlohmann::json&)> observer = {});
   ~Telemetry();
   // Records carry "split" (train, val, outer, rejoin, donate) and "step".
   void write(const nlohmann::json& record);
@@ -43,6 +46,7 @@ class Telemetry {
   std::unique_ptr<EventWriter> tensorboard_;
   int64_t total_steps_;
   bool console_;
+  std::function<void(const nlohmann::json&)> observer_;
 };
 
 }  // namespace noloco

@@ -380,6 +380,10 @@ class WorkerRun {
 
  private:
   void record_outer_steps(int64_t done, const std::vector<OuterSync>& syncs);
+  // For the live page: starting, joining, training, left, finished.
+  void set_state(const std::string& state) const {
+    if (w_.status) w_.status->set_state(state);
+  }
   const TrainConfig& c_;
   const WorkerInfo& w_;
   const Clock::time_point start_ = Clock::now();
@@ -443,15 +447,20 @@ WorkerRun::WorkerRun(const TrainConfig& c, const WorkerInfo& w)
                     {"stage", w.stage},
                     {"stages", w.stages}},
                    state_, drill_),
-      telemetry_(out_, w.rank, c.inner.steps, lead_),
+      telemetry_(out_, w.rank, c.inner.steps, lead_,
+                 [status = w.status](const nlohmann::json& r) {
+                   if (status) status->record(r);
+                 }),
       tokens_per_step_(c.inner.batch * c.inner.grad_accum * arch_.context * w.replica_workers) {
   if (lead_) announce(c, arch_, corpus_, device_, w, out_);
   if (!speaks_) checkpoints_.follow();
+  set_state(life_.takes_live_state() ? "joining" : "starting");
   first_step_ = restore(c, w, *model_, checkpoints_, state_, telemetry_, life_, lead_, rejoined_);
   // Only now: a resume refused above leaves the run's config as it was.
   if (w.rank == 0) write_file_atomic(out_ + "/config.yaml", c.to_yaml());
   throughput_.emplace(first_step_, c.inner.steps);
   startup_seconds_ = seconds_since_process_start();
+  set_state("training");
 }
 
 InnerStepResult WorkerRun::inner_step(int64_t step) {
@@ -509,6 +518,7 @@ std::optional<int64_t> WorkerRun::outer_step(int64_t done, bool last) {
 
 nlohmann::json WorkerRun::leave(int64_t done) {
   spdlog::info("worker {} leaves the run after step {} (SIGTERM)", w_.rank, done);
+  set_state("left");
   const auto start = Clock::now();
   const auto in_flight = life_.leave();
   tally_.blocked_seconds += seconds_since(start);
@@ -624,6 +634,9 @@ nlohmann::json WorkerRun::finish() {
   const auto j = summary.to_json();
   // One summary per replica (a worker in a pipeline), by its first worker.
   if (speaks_) write_json_atomic(fmt::format("{}/summary_r{}.json", out_, w_.rank / w_.replica_workers), j);
+  if (!left_at_step_) set_state("finished");
+  // Before the run hears it finished: a launcher then takes its store down.
+  if (w_.status) w_.status->flush();
   // Only now: a launcher waiting for a joiner to finish reads its summary next.
   life_.end_membership(j.dump());
   if (w_.replicas * w_.stages * w_.replica_workers == 1) write_json_atomic(out_ + "/summary.json", summarize_lone_run(summary).to_json());

@@ -39,6 +39,7 @@ WorkerInfo worker_info(const TrainConfig& config, const WorkerStart& start, cons
   w.membership = links.membership.get();
   w.rosters = links.rosters.get();
   w.stage_link = links.stage_link.get();
+  w.status = links.status.get();
   // A joiner starts from a live replica's state, never from the disk.
   if (!start.joins) {
     const auto timeout = std::max(std::chrono::milliseconds(600000), links.timeout);

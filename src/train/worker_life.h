@@ -54,6 +54,8 @@ struct WorkerInfo {
   // Asked after every step: true once this worker is to leave the run
   // (SIGTERM to a NoLoCo worker). Unset: it never leaves before the end.
   std::function<bool()> leave_requested;
+  // Where the replica's first worker publishes its live status (null: nowhere; comm/view/status_board.h).
+  StatusPublisher* status = nullptr;
 };
 
 // How a process comes into the run. The rest of its place (stages, workers

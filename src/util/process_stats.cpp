@@ -34,4 +34,10 @@ double seconds_since_process_start() {
   return now > started ? now - started : 0;
 }
 
+std::string machine_name() {
+  char host[256] = "localhost";
+  ::gethostname(host, sizeof host - 1);
+  return host;
+}
+
 }  // namespace noloco

@@ -1,5 +1,6 @@
-// What this process has cost so far, for summaries and benchmarks.
+// What this process has cost so far, for summaries and benchmarks, and where it runs.
 #pragma once
+#include <string>
 
 namespace noloco {
 
@@ -9,5 +10,7 @@ double peak_rss_mib();
 // Seconds since this process started (its first exec, before noloco's
 // re-execution with its runtime settings), to 1/100 s.
 double seconds_since_process_start();
+// This machine's host name ("localhost" if it has none).
+std::string machine_name();
 
 }  // namespace noloco

@@ -1,6 +1,7 @@
 #include "util/tensorboard.h"
 
 #include "util/crc32c.h"
+#include "util/process_stats.h"
 
 #include <unistd.h>
 
@@ -60,9 +61,8 @@ uint32_t masked_crc32c(std::string_view data) {
 
 EventWriter::EventWriter(const std::string& dir, const std::string& suffix) {
   std::filesystem::create_directories(dir);
-  char host[256] = "localhost";
-  ::gethostname(host, sizeof host - 1);
-  path_ = fmt::format("{}/events.out.tfevents.{}.{}.{}.{}", dir, int64_t(now_seconds()), host, ::getpid(), suffix);
+  path_ = fmt::format("{}/events.out.tfevents.{}.{}.{}.{}", dir, int64_t(now_seconds()), machine_name(), ::getpid(),
+                      suffix);
   file_ = std::fopen(path_.c_str(), "wb");
   if (!file_) throw std::runtime_error(fmt::format("cannot create '{}': {}", path_, std::strerror(errno)));
   std::string first = event_header(now_seconds(), 0);

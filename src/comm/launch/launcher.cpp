@@ -24,7 +24,9 @@
 #include "comm/store/etcd_store.h"
 #include "comm/membership/membership.h"
 #include "comm/store/store.h"
+#include "comm/view/status_board.h"
 #include "comm/membership/heartbeat.h"
+#include "util/error_text.h"
 #include "util/files.h"
 #include "util/log.h"
 
@@ -464,7 +466,7 @@ JoinInvitationFile read_join_invitation(const std::string& dir) {
   const auto path = dir + "/join.json";
   if (!file_exists(path))
     throw std::invalid_argument(
-        fmt::format("join: {} does not exist: no run is training from there on this machine (or it takes no joiners); from elsewhere, name its store", path));
+        fmt::format("join: {} does not exist: no run is training from there on this machine; from elsewhere, name its store", path));
   const auto j = nlohmann::json::parse(read_file(path), nullptr, false);
   if (!j.is_object() || !j.contains("store") || !j["store"].is_string() ||
       !j.value("local_workers", nlohmann::json()).is_number_integer() || j["local_workers"].get<int64_t>() < 1)
@@ -555,6 +557,11 @@ LaunchResult launch_local_workers(const LaunchPlan& plan, const std::vector<std:
   }
   std::stable_sort(result.exits.begin(), result.exits.end(), [](auto& a, auto& b) { return a.rank < b.rank; });
   if (!result.signal) result.joiners = await_joiners(plan, store, token, workers.heartbeats(), launched);
+  try {  // the store goes with this launcher: `noloco watch`es read the run's end first
+    let_watchers_catch_up(*run_scope(store, token, "status"), std::chrono::seconds(2));
+  } catch (const std::exception& e) {
+    spdlog::debug("the run's watchers may miss its last status: {}", error_text(e));
+  }
   return result;
 }
 

@@ -37,7 +37,8 @@ struct LaunchPlan {
   bool keep_going_on_failure = false;
   // Each worker in its own network namespace behind a capped link (null: loopback).
   const CappedLinks* links = nullptr;
-  // Where new workers can join the running run from (noloco join): the
+  // Where new workers can join the running run from (noloco join), and
+  // where `noloco watch` finds it: the
   // launcher writes join.json there (how to reach its store) and, for a token
   // it made up, run_token (readable by its user only), and removes both when
   // the run ends. Empty: the run takes no joiners.

@@ -1,15 +1,11 @@
 #include "comm/launch/serve.h"
 
 #include <arpa/inet.h>
-#include <fcntl.h>
 #include <ifaddrs.h>
 #include <netinet/in.h>
-#include <signal.h>
 #include <sodium.h>
 #include <unistd.h>
 
-#include <atomic>
-#include <cerrno>
 #include <cstdlib>
 #include <iostream>
 #include <memory>
@@ -21,48 +17,17 @@
 
 #include "comm/store/etcd_server.h"
 #include "comm/store/run_keys.h"
+#include "comm/launch/watch.h"
 #include "comm/transport/relay.h"
+#include "comm/view/view_server.h"
 #include "util/error_text.h"
 #include "util/human.h"
 #include "util/parse_number.h"
+#include "util/stop_signal.h"
 
 namespace noloco {
 
 namespace {
-
-// SIGTERM and SIGINT end serve through a handler that hands the signal to
-// the main thread. Blocked and taken with sigwait() they raced with
-// threads that never blocked them (started when libraries load): `timeout`
-// sends a second SIGTERM to its process group, and about one stop in ten
-// killed serve before it logged what its relay carried.
-int stop_pipe[2] = {-1, -1};
-std::atomic<bool> stop_signalled{false};  // for waits before serving (a cluster's majority)
-
-bool stopping() { return stop_signalled.load(); }
-
-void stop_on_signal() {
-  if (::pipe2(stop_pipe, O_CLOEXEC) != 0) throw std::runtime_error("serve: no pipe for its stop signal");
-  struct sigaction sa {};
-  sa.sa_handler = [](int signal) {
-    stop_signalled = true;
-    const char s = char(signal);
-    (void)!::write(stop_pipe[1], &s, 1);
-  };
-  sa.sa_flags = SA_RESTART;
-  ::sigemptyset(&sa.sa_mask);
-  ::sigaction(SIGTERM, &sa, nullptr);
-  ::sigaction(SIGINT, &sa, nullptr);
-}
-
-int wait_for_stop() {
-  for (;;) {
-    char s = 0;
-    const auto n = ::read(stop_pipe[0], &s, 1);
-    if (n == 1) return s;
-    if (n < 0 && errno == EINTR) continue;
-    return 0;
-  }
-}
 
 // The first IPv4 address of this machine that is not loopback.
 std::string first_address() {
@@ -158,7 +123,10 @@ Options serve_options(ServeArgs& a) {
       .add("store", a.store, "host the run's store (false: a second relay for a run another serve holds)")
       .add("cluster", a.cluster,
            "IPV4:PORT,... every serve of a store cluster, this one included, same list on each (store port; relay "
-           "at PORT+1, etcd peers at PORT+2); the token from NOLOCO_RUN_TOKEN");
+           "at PORT+1, etcd peers at PORT+2); the token from NOLOCO_RUN_TOKEN")
+      .add("view", a.view, "serve the run's live page (with store=true), its URL printed after the exports")
+      .add("view_bind", a.view_bind, "the address the live page listens on (loopback unless told otherwise)")
+      .add("view_port", a.view_port, "the live page's port (0: a free one)");
   return options;
 }
 
@@ -204,7 +172,27 @@ std::unique_ptr<EtcdServer> host_store(const ServeArgs& a, const std::string& ho
   spdlog::info("serve: member {} of a store cluster of {}; up once {} of them are", me, cluster.size(),
                cluster.size() / 2 + 1);
   const auto tls = store_tls_key(token, addresses);
-  return std::make_unique<EtcdServer>(a.bind, a.port, store_password(token), &tls, stopping, &member);
+  return std::make_unique<EtcdServer>(a.bind, a.port, store_password(token), &tls, stop_signalled, &member);
+}
+
+// The run's page, reading the store this serve hosts; none where it cannot listen (serving the run matters more).
+struct LivePage {
+  std::unique_ptr<RunWatch> watch;
+  std::unique_ptr<ViewServer> server;
+};
+LivePage live_page(const ServeArgs& a, const EtcdServer* store, const std::string& token) {
+  LivePage page;
+  if (!store || !a.view) return page;
+  try {
+    page.watch = std::make_unique<RunWatch>(
+        [url = store->endpoint(), token] { return connect_to_run_store(url, token, std::chrono::seconds(5)); }, token);
+    page.server = std::make_unique<ViewServer>(a.view_bind, a.view_port, view_key(token),
+                                               [watch = page.watch.get()] { return watch->state(); });
+    std::cout << page.server->url() << std::endl;
+  } catch (const std::exception& e) {
+    spdlog::warn("serve: no live page: {}", error_text(e));
+  }
+  return page;
 }
 
 }  // namespace
@@ -241,6 +229,7 @@ int serve_command(const std::vector<std::string>& args) {
                a.store ? fmt::format("the run's store on {}:{} and its relay on {}:{}", a.bind, a.port, a.bind,
                                      relay.port())
                        : fmt::format("a relay on {}:{}", a.bind, relay.port()));
+  const auto page = live_page(a, store.get(), token);
   const int signal = wait_for_stop();
   const auto s = relay.stats();
   spdlog::info("serve: stopped by signal {}; the relay joined {} pairs and carried {}, refused {} connections", signal,

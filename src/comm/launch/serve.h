@@ -23,6 +23,11 @@ struct ServeArgs {
   // its store's port (its relay at PORT+1, its etcd peers at PORT+2); the
   // same list, in the same order, on every one. Empty: a store of its own.
   std::string cluster;
+  // The run's live page (comm/view/), for holders of the token: on
+  // view_bind:view_port (0: a free port), its URL printed after the exports.
+  bool view = true;
+  std::string view_bind = "127.0.0.1";
+  int view_port = 0;
 };
 Options serve_options(ServeArgs& args);
 

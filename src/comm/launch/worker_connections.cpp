@@ -16,6 +16,7 @@
 #include "comm/transport/gloo_admission.h"
 #include "comm/transport/nccl_collectives.h"
 #include "comm/transport/seal.h"
+#include "util/process_stats.h"
 
 namespace noloco {
 
@@ -182,6 +183,17 @@ WorkerConnections join_as_worker(const WorkerEnv& env, const CommConfig& comm, i
     const Peer self{env.rank, links.membership ? links.membership->incarnation() : 0};
     links.stage_link = std::make_unique<PeerLink>("pipeline worker", links.store, env, self, comm.bind, timeout,
                                                   links.seal, *links.rosters);
+  }
+  if (comm.live_status && replica_worker == 0) {
+    const nlohmann::json identity = {{"rank", env.rank},
+                                     {"replica", replica},
+                                     {"stage", stage},
+                                     {"stages", stages},
+                                     {"machine", machine_name()},
+                                     {"incarnation", links.membership ? links.membership->incarnation() : env.restart}};
+    // A store call of its own, bounded: at the end a worker may outlive the store its status goes to.
+    const auto status_store = connect_store(client, std::min<std::chrono::milliseconds>(timeout, std::chrono::seconds(10)));
+    links.status = std::make_unique<StatusPublisher>(run_scope(status_store, env.token, "status"), env.token, identity);
   }
   return links;
 }

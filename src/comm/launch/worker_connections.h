@@ -10,6 +10,7 @@
 #include "comm/transport/peer_link.h"
 #include "comm/membership/heartbeat.h"
 #include "comm/membership/membership.h"
+#include "comm/view/status_board.h"
 #include "config/train_config.h"
 
 namespace noloco {
@@ -31,6 +32,9 @@ struct WorkerConnections {
   // The replica's own group, with several workers a replica; only its first
   // worker (member 0) has the membership and transport between replicas.
   std::unique_ptr<Transport> replica_group;
+  // The live status the replica's first worker publishes (comm.live_status);
+  // last, so that it stops first, while the store is still up.
+  std::unique_ptr<StatusPublisher> status;
 };
 
 // Joins the run this process was launched into as worker env.rank, laid out

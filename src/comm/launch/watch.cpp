@@ -1,0 +1,91 @@
+#include "comm/launch/watch.h"
+
+#include <cstdlib>
+#include <filesystem>
+#include <iostream>
+#include <stdexcept>
+#include <thread>
+
+#include <fmt/format.h>
+#include <spdlog/spdlog.h>
+
+#include "comm/launch/launcher.h"
+#include "comm/view/view_server.h"
+#include "config/options.h"
+#include "config/worker_env.h"
+#include "util/error_text.h"
+#include "util/stop_signal.h"
+
+namespace noloco {
+
+namespace {
+
+struct WatchArgs {
+  std::string bind = "127.0.0.1";
+  int port = 0;
+  double wait = 60;
+};
+
+// The store and the token of the run in RUN_DIR (its launcher's invitation), or at a store's URL.
+std::pair<std::string, std::string> run_of(const std::string& where) {
+  const char* given = std::getenv("NOLOCO_RUN_TOKEN");
+  const std::string token = given ? given : "";
+  if (!std::filesystem::is_directory(where)) {
+    if (token.empty()) throw std::invalid_argument("watch: set NOLOCO_RUN_TOKEN to the run's token");
+    return {where, token};
+  }
+  try {
+    const auto invitation = read_join_invitation(where);
+    return {invitation.store, token.empty() ? joiner_token(where + "/run_token") : token};
+  } catch (const std::invalid_argument& e) {
+    std::string why = e.what();
+    if (why.rfind("join: ", 0) == 0) why = why.substr(6);
+    throw std::invalid_argument("watch: " + why);
+  }
+}
+
+}  // namespace
+
+StorePtr connect_to_run_store(const std::string& url, const std::string& token, std::chrono::milliseconds timeout) {
+  WorkerEnv env;
+  env.token = token;
+  use_store(env, url, "the store");
+  pin_hosted_store_key(env);
+  return connect_store(env, timeout);
+}
+
+int watch_command(const std::string& where, const std::vector<std::string>& args) {
+  WatchArgs a;
+  Options options("watch");
+  options.add("bind", a.bind, "the address the page listens on (loopback unless told otherwise)")
+      .add("port", a.port, "the page's port (0: a free one, printed)")
+      .add("wait", a.wait, "seconds to wait for the run's first status before giving up");
+  options.parse(args);
+  const auto [store, token] = run_of(where);
+  stop_on_signal();
+  try {
+    connect_to_run_store(store, token, std::chrono::seconds(10));
+  } catch (const std::exception& e) {
+    throw std::runtime_error(fmt::format("watch: the run's store at {} cannot be read with this token: {}", store,
+                                         error_text(e)));
+  }
+  RunWatch watch([store = store, token = token] { return connect_to_run_store(store, token, std::chrono::seconds(5)); },
+                 token);
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(int64_t(a.wait * 1000));
+  while (!watch.found_run()) {
+    if (stop_signalled()) return 0;
+    if (std::chrono::steady_clock::now() > deadline)
+      throw std::runtime_error(fmt::format(
+          "watch: no worker of a run with this token has published a status at {} in {} s (another run's token? "
+          "live_status=false?)",
+          store, a.wait));
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  }
+  ViewServer page(a.bind, a.port, view_key(token), [&watch] { return watch.state(); });
+  std::cout << page.url() << std::endl;
+  spdlog::info("watch: the live page of the run at {} is served at the address above until SIGTERM or Ctrl-C", store);
+  wait_for_stop();
+  return 0;
+}
+
+}  // namespace noloco

@@ -1,0 +1,109 @@
+#include "comm/view/run_view.h"
+
+#include <algorithm>
+
+namespace noloco {
+
+namespace {
+
+// The page draws the pairings of the last outer steps; the timeline is kept whole up to a bound.
+constexpr size_t kPairingsKept = 2000;
+constexpr size_t kTimelineKept = 5000;
+
+bool ended(const nlohmann::json& status) {
+  const std::string state = status.value("state", "");
+  return state == "left" || state == "finished";
+}
+
+template <typename T>
+void keep_last(std::vector<T>& items, size_t n) {
+  if (items.size() > n) items.erase(items.begin(), items.end() - ptrdiff_t(n));
+}
+
+}  // namespace
+
+void RunView::add_event(int rank, const Member& m, int64_t step, const std::string& what, double time) {
+  timeline_.push_back({{"time", time},
+                       {"rank", rank},
+                       {"replica", m.status.value("replica", rank)},
+                       {"stage", m.status.value("stage", 0)},
+                       {"step", step},
+                       {"what", what}});
+  keep_last(timeline_, kTimelineKept);
+}
+
+void RunView::add(const StatusEntry& entry, double now) {
+  Member& m = members_[entry.rank];
+  const auto& status = entry.body["status"];
+  // An entry of a lost incarnation read late still adds its points (they were trained), and the member stays lost.
+  m.status = status;
+  m.heard = now;
+  for (const auto& point : entry.body.value("points", nlohmann::json::array())) {
+    if (!point.is_object()) continue;
+    const std::string kind = point.value("kind", "");
+    const int64_t step = point.value("step", int64_t(0));
+    if (kind == "val") {
+      m.vals.push_back({step, point.value("loss", 0.0), point.value("mean_loss", nlohmann::json()),
+                        point.value("bytes", 0.0)});
+    } else if (kind == "outer") {
+      pairings_.push_back({{"outer_step", point.value("outer_step", int64_t(0))},
+                           {"step", step},
+                           {"replica", status.value("replica", entry.rank)},
+                           {"stage", status.value("stage", 0)},
+                           {"with", point.value("with", nlohmann::json::array())}});
+      keep_last(pairings_, kPairingsKept);
+    } else if (kind == "event") {
+      add_event(entry.rank, m, step, point.value("what", ""), point.value("time", now));
+    }
+  }
+  if (ended(status) && m.lost_incarnation == status.value("incarnation", 0)) {
+    // It was leaving, not lost: the membership holds a leaving member dead until it has finished.
+    m.lost_incarnation = -1;
+    timeline_.erase(std::remove_if(timeline_.begin(), timeline_.end(),
+                                   [&](const nlohmann::json& e) {
+                                     return e["rank"] == entry.rank && e["what"] == "lost";
+                                   }),
+                    timeline_.end());
+  }
+}
+
+void RunView::mark_lost(int rank, double now) {
+  const auto it = members_.find(rank);
+  if (it == members_.end() || ended(it->second.status)) return;
+  Member& m = it->second;
+  const int incarnation = m.status.value("incarnation", 0);
+  if (m.lost_incarnation >= incarnation) return;
+  m.lost_incarnation = incarnation;
+  add_event(rank, m, m.status.value("step", int64_t(0)), "lost", now);
+}
+
+std::vector<nlohmann::json> RunView::running() const {
+  std::vector<nlohmann::json> out;
+  for (const auto& [rank, m] : members_)
+    if (!ended(m.status) && m.lost_incarnation < m.status.value("incarnation", 0))
+      out.push_back({{"rank", rank},
+                     {"replica", m.status.value("replica", rank)},
+                     {"stage", m.status.value("stage", 0)},
+                     {"stages", m.status.value("stages", 1)}});
+  return out;
+}
+
+void RunView::store_gone(const std::string& why) { store_gone_ = why; }
+void RunView::store_back() { store_gone_.clear(); }
+
+nlohmann::json RunView::state(double now) const {
+  nlohmann::json members = nlohmann::json::array(), curves = nlohmann::json::object();
+  for (const auto& [rank, m] : members_) {
+    nlohmann::json row = m.status;
+    row["rank"] = rank;
+    if (m.lost_incarnation >= 0 && m.lost_incarnation >= m.status.value("incarnation", 0)) row["state"] = "lost";
+    row["heard_seconds_ago"] = std::max(0.0, now - m.heard);
+    members.push_back(std::move(row));
+    curves[std::to_string(rank)] = m.vals;
+  }
+  return {{"members", members},       {"curves", curves},
+          {"pairings", pairings_},    {"timeline", timeline_},
+          {"store", store_gone_.empty() ? "live" : store_gone_}, {"refused", refused_}};
+}
+
+}  // namespace noloco

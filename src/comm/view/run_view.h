@@ -1,0 +1,51 @@
+// What the live page shows of a run (issue 68), folded from the workers'
+// status entries (comm/view/status_board.h) and the membership's verdicts:
+// the members as a table, each replica's validation curve, the outer steps'
+// pairings and a timeline of starts, joins, hand-overs, leaves and losses.
+// A pure state machine: tests tick it with entries and clock readings.
+#pragma once
+#include <map>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "comm/view/status_board.h"
+
+namespace noloco {
+
+class RunView {
+ public:
+  // Seconds on the watcher's own clock: "heard N s ago" needs no agreement between machines.
+  void add(const StatusEntry& entry, double now);
+  // The run's membership holds member `rank` dead (its launcher saw it
+  // die, or its partners gave it up): lost, unless it left or finished.
+  void mark_lost(int rank, double now);
+  // The identities (rank, replica, stage, stages) of members that may still
+  // run: those whose membership is worth asking about.
+  std::vector<nlohmann::json> running() const;
+  // The store has gone (the run ended, or its host did): the page keeps
+  // what it has, and says so.
+  void store_gone(const std::string& why);
+  void store_back();
+  void set_refused(int64_t entries) { refused_ = entries; }
+  // The page's data: {"members", "curves", "pairings", "timeline", "store", "refused"}.
+  nlohmann::json state(double now) const;
+
+ private:
+  struct Member {
+    nlohmann::json status;
+    double heard = 0;
+    int lost_incarnation = -1;         // the incarnation found dead; -1: none
+    std::vector<nlohmann::json> vals;  // [step, loss, mean_loss or null, bytes]
+  };
+  void add_event(int rank, const Member& m, int64_t step, const std::string& what, double time);
+
+  std::map<int, Member> members_;
+  std::vector<nlohmann::json> pairings_;  // {outer_step, step, replica, stage, with}
+  std::vector<nlohmann::json> timeline_;  // {time, rank, replica, stage, step, what}
+  std::string store_gone_;
+  int64_t refused_ = 0;
+};
+
+}  // namespace noloco

@@ -1,0 +1,155 @@
+#include "comm/view/view_server.h"
+
+#include <sodium.h>
+
+#include <ctime>
+#include <stdexcept>
+
+#include <fmt/format.h>
+#include <httplib.h>
+#include <spdlog/spdlog.h>
+
+#include "comm/membership/membership.h"
+#include "comm/store/run_keys.h"
+#include "comm/view/view_assets.h"
+#include "util/error_text.h"
+
+namespace noloco {
+
+namespace {
+
+double unix_seconds() { return double(std::time(nullptr)); }
+
+// Sleeps `d` in short slices, returning early once `stopping` is set.
+void sleep_unless(const std::atomic<bool>& stopping, std::chrono::milliseconds d) {
+  const auto until = std::chrono::steady_clock::now() + d;
+  while (!stopping.load() && std::chrono::steady_clock::now() < until)
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+}
+
+const ViewAsset* asset_at(const std::string& path) {
+  for (const auto& a : view_assets())
+    if (path == a.path) return &a;
+  return nullptr;
+}
+
+}  // namespace
+
+std::string view_key(const std::string& token) {
+  const auto key = run_key(token, "live view");
+  std::string hex;
+  for (const uint8_t b : key) hex += fmt::format("{:02x}", b);
+  return hex;
+}
+
+RunWatch::RunWatch(std::function<StorePtr()> connect, std::string token, std::chrono::milliseconds poll)
+    : connect_(std::move(connect)), token_(std::move(token)), poll_(poll), thread_([this] { run(); }) {}
+
+RunWatch::~RunWatch() {
+  stopping_ = true;
+  thread_.join();
+}
+
+nlohmann::json RunWatch::state() const {
+  std::lock_guard lock(mutex_);
+  return view_.state(unix_seconds());
+}
+
+void RunWatch::run() {
+  StatusReader reader(token_);
+  StorePtr store;
+  auto membership_read = std::chrono::steady_clock::now();
+  while (!stopping_) {
+    try {
+      if (!store) {
+        store = connect_();
+        std::lock_guard lock(mutex_);
+        view_.store_back();
+      }
+      read_store(reader, store, membership_read);
+    } catch (const std::exception& e) {
+      // The page keeps what it has; a store that comes back (a restarted serve) is read on.
+      {
+        std::lock_guard lock(mutex_);
+        view_.store_gone(fmt::format(
+            "the run's store cannot be read: the run has ended, or the store's host is down; shown is what was read "
+            "until then ({})",
+            error_text(e)));
+      }
+      store.reset();
+      sleep_unless(stopping_, std::chrono::seconds(2));
+    }
+    sleep_unless(stopping_, poll_);
+  }
+}
+
+void RunWatch::read_store(StatusReader& reader, const StorePtr& store,
+                          std::chrono::steady_clock::time_point& membership_read) {
+  const auto scope = run_scope(store, token_, "status");
+  const auto entries = reader.poll(*scope);
+  if (!entries.empty()) found_ = true;
+  {
+    std::lock_guard lock(mutex_);
+    for (const auto& entry : entries) view_.add(entry, unix_seconds());
+    view_.set_refused(reader.refused());
+  }
+  if (std::chrono::steady_clock::now() - membership_read < std::chrono::seconds(1)) return;
+  membership_read = std::chrono::steady_clock::now();
+  std::vector<nlohmann::json> running;
+  {
+    std::lock_guard lock(mutex_);
+    running = view_.running();
+  }
+  for (const auto& m : running) {
+    const auto scope_name = replica_scope(m["stages"].get<int>(), m["stage"].get<int>());
+    if (member_state(store, token_, scope_name, m["replica"].get<int>()) != MemberState::dead) continue;
+    std::lock_guard lock(mutex_);
+    view_.mark_lost(m["rank"].get<int>(), unix_seconds());
+  }
+}
+
+ViewServer::ViewServer(const std::string& bind, int port, std::string key, std::function<nlohmann::json()> state)
+    : bind_(bind), key_(std::move(key)), server_(std::make_unique<httplib::Server>()) {
+  const auto allowed = [this](const httplib::Request& request) {
+    const auto given = request.get_param_value("key");
+    return given.size() == key_.size() && sodium_memcmp(given.data(), key_.data(), key_.size()) == 0;
+  };
+  const auto refuse = [](httplib::Response& response) {
+    response.status = 403;
+    response.set_content("refused: this page needs the key in the URL that noloco printed for the run\n",
+                         "text/plain");
+  };
+  server_->Get("/state.json", [allowed, refuse, state](const httplib::Request& request, httplib::Response& response) {
+    if (!allowed(request)) return refuse(response);
+    response.set_header("Cache-Control", "no-store");
+    response.set_content(state().dump(), "application/json");
+  });
+  // The page and the library hold nothing of the run; the page alone waits for the key, so that a wrong URL shows nothing.
+  server_->Get(R"(/[a-z.\-]*)", [allowed, refuse](const httplib::Request& request, httplib::Response& response) {
+    const ViewAsset* asset = asset_at(request.path);
+    if (!asset) {
+      response.status = 404;
+      return;
+    }
+    if (request.path == "/" && !allowed(request)) return refuse(response);
+    response.set_content(reinterpret_cast<const char*>(asset->data), asset->size, asset->type);
+  });
+  server_->new_task_queue = [] { return new httplib::ThreadPool(2); };
+  port_ = port == 0 ? server_->bind_to_any_port(bind) : (server_->bind_to_port(bind, port) ? port : -1);
+  if (port_ <= 0)
+    throw std::runtime_error(fmt::format("the live page cannot listen on {}:{} (in use, or not this machine's)", bind,
+                                         port));
+  thread_ = std::thread([this] { server_->listen_after_bind(); });
+}
+
+ViewServer::~ViewServer() {
+  server_->stop();
+  thread_.join();
+}
+
+std::string ViewServer::url() const {
+  const std::string host = bind_ == "0.0.0.0" ? "127.0.0.1" : bind_;
+  return fmt::format("http://{}:{}/?key={}", host, port_, key_);
+}
+
+}  // namespace noloco

@@ -1,0 +1,77 @@
+// The live page of a run (issue 68), for `noloco watch` and `noloco serve`.
+//
+// RunWatch reads the run's store on a thread of its own: the workers' status
+// entries (comm/view/status_board.h) every quarter second, whom the
+// membership holds dead every second, folded into a RunView. ViewServer
+// serves the page over HTTP: only to a request carrying the key derived from
+// the run's token (the URL printed carries it, so a script or a headless
+// browser opens it with no further input); anything else gets 403 and
+// nothing of the run.
+#pragma once
+#include <atomic>
+#include <chrono>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+
+#include <nlohmann/json.hpp>
+
+#include "comm/store/store.h"
+#include "comm/view/run_view.h"
+
+namespace httplib {
+class Server;
+}
+
+namespace noloco {
+
+// The key a page's URL carries: hex of a key derived from the token.
+std::string view_key(const std::string& token);
+
+class RunWatch {
+ public:
+  // `connect` reaches the run's store; it is called again after the store
+  // was lost (a store that went away may come back: a restarted serve).
+  RunWatch(std::function<StorePtr()> connect, std::string token,
+           std::chrono::milliseconds poll = std::chrono::milliseconds(250));
+  ~RunWatch();
+  RunWatch(const RunWatch&) = delete;
+  RunWatch& operator=(const RunWatch&) = delete;
+  nlohmann::json state() const;
+  // Whether some worker of the run has published under this token yet.
+  bool found_run() const { return found_.load(); }
+
+ private:
+  void run();
+  void read_store(StatusReader& reader, const StorePtr& store, std::chrono::steady_clock::time_point& membership_read);
+
+  const std::function<StorePtr()> connect_;
+  const std::string token_;
+  const std::chrono::milliseconds poll_;
+  mutable std::mutex mutex_;
+  RunView view_;  // under mutex_
+  std::atomic<bool> found_{false}, stopping_{false};
+  std::thread thread_;
+};
+
+class ViewServer {
+ public:
+  // Listens on bind:port (port 0: a free one) until destroyed; `state` gives the page's data.
+  ViewServer(const std::string& bind, int port, std::string key, std::function<nlohmann::json()> state);
+  ~ViewServer();
+  ViewServer(const ViewServer&) = delete;
+  ViewServer& operator=(const ViewServer&) = delete;
+  int port() const { return port_; }
+  // http://HOST:PORT/?key=KEY, HOST being the address bound (loopback's for 0.0.0.0).
+  std::string url() const;
+
+ private:
+  const std::string bind_, key_;
+  std::unique_ptr<httplib::Server> server_;
+  int port_ = 0;
+  std::thread thread_;
+};
+
+}  // namespace noloco

@@ -1,0 +1,337 @@
+// Issue 68: the run's live status, its page, and the page in a real browser.
+#include <regex>
+
+#include <fmt/format.h>
+#include <gtest/gtest.h>
+#include <torch/csrc/distributed/c10d/HashStore.hpp>
+
+#include "comm/transport/seal.h"
+#include "comm/view/run_view.h"
+#include "comm/view/status_board.h"
+#include "comm/view/view_server.h"
+#include "train/local_launch.h"
+#include "test_util.h"
+
+using noloco::RunView;
+using noloco::StatusEntry;
+
+namespace {
+
+using nlohmann::json;
+
+StatusEntry entry(int rank, json status, json points = json::array()) {
+  return {rank, 1, {{"status", std::move(status)}, {"points", std::move(points)}}};
+}
+
+json member_row(const json& state, int rank) {
+  for (const auto& m : state["members"])
+    if (m["rank"] == rank) return m;
+  return {};
+}
+
+std::vector<std::string> events_of(const json& state, int rank) {
+  std::vector<std::string> out;
+  for (const auto& e : state["timeline"])
+    if (e["rank"] == rank) out.push_back(e["what"]);
+  return out;
+}
+
+}  // namespace
+
+TEST(LiveStatus, RecordsFoldIntoTheStatusAndThePointsACurveKeeps) {
+  json status = {{"rank", 2}, {"replica", 2}};
+  std::vector<json> points;
+  noloco::fold_record(status, points,
+                      {{"split", "train"}, {"step", 40}, {"loss", 2.5}, {"tokens_per_s", 1000.0}, {"bytes_sent", 7},
+                       {"bytes_relayed", 3}, {"replica", 2}});
+  EXPECT_EQ(status["step"], 40);
+  EXPECT_EQ(status["loss"], 2.5);
+  EXPECT_EQ(status["bytes_relayed"], 3);
+  EXPECT_TRUE(points.empty()) << "a train record is the table's, not a curve's";
+  noloco::fold_record(status, points,
+                      {{"split", "val"}, {"step", 50}, {"loss", 2.25}, {"loss_mean_model", 2.125}, {"bytes_sent", 9}});
+  EXPECT_EQ(status["val_loss"], 2.25);
+  EXPECT_EQ(status["mean_loss"], 2.125);
+  noloco::fold_record(status, points,
+                      {{"split", "outer"}, {"step", 50}, {"outer_step", 9}, {"group", {2, 0}}, {"replica", 2}});
+  EXPECT_EQ(status["partner"], 0);
+  noloco::fold_record(status, points, {{"split", "join"}, {"step", 50}, {"donor", 1}});
+  ASSERT_EQ(points.size(), 3u);
+  EXPECT_EQ(points[0], json({{"kind", "val"}, {"step", 50}, {"loss", 2.25}, {"bytes", 9}, {"mean_loss", 2.125}}));
+  EXPECT_EQ(points[1]["with"], json({0}));
+  EXPECT_EQ(points[2]["what"], "joined (state from replica 1)");
+}
+
+// Through a store: every entry once, in order; another token's reader opens
+// nothing; an entry copied under another member's key fails to open.
+TEST(LiveStatus, AWatcherReadsEachEntryOnceAndNothingWithoutTheToken) {
+  const auto store = c10::make_intrusive<c10d::HashStore>();
+  {
+    noloco::StatusPublisher publisher(store, "token", {{"rank", 1}, {"replica", 1}}, std::chrono::milliseconds(0));
+    for (int step = 10; step <= 30; step += 10)
+      publisher.record({{"split", "val"}, {"step", step}, {"loss", 3.0 - step / 100.0}});
+    publisher.set_state("finished");
+  }
+  noloco::StatusReader reader("token");
+  const auto entries = reader.poll(*store);
+  ASSERT_FALSE(entries.empty());
+  std::vector<int64_t> steps;
+  for (const auto& e : entries) {
+    EXPECT_EQ(e.rank, 1);
+    for (const auto& p : e.body["points"])
+      if (p["kind"] == "val") steps.push_back(p["step"]);
+  }
+  EXPECT_EQ(steps, (std::vector<int64_t>{10, 20, 30}));
+  EXPECT_EQ(entries.back().body["status"]["state"], "finished");
+  EXPECT_TRUE(reader.poll(*store).empty()) << "nothing new: nothing read again";
+  EXPECT_EQ(reader.refused(), 0);
+
+  noloco::StatusReader stranger("another token");
+  EXPECT_TRUE(stranger.poll(*store).empty());
+  EXPECT_EQ(stranger.refused(), int64_t(entries.size()));
+
+  // Member 1's first entry, moved to member 2's place.
+  store->set("2/1", store->get("1/1"));
+  store->set("2/last", std::vector<uint8_t>{'1'});
+  store->set("members", std::vector<uint8_t>{'1', ',', '2', ','});
+  store->add("changes", 1);
+  EXPECT_TRUE(reader.poll(*store).empty());
+  EXPECT_EQ(reader.refused(), 1);
+}
+
+TEST(RunView, ALostMemberAJoinerAndALeaverEachShowAsSuch) {
+  RunView view;
+  for (int r = 0; r < 4; ++r)
+    view.add(entry(r, {{"rank", r}, {"replica", r}, {"state", "training"}, {"step", 10}, {"incarnation", 0}},
+                   json::array({json{{"kind", "val"}, {"step", 10}, {"loss", 3.0 + r}, {"bytes", 100}}})),
+             1000);
+  EXPECT_EQ(view.running().size(), 4u);
+  view.mark_lost(3, 1001);
+  view.mark_lost(3, 1002);  // once
+  // A leaving member is dead to the membership until it has finished: its "left" wins, and no loss is told.
+  view.mark_lost(2, 1001);
+  view.add(entry(2, {{"rank", 2}, {"replica", 2}, {"state", "left"}, {"step", 12}, {"incarnation", 0}}), 1003);
+  view.add(entry(4, {{"rank", 4}, {"replica", 4}, {"state", "training"}, {"step", 15}},
+                 json::array({json{{"kind", "event"}, {"step", 15}, {"what", "joined (state from replica 0)"},
+                                   {"time", 1003}}})),
+           1003);
+  // A point the lost member published before it died, read late, still counts.
+  view.add(entry(3, {{"rank", 3}, {"replica", 3}, {"state", "training"}, {"step", 11}, {"incarnation", 0}},
+                 json::array({json{{"kind", "val"}, {"step", 11}, {"loss", 2.5}, {"bytes", 110}}})),
+           1004);
+  auto state = view.state(1010);
+  EXPECT_EQ(member_row(state, 3)["state"], "lost");
+  EXPECT_EQ(member_row(state, 2)["state"], "left");
+  EXPECT_EQ(member_row(state, 4)["state"], "training");
+  EXPECT_EQ(member_row(state, 0)["heard_seconds_ago"], 10.0);
+  EXPECT_EQ(events_of(state, 3), std::vector<std::string>{"lost"});
+  EXPECT_TRUE(events_of(state, 2).empty());
+  EXPECT_EQ(events_of(state, 4), std::vector<std::string>{"joined (state from replica 0)"});
+  EXPECT_EQ(state["curves"]["3"].size(), 2u);
+  std::vector<int> running;
+  for (const auto& m : view.running()) running.push_back(m["rank"]);
+  EXPECT_EQ(running, (std::vector<int>{0, 1, 4}));
+  // Restarted, the member is back.
+  view.add(entry(3, {{"rank", 3}, {"replica", 3}, {"state", "training"}, {"step", 20}, {"incarnation", 1}}), 1020);
+  EXPECT_EQ(member_row(view.state(1020), 3)["state"], "training");
+}
+
+namespace {
+
+// An HTTP GET with curl: "STATUS BODY".
+std::string http_get(const std::string& url) {
+  return noloco::testing::run_command("curl -s -w ' %{http_code}' '" + url + "'", 20).output;
+}
+
+}  // namespace
+
+TEST(LivePage, ThePageAndItsDataAreForTheKeyAlone) {
+  const std::string key = noloco::view_key("token");
+  EXPECT_EQ(key.size(), 64u);
+  EXPECT_NE(key, noloco::view_key("another token"));
+  noloco::ViewServer server("127.0.0.1", 0, key, [] { return json{{"members", {{{"rank", 7}}}}}; });
+  const auto base = fmt::format("http://127.0.0.1:{}", server.port());
+  EXPECT_EQ(server.url(), base + "/?key=" + key);
+  const auto data = http_get(base + "/state.json?key=" + key);
+  EXPECT_NE(data.find("\"rank\":7"), std::string::npos) << data;
+  EXPECT_NE(http_get(server.url()).find("<title>noloco run</title>"), std::string::npos);
+  for (const auto& refused : {base + "/state.json", base + "/state.json?key=" + noloco::view_key("another token"),
+                              base + "/", base + "/?key=" + key.substr(0, 63)}) {
+    const auto answer = http_get(refused);
+    EXPECT_NE(answer.find("refused"), std::string::npos) << refused;
+    EXPECT_EQ(answer.substr(answer.size() - 3), "403") << refused;
+    EXPECT_EQ(answer.find("rank"), std::string::npos) << refused;
+  }
+  // The charting library goes with its licence (Debian's libjs-dygraphs, which scripts/setup.sh installs).
+  EXPECT_NE(http_get(base + "/dygraphs-copyright.txt").find("MIT"), std::string::npos);
+}
+
+namespace {
+
+// The page as headless Chromium renders it once its script has run: the DOM.
+std::string rendered(const std::string& url) {
+  const auto r = noloco::testing::run_command(
+      "chromium --headless --no-sandbox --disable-gpu --virtual-time-budget=2500 --dump-dom '" + url + "'", 60);
+  const auto start = r.output.find("<html"), end = r.output.rfind("</html>");
+  return start == std::string::npos || end == std::string::npos ? "" : r.output.substr(start, end + 7 - start);
+}
+
+struct Row {
+  int replica = -1;
+  std::string state;
+  int64_t step = 0;
+};
+
+// The members' table rows by rank (the page's data-* attributes).
+std::map<int, Row> table_of(const std::string& dom) {
+  std::map<int, Row> rows;
+  static const std::regex tr(R"re(<tr data-rank="(\d+)" data-replica="(\d+)" data-state="([a-z ]+)" data-step="(\d+)")re");
+  for (auto it = std::sregex_iterator(dom.begin(), dom.end(), tr); it != std::sregex_iterator(); ++it)
+    rows[std::stoi((*it)[1])] = {std::stoi((*it)[2]), (*it)[3], std::stoll((*it)[4])};
+  return rows;
+}
+
+// The table's cells of rank `rank`'s row, in order.
+std::vector<std::string> cells_of(const std::string& dom, int rank) {
+  const auto start = dom.find(fmt::format("<tr data-rank=\"{}\"", rank));
+  const auto row = dom.substr(start, dom.find("</tr>", start) - start);
+  static const std::regex td(R"re(<td[^>]*>([^<]*)</td>)re");
+  std::vector<std::string> cells;
+  for (auto it = std::sregex_iterator(row.begin(), row.end(), td); it != std::sregex_iterator(); ++it)
+    cells.push_back((*it)[1]);
+  return cells;
+}
+
+// The curves' points the page drew, by rank: [[step, loss to 4 digits], ...].
+json curves_of(const std::string& dom) {
+  static const std::regex points(R"re(data-curve-points="([^"]*)")re");
+  std::smatch m;
+  if (!std::regex_search(dom, m, points)) return json::object();
+  std::string text = m[1];
+  for (const auto& [from, to] : {std::pair<std::string, std::string>{"&quot;", "\""}, {"&amp;", "&"}})
+    for (size_t at; (at = text.find(from)) != std::string::npos;) text.replace(at, from.size(), to);
+  return json::parse(text);
+}
+
+std::string rounded(double x) { return fmt::format("{:.4f}", x); }
+
+bool has_chromium() { return noloco::testing::run_command("sh -c 'command -v chromium'", 10).exit_code == 0; }
+
+class LiveView : public noloco::testing::LaunchedRuns {
+ protected:
+  // The URL `noloco watch` printed into `out`, once it has.
+  std::string url_in(const std::string& out) {
+    for (int i = 0; i < 600; ++i) {
+      std::istringstream lines(std::filesystem::exists(out) ? noloco::testing::read_text(out) : "");
+      for (std::string line; std::getline(lines, line);)
+        if (line.rfind("http", 0) == 0) return line;
+      std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    }
+    return "";
+  }
+  // Renders the page until `done` holds of its DOM (up to `seconds`); the last DOM.
+  std::string render_until(const std::string& url, const std::function<bool(const std::string&)>& done, int seconds) {
+    std::string dom;
+    for (const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(seconds);
+         std::chrono::steady_clock::now() < deadline;) {
+      dom = rendered(url);
+      if (done(dom)) break;
+    }
+    return dom;
+  }
+};
+
+}  // namespace
+
+// Issue 68's acceptance run: four NoLoCo replicas, worker 3 killed at step
+// 330 (its heartbeat ends; the launcher declares it dead), a fifth joining
+// from `noloco join`, watched by `noloco watch RUN_DIR` in headless Chromium.
+TEST_F(LiveView, AFourReplicaRunWithAJoinAndAKillIsWatchedInChromium) {
+  if (!has_chromium()) GTEST_SKIP() << "no chromium (scripts/setup.sh installs Debian's)";
+  const auto run_dir = dir / "run";
+  noloco::testing::BackgroundCli run(
+      noloco::testing::small_train_args(dir / "c.txt", run_dir) +
+          " replicas=4 method=noloco steps=2500 outer_interval=5 eval_interval=50 log_interval=10 threads=1"
+          " inject_crash=3:330",
+      240);
+  for (int i = 0; i < 600 && !std::filesystem::exists(run_dir + "/join.json"); ++i)
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  ASSERT_TRUE(std::filesystem::exists(run_dir + "/join.json")) << "the run did not start";
+
+  // A wrong token is refused in one line; a right one prints the URL.
+  const auto stranger = noloco::testing::run_cli("watch " + run_dir + " wait=5", 60, "NOLOCO_RUN_TOKEN=not-the-token");
+  EXPECT_NE(stranger.exit_code, 0);
+  EXPECT_NE(stranger.output.find("cannot be read with this token"), std::string::npos) << stranger.output;
+  noloco::testing::BackgroundCli watch("watch " + run_dir + " > " + (dir / "watch.out"), 300);
+  const auto url = url_in(dir / "watch.out");
+  ASSERT_FALSE(url.empty()) << noloco::testing::read_text(dir / "watch.out");
+  noloco::testing::BackgroundCli joiner("join " + run_dir + " threads=1", 240);
+
+  // The joiner training and the killed one lost, in the table.
+  auto dom = render_until(
+      url,
+      [](const std::string& d) {
+        const auto rows = table_of(d);
+        return rows.count(3) && rows.at(3).state == "lost" && rows.count(4) && rows.at(4).state == "training";
+      },
+      150);
+  auto rows = table_of(dom);
+  ASSERT_EQ(rows.size(), 5u) << dom;
+  EXPECT_EQ(rows[3].state, "lost");
+  EXPECT_EQ(rows[4].state, "training");
+  EXPECT_NE(dom.find("joined (state from replica"), std::string::npos) << "the timeline names the join";
+  EXPECT_NE(dom.find("<tr data-what=\"lost\" data-replica=\"3\">"), std::string::npos) << "the timeline names the loss";
+  // Every live replica's step advances.
+  const auto before = rows;
+  dom = render_until(
+      url,
+      [&before](const std::string& d) {
+        const auto now = table_of(d);
+        for (const int r : {0, 1, 2, 4})
+          if (!now.count(r) || (now.at(r).step <= before.at(r).step && now.at(r).state == "training")) return false;
+        return true;
+      },
+      60);
+  for (const int r : {0, 1, 2, 4}) EXPECT_GT(table_of(dom)[r].step, before.at(r).step) << "replica " << r;
+  // Without the key the page shows nothing of the run.
+  const auto keyless = rendered(url.substr(0, url.find("?key=")));
+  EXPECT_NE(keyless.find("refused"), std::string::npos) << keyless;
+  EXPECT_EQ(keyless.find("data-rank"), std::string::npos);
+
+  EXPECT_EQ(run.wait().exit_code, noloco::kFinishedWithLosses) << run.wait().output;
+  EXPECT_EQ(joiner.wait().exit_code, 0) << joiner.wait().output;
+  // The run is over and its store gone; the page keeps what it read. Its
+  // curves and table against metrics.jsonl: every validation point, and
+  // each member's last step and losses, to 4 digits.
+  dom = rendered(url);
+  const auto curves = curves_of(dom);
+  std::map<int, std::vector<std::pair<int64_t, std::string>>> logged;
+  for (const auto& r : noloco::testing::metrics_records(run_dir, "val"))
+    logged[r["replica"].get<int>()].push_back({r["step"].get<int64_t>(), rounded(r["loss"].get<double>())});
+  ASSERT_EQ(logged.size(), 5u);
+  for (const auto& [replica, points] : logged) {
+    std::vector<std::pair<int64_t, std::string>> drawn;
+    for (const auto& p : curves.value(std::to_string(replica), json::array()))
+      drawn.push_back({p[0].get<int64_t>(), rounded(p[1].get<double>())});
+    EXPECT_EQ(drawn, points) << "replica " << replica;
+  }
+  std::map<int, json> last_train;
+  for (const auto& r : noloco::testing::metrics_records(run_dir, "train")) last_train[r["replica"].get<int>()] = r;
+  for (const int r : {0, 1, 2, 4}) {
+    const auto cells = cells_of(dom, r);
+    ASSERT_GE(cells.size(), 7u);
+    EXPECT_EQ(cells[3], "finished") << "replica " << r;
+    EXPECT_EQ(cells[4], std::to_string(last_train[r]["step"].get<int64_t>())) << "replica " << r;
+    EXPECT_EQ(cells[5], rounded(last_train[r]["loss"].get<double>())) << "replica " << r;
+    EXPECT_EQ(cells[6], logged[r].back().second) << "replica " << r;
+  }
+  // The screenshot, kept with the build's test artifacts.
+  const auto shot = std::filesystem::path(NOLOCO_BINARY).parent_path() / "test-artifacts" / "live_view.png";
+  std::filesystem::create_directories(shot.parent_path());
+  noloco::testing::run_command("chromium --headless --no-sandbox --disable-gpu --hide-scrollbars --window-size=1300,1500 "
+                               "--virtual-time-budget=2500 --screenshot=" + shot.string() + " '" + url + "'",
+                               60);
+  EXPECT_GT(std::filesystem::exists(shot) ? std::filesystem::file_size(shot) : 0, 10000u);
+  noloco::testing::run_command("pkill -TERM -f '^" NOLOCO_BINARY " watch " + run_dir + "$'", 10);
+  EXPECT_EQ(watch.wait().exit_code, 0) << watch.wait().output;
+}
