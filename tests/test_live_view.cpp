@@ -335,3 +335,44 @@ TEST_F(LiveView, AFourReplicaRunWithAJoinAndAKillIsWatchedInChromium) {
   noloco::testing::run_command("pkill -TERM -f '^" NOLOCO_BINARY " watch " + run_dir + "$'", 10);
   EXPECT_EQ(watch.wait().exit_code, 0) << watch.wait().output;
 }
+
+// `noloco serve` shows the run whose store it holds: two workers started the
+// torchrun way against it, read back from the page's data when they are done.
+TEST_F(LiveView, ServeShowsTheRunWhoseStoreItHolds) {
+  const int port = noloco::testing::free_port();
+  const std::string token = "NOLOCO_RUN_TOKEN=live-view-serve-test";
+  noloco::testing::BackgroundCli serve(
+      fmt::format("serve bind=127.0.0.1 port={} relay_port={} > {}", port, port + 1, dir / "serve.out"), 120, token);
+  const auto url = url_in(dir / "serve.out");
+  ASSERT_FALSE(url.empty()) << noloco::testing::read_text(dir / "serve.out");
+  std::string workers;
+  for (int rank = 0; rank < 2; ++rank)
+    workers += fmt::format("{} NOLOCO_STORE=https://127.0.0.1:{} RANK={} WORLD_SIZE=2 timeout -k 5 120 " NOLOCO_BINARY
+                           " {} method=noloco steps=60 outer_interval=5 eval_interval=20 threads=1 > {} 2>&1 &\n",
+                           token, port, rank,
+                           noloco::testing::small_train_args(dir / "c.txt", dir / fmt::format("w{}", rank)),
+                           dir / fmt::format("w{}.log", rank));
+  noloco::testing::write_text(dir / "workers.sh", workers + "wait\n");
+  const auto trained = noloco::testing::run_command("bash " + dir / "workers.sh", 150);
+  ASSERT_EQ(trained.exit_code, 0) << noloco::testing::read_text(dir / "w0.log");
+  json state;
+  for (int i = 0; i < 50; ++i) {  // the watcher reads the store every quarter second
+    const auto answer = http_get(url.substr(0, url.find("/?key=")) + "/state.json" + url.substr(url.find("?key=")));
+    state = json::parse(answer.substr(0, answer.rfind(' ')), nullptr, false);
+    if (!state.is_discarded() && state["members"].size() == 2 && member_row(state, 0)["state"] == "finished" &&
+        member_row(state, 1)["state"] == "finished")
+      break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  }
+  ASSERT_FALSE(state.is_discarded());
+  for (int rank = 0; rank < 2; ++rank) {
+    EXPECT_EQ(member_row(state, rank)["state"], "finished") << state.dump();
+    EXPECT_EQ(member_row(state, rank)["step"], 60);
+    const auto logged = noloco::testing::metrics_records(dir / fmt::format("w{}", rank), "val");
+    ASSERT_EQ(state["curves"][std::to_string(rank)].size(), logged.size()) << "rank " << rank;
+    EXPECT_EQ(state["curves"][std::to_string(rank)].back()[1].get<double>(), logged.back()["loss"].get<double>());
+  }
+  noloco::testing::run_command(fmt::format("pkill -TERM -f '^" NOLOCO_BINARY " serve bind=127.0.0.1 port={} '", port),
+                               10);
+  EXPECT_EQ(serve.wait().exit_code, 0) << serve.wait().output;
+}

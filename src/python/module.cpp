@@ -9,6 +9,7 @@
 // Python threads (a data loader) go on meanwhile.
 #include <torch/extension.h>
 
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -202,6 +203,14 @@ without it a joiner's optimizer starts afresh.)")
           "leave",
           [](UserLoopReplica& r) { return report(released(r, &UserLoopReplica::leave), true); },
           "Leaves the run now (noloco): what is in flight is applied, the partners stop waiting for this replica")
+      .def(
+          "report",
+          [](UserLoopReplica& r, std::optional<double> loss, std::optional<double> val_loss) {
+            r.report(loss.value_or(std::nan("")), val_loss.value_or(std::nan("")));
+          },
+          py::arg("loss") = py::none(), py::arg("val_loss") = py::none(),
+          "Shows this replica's training loss (the table) and validation loss (its curve) on the run's live page "
+          "(noloco watch, noloco serve), at the current inner step")
       .def("state_dict", &UserLoopReplica::state, "The outer state (slow weights, momentum, residuals) and step count")
       .def("load_state_dict", &UserLoopReplica::load_state, py::arg("state_dict"))
       .def("__enter__", [](UserLoopReplica& r) -> UserLoopReplica& { return r; }, py::return_value_policy::reference)

@@ -1,6 +1,7 @@
 #include "python/user_loop_replica.h"
 
 #include <algorithm>
+#include <cmath>
 #include <stdexcept>
 
 #include <fmt/format.h>
@@ -116,7 +117,32 @@ UserLoopReplica::UserLoopReplica(std::vector<std::pair<std::string, torch::Tenso
     first_step_ = inner_steps_ = rejoined_->step;
     spdlog::info("replica {} took replica {}'s state at step {} in {:.1f}s", env_.rank, rejoined_->donor,
                  rejoined_->step, rejoined_->seconds);
+    publish(rejoined_->joined ? "join" : "rejoin", {{"donor", rejoined_->donor}});
   }
+  if (worker_.info.status) worker_.info.status->set_state("training");
+}
+
+void UserLoopReplica::publish(const char* split, nlohmann::json fields) const {
+  if (!worker_.info.status) return;
+  const auto t = traffic();
+  fields.update({{"split", split},
+                 {"step", inner_steps_},
+                 {"replica", env_.rank},
+                 {"bytes_sent", t.bytes_sent},
+                 {"bytes_relayed", t.bytes_relayed},
+                 {"wait_seconds", t.wait_seconds}});
+  worker_.info.status->record(fields);
+}
+
+void UserLoopReplica::end_status(const char* state) const {
+  if (!worker_.info.status) return;
+  worker_.info.status->set_state(state);
+  worker_.info.status->flush();  // before the membership ends: the store may go then
+}
+
+void UserLoopReplica::report(double loss, double val_loss) {
+  if (!std::isnan(loss)) publish("train", {{"loss", loss}});
+  if (!std::isnan(val_loss)) publish("val", {{"loss", val_loss}});
 }
 
 UserLoopReplica::~UserLoopReplica() {
@@ -135,6 +161,7 @@ std::vector<UserOuterStep> UserLoopReplica::reported(std::vector<OuterSync> sync
       if (std::find(sync.arrived.begin(), sync.arrived.end(), member) == sync.arrived.end()) s.lost.push_back(member);
     ++outer_steps_;
     outer_bytes_ += sync.bytes;
+    publish("outer", {{"outer_step", sync.outer_step}, {"group", sync.group}});
     s.sync = std::move(sync);
     steps.push_back(std::move(s));
   }
@@ -164,6 +191,7 @@ std::vector<UserOuterStep> UserLoopReplica::finish() {
   if (finished_) return {};
   finished_ = true;
   auto steps = reported(outer_->finish(flat_));
+  end_status("finished");
   life_.end_membership("");  // a Python replica writes no summary
   finish_worker(worker_);
   return steps;
@@ -173,6 +201,7 @@ std::vector<UserOuterStep> UserLoopReplica::leave() {
   if (finished_) return {};
   finished_ = left_ = true;
   auto steps = reported(life_.leave());
+  end_status("left");
   life_.end_membership("");  // no summary to write first, as the CLI's workers have
   finish_worker(worker_);
   return steps;

@@ -73,6 +73,10 @@ class UserLoopReplica {
   // told not to wait for this replica.
   std::vector<UserOuterStep> leave();
 
+  // The user's losses at the current inner step, for the run's live page
+  // (comm/view/): a training loss for the table, a validation loss as a
+  // point of the replica's curve. NaN: not given.
+  void report(double loss, double val_loss);
   // Outer state (slow weights, momentum, residuals) and the inner-step count.
   TensorMap state() const;
   void load_state(const TensorMap& state);
@@ -95,6 +99,9 @@ class UserLoopReplica {
 
  private:
   std::vector<UserOuterStep> reported(std::vector<OuterSync> syncs);
+  // Hands the live status a record of this replica's, as the CLI's workers' telemetry does.
+  void publish(const char* split, nlohmann::json fields) const;
+  void end_status(const char* state) const;
 
   TrainConfig config_;
   WorkerEnv env_;

@@ -110,6 +110,7 @@ def fit_teacher(args, rank):
         inner.step()
         reports += outer_steps(opt.step())
         losses.append(loss.item())
+        opt.report(loss=loss.item(), val_loss=loss.item() if len(losses) % 50 == 0 else None)  # the live page's
     reports += outer_steps(opt.finish())
     return model, opt, losses, reports
 
