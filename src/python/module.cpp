@@ -134,6 +134,11 @@ py::object report(const std::vector<UserOuterStep>& steps, bool left) {
   return std::move(d);
 }
 
+// OuterOptimizer.report(loss=None, val_loss=None).
+void report_losses(UserLoopReplica& r, std::optional<double> loss, std::optional<double> val_loss) {
+  r.report(loss.value_or(std::nan("")), val_loss.value_or(std::nan("")));
+}
+
 // One of the replica's calls that may wait on the network, without the GIL.
 std::vector<UserOuterStep> released(UserLoopReplica& r, std::vector<UserOuterStep> (UserLoopReplica::*call)()) {
   py::gil_scoped_release released;
@@ -203,14 +208,9 @@ without it a joiner's optimizer starts afresh.)")
           "leave",
           [](UserLoopReplica& r) { return report(released(r, &UserLoopReplica::leave), true); },
           "Leaves the run now (noloco): what is in flight is applied, the partners stop waiting for this replica")
-      .def(
-          "report",
-          [](UserLoopReplica& r, std::optional<double> loss, std::optional<double> val_loss) {
-            r.report(loss.value_or(std::nan("")), val_loss.value_or(std::nan("")));
-          },
-          py::arg("loss") = py::none(), py::arg("val_loss") = py::none(),
-          "Shows this replica's training loss (the table) and validation loss (its curve) on the run's live page "
-          "(noloco watch, noloco serve), at the current inner step")
+      .def("report", &report_losses, py::arg("loss") = py::none(), py::arg("val_loss") = py::none(),
+           "Shows this replica's training loss (the table) and validation loss (its curve) on the run's live page "
+           "(noloco watch, noloco serve), at the current inner step")
       .def("state_dict", &UserLoopReplica::state, "The outer state (slow weights, momentum, residuals) and step count")
       .def("load_state_dict", &UserLoopReplica::load_state, py::arg("state_dict"))
       .def("__enter__", [](UserLoopReplica& r) -> UserLoopReplica& { return r; }, py::return_value_policy::reference)

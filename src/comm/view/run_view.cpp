@@ -6,8 +6,8 @@ namespace noloco {
 
 namespace {
 
-// The page draws the pairings of the last outer steps; the timeline is kept whole up to a bound.
-constexpr size_t kPairingsKept = 2000;
+// The page draws the pairings of the last 60 outer steps; the timeline is kept whole up to a bound.
+constexpr size_t kPairingsKept = 500;
 constexpr size_t kTimelineKept = 5000;
 
 bool ended(const nlohmann::json& status) {

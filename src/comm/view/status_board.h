@@ -107,6 +107,7 @@ class StatusReader {
  private:
   const std::unique_ptr<Seal> seal_;
   const std::string id_;  // this watcher's, in `watchers`
+  bool listed_ = false;
   int64_t changes_seen_ = -1;
   std::map<int, int64_t> read_up_to_;  // by rank
   int64_t refused_ = 0;

@@ -93,7 +93,7 @@ void RunWatch::read_store(StatusReader& reader, const StorePtr& store,
     for (const auto& entry : entries) view_.add(entry, unix_seconds());
     view_.set_refused(reader.refused());
   }
-  if (std::chrono::steady_clock::now() - membership_read < std::chrono::seconds(1)) return;
+  if (std::chrono::steady_clock::now() - membership_read < std::chrono::seconds(2)) return;
   membership_read = std::chrono::steady_clock::now();
   std::vector<nlohmann::json> running;
   {

@@ -2,7 +2,7 @@
 //
 // RunWatch reads the run's store on a thread of its own: the workers' status
 // entries (comm/view/status_board.h) every quarter second, whom the
-// membership holds dead every second, folded into a RunView. ViewServer
+// membership holds dead every two seconds, folded into a RunView. ViewServer
 // serves the page over HTTP: only to a request carrying the key derived from
 // the run's token (the URL printed carries it, so a script or a headless
 // browser opens it with no further input); anything else gets 403 and
