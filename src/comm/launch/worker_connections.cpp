@@ -16,6 +16,7 @@
 #include "comm/transport/gloo_admission.h"
 #include "comm/transport/nccl_collectives.h"
 #include "comm/transport/seal.h"
+#include "util/error_text.h"
 #include "util/process_stats.h"
 
 namespace noloco {
@@ -106,13 +107,18 @@ void open_configured_door(const WorkerEnv& env, const CommConfig& comm) {
 }  // namespace
 
 void outlast_store_users(const WorkerConnections& links) {
-  if (!links.hosted_store || !links.membership) return;
-  for (bool told = false;; told = true) {
+  if (!links.hosted_store) return;
+  for (bool told = false; links.membership; told = true) {
     const auto others = links.membership->still_training();
-    if (others.empty()) return;
+    if (others.empty()) break;
     if (!told)
       spdlog::info("waiting for {} to finish: this worker hosts the run's store", fmt::join(others, ", "));
     std::this_thread::sleep_for(std::chrono::seconds(1));
+  }
+  try {
+    if (links.hosted_status) let_watchers_catch_up(*links.hosted_status, std::chrono::seconds(2));
+  } catch (const std::exception& e) {
+    spdlog::debug("the run's watchers may miss its last status: {}", error_text(e));
   }
 }
 
@@ -143,6 +149,7 @@ WorkerConnections join_as_worker(const WorkerEnv& env, const CommConfig& comm, i
       links.hosted_store =
           std::make_unique<EtcdServer>(comm.bind, env.master_port, store_password(env.token), comm.seal ? &tls : nullptr);
       client.store_url = links.hosted_store->endpoint();
+      links.hosted_status = run_scope(connect_store(client, timeout), env.token, "status");
     } else {
       client.store_url = fmt::format("{}://{}:{}", comm.seal ? "https" : "http", env.master_addr, env.master_port);
     }

@@ -32,6 +32,9 @@ struct WorkerConnections {
   // The replica's own group, with several workers a replica; only its first
   // worker (member 0) has the membership and transport between replicas.
   std::unique_ptr<Transport> replica_group;
+  // Hosting the store: where the run's status goes, so that watchers read
+  // its last entries before the store goes (outlast_store_users).
+  StorePtr hosted_status;
   // The live status the replica's first worker publishes (comm.live_status);
   // last, so that it stops first, while the store is still up.
   std::unique_ptr<StatusPublisher> status;
@@ -45,7 +48,8 @@ WorkerConnections join_as_worker(const WorkerEnv& env, const CommConfig& comm, i
                                  int replica_workers = 1, const std::string& nccl_device = "");
 // Worker 0 hosting the run's store keeps it up until the other members of
 // its group have finished, died or gone silent: their last store calls (an
-// exchange still in flight, their finish) need it. Returns at once elsewhere.
+// exchange still in flight, their finish) need it; then until the run's
+// watchers have read its last status (2 s at most). Returns at once elsewhere.
 void outlast_store_users(const WorkerConnections& links);
 
 // Whether a replica's own group runs over NCCL: in a build that has it, where
