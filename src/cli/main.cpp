@@ -250,7 +250,7 @@ std::vector<Command> add_commands(CLI::App& app, Arguments& a) {
   watch->add_option("run", a.join_dir, "the run's directory on this machine, or its store's URL (NOLOCO_RUN_TOKEN set)")
       ->required();
   watch->add_option("options", a.options, "key=value: bind=127.0.0.1 port=0 (a free one) wait=60 (seconds for the "
-                                          "run's first status)");
+                                          "run's first status) token_file=RUN_DIR/run_token");
   commands.push_back({watch, [&a] { return watch_command(a.join_dir, a.options); }});
   commands.push_back(
       {app.add_subcommand("store-password", "the store's password for NOLOCO_RUN_TOKEN (for an etcd of your own)"),

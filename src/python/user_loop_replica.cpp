@@ -9,6 +9,7 @@
 #include "comm/launch/launcher.h"
 #include "comm/store/store.h"
 #include "config/worker_env.h"
+#include "train/run_summary.h"
 #include "train/worker_entry.h"
 #include "util/crc32c.h"
 #include "util/log.h"
@@ -58,10 +59,10 @@ WorkerEnv joiner_env(const UserLoopStart& start, const TrainConfig& config) {
           "join: NOLOCO_STORE is not set: name the run's store (tcp://host:port for torchrun's, the URL `noloco "
           "launch` gives), with WORLD_SIZE and NOLOCO_RUN_TOKEN; or give join=DIR (noloco launch --join-dir DIR)");
   } else {
-    const auto invitation = read_join_invitation(start.join_dir);
+    const auto invitation = read_join_invitation(start.join_dir, "join");
     env.store_url = invitation.store;
     env.world = invitation.workers;
-    env.token = joiner_token(start.join_dir + "/run_token");
+    env.token = joiner_token(start.join_dir + "/run_token", "join");
     env.agent_store = true;
   }
   pin_hosted_store_key(env);
@@ -124,13 +125,11 @@ UserLoopReplica::UserLoopReplica(std::vector<std::pair<std::string, torch::Tenso
 
 void UserLoopReplica::publish(const char* split, nlohmann::json fields) const {
   if (!worker_.info.status) return;
-  const auto t = traffic();
-  fields.update({{"split", split},
-                 {"step", inner_steps_},
-                 {"replica", env_.rank},
-                 {"bytes_sent", t.bytes_sent},
-                 {"bytes_relayed", t.bytes_relayed},
-                 {"wait_seconds", t.wait_seconds}});
+  fields.update({{"split", split}, {"step", inner_steps_}});
+  WorkerTraffic counted;
+  counted.replica = env_.rank;
+  counted.comm = traffic();
+  counted.add_to(fields);
   worker_.info.status->record(fields);
 }
 

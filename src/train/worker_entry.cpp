@@ -84,7 +84,7 @@ void await_replica_workers(const std::vector<pid_t>& others) {
 // with the key an https store it hosts must present.
 void take_token(WorkerEnv& env, const std::string& token_file) {
   if (!env.token.empty()) return;
-  env.token = joiner_token(token_file);
+  env.token = joiner_token(token_file, "join");
   pin_hosted_store_key(env);
 }
 
@@ -203,7 +203,7 @@ int join_command(const std::string& run_dir, const std::vector<std::string>& arg
   if (!store.empty()) {
     env.store_url = store;
   } else if (env.store_url.empty() && !env.agent_store) {
-    const auto invitation = read_join_invitation(run_dir);
+    const auto invitation = read_join_invitation(run_dir, "join");
     env.store_url = invitation.store;
     local_workers = invitation.workers + 1;
   }

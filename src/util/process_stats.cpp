@@ -3,6 +3,7 @@
 #include <sys/resource.h>
 #include <unistd.h>
 
+#include <chrono>
 #include <fstream>
 #include <sstream>
 #include <string>
@@ -32,6 +33,10 @@ double seconds_since_process_start() {
   if (field.empty() || field.find_first_not_of("0123456789") != std::string::npos) return 0;
   const double started = double(std::stoll(field)) / double(::sysconf(_SC_CLK_TCK));
   return now > started ? now - started : 0;
+}
+
+double unix_seconds() {
+  return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
 }
 
 std::string machine_name() {

@@ -48,10 +48,6 @@ std::string event_header(double wall_time, int64_t step) {
   return e;
 }
 
-double now_seconds() {
-  return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
-}
-
 }  // namespace
 
 uint32_t masked_crc32c(std::string_view data) {
@@ -61,11 +57,11 @@ uint32_t masked_crc32c(std::string_view data) {
 
 EventWriter::EventWriter(const std::string& dir, const std::string& suffix) {
   std::filesystem::create_directories(dir);
-  path_ = fmt::format("{}/events.out.tfevents.{}.{}.{}.{}", dir, int64_t(now_seconds()), machine_name(), ::getpid(),
+  path_ = fmt::format("{}/events.out.tfevents.{}.{}.{}.{}", dir, int64_t(unix_seconds()), machine_name(), ::getpid(),
                       suffix);
   file_ = std::fopen(path_.c_str(), "wb");
   if (!file_) throw std::runtime_error(fmt::format("cannot create '{}': {}", path_, std::strerror(errno)));
-  std::string first = event_header(now_seconds(), 0);
+  std::string first = event_header(unix_seconds(), 0);
   put_bytes_field(first, 3, "brain.Event:2");  // Event.file_version
   write_record(first);
   flush();
@@ -82,7 +78,7 @@ void EventWriter::scalar(const std::string& tag, int64_t step, double value) {
   put_fixed(summary_value, float(value));
   std::string summary;
   put_bytes_field(summary, 1, summary_value);  // Summary.value
-  std::string event = event_header(now_seconds(), step);
+  std::string event = event_header(unix_seconds(), step);
   put_bytes_field(event, 5, summary);  // Event.summary
   write_record(event);
 }

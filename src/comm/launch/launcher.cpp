@@ -462,30 +462,32 @@ class JoinInvitation {
 
 }  // namespace
 
-JoinInvitationFile read_join_invitation(const std::string& dir) {
+JoinInvitationFile read_join_invitation(const std::string& dir, const std::string& command) {
   const auto path = dir + "/join.json";
   if (!file_exists(path))
-    throw std::invalid_argument(
-        fmt::format("join: {} does not exist: no run is training from there on this machine; from elsewhere, name its store", path));
+    throw std::invalid_argument(fmt::format(
+        "{}: {} does not exist: no run is training from there on this machine; from elsewhere, name its store",
+        command, path));
   const auto j = nlohmann::json::parse(read_file(path), nullptr, false);
   if (!j.is_object() || !j.contains("store") || !j["store"].is_string() ||
       !j.value("local_workers", nlohmann::json()).is_number_integer() || j["local_workers"].get<int64_t>() < 1)
-    throw std::invalid_argument(fmt::format("join: {} is not a launcher's invitation (store, local_workers)", path));
+    throw std::invalid_argument(
+        fmt::format("{}: {} is not a launcher's invitation (store, local_workers)", command, path));
   return {j["store"].get<std::string>(), j["local_workers"].get<int>()};
 }
 
-std::string joiner_token(const std::string& token_file) {
+std::string joiner_token(const std::string& token_file, const std::string& command) {
   if (const char* given = std::getenv("NOLOCO_RUN_TOKEN"); given && *given) return given;
   struct stat st {};
   if (::stat(token_file.c_str(), &st) != 0)
-    throw std::invalid_argument(fmt::format(
-        "join: no token: set NOLOCO_RUN_TOKEN, or give token_file= ({} does not exist)", token_file));
+    throw std::invalid_argument(
+        fmt::format("{}: no token: set NOLOCO_RUN_TOKEN, or give token_file= ({} does not exist)", command, token_file));
   if ((st.st_mode & 077) != 0)
     throw std::invalid_argument(
-        fmt::format("join: {} can be read by others than its owner; chmod 600 it first", token_file));
+        fmt::format("{}: {} can be read by others than its owner; chmod 600 it first", command, token_file));
   auto token = read_file(token_file);
   while (!token.empty() && (token.back() == '\n' || token.back() == '\r')) token.pop_back();
-  if (token.empty()) throw std::invalid_argument(fmt::format("join: {} holds no token", token_file));
+  if (token.empty()) throw std::invalid_argument(fmt::format("{}: {} holds no token", command, token_file));
   return token;
 }
 

@@ -21,27 +21,20 @@ namespace noloco {
 namespace {
 
 struct WatchArgs {
+  std::string token_file;  // empty: RUN_DIR/run_token
   std::string bind = "127.0.0.1";
   int port = 0;
   double wait = 60;
 };
 
 // The store and the token of the run in RUN_DIR (its launcher's invitation), or at a store's URL.
-std::pair<std::string, std::string> run_of(const std::string& where) {
-  const char* given = std::getenv("NOLOCO_RUN_TOKEN");
-  const std::string token = given ? given : "";
-  if (!std::filesystem::is_directory(where)) {
-    if (token.empty()) throw std::invalid_argument("watch: set NOLOCO_RUN_TOKEN to the run's token");
-    return {where, token};
-  }
-  try {
-    const auto invitation = read_join_invitation(where);
-    return {invitation.store, token.empty() ? joiner_token(where + "/run_token") : token};
-  } catch (const std::invalid_argument& e) {
-    std::string why = e.what();
-    if (why.rfind("join: ", 0) == 0) why = why.substr(6);
-    throw std::invalid_argument("watch: " + why);
-  }
+std::pair<std::string, std::string> run_of(const std::string& where, const std::string& token_file) {
+  if (std::filesystem::is_directory(where))
+    return {read_join_invitation(where, "watch").store,
+            joiner_token(token_file.empty() ? where + "/run_token" : token_file, "watch")};
+  const char* token = std::getenv("NOLOCO_RUN_TOKEN");
+  if (!token || !*token) throw std::invalid_argument("watch: set NOLOCO_RUN_TOKEN to the run's token");
+  return {where, token};
 }
 
 }  // namespace
@@ -57,11 +50,12 @@ StorePtr connect_to_run_store(const std::string& url, const std::string& token, 
 int watch_command(const std::string& where, const std::vector<std::string>& args) {
   WatchArgs a;
   Options options("watch");
-  options.add("bind", a.bind, "the address the page listens on (loopback unless told otherwise)")
+  options.add("token_file", a.token_file, "where the token is when NOLOCO_RUN_TOKEN is unset (default: RUN_DIR/run_token)")
+      .add("bind", a.bind, "the address the page listens on (loopback unless told otherwise)")
       .add("port", a.port, "the page's port (0: a free one, printed)")
       .add("wait", a.wait, "seconds to wait for the run's first status before giving up");
   options.parse(args);
-  const auto [store, token] = run_of(where);
+  const auto [store, token] = run_of(where, a.token_file);
   stop_on_signal();
   try {
     connect_to_run_store(store, token, std::chrono::seconds(10));

@@ -149,7 +149,7 @@ WorkerConnections join_as_worker(const WorkerEnv& env, const CommConfig& comm, i
       links.hosted_store =
           std::make_unique<EtcdServer>(comm.bind, env.master_port, store_password(env.token), comm.seal ? &tls : nullptr);
       client.store_url = links.hosted_store->endpoint();
-      links.hosted_status = run_scope(connect_store(client, timeout), env.token, "status");
+      if (comm.live_status) links.hosted_status = run_scope(connect_store(client, timeout), env.token, "status");
     } else {
       client.store_url = fmt::format("{}://{}:{}", comm.seal ? "https" : "http", env.master_addr, env.master_port);
     }

@@ -119,6 +119,11 @@ std::string store_password(const std::string& token) {
   return hex(key.data(), 16);
 }
 
+std::string view_key(const std::string& token) {
+  const auto key = run_key(token, "live view");
+  return hex(key.data(), key.size());
+}
+
 StoreTlsKey store_tls_key(const std::string& token, const std::vector<std::string>& addresses) {
   const auto seed = run_key(token, "store tls key");
   std::array<uint8_t, crypto_sign_PUBLICKEYBYTES> pk{};

@@ -23,6 +23,8 @@ int64_t run_id_of(const std::string& token);
 // and the store's password (hex).
 std::string store_key_prefix(const std::string& token);
 std::string store_password(const std::string& token);
+// The key the live page's URL carries (comm/view/view_server.h), hex.
+std::string view_key(const std::string& token);
 
 // The TLS identity of a store that a worker hosts for the run: an Ed25519
 // key every worker derives from the token, so that the others pin its public

@@ -4,7 +4,6 @@
 #include <unistd.h>
 
 #include <algorithm>
-#include <ctime>
 #include <thread>
 
 #include <fmt/format.h>
@@ -21,8 +20,6 @@ namespace {
 
 // Seal contexts are words; this one tells status entries apart from every message kind.
 constexpr int64_t kStatusSealKind = 0x5354415455530001;  // "STATUS", 1
-
-double unix_seconds() { return double(std::time(nullptr)); }
 
 void copy_number(nlohmann::json& to, const nlohmann::json& from, const char* key, const char* as = nullptr) {
   const auto it = from.find(key);

@@ -2,7 +2,6 @@
 
 #include <sodium.h>
 
-#include <ctime>
 #include <stdexcept>
 
 #include <fmt/format.h>
@@ -13,12 +12,11 @@
 #include "comm/store/run_keys.h"
 #include "comm/view/view_assets.h"
 #include "util/error_text.h"
+#include "util/process_stats.h"
 
 namespace noloco {
 
 namespace {
-
-double unix_seconds() { return double(std::time(nullptr)); }
 
 // Sleeps `d` in short slices, returning early once `stopping` is set.
 void sleep_unless(const std::atomic<bool>& stopping, std::chrono::milliseconds d) {
@@ -34,13 +32,6 @@ const ViewAsset* asset_at(const std::string& path) {
 }
 
 }  // namespace
-
-std::string view_key(const std::string& token) {
-  const auto key = run_key(token, "live view");
-  std::string hex;
-  for (const uint8_t b : key) hex += fmt::format("{:02x}", b);
-  return hex;
-}
 
 RunWatch::RunWatch(std::function<StorePtr()> connect, std::string token, std::chrono::milliseconds poll)
     : connect_(std::move(connect)), token_(std::move(token)), poll_(poll), thread_([this] { run(); }) {}

@@ -18,6 +18,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "comm/store/run_keys.h"  // view_key: the key the URL carries
 #include "comm/store/store.h"
 #include "comm/view/run_view.h"
 
@@ -26,9 +27,6 @@ class Server;
 }
 
 namespace noloco {
-
-// The key a page's URL carries: hex of a key derived from the token.
-std::string view_key(const std::string& token);
 
 class RunWatch {
  public:
