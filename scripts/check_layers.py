@@ -17,7 +17,7 @@ import sys
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SRC = os.path.join(ROOT, "src")
 FLOORS = ["util", "wire", "config", "data", "model",
-          "comm/store", "comm/membership", "comm/transport", "comm/view", "comm/launch",
+          "comm/store", "comm/membership", "comm/link", "comm/transport", "comm/view", "comm/launch",
           "optim", "pipeline", "sim", "train", "python", "cli"]
 MAX_FUNCTION_LINES = 100
 TORCH_HEADER = re.compile(r'#include\s*<(torch|ATen|c10)/')

@@ -11,7 +11,11 @@
 # Environment: NLW_PREFIX (namespace and link names, default "nlw"; at most
 # 5 characters), NLW_SAME_LAN=1 (every home's machine is 10.0.0.2, as many
 # home routers hand out), NLW_UPLINK and NLW_DOWNLINK (tc rates, default
-# 20mbit and 100mbit; "off" for none).
+# 20mbit and 100mbit; "off" for none), NLW_NAT (the routers' NAT: "eim",
+# default, nftables masquerade, which keeps a connection's port where it can,
+# so a local port maps to one public port whatever the destination; or
+# "random", masquerade random, a new public port for every connection, as a
+# symmetric NAT: no hole can be punched through it).
 #
 # Namespaces: PREFIX-pub (the public host, 198.51.100.1; it also routes
 # between the routers' WAN addresses, as the internet does), PREFIX-rK (home
@@ -23,6 +27,11 @@ set -euo pipefail
 P=${NLW_PREFIX:-nlw}
 UP=${NLW_UPLINK:-20mbit}
 DOWN=${NLW_DOWNLINK:-100mbit}
+case "${NLW_NAT:-eim}" in
+  eim) MASQUERADE=masquerade ;;
+  random) MASQUERADE="masquerade random" ;;
+  *) echo "wan_testbed: NLW_NAT is eim or random, not '${NLW_NAT}'" >&2; exit 2 ;;
+esac
 PUBLIC=198.51.100.1
 
 down() {
@@ -66,7 +75,7 @@ home() {
   ip netns exec "$P-r$k" sysctl -qw net.ipv4.ip_forward=1
   ip netns exec "$P-r$k" nft -f - <<NFT
 table ip home {
-  chain postrouting { type nat hook postrouting priority 100; oifname "wan" masquerade; }
+  chain postrouting { type nat hook postrouting priority 100; oifname "wan" $MASQUERADE; }
   chain forward { type filter hook forward priority 0; policy drop; ct state established,related accept; iifname "lan" accept; }
   chain input { type filter hook input priority 0; policy drop; ct state established,related accept; iifname { "lan", "lo" } accept; }
 }

@@ -23,14 +23,16 @@
 #include "comm/store/etcd_server.h"
 #include "comm/store/run_keys.h"
 #include "comm/transport/gloo_admission.h"
-#include "comm/transport/relay.h"
+#include "comm/link/relay.h"
 #include "util/files.h"
 #include "test_util.h"
+#include "wan_testbed.h"
 
 using namespace noloco;
 using noloco::testing::metrics_records;
 
 using noloco::testing::run_command;
+using noloco::testing::WanTestbed;
 using Clock = std::chrono::steady_clock;
 
 namespace {
@@ -221,33 +223,6 @@ TEST(Relay, ReplayedProofsNoiseAndCutRequestsAreRefusedAndAMemberStillJoins) {
 }
 
 namespace {
-
-// The testbed of scripts/wan_testbed.sh, removed when the test ends (also on failure).
-class WanTestbed {
- public:
-  WanTestbed(int homes, const std::string& prefix, bool same_lan = true) : prefix_(prefix) {
-    const auto up = run_command(fmt::format(NOLOCO_SOURCE_DIR "/scripts/wan_testbed.sh up {}", homes), 60,
-                                fmt::format("NLW_PREFIX={} NLW_SAME_LAN={}", prefix, same_lan ? 1 : 0));
-    ok_ = up.exit_code == 0;
-    why_ = up.output;
-  }
-  ~WanTestbed() {
-    run_command(NOLOCO_SOURCE_DIR "/scripts/wan_testbed.sh down", 60, "NLW_PREFIX=" + prefix_);
-  }
-  bool ok() const { return ok_; }
-  const std::string& why() const { return why_; }
-  // Home `home`'s router forwards TCP `port` to its machine.
-  bool forward(int home, int port) const {
-    return run_command(fmt::format(NOLOCO_SOURCE_DIR "/scripts/wan_testbed.sh forward {} {}", home, port), 20,
-                       "NLW_PREFIX=" + prefix_)
-               .exit_code == 0;
-  }
-  std::string in(const std::string& host) const { return fmt::format("ip netns exec {}-{} ", prefix_, host); }
-
- private:
-  std::string prefix_, why_;
-  bool ok_ = false;
-};
 
 // Every wait in these tests is bounded well inside ctest's limit, so the
 // testbed is always removed.

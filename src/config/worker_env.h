@@ -22,7 +22,7 @@ struct WorkerEnv {
   std::string store_pin;
   // NOLOCO_RELAY: relays (host:port, comma-separated; `noloco serve` prints
   // it) that carry this worker's connections to peers it cannot reach
-  // directly or that cannot reach it (comm/transport/relay.h). Empty: direct only.
+  // directly or that cannot reach it (comm/link/relay.h). Empty: direct only.
   std::string relays;
   // NOLOCO_RESTARTED: how many times our launcher started this worker before
   // (0: its first start). A replica of several workers is restarted whole,

@@ -18,7 +18,7 @@
 #include "comm/store/etcd_server.h"
 #include "comm/store/run_keys.h"
 #include "comm/launch/watch.h"
-#include "comm/transport/relay.h"
+#include "comm/link/relay.h"
 #include "comm/view/view_server.h"
 #include "util/error_text.h"
 #include "util/human.h"

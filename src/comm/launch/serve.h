@@ -3,7 +3,7 @@
 // firewalls need nothing but what it prints. It hosts the run's store (etcd
 // over TLS with authentication, both derived from the run's token, as worker
 // 0's store is: nobody makes a certificate) and a relay
-// (comm/transport/relay.h), prints the environment a worker needs as
+// (comm/link/relay.h), prints the environment a worker needs as
 // `export NAME=VALUE` lines, and runs until SIGTERM or Ctrl-C.
 #pragma once
 #include <string>

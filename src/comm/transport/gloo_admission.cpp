@@ -1,5 +1,5 @@
 #include "comm/transport/gloo_admission.h"
-#include "comm/transport/socket_io.h"
+#include "comm/link/socket_io.h"
 
 #include <dlfcn.h>
 #include <fcntl.h>

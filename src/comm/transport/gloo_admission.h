@@ -40,7 +40,7 @@
 #include <utility>
 #include <vector>
 
-#include "comm/transport/relay.h"
+#include "comm/link/relay.h"
 
 namespace noloco {
 
@@ -93,7 +93,7 @@ class Admission {
 ListenerId listener_id(const sockaddr* address);
 
 // This process's Gloo pairs also go through these relays
-// (comm/transport/relay.h) where a direct connection fails: a listener
+// (comm/link/relay.h) where a direct connection fails: a listener
 // parks at each, a dialer that cannot reach it directly (within 2 s; an
 // address that failed so is relayed at once for a minute) asks them in turn.
 // None: direct only.

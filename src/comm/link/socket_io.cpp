@@ -1,5 +1,7 @@
-#include "comm/transport/socket_io.h"
+#include "comm/link/socket_io.h"
 
+#include <netinet/in.h>
+#include <netinet/tcp.h>
 #include <poll.h>
 #include <sys/socket.h>
 
@@ -47,6 +49,24 @@ bool read_exactly(int fd, uint8_t* out, size_t n, std::chrono::steady_clock::tim
     if (r > 0) got += size_t(r);
   }
   return true;
+}
+
+bool write_exactly(int fd, const uint8_t* data, size_t n, std::chrono::steady_clock::time_point deadline) {
+  for (size_t put = 0; put < n;) {
+    const auto w = ::send(fd, data + put, n - put, MSG_NOSIGNAL | MSG_DONTWAIT);
+    if (w > 0) {
+      put += size_t(w);
+      continue;
+    }
+    if (w < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR) return false;
+    if (!wait_for(fd, POLLOUT, deadline)) return false;
+  }
+  return true;
+}
+
+void set_nodelay(int fd) {
+  const int one = 1;
+  ::setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
 }
 
 }  // namespace noloco

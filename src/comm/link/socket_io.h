@@ -1,5 +1,5 @@
-// Bounded waits on sockets, for the hand-shakes in front of Gloo (admission,
-// the relay): each returns false with errno set (ETIMEDOUT at `deadline`).
+// Bounded waits on sockets, for links and their hand-shakes, the relay and
+// admission: each returns false with errno set (ETIMEDOUT at `deadline`).
 #pragma once
 #include <chrono>
 #include <cstddef>
@@ -13,5 +13,9 @@ bool wait_for(int fd, short events, std::chrono::steady_clock::time_point deadli
 bool wait_connected(int fd, std::chrono::steady_clock::time_point deadline);
 // Exactly `n` bytes from `fd` (blocking or not); EOF is ECONNRESET.
 bool read_exactly(int fd, uint8_t* out, size_t n, std::chrono::steady_clock::time_point deadline);
+// All `n` bytes to `fd` (blocking or not).
+bool write_exactly(int fd, const uint8_t* data, size_t n, std::chrono::steady_clock::time_point deadline);
+// Small messages leave at once (no Nagle delay).
+void set_nodelay(int fd);
 
 }  // namespace noloco

@@ -1,4 +1,4 @@
-#include "comm/transport/relay.h"
+#include "comm/link/relay.h"
 
 #include <arpa/inet.h>
 #include <fcntl.h>
@@ -18,7 +18,7 @@
 
 #include <fmt/format.h>
 
-#include "comm/transport/socket_io.h"
+#include "comm/link/socket_io.h"
 #include "util/parse_number.h"
 
 namespace noloco {
@@ -175,7 +175,8 @@ RelayServer::~RelayServer() {
 }
 
 RelayStats RelayServer::stats() const {
-  return {spliced_.load(), refused_.load(), carried_->bytes.load(), carried_->live.load(), parked_now_.load()};
+  return {spliced_.load(),        refused_.load(),    carried_->bytes.load(), carried_->live.load(),
+          parked_now_.load(), reflected_.load()};
 }
 
 void RelayServer::serve() {
@@ -254,10 +255,14 @@ void RelayServer::read_request(Connection& c) {
   const uint8_t op = c.request[0];
   std::copy(c.request.begin() + 1, c.request.begin() + 1 + long(c.id.size()), c.id.begin());
   const auto expected = relay_wire::request_proof(key_, op, c.id, c.challenge.data());
-  if ((op != relay_wire::kPark && op != relay_wire::kDial) ||
+  if ((op != relay_wire::kPark && op != relay_wire::kDial && op != relay_wire::kReflect) ||
       sodium_memcmp(expected.data(), c.request.data() + 1 + c.id.size(), expected.size()) != 0) {
     ++refused_;
     close_connection(c);
+    return;
+  }
+  if (op == relay_wire::kReflect) {
+    reflect(c);
     return;
   }
   const auto parked = parked_.find(c.id);
@@ -279,6 +284,20 @@ void RelayServer::read_request(Connection& c) {
   c.state = Connection::State::dialing;
   c.until = Clock::now() + kParkWait;
   if (parked != parked_.end()) splice(*parked->second, c);
+}
+
+void RelayServer::reflect(Connection& c) {
+  sockaddr_storage seen{};
+  socklen_t length = sizeof(seen);
+  std::array<uint8_t, relay_wire::kReflectionBytes> answer{};
+  if (::getpeername(c.fd, reinterpret_cast<sockaddr*>(&seen), &length) == 0 && seen.ss_family == AF_INET) {
+    const auto& in = reinterpret_cast<const sockaddr_in&>(seen);
+    std::memcpy(answer.data(), &in.sin_addr, 4);
+    std::memcpy(answer.data() + 4, &in.sin_port, 2);
+  }
+  (void)!::send(c.fd, answer.data(), answer.size(), MSG_NOSIGNAL);
+  ++reflected_;
+  close_connection(c);
 }
 
 void RelayServer::close_connection(Connection& c) {
@@ -308,33 +327,36 @@ void RelayServer::splice(Connection& listener, Connection& dialer) {
     carried->fds.insert(a);
     carried->fds.insert(b);
   }
-  ++carried->live;
-  std::thread([carried, a, b] {
+  carried->live += 1;
+  // Each direction on its own thread: a direction blocked on a slow uplink
+  // never holds back the other (one thread reading both ends in turn carried
+  // a pair's two directions one after the other).
+  auto pump = [carried](int from, int to) {
+    std::vector<uint8_t> buffer(1 << 18);
+    for (;;) {
+      const auto n = ::recv(from, buffer.data(), buffer.size(), 0);
+      if (n < 0 && errno == EINTR) continue;
+      if (n <= 0 || !send_all(to, buffer.data(), size_t(n))) break;
+      carried->bytes += n;
+    }
+    // One end went: the other sees its connection close.
+    ::shutdown(from, SHUT_RDWR);
+    ::shutdown(to, SHUT_RDWR);
+  };
+  std::thread([carried, a, b, pump] {
     set_blocking(a, true);
     set_blocking(b, true);
     const int one = 1;
     ::setsockopt(a, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
     ::setsockopt(b, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
-    std::vector<uint8_t> buffer(1 << 18);
-    for (bool open = true; open;) {
-      pollfd ends[2] = {{a, POLLIN, 0}, {b, POLLIN, 0}};
-      if (::poll(ends, 2, -1) < 0 && errno != EINTR) break;
-      for (int k = 0; k < 2 && open; ++k) {
-        if (!ends[k].revents) continue;
-        const auto n = ::recv(ends[k].fd, buffer.data(), buffer.size(), MSG_DONTWAIT);
-        if (n < 0 && (errno == EAGAIN || errno == EINTR)) continue;
-        open = n > 0 && send_all(ends[1 - k].fd, buffer.data(), size_t(n));
-        if (open) carried->bytes += n;
-      }
-    }
-    // One end went: the other sees its connection close, as Gloo's pairs do.
+    std::thread back(pump, b, a);
+    pump(a, b);
+    back.join();
     {
       std::lock_guard<std::mutex> lock(carried->mutex);
       carried->fds.erase(a);
       carried->fds.erase(b);
     }
-    ::shutdown(a, SHUT_RDWR);
-    ::shutdown(b, SHUT_RDWR);
     ::close(a);
     ::close(b);
     --carried->live;

@@ -1,19 +1,22 @@
 // A relay for workers that can only connect out (behind NAT routers and
-// firewalls, issue 66): both ends of a Gloo pair connect out to it, and it
-// splices the two connections into one byte stream. Gloo then runs over the
-// spliced stream as over a direct connection, so every method, the
-// pipeline's traffic and the hand-overs cross it unchanged.
+// firewalls, issue 66): both ends of a pair connect out to it, and it
+// splices the two connections into one byte stream, each direction on its
+// own thread so that both carry at once. Links (comm/link/link_endpoint.h)
+// and, for what still runs on Gloo, Gloo's pairs run over the spliced stream
+// as over a direct connection.
 //
 // The listening end of a pair parks a connection at the relay under the
-// pair's listener id (8 random bytes that travel inside the address Gloo
-// publishes, comm/transport/gloo_admission.h); the dialing end asks for that
-// id, and the relay joins the two. Only holders of the run's token use it:
-// each connection answers a fresh challenge with a MAC under a key from the
-// token before the relay does anything for it. The relay never reads what it
-// carries: the admission proof runs end to end through the splice, and every
-// payload is sealed (comm/transport/seal.h), so it can neither read nor forge
-// a message; the worst it can do is drop the connection, which Gloo sees as
-// a lost peer.
+// pair's id (8 bytes: for a link, a MAC of its two ends; for a Gloo pair,
+// the listener id inside the address Gloo publishes,
+// comm/transport/gloo_admission.h); the dialing end asks for that id, and
+// the relay joins the two. It also tells a connection the address it sees
+// it come from (kReflect), which is what a hole punch aims at. Only holders
+// of the run's token use it: each connection answers a fresh challenge with
+// a MAC under a key from the token before the relay does anything for it.
+// The relay never reads what it carries: the link's handshake runs end to
+// end through the splice, and every payload is sealed, so it can neither
+// read nor forge a message; the worst it can do is drop the connection,
+// which the ends see as a broken link.
 #pragma once
 #include <sys/socket.h>
 
@@ -39,6 +42,12 @@ constexpr size_t kProofBytes = 32;
 constexpr uint8_t kPark = 'P';    // a listener's connection, waiting for its dialer
 constexpr uint8_t kDial = 'D';    // a dialer's, asking for a listener
 constexpr uint8_t kJoined = 'J';  // sent to both once spliced
+// Asks where the relay sees the connection come from; the answer is
+// kReflectionBytes (IPv4 address and port, network order; zeros: not IPv4),
+// then the relay closes. A worker behind NAT learns the public address its
+// router gives its connections, which a hole punch aims at.
+constexpr uint8_t kReflect = 'W';
+constexpr size_t kReflectionBytes = 6;
 constexpr size_t kRequestBytes = 1 + sizeof(ListenerId) + kProofBytes;
 // The MAC a client sends after the relay's challenge: it binds the request
 // (park or dial, which listener) to this connection's challenge.
@@ -66,6 +75,7 @@ struct RelayStats {
   int64_t bytes = 0;     // carried, both directions
   int64_t live = 0;      // splices open now
   int64_t parked = 0;    // listeners (and workers watching it) waiting now
+  int64_t reflected = 0; // addresses told back to their connections
 };
 
 class RelayServer {
@@ -94,6 +104,7 @@ class RelayServer {
   void accept_all();
   void read_request(Connection& c);
   void splice(Connection& listener, Connection& dialer);
+  void reflect(Connection& c);
   void close_connection(Connection& c);
 
   const RelayKey key_;
@@ -102,7 +113,7 @@ class RelayServer {
   std::vector<std::unique_ptr<Connection>> connections_;  // serve()'s own
   std::map<ListenerId, Connection*> parked_;
   std::shared_ptr<Carried> carried_;
-  std::atomic<int64_t> refused_{0}, spliced_{0}, parked_now_{0};
+  std::atomic<int64_t> refused_{0}, spliced_{0}, parked_now_{0}, reflected_{0};
   std::thread thread_;
 };
 

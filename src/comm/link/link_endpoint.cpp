@@ -1,0 +1,468 @@
+#include "comm/link/link_endpoint.h"
+
+#include <arpa/inet.h>
+#include <fcntl.h>
+#include <poll.h>
+#include <sys/eventfd.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+
+#include <fmt/format.h>
+#include <spdlog/spdlog.h>
+
+#include "comm/link/socket_io.h"
+#include "util/parse_number.h"
+
+namespace noloco {
+
+namespace {
+
+std::string text_of(const sockaddr_storage& a) {
+  const auto& in = reinterpret_cast<const sockaddr_in&>(a);
+  char host[INET_ADDRSTRLEN] = {0};
+  ::inet_ntop(AF_INET, &in.sin_addr, host, sizeof(host));
+  return fmt::format("{}:{}", host, ntohs(in.sin_port));
+}
+
+// "ip:port" as an address; false if it is not one.
+bool address_of(const std::string& text, sockaddr_storage* out) {
+  const auto colon = text.rfind(':');
+  if (colon == std::string::npos) return false;
+  try {
+    const auto port = parse_integer("port", text.substr(colon + 1));
+    if (port <= 0 || port > 65535) return false;
+    *out = resolve_ipv4(text.substr(0, colon), int(port), "address");
+    return true;
+  } catch (const std::exception&) {
+    return false;
+  }
+}
+
+// A socket bound to `bind`:`port` that other sockets may share (the punching port).
+int shared_socket(const std::string& bind, int port) {
+  const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+  if (fd < 0) return -1;
+  const int one = 1;
+  ::setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
+  ::setsockopt(fd, SOL_SOCKET, SO_REUSEPORT, &one, sizeof(one));
+  auto at = resolve_ipv4(bind, port, "bind");
+  if (::bind(fd, reinterpret_cast<const sockaddr*>(&at), sizeof(sockaddr_in)) != 0) {
+    ::close(fd);
+    return -1;
+  }
+  return fd;
+}
+
+int local_port(int fd) {
+  sockaddr_storage a{};
+  socklen_t n = sizeof(a);
+  ::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &n);
+  return ntohs(reinterpret_cast<sockaddr_in&>(a).sin_port);
+}
+
+// A connection begun from `fd` to `to` (non-blocking); false if it failed at once.
+bool begin_connect(int fd, const sockaddr_storage& to) {
+  return ::connect(fd, reinterpret_cast<const sockaddr*>(&to), sizeof(sockaddr_in)) == 0 || errno == EINPROGRESS;
+}
+
+// 0: still connecting; 1: connected; -1: failed.
+int connect_state(int fd) {
+  pollfd p{fd, POLLOUT, 0};
+  if (::poll(&p, 1, 0) <= 0) return 0;
+  int error = 0;
+  socklen_t length = sizeof(error);
+  ::getsockopt(fd, SOL_SOCKET, SO_ERROR, &error, &length);
+  return error == 0 ? 1 : -1;
+}
+
+// Where the relay at `relay` sees a connection from local port `port` come from.
+std::string reflected(const sockaddr_storage& relay, const RelayKey& key, const std::string& bind, int port) {
+  const auto deadline = Clock::now() + std::chrono::seconds(3);
+  const int fd = shared_socket(bind, port);
+  if (fd < 0) return "";
+  std::array<uint8_t, relay_wire::kReflectionBytes> answer{};
+  const ListenerId none{};
+  std::array<uint8_t, relay_wire::kChallengeBytes> challenge{};
+  bool ok = begin_connect(fd, relay) && wait_connected(fd, deadline) &&
+            read_exactly(fd, challenge.data(), challenge.size(), deadline);
+  if (ok) {
+    std::array<uint8_t, relay_wire::kRequestBytes> request{};
+    request[0] = relay_wire::kReflect;
+    const auto mac = relay_wire::request_proof(key, relay_wire::kReflect, none, challenge.data());
+    std::copy(mac.begin(), mac.end(), request.begin() + 1 + none.size());
+    ok = write_exactly(fd, request.data(), request.size(), deadline) &&
+         read_exactly(fd, answer.data(), answer.size(), deadline);
+  }
+  ::close(fd);
+  if (!ok || std::all_of(answer.begin(), answer.end(), [](uint8_t b) { return b == 0; })) return "";
+  sockaddr_storage seen{};
+  auto& in = reinterpret_cast<sockaddr_in&>(seen);
+  in.sin_family = AF_INET;
+  std::memcpy(&in.sin_addr, answer.data(), 4);
+  std::memcpy(&in.sin_port, answer.data() + 4, 2);
+  return text_of(seen);
+}
+
+}  // namespace
+
+struct LinkEndpoint::Pending {
+  int fd;
+  Clock::time_point until;
+  AcceptHandshake handshake;
+};
+
+LinkEndpoint::LinkEndpoint(const LinkEndpointOptions& options, const LinkKey& link_key, const RelayKey& relay_key)
+    : options_(options), key_(link_key), relay_key_(relay_key) {
+  if (sodium_init() < 0) throw std::runtime_error("links: libsodium did not initialise");
+  for (const auto& r : options.relays) {
+    sockaddr_storage a{};
+    if (!address_of(r, &a)) throw std::invalid_argument(fmt::format("relay '{}' is not ip:port", r));
+    relays_.push_back(a);
+  }
+  listen_fd_ = ::socket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+  const int one = 1;
+  ::setsockopt(listen_fd_, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
+  const auto at = resolve_ipv4(options.bind, options.port, "bind");
+  if (::bind(listen_fd_, reinterpret_cast<const sockaddr*>(&at), sizeof(sockaddr_in)) != 0 ||
+      ::listen(listen_fd_, 256) != 0) {
+    const auto why = std::strerror(errno);
+    ::close(listen_fd_);
+    throw std::runtime_error(fmt::format("links: cannot listen on {}:{}: {}", options.bind, options.port, why));
+  }
+  port_ = local_port(listen_fd_);
+  addresses_.listen = fmt::format("{}:{}", options.bind, port_);
+  if (!options.advertise.empty()) {
+    const auto colon = options.advertise.rfind(':');
+    addresses_.listen = colon == std::string::npos ? fmt::format("{}:{}", options.advertise, port_) : options.advertise;
+    addresses_.reachable = true;
+  }
+  if (!relays_.empty()) {
+    const int punch = shared_socket(options.bind, 0);
+    if (punch >= 0) {
+      punch_port_ = local_port(punch);
+      ::close(punch);
+      for (const auto& relay : relays_)
+        if (!(addresses_.reflexive = reflected(relay, relay_key_, options.bind, punch_port_)).empty()) break;
+    }
+  }
+  wake_fd_ = ::eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+  thread_ = std::thread([this] { listen_loop(); });
+}
+
+LinkEndpoint::~LinkEndpoint() {
+  stopping_ = true;
+  (void)!::eventfd_write(wake_fd_, 1);
+  thread_.join();
+  ::close(listen_fd_);
+  ::close(wake_fd_);
+}
+
+LinkEndpoint::Counts LinkEndpoint::counts() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return counts_;
+}
+
+void LinkEndpoint::serve(const LinkEnd& end) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  served_.insert(end);
+}
+
+void LinkEndpoint::unserve(const LinkEnd& end) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  served_.erase(end);
+  for (auto it = inbox_.begin(); it != inbox_.end();) it = it->first.first == end ? inbox_.erase(it) : std::next(it);
+}
+
+bool LinkEndpoint::wanted(const Hello& hello) const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  if (hello.sealed != options_.sealed) return false;
+  return std::any_of(served_.begin(), served_.end(), [&](const LinkEnd& e) {
+    return e.rank == hello.acceptor_rank && e.incarnation == hello.acceptor_incarnation &&
+           scope_hash(e.scope) == hello.scope;
+  });
+}
+
+void LinkEndpoint::listen_loop() {
+  std::vector<std::unique_ptr<Pending>> pending;
+  auto refuse = [&](Pending& p) {
+    ::close(p.fd);
+    p.fd = -1;
+    std::lock_guard<std::mutex> lock(mutex_);
+    ++counts_.refused;
+  };
+  while (!stopping_) {
+    std::vector<pollfd> polled{{wake_fd_, POLLIN, 0}, {listen_fd_, POLLIN, 0}};
+    for (auto& p : pending) polled.push_back({p->fd, POLLIN, 0});
+    ::poll(polled.data(), polled.size(), 250);
+    if (stopping_) break;
+    const auto now = Clock::now();
+    for (size_t k = 0; k < pending.size(); ++k) {
+      auto& p = *pending[k];
+      if (!polled[k + 2].revents) {
+        if (now > p.until) refuse(p);
+        continue;
+      }
+      std::array<uint8_t, 128> buffer{};
+      const auto n = ::recv(p.fd, buffer.data(), std::min(buffer.size(), p.handshake.wants()), MSG_DONTWAIT);
+      if (n <= 0) {
+        if (n == 0 || (errno != EAGAIN && errno != EINTR)) refuse(p);
+        continue;
+      }
+      size_t used = 0;
+      switch (p.handshake.feed(buffer.data(), size_t(n), &used)) {
+        case AcceptHandshake::Step::more: break;
+        case AcceptHandshake::Step::answer:
+          if (!write_exactly(p.fd, p.handshake.answer().data(), p.handshake.answer().size(), now + std::chrono::seconds(1)))
+            refuse(p);
+          break;
+        case AcceptHandshake::Step::done:
+          deliver(p.handshake, p.fd, Route::direct, "");
+          p.fd = -1;
+          break;
+        case AcceptHandshake::Step::refused: refuse(p);
+      }
+    }
+    pending.erase(std::remove_if(pending.begin(), pending.end(), [](const auto& p) { return p->fd < 0; }), pending.end());
+    if (polled[1].revents)
+      for (int fd; (fd = ::accept4(listen_fd_, nullptr, nullptr, SOCK_NONBLOCK | SOCK_CLOEXEC)) >= 0;) {
+        if (pending.size() >= kMostStrangers) {
+          refuse(*pending.front());
+          pending.erase(pending.begin());
+        }
+        pending.push_back(std::make_unique<Pending>(
+            Pending{fd, Clock::now() + kProofWindow, AcceptHandshake(key_, [this](const Hello& h) { return wanted(h); })}));
+      }
+  }
+  for (auto& p : pending) ::close(p->fd);
+}
+
+void LinkEndpoint::deliver(const AcceptHandshake& handshake, int fd, Route route, const std::string& relay) {
+  const auto& h = handshake.hello();
+  std::lock_guard<std::mutex> lock(mutex_);
+  const auto self = std::find_if(served_.begin(), served_.end(), [&](const LinkEnd& e) {
+    return e.rank == h.acceptor_rank && e.incarnation == h.acceptor_incarnation && scope_hash(e.scope) == h.scope;
+  });
+  if (self == served_.end()) {
+    ::close(fd);
+    return;
+  }
+  const LinkEnd dialer{self->scope, h.dialer_rank, h.dialer_incarnation};
+  const auto keys = handshake.keys();
+  inbox_[{*self, dialer}] = std::make_shared<Link>(fd, route, *self, dialer, keys, h.sealed, relay);
+  ++counts_.accepted;
+  arrived_.notify_all();
+}
+
+LinkPtr LinkEndpoint::take(const LinkEnd& self, const LinkEnd& peer) {
+  std::unique_lock<std::mutex> lock(mutex_);
+  arrived_.wait_for(lock, std::chrono::milliseconds(50), [&] { return inbox_.count({self, peer}) > 0; });
+  const auto it = inbox_.find({self, peer});
+  if (it == inbox_.end()) return nullptr;
+  auto link = it->second;
+  inbox_.erase(it);
+  return link;
+}
+
+bool LinkEndpoint::dials(const LinkEnd& self, const LinkEnd& peer, const LinkAddresses& theirs) const {
+  if (theirs.reachable != addresses_.reachable) return theirs.reachable;
+  return std::make_pair(self.rank, self.incarnation) < std::make_pair(peer.rank, peer.incarnation);
+}
+
+ListenerId LinkEndpoint::pair_id(const LinkEnd& dialer, const LinkEnd& acceptor, const std::string& attempt) const {
+  const auto text = fmt::format("noloco link pair {}|{}|{}", dialer.name(), acceptor.name(), attempt);
+  ListenerId id{};
+  crypto_generichash(id.data(), id.size(), reinterpret_cast<const uint8_t*>(text.data()), text.size(), relay_key_.data(),
+                     relay_key_.size());
+  return id;
+}
+
+LinkPtr LinkEndpoint::open(const LinkEnd& self, const LinkEnd& peer, const LinkAddresses& theirs,
+                           const std::string& attempt, Clock::time_point deadline,
+                           const std::function<bool()>& abandon, std::string* problem) {
+  problem->clear();
+  return dials(self, peer, theirs) ? dial(self, peer, theirs, attempt, deadline, abandon, problem)
+                                   : await(self, peer, theirs, attempt, deadline, abandon, problem);
+}
+
+LinkPtr LinkEndpoint::dial(const LinkEnd& self, const LinkEnd& peer, const LinkAddresses& theirs,
+                           const std::string& attempt, Clock::time_point deadline,
+                           const std::function<bool()>& abandon, std::string* problem) {
+  const auto start = Clock::now();
+  const bool relayed = !relays_.empty();
+  const auto say = [&](const std::string& what) { *problem += (problem->empty() ? "" : "; ") + what; };
+  const auto stop = [&] { return Clock::now() >= deadline || (abandon && abandon()); };
+  sockaddr_storage to{};
+  if (address_of(theirs.listen, &to)) {
+    const auto until = relayed ? std::min(deadline, start + kDirectWindow) : deadline;
+    while (Clock::now() < until && !stop()) {
+      const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+      const auto attempt_until = std::min(until, Clock::now() + std::chrono::milliseconds(500));
+      if (begin_connect(fd, to) && wait_connected(fd, attempt_until)) {
+        std::string why;
+        if (auto link = dial_handshake(fd, key_, options_.sealed, self, peer, Route::direct, "", until, &why)) return link;
+        say(fmt::format("direct to {}: {}", theirs.listen, why));
+        break;  // a listener that is not the peer's (another home on the same LAN address)
+      }
+      const int error = errno;
+      ::close(fd);
+      if (error != ECONNREFUSED && error != ETIMEDOUT && error != EINPROGRESS) {
+        say(fmt::format("direct to {}: {}", theirs.listen, std::strerror(error)));
+        break;
+      }
+      std::this_thread::sleep_until(std::min(until, Clock::now() + std::chrono::milliseconds(100)));
+    }
+  }
+  sockaddr_storage hole{};
+  if (relayed && punch_port_ && !addresses_.reflexive.empty() && address_of(theirs.reflexive, &hole)) {
+    const auto until = std::min(deadline, start + kDirectWindow + kPunchWindow);
+    while (Clock::now() < until && !stop()) {
+      const int fd = shared_socket(options_.bind, punch_port_);
+      if (fd >= 0 && begin_connect(fd, hole)) {
+        int state = 0;
+        while (state == 0 && Clock::now() < until && !stop()) {
+          pollfd p{fd, POLLOUT, 0};
+          ::poll(&p, 1, 50);
+          state = connect_state(fd);
+        }
+        if (state == 1) {
+          std::string why;
+          if (auto link = dial_handshake(fd, key_, options_.sealed, self, peer, Route::punched, "", deadline, &why))
+            return link;
+          say("punched: " + why);
+          break;
+        }
+      }
+      if (fd >= 0) ::close(fd);
+      std::this_thread::sleep_until(std::min(until, Clock::now() + std::chrono::milliseconds(100)));
+    }
+    if (problem->find("punched") == std::string::npos) say(fmt::format("no hole punched to {}", theirs.reflexive));
+  }
+  const auto id = pair_id(self, peer, attempt);
+  for (size_t r = 0; r < relays_.size() && !stop(); ++r) {
+    const int fd = relay_request(relays_[r], relay_key_, relay_wire::kDial, id, deadline);
+    uint8_t joined = 0;
+    if (fd >= 0 && read_exactly(fd, &joined, 1, deadline) && joined == relay_wire::kJoined) {
+      std::string why;
+      if (auto link = dial_handshake(fd, key_, options_.sealed, self, peer, Route::relayed, text_of(relays_[r]),
+                                     deadline, &why))
+        return link;
+      say(fmt::format("through relay {}: {}", text_of(relays_[r]), why));
+      continue;
+    }
+    say(fmt::format("relay {}: {}", text_of(relays_[r]), fd < 0 ? std::strerror(errno) : "the peer never parked"));
+    if (fd >= 0) ::close(fd);
+  }
+  if (problem->empty()) say(stop() && Clock::now() < deadline ? "given up" : "no way to the peer in time");
+  return nullptr;
+}
+
+LinkPtr LinkEndpoint::accept_on(int fd, const LinkEnd& self, const LinkEnd& peer, Route route, const std::string& relay,
+                                Clock::time_point deadline, std::string* problem) {
+  AcceptHandshake handshake(key_, [&](const Hello& h) {
+    return h.sealed == options_.sealed && h.acceptor_rank == self.rank && h.acceptor_incarnation == self.incarnation &&
+           h.dialer_rank == peer.rank && h.dialer_incarnation == peer.incarnation && h.scope == scope_hash(self.scope);
+  });
+  for (;;) {
+    std::vector<uint8_t> buffer(handshake.wants());
+    if (!read_exactly(fd, buffer.data(), buffer.size(), deadline)) break;
+    size_t used = 0;
+    const auto step = handshake.feed(buffer.data(), buffer.size(), &used);
+    if (step == AcceptHandshake::Step::refused) break;
+    if (step == AcceptHandshake::Step::answer &&
+        !write_exactly(fd, handshake.answer().data(), handshake.answer().size(), deadline))
+      break;
+    if (step == AcceptHandshake::Step::done) {
+      const auto keys = handshake.keys();
+      return std::make_shared<Link>(fd, route, self, peer, keys, options_.sealed, relay);
+    }
+  }
+  *problem += fmt::format("{}{}: the handshake failed", problem->empty() ? "" : "; ", route_name(route));
+  ::close(fd);
+  return nullptr;
+}
+
+LinkPtr LinkEndpoint::await(const LinkEnd& self, const LinkEnd& peer, const LinkAddresses& theirs,
+                            const std::string& attempt, Clock::time_point deadline,
+                            const std::function<bool()>& abandon, std::string* problem) {
+  const auto start = Clock::now();
+  const bool relayed = !relays_.empty();
+  sockaddr_storage hole{};
+  const bool punching =
+      relayed && punch_port_ && !addresses_.reflexive.empty() && address_of(theirs.reflexive, &hole);
+  const auto punch_until = start + kDirectWindow + kPunchWindow;
+  int punch = -1;
+  std::vector<std::pair<int, size_t>> parks;  // fd, relay
+  bool parked = false;
+  auto close_all = [&] {
+    if (punch >= 0) ::close(punch);
+    for (auto& [fd, r] : parks) ::close(fd);
+    parks.clear();
+    punch = -1;
+  };
+  while (Clock::now() < deadline && !(abandon && abandon())) {
+    if (auto link = take(self, peer)) {
+      close_all();
+      return link;
+    }
+    const auto now = Clock::now();
+    if (punching && now < punch_until) {
+      if (punch < 0 && (punch = shared_socket(options_.bind, punch_port_)) >= 0 && !begin_connect(punch, hole)) {
+        ::close(punch);
+        punch = -1;
+      }
+      const int state = punch >= 0 ? connect_state(punch) : 0;
+      if (state == 1) {
+        const int fd = punch;
+        punch = -1;
+        if (auto link = accept_on(fd, self, peer, Route::punched, "", std::min(deadline, now + std::chrono::seconds(2)),
+                                  problem)) {
+          close_all();
+          return link;
+        }
+      } else if (state == -1) {
+        ::close(punch);
+        punch = -1;
+      }
+    } else if (punch >= 0) {
+      ::close(punch);
+      punch = -1;
+    }
+    if (relayed && !parked && (!punching || now >= punch_until)) {
+      parked = true;
+      const auto id = pair_id(peer, self, attempt);
+      for (size_t r = 0; r < relays_.size(); ++r) {
+        const int fd = relay_request(relays_[r], relay_key_, relay_wire::kPark, id, std::min(deadline, now + std::chrono::seconds(2)));
+        if (fd >= 0) parks.emplace_back(fd, r);
+      }
+    }
+    for (auto it = parks.begin(); it != parks.end();) {
+      pollfd p{it->first, POLLIN, 0};
+      uint8_t joined = 0;
+      if (::poll(&p, 1, 0) <= 0) {
+        ++it;
+        continue;
+      }
+      const int fd = it->first;
+      const size_t r = it->second;
+      it = parks.erase(it);
+      if (::recv(fd, &joined, 1, MSG_DONTWAIT) == 1 && joined == relay_wire::kJoined) {
+        if (auto link = accept_on(fd, self, peer, Route::relayed, text_of(relays_[r]), deadline, problem)) {
+          close_all();
+          return link;
+        }
+      } else {
+        ::close(fd);
+      }
+    }
+  }
+  close_all();
+  *problem += fmt::format("{}no link from {} in time{}", problem->empty() ? "" : "; ", peer.name(),
+                          abandon && abandon() ? " (given up)" : "");
+  return nullptr;
+}
+
+}  // namespace noloco

@@ -1,0 +1,266 @@
+// Issue 81: links between workers, ours: the handshake, sealed frames, both
+// directions at once, strangers, the three routes (direct, a punched hole,
+// a relay) on loopback, the link book over a store, and the routes that home
+// routers of each NAT kind allow (scripts/wan_testbed.sh: root only).
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <filesystem>
+#include <future>
+#include <thread>
+
+#include <fmt/format.h>
+#include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
+#include <torch/csrc/distributed/c10d/HashStore.hpp>
+
+#include "comm/link/link_book.h"
+#include "comm/store/run_keys.h"
+#include "test_util.h"
+#include "wan_testbed.h"
+
+using namespace noloco;
+using noloco::testing::run_command;
+using noloco::testing::WanTestbed;
+
+namespace {
+
+const LinkKey kKey = run_key("link-test", "link");
+const RelayKey kRelayKey = run_key("link-test", "relay");
+
+LinkEndpointOptions on_loopback(std::vector<std::string> relays = {}) {
+  LinkEndpointOptions o;
+  o.relays = std::move(relays);
+  return o;
+}
+
+// Both ends open at once (as two workers do after meeting); {dialer's, acceptor's}.
+std::pair<LinkPtr, LinkPtr> open_both(LinkEndpoint& a, LinkEndpoint& b, LinkAddresses a_seen, LinkAddresses b_seen,
+                                      std::string* problem, std::chrono::seconds within = std::chrono::seconds(20)) {
+  const LinkEnd ea{"test", 0, 0}, eb{"test", 1, 0};
+  a.serve(ea);
+  b.serve(eb);
+  const auto deadline = Clock::now() + within;
+  std::string other_problem;
+  auto from_b = std::async(std::launch::async, [&] { return b.open(eb, ea, a_seen, "0", deadline, nullptr, &other_problem); });
+  auto from_a = a.open(ea, eb, b_seen, "0", deadline, nullptr, problem);
+  auto other = from_b.get();
+  if (!other_problem.empty()) *problem += " | " + other_problem;
+  return {from_a, other};
+}
+
+// Both ends send `n` bytes at once and receive the other's; true if each got the other's bytes.
+bool trade(Link& a, Link& b, size_t n) {
+  std::vector<uint8_t> to_b(n), to_a(n), at_a(n), at_b(n);
+  for (size_t i = 0; i < n; ++i) to_b[i] = uint8_t(i * 7), to_a[i] = uint8_t(i * 13 + 1);
+  const auto deadline = Clock::now() + std::chrono::seconds(20);
+  auto sent_a = std::async(std::launch::async, [&] { return a.send({{to_b.data(), n / 3}, {to_b.data() + n / 3, n - n / 3}}, deadline); });
+  auto sent_b = std::async(std::launch::async, [&] { return b.send({{to_a.data(), n}}, deadline); });
+  auto got_b = std::async(std::launch::async, [&] { return b.receive(at_b.data(), n, deadline); });
+  const auto got_a = a.receive(at_a.data(), n, deadline);
+  return sent_a.get() && sent_b.get() && got_a == int64_t(n) && got_b.get() == int64_t(n) && at_a == to_a && at_b == to_b;
+}
+
+}  // namespace
+
+TEST(Links, TwoWorkersOpenOneSealedLinkAndTradeBothWaysAtOnce) {
+  LinkEndpoint a(on_loopback(), kKey, kRelayKey), b(on_loopback(), kKey, kRelayKey);
+  std::string problem;
+  const auto [da, db] = open_both(a, b, a.addresses(), b.addresses(), &problem);
+  ASSERT_TRUE(da && db) << problem;
+  EXPECT_EQ(da->route(), Route::direct);
+  EXPECT_EQ(da->id(), db->id()) << "both ends name the link alike";
+  EXPECT_TRUE(trade(*da, *db, 3 * Link::kMaxChunk + 5));  // several frames, the last one short
+  EXPECT_TRUE(trade(*da, *db, 0)) << "an empty message is a message";
+  EXPECT_GT(da->bytes_sent(), 3 * Link::kMaxChunk);
+  // A second link between the same ends is another link.
+  const auto [again, again_b] = open_both(a, b, a.addresses(), b.addresses(), &problem);
+  ASSERT_TRUE(again && again_b) << problem;
+  EXPECT_NE(again->id(), da->id());
+}
+
+TEST(Links, AWorkerWithAnotherTokenGetsNoLinkAndGivesNone) {
+  LinkEndpoint a(on_loopback(), kKey, kRelayKey), b(on_loopback(), run_key("another-run", "link"), kRelayKey);
+  std::string problem;
+  const auto [da, db] = open_both(a, b, a.addresses(), b.addresses(), &problem, std::chrono::seconds(3));
+  EXPECT_FALSE(da);
+  EXPECT_FALSE(db);
+  EXPECT_NE(problem.find("does not prove the run's token"), std::string::npos) << problem;
+}
+
+TEST(Links, AFrameChangedOnTheWayIsNeverDeliveredAndBreaksTheLink) {
+  LinkEndpoint a(on_loopback(), kKey, kRelayKey), b(on_loopback(), kKey, kRelayKey);
+  std::string problem;
+  const auto [da, db] = open_both(a, b, a.addresses(), b.addresses(), &problem);
+  ASSERT_TRUE(da && db) << problem;
+  std::vector<uint8_t> message(1000, 42), got(1000, 0);
+  da->corrupt_next_send();
+  ASSERT_TRUE(da->send({{message.data(), message.size()}}, Clock::now() + std::chrono::seconds(5)));
+  EXPECT_EQ(db->receive(got.data(), got.size(), Clock::now() + std::chrono::seconds(5)), -1);
+  EXPECT_NE(db->problem().find("failed authentication"), std::string::npos) << db->problem();
+  EXPECT_TRUE(db->broken());
+  EXPECT_EQ(std::count(got.begin(), got.end(), 42), 0) << "nothing of it reached the caller's buffer as valid";
+}
+
+TEST(Links, AMessageLargerThanExpectedBreaksTheLinkInsteadOfOverflowing) {
+  LinkEndpoint a(on_loopback(), kKey, kRelayKey), b(on_loopback(), kKey, kRelayKey);
+  std::string problem;
+  const auto [da, db] = open_both(a, b, a.addresses(), b.addresses(), &problem);
+  ASSERT_TRUE(da && db) << problem;
+  std::vector<uint8_t> message(4096, 1), got(1024);
+  ASSERT_TRUE(da->send({{message.data(), message.size()}}, Clock::now() + std::chrono::seconds(5)));
+  EXPECT_EQ(db->receive(got.data(), got.size(), Clock::now() + std::chrono::seconds(5)), -1);
+  EXPECT_NE(db->problem().find("larger than the 1024 bytes expected"), std::string::npos) << db->problem();
+}
+
+TEST(Links, AThousandIdleStrangersAndNoiseAtTheListenerKeepNoMemberOut) {
+  LinkEndpoint a(on_loopback(), kKey, kRelayKey), b(on_loopback(), kKey, kRelayKey);
+  sockaddr_in to{};
+  to.sin_family = AF_INET;
+  to.sin_port = htons(uint16_t(b.port()));
+  to.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  std::vector<int> strangers;
+  for (int i = 0; i < 1000; ++i) {
+    const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+    ASSERT_EQ(::connect(fd, reinterpret_cast<const sockaddr*>(&to), sizeof(to)), 0);
+    if (i % 100 == 0) {  // a hello's worth of noise
+      const std::vector<uint8_t> noise(link_wire::kHelloBytes, uint8_t(i));
+      (void)!::send(fd, noise.data(), noise.size(), MSG_NOSIGNAL);
+    }
+    strangers.push_back(fd);
+  }
+  const auto start = Clock::now();
+  std::string problem;
+  const auto [da, db] = open_both(a, b, a.addresses(), b.addresses(), &problem);
+  ASSERT_TRUE(da && db) << problem;
+  EXPECT_LT(std::chrono::duration<double>(Clock::now() - start).count(), 3.0);
+  EXPECT_TRUE(trade(*da, *db, 1 << 16));
+  EXPECT_GE(b.counts().refused, 10) << "the noisy strangers were refused";
+  for (int fd : strangers) ::close(fd);
+}
+
+// A peer whose listener cannot be reached (behind NAT) and through whose
+// router no hole goes: the relay splices the two ends, which it cannot read.
+// The relay also told each end where it sees it come from.
+TEST(Links, WithoutADirectWayOrAHoleThePairGoesThroughTheRelay) {
+  RelayServer relay("127.0.0.1", 0, kRelayKey);
+  const auto at = fmt::format("127.0.0.1:{}", relay.port());
+  LinkEndpoint a(on_loopback({at}), kKey, kRelayKey), b(on_loopback({at}), kKey, kRelayKey);
+  EXPECT_EQ(a.addresses().reflexive.rfind("127.0.0.1:", 0), 0u) << a.addresses().reflexive;
+  EXPECT_EQ(relay.stats().reflected, 2);
+  std::string problem;
+  const auto [da, db] = open_both(a, b, LinkAddresses{}, LinkAddresses{}, &problem);
+  ASSERT_TRUE(da && db) << problem;
+  EXPECT_EQ(da->route(), Route::relayed);
+  EXPECT_EQ(db->route(), Route::relayed);
+  EXPECT_EQ(da->relay(), at);
+  EXPECT_TRUE(trade(*da, *db, 1 << 20));
+  EXPECT_EQ(relay.stats().spliced, 1);
+  EXPECT_GE(relay.stats().bytes, 2 << 20);
+}
+
+// The book publishes where its member is reached and keeps the link while
+// both ends hold the same one: what the meeting before an exchange checks.
+TEST(Links, ABookReusesTheLinkBothEndsHoldAndOpensANewOneOtherwise) {
+  auto store = c10::make_intrusive<c10d::HashStore>();
+  auto ea = std::make_shared<LinkEndpoint>(on_loopback(), kKey, kRelayKey);
+  auto eb = std::make_shared<LinkEndpoint>(on_loopback(), kKey, kRelayKey);
+  LinkBook a(store, "link-test", {"replicas", 0, 0}, ea), b(store, "link-test", {"replicas", 1, 0}, eb);
+  const auto deadline = Clock::now() + std::chrono::seconds(10);
+  std::string pa, pb;
+  auto open = [&](int64_t a_theirs, int64_t b_theirs) {
+    auto lb = std::async(std::launch::async, [&] { return b.link_to(a.self(), b_theirs, "x", deadline, nullptr, &pb); });
+    auto la = a.link_to(b.self(), a_theirs, "x", deadline, nullptr, &pa);
+    return std::make_pair(la, lb.get());
+  };
+  const auto [la, lb] = open(0, 0);
+  ASSERT_TRUE(la && lb) << pa << " | " << pb;
+  EXPECT_EQ(a.held(b.self()), la->id());
+  EXPECT_EQ(b.held(a.self()), la->id());
+  // Both announce the same link: it is kept, no new one is opened.
+  const auto [same_a, same_b] = open(b.held(a.self()), a.held(b.self()));
+  EXPECT_EQ(same_a, la);
+  EXPECT_EQ(same_b, lb);
+  // One end lost its link (forgot it after a failure): both open a new one.
+  b.forget(a.self());
+  EXPECT_EQ(b.held(a.self()), 0);
+  const auto [new_a, new_b] = open(b.held(a.self()), a.held(b.self()));
+  ASSERT_TRUE(new_a && new_b) << pa << " | " << pb;
+  EXPECT_NE(new_a->id(), la->id());
+  EXPECT_EQ(new_a->id(), new_b->id());
+  EXPECT_TRUE(trade(*new_a, *new_b, 4096));
+}
+
+namespace {
+
+// Two homes on the same LAN address behind routers of NAT kind `nat`, a
+// relay on the public host; each home's link_probe opens its link to the
+// other and trades `mb` MB each way `rounds` times. The two ends' JSON lines.
+std::vector<nlohmann::json> probe_homes(const std::string& nat, double mb, int rounds) {
+  const WanTestbed bed(2, fmt::format("nk{}", ::getpid() % 1000), true, "NLW_UPLINK=off NLW_DOWNLINK=off NLW_NAT=" + nat);
+  EXPECT_TRUE(bed.ok()) << bed.why();
+  if (!bed.ok()) return {};
+  const auto dir = std::filesystem::temp_directory_path() / fmt::format("noloco_links_{}_{}", ::getpid(), nat);
+  std::filesystem::remove_all(dir);
+  std::filesystem::create_directories(dir);
+  const auto script = dir / "homes.sh";
+  noloco::testing::write_text(
+      script, fmt::format("{pub} {probe} relay 198.51.100.1 7700 > {dir}/relay.out 2>&1 &\nrelay=$!\nsleep 0.3\n"
+                          "{h1} {probe} end {dir} a b 0 10.0.0.2 198.51.100.1:7700 {mb} {rounds} > {dir}/a.out 2>&1 &\n"
+                          "{h2} {probe} end {dir} b a 1 10.0.0.2 198.51.100.1:7700 {mb} {rounds} > {dir}/b.out 2>&1 &\n"
+                          "wait %2 %3; kill -TERM $relay; wait $relay\n",
+                          fmt::arg("pub", bed.in("pub")), fmt::arg("h1", bed.in("h1")), fmt::arg("h2", bed.in("h2")),
+                          fmt::arg("probe", NOLOCO_LINK_PROBE), fmt::arg("dir", dir.string()), fmt::arg("mb", mb),
+                          fmt::arg("rounds", rounds)));
+  const auto ran = run_command(fmt::format("timeout -k 5 90 bash {}", script.string()), 100);
+  EXPECT_EQ(ran.exit_code, 0) << ran.output;
+  std::vector<nlohmann::json> ends;
+  for (const auto* name : {"a", "b"}) {
+    const auto text = noloco::testing::read_text(dir / fmt::format("{}.out", name));
+    try {
+      ends.push_back(nlohmann::json::parse(text));
+    } catch (const std::exception&) {
+      ADD_FAILURE() << name << ": " << text;
+    }
+  }
+  std::filesystem::remove_all(dir);
+  return ends;
+}
+
+}  // namespace
+
+class LinkRoutes : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    if (::geteuid() != 0) GTEST_SKIP() << "the testbed needs root (network namespaces)";
+    if (run_command("sh -c 'command -v nft && command -v tc && command -v ip'", 10).exit_code != 0)
+      GTEST_SKIP() << "the testbed needs ip, tc and nft (scripts/setup.sh installs them)";
+  }
+};
+
+// Routers that keep a connection's port (endpoint-independent mapping) and
+// drop what they were not asked for: the homes punch a hole and nothing
+// crosses the relay, though both machines have the same LAN address.
+TEST_F(LinkRoutes, HomesBehindEndpointIndependentNatPunchAHole) {
+  const auto ends = probe_homes("eim", 1, 2);
+  ASSERT_EQ(ends.size(), 2u);
+  for (const auto& e : ends) {
+    EXPECT_EQ(e.value("route", ""), "punched") << e.dump();
+    EXPECT_EQ(e.value("reflexive", "").rfind("100.64.", 0), 0u) << "the router's public address: " << e.dump();
+    EXPECT_EQ(e["seconds"].size(), 2u);
+  }
+}
+
+// Routers that map every connection to a new port (symmetric-like): no hole
+// opens, and the pair goes through the relay within its windows.
+TEST_F(LinkRoutes, HomesBehindSymmetricNatGoThroughTheRelay) {
+  const auto ends = probe_homes("random", 1, 2);
+  ASSERT_EQ(ends.size(), 2u);
+  for (const auto& e : ends) {
+    EXPECT_EQ(e.value("route", ""), "relayed") << e.dump();
+    EXPECT_EQ(e.value("relay", ""), "198.51.100.1:7700") << e.dump();
+    EXPECT_EQ(e["seconds"].size(), 2u);
+  }
+}
