@@ -254,13 +254,16 @@ TEST_F(LinkRoutes, HomesBehindEndpointIndependentNatPunchAHole) {
 }
 
 // Routers that map every connection to a new port (symmetric-like): no hole
-// opens, and the pair goes through the relay within its windows.
+// opens (each end aims at the port its router gave the connection to the
+// relay, which is not the one it gives the next), and the pair goes through
+// the relay within its windows.
 TEST_F(LinkRoutes, HomesBehindSymmetricNatGoThroughTheRelay) {
   const auto ends = probe_homes("random", 1, 2);
   ASSERT_EQ(ends.size(), 2u);
   for (const auto& e : ends) {
     EXPECT_EQ(e.value("route", ""), "relayed") << e.dump();
     EXPECT_EQ(e.value("relay", ""), "198.51.100.1:7700") << e.dump();
+    EXPECT_EQ(e.value("reflexive", "").rfind("100.64.", 0), 0u) << "the punch was tried: " << e.dump();
     EXPECT_EQ(e["seconds"].size(), 2u);
   }
 }

@@ -79,26 +79,30 @@ int connect_state(int fd) {
   return error == 0 ? 1 : -1;
 }
 
-// Where the relay at `relay` sees a connection from local port `port` come from.
-std::string reflected(const sockaddr_storage& relay, const RelayKey& key, const std::string& bind, int port) {
-  const auto deadline = Clock::now() + std::chrono::seconds(3);
-  const int fd = shared_socket(bind, port);
-  if (fd < 0) return "";
+// Where the relay at `relay` sees a connection from local port `port` come
+// from, asked until `deadline` (a relay starting with the run may not listen yet); "" if it never said.
+std::string reflected(const sockaddr_storage& relay, const RelayKey& key, const std::string& bind, int port,
+                      Clock::time_point deadline) {
   std::array<uint8_t, relay_wire::kReflectionBytes> answer{};
-  const ListenerId none{};
-  std::array<uint8_t, relay_wire::kChallengeBytes> challenge{};
-  bool ok = begin_connect(fd, relay) && wait_connected(fd, deadline) &&
-            read_exactly(fd, challenge.data(), challenge.size(), deadline);
-  if (ok) {
-    std::array<uint8_t, relay_wire::kRequestBytes> request{};
-    request[0] = relay_wire::kReflect;
-    const auto mac = relay_wire::request_proof(key, relay_wire::kReflect, none, challenge.data());
-    std::copy(mac.begin(), mac.end(), request.begin() + 1 + none.size());
-    ok = write_exactly(fd, request.data(), request.size(), deadline) &&
-         read_exactly(fd, answer.data(), answer.size(), deadline);
+  for (bool ok = false; !ok && Clock::now() < deadline;) {
+    const int fd = shared_socket(bind, port);
+    if (fd < 0) return "";
+    const ListenerId none{};
+    std::array<uint8_t, relay_wire::kChallengeBytes> challenge{};
+    ok = begin_connect(fd, relay) && wait_connected(fd, deadline) &&
+         read_exactly(fd, challenge.data(), challenge.size(), deadline);
+    if (ok) {
+      std::array<uint8_t, relay_wire::kRequestBytes> request{};
+      request[0] = relay_wire::kReflect;
+      const auto mac = relay_wire::request_proof(key, relay_wire::kReflect, none, challenge.data());
+      std::copy(mac.begin(), mac.end(), request.begin() + 1 + none.size());
+      ok = write_exactly(fd, request.data(), request.size(), deadline) &&
+           read_exactly(fd, answer.data(), answer.size(), deadline);
+    }
+    ::close(fd);
+    if (!ok) std::this_thread::sleep_until(std::min(deadline, Clock::now() + std::chrono::milliseconds(200)));
   }
-  ::close(fd);
-  if (!ok || std::all_of(answer.begin(), answer.end(), [](uint8_t b) { return b == 0; })) return "";
+  if (std::all_of(answer.begin(), answer.end(), [](uint8_t b) { return b == 0; })) return "";
   sockaddr_storage seen{};
   auto& in = reinterpret_cast<sockaddr_in&>(seen);
   in.sin_family = AF_INET;
@@ -146,7 +150,10 @@ LinkEndpoint::LinkEndpoint(const LinkEndpointOptions& options, const LinkKey& li
       punch_port_ = local_port(punch);
       ::close(punch);
       for (const auto& relay : relays_)
-        if (!(addresses_.reflexive = reflected(relay, relay_key_, options.bind, punch_port_)).empty()) break;
+        if (!(addresses_.reflexive = reflected(relay, relay_key_, options.bind, punch_port_,
+                                               Clock::now() + std::chrono::milliseconds(1500)))
+                 .empty())
+          break;
     }
   }
   wake_fd_ = ::eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
