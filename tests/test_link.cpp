@@ -234,9 +234,7 @@ std::vector<nlohmann::json> probe_homes(const std::string& nat, double mb, int r
 class LinkRoutes : public ::testing::Test {
  protected:
   void SetUp() override {
-    if (::geteuid() != 0) GTEST_SKIP() << "the testbed needs root (network namespaces)";
-    if (run_command("sh -c 'command -v nft && command -v tc && command -v ip'", 10).exit_code != 0)
-      GTEST_SKIP() << "the testbed needs ip, tc and nft (scripts/setup.sh installs them)";
+    if (const auto why = noloco::testing::why_no_testbed(); !why.empty()) GTEST_SKIP() << why;
   }
 };
 

@@ -1,6 +1,8 @@
 // The testbed of scripts/wan_testbed.sh (homes behind NAT routers, a public
 // host, in network namespaces), removed when the object goes (also on failure).
 #pragma once
+#include <unistd.h>
+
 #include <string>
 
 #include <fmt/format.h>
@@ -8,6 +10,14 @@
 #include "test_util.h"
 
 namespace noloco::testing {
+
+// Why the testbed cannot be built here ("" if it can): a test skips with it.
+inline std::string why_no_testbed() {
+  if (::geteuid() != 0) return "the testbed needs root (network namespaces)";
+  if (run_command("sh -c 'command -v nft && command -v tc && command -v ip'", 10).exit_code != 0)
+    return "the testbed needs ip, tc and nft (scripts/setup.sh installs them)";
+  return "";
+}
 
 class WanTestbed {
  public:
