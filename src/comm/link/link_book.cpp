@@ -24,10 +24,6 @@ LinkAddresses parse_record(const std::string& text) {
 
 }  // namespace
 
-void RouteBytes::add(Route route, uint64_t bytes) {
-  (route == Route::direct ? direct : route == Route::punched ? punched : relayed) += bytes;
-}
-
 LinkBook::LinkBook(StorePtr store, const std::string& token, LinkEnd self, std::shared_ptr<LinkEndpoint> endpoint)
     : book_(run_scope(store, token, "links/" + self.scope)), self_(std::move(self)), endpoint_(std::move(endpoint)) {
   endpoint_->serve(self_);
@@ -45,14 +41,6 @@ int64_t LinkBook::held(const LinkEnd& peer) const {
   std::lock_guard<std::mutex> lock(mutex_);
   const auto it = held_.find(peer);
   return it == held_.end() || it->second->broken() ? 0 : it->second->id();
-}
-
-bool LinkBook::route_to(const LinkEnd& peer, Route* route) const {
-  std::lock_guard<std::mutex> lock(mutex_);
-  const auto it = held_.find(peer);
-  if (it == held_.end()) return false;
-  *route = it->second->route();
-  return true;
 }
 
 void LinkBook::forget(const LinkEnd& peer) {

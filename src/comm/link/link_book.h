@@ -2,7 +2,7 @@
 // others: its addresses published in the run's store for them to find, and
 // the link held to each peer, reused while both ends hold the same one
 // (the link's id, which each end announces before an exchange) and opened
-// anew otherwise. Counts what crossed each route.
+// anew otherwise.
 #pragma once
 #include <map>
 #include <memory>
@@ -13,12 +13,6 @@
 #include "comm/store/store.h"
 
 namespace noloco {
-
-// Bytes sent, by the route they took.
-struct RouteBytes {
-  uint64_t direct = 0, punched = 0, relayed = 0;
-  void add(Route route, uint64_t bytes);
-};
 
 class LinkBook {
  public:
@@ -37,8 +31,6 @@ class LinkBook {
                   const std::function<bool()>& abandon, std::string* problem);
   // After a failure: the link is closed and never used again.
   void forget(const LinkEnd& peer);
-  // The route of the link held to `peer`, if one is.
-  bool route_to(const LinkEnd& peer, Route* route) const;
 
  private:
   LinkAddresses addresses_of(const LinkEnd& peer) const;
