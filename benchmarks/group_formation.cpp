@@ -1,6 +1,6 @@
 // What forming a 2-member Gloo group costs on the launcher's kind of store
-// (etcd), with admission and the check that every pair reaches a member (comm/transport/gloo_admission.h,
-// comm/transport/gloo_group.h: greetings and a store round) against Gloo's own formation alone.
+// (etcd), with the check that every pair reaches a member (comm/transport/gloo_group.h: greetings and a
+// store round) against Gloo's own formation alone.
 // Run: build/noloco_benchmarks --benchmark_filter=Form
 #include <benchmark/benchmark.h>
 

@@ -22,6 +22,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "comm/link/link.h"
 #include "comm/transport/seal.h"
 #include "etcd_cluster.h"
 #include "test_util.h"
@@ -130,12 +131,22 @@ TEST_F(Distributed, NoLoCoGroupsPartitionNoCollectivesModelSizedMessages) {
   EXPECT_EQ(summary["collectives"].get<int64_t>(), 0);
   const auto r0 = read_json(run_dir + "/summary_r0.json");
   const uint64_t fp32_model_bytes = 4 * r0["params"].get<uint64_t>();
-  // One model per outer step, its header, and the seal's nonce and tag.
-  EXPECT_EQ(r0["bytes_sent"].get<uint64_t>(), 4 * (MessageHeader::kBytes + Seal::kOverhead + fp32_model_bytes));
+  // One model per outer step and its header, each a sealed message on a
+  // link (comm/link/link.h), and a stream header on each link opened: one
+  // per partner, kept while both ends hold it.
+  std::set<int> partners;
+  for (auto& [step, by_replica] : groups)
+    for (int member : by_replica.at(0))
+      if (member != 0) partners.insert(member);
+  auto exchange_bytes = [](uint64_t payload) {
+    return Link::wire_bytes(MessageHeader::kBytes, true) + Link::wire_bytes(payload, true);
+  };
+  EXPECT_EQ(r0["bytes_sent"].get<uint64_t>(),
+            4 * exchange_bytes(fp32_model_bytes) + partners.size() * Link::kStreamHeaderBytes);
 
   const auto bf16 = run("bf16", "method=noloco replicas=2 batch=2 steps=6 outer_interval=3 wire_dtype=bf16");
   EXPECT_EQ(read_json(bf16 + "/summary_r1.json")["bytes_sent"].get<uint64_t>(),
-            2 * (MessageHeader::kBytes + Seal::kOverhead + fp32_model_bytes / 2));
+            2 * exchange_bytes(fp32_model_bytes / 2) + Link::kStreamHeaderBytes);
 }
 
 TEST_F(Distributed, MultiReplicaNoLoCoResumesBitIdentically) {

@@ -28,7 +28,6 @@
 #include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
 #include <torch/torch.h>
 
-#include "comm/transport/gloo_admission.h"
 #include "comm/transport/gloo_group.h"
 #include "comm/transport/seal.h"
 
@@ -157,9 +156,7 @@ struct Joined {
   double seconds = 0;
 };
 
-// Members of a run with `token`; with none, admission (comm/transport/gloo_admission.h)
-// is off and the greeting alone keeps strangers out, as with a LibTorch
-// whose Gloo is built in.
+// Members of a run with `token`: the greeting keeps strangers out.
 std::vector<Joined> join_all(const c10::intrusive_ptr<c10d::Store>& store, int world, const Seal* seal,
                              const std::string& token) {
   // As in every worker (src/cli/main.cpp): a write to a connection the other
@@ -214,134 +211,15 @@ void expect_a_working_group(const std::vector<Joined>& joined) {
   for (float s : sums) EXPECT_EQ(s, float(world * (world + 1) / 2));
 }
 
-// A process on the same machine that reads the socket table in a tight loop
-// and connects to every loopback port that starts listening, before the
-// member it is meant for can learn of it from the store (as
-// scripts/port_stranger.py --proc, here a thread). It spares other
-// processes' ports (tests running beside this one), which a real stranger
-// would not.
-class StrangerOnTheMachine {
- public:
-  StrangerOnTheMachine() : seen_(listening()), thread_([this] { watch(); }) {}
-  ~StrangerOnTheMachine() {
-    for (int fd : stop()) ::close(fd);
-  }
-  // The connections it made that a port accepted.
-  std::vector<int> stop() {
-    stop_ = true;
-    if (thread_.joinable()) thread_.join();
-    return std::exchange(held_, {});
-  }
-  // How many ports it reached so far (read while it watches).
-  int reached() const { return reached_.load(); }
-
- private:
-  // Loopback listening sockets: inode -> port.
-  static std::map<std::string, int> listening() {
-    std::map<std::string, int> sockets;
-    std::ifstream table("/proc/net/tcp");
-    std::string line;
-    std::getline(table, line);  // the header
-    while (std::getline(table, line)) {
-      std::istringstream fields(line);
-      std::string slot, local, remote, state, queues, timer, retransmits, uid, timeout, inode;
-      fields >> slot >> local >> remote >> state >> queues >> timer >> retransmits >> uid >> timeout >> inode;
-      if (state == "0A" && local.rfind("0100007F:", 0) == 0) sockets[inode] = std::stoi(local.substr(9), nullptr, 16);
-    }
-    return sockets;
-  }
-  static bool own_socket(const std::string& inode) {
-    const std::string name = "socket:[" + inode + "]";
-    for (const auto& fd : std::filesystem::directory_iterator("/proc/self/fd")) {
-      std::error_code error;
-      if (std::filesystem::read_symlink(fd.path(), error).string() == name) return true;
-    }
-    return false;
-  }
-  void watch() {
-    while (!stop_)
-      for (const auto& [inode, port] : listening()) {
-        if (!seen_.emplace(inode, port).second || !own_socket(inode)) continue;
-        sockaddr_in to{};
-        to.sin_family = AF_INET;
-        to.sin_port = htons(uint16_t(port));
-        to.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-        const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-        // Still listening after the connect, the socket took it: had it closed
-        // first, the port could have gone to another test's process in the
-        // parallel suite, and that connection is not this process's to answer.
-        if (::connect(fd, reinterpret_cast<const sockaddr*>(&to), sizeof(to)) == 0 && listening().count(inode))
-        {
-          held_.push_back(fd);
-          ++reached_;
-        } else
-          ::close(fd);
-      }
-  }
-
-  std::map<std::string, int> seen_;
-  std::vector<int> held_;
-  std::atomic<bool> stop_{false};
-  std::atomic<int> reached_{0};
-  std::thread thread_;
-};
-
 }  // namespace
 
-// With admission, a process on the same machine that connects to each
-// pair's port the instant it opens gets no pair: every group forms at its
-// first try, works, and the stranger's connections are closed. Before it, such a
-// stranger won the pair on most tries (issue 33, item 4: lost exchanges).
-TEST(GlooGroup, AdmissionGivesAStrangerOnTheSameMachineNoPair) {
-  if (!admission_available()) GTEST_SKIP() << "this LibTorch's Gloo is built in (no libgloo.so): no admission";
-  const Seal seal("gloo-group-test");
-  StrangerOnTheMachine stranger;
-  int formations = 0;
-  // At least ten formations, and more (up to sixty) until the stranger has
-  // won the race to some port: what it does then is what is tested.
-  for (; formations < 10 || (stranger.reached() == 0 && formations < 60);) {
-    const int world = 2 + formations % 2;
-    SCOPED_TRACE(::testing::Message() << "formation " << formations << ", world " << world);
-    const auto store = c10::make_intrusive<StrangerOnTheNetwork>(world, /*attacked_tries=*/0, Stranger::silent);
-    const auto joined = join_all(store, world, &seal, "gloo-group-test");
-    EXPECT_EQ(store->tries(), 1);
-    expect_a_working_group(joined);
-    ++formations;
-  }
-  const auto held = stranger.stop();
-  EXPECT_GT(held.size(), 0u) << "the stranger never reached a pair's port in " << formations << " formations";
-  for (int fd : held) {
-    EXPECT_TRUE(closed_by_the_member(fd)) << "a stranger's connection is still held";
-    ::close(fd);
-  }
-}
-
-// With admission, a stranger who knows each pair's port as soon as the
-// members do (it reads the store) and connects to it, silent or sending
-// garbage, on every try: the group forms at its first try and works.
-TEST(GlooGroup, AdmissionGivesAStrangerWhoReadsTheStoreNoPair) {
-  if (!admission_available()) GTEST_SKIP() << "this LibTorch's Gloo is built in (no libgloo.so): no admission";
-  const Seal seal("gloo-group-test");
-  for (const auto kind : {Stranger::silent, Stranger::garbage})
-    for (const int world : {2, 3}) {
-      SCOPED_TRACE(::testing::Message() << "world " << world << (kind == Stranger::garbage ? ", garbage" : ", silent"));
-      const auto store = c10::make_intrusive<StrangerOnTheNetwork>(world, kGroupAttempts, kind);
-      const auto joined = join_all(store, world, &seal, "gloo-group-test");
-      EXPECT_EQ(store->tries(), 1);
-      ASSERT_EQ(store->held().size(), 1u) << "the stranger never reached a pair's port";
-      EXPECT_TRUE(closed_by_the_member(store->held()[0])) << "the stranger's connection is still held";
-      expect_a_working_group(joined);
-    }
-}
-
-// Without admission (no token: the greeting alone, as with a LibTorch whose
-// Gloo is built in), a stranger takes a pair's connection on the first try: the members notice
+// A stranger takes a pair's connection on the first try: the members notice
 // within a bounded time (far under the 30-s timeout), drop the stranger's
 // connection and form the group again on fresh ports; the group then works.
 // With three members, tries are repeated until the attacked pair's member
 // would have stranded a third one waiting for its connection (Gloo's pair
 // ports make that so in 3 of 4 draws).
-TEST(GlooGroup, WithoutAdmissionAStrangerOnAPairsPortIsDroppedAndTheGroupFormsAgain) {
+TEST(GlooGroup, AStrangerOnAPairsPortIsDroppedAndTheGroupFormsAgain) {
   const Seal seal("gloo-group-test");
   struct Case {
     int world;
@@ -367,10 +245,10 @@ TEST(GlooGroup, WithoutAdmissionAStrangerOnAPairsPortIsDroppedAndTheGroupFormsAg
   EXPECT_TRUE(stranded) << "no draw of three members' ports stranded one (1 in 4^6 by chance)";
 }
 
-// Without admission, a stranger that wins every try: the members give up
+// A stranger that wins every try: the members give up
 // within a bounded time, all of them, with one line that says what may be
 // going on.
-TEST(GlooGroup, WithoutAdmissionAStrangerOnEveryTryEndsTheFormationInBoundedTime) {
+TEST(GlooGroup, AStrangerOnEveryTryEndsTheFormationInBoundedTime) {
   const auto store = c10::make_intrusive<StrangerOnTheNetwork>(2, kGroupAttempts, Stranger::silent);
   const auto joined = join_all(store, 2, nullptr, "");
   EXPECT_EQ(store->held().size(), size_t(kGroupAttempts));

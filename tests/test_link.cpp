@@ -70,7 +70,7 @@ TEST(Links, TwoWorkersOpenOneSealedLinkAndTradeBothWaysAtOnce) {
   std::string problem;
   const auto [da, db] = open_both(a, b, a.addresses(), b.addresses(), &problem);
   ASSERT_TRUE(da && db) << problem;
-  EXPECT_EQ(da->route(), Route::direct);
+  EXPECT_EQ(da->route(), LinkRoute::direct);
   EXPECT_EQ(da->id(), db->id()) << "both ends name the link alike";
   EXPECT_TRUE(trade(*da, *db, 3 * Link::kMaxChunk + 5));  // several frames, the last one short
   EXPECT_TRUE(trade(*da, *db, 0)) << "an empty message is a message";
@@ -153,8 +153,8 @@ TEST(Links, WithoutADirectWayOrAHoleThePairGoesThroughTheRelay) {
   std::string problem;
   const auto [da, db] = open_both(a, b, LinkAddresses{}, LinkAddresses{}, &problem);
   ASSERT_TRUE(da && db) << problem;
-  EXPECT_EQ(da->route(), Route::relayed);
-  EXPECT_EQ(db->route(), Route::relayed);
+  EXPECT_EQ(da->route(), LinkRoute::relayed);
+  EXPECT_EQ(db->route(), LinkRoute::relayed);
   EXPECT_EQ(da->relay(), at);
   EXPECT_TRUE(trade(*da, *db, 1 << 20));
   EXPECT_EQ(relay.stats().spliced, 1);

@@ -12,7 +12,8 @@
 
 #include "comm/store/abandonable_store.h"
 #include "comm/membership/membership.h"
-#include "comm/transport/gloo_transport.h"
+#include "comm/store/run_keys.h"
+#include "comm/transport/link_transport.h"
 #include "config/worker_env.h"
 #include "test_util.h"
 
@@ -65,16 +66,22 @@ StorePtr tcp_store(int port, bool server) {
   return c10::make_intrusive<c10d::TCPStore>("127.0.0.1", o);
 }
 
+// Where a test member's links start: loopback, sealed, with the test run's keys.
+std::shared_ptr<LinkEndpoint> loopback_endpoint() {
+  const auto token = env_of(0, 2).token;
+  return std::make_shared<LinkEndpoint>(LinkEndpointOptions{}, run_key(token, "link"), run_key(token, "relay"));
+}
+
 // Member 0 of 2 in a transport whose waits allow 30 s; member 1 never comes.
 struct LoneTransport {
   explicit LoneTransport(Liveness* liveness)
       : port(noloco::testing::free_port()),
         host(tcp_store(port, true)),
-        transport([this] { return tcp_store(port, false); }, env_of(0, 2), "replicas", Peer{0, 0}, 2, "127.0.0.1", 30s,
-                  nullptr, liveness) {}
+        transport([this] { return tcp_store(port, false); }, env_of(0, 2), "replicas", Peer{0, 0}, 2,
+                  loopback_endpoint(), 30s, liveness) {}
   int port;
   StorePtr host;
-  GlooTransport transport;
+  LinkTransport transport;
 };
 
 double seconds_since(std::chrono::steady_clock::time_point t) {
@@ -273,8 +280,8 @@ TEST(Liveness, AMessageOfAnotherSizeIsRefusedByBothAndAbortsNeither) {
   const int port = noloco::testing::free_port();
   const auto host = tcp_store(port, true);
   auto transport_of = [&](int rank) {
-    return std::make_unique<GlooTransport>([port] { return tcp_store(port, false); }, env_of(rank, 2), "replicas",
-                                           Peer{rank, 0}, 2, "127.0.0.1", 30s, nullptr, &liveness[rank]);
+    return std::make_unique<LinkTransport>([port] { return tcp_store(port, false); }, env_of(rank, 2), "replicas",
+                                           Peer{rank, 0}, 2, loopback_endpoint(), 30s, &liveness[rank]);
   };
   auto request_of = [](int64_t bytes) {
     ExchangeRequest request;

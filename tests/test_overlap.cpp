@@ -8,7 +8,8 @@
 
 #include <fmt/format.h>
 
-#include "comm/transport/seal.h"
+#include "comm/link/link.h"
+#include "wire/message.h"
 #include "test_util.h"
 #include "train/checkpoint.h"
 #include "util/files.h"
@@ -64,15 +65,17 @@ TEST_F(Overlap, DiLoCoAppliesEachFragmentsExchangeOnceAndOnePeriodLate) {
   const std::vector<std::tuple<int64_t, int, int64_t>> want{{6, 0, 0}, {8, 1, 0}, {8, 0, 1}, {8, 1, 1}};
   ASSERT_EQ(applied.size(), 2u);
   for (auto& [replica, got] : applied) EXPECT_EQ(got, want) << "replica " << replica;
-  // Fragments of 2 replicas' Δ in fp32 through one sealed all-reduce each (a
-  // reduce-scatter and an all-gather, one message each way): the bytes of all
-  // four exchanges add up to twice the model, and 8 seals' nonces and tags.
+  // Fragments of 2 replicas' Δ in fp32 through one all-reduce each over a
+  // sealed link (a reduce-scatter and an all-gather, one message each way):
+  // the bytes of all four exchanges add up to twice the model, and 8
+  // messages' headers and frames, and the link's stream header once.
   const auto summary = read_json(out + "/summary_r0.json");
   const auto params = summary["params"].get<int64_t>();
   uint64_t bytes = 0;
   for (auto& rec : metrics_records(out, "outer"))
     if (rec["replica"] == 0) bytes += rec["bytes"].get<uint64_t>();
-  EXPECT_EQ(bytes, uint64_t(2 * 4 * params) + 4 * 2 * Seal::kOverhead);
+  const uint64_t framing = Link::wire_bytes(MessageHeader::kBytes, true) + Link::wire_bytes(0, true);
+  EXPECT_EQ(bytes, uint64_t(2 * 4 * params) + 4 * 2 * framing + Link::kStreamHeaderBytes);
 }
 
 // A worker killed mid-run rejoins from a live replica whose state includes an

@@ -15,6 +15,7 @@
 
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
 
+#include "comm/store/run_keys.h"
 #include "comm/transport/peer_link.h"
 #include "comm/transport/seal.h"
 #include "model/llama.h"
@@ -244,8 +245,9 @@ struct StageDoor {
   StageDoor(const StorePtr& store, const WorkerEnv& env, std::chrono::milliseconds timeout,
             const ActivationCodecs& codecs = {}, std::shared_ptr<const ResidualSubspace> subspace = nullptr)
       : rosters(store, env.token, 2, env.world / 2, timeout),
-        link("pipeline worker", store, env, {env.rank, 0}, "127.0.0.1", timeout,
-             std::make_shared<const Seal>(env.token), rosters),
+        link("pipeline worker", connect_store(env, timeout), env, {env.rank, 0},
+             std::make_shared<LinkEndpoint>(LinkEndpointOptions{}, run_key(env.token, "link"), run_key(env.token, "relay")),
+             timeout, rosters),
         channel(rosters, link, 2, codecs, std::move(subspace)) {}
   PipelineRoster rosters;
   PeerLink link;

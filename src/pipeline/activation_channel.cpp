@@ -123,7 +123,7 @@ void ActivationChannel::send(int peer, const ActivationHeader& header, const std
   const bool evaluation = header.kind == MessageKind::evaluation;
   if (!link_.send(peer, announced, std::move(payload))) return;
   (evaluation ? stats_.evaluation_bytes_sent : stats_.bytes_sent) += uint64_t(announced.bytes);
-  if (!evaluation && link_.relayed(peer)) stats_.bytes_relayed += uint64_t(announced.bytes);
+
   if (!evaluation) stats_.messages += 1;
 }
 
@@ -204,6 +204,9 @@ bool ActivationChannel::decode(int peer, const ActivationHeader& expected, const
 PipelineStats ActivationChannel::stats() const {
   auto s = stats_;
   s.peers_lost = link_.peers_lost();
+  const auto routed = link_.routed();
+  s.bytes_relayed = routed.relayed;
+  s.bytes_punched = routed.punched;
   return s;
 }
 

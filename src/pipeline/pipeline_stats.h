@@ -9,6 +9,7 @@ namespace noloco {
 struct PipelineStats {
   uint64_t bytes_sent = 0, bytes_received = 0;
   uint64_t bytes_relayed = 0;  // of bytes_sent: through a relay
+  uint64_t bytes_punched = 0;  // of bytes_sent: through a hole punched in two NAT routers
   double idle_seconds = 0;  // blocked waiting for activations or gradients (transfer included)
   int64_t messages = 0;
   uint64_t evaluation_bytes_sent = 0;

@@ -229,6 +229,7 @@ without it a joiner's optimizer starts afresh.)")
       .def_property_readonly("bytes_sent", [](const UserLoopReplica& r) { return r.traffic().bytes_sent; })
       .def_property_readonly("bytes_received", [](const UserLoopReplica& r) { return r.traffic().bytes_received; })
       .def_property_readonly("bytes_relayed", [](const UserLoopReplica& r) { return r.traffic().bytes_relayed; })
+      .def_property_readonly("bytes_punched", [](const UserLoopReplica& r) { return r.traffic().bytes_punched; })
       .def_property_readonly("rejoined",
                              [](const UserLoopReplica& r) -> py::object {
                                if (!r.rejoined()) return py::none();

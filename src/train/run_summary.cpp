@@ -132,12 +132,13 @@ constexpr Counter<CommStats> kCommCounters[] = {
     {"bytes_sent", &CommStats::bytes_sent},     {"bytes_received", &CommStats::bytes_received},
     {"comm_seconds", &CommStats::comm_seconds}, {"wait_seconds", &CommStats::wait_seconds},
     {"collectives", &CommStats::collectives},   {"messages", &CommStats::messages},
-    {"bytes_relayed", &CommStats::bytes_relayed},
+    {"bytes_relayed", &CommStats::bytes_relayed}, {"bytes_punched", &CommStats::bytes_punched},
 };
 constexpr Counter<PipelineStats> kPipelineCounters[] = {
     {"activation_bytes_sent", &PipelineStats::bytes_sent},
     {"activation_bytes_received", &PipelineStats::bytes_received},
     {"activation_bytes_relayed", &PipelineStats::bytes_relayed},
+    {"activation_bytes_punched", &PipelineStats::bytes_punched},
     {"pipeline_idle_seconds", &PipelineStats::idle_seconds},
     {"peak_micro_batches_held", &PipelineStats::peak_micro_batches_held},
     {"micro_batches_dropped", &PipelineStats::micro_batches_dropped},
@@ -198,6 +199,7 @@ nlohmann::json WorkerSummary::to_json() const {
   if (!refused_as_diverged.empty()) j["refused_as_diverged"] = refused_as_diverged;
   if (!renewed_at_steps.empty()) j["renewed_at_steps"] = renewed_at_steps;
   if (!relays_used.empty()) j["relays_used"] = relays_used;
+  for (const auto& [peer, route] : routes) j["routes"][std::to_string(peer)] = route;
   for (const auto& w : workers)
     j["workers"].push_back({{"worker", w.worker},
                             {"device", w.device},
@@ -227,6 +229,8 @@ WorkerSummary WorkerSummary::from_json(const nlohmann::json& j) {
   s.refused_as_diverged = j.value("refused_as_diverged", std::vector<int>{});
   s.renewed_at_steps = j.value("renewed_at_steps", std::vector<int64_t>{});
   s.relays_used = j.value("relays_used", std::vector<std::string>{});
+  const auto routes = j.value("routes", nlohmann::json::object());
+  for (const auto& [peer, route] : routes.items()) s.routes[std::stoi(peer)] = route.get<std::string>();
   for (const auto& w : j.value("workers", nlohmann::json::array()))
     s.workers.push_back({w.value("worker", 0), w.value("device", ""), w.value("peak_rss_mib", 0.0),
                          w.value("startup_seconds", 0.0)});
@@ -259,6 +263,7 @@ nlohmann::json RunSummary::to_json() const {
                       {"bytes_sent", bytes_sent},
                       {"bytes_received", bytes_received},
                       {"bytes_relayed", bytes_relayed},
+                      {"bytes_punched", bytes_punched},
                       {"comm_seconds", comm_seconds},
                       {"wait_seconds", wait_seconds},
                       {"comm_seconds_per_replica", comm_seconds_per_replica},
@@ -283,6 +288,7 @@ nlohmann::json RunSummary::to_json() const {
               {"micro_batches", micro_batches},
               {"activation_bytes_sent", activation_bytes_sent},
               {"activation_bytes_relayed", activation_bytes_relayed},
+              {"activation_bytes_punched", activation_bytes_punched},
               {"activation_bytes_per_step", activation_bytes_per_step},
               {"activation_subspace", activation_subspace},
               {"activation_bits_per_value", activation_bits_per_value},
@@ -317,6 +323,7 @@ RunSummary RunSummary::from_json(const nlohmann::json& j) {
   s.bytes_sent = j.value("bytes_sent", uint64_t(0));
   s.bytes_received = j.value("bytes_received", uint64_t(0));
   s.bytes_relayed = j.value("bytes_relayed", uint64_t(0));
+  s.bytes_punched = j.value("bytes_punched", uint64_t(0));
   s.comm_seconds = j.value("comm_seconds", 0.0);
   s.wait_seconds = j.value("wait_seconds", 0.0);
   s.comm_seconds_per_replica = j.value("comm_seconds_per_replica", 0.0);
@@ -330,6 +337,7 @@ RunSummary RunSummary::from_json(const nlohmann::json& j) {
   s.activation_rotation = j.value("activation_rotation", false);
   s.activation_bytes_sent = j.value("activation_bytes_sent", uint64_t(0));
   s.activation_bytes_relayed = j.value("activation_bytes_relayed", uint64_t(0));
+  s.activation_bytes_punched = j.value("activation_bytes_punched", uint64_t(0));
   s.activation_bytes_per_step = j.value("activation_bytes_per_step", 0.0);
   s.activation_subspace = j.value("activation_subspace", int64_t(0));
   s.activation_bits_per_value = j.value("activation_bits_per_value", 0.0);
@@ -395,6 +403,7 @@ struct RunTally {
     run.bytes_sent += w.traffic.comm->bytes_sent;
     run.bytes_received += w.traffic.comm->bytes_received;
     run.bytes_relayed += w.traffic.comm->bytes_relayed;
+    run.bytes_punched += w.traffic.comm->bytes_punched;
     run.comm_seconds += w.traffic.comm->comm_seconds;
     run.wait_seconds += w.traffic.comm->wait_seconds;
     run.collectives += w.traffic.comm->collectives;
@@ -413,6 +422,7 @@ struct RunTally {
     if (w.traffic.pipeline) {
       run.activation_bytes_sent += w.traffic.pipeline->bytes_sent;
       run.activation_bytes_relayed += w.traffic.pipeline->bytes_relayed;
+      run.activation_bytes_punched += w.traffic.pipeline->bytes_punched;
       run.micro_batches_dropped += w.traffic.pipeline->micro_batches_dropped;
     }
     auto& spread = stage_spread[size_t(stage)];

@@ -2,6 +2,7 @@
 // for the run, written and read back through these structs (the report
 // reads runs with the same code that wrote them); and the comparison table.
 #pragma once
+#include <map>
 #include <optional>
 #include <string>
 #include <utility>
@@ -77,6 +78,9 @@ struct WorkerSummary {
   std::vector<int64_t> renewed_at_steps;
   // The relays its exchanges and collectives went through (host:port), if any.
   std::vector<std::string> relays_used;
+  // How its link to each partner it exchanged with went, by the partner's
+  // rank: "direct", "punched" or "relayed".
+  std::map<int, std::string> routes;
   nlohmann::json to_json() const;
   static WorkerSummary from_json(const nlohmann::json& j);
 };
@@ -120,6 +124,7 @@ struct RunSummary {
   std::vector<int> replicas_refused_as_diverged, replicas_renewed;
   uint64_t bytes_sent = 0, bytes_received = 0;
   uint64_t bytes_relayed = 0;  // of bytes_sent: through a relay
+  uint64_t bytes_punched = 0;  // of bytes_sent: through a hole punched in two NAT routers
   double comm_seconds = 0, wait_seconds = 0, comm_seconds_per_replica = 0, wait_seconds_per_replica = 0;
   double seconds = 0;
   // Pipelined runs.
@@ -129,6 +134,7 @@ struct RunSummary {
   bool activation_rotation = false;                     // some of its integer codes Hadamard-rotated
   uint64_t activation_bytes_sent = 0;
   uint64_t activation_bytes_relayed = 0;  // of activation_bytes_sent: through a relay
+  uint64_t activation_bytes_punched = 0;  // of activation_bytes_sent: through a punched hole
   double activation_bytes_per_step = 0;
   int64_t activation_subspace = 0;  // K; 0: none
   // activation_bytes_per_step × 8 over the hidden-state values a step's

@@ -206,7 +206,10 @@ WorkerSummary summarize_worker(const TrainConfig& c, const WorkerInfo& w, const 
   summary.params = arch.num_params();
   summary.stage_params = stage_params;
   summary.traffic = traffic_of(w, model);
-  if (w.transport) summary.relays_used = w.transport->relays_used();
+  if (w.transport) {
+    summary.relays_used = w.transport->relays_used();
+    for (const auto& [peer, route] : w.transport->routes()) summary.routes[peer] = route_name(route);
+  }
   if (model.computes_loss() && std::isfinite(val_loss)) summary.final_val_loss = val_loss;
   if (model.computes_loss() && std::isfinite(last_loss)) summary.final_train_loss = last_loss;
   if (!std::isnan(spread.weight_std)) summary.weight_std = spread.weight_std;
@@ -570,6 +573,13 @@ void WorkerRun::record_outer_steps(int64_t done, const std::vector<OuterSync>& s
                              {"dropped_fraction", dropped}});
     if (sync.largest_increment_ratio > 0) r["largest_increment_ratio"] = sync.largest_increment_ratio;
     if (!sync.refused.empty()) r["refused_as_diverged"] = sync.refused;
+    if (w_.transport) {
+      // Each partner's link, as it went (direct, punched, relayed).
+      const auto routes = w_.transport->routes();
+      for (int member : sync.group)
+        if (const auto it = routes.find(member); it != routes.end() && member != w_.transport->rank())
+          r["routes"][std::to_string(member)] = route_name(it->second);
+    }
     telemetry_.write(r);
   }
 }

@@ -12,6 +12,7 @@ const char* message_kind_name(int64_t kind) {
     case MessageKind::gradients: return "gradients";
     case MessageKind::evaluation: return "evaluation activations";
     case MessageKind::greeting: return "group greeting";
+    case MessageKind::collective: return "collective's piece";
   }
   return "unknown message";
 }

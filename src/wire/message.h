@@ -17,6 +17,7 @@ enum class MessageKind : int64_t {
   gradients = 4,    // pipeline: their gradients, back along the same route
   evaluation = 5,   // pipeline: hidden states of an evaluation pass
   greeting = 6,     // a new Gloo group's members proving to each other that each pair reaches a member
+  collective = 7,   // a piece of a collective over links (micro: which piece)
 };
 const char* message_kind_name(int64_t kind);
 

@@ -135,7 +135,7 @@ def homes(args):
     _, opt, _, reports = fit_teacher(args, rank)
     emit({"rank": rank, "outer_steps": len(reports),
           "exchanged": sum(1 for r in reports if len(r["group"]) > 1 and sorted(r["arrived"]) == sorted(r["group"])),
-          "bytes_sent": opt.bytes_sent, "bytes_relayed": opt.bytes_relayed})
+          "bytes_sent": opt.bytes_sent, "bytes_relayed": opt.bytes_relayed, "bytes_punched": opt.bytes_punched})
 
 
 def message_bytes(args):

@@ -13,7 +13,6 @@
 #include <spdlog/spdlog.h>
 
 #include "comm/store/run_keys.h"
-#include "comm/transport/gloo_admission.h"
 #include "comm/transport/nccl_collectives.h"
 #include "comm/transport/seal.h"
 #include "util/error_text.h"
@@ -68,40 +67,33 @@ void check_unsealed_stays_local(const WorkerEnv& env, const CommConfig& comm) {
         fmt::join(off, ", ")));
 }
 
-// NOLOCO_RELAY: this process's Gloo pairs may go through the relays.
-void use_configured_relays(const WorkerEnv& env) {
-  if (env.relays.empty()) return;
-  if (!admission_available())
-    throw std::runtime_error(
-        "NOLOCO_RELAY is set, but this process's Gloo is not the one relays work with (Debian's LibTorch 1.13, in "
-        "the noloco binary): start this worker with the noloco command, or give it a reachable bind address instead");
-  use_relays(resolve_relays(env.relays), run_key(env.token, "relay"));
-}
-
-// listen_port and advertise: other machines reach this process's Gloo pairs
-// at one fixed port (comm/transport/gloo_admission.h's door).
-void open_configured_door(const WorkerEnv& env, const CommConfig& comm) {
-  if (comm.listen_port == 0 && comm.advertise.empty()) return;
-  if (!admission_available())
-    throw std::runtime_error(
-        "listen_port and advertise need the Gloo that admission works with (Debian's LibTorch 1.13, in the noloco "
-        "binary): start this worker with the noloco command");
-  if (env.token.empty()) throw std::runtime_error("listen_port and advertise need the run's token (NOLOCO_RUN_TOKEN)");
-  int port = comm.listen_port > 0 ? int(comm.listen_port) + env.local_rank : 0;
-  auto host = comm.bind;
-  int advertised_port = 0;  // the door's
+// Where this worker's links start: its listening port (listen_port, each
+// local worker the next one up, reached at advertise when set: a forwarded
+// port, a public address) and the relays of NOLOCO_RELAY.
+std::shared_ptr<LinkEndpoint> open_link_endpoint(const WorkerEnv& env, const CommConfig& comm) {
+  LinkEndpointOptions options;
+  options.bind = comm.bind;
+  options.sealed = comm.seal;
+  options.port = comm.listen_port > 0 ? int(comm.listen_port) + env.local_rank : 0;
   if (const auto colon = comm.advertise.rfind(':'); colon != std::string::npos) {
-    host = comm.advertise.substr(0, colon);
-    advertised_port = int(std::stol(comm.advertise.substr(colon + 1))) + env.local_rank;  // checked by validate()
-    if (port == 0) port = advertised_port;
-  } else if (!comm.advertise.empty()) {
-    host = comm.advertise;
+    const int advertised = int(std::stol(comm.advertise.substr(colon + 1))) + env.local_rank;  // checked by validate()
+    options.advertise = fmt::format("{}:{}", comm.advertise.substr(0, colon), advertised);
+    if (options.port == 0) options.port = advertised;
+  } else {
+    options.advertise = comm.advertise;
   }
-  const auto door = listen_at_door(resolve_ipv4(comm.bind, port, "bind"),
-                                   resolve_ipv4(host, advertised_port, "advertise"));
-  spdlog::info("other workers reach this one's connections at {}:{} (listening at {}:{})", host,
-               advertised_port ? advertised_port : port, comm.bind,
-               ntohs(reinterpret_cast<const sockaddr_in&>(door).sin_port));
+  if ((comm.listen_port > 0 || !comm.advertise.empty()) && env.token.empty())
+    throw std::runtime_error("listen_port and advertise need the run's token (NOLOCO_RUN_TOKEN)");
+  for (size_t start = 0; start < env.relays.size();) {
+    const size_t comma = std::min(env.relays.find(',', start), env.relays.size());
+    if (comma > start) options.relays.push_back(env.relays.substr(start, comma - start));
+    start = comma + 1;
+  }
+  auto endpoint = std::make_shared<LinkEndpoint>(options, run_key(env.token, "link"), run_key(env.token, "relay"));
+  if (!options.advertise.empty() || options.port != 0)
+    spdlog::info("other workers reach this one's links at {} (listening at {}:{})", endpoint->addresses().listen,
+                 comm.bind, endpoint->port());
+  return endpoint;
 }
 
 }  // namespace
@@ -129,8 +121,6 @@ bool uses_nccl(const std::string& configured_device, const CommConfig& comm) {
 WorkerConnections join_as_worker(const WorkerEnv& env, const CommConfig& comm, int stages, bool outer_method,
                                  int replica_workers, const std::string& nccl_device) {
   check_unsealed_stays_local(env, comm);
-  use_configured_relays(env);
-  open_configured_door(env, comm);
   const auto timeout = std::chrono::milliseconds(int64_t(comm.peer_timeout * 1000));
   const int per_replica = stages * replica_workers;
   const int stage = env.rank % stages, replica = env.rank / per_replica, replicas = env.world / per_replica;
@@ -174,22 +164,24 @@ WorkerConnections join_as_worker(const WorkerEnv& env, const CommConfig& comm, i
     links.replica_group = join_nccl_group(run_scope(connect(), env.token, replica_name), "nccl", replica_worker,
                                           replica_workers, nccl_device, replica_timeout);
   else if (replica_workers > 1)
-    links.replica_group = std::make_unique<GlooTransport>(connect, env, replica_name, Peer{replica_worker, 0},
-                                                          replica_workers, comm.bind, replica_timeout, links.seal);
+    links.replica_group = std::make_unique<GlooTransport>(connect, env, replica_name, replica_worker, replica_workers,
+                                                          comm.bind, replica_timeout, links.seal);
+  const bool crosses_sites = (outer_method && replica_worker == 0) || stages > 1;
+  if (crosses_sites) links.endpoint = open_link_endpoint(env, comm);
   if (outer_method && replica_worker == 0) {
     const auto scope = replica_scope(stages, stage);
     links.membership = std::make_unique<Membership>(connect(), env, scope, replica, replicas,
                                                     std::chrono::milliseconds(int64_t(comm.heartbeat_timeout * 1000)),
                                                     timeout, links.heartbeat.get());
-    links.transport = std::make_unique<GlooTransport>(connect, env, scope, links.membership->self(), replicas,
-                                                      comm.bind, timeout, links.seal, links.membership.get());
+    links.transport = std::make_unique<LinkTransport>(connect, env, scope, links.membership->self(), replicas,
+                                                      links.endpoint, timeout, links.membership.get());
   }
   if (stages > 1) {
     links.rosters = std::make_unique<PipelineRoster>(links.store, env.token, stages, env.world / stages,
                                                      std::chrono::milliseconds(int64_t(comm.heartbeat_timeout * 1000)));
     const Peer self{env.rank, links.membership ? links.membership->incarnation() : 0};
-    links.stage_link = std::make_unique<PeerLink>("pipeline worker", links.store, env, self, comm.bind, timeout,
-                                                  links.seal, *links.rosters);
+    links.stage_link = std::make_unique<PeerLink>("pipeline worker", connect(), env, self, links.endpoint, timeout,
+                                                  *links.rosters);
   }
   if (comm.live_status && replica_worker == 0) {
     const nlohmann::json identity = {{"rank", env.rank},

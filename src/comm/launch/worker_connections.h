@@ -6,7 +6,9 @@
 #include <memory>
 
 #include "comm/store/etcd_server.h"
+#include "comm/link/link_endpoint.h"
 #include "comm/transport/gloo_transport.h"
+#include "comm/transport/link_transport.h"
 #include "comm/transport/peer_link.h"
 #include "comm/membership/heartbeat.h"
 #include "comm/membership/membership.h"
@@ -23,6 +25,9 @@ struct WorkerConnections {
   std::chrono::milliseconds timeout{0};  // peer_timeout: for a store call, or a peer's message
   std::unique_ptr<Heartbeat> heartbeat;
   std::shared_ptr<const Seal> seal;        // the run's payload key; null with seal=false
+  // Where this worker's links to other sites start (its listening port, its
+  // relays), for the transport and the pipeline's link; null inside a replica.
+  std::shared_ptr<LinkEndpoint> endpoint;
   std::unique_ptr<Membership> membership;  // among the replicas of this worker's stage
   std::unique_ptr<Transport> transport;    // likewise; null for method none
   // With a pipeline: who serves each stage at a step (the pipeline's

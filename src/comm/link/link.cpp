@@ -1,5 +1,6 @@
 #include "comm/link/link.h"
 
+#include <poll.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -55,11 +56,11 @@ Link::Keys keys_of(const LinkKey& key, const std::array<uint8_t, link_wire::kHel
 
 }  // namespace
 
-const char* route_name(Route route) {
+const char* route_name(LinkRoute route) {
   switch (route) {
-    case Route::direct: return "direct";
-    case Route::punched: return "punched";
-    case Route::relayed: return "relayed";
+    case LinkRoute::direct: return "direct";
+    case LinkRoute::punched: return "punched";
+    case LinkRoute::relayed: return "relayed";
   }
   return "?";
 }
@@ -108,7 +109,7 @@ bool Hello::parse(const uint8_t* bytes, Hello* out) {
   return true;
 }
 
-LinkPtr dial_handshake(int fd, const LinkKey& key, bool sealed, const LinkEnd& self, const LinkEnd& peer, Route route,
+LinkPtr dial_handshake(int fd, const LinkKey& key, bool sealed, const LinkEnd& self, const LinkEnd& peer, LinkRoute route,
                        const std::string& relay, Clock::time_point deadline, std::string* problem) {
   Hello hello;
   hello.scope = scope_hash(self.scope);
@@ -170,7 +171,7 @@ AcceptHandshake::Step AcceptHandshake::feed(const uint8_t* data, size_t n, size_
 
 Link::Keys AcceptHandshake::keys() const { return keys_of(key_, hello_.bytes(), nonce_.data(), /*dialer=*/false); }
 
-Link::Link(int fd, Route route, LinkEnd self, LinkEnd peer, const Keys& keys, bool sealed, const std::string& relay)
+Link::Link(int fd, LinkRoute route, LinkEnd self, LinkEnd peer, const Keys& keys, bool sealed, const std::string& relay)
     : fd_(fd), route_(route), self_(std::move(self)), peer_(std::move(peer)), sealed_(sealed), relay_(relay), keys_(keys) {
   set_nodelay(fd_);
   // The two direction keys, the same pair at both ends (swapped): their XOR names the link.
@@ -188,9 +189,30 @@ Link::~Link() {
   sodium_memzero(&keys_, sizeof(keys_));
 }
 
-void Link::shut() {
-  fail("shut by this worker");
-  ::shutdown(fd_, SHUT_RDWR);
+void Link::shut() { fail("shut by this worker"); }
+
+namespace {
+constexpr uint8_t kTaken = 0x5a;
+}  // namespace
+
+bool Link::confirm(Clock::time_point deadline) {
+  std::lock_guard<std::mutex> lock(send_mutex_);
+  if (!write_exactly(fd_, &kTaken, 1, deadline)) return fail("the link could not be confirmed to the dialer");
+  return true;
+}
+
+bool Link::await_confirmation(Clock::time_point deadline, const std::function<bool()>& abandon) {
+  std::lock_guard<std::mutex> lock(receive_mutex_);
+  for (;;) {
+    if (broken_) return false;
+    if (wait_for(fd_, POLLIN, std::min(deadline, Clock::now() + std::chrono::milliseconds(50)))) break;
+    if (Clock::now() >= deadline) return fail("the peer did not take the link in time");
+    if (abandon && abandon()) return fail("given up while the peer had not taken the link");
+  }
+  uint8_t taken = 0;
+  if (!read_exactly(fd_, &taken, 1, deadline) || taken != kTaken)
+    return fail("the peer closed the link instead of taking it");
+  return true;
 }
 
 std::string Link::problem() const {
@@ -201,7 +223,9 @@ std::string Link::problem() const {
 bool Link::fail(const std::string& why) {
   std::lock_guard<std::mutex> lock(problem_mutex_);
   if (problem_.empty()) problem_ = why;
-  broken_ = true;
+  // The other end is told at once (its next read ends): a link broken at one
+  // end is never used again, and the other must not wait on it.
+  if (!broken_.exchange(true)) ::shutdown(fd_, SHUT_RDWR);
   return false;
 }
 
@@ -265,39 +289,86 @@ bool Link::send(const std::vector<Part>& parts, Clock::time_point deadline) {
 }
 
 int64_t Link::receive(uint8_t* out, size_t capacity, Clock::time_point deadline) {
+  return receive(std::vector<Slot>{{out, capacity}}, deadline);
+}
+
+int64_t Link::skip(Clock::time_point deadline) {
+  int64_t size = 0;
+  std::vector<uint8_t> frame(kMaxChunk);
+  for (;;) {
+    // Frame by frame: a slot of one frame's size is refilled until the tagged last one.
+    const auto got = receive_frames({{frame.data(), frame.size()}}, deadline, /*one_frame=*/true);
+    if (got.size < 0) return -1;
+    size += got.size;
+    if (got.last) return size;
+  }
+}
+
+int64_t Link::receive(const std::vector<Slot>& slots, Clock::time_point deadline) {
+  const auto got = receive_frames(slots, deadline, /*one_frame=*/false);
+  return got.size;
+}
+
+Link::Received Link::receive_frames(const std::vector<Slot>& slots, Clock::time_point deadline, bool one_frame) {
   std::lock_guard<std::mutex> lock(receive_mutex_);
   if (sealed_ && !pulling_) {
     std::array<uint8_t, kStreamHeader> header{};
-    if (!read_all(header.data(), header.size(), deadline)) return -1;
+    if (!read_all(header.data(), header.size(), deadline)) return {-1, false};
     if (crypto_secretstream_xchacha20poly1305_init_pull(&pull_, header.data(), keys_.receive.data()) != 0)
-      return fail("the peer's stream header is not valid"), -1;
+      return fail("the peer's stream header is not valid"), Received{-1, false};
     pulling_ = true;
   }
-  size_t size = 0;
+  size_t capacity = 0;
+  for (const auto& s : slots) capacity += s.size;
+  size_t size = 0, slot = 0, offset = 0;  // where the next byte lands
   for (;;) {
     std::array<uint8_t, 4> length{};
-    if (!read_all(length.data(), length.size(), deadline)) return -1;
+    if (!read_all(length.data(), length.size(), deadline)) return {-1, false};
     const size_t body = get_u32(length.data());
     const size_t overhead = sealed_ ? kSealOverhead : 1;
     if (body < overhead || body > kMaxChunk + overhead)
-      return fail(fmt::format("a frame of {} bytes (at most {})", body, kMaxChunk + overhead)), -1;
+      return fail(fmt::format("a frame of {} bytes (at most {})", body, kMaxChunk + overhead)), Received{-1, false};
     frame_.resize(body);
-    if (!read_all(frame_.data(), body, deadline)) return -1;
+    if (!read_all(frame_.data(), body, deadline)) return {-1, false};
     const size_t chunk = body - overhead;
     if (size + chunk > capacity)
-      return fail(fmt::format("a message larger than the {} bytes expected", capacity)), -1;
+      return fail(fmt::format("a message larger than the {} bytes expected", capacity)), Received{-1, false};
+    while (slot < slots.size() && offset == slots[slot].size) ++slot, offset = 0;
+    // A frame that lands within one slot is opened in place; one across slots, then scattered.
+    const bool in_place = chunk == 0 || offset + chunk <= slots[slot].size;
+    uint8_t* to = nullptr;
+    if (in_place) {
+      to = chunk == 0 ? nullptr : slots[slot].data + offset;
+    } else {
+      plain_.resize(chunk);
+      to = plain_.data();
+    }
     uint8_t tag = 0;
     if (sealed_) {
-      if (crypto_secretstream_xchacha20poly1305_pull(&pull_, out + size, nullptr, &tag, frame_.data(), body, nullptr,
-                                                     0) != 0)
-        return fail("a frame failed authentication (changed on the way, replayed, or sealed with another key)"), -1;
+      if (crypto_secretstream_xchacha20poly1305_pull(&pull_, to, nullptr, &tag, frame_.data(), body, nullptr, 0) != 0) {
+        unauthentic_ = true;
+        return fail("a frame failed authentication (changed on the way, replayed, or sealed with another key)"),
+               Received{-1, false};
+      }
     } else {
       tag = frame_[0];
-      std::memcpy(out + size, frame_.data() + 1, chunk);
+      if (chunk > 0) std::memcpy(to, frame_.data() + 1, chunk);
+    }
+    if (in_place) {
+      offset += chunk;
+    } else {
+      for (size_t done = 0; done < chunk;) {
+        while (offset == slots[slot].size) ++slot, offset = 0;
+        const size_t take = std::min(chunk - done, slots[slot].size - offset);
+        std::memcpy(slots[slot].data + offset, plain_.data() + done, take);
+        done += take;
+        offset += take;
+      }
     }
     size += chunk;
-    if (tag == crypto_secretstream_xchacha20poly1305_TAG_PUSH) return int64_t(size);
-    if (tag != crypto_secretstream_xchacha20poly1305_TAG_MESSAGE) return fail("a frame with an unknown tag"), -1;
+    if (tag == crypto_secretstream_xchacha20poly1305_TAG_PUSH) return {int64_t(size), true};
+    if (tag != crypto_secretstream_xchacha20poly1305_TAG_MESSAGE) return fail("a frame with an unknown tag"), Received{-1, false};
+    if (one_frame) return {int64_t(size), false};
   }
 }
 

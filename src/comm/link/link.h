@@ -33,8 +33,8 @@ using LinkKey = std::array<uint8_t, 32>;
 using Clock = std::chrono::steady_clock;
 
 // How a link's connection went.
-enum class Route { direct, punched, relayed };
-const char* route_name(Route route);
+enum class LinkRoute { direct, punched, relayed };
+const char* route_name(LinkRoute route);
 
 // One end of a link: a member `rank` (in its `incarnation`) of the group
 // `scope` names ("replicas/stage0", "pipeline").
@@ -53,13 +53,21 @@ class Link {
  public:
   // The largest payload one frame carries; a peer's larger frame breaks the link.
   static constexpr size_t kMaxChunk = size_t(1) << 20;
+  // What one message of `size` bytes takes on the wire: its frames' lengths
+  // and seals (sealed) or tags (in clear) besides its bytes.
+  static constexpr uint64_t wire_bytes(uint64_t size, bool sealed) {
+    const uint64_t frames = size == 0 ? 1 : (size + kMaxChunk - 1) / kMaxChunk;
+    return size + frames * (4 + (sealed ? crypto_secretstream_xchacha20poly1305_ABYTES : 1));
+  }
+  // Sealed, each direction's stream starts with a header of this size, once a link.
+  static constexpr uint64_t kStreamHeaderBytes = crypto_secretstream_xchacha20poly1305_HEADERBYTES;
 
   struct Keys {
     std::array<uint8_t, crypto_secretstream_xchacha20poly1305_KEYBYTES> send{}, receive{};
   };
   // Over connected `fd` (owned), whose handshake gave `keys`; in clear unless
   // `sealed`. The streams' headers are the first thing each side sends.
-  Link(int fd, Route route, LinkEnd self, LinkEnd peer, const Keys& keys, bool sealed, const std::string& relay);
+  Link(int fd, LinkRoute route, LinkEnd self, LinkEnd peer, const Keys& keys, bool sealed, const std::string& relay);
   ~Link();
   Link(const Link&) = delete;
   Link& operator=(const Link&) = delete;
@@ -74,15 +82,31 @@ class Link {
   // One message into `out` (at most `capacity` bytes): its size, or -1 (the
   // link broken: it closed, timed out, failed to open, or was larger).
   int64_t receive(uint8_t* out, size_t capacity, Clock::time_point deadline);
+  // The same into `slots`, filled in order (a message of several tensors).
+  struct Slot {
+    uint8_t* data;
+    size_t size;
+  };
+  int64_t receive(const std::vector<Slot>& slots, Clock::time_point deadline);
+  // Reads the next message past, keeping none of it (one frame's memory at a
+  // time): its size, or -1 (the link broken).
+  int64_t skip(Clock::time_point deadline);
   // From any thread: every wait on the link ends, and it is broken.
   void shut();
+  // Opening: the accepting end tells the dialer it took the link (one byte,
+  // before any frame), so that a dialer never holds a link nobody took; the
+  // dialer waits for it until `deadline` or `abandon()` (asked every 50 ms).
+  bool confirm(Clock::time_point deadline);
+  bool await_confirmation(Clock::time_point deadline, const std::function<bool()>& abandon);
   // A failure drill: one byte of the next message's last frame is flipped on the wire.
   void corrupt_next_send() { corrupt_next_ = true; }
 
   bool broken() const { return broken_; }
+  // Whether it broke on a frame that failed authentication (changed on the way, or another key).
+  bool unauthentic() const { return unauthentic_; }
   // Why it broke (empty while it works).
   std::string problem() const;
-  Route route() const { return route_; }
+  LinkRoute route() const { return route_; }
   const std::string& relay() const { return relay_; }  // the relay's host:port, when relayed
   const LinkEnd& peer() const { return peer_; }
   // Names this link identically at both ends, and no other link (never 0).
@@ -92,13 +116,19 @@ class Link {
   uint64_t bytes_received() const { return bytes_received_; }
 
  private:
+  struct Received {
+    int64_t size;  // -1: broken
+    bool last;     // the message's last frame came
+  };
+  // Frames into `slots` until a message's last (or, with `one_frame`, one frame).
+  Received receive_frames(const std::vector<Slot>& slots, Clock::time_point deadline, bool one_frame);
   bool fail(const std::string& why);
   bool write_all(const uint8_t* data, size_t n, Clock::time_point deadline);
   bool read_all(uint8_t* data, size_t n, Clock::time_point deadline);
   bool start_streams(Clock::time_point deadline);
 
   int fd_;
-  Route route_;
+  LinkRoute route_;
   LinkEnd self_, peer_;
   bool sealed_;
   std::string relay_;
@@ -109,9 +139,9 @@ class Link {
   std::mutex send_mutex_, receive_mutex_;
   mutable std::mutex problem_mutex_;
   std::string problem_;
-  std::atomic<bool> broken_{false}, corrupt_next_{false};
+  std::atomic<bool> broken_{false}, corrupt_next_{false}, unauthentic_{false};
   std::atomic<uint64_t> bytes_sent_{0}, bytes_received_{0};
-  std::vector<uint8_t> frame_;  // the receive side's buffer
+  std::vector<uint8_t> frame_, plain_;  // the receive side's buffers
 };
 
 using LinkPtr = std::shared_ptr<Link>;
@@ -144,7 +174,7 @@ std::array<uint8_t, link_wire::kScopeBytes> scope_hash(const std::string& scope)
 // The dialer's half, bounded by `deadline`: a link to `peer`, or null with
 // `problem` saying why (the other end is not `peer`, holds another token,
 // or did not answer).
-LinkPtr dial_handshake(int fd, const LinkKey& key, bool sealed, const LinkEnd& self, const LinkEnd& peer, Route route,
+LinkPtr dial_handshake(int fd, const LinkKey& key, bool sealed, const LinkEnd& self, const LinkEnd& peer, LinkRoute route,
                        const std::string& relay, Clock::time_point deadline, std::string* problem);
 
 // The acceptor's half, in steps, so that a listener can hold many strangers

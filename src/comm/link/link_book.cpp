@@ -1,5 +1,7 @@
 #include "comm/link/link_book.h"
 
+#include <thread>
+
 #include <fmt/format.h>
 
 namespace noloco {
@@ -7,6 +9,8 @@ namespace noloco {
 namespace {
 
 std::string record_key(const LinkEnd& end) { return fmt::format("{}.{}", end.rank, end.incarnation); }
+
+std::string latest_key(int rank) { return fmt::format("latest/{}", rank); }
 
 std::string record_of(const LinkAddresses& a) {
   return fmt::format("{}|{}|{}", a.listen, a.reflexive, a.reachable ? 1 : 0);
@@ -29,6 +33,8 @@ LinkBook::LinkBook(StorePtr store, const std::string& token, LinkEnd self, std::
   endpoint_->serve(self_);
   const auto record = record_of(endpoint_->addresses());
   book_->set(record_key(self_), std::vector<uint8_t>(record.begin(), record.end()));
+  const auto incarnation = std::to_string(self_.incarnation);
+  book_->set(latest_key(self_.rank), std::vector<uint8_t>(incarnation.begin(), incarnation.end()));
 }
 
 LinkBook::~LinkBook() {
@@ -51,11 +57,20 @@ void LinkBook::forget(const LinkEnd& peer) {
   held_.erase(it);
 }
 
-LinkAddresses LinkBook::addresses_of(const LinkEnd& peer) const {
+std::optional<LinkAddresses> LinkBook::addresses_of(const LinkEnd& peer, Clock::time_point deadline,
+                                                   const std::function<bool()>& abandon) const {
   const auto key = record_key(peer);
-  if (!book_->check({key})) return {};
-  const auto value = book_->get(key);
-  return parse_record(std::string(value.begin(), value.end()));
+  for (;;) {
+    {
+      std::lock_guard<std::mutex> lock(store_mutex_);
+      if (book_->check({key})) {
+        const auto value = book_->get(key);
+        return parse_record(std::string(value.begin(), value.end()));
+      }
+    }
+    if (Clock::now() >= deadline || (abandon && abandon())) return std::nullopt;
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
 }
 
 LinkPtr LinkBook::link_to(const LinkEnd& peer, int64_t theirs, const std::string& attempt, Clock::time_point deadline,
@@ -66,12 +81,46 @@ LinkPtr LinkBook::link_to(const LinkEnd& peer, int64_t theirs, const std::string
     if (it != held_.end() && !it->second->broken() && it->second->id() == theirs) return it->second;
   }
   forget(peer);
-  auto link = endpoint_->open(self_, peer, addresses_of(peer), attempt, deadline, abandon, problem);
+  // A peer that has not started yet has published nothing: wait for it.
+  const auto theirs_at = addresses_of(peer, deadline, abandon);
+  if (!theirs_at) {
+    *problem = fmt::format("{} published no addresses (it has not started, or is gone)", peer.name());
+    return nullptr;
+  }
+  auto link = endpoint_->open(self_, peer, *theirs_at, attempt, deadline, abandon, problem);
   if (link) {
     std::lock_guard<std::mutex> lock(mutex_);
     held_[peer] = link;
+    if (link->route() == LinkRoute::relayed) relays_used_.insert(link->relay());
   }
   return link;
+}
+
+int LinkBook::incarnation_of(int rank, Clock::time_point deadline, const std::function<bool()>& abandon) const {
+  const auto key = latest_key(rank);
+  for (;;) {
+    {
+      std::lock_guard<std::mutex> lock(store_mutex_);
+      if (book_->check({key})) {
+        const auto value = book_->get(key);
+        return std::stoi(std::string(value.begin(), value.end()));
+      }
+    }
+    if (Clock::now() >= deadline || (abandon && abandon())) return -1;
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+}
+
+std::map<int, LinkRoute> LinkBook::routes() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  std::map<int, LinkRoute> out;
+  for (const auto& [peer, link] : held_) out[peer.rank] = link->route();
+  return out;
+}
+
+std::set<std::string> LinkBook::relays_used() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return relays_used_;
 }
 
 }  // namespace noloco

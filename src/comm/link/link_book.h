@@ -7,6 +7,8 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <optional>
+#include <set>
 #include <string>
 
 #include "comm/link/link_endpoint.h"
@@ -31,15 +33,26 @@ class LinkBook {
                   const std::function<bool()>& abandon, std::string* problem);
   // After a failure: the link is closed and never used again.
   void forget(const LinkEnd& peer);
+  // The newest incarnation of member `rank` that published its addresses in
+  // this scope, waiting for one until `deadline` or `abandon()` (asked every
+  // 50 ms); -1 if none did.
+  int incarnation_of(int rank, Clock::time_point deadline, const std::function<bool()>& abandon) const;
+  // Each peer's link's route now, by rank (the live page and the summary show them).
+  std::map<int, LinkRoute> routes() const;
+  // The relays (host:port) its links went through so far.
+  std::set<std::string> relays_used() const;
 
  private:
-  LinkAddresses addresses_of(const LinkEnd& peer) const;
+  std::optional<LinkAddresses> addresses_of(const LinkEnd& peer, Clock::time_point deadline,
+                                           const std::function<bool()>& abandon) const;
 
-  StorePtr book_;
+  StorePtr book_;  // one connection, one caller at a time (store_mutex_)
+  mutable std::mutex store_mutex_;
   LinkEnd self_;
   std::shared_ptr<LinkEndpoint> endpoint_;
   mutable std::mutex mutex_;
   std::map<LinkEnd, LinkPtr> held_;
+  std::set<std::string> relays_used_;
 };
 
 }  // namespace noloco

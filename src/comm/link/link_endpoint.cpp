@@ -227,7 +227,7 @@ void LinkEndpoint::listen_loop() {
             refuse(p);
           break;
         case AcceptHandshake::Step::done:
-          deliver(p.handshake, p.fd, Route::direct, "");
+          deliver(p.handshake, p.fd, LinkRoute::direct, "");
           p.fd = -1;
           break;
         case AcceptHandshake::Step::refused: refuse(p);
@@ -247,7 +247,7 @@ void LinkEndpoint::listen_loop() {
   for (auto& p : pending) ::close(p->fd);
 }
 
-void LinkEndpoint::deliver(const AcceptHandshake& handshake, int fd, Route route, const std::string& relay) {
+void LinkEndpoint::deliver(const AcceptHandshake& handshake, int fd, LinkRoute route, const std::string& relay) {
   const auto& h = handshake.hello();
   std::lock_guard<std::mutex> lock(mutex_);
   const auto self = std::find_if(served_.begin(), served_.end(), [&](const LinkEnd& e) {
@@ -291,8 +291,20 @@ LinkPtr LinkEndpoint::open(const LinkEnd& self, const LinkEnd& peer, const LinkA
                            const std::string& attempt, Clock::time_point deadline,
                            const std::function<bool()>& abandon, std::string* problem) {
   problem->clear();
-  return dials(self, peer, theirs) ? dial(self, peer, theirs, attempt, deadline, abandon, problem)
-                                   : await(self, peer, theirs, attempt, deadline, abandon, problem);
+  if (!dials(self, peer, theirs)) {
+    auto link = await(self, peer, theirs, attempt, deadline, abandon, problem);
+    if (link && !link->confirm(deadline)) {
+      *problem = link->problem();
+      return nullptr;
+    }
+    return link;
+  }
+  auto link = dial(self, peer, theirs, attempt, deadline, abandon, problem);
+  if (link && !link->await_confirmation(deadline, abandon)) {
+    *problem = link->problem();
+    return nullptr;
+  }
+  return link;
 }
 
 LinkPtr LinkEndpoint::dial(const LinkEnd& self, const LinkEnd& peer, const LinkAddresses& theirs,
@@ -310,7 +322,7 @@ LinkPtr LinkEndpoint::dial(const LinkEnd& self, const LinkEnd& peer, const LinkA
       const auto attempt_until = std::min(until, Clock::now() + std::chrono::milliseconds(500));
       if (begin_connect(fd, to) && wait_connected(fd, attempt_until)) {
         std::string why;
-        if (auto link = dial_handshake(fd, key_, options_.sealed, self, peer, Route::direct, "", until, &why)) return link;
+        if (auto link = dial_handshake(fd, key_, options_.sealed, self, peer, LinkRoute::direct, "", until, &why)) return link;
         say(fmt::format("direct to {}: {}", theirs.listen, why));
         break;  // a listener that is not the peer's (another home on the same LAN address)
       }
@@ -337,7 +349,7 @@ LinkPtr LinkEndpoint::dial(const LinkEnd& self, const LinkEnd& peer, const LinkA
         }
         if (state == 1) {
           std::string why;
-          if (auto link = dial_handshake(fd, key_, options_.sealed, self, peer, Route::punched, "", deadline, &why))
+          if (auto link = dial_handshake(fd, key_, options_.sealed, self, peer, LinkRoute::punched, "", deadline, &why))
             return link;
           say("punched: " + why);
           break;
@@ -354,7 +366,7 @@ LinkPtr LinkEndpoint::dial(const LinkEnd& self, const LinkEnd& peer, const LinkA
     uint8_t joined = 0;
     if (fd >= 0 && read_exactly(fd, &joined, 1, deadline) && joined == relay_wire::kJoined) {
       std::string why;
-      if (auto link = dial_handshake(fd, key_, options_.sealed, self, peer, Route::relayed, text_of(relays_[r]),
+      if (auto link = dial_handshake(fd, key_, options_.sealed, self, peer, LinkRoute::relayed, text_of(relays_[r]),
                                      deadline, &why))
         return link;
       say(fmt::format("through relay {}: {}", text_of(relays_[r]), why));
@@ -363,11 +375,14 @@ LinkPtr LinkEndpoint::dial(const LinkEnd& self, const LinkEnd& peer, const LinkA
     say(fmt::format("relay {}: {}", text_of(relays_[r]), fd < 0 ? std::strerror(errno) : "the peer never parked"));
     if (fd >= 0) ::close(fd);
   }
-  if (problem->empty()) say(stop() && Clock::now() < deadline ? "given up" : "no way to the peer in time");
+  if (problem->empty() || relays_.empty())
+    say(stop() && Clock::now() < deadline ? "given up" : fmt::format("no way to the peer ({}) in time", theirs.listen));
+  if (relays_.empty())
+    say("behind NAT or a firewall, run `noloco serve` on a public machine and give every worker its NOLOCO_RELAY");
   return nullptr;
 }
 
-LinkPtr LinkEndpoint::accept_on(int fd, const LinkEnd& self, const LinkEnd& peer, Route route, const std::string& relay,
+LinkPtr LinkEndpoint::accept_on(int fd, const LinkEnd& self, const LinkEnd& peer, LinkRoute route, const std::string& relay,
                                 Clock::time_point deadline, std::string* problem) {
   AcceptHandshake handshake(key_, [&](const Hello& h) {
     return h.sealed == options_.sealed && h.acceptor_rank == self.rank && h.acceptor_incarnation == self.incarnation &&
@@ -425,7 +440,7 @@ LinkPtr LinkEndpoint::await(const LinkEnd& self, const LinkEnd& peer, const Link
       if (state == 1) {
         const int fd = punch;
         punch = -1;
-        if (auto link = accept_on(fd, self, peer, Route::punched, "", std::min(deadline, now + std::chrono::seconds(2)),
+        if (auto link = accept_on(fd, self, peer, LinkRoute::punched, "", std::min(deadline, now + std::chrono::seconds(2)),
                                   problem)) {
           close_all();
           return link;
@@ -457,7 +472,7 @@ LinkPtr LinkEndpoint::await(const LinkEnd& self, const LinkEnd& peer, const Link
       const size_t r = it->second;
       it = parks.erase(it);
       if (::recv(fd, &joined, 1, MSG_DONTWAIT) == 1 && joined == relay_wire::kJoined) {
-        if (auto link = accept_on(fd, self, peer, Route::relayed, text_of(relays_[r]), deadline, problem)) {
+        if (auto link = accept_on(fd, self, peer, LinkRoute::relayed, text_of(relays_[r]), deadline, problem)) {
           close_all();
           return link;
         }

@@ -63,6 +63,7 @@ class LinkEndpoint {
   // This worker's own addresses, for its peers (the reflexive one asked of the first relay that answers).
   LinkAddresses addresses() const { return addresses_; }
   int port() const { return port_; }
+  bool has_relays() const { return !relays_.empty(); }
 
   // Links are taken for `end` (one of this process's) from now on.
   void serve(const LinkEnd& end);
@@ -89,14 +90,14 @@ class LinkEndpoint {
  private:
   struct Pending;
   void listen_loop();
-  void deliver(const AcceptHandshake& handshake, int fd, Route route, const std::string& relay);
+  void deliver(const AcceptHandshake& handshake, int fd, LinkRoute route, const std::string& relay);
   LinkPtr take(const LinkEnd& self, const LinkEnd& peer);
   bool dials(const LinkEnd& self, const LinkEnd& peer, const LinkAddresses& theirs) const;
   LinkPtr dial(const LinkEnd& self, const LinkEnd& peer, const LinkAddresses& theirs, const std::string& attempt,
                Clock::time_point deadline, const std::function<bool()>& abandon, std::string* problem);
   LinkPtr await(const LinkEnd& self, const LinkEnd& peer, const LinkAddresses& theirs, const std::string& attempt,
                 Clock::time_point deadline, const std::function<bool()>& abandon, std::string* problem);
-  LinkPtr accept_on(int fd, const LinkEnd& self, const LinkEnd& peer, Route route, const std::string& relay,
+  LinkPtr accept_on(int fd, const LinkEnd& self, const LinkEnd& peer, LinkRoute route, const std::string& relay,
                     Clock::time_point deadline, std::string* problem);
   ListenerId pair_id(const LinkEnd& dialer, const LinkEnd& acceptor, const std::string& attempt) const;
   bool wanted(const Hello& hello) const;

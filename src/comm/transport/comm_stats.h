@@ -8,9 +8,11 @@ namespace noloco {
 // Training traffic of the outer method.
 struct CommStats {
   uint64_t bytes_sent = 0, bytes_received = 0;
-  // Of bytes_sent, those that went through a relay (each message by the
-  // share of its group's connections that were relayed: exact for a pair).
+  // Of bytes_sent, those that went through a relay.
   uint64_t bytes_relayed = 0;
+  // Of bytes_sent, those that went through a hole punched in two NAT routers
+  // (the rest of what is neither went direct).
+  uint64_t bytes_punched = 0;
   double comm_seconds = 0;  // inside communication calls, waiting included
   double wait_seconds = 0;  // of which blocked on peers (time until their data arrived)
   int64_t collectives = 0;  // all-reduce and other collective calls
@@ -20,10 +22,23 @@ struct CommStats {
     bytes_sent += o.bytes_sent;
     bytes_received += o.bytes_received;
     bytes_relayed += o.bytes_relayed;
+    bytes_punched += o.bytes_punched;
     comm_seconds += o.comm_seconds;
     wait_seconds += o.wait_seconds;
     collectives += o.collectives;
     messages += o.messages;
+    return *this;
+  }
+  // What was added since `earlier` (the same counters, read before).
+  CommStats& operator-=(const CommStats& earlier) {
+    bytes_sent -= earlier.bytes_sent;
+    bytes_received -= earlier.bytes_received;
+    bytes_relayed -= earlier.bytes_relayed;
+    bytes_punched -= earlier.bytes_punched;
+    comm_seconds -= earlier.comm_seconds;
+    wait_seconds -= earlier.wait_seconds;
+    collectives -= earlier.collectives;
+    messages -= earlier.messages;
     return *this;
   }
 };

@@ -32,11 +32,6 @@ static_assert(MessageHeader::kWords == 9, "part_context binds every header word"
 
 }  // namespace
 
-MessageHeader dropped_notice(MessageHeader header) {
-  header.bytes = 0;
-  header.format = MessageHeader::kDropped;
-  return header;
-}
 
 FramedSend::FramedSend(c10d::ProcessGroupGloo& group, int member, int tag, const MessageHeader& header,
                        std::vector<torch::Tensor> parts, const Seal* seal, bool corrupt)

@@ -22,6 +22,7 @@
 #include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
 #include <torch/torch.h>
 
+#include "comm/transport/link_messages.h"  // Delivery, dropped_notice
 #include "wire/message.h"
 
 namespace noloco {
@@ -30,10 +31,6 @@ class Seal;
 
 // Tags one framed message takes: the header's, then one per payload part.
 constexpr int framed_tags(int parts) { return 1 + parts; }
-
-// The notice sent in place of a message that will not come (a pipeline
-// message a lost worker on its route will not produce): `header` with no payload.
-MessageHeader dropped_notice(MessageHeader header);
 
 class FramedSend {
  public:
@@ -54,14 +51,6 @@ class FramedSend {
   std::vector<c10::intrusive_ptr<c10d::Work>> works_;
   std::vector<torch::Tensor> tensors_;  // alive until sent
   uint64_t payload_bytes_ = 0, wire_bytes_ = 0;
-};
-
-enum class Delivery {
-  received,   // the header was the expected one; the parts hold the payload
-  dropped,    // a dropped_notice of the expected message came instead
-  peer_lost,  // the pair failed or timed out: the peer died or is unreachable
-  rejected,     // the header was not the expected one; problem() says why
-  unauthentic,  // the payload failed its seal (changed, replayed, another token): never used
 };
 
 class FramedReceive {

@@ -2,6 +2,9 @@
 
 #include <netinet/in.h>
 #include <sys/socket.h>
+#include <unistd.h>
+
+#include <cerrno>
 
 #include <algorithm>
 #include <atomic>
@@ -15,7 +18,7 @@
 
 #include "comm/store/abandonable_store.h"
 #include "comm/transport/framed.h"
-#include "comm/transport/gloo_admission.h"
+#include "comm/link/socket_io.h"
 #include "comm/store/run_keys.h"
 #include "comm/store/store.h"
 #include "comm/transport/seal.h"
@@ -103,31 +106,21 @@ std::optional<sockaddr_storage> pair_address(c10d::Store& rendezvous, int owner,
 }
 
 // After giving up on an attempt: connects to, and at once closes, every
-// listening port a peer published for its pair with this member (proving
-// the run's key where admission is on, else Gloo's side would never see the
-// connection). A peer still waiting for this member to connect (Gloo's pair
-// connect cannot be interrupted) thus stops waiting instead of waiting out
-// the timeout.
-void release_waiting_peers(c10d::Store& rendezvous, int rank, int world, const AdmissionKey* key) {
-  for (int peer = 0; peer < world; ++peer)
-    if (peer != rank)
-      if (const auto address = pair_address(rendezvous, peer, rank, world)) knock(*address, key);
-}
-
-// By member: whether this member's pair with it went through a relay. A
-// pair's one listener, this member's or the peer's, is named by the id in
-// the address its end published (comm/transport/gloo_admission.h).
-std::vector<bool> relayed_by_member(c10d::Store& rendezvous, int rank, int world, const PairRoutes& routes) {
-  std::vector<bool> relayed(size_t(world), false);
-  for (int peer = 0; peer < world && routes.relayed > 0; ++peer) {
+// listening port a peer published for its pair with this member. A peer
+// still waiting for this member to connect (Gloo's pair connect cannot be
+// interrupted) thus stops waiting instead of waiting out the timeout.
+void release_waiting_peers(c10d::Store& rendezvous, int rank, int world) {
+  for (int peer = 0; peer < world; ++peer) {
     if (peer == rank) continue;
-    std::vector<ListenerId> ids;
-    for (const auto& address : {pair_address(rendezvous, rank, peer, world), pair_address(rendezvous, peer, rank, world)})
-      if (address && address->ss_family == AF_INET) ids.push_back(listener_id(reinterpret_cast<const sockaddr*>(&*address)));
-    for (const auto& [listener, through_relay] : routes.pairs)
-      if (through_relay && std::find(ids.begin(), ids.end(), listener) != ids.end()) relayed[size_t(peer)] = true;
+    const auto address = pair_address(rendezvous, peer, rank, world);
+    if (!address) continue;
+    const int fd = ::socket(address->ss_family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+    if (fd < 0) continue;
+    const socklen_t size = address->ss_family == AF_INET6 ? sizeof(sockaddr_in6) : sizeof(sockaddr_in);
+    if (::connect(fd, reinterpret_cast<const sockaddr*>(&*address), size) == 0 || errno == EINPROGRESS)
+      wait_connected(fd, Clock::now() + std::chrono::milliseconds(200));
+    ::close(fd);
   }
-  return relayed;
 }
 
 }  // namespace
@@ -138,14 +131,11 @@ std::shared_ptr<gloo::transport::Device> gloo_device(const std::string& bind) {
 
 GlooGroup join_gloo_group(const StorePtr& store, const WorkerEnv& env, const std::string& name, int rank, int world,
                           const std::shared_ptr<gloo::transport::Device>& device, std::chrono::milliseconds timeout,
-                          const Seal* seal, const std::function<bool()>& abandon, PairRoutes* routes) {
+                          const Seal* seal, const std::function<bool()>& abandon) {
   // The store cannot list keys, so keys under a secret prefix can be neither
   // found nor forged by a process without the token: it cannot join the run.
   const auto start = Clock::now(), deadline = start + timeout;
   const auto given_up = [&] { return abandon && abandon(); };
-  // Only members of the run get a pair's connection (comm/transport/gloo_admission.h).
-  std::optional<AdmissionKey> admission;
-  if (!env.token.empty() && admission_available()) admission = run_key(env.token, "gloo admission");
   std::string why;
   // A member that gives the group up (another is gone) says so for every
   // attempt: the others, failing the attempt with it, would otherwise wait
@@ -178,28 +168,7 @@ GlooGroup join_gloo_group(const StorePtr& store, const WorkerEnv& env, const std
       auto options = c10d::ProcessGroupGloo::Options::create(left_until(deadline));
       options->devices.push_back(device);
       options->threads = 2;
-      std::optional<Admission> admitting;
-      if (admission) admitting.emplace(*admission, deadline);
-      c10::intrusive_ptr<c10d::ProcessGroupGloo> group;
-      {
-        // A pair still waiting for a member that will not come (unreachable,
-        // or it gave up) is let go at the deadline, once the try failed, or
-        // once `abandon` says so (asked here every half second: Gloo's pair
-        // connect asks the store nothing, so stop() is not called meanwhile).
-        int ticks = 0;
-        Ticker watchdog(std::chrono::milliseconds(50), [&] {
-          if (admitting && !stopped && ++ticks % 10 == 0 && given_up()) stopped = true;
-          if (!admitting || (!stopped && Clock::now() < deadline)) return false;
-          admitting->release();
-          return true;
-        });
-        group = c10::make_intrusive<c10d::ProcessGroupGloo>(abandonable(rendezvous, stop), rank, world, options);
-      }
-      if (routes) {
-        *routes = admitting ? admitting->routes() : PairRoutes{};
-        if (routes->connections > 0) routes->relayed_to = relayed_by_member(*rendezvous, rank, world, *routes);
-      }
-      admitting.reset();
+      const auto group = c10::make_intrusive<c10d::ProcessGroupGloo>(abandonable(rendezvous, stop), rank, world, options);
       const auto problem = greet(*group, rank, world, run_id_of(env.token), attempt, seal, deadline, stop);
       if (!problem.empty()) throw std::runtime_error(problem);
       verdicts->set(fmt::format("ok/{}", rank), std::vector<uint8_t>{1});
@@ -214,7 +183,7 @@ GlooGroup join_gloo_group(const StorePtr& store, const WorkerEnv& env, const std
       if (!said_ok) {
         if (gone) group_scope->set("abandoned", std::vector<uint8_t>{1});  // before "failed": seen with it
         verdicts->set("failed", std::vector<uint8_t>{1});
-        release_waiting_peers(*rendezvous, rank, world, admission ? &*admission : nullptr);
+        release_waiting_peers(*rendezvous, rank, world);
       }
       if (gone)
         throw std::runtime_error(fmt::format("group {} (member {} of {}) given up after {:.0f} s: a member is gone "

@@ -1,4 +1,5 @@
-// Forming a Gloo process group that only members are in.
+// Forming a Gloo process group that only members are in: a replica's own
+// workers, on one site's network (between sites, links: comm/link/).
 //
 // The Gloo of LibTorch 1.13 (Debian's, 2022) listens on a fresh port for each
 // pair of a new group and takes the first connection that arrives as the
@@ -9,7 +10,7 @@
 // and all have said so in the store; otherwise it is thrown away (which
 // closes the stranger's connection) and formed again on fresh ports, within
 // the same overall timeout. The greeting costs one small message per pair
-// direction, once per group (groups are reused).
+// direction, once per group (a replica's group is formed once).
 #pragma once
 #include <chrono>
 #include <functional>
@@ -29,7 +30,6 @@ class Device;
 namespace noloco {
 
 class Seal;
-struct PairRoutes;
 
 using GlooGroup = c10::intrusive_ptr<c10d::ProcessGroupGloo>;
 
@@ -38,13 +38,9 @@ using GlooGroup = c10::intrusive_ptr<c10d::ProcessGroupGloo>;
 // with `seal`, or in clear when null). Throws with a message that names the
 // likely cause (token, dead workers, a stranger on every try), at once if
 // `abandon` (when given) says a member is gone, else within `timeout`.
-// `abandon` is also asked from a watchdog thread while pairs connect: it
-// must be safe to call from another thread.
-// `routes`, when given, gets how this member's pair connections went (with relays in use).
 GlooGroup join_gloo_group(const StorePtr& store, const WorkerEnv& env, const std::string& name, int rank, int world,
                           const std::shared_ptr<gloo::transport::Device>& device, std::chrono::milliseconds timeout,
-                          const Seal* seal, const std::function<bool()>& abandon = nullptr,
-                          PairRoutes* routes = nullptr);
+                          const Seal* seal, const std::function<bool()>& abandon = nullptr);
 std::shared_ptr<gloo::transport::Device> gloo_device(const std::string& bind);
 
 // How many times a group is formed before join_gloo_group gives up on it.

@@ -1,51 +1,54 @@
-// Framed point-to-point messages among a changing set of workers: those the
-// caller's rosters list, over a Gloo group formed anew whenever a roster
-// lists someone the current group lacks. Bytes only: what a message means is
-// the caller's (the pipeline's channel, in pipeline/), as outer messages are
-// the outer methods'. Each directed pair counts its messages identically at
-// both ends: their tags.
+// Framed point-to-point messages among a changing set of workers (the
+// pipeline's stage workers, in any homes): those the caller's rosters list,
+// each pair over a link of its own (comm/link/), opened when the pair first
+// needs it. Bytes only: what a message means is the caller's (the
+// pipeline's channel, in pipeline/), as outer messages are the outer
+// methods'. A pair's messages in each direction arrive in the order they
+// were sent, and each end sends and receives them in the same order.
 //
-// A peer is lost when its pair fails (PeerLink tells the liveness authority
+// A peer is lost when its link fails (PeerLink tells the liveness authority
 // itself when a send fails; the caller, through lose(), when a receive comes
 // back peer_lost or unauthentic, naming what did not come), so what one path
 // gave up, the next roster leaves out. Sends to a lost peer are dropped;
 // receives from it come back peer_lost at once. A receive asks the authority
 // first and does not wait for a peer it gave up.
 #pragma once
+#include <atomic>
 #include <chrono>
 #include <functional>
+#include <future>
+#include <map>
 #include <memory>
+#include <mutex>
 #include <set>
 #include <string>
 #include <vector>
 
 #include <torch/torch.h>
 
+#include "comm/link/link_book.h"
 #include "comm/membership/liveness.h"
 #include "comm/membership/peer.h"
 #include "comm/store/store.h"
-#include "comm/transport/framed.h"
-#include "comm/transport/gloo_admission.h"
-#include "comm/transport/gloo_group.h"
+#include "comm/transport/link_messages.h"
 
 namespace noloco {
 
-class Seal;
-
 class PeerLink {
  public:
-  // Worker `self` (its global rank and incarnation) of the run `env` names;
-  // its peers are called `peers_name` in the log ("pipeline worker"). With
-  // `seal`, every payload travels sealed (comm/transport/seal.h); null: in clear.
-  PeerLink(std::string peers_name, StorePtr store, const WorkerEnv& env, Peer self, const std::string& bind,
-           std::chrono::milliseconds timeout, std::shared_ptr<const Seal> seal, Liveness& liveness);
+  // Worker `self` (its global rank and incarnation) of the run `env` names,
+  // its links starting at `endpoint`, its addresses published through
+  // `store` (a connection of its own: links open on other threads); its
+  // peers are called `peers_name` in the log ("pipeline worker").
+  PeerLink(std::string peers_name, StorePtr store, const WorkerEnv& env, Peer self,
+           std::shared_ptr<LinkEndpoint> endpoint, std::chrono::milliseconds timeout, Liveness& liveness);
   ~PeerLink();
   PeerLink(const PeerLink&) = delete;
   PeerLink& operator=(const PeerLink&) = delete;
 
   // Every worker of `members` (global ranks, this one among them) calls this
-  // with the same `name`: unless the current group holds each of them already,
-  // what is in flight is finished and they form a new group.
+  // with the same `name`: unless each of them is known already, what is in
+  // flight is finished, the lost are forgiven, and links open anew under `name`.
   void form(const std::string& name, const std::vector<Peer>& members);
 
   // Starts sending `parts` (CPU, contiguous; at most `kMaxParts`, of
@@ -63,38 +66,37 @@ class PeerLink {
   // sent tensors are reused.
   void finish_sends();
 
-  // Whether the pair with worker `peer` went through a relay (issue 66).
-  bool relayed(int peer) const;
+  // Of the payload bytes of training messages sent (not evaluations'), those
+  // whose link went through a relay, or through a punched hole.
+  struct Routed {
+    uint64_t relayed = 0, punched = 0;
+  };
+  Routed routed() const { return {relayed_bytes_, punched_bytes_}; }
   const Peer& self() const { return self_; }
   int64_t run_id() const { return run_id_; }
   int64_t peers_lost() const { return peers_lost_; }
 
  private:
-  // The group rank of worker `peer`; -1 if it is not in the group or is lost.
-  int member_of(int peer) const;
-  int next_tag(std::vector<int64_t>& counters, int member) const;
+  // The link to `peer` (a member), opened if none works; null if none came, with `problem`.
+  LinkPtr link_of(const Peer& peer, std::string* problem);
+  const Peer* member(int peer) const;  // null if not a member, or lost
 
   std::string peers_name_;
-  StorePtr store_;
-  WorkerEnv env_;
   Peer self_;
   std::chrono::milliseconds timeout_;
   int64_t run_id_;
-  std::shared_ptr<const Seal> seal_;
   Liveness& liveness_;
-  std::shared_ptr<gloo::transport::Device> device_;
-  GlooGroup group_;
-  std::vector<GlooGroup> retired_;  // earlier groups: peers may still be reading from them
-  std::vector<Peer> members_;       // of group_, by group rank (rank: global worker rank)
-  PairRoutes routes_;               // of group_'s pairs
-  std::set<int> lost_;              // global ranks lost in this group
-  std::vector<int64_t> sent_to_, received_from_;  // messages per directed pair, by group rank
-  struct Pending {
-    int peer;
-    std::function<void()> wait;  // keeps its tensors alive
-  };
-  std::vector<Pending> pending_;
+  LinkBook book_;
+  std::string name_;           // of the current membership: the links' attempt
+  std::vector<Peer> members_;  // (rank: global worker rank)
+  std::set<int> lost_;         // global ranks lost since the last form
+  mutable std::mutex open_mutex_;  // opening a pair's link: a send's thread and a receive may both ask
+  std::map<int, std::unique_ptr<std::mutex>> opening_;
+  // Each peer's last send in flight (each waits for the one before it: a
+  // pair's messages leave in order); what it returns is its problem ("" none).
+  std::map<int, std::shared_future<std::string>> sending_;
   int64_t peers_lost_ = 0;
+  std::atomic<uint64_t> relayed_bytes_{0}, punched_bytes_{0};  // counted on the sending threads
 };
 
 }  // namespace noloco

@@ -15,6 +15,7 @@
 
 #include <torch/torch.h>
 
+#include "comm/link/link.h"
 #include "comm/membership/peer.h"
 #include "comm/transport/comm_stats.h"
 #include "wire/message.h"
@@ -73,8 +74,10 @@ class Transport {
   // member's next exchange message is flipped on the wire.
   virtual void corrupt_next_message() {}
 
-  // The relays (host:port) its groups' connections went through so far.
+  // The relays (host:port) its links went through so far.
   virtual std::vector<std::string> relays_used() const { return {}; }
+  // The route of the link to each peer it exchanged with (by rank), as last opened.
+  virtual std::map<int, LinkRoute> routes() const { return {}; }
 
   // What its traffic cost so far. Exchanges may run on a background thread
   // (overlap=true) while the training thread reads this.

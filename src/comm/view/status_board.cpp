@@ -43,7 +43,7 @@ void fold_record(nlohmann::json& status, std::vector<nlohmann::json>& points, co
   const int64_t step = r.value("step", int64_t(0));
   status["step"] = step;
   status["time"] = unix_seconds();
-  for (const char* key : {"bytes_sent", "bytes_relayed", "wait_seconds", "activation_bytes_sent",
+  for (const char* key : {"bytes_sent", "bytes_relayed", "bytes_punched", "wait_seconds", "activation_bytes_sent",
                           "activation_bytes_relayed"})
     copy_number(status, r, key);
   if (split == "train") {
@@ -61,6 +61,9 @@ void fold_record(nlohmann::json& status, std::vector<nlohmann::json>& points, co
     for (const auto& member : r.value("group", std::vector<int>{}))
       if (member != replica) partners.push_back(member);
     status["partner"] = partners.empty() ? nlohmann::json() : nlohmann::json(partners.front());
+    const auto routes = r.value("routes", nlohmann::json::object());
+    const auto route = partners.empty() ? routes.end() : routes.find(std::to_string(partners.front()));
+    status["route"] = route == routes.end() ? nlohmann::json() : *route;
     status["outer_step"] = r.value("outer_step", int64_t(0));
     points.push_back({{"kind", "outer"}, {"step", step}, {"outer_step", status["outer_step"]}, {"with", partners}});
   } else if (split == "join") {

@@ -1,0 +1,66 @@
+// Where the members of an exchange meet before they trade, in the run's
+// store: each says it came, and which link it holds to each of the others,
+// so that a pair reuses a link only when both ends hold the same one.
+//
+// Each member adds `came` to its own counter under the exchange's key and
+// blocks until every peer's counter exists: event-driven, so members meet as
+// soon as all are there. A watchdog on its own store connection adds
+// `given_up` to the counter of a peer that is given up or has not come within
+// the timeout, which wakes the wait. A counter of exactly `came` means "came,
+// and not given up"; a member that finds more on arriving was given up and
+// goes on alone; one that will not come adds `stays_away` to its own (it is
+// alive: not late). Counters, not compareSet: the store wakes waiters on
+// add, not on compareSet. With a liveness authority the wait is patient,
+// without a deadline: the authority decides, and is told about once a
+// second that this member is waiting, not stuck (for the members waiting for it).
+#pragma once
+#include <chrono>
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "comm/membership/liveness.h"
+#include "comm/membership/peer.h"
+#include "comm/store/store.h"
+
+namespace noloco {
+
+// What a member's counter at a meeting says.
+enum class Arrival : int64_t {
+  came = 1,
+  given_up = 2,    // added by a peer's watchdog (came, then given up: 3)
+  stays_away = 4,  // and up: said it will not come
+};
+
+struct MeetingOutcome {
+  std::vector<Peer> present;        // came, not given up
+  std::vector<int> late;            // did not come in time, or given up
+  std::vector<int> declined;        // said they stay away
+  std::map<int, int64_t> theirs;    // of those present: the id of the link each holds to this member (0: none)
+};
+
+class Meeting {
+ public:
+  // Member `self` of the group `scope` names, in the run `token` names.
+  Meeting(std::function<StorePtr()> connect, const std::string& token, const std::string& scope, int self,
+          std::chrono::milliseconds timeout, Liveness* liveness);
+  // Meets `peers` under `key`, announcing `mine` (by peer rank: the link this member holds to it).
+  MeetingOutcome meet(const std::string& key, const std::vector<Peer>& peers, const std::map<int, int64_t>& mine);
+  // Tells the members meeting under `key` that this one will not come.
+  void stay_away(const std::string& key);
+
+ private:
+  bool given_up(int rank, std::chrono::steady_clock::time_point since) const;
+
+  std::function<StorePtr()> connect_;
+  std::string token_, scope_;
+  int self_;
+  std::chrono::milliseconds timeout_;
+  Liveness* liveness_;
+  StorePtr room_;   // one meeting at a time, on whichever thread runs the exchanges
+  StorePtr watch_;  // the watchdog's own connection (room_ is blocked in a wait meanwhile)
+};
+
+}  // namespace noloco
