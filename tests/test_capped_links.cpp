@@ -80,8 +80,8 @@ TEST(CappedLinks, APairExchangeTakesAtLeastThePayloadOverTheRate) {
   ASSERT_EQ(cells.size(), 15u) << csv;
   EXPECT_EQ(cells[12], "10mbit");
   const double sync = std::stod(cells[7]), bytes = std::stod(cells[13]), ideal = std::stod(cells[14]);
-  EXPECT_EQ(bytes, 500000.0 + double(MessageHeader::kBytes + Seal::kOverhead))
-      << "one fp32 message of 0.5 MB a round, its header, and the seal's nonce and tag";
+  EXPECT_EQ(bytes, double(noloco::testing::sealed_message(500000)) + noloco::testing::kLinkStart / 2.0)
+      << "one fp32 message of 0.5 MB a round, its header, its frames, and the link's start over 2 rounds";
   EXPECT_NEAR(ideal, bytes * 8 / 10e6, 1e-6);  // the CSV keeps 6 decimals
   EXPECT_GT(sync, 0.8 * ideal) << "faster than the link allows: the cap is not applied";
   EXPECT_TRUE(orphaned_namespaces().empty());

@@ -3,6 +3,8 @@
 // and the compression state resumed bit for bit.
 #include <gtest/gtest.h>
 
+#include <set>
+
 #include <algorithm>
 #include <map>
 
@@ -40,10 +42,11 @@ TEST_F(Compression, NoLoCoSendsInt4DeltaAndCosetCodedSlowWeights) {
   const auto out = run("int4", "method=noloco replicas=2 batch=2 steps=12 outer_interval=3 wire_dtype=int4");
   const auto r0 = read_json(out + "/summary_r0.json");
   const auto n = r0["params"].get<size_t>();
-  // The header travels with each message and counts, and so do the seal's nonce and tag.
-  const size_t message = MessageHeader::kBytes + Seal::kOverhead +
-                         WireCodec(int_spec(CodecSpec::Type::int4)).encoded_bytes(n) + CosetCodec(4, 64).encoded_bytes(n);
-  EXPECT_EQ(r0["bytes_sent"].get<uint64_t>(), 4 * message) << "one message per outer step";
+  // The header travels with each message and counts, and so do the link's frames and its stream's start.
+  const uint64_t message = noloco::testing::sealed_message(WireCodec(int_spec(CodecSpec::Type::int4)).encoded_bytes(n) +
+                                                           CosetCodec(4, 64).encoded_bytes(n));
+  const uint64_t sent = 4 * message + noloco::testing::kLinkStart;
+  EXPECT_EQ(r0["bytes_sent"].get<uint64_t>(), sent) << "one message per outer step, over one link";
   // What decoding dropped: the φ blocks outside their grid, of the 2n values
   // (Δ and φ) in each of the 4 messages received.
   int64_t failed = 0;
@@ -60,7 +63,7 @@ TEST_F(Compression, NoLoCoSendsInt4DeltaAndCosetCodedSlowWeights) {
   }
   EXPECT_DOUBLE_EQ(r0["dropped_fraction_worst_outer_step"].get<double>(), worst_r0);
   EXPECT_DOUBLE_EQ(read_json(out + "/summary.json")["dropped_fraction_worst_outer_step"].get<double>(), worst);
-  EXPECT_NEAR(r0["bits_per_param_per_outer_step"].get<double>(), 8.0 * double(message) / double(n), 1e-9);
+  EXPECT_NEAR(r0["bits_per_param_per_outer_step"].get<double>(), 8.0 * double(sent) / 4.0 / double(n), 1e-9);
   EXPECT_LT(r0["bits_per_param_per_outer_step"].get<double>(), 9.0);  // against 32 in fp32
   for (auto& rec : metrics_records(out, "outer")) EXPECT_EQ(rec["arrived"].size(), 2u) << rec.dump();
   const auto config = read_file(out + "/config.yaml");
@@ -80,8 +83,10 @@ TEST_F(Compression, DiLoCoCompressedMeanIsTheSameOnEveryReplica) {
   const auto r1 = read_json(out + "/summary_r1.json");
   const auto n = r1["params"].get<size_t>(), shard = (n + 2) / 3;
   const size_t chunk = WireCodec(int_spec(CodecSpec::Type::int8)).encoded_bytes(shard);
-  // An all-to-all and an all-gather of compressed shards: 2·(N−1) chunks a replica per outer step, each sealed.
-  EXPECT_EQ(r1["bytes_sent"].get<uint64_t>(), 2 * (2 * 2 * (chunk + Seal::kOverhead)));
+  // An all-to-all and an all-gather of compressed shards: 2·(N−1) chunks a
+  // replica per outer step, each a message on its link to a peer.
+  EXPECT_EQ(r1["bytes_sent"].get<uint64_t>(),
+            2 * (2 * 2 * noloco::testing::sealed_message(chunk)) + 2 * noloco::testing::kLinkStart);
   EXPECT_EQ(r1["collectives"].get<int64_t>(), 2 * 2);
 }
 
@@ -125,10 +130,12 @@ TEST_F(Compression, SparseDiLoCoSendsOneInt2FragmentAnOuterStepAndResumesBitIden
   uint64_t per_round = 0;
   for (size_t f = 0; f < 2; ++f) {
     const size_t numel = n / 2 + (f < n % 2 ? 1 : 0), shard = (numel + 2) / 3;
-    per_round += 2 * 2 * (int2.encoded_bytes(shard) + Seal::kOverhead);  // all-to-all and all-gather, 2 peers each
+    // All-to-all and all-gather, 2 peers each, a message on each link.
+    per_round += 2 * 2 * noloco::testing::sealed_message(int2.encoded_bytes(shard));
   }
-  EXPECT_EQ(r1["bytes_sent"].get<uint64_t>(), 3 * per_round) << "12 steps: 3 syncs of each fragment";
-  EXPECT_NEAR(r1["bits_per_param_per_outer_step"].get<double>(), 8.0 * double(3 * per_round) / 6.0 / double(n), 1e-9)
+  const uint64_t sent = 3 * per_round + 2 * noloco::testing::kLinkStart;
+  EXPECT_EQ(r1["bytes_sent"].get<uint64_t>(), sent) << "12 steps: 3 syncs of each fragment";
+  EXPECT_NEAR(r1["bits_per_param_per_outer_step"].get<double>(), 8.0 * double(sent) / 6.0 / double(n), 1e-9)
       << "6 outer steps, each one fragment";
   EXPECT_DOUBLE_EQ(r1["steps_per_outer_step"].get<double>(), 2.0);
   int outer_records = 0;
@@ -158,11 +165,12 @@ TEST_F(Compression, SparseNoLoCoSendsInt2DeltaAndCosetCodedSlowWeightsOneFragmen
   const auto n = r0["params"].get<size_t>();
   const WireCodec int2(int_spec(CodecSpec::Type::int2));
   const CosetCodec coset(4, 64);
-  uint64_t bytes = 0;
+  uint64_t bytes = noloco::testing::kLinkStart;
   for (size_t f = 0; f < 2; ++f) {
     const size_t numel = n / 2 + (f < n % 2 ? 1 : 0);
-    const size_t delta = MessageHeader::kBytes + Seal::kOverhead + int2.encoded_bytes(numel);
-    bytes += 4 * delta + 2 * coset.encoded_bytes(numel);  // 4 outer steps of each fragment, φ on the 2nd and 4th
+    // 4 outer steps of each fragment, φ on the 2nd and 4th.
+    bytes += 2 * noloco::testing::sealed_message(int2.encoded_bytes(numel)) +
+             2 * noloco::testing::sealed_message(int2.encoded_bytes(numel) + coset.encoded_bytes(numel));
   }
   EXPECT_EQ(r0["bytes_sent"].get<uint64_t>(), bytes);
   EXPECT_NEAR(r0["bits_per_param_per_outer_step"].get<double>(), 8.0 * double(bytes) / 8.0 / double(n), 1e-9);
@@ -203,26 +211,29 @@ void Compression::count_every_byte_and_resume(const std::string& preset) {
     const auto r1 = read_json(whole + "/summary_r1.json");
     const auto n = r1["params"].get<uint64_t>();
     // What one outer step sends to each partner (NoLoCo) or all-gathers (DiLoCo).
-    uint64_t to_partner = topk.encoded_bytes(n) + Seal::kOverhead + MessageHeader::kBytes;
-    uint64_t gathered = topk.encoded_bytes(n) + Seal::kOverhead;
+    uint64_t to_partner = noloco::testing::sealed_message(topk.encoded_bytes(n)), gathered = to_partner;
     if (preset == "lowrank") {
       const auto weights = load_tensors(find_checkpoint(whole + "/checkpoints/r1") + "/model.safetensors");
       FlatParams flat(std::vector<std::pair<std::string, torch::Tensor>>(weights.begin(), weights.end()));
       ASSERT_EQ(uint64_t(flat.numel()), n);
       const LowRankCoding coding(flat, 0, flat.numel(), 2);
       EXPECT_LT(coding.coded_values(), flat.numel() / 4);
-      gathered = int8.encoded_bytes(size_t(coding.coded_values())) + Seal::kOverhead;
-      to_partner = gathered + MessageHeader::kBytes;
+      to_partner = gathered = noloco::testing::sealed_message(int8.encoded_bytes(size_t(coding.coded_values())));
     }
     // NoLoCo: to each other member of its group (at 3 replicas, a replica may be alone).
+    // Each link's stream starts once: DiLoCo's two, or one to each partner NoLoCo met.
     uint64_t expected = 0;
     int outer_steps = 0;
+    std::set<int> partners;
     for (auto& rec : metrics_records(whole, "outer")) {
       if (rec["replica"] != 1) continue;
       ++outer_steps;
       if (method == "diloco") expected += 2 * gathered;
       else expected += (rec["group"].size() - 1) * to_partner;
+      for (int member : rec["group"].get<std::vector<int>>())
+        if (member != 1) partners.insert(member);
     }
+    expected += (method == "diloco" ? 2 : partners.size()) * noloco::testing::kLinkStart;
     EXPECT_EQ(outer_steps, 4);
     EXPECT_EQ(r1["bytes_sent"].get<uint64_t>(), expected);
     EXPECT_NEAR(r1["bits_per_param_per_inner_step"].get<double>(), 8.0 * double(expected) / double(n) / 16.0,

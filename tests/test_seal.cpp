@@ -7,10 +7,7 @@
 #include <string_view>
 #include <thread>
 
-#include <torch/csrc/distributed/c10d/HashStore.hpp>
-#include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
 
-#include "comm/transport/framed.h"
 #include "comm/transport/seal.h"
 #include "comm/store/store.h"
 #include "test_util.h"
@@ -67,103 +64,6 @@ TEST(Seal, RunIdsTellTokensApartAndAreStable) {
   EXPECT_GE(run_id_of("abc"), 0);
 }
 
-namespace {
-
-// Two members of one Gloo group in this process, one thread each.
-class GlooPair {
- public:
-  GlooPair() : store_(c10::make_intrusive<c10d::HashStore>()) {
-    std::thread other([&] { groups_[1] = make(1); });
-    groups_[0] = make(0);
-    other.join();
-  }
-  c10d::ProcessGroupGloo& operator[](int rank) { return *groups_[rank]; }
-
- private:
-  c10::intrusive_ptr<c10d::ProcessGroupGloo> make(int rank) {
-    auto options = c10d::ProcessGroupGloo::Options::create(std::chrono::milliseconds(20000));
-    options->devices.push_back(c10d::ProcessGroupGloo::createDeviceForHostname("127.0.0.1"));
-    return c10::make_intrusive<c10d::ProcessGroupGloo>(store_, rank, 2, options);
-  }
-  c10::intrusive_ptr<c10d::Store> store_;
-  c10::intrusive_ptr<c10d::ProcessGroupGloo> groups_[2];
-};
-
-MessageHeader exchange_header(int64_t exchange, int64_t bytes) {
-  MessageHeader h;
-  h.run = run_id_of("token-a");
-  h.kind = int64_t(MessageKind::exchange);
-  h.exchange = exchange;
-  h.bytes = bytes;
-  return h;
-}
-
-constexpr auto kWait = std::chrono::milliseconds(20000);
-
-}  // namespace
-
-// The primitive every point-to-point path goes through: a sealed message
-// arrives whole; one flipped byte on the wire, or another token, and it is
-// `unauthentic` (never handed out as received).
-TEST(Seal, FramedMessagesArriveSealedAndAChangedOneIsNeverUsed) {
-  GlooPair pair;
-  const Seal seal("token-a"), other("token-b");
-  const auto payload = torch::arange(256, torch::kFloat32);
-  const auto header = exchange_header(3, int64_t(payload.nbytes()));
-  struct Case {
-    const Seal* sender;
-    bool corrupt;
-    Delivery expected;
-  };
-  int tag = 0;
-  for (const Case c : {Case{&seal, false, Delivery::received}, Case{&seal, true, Delivery::unauthentic},
-                       Case{&other, false, Delivery::unauthentic}}) {
-    auto into = torch::zeros({256});
-    FramedReceive receive(pair[1], 0, tag, header, {into}, /*eager=*/true, &seal);
-    FramedSend send(pair[0], 1, tag, header, {payload}, c.sender, c.corrupt);
-    EXPECT_EQ(send.wire_bytes(), MessageHeader::kBytes + payload.nbytes() + Seal::kOverhead);
-    EXPECT_EQ(receive.wait(kWait), c.expected) << receive.problem();
-    send.wait(kWait);
-    if (c.expected == Delivery::received) {
-      EXPECT_TRUE(torch::equal(receive.parts()[0], payload));
-      EXPECT_EQ(receive.wire_bytes(), send.wire_bytes());
-    } else {
-      EXPECT_NE(receive.problem().find("failed authentication"), std::string::npos) << receive.problem();
-    }
-    tag += framed_tags(1);
-  }
-}
-
-// A message recorded on the wire and played again at a later exchange: as it
-// was, its header is not the one expected (rejected); with its header
-// rewritten to pass, its seal fails (unauthentic).
-TEST(Seal, AReplayedMessageIsRejectedWithOrWithoutItsHeaderRewritten) {
-  GlooPair pair;
-  const Seal seal("token-a");
-  const auto payload = torch::arange(64, torch::kFloat32);
-  const auto at3 = exchange_header(3, int64_t(payload.nbytes()));
-  // Exchange 3, recorded raw by a listener in member 1's place.
-  FramedSend send(pair[0], 1, 0, at3, {payload}, &seal);
-  auto words = torch::empty({MessageHeader::kWords}, torch::kInt64);
-  auto sealed = torch::empty({int64_t(payload.nbytes() + Seal::kOverhead)}, torch::kUInt8);
-  std::vector<torch::Tensor> w{words}, p{sealed};
-  pair[1].recv(w, 0, 0)->wait(kWait);
-  pair[1].recv(p, 0, 1)->wait(kWait);
-  send.wait(kWait);
-
-  const auto at4 = exchange_header(4, int64_t(payload.nbytes()));
-  int tag = framed_tags(1);
-  for (bool rewrite : {false, true}) {
-    auto replayed_words = words.clone();
-    if (rewrite) replayed_words[3] = 4;  // the header's `exchange` word
-    FramedReceive receive(pair[1], 0, tag, at4, {torch::zeros({64})}, /*eager=*/true, &seal);
-    std::vector<torch::Tensor> rw{replayed_words}, rp{sealed};
-    pair[0].send(rw, 1, tag)->wait(kWait);
-    pair[0].send(rp, 1, tag + 1)->wait(kWait);
-    EXPECT_EQ(receive.wait(kWait), rewrite ? Delivery::unauthentic : Delivery::rejected) << receive.problem();
-    tag += framed_tags(1);
-  }
-}
 
 // A drill corrupts worker 1's outer message at step 3 of a 2-replica NoLoCo
 // run: worker 0 refuses it, naming the worker, handles the worker as lost for

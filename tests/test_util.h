@@ -23,7 +23,18 @@
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
+#include "comm/link/link.h"
+#include "wire/message.h"
+
 namespace noloco::testing {
+
+// What one message of `payload` bytes costs on a sealed link
+// (comm/link/link.h): its header's frame and its payload's frames.
+inline uint64_t sealed_message(uint64_t payload) {
+  return Link::wire_bytes(MessageHeader::kBytes, true) + Link::wire_bytes(payload, true);
+}
+// What a link adds once at each end: its sealed stream's header.
+constexpr uint64_t kLinkStart = Link::kStreamHeaderBytes;
 
 class TempDir {
  public:

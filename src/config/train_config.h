@@ -79,10 +79,10 @@ struct OuterConfig {
 // The network: where to listen, how long to wait for whom.
 struct CommConfig {
   std::string bind = "127.0.0.1";
-  // A fixed port for every Gloo pair's connection (each local worker the
-  // next one up), and the address other machines reach it at (a forwarded
-  // port, a public address): comm/transport/gloo_admission.h's door. 0 and
-  // empty: a fresh port per pair, reached at bind.
+  // The port this worker's links are dialed at (each local worker the next
+  // one up), and the address other machines reach it at (a forwarded port,
+  // a public address): comm/link/link_endpoint.h. 0 and empty: any port,
+  // reached at bind.
   int64_t listen_port = 0;
   std::string advertise;  // HOST or HOST:PORT
   double peer_timeout = 60;

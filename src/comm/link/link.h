@@ -1,7 +1,7 @@
 // A link: one authenticated, framed and (unless the run is unsealed) sealed
 // byte stream between two workers, over a TCP connection that went direct,
 // through a punched hole in two NAT routers, or through a relay
-// (comm/link/link_open.h says which and how). What crosses between sites
+// (comm/link/link_endpoint.h says which and how). What crosses between sites
 // crosses here; Gloo stays inside a site.
 //
 // The handshake (link_handshake below) proves both ends hold the run's

@@ -15,15 +15,16 @@
 #include <fmt/format.h>
 #include <spdlog/spdlog.h>
 #include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
+#include <torch/torch.h>
 
 #include "comm/store/abandonable_store.h"
-#include "comm/transport/framed.h"
 #include "comm/link/socket_io.h"
 #include "comm/store/run_keys.h"
 #include "comm/store/store.h"
 #include "comm/transport/seal.h"
 #include "comm/transport/ticker.h"
 #include "util/error_text.h"
+#include "wire/message.h"
 
 namespace noloco {
 
@@ -31,7 +32,7 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
-// Above every tag an exchange uses (its number modulo 2^29, times framed_tags(1)).
+// Apart from every tag the group's collectives use.
 constexpr int kGreetingTag = 1 << 30;
 
 std::chrono::milliseconds left_until(Clock::time_point deadline) {
@@ -39,9 +40,12 @@ std::chrono::milliseconds left_until(Clock::time_point deadline) {
                   std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now()));
 }
 
-// Every member sends every other its own index over their pair, and checks
-// what comes back: a pair that a stranger took gets nothing (or garbage,
-// which fails the header check or the seal). Empty when every greeting came.
+// Every member sends every other its own index, under a header naming the
+// run and the try, over their pair, and checks what comes back: a pair that
+// a stranger took gets nothing (or garbage, which fails the header check or
+// the seal). Every greeting has one size, known to both ends: Gloo aborts a
+// process whose posted buffer is smaller than what arrives. Empty when every
+// greeting came.
 std::string greet(c10d::ProcessGroupGloo& group, int rank, int world, int64_t run, int64_t attempt, const Seal* seal,
                   Clock::time_point deadline, const std::function<bool()>& stop) {
   MessageHeader header;
@@ -49,41 +53,60 @@ std::string greet(c10d::ProcessGroupGloo& group, int rank, int world, int64_t ru
   header.kind = int64_t(MessageKind::greeting);
   header.exchange = attempt;
   header.bytes = sizeof(int64_t);
-  std::vector<FramedReceive> greetings;
-  std::vector<FramedSend> sends;
-  greetings.reserve(size_t(world));
-  sends.reserve(size_t(world));
+  constexpr int64_t kPlain = int64_t(MessageHeader::kBytes + sizeof(int64_t));
+  const int64_t wire = kPlain + (seal ? int64_t(Seal::kOverhead) : 0);
+  auto context = [&](int from, int to) { return seal_context({run, header.kind, attempt, from, to}); };
+  std::vector<std::vector<torch::Tensor>> in(static_cast<size_t>(world)), out(static_cast<size_t>(world));
+  std::vector<c10::intrusive_ptr<c10d::Work>> works;
   std::mutex posted;  // the watchdog aborts what has been posted so far
   try {
     Ticker watchdog(std::chrono::milliseconds(50), [&] {
       if (!stop()) return false;
       std::lock_guard<std::mutex> lock(posted);
-      for (auto& g : greetings) g.abort();
-      for (auto& s : sends) s.abort();
+      for (auto& w : works) w->abort();
       return true;
     });
     {
       std::lock_guard<std::mutex> lock(posted);
-      for (int m = 0; m < world; ++m)
-        if (m != rank)
-          greetings.emplace_back(group, m, kGreetingTag, header,
-                                 std::vector<torch::Tensor>{torch::empty({1}, torch::kInt64)}, /*eager=*/true, seal);
-      for (int m = 0; m < world; ++m)
-        if (m != rank)
-          sends.emplace_back(group, m, kGreetingTag, header, std::vector<torch::Tensor>{torch::tensor({int64_t(rank)})},
-                             seal);
+      for (int m = 0; m < world; ++m) {
+        if (m == rank) continue;
+        in[size_t(m)] = {torch::empty({wire}, torch::kUInt8)};
+        works.push_back(group.recv(in[size_t(m)], m, kGreetingTag));
+      }
+      for (int m = 0; m < world; ++m) {
+        if (m == rank) continue;
+        auto plain = torch::empty({kPlain}, torch::kUInt8);
+        const auto words = header.words();
+        std::memcpy(plain.data_ptr<uint8_t>(), words.data(), MessageHeader::kBytes);
+        const int64_t index = rank;
+        std::memcpy(plain.data_ptr<uint8_t>() + MessageHeader::kBytes, &index, sizeof(index));
+        auto message = plain;
+        if (seal) {
+          message = torch::empty({wire}, torch::kUInt8);
+          seal->seal(plain.data_ptr<uint8_t>(), size_t(kPlain), context(rank, m), message.data_ptr<uint8_t>());
+        }
+        out[size_t(m)] = {message};
+        works.push_back(group.send(out[size_t(m)], m, kGreetingTag));
+      }
     }
-    for (size_t i = 0; i < greetings.size(); ++i) {
-      const int from = int(i) < rank ? int(i) : int(i) + 1;
-      const auto delivery = greetings[i].wait(left_until(deadline));
-      if (delivery != Delivery::received)
-        return fmt::format("member {} did not greet over its pair: {}", from,
-                           greetings[i].problem().empty() ? "not the expected message" : greetings[i].problem());
-      if (greetings[i].parts()[0].item<int64_t>() != from)
-        return fmt::format("member {}'s pair brought the greeting of member {}", from,
-                           greetings[i].parts()[0].item<int64_t>());
+    for (int m = 0; m < world; ++m) {
+      if (m == rank) continue;
+      const size_t k = size_t(m < rank ? m : m - 1);
+      if (!works[k]->wait(left_until(deadline))) return fmt::format("member {} did not greet over its pair", m);
+      auto plain = in[size_t(m)][0];
+      if (seal) {
+        plain = torch::empty({kPlain}, torch::kUInt8);
+        if (!seal->open(in[size_t(m)][0].data_ptr<uint8_t>(), size_t(kPlain), context(m, rank), plain.data_ptr<uint8_t>()))
+          return fmt::format("member {}'s pair brought a greeting that failed its seal", m);
+      }
+      const auto got = MessageHeader::from_words(reinterpret_cast<const int64_t*>(plain.data_ptr<uint8_t>()));
+      if (const auto problem = check_message_header(header, got); !problem.empty())
+        return fmt::format("member {} did not greet over its pair: {}", m, problem);
+      int64_t index = -1;
+      std::memcpy(&index, plain.data_ptr<uint8_t>() + MessageHeader::kBytes, sizeof(index));
+      if (index != m) return fmt::format("member {}'s pair brought the greeting of member {}", m, index);
     }
-    for (auto& s : sends) s.wait(left_until(deadline));
+    for (size_t k = size_t(world - 1); k < works.size(); ++k) works[k]->wait(left_until(deadline));
   } catch (const std::exception& e) {
     return error_text(e);
   }

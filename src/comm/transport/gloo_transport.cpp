@@ -216,20 +216,4 @@ std::vector<torch::Tensor> GlooTransport::all_to_all(const torch::Tensor& bytes)
   return out;
 }
 
-ExchangeResult GlooTransport::exchange(const ExchangeRequest&) {
-  throw std::logic_error("a replica's own workers do no point-to-point exchanges");
-}
-
-void GlooTransport::send_state(const std::string&, int, const MessageHeader&, const torch::Tensor&) {
-  throw std::logic_error("a replica's own workers hand over no state");
-}
-
-torch::Tensor GlooTransport::receive_state(const std::string&, int, const MessageHeader&, int64_t) {
-  throw std::logic_error("a replica's own workers hand over no state");
-}
-
-std::unique_ptr<Transport> GlooTransport::subgroup(const std::string&, const std::vector<Peer>&) {
-  throw std::logic_error("a replica's own workers form no subgroups");
-}
-
 }  // namespace noloco

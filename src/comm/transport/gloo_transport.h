@@ -26,7 +26,7 @@ struct CollectiveSeal {
   std::vector<uint8_t> context(int64_t kind, int64_t number, int from, int to) const;
 };
 
-class GlooTransport final : public Transport {
+class GlooTransport final : public CollectivesOnly {
  public:
   // Member `self` of `world` in `scope` ("replica0/workers/0"). `connect`
   // opens a new connection to the run's store. The group is formed at the
@@ -41,13 +41,6 @@ class GlooTransport final : public Transport {
   std::vector<torch::Tensor> all_gather(const torch::Tensor& bytes) override;
   std::vector<torch::Tensor> all_to_all(const torch::Tensor& bytes) override;
   void broadcast(torch::Tensor& t, int root) override;
-  // A replica's own workers exchange nothing point-to-point, and hand over nothing.
-  ExchangeResult exchange(const ExchangeRequest& request) override;
-  void send_state(const std::string& channel, int receiver, const MessageHeader& header,
-                  const torch::Tensor& bytes) override;
-  torch::Tensor receive_state(const std::string& channel, int donor, const MessageHeader& expected,
-                              int64_t max_bytes) override;
-  std::unique_ptr<Transport> subgroup(const std::string& name, const std::vector<Peer>& members) override;
 
  private:
   c10d::ProcessGroupGloo& group();

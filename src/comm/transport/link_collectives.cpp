@@ -154,20 +154,4 @@ void LinkCollectives::broadcast(torch::Tensor& t, int root) {
   finish(cost, start);
 }
 
-ExchangeResult LinkCollectives::exchange(const ExchangeRequest&) {
-  throw std::logic_error("a collectives-only group does no point-to-point exchanges");
-}
-
-void LinkCollectives::send_state(const std::string&, int, const MessageHeader&, const torch::Tensor&) {
-  throw std::logic_error("a collectives-only group hands over no state");
-}
-
-torch::Tensor LinkCollectives::receive_state(const std::string&, int, const MessageHeader&, int64_t) {
-  throw std::logic_error("a collectives-only group hands over no state");
-}
-
-std::unique_ptr<Transport> LinkCollectives::subgroup(const std::string&, const std::vector<Peer>&) {
-  throw std::logic_error("a collectives-only group has no subgroups");
-}
-
 }  // namespace noloco

@@ -14,7 +14,7 @@
 
 namespace noloco {
 
-class LinkCollectives final : public Transport {
+class LinkCollectives final : public CollectivesOnly {
  public:
   // Member `rank` of `links.size()`, links[r] reaching member r (null at `rank`).
   LinkCollectives(std::vector<LinkPtr> links, int rank, int64_t run_id, std::chrono::milliseconds timeout);
@@ -24,10 +24,6 @@ class LinkCollectives final : public Transport {
   std::vector<torch::Tensor> all_gather(const torch::Tensor& bytes) override;
   std::vector<torch::Tensor> all_to_all(const torch::Tensor& bytes) override;
   void broadcast(torch::Tensor& t, int root) override;
-  ExchangeResult exchange(const ExchangeRequest&) override;
-  void send_state(const std::string&, int, const MessageHeader&, const torch::Tensor&) override;
-  torch::Tensor receive_state(const std::string&, int, const MessageHeader&, int64_t) override;
-  std::unique_ptr<Transport> subgroup(const std::string&, const std::vector<Peer>&) override;
   // Whether every link still works (one that broke fails every later collective).
   bool intact() const;
   const std::vector<LinkPtr>& links() const { return links_; }

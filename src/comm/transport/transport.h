@@ -10,6 +10,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
@@ -95,6 +96,27 @@ class Transport {
  private:
   mutable std::mutex stats_mutex_;
   CommStats stats_;
+};
+
+// Collectives alone (a replica's own workers, an evaluation's group): no
+// point-to-point exchanges, hand-overs or subgroups; asking for one is a bug.
+class CollectivesOnly : public Transport {
+ public:
+  ExchangeResult exchange(const ExchangeRequest&) override { throw unsupported("point-to-point exchanges"); }
+  void send_state(const std::string&, int, const MessageHeader&, const torch::Tensor&) override {
+    throw unsupported("hand-overs");
+  }
+  torch::Tensor receive_state(const std::string&, int, const MessageHeader&, int64_t) override {
+    throw unsupported("hand-overs");
+  }
+  std::unique_ptr<Transport> subgroup(const std::string&, const std::vector<Peer>&) override {
+    throw unsupported("subgroups");
+  }
+
+ private:
+  static std::logic_error unsupported(const std::string& what) {
+    return std::logic_error("a group of collectives alone has no " + what);
+  }
 };
 
 }  // namespace noloco
