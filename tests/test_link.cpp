@@ -104,6 +104,68 @@ TEST(Links, AFrameChangedOnTheWayIsNeverDeliveredAndBreaksTheLink) {
   EXPECT_EQ(std::count(got.begin(), got.end(), 42), 0) << "nothing of it reached the caller's buffer as valid";
 }
 
+// A frame recorded on the way and played again (a man in the middle between
+// the two ends, here a proxy in the test): the copy fails to open, and the
+// receiver never takes it for a second message.
+TEST(Links, AFrameReplayedOnTheWayIsRefusedAndNeverDeliveredTwice) {
+  LinkEndpoint a(on_loopback(), kKey, kRelayKey), b(on_loopback(), kKey, kRelayKey);
+  const int listener = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in at{};
+  at.sin_family = AF_INET;
+  at.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t size = sizeof(at);
+  ASSERT_EQ(::bind(listener, reinterpret_cast<sockaddr*>(&at), sizeof(at)), 0);
+  ASSERT_EQ(::listen(listener, 1), 0);
+  ::getsockname(listener, reinterpret_cast<sockaddr*>(&at), &size);
+  constexpr size_t kMessage = 1000;
+  // What a->b carries before the message's frame: the hello and the proof, then the stream's header.
+  constexpr size_t kBefore = link_wire::kHelloBytes + link_wire::kProofBytes + Link::kStreamHeaderBytes;
+  const size_t frame = Link::wire_bytes(kMessage, true);
+  std::thread proxy([&] {
+    const int from_a = ::accept(listener, nullptr, nullptr);
+    const int to_b = ::socket(AF_INET, SOCK_STREAM, 0);
+    sockaddr_in b_at{};
+    b_at.sin_family = AF_INET;
+    b_at.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    b_at.sin_port = htons(uint16_t(b.port()));
+    if (from_a < 0 || ::connect(to_b, reinterpret_cast<sockaddr*>(&b_at), sizeof(b_at)) != 0) return;
+    std::thread back([&] {  // b->a as it comes
+      std::vector<uint8_t> buffer(4096);
+      for (ssize_t n; (n = ::read(to_b, buffer.data(), buffer.size())) > 0;) ::write(from_a, buffer.data(), size_t(n));
+      ::shutdown(from_a, SHUT_WR);
+    });
+    std::vector<uint8_t> seen;
+    std::vector<uint8_t> buffer(4096);
+    for (ssize_t n; seen.size() < kBefore + frame && (n = ::read(from_a, buffer.data(), buffer.size())) > 0;) {
+      seen.insert(seen.end(), buffer.begin(), buffer.begin() + n);
+      ::write(to_b, buffer.data(), size_t(n));
+    }
+    if (seen.size() >= kBefore + frame) ::write(to_b, seen.data() + kBefore, frame);  // the message's frame again
+    for (ssize_t n; (n = ::read(from_a, buffer.data(), buffer.size())) > 0;) ::write(to_b, buffer.data(), size_t(n));
+    ::shutdown(to_b, SHUT_WR);
+    back.join();
+    ::close(from_a);
+    ::close(to_b);
+  });
+  auto b_seen = b.addresses();
+  b_seen.listen = fmt::format("127.0.0.1:{}", ntohs(at.sin_port));
+  std::string problem;
+  auto [da, db] = open_both(a, b, a.addresses(), b_seen, &problem);
+  ASSERT_TRUE(da && db) << problem;
+  std::vector<uint8_t> message(kMessage, 42), got(kMessage, 0);
+  ASSERT_TRUE(da->send({{message.data(), message.size()}}, Clock::now() + std::chrono::seconds(5)));
+  EXPECT_EQ(db->receive(got.data(), got.size(), Clock::now() + std::chrono::seconds(5)), int64_t(kMessage));
+  EXPECT_EQ(got, message) << "the original arrives";
+  std::fill(got.begin(), got.end(), 0);
+  EXPECT_EQ(db->receive(got.data(), got.size(), Clock::now() + std::chrono::seconds(5)), -1);
+  EXPECT_TRUE(db->unauthentic()) << db->problem();
+  EXPECT_EQ(std::count(got.begin(), got.end(), 42), 0) << "the copy is never handed out";
+  da->shut();
+  db->shut();
+  proxy.join();
+  ::close(listener);
+}
+
 TEST(Links, AMessageLargerThanExpectedBreaksTheLinkInsteadOfOverflowing) {
   LinkEndpoint a(on_loopback(), kKey, kRelayKey), b(on_loopback(), kKey, kRelayKey);
   std::string problem;
