@@ -3,6 +3,8 @@
 #pragma once
 #include <cstdint>
 
+#include "comm/link/link.h"
+
 namespace noloco {
 
 // Training traffic of the outer method.
@@ -17,6 +19,13 @@ struct CommStats {
   double wait_seconds = 0;  // of which blocked on peers (time until their data arrived)
   int64_t collectives = 0;  // all-reduce and other collective calls
   int64_t messages = 0;     // point-to-point payloads sent
+
+  // `bytes` sent over a link that went `route`.
+  void sent_over(LinkRoute route, uint64_t bytes) {
+    bytes_sent += bytes;
+    if (route == LinkRoute::relayed) bytes_relayed += bytes;
+    if (route == LinkRoute::punched) bytes_punched += bytes;
+  }
 
   CommStats& operator+=(const CommStats& o) {
     bytes_sent += o.bytes_sent;

@@ -64,10 +64,8 @@ void LinkCollectives::trade(int64_t kind, const std::vector<torch::Tensor>& out,
   trade_messages(trades, Clock::now() + timeout_);
   for (size_t i = 0; i < trades.size(); ++i) {
     const auto& t = trades[i];
-    cost.bytes_sent += t.bytes_sent;
+    cost.sent_over(t.link->route(), t.bytes_sent);
     cost.bytes_received += t.bytes_received;
-    if (t.link->route() == LinkRoute::relayed) cost.bytes_relayed += t.bytes_sent;
-    if (t.link->route() == LinkRoute::punched) cost.bytes_punched += t.bytes_sent;
   }
   for (size_t i = 0; i < trades.size(); ++i) {
     const auto& t = trades[i];
@@ -80,23 +78,22 @@ void LinkCollectives::trade(int64_t kind, const std::vector<torch::Tensor>& out,
   }
 }
 
-std::vector<torch::Tensor> LinkCollectives::to_all(const torch::Tensor& bytes, CommStats& cost) {
-  TORCH_CHECK(bytes.numel() % world() == 0, "all_to_all needs equal chunks");
-  const auto chunks = bytes.contiguous().chunk(world());
-  const std::vector<torch::Tensor> out(chunks.begin(), chunks.end());
+std::vector<torch::Tensor> LinkCollectives::pieces(int64_t kind, const std::vector<torch::Tensor>& out,
+                                                    CommStats& cost) {
   std::vector<torch::Tensor> in;
   for (int r = 0; r < world(); ++r) in.push_back(r == rank_ ? out[size_t(r)].clone() : torch::empty_like(out[size_t(r)]));
-  trade(kToAll, out, in, true, true, std::vector<bool>(size_t(world()), true), cost);
+  trade(kind, out, in, true, true, std::vector<bool>(size_t(world()), true), cost);
   return in;
 }
 
+std::vector<torch::Tensor> LinkCollectives::to_all(const torch::Tensor& bytes, CommStats& cost) {
+  TORCH_CHECK(bytes.numel() % world() == 0, "all_to_all needs equal chunks");
+  const auto chunks = bytes.contiguous().chunk(world());
+  return pieces(kToAll, {chunks.begin(), chunks.end()}, cost);
+}
+
 std::vector<torch::Tensor> LinkCollectives::gather(const torch::Tensor& bytes, CommStats& cost) {
-  const auto own = bytes.contiguous();
-  const std::vector<torch::Tensor> out(size_t(world()), own);
-  std::vector<torch::Tensor> in;
-  for (int r = 0; r < world(); ++r) in.push_back(r == rank_ ? own.clone() : torch::empty_like(own));
-  trade(kGather, out, in, true, true, std::vector<bool>(size_t(world()), true), cost);
-  return in;
+  return pieces(kGather, std::vector<torch::Tensor>(size_t(world()), bytes.contiguous()), cost);
 }
 
 std::vector<torch::Tensor> LinkCollectives::all_to_all(const torch::Tensor& bytes) {

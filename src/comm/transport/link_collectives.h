@@ -35,6 +35,8 @@ class LinkCollectives final : public CollectivesOnly {
   void trade(int64_t kind, const std::vector<torch::Tensor>& out, std::vector<torch::Tensor>& in, bool send,
              bool receive, const std::vector<bool>& with, CommStats& cost);
 
+  // Sends out[r] to each member r and receives a piece of the same size from each (its own: a copy).
+  std::vector<torch::Tensor> pieces(int64_t kind, const std::vector<torch::Tensor>& out, CommStats& cost);
   std::vector<torch::Tensor> to_all(const torch::Tensor& bytes, CommStats& cost);
   std::vector<torch::Tensor> gather(const torch::Tensor& bytes, CommStats& cost);
   void finish(CommStats cost, Clock::time_point start);

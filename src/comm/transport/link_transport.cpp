@@ -30,12 +30,6 @@ std::vector<int> ranks_of(const std::vector<Peer>& peers) {
 
 uint8_t* bytes_ptr(const torch::Tensor& t) { return static_cast<uint8_t*>(t.data_ptr()); }
 
-// What a message cost on `link`, by the route it took.
-void count_route(const Link& link, uint64_t sent, CommStats* cost) {
-  if (link.route() == LinkRoute::relayed) cost->bytes_relayed += sent;
-  if (link.route() == LinkRoute::punched) cost->bytes_punched += sent;
-}
-
 }  // namespace
 
 LinkTransport::LinkTransport(std::function<StorePtr()> connect, const WorkerEnv& env, std::string scope, Peer self,
@@ -297,9 +291,8 @@ std::vector<LinkTransport::Failure> LinkTransport::trade(const ExchangeRequest& 
     const auto& t = trades[k];
     const auto& peer = present[traded[k]];
     const auto& link = links[traded[k]];
-    cost->bytes_sent += t.bytes_sent;
+    cost->sent_over(link->route(), t.bytes_sent);
     cost->bytes_received += t.bytes_received;
-    count_route(*link, t.bytes_sent, cost);
     if (t.sent) cost->messages += 1;
     switch (t.incoming.delivery) {
       case Delivery::received:
@@ -351,8 +344,7 @@ void LinkTransport::send_state(const std::string& channel, int receiver, const M
     throw std::runtime_error("the state did not reach its receiver: " + link->problem());
   }
   CommStats cost;
-  cost.bytes_sent = link->bytes_sent() - before;
-  count_route(*link, cost.bytes_sent, &cost);
+  cost.sent_over(link->route(), link->bytes_sent() - before);
   cost.messages = 1;
   cost.comm_seconds = since(start);
   charge(cost);
