@@ -81,6 +81,23 @@ TEST(Links, TwoWorkersOpenOneSealedLinkAndTradeBothWaysAtOnce) {
   EXPECT_NE(again->id(), da->id());
 }
 
+// An evaluation one end gave up leaves the link its partner dialed for it
+// unclaimed at the listener; the pair's next attempt must not take it (its
+// dialer closed it), or every later attempt would take the one before's.
+TEST(Links, ALinkDialedForAnAttemptItsAcceptorGaveUpIsNotTakenForTheNext) {
+  LinkEndpoint a(on_loopback(), kKey, kRelayKey), b(on_loopback(), kKey, kRelayKey);
+  const LinkEnd ea{"test", 0, 0}, eb{"test", 1, 0};
+  a.serve(ea);
+  b.serve(eb);
+  std::string problem;
+  EXPECT_FALSE(a.open(ea, eb, b.addresses(), "evaluation/60", Clock::now() + std::chrono::seconds(1), nullptr, &problem))
+      << "nobody at b took it";
+  const auto [da, db] = open_both(a, b, a.addresses(), b.addresses(), &problem);
+  ASSERT_TRUE(da && db) << problem;
+  EXPECT_EQ(da->id(), db->id()) << "both ends hold the link of this attempt";
+  EXPECT_TRUE(trade(*da, *db, 1000));
+}
+
 TEST(Links, AWorkerWithAnotherTokenGetsNoLinkAndGivesNone) {
   LinkEndpoint a(on_loopback(), kKey, kRelayKey), b(on_loopback(), run_key("another-run", "link"), kRelayKey);
   std::string problem;

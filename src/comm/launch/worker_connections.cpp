@@ -177,7 +177,8 @@ WorkerConnections join_as_worker(const WorkerEnv& env, const CommConfig& comm, i
                                                       links.endpoint, timeout, links.membership.get());
   }
   if (stages > 1) {
-    links.rosters = std::make_unique<PipelineRoster>(links.store, env.token, stages, env.world / stages,
+    // A connection of its own: the link's sending threads ask it too.
+    links.rosters = std::make_unique<PipelineRoster>(connect(), env.token, stages, env.world / stages,
                                                      std::chrono::milliseconds(int64_t(comm.heartbeat_timeout * 1000)));
     const Peer self{env.rank, links.membership ? links.membership->incarnation() : 0};
     links.stage_link = std::make_unique<PeerLink>("pipeline worker", connect(), env, self, links.endpoint, timeout,

@@ -77,6 +77,12 @@ std::array<uint8_t, link_wire::kScopeBytes> scope_hash(const std::string& scope)
   return out;
 }
 
+std::array<uint8_t, link_wire::kAttemptBytes> attempt_hash(const std::string& attempt) {
+  std::array<uint8_t, link_wire::kAttemptBytes> out{};
+  crypto_generichash(out.data(), out.size(), reinterpret_cast<const uint8_t*>(attempt.data()), attempt.size(), nullptr, 0);
+  return out;
+}
+
 std::array<uint8_t, link_wire::kHelloBytes> Hello::bytes() const {
   std::array<uint8_t, link_wire::kHelloBytes> out{};
   uint8_t* p = out.data();
@@ -86,6 +92,7 @@ std::array<uint8_t, link_wire::kHelloBytes> Hello::bytes() const {
     put_u32(p, uint32_t(v));
     p += 4;
   }
+  p = std::copy(attempt.begin(), attempt.end(), p);
   p = std::copy(nonce.begin(), nonce.end(), p);
   put_u32(p, sealed ? 1 : 0);
   return out;
@@ -101,6 +108,8 @@ bool Hello::parse(const uint8_t* bytes, Hello* out) {
     *f = int(get_u32(p));
     p += 4;
   }
+  std::copy(p, p + link_wire::kAttemptBytes, out->attempt.begin());
+  p += link_wire::kAttemptBytes;
   std::copy(p, p + link_wire::kNonceBytes, out->nonce.begin());
   p += link_wire::kNonceBytes;
   const uint32_t sealed = get_u32(p);
@@ -109,14 +118,16 @@ bool Hello::parse(const uint8_t* bytes, Hello* out) {
   return true;
 }
 
-LinkPtr dial_handshake(int fd, const LinkKey& key, bool sealed, const LinkEnd& self, const LinkEnd& peer, LinkRoute route,
-                       const std::string& relay, Clock::time_point deadline, std::string* problem) {
+LinkPtr dial_handshake(int fd, const LinkKey& key, bool sealed, const LinkEnd& self, const LinkEnd& peer,
+                       const std::string& attempt, LinkRoute route, const std::string& relay,
+                       Clock::time_point deadline, std::string* problem) {
   Hello hello;
   hello.scope = scope_hash(self.scope);
   hello.dialer_rank = self.rank;
   hello.dialer_incarnation = self.incarnation;
   hello.acceptor_rank = peer.rank;
   hello.acceptor_incarnation = peer.incarnation;
+  hello.attempt = attempt_hash(attempt);
   hello.sealed = sealed;
   randombytes_buf(hello.nonce.data(), hello.nonce.size());
   const auto said = hello.bytes();

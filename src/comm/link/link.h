@@ -148,14 +148,14 @@ using LinkPtr = std::shared_ptr<Link>;
 
 // The handshake, on a connection just made (either end may have dialed the
 // TCP connection: in a punched hole both did). The `dialer` end speaks first.
-//   dialer -> acceptor: Hello (who it is, whom it wants, a fresh nonce, sealed or not)
+//   dialer -> acceptor: Hello (who it is, whom it wants, for which attempt, a fresh nonce, sealed or not)
 //   acceptor -> dialer: its nonce and a MAC under `key` of both
 //   dialer -> acceptor: its MAC of both
 // Each MAC binds the hello and both nonces, so a proof is good for one
 // connection only; the direction keys are derived from the same.
 namespace link_wire {
-constexpr size_t kNonceBytes = 16, kMacBytes = 32, kScopeBytes = 16;
-constexpr size_t kHelloBytes = 8 + kScopeBytes + 4 * 4 + kNonceBytes + 4;
+constexpr size_t kNonceBytes = 16, kMacBytes = 32, kScopeBytes = 16, kAttemptBytes = 16;
+constexpr size_t kHelloBytes = 8 + kScopeBytes + 4 * 4 + kAttemptBytes + kNonceBytes + 4;
 constexpr size_t kAnswerBytes = kNonceBytes + kMacBytes;
 constexpr size_t kProofBytes = kMacBytes;
 }  // namespace link_wire
@@ -163,6 +163,9 @@ constexpr size_t kProofBytes = kMacBytes;
 struct Hello {
   std::array<uint8_t, link_wire::kScopeBytes> scope{};  // a hash of the scope's name
   int dialer_rank = 0, dialer_incarnation = 0, acceptor_rank = 0, acceptor_incarnation = 0;
+  // A hash of the attempt's name: a link dialed for one attempt (an
+  // evaluation its acceptor gave up) is never taken for another.
+  std::array<uint8_t, link_wire::kAttemptBytes> attempt{};
   std::array<uint8_t, link_wire::kNonceBytes> nonce{};
   bool sealed = true;
   std::array<uint8_t, link_wire::kHelloBytes> bytes() const;
@@ -170,12 +173,14 @@ struct Hello {
   static bool parse(const uint8_t* bytes, Hello* out);
 };
 std::array<uint8_t, link_wire::kScopeBytes> scope_hash(const std::string& scope);
+std::array<uint8_t, link_wire::kAttemptBytes> attempt_hash(const std::string& attempt);
 
-// The dialer's half, bounded by `deadline`: a link to `peer`, or null with
-// `problem` saying why (the other end is not `peer`, holds another token,
-// or did not answer).
-LinkPtr dial_handshake(int fd, const LinkKey& key, bool sealed, const LinkEnd& self, const LinkEnd& peer, LinkRoute route,
-                       const std::string& relay, Clock::time_point deadline, std::string* problem);
+// The dialer's half, bounded by `deadline`: a link to `peer` for `attempt`,
+// or null with `problem` saying why (the other end is not `peer`, holds
+// another token, or did not answer).
+LinkPtr dial_handshake(int fd, const LinkKey& key, bool sealed, const LinkEnd& self, const LinkEnd& peer,
+                       const std::string& attempt, LinkRoute route, const std::string& relay,
+                       Clock::time_point deadline, std::string* problem);
 
 // The acceptor's half, in steps, so that a listener can hold many strangers
 // at once on one thread: feed it what arrives, send what it says.

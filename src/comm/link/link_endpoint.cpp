@@ -259,17 +259,23 @@ void LinkEndpoint::deliver(const AcceptHandshake& handshake, int fd, LinkRoute r
   }
   const LinkEnd dialer{self->scope, h.dialer_rank, h.dialer_incarnation};
   const auto keys = handshake.keys();
-  inbox_[{*self, dialer}] = std::make_shared<Link>(fd, route, *self, dialer, keys, h.sealed, relay);
+  inbox_[{*self, dialer}] = {std::make_shared<Link>(fd, route, *self, dialer, keys, h.sealed, relay), h.attempt};
   ++counts_.accepted;
   arrived_.notify_all();
 }
 
-LinkPtr LinkEndpoint::take(const LinkEnd& self, const LinkEnd& peer) {
+LinkPtr LinkEndpoint::take(const LinkEnd& self, const LinkEnd& peer, const std::string& attempt) {
+  const auto wanted = attempt_hash(attempt);
   std::unique_lock<std::mutex> lock(mutex_);
-  arrived_.wait_for(lock, std::chrono::milliseconds(50), [&] { return inbox_.count({self, peer}) > 0; });
+  const auto for_this = [&] {
+    const auto it = inbox_.find({self, peer});
+    return it != inbox_.end() && it->second.attempt == wanted;
+  };
+  // A link dialed for another attempt stays: its dialer is ahead of this
+  // end (it is taken at that attempt) or behind (a newer dial replaces it).
+  if (!arrived_.wait_for(lock, std::chrono::milliseconds(50), for_this)) return nullptr;
   const auto it = inbox_.find({self, peer});
-  if (it == inbox_.end()) return nullptr;
-  auto link = it->second;
+  auto link = it->second.link;
   inbox_.erase(it);
   return link;
 }
@@ -322,7 +328,7 @@ LinkPtr LinkEndpoint::dial(const LinkEnd& self, const LinkEnd& peer, const LinkA
       const auto attempt_until = std::min(until, Clock::now() + std::chrono::milliseconds(500));
       if (begin_connect(fd, to) && wait_connected(fd, attempt_until)) {
         std::string why;
-        if (auto link = dial_handshake(fd, key_, options_.sealed, self, peer, LinkRoute::direct, "", until, &why)) return link;
+        if (auto link = dial_handshake(fd, key_, options_.sealed, self, peer, attempt, LinkRoute::direct, "", until, &why)) return link;
         say(fmt::format("direct to {}: {}", theirs.listen, why));
         break;  // a listener that is not the peer's (another home on the same LAN address)
       }
@@ -349,7 +355,7 @@ LinkPtr LinkEndpoint::dial(const LinkEnd& self, const LinkEnd& peer, const LinkA
         }
         if (state == 1) {
           std::string why;
-          if (auto link = dial_handshake(fd, key_, options_.sealed, self, peer, LinkRoute::punched, "", deadline, &why))
+          if (auto link = dial_handshake(fd, key_, options_.sealed, self, peer, attempt, LinkRoute::punched, "", deadline, &why))
             return link;
           say("punched: " + why);
           break;
@@ -366,7 +372,7 @@ LinkPtr LinkEndpoint::dial(const LinkEnd& self, const LinkEnd& peer, const LinkA
     uint8_t joined = 0;
     if (fd >= 0 && read_exactly(fd, &joined, 1, deadline) && joined == relay_wire::kJoined) {
       std::string why;
-      if (auto link = dial_handshake(fd, key_, options_.sealed, self, peer, LinkRoute::relayed, text_of(relays_[r]),
+      if (auto link = dial_handshake(fd, key_, options_.sealed, self, peer, attempt, LinkRoute::relayed, text_of(relays_[r]),
                                      deadline, &why))
         return link;
       say(fmt::format("through relay {}: {}", text_of(relays_[r]), why));
@@ -382,11 +388,13 @@ LinkPtr LinkEndpoint::dial(const LinkEnd& self, const LinkEnd& peer, const LinkA
   return nullptr;
 }
 
-LinkPtr LinkEndpoint::accept_on(int fd, const LinkEnd& self, const LinkEnd& peer, LinkRoute route, const std::string& relay,
-                                Clock::time_point deadline, std::string* problem) {
+LinkPtr LinkEndpoint::accept_on(int fd, const LinkEnd& self, const LinkEnd& peer, const std::string& attempt,
+                                LinkRoute route, const std::string& relay, Clock::time_point deadline,
+                                std::string* problem) {
   AcceptHandshake handshake(key_, [&](const Hello& h) {
     return h.sealed == options_.sealed && h.acceptor_rank == self.rank && h.acceptor_incarnation == self.incarnation &&
-           h.dialer_rank == peer.rank && h.dialer_incarnation == peer.incarnation && h.scope == scope_hash(self.scope);
+           h.dialer_rank == peer.rank && h.dialer_incarnation == peer.incarnation && h.scope == scope_hash(self.scope) &&
+           h.attempt == attempt_hash(attempt);
   });
   for (;;) {
     std::vector<uint8_t> buffer(handshake.wants());
@@ -426,7 +434,7 @@ LinkPtr LinkEndpoint::await(const LinkEnd& self, const LinkEnd& peer, const Link
     punch = -1;
   };
   while (Clock::now() < deadline && !(abandon && abandon())) {
-    if (auto link = take(self, peer)) {
+    if (auto link = take(self, peer, attempt)) {
       close_all();
       return link;
     }
@@ -440,7 +448,7 @@ LinkPtr LinkEndpoint::await(const LinkEnd& self, const LinkEnd& peer, const Link
       if (state == 1) {
         const int fd = punch;
         punch = -1;
-        if (auto link = accept_on(fd, self, peer, LinkRoute::punched, "", std::min(deadline, now + std::chrono::seconds(2)),
+        if (auto link = accept_on(fd, self, peer, attempt, LinkRoute::punched, "", std::min(deadline, now + std::chrono::seconds(2)),
                                   problem)) {
           close_all();
           return link;
@@ -472,7 +480,7 @@ LinkPtr LinkEndpoint::await(const LinkEnd& self, const LinkEnd& peer, const Link
       const size_t r = it->second;
       it = parks.erase(it);
       if (::recv(fd, &joined, 1, MSG_DONTWAIT) == 1 && joined == relay_wire::kJoined) {
-        if (auto link = accept_on(fd, self, peer, LinkRoute::relayed, text_of(relays_[r]), deadline, problem)) {
+        if (auto link = accept_on(fd, self, peer, attempt, LinkRoute::relayed, text_of(relays_[r]), deadline, problem)) {
           close_all();
           return link;
         }

@@ -72,7 +72,8 @@ class LinkEndpoint {
   // A link from `self` to `peer` at `theirs`; null when none could be made
   // by `deadline` or `abandon()` said to stop (asked every 50 ms), with
   // `problem` saying what each way found. `attempt` tells a pair's repeated
-  // opens apart at the relay (both ends pass the same).
+  // opens apart (both ends pass the same): a link is taken only for the
+  // attempt it was dialed for.
   LinkPtr open(const LinkEnd& self, const LinkEnd& peer, const LinkAddresses& theirs, const std::string& attempt,
                Clock::time_point deadline, const std::function<bool()>& abandon, std::string* problem);
 
@@ -91,14 +92,14 @@ class LinkEndpoint {
   struct Pending;
   void listen_loop();
   void deliver(const AcceptHandshake& handshake, int fd, LinkRoute route, const std::string& relay);
-  LinkPtr take(const LinkEnd& self, const LinkEnd& peer);
+  LinkPtr take(const LinkEnd& self, const LinkEnd& peer, const std::string& attempt);
   bool dials(const LinkEnd& self, const LinkEnd& peer, const LinkAddresses& theirs) const;
   LinkPtr dial(const LinkEnd& self, const LinkEnd& peer, const LinkAddresses& theirs, const std::string& attempt,
                Clock::time_point deadline, const std::function<bool()>& abandon, std::string* problem);
   LinkPtr await(const LinkEnd& self, const LinkEnd& peer, const LinkAddresses& theirs, const std::string& attempt,
                 Clock::time_point deadline, const std::function<bool()>& abandon, std::string* problem);
-  LinkPtr accept_on(int fd, const LinkEnd& self, const LinkEnd& peer, LinkRoute route, const std::string& relay,
-                    Clock::time_point deadline, std::string* problem);
+  LinkPtr accept_on(int fd, const LinkEnd& self, const LinkEnd& peer, const std::string& attempt, LinkRoute route,
+                    const std::string& relay, Clock::time_point deadline, std::string* problem);
   ListenerId pair_id(const LinkEnd& dialer, const LinkEnd& acceptor, const std::string& attempt) const;
   bool wanted(const Hello& hello) const;
 
@@ -112,7 +113,11 @@ class LinkEndpoint {
   mutable std::mutex mutex_;
   std::condition_variable arrived_;
   std::set<LinkEnd> served_;
-  std::map<std::pair<LinkEnd, LinkEnd>, LinkPtr> inbox_;  // (self, dialer): the newest link dialed
+  struct Dialed {
+    LinkPtr link;
+    std::array<uint8_t, link_wire::kAttemptBytes> attempt;
+  };
+  std::map<std::pair<LinkEnd, LinkEnd>, Dialed> inbox_;  // (self, dialer): the newest link dialed
   Counts counts_;
   std::thread thread_;
 };

@@ -431,6 +431,10 @@ Roster PipelineRoster::snapshot(const std::string& name) {
     }
     text = set_once(*rosters_, name, text);
   }
+  // What was read before this roster may be older than it (a restarted
+  // worker's death mark, cleared before the roster listed it).
+  records_.clear();
+  silence_.clear();
   Roster roster;
   roster.stages.resize(size_t(stages_));
   size_t stage = 0, from = 0;

@@ -62,9 +62,11 @@ LinkPtr PeerLink::link_of(const Peer& peer, std::string* problem) {
   std::lock_guard<std::mutex> lock(*opening);
   const LinkEnd end{"pipeline", peer.rank, peer.incarnation};
   const int64_t held = book_.held(end);
-  // Bounded by the timeout alone: the authority's verdicts are by rank, and
-  // a restarted worker's rank may still be given up for its old incarnation.
-  return book_.link_to(end, held, name_, Clock::now() + timeout_, nullptr, problem);
+  // A peer that died before its link opened is not waited for: the
+  // authority reads its verdicts afresh for each roster, so a restarted
+  // worker the roster lists is not given up for its old incarnation.
+  return book_.link_to(end, held, name_, Clock::now() + timeout_,
+                       [&] { return liveness_.given_up(peer.rank, Clock::now()); }, problem);
 }
 
 void PeerLink::lose(int peer, const std::string& why) {
