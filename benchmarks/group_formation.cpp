@@ -21,7 +21,6 @@ const std::chrono::milliseconds kTimeout(10000);
 void BM_FormGlooGroup(benchmark::State& state) {
   const bool checked = state.range(0) != 0;
   noloco::EtcdServer server("127.0.0.1", 0, "bench");
-  const auto device = noloco::gloo_device("127.0.0.1");
   c10::intrusive_ptr<c10d::Store> stores[2];
   noloco::WorkerEnv envs[2];
   for (int r = 0; r < 2; ++r) {
@@ -31,9 +30,10 @@ void BM_FormGlooGroup(benchmark::State& state) {
     envs[r].token = "bench";
   }
   auto form = [&](int r, const std::string& name) {
-    if (checked) return noloco::join_gloo_group(stores[r], envs[r], name, r, 2, device, kTimeout, nullptr);
+    if (checked) return noloco::join_gloo_group(stores[r], envs[r], name, r, 2, "127.0.0.1", kTimeout, nullptr);
+    // A device of its own, as join_gloo_group's every try has.
     auto options = c10d::ProcessGroupGloo::Options::create(kTimeout);
-    options->devices.push_back(device);
+    options->devices.push_back(c10d::ProcessGroupGloo::createDeviceForHostname("127.0.0.1"));
     return c10::make_intrusive<c10d::ProcessGroupGloo>(noloco::run_scope(stores[r], "bench", name), r, 2, options);
   };
   int64_t n = 0;

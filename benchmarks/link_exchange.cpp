@@ -67,7 +67,6 @@ void BM_OpenLink(benchmark::State& state) {
 
 void BM_FormCheckedGlooGroup(benchmark::State& state) {
   EtcdServer server("127.0.0.1", 0, "bench");
-  const auto device = gloo_device("127.0.0.1");
   c10::intrusive_ptr<c10d::Store> stores[2];
   WorkerEnv envs[2];
   for (int r = 0; r < 2; ++r) {
@@ -80,8 +79,8 @@ void BM_FormCheckedGlooGroup(benchmark::State& state) {
   for (auto _ : state) {
     const auto name = fmt::format("bench/{}", n++);
     GlooGroup other;
-    std::thread peer([&] { other = join_gloo_group(stores[1], envs[1], name, 1, 2, device, kTimeout, nullptr); });
-    auto mine = join_gloo_group(stores[0], envs[0], name, 0, 2, device, kTimeout, nullptr);
+    std::thread peer([&] { other = join_gloo_group(stores[1], envs[1], name, 1, 2, "127.0.0.1", kTimeout, nullptr); });
+    auto mine = join_gloo_group(stores[0], envs[0], name, 0, 2, "127.0.0.1", kTimeout, nullptr);
     peer.join();
     state.PauseTiming();
     mine.reset();
@@ -122,7 +121,6 @@ void BM_TradeOverLink(benchmark::State& state) {
 void BM_TradeOverGloo(benchmark::State& state) {
   const int64_t bytes = state.range(0);
   EtcdServer server("127.0.0.1", 0, "bench");
-  const auto device = gloo_device("127.0.0.1");
   const Seal seal(kToken);
   GlooGroup groups[2];
   {
@@ -130,10 +128,10 @@ void BM_TradeOverGloo(benchmark::State& state) {
     for (int r = 0; r < 2; ++r) envs[r].rank = r, envs[r].world = 2, envs[r].token = kToken;
     std::thread peer([&] {
       groups[1] = join_gloo_group(c10::make_intrusive<EtcdStore>(server.endpoint(), "root", "bench", kTimeout), envs[1],
-                                  "trade", 1, 2, device, kTimeout, nullptr);
+                                  "trade", 1, 2, "127.0.0.1", kTimeout, nullptr);
     });
     groups[0] = join_gloo_group(c10::make_intrusive<EtcdStore>(server.endpoint(), "root", "bench", kTimeout), envs[0],
-                                "trade", 0, 2, device, kTimeout, nullptr);
+                                "trade", 0, 2, "127.0.0.1", kTimeout, nullptr);
     peer.join();
   }
   torch::Tensor plain[2] = {torch::full({bytes}, 1, torch::kUInt8), torch::full({bytes}, 2, torch::kUInt8)};

@@ -3,11 +3,10 @@ Shakespeare with NoLoCo, one replica a process, by your own PyTorch loop:
 
     build/noloco launch 4 -- python3 examples/char_gru_noloco.py
 
-or under torchrun (Debian 12's, torch 1.13 on Python 3.11, needs the
---redirects/--tee values: it reads their default as None and fails):
+or under torchrun:
 
     NOLOCO_RUN_TOKEN=$(head -c 16 /dev/urandom | xxd -p) torchrun --standalone \
-        --nproc_per_node=4 --redirects=2 --tee=2 examples/char_gru_noloco.py
+        --nproc_per_node=4 examples/char_gru_noloco.py
 
 Every replica samples its own windows of the text; every 50 steps each averages
 with one random partner. A SIGTERM makes a replica leave the run at the end of

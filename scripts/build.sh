@@ -6,11 +6,11 @@ if [ ! -f build/build.ninja ]; then
   cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=Release
 fi
 cmake --build build -j "$(nproc)"
-# `import noloco` for this user: the module's folder on the path of the Python
-# it was built for (Debian's python3, whose torch is this LibTorch).
-if [ -f build/python/interpreter ] && compgen -G "build/python/noloco*.so" >/dev/null; then
+# `import noloco`: the module's folder on the path of the Python it was built
+# for (.venv's, whose torch is this LibTorch).
+if [ -f build/python/interpreter ] && compgen -G "build/python/noloco/_noloco*.so" >/dev/null; then
   python=$(cat build/python/interpreter)
-  site=$("$python" -m site --user-site)
+  site=$("$python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')  # a venv reads no user site
   mkdir -p "$site"
   echo "$PWD/build/python" >"$site/noloco.pth"
 fi

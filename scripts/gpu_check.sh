@@ -122,13 +122,6 @@ PY
   bench 1.3b "model=1.3b batch=8 context=1024 bench_steps=12" \
     "--hidden 2048 --layers 24 --heads 32 --intermediate 8192 --context 1024 --batch 8 --steps 12"
 } >"$results/bench.jsonl"
-log "Hugging Face transformers against our exports"
-if python3 -c 'import transformers' 2>/dev/null; then
-  scripts/check_transformers.sh build-gpu/noloco >"$results/transformers.log" 2>&1 || true
-  cat "$results/transformers.log" >&2
-else
-  echo "transformers is not installed: skipped" | tee "$results/transformers.log" >&2
-fi
 python3 - "$results" "$tests_rc" <<'PY'
 import json, sys
 results, tests_rc = sys.argv[1], int(sys.argv[2])

@@ -2,10 +2,11 @@
 // recorded from an earlier version of the code (tests/golden/method_runs.json).
 // They guard refactors and new options whose defaults must not change a run
 // by a single bit (wire codecs at fp32 without error feedback, overlap off,
-// one fragment). Recorded with one thread per worker and OpenBLAS's Haswell
-// kernels, which every x86-64 CPU with AVX2 runs: OpenBLAS otherwise picks its
-// kernels by CPU model (and noloco corrects its fallback on models it does not
-// know, util/process_runtime.h), and other kernels round differently.
+// one fragment). Recorded on pip's torch 2.13.0 (CPU) with one thread per
+// worker and LibTorch's AVX2 kernels (ATen's vectorised ones, MKL's and
+// oneDNN's), which every x86-64 CPU with AVX2 runs: each otherwise picks
+// its kernels by CPU (AVX-512 where there is one), and other kernels round
+// differently.
 // To record again after an intended change of results:
 //   NOLOCO_RECORD_GOLDEN=1 build/noloco_tests --gtest_filter='Golden.*'
 #include <gtest/gtest.h>
@@ -60,12 +61,14 @@ const std::string kGoldenPath = std::string(NOLOCO_SOURCE_DIR) + "/tests/golden/
 TEST(Golden, EveryMethodReproducesTheRecordedLossesExactly) {
 #if defined(__x86_64__)
   if (!__builtin_cpu_supports("avx2") || !__builtin_cpu_supports("fma"))
-    GTEST_SKIP() << "the losses were recorded with OpenBLAS's Haswell kernels, which need AVX2 and FMA";
+    GTEST_SKIP() << "the losses were recorded with AVX2 kernels, which need AVX2 and FMA";
 #else
-  GTEST_SKIP() << "the losses were recorded with OpenBLAS's x86-64 Haswell kernels";
+  GTEST_SKIP() << "the losses were recorded with x86-64 AVX2 kernels";
 #endif
-  // The runs are child processes: they inherit it, this process keeps its kernels.
-  setenv("OPENBLAS_CORETYPE", "Haswell", 1);
+  // The runs are child processes: they inherit these, this process keeps its kernels.
+  setenv("ATEN_CPU_CAPABILITY", "avx2", 1);
+  setenv("MKL_CBWR", "AVX2", 1);
+  setenv("ONEDNN_MAX_CPU_ISA", "AVX2", 1);
   TempDir dir;
   noloco::testing::write_text(dir / "c.txt", noloco::testing::shakespeare(20000));
   nlohmann::json measured = nlohmann::json::object();

@@ -264,6 +264,9 @@ int run_command(int argc, char** argv) {
   ::signal(SIGPIPE, SIG_IGN);
   init_logging("noloco");
   CLI::App app{"noloco: Llama training with NoLoCo, DiLoCo and DDP over c10d"};
+  // The LibTorch it was built against: the Python module needs the same torch.
+  app.set_version_flag("--version", fmt::format("noloco {} (LibTorch {}.{}.{})", NOLOCO_VERSION, TORCH_VERSION_MAJOR,
+                                                  TORCH_VERSION_MINOR, TORCH_VERSION_PATCH));
   app.require_subcommand(1);
   Arguments arguments;
   const auto commands = add_commands(app, arguments);

@@ -273,7 +273,7 @@ a keyword argument.)")
 
 }  // namespace
 
-PYBIND11_MODULE(noloco, m) {
+PYBIND11_MODULE(_noloco, m) {
   py::module_::import("torch");  // the tensor type caster needs torch's Python types
   m.doc() = "noloco's outer methods (NoLoCo, DiLoCo) around a PyTorch training loop";
   bind_outer_optimizer(m);

@@ -61,7 +61,6 @@ def free_port():
 def torchrun(build, args, replicas=4):
     """`replicas` (four) under torchrun; their RESULT lines by rank."""
     # Not --standalone: its rendezvous port is fixed (29400), and ctest runs two of these at once.
-    # --redirects/--tee 2: torch 1.13 on Python 3.11 (Debian 12) reads their default "0" as None and fails.
     command = [sys.executable, "-m", "torch.distributed.run", "--nnodes=1", f"--nproc_per_node={replicas}",
                "--master_addr=127.0.0.1", f"--master_port={free_port()}", "--redirects=2", "--tee=2", WORKER] + args
     done = subprocess.run(command, env=environment(build), capture_output=True, text=True, timeout=TIMEOUT)

@@ -148,13 +148,9 @@ void release_waiting_peers(c10d::Store& rendezvous, int rank, int world) {
 
 }  // namespace
 
-std::shared_ptr<gloo::transport::Device> gloo_device(const std::string& bind) {
-  return c10d::ProcessGroupGloo::createDeviceForHostname(bind);
-}
-
 GlooGroup join_gloo_group(const StorePtr& store, const WorkerEnv& env, const std::string& name, int rank, int world,
-                          const std::shared_ptr<gloo::transport::Device>& device, std::chrono::milliseconds timeout,
-                          const Seal* seal, const std::function<bool()>& abandon) {
+                          const std::string& bind, std::chrono::milliseconds timeout, const Seal* seal,
+                          const std::function<bool()>& abandon) {
   // The store cannot list keys, so keys under a secret prefix can be neither
   // found nor forged by a process without the token: it cannot join the run.
   const auto start = Clock::now(), deadline = start + timeout;
@@ -189,7 +185,10 @@ GlooGroup join_gloo_group(const StorePtr& store, const WorkerEnv& env, const std
     bool said_ok = false;
     try {
       auto options = c10d::ProcessGroupGloo::Options::create(left_until(deadline));
-      options->devices.push_back(device);
+      // A device of its own: Gloo's one listener per device names incoming
+      // connections by a sequence number, and one a stranger (or a failed
+      // try's knock) sent it breaks every later try on that device.
+      options->devices.push_back(c10d::ProcessGroupGloo::createDeviceForHostname(bind));
       options->threads = 2;
       const auto group = c10::make_intrusive<c10d::ProcessGroupGloo>(abandonable(rendezvous, stop), rank, world, options);
       const auto problem = greet(*group, rank, world, run_id_of(env.token), attempt, seal, deadline, stop);

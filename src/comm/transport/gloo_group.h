@@ -23,9 +23,6 @@
 namespace c10d {
 class ProcessGroupGloo;
 }  // namespace c10d
-namespace gloo::transport {
-class Device;
-}  // namespace gloo::transport
 
 namespace noloco {
 
@@ -34,14 +31,14 @@ class Seal;
 using GlooGroup = c10::intrusive_ptr<c10d::ProcessGroupGloo>;
 
 // A Gloo process group of `world` members named `name` in the run's store,
-// every pair of it checked to reach the member it should (greetings sealed
-// with `seal`, or in clear when null). Throws with a message that names the
-// likely cause (token, dead workers, a stranger on every try), at once if
-// `abandon` (when given) says a member is gone, else within `timeout`.
+// listening on `bind`, every pair of it checked to reach the member it
+// should (greetings sealed with `seal`, or in clear when null). Throws with a
+// message that names the likely cause (token, dead workers, a stranger on
+// every try), at once if `abandon` (when given) says a member is gone, else
+// within `timeout`.
 GlooGroup join_gloo_group(const StorePtr& store, const WorkerEnv& env, const std::string& name, int rank, int world,
-                          const std::shared_ptr<gloo::transport::Device>& device, std::chrono::milliseconds timeout,
-                          const Seal* seal, const std::function<bool()>& abandon = nullptr);
-std::shared_ptr<gloo::transport::Device> gloo_device(const std::string& bind);
+                          const std::string& bind, std::chrono::milliseconds timeout, const Seal* seal,
+                          const std::function<bool()>& abandon = nullptr);
 
 // How many times a group is formed before join_gloo_group gives up on it.
 constexpr int kGroupAttempts = 16;

@@ -192,7 +192,7 @@ GlooTransport::GlooTransport(std::function<StorePtr()> connect, const WorkerEnv&
 GlooTransport::~GlooTransport() = default;
 
 c10d::ProcessGroupGloo& GlooTransport::group() {
-  if (!group_) group_ = join_gloo_group(connect_(), env_, scope_, self_, world_, gloo_device(bind_), timeout_, seal_.get());
+  if (!group_) group_ = join_gloo_group(connect_(), env_, scope_, self_, world_, bind_, timeout_, seal_.get());
   return *group_;
 }
 
