@@ -3,11 +3,11 @@
 #include <algorithm>
 #include <map>
 
-#include <cstring>
 #include <filesystem>
 
 #include "test_util.h"
 #include "train/telemetry.h"
+#include "util/files.h"
 #include "util/tensorboard.h"
 
 using namespace noloco;
@@ -23,90 +23,25 @@ uint32_t slow_crc32c(const std::string& s) {
   }
   return ~c;
 }
-uint32_t slow_masked(const std::string& s) {
-  const uint32_t c = slow_crc32c(s);
-  return ((c >> 15) | (c << 17)) + 0xa282ead8u;
-}
 
-template <class T>
-T read_le(const std::string& s, size_t at) {
-  T v;
-  std::memcpy(&v, s.data() + at, sizeof(T));
-  return v;
-}
-
-uint64_t varint(const std::string& s, size_t& at) {
-  uint64_t v = 0;
-  for (int shift = 0;; shift += 7) {
-    const uint8_t b = uint8_t(s.at(at++));
-    v |= uint64_t(b & 0x7f) << shift;
-    if (!(b & 0x80)) return v;
-  }
-}
-
-struct Scalar {
-  int64_t step = -1;
-  std::string tag, file_version;
-  float value = 0;
+// What TensorBoard's own reader finds in the event files of `dir` (each
+// record's CRCs checked): file_versions, and scalars by tag as {step: value}.
+struct EventsRead {
+  std::vector<std::string> file_versions;
+  std::map<std::string, std::map<int64_t, float>> scalars;
 };
-
-// Minimal protobuf reader for Event{wall_time=1, step=2, file_version=3, summary=5{value=1{tag=1, simple_value=2}}}.
-Scalar decode_event(const std::string& e) {
-  Scalar out;
-  size_t at = 0;
-  while (at < e.size()) {
-    const uint64_t key = varint(e, at);
-    const int field = int(key >> 3), wire = int(key & 7);
-    if (wire == 1) {
-      at += 8;
-    } else if (wire == 0) {
-      const uint64_t v = varint(e, at);
-      if (field == 2) out.step = int64_t(v);
-    } else if (wire == 2) {
-      const size_t len = size_t(varint(e, at));
-      const std::string body = e.substr(at, len);
-      at += len;
-      if (field == 3) out.file_version = body;
-      if (field == 5) {  // Summary -> Value
-        size_t p = 0;
-        EXPECT_EQ(varint(body, p), (1u << 3) | 2u);
-        const size_t value_len = size_t(varint(body, p));
-        const std::string value = body.substr(p, value_len);
-        size_t q = 0;
-        EXPECT_EQ(varint(value, q), (1u << 3) | 2u);
-        const size_t tag_len = size_t(varint(value, q));
-        out.tag = value.substr(q, tag_len);
-        q += tag_len;
-        EXPECT_EQ(varint(value, q), (2u << 3) | 5u);
-        out.value = read_le<float>(value, q);
-      }
-    } else {
-      ADD_FAILURE() << "unexpected wire type " << wire;
-      return out;
-    }
-  }
-  return out;
-}
-
-// Every record of an event file, with both CRCs of each checked independently.
-std::vector<Scalar> read_events(const std::string& path) {
-  const std::string bytes = noloco::testing::read_text(path);
-  std::vector<Scalar> events;
-  size_t at = 0;
-  while (at < bytes.size()) {
-    EXPECT_LE(at + 12, bytes.size());
-    if (at + 12 > bytes.size()) break;
-    const std::string len_bytes = bytes.substr(at, 8);
-    const uint64_t len = read_le<uint64_t>(bytes, at);
-    EXPECT_EQ(read_le<uint32_t>(bytes, at + 8), slow_masked(len_bytes));
-    EXPECT_LE(at + 12 + len + 4, bytes.size());
-    if (at + 12 + len + 4 > bytes.size()) break;
-    const std::string data = bytes.substr(at + 12, len);
-    EXPECT_EQ(read_le<uint32_t>(bytes, at + 12 + len), slow_masked(data));
-    events.push_back(decode_event(data));
-    at += 12 + len + 4;
-  }
-  return events;
+EventsRead read_events(const std::string& dir) {
+  const auto out = dir + "/read.json";
+  const auto r = noloco::testing::run_ecosystem("read_events " + dir + " --out " + out);
+  EXPECT_EQ(r.exit_code, 0) << r.output;
+  EventsRead read;
+  if (r.exit_code != 0) return read;
+  const auto j = read_json(out);
+  std::filesystem::remove(out);
+  read.file_versions = j["file_versions"].get<std::vector<std::string>>();
+  for (const auto& [tag, points] : j["scalars"].items())
+    for (const auto& p : points) read.scalars[tag][p[0].get<int64_t>()] = p[1].get<float>();
+  return read;
 }
 
 }  // namespace
@@ -132,15 +67,11 @@ TEST(TensorBoard, EventFileFramingCrcTagsAndValues) {
     path = w.path();
   }
   EXPECT_NE(std::filesystem::path(path).filename().string().find("events.out.tfevents."), std::string::npos);
-  const auto events = read_events(path);
-  ASSERT_EQ(events.size(), 3u);
-  EXPECT_EQ(events[0].file_version, "brain.Event:2");
-  EXPECT_EQ(events[1].tag, "train/loss");
-  EXPECT_EQ(events[1].step, 10);
-  EXPECT_FLOAT_EQ(events[1].value, 2.5f);
-  EXPECT_EQ(events[2].tag, "val/loss");
-  EXPECT_EQ(events[2].step, 20);
-  EXPECT_FLOAT_EQ(events[2].value, 1.75f);
+  const auto events = read_events(dir / "tb");
+  EXPECT_EQ(events.file_versions, std::vector<std::string>{"brain.Event:2"});
+  ASSERT_EQ(events.scalars.size(), 2u);
+  EXPECT_EQ(events.scalars.at("train/loss"), (std::map<int64_t, float>{{10, 2.5f}}));
+  EXPECT_EQ(events.scalars.at("val/loss"), (std::map<int64_t, float>{{20, 1.75f}}));
 }
 
 // One record in, three outputs: the metrics.jsonl line, the TensorBoard
@@ -156,17 +87,12 @@ TEST(Telemetry, OneRecordReachesMetricsAndTensorBoard) {
   const auto lines = noloco::testing::read_text(dir / "metrics.jsonl");
   EXPECT_EQ(std::count(lines.begin(), lines.end(), '\n'), 3);
   EXPECT_NE(lines.find(R"("split":"outer")"), std::string::npos);
-  std::string path;
-  for (auto& f : std::filesystem::directory_iterator(dir / "tensorboard/replica_3")) path = f.path().string();
-  ASSERT_FALSE(path.empty());
-  std::map<std::string, Scalar> by_tag;
-  for (const auto& e : read_events(path))
-    if (!e.tag.empty()) by_tag[e.tag] = e;
+  const auto events = read_events(dir / "tensorboard/replica_3");
+  const auto& by_tag = events.scalars;
   ASSERT_EQ(by_tag.size(), 5u);  // grad_norm and the outer record have no tag
-  EXPECT_FLOAT_EQ(by_tag["train/loss"].value, 2.5f);
-  EXPECT_EQ(by_tag["train/loss"].step, 10);
-  EXPECT_FLOAT_EQ(by_tag["comm/bytes_sent"].value, 4096.0f);
-  EXPECT_FLOAT_EQ(by_tag["train/lr"].value, 1e-3f);
-  EXPECT_FLOAT_EQ(by_tag["val/loss"].value, 1.75f);
-  EXPECT_EQ(by_tag["val/weight_std_across_replicas"].step, 20);
+  EXPECT_EQ(by_tag.at("train/loss"), (std::map<int64_t, float>{{10, 2.5f}}));
+  EXPECT_EQ(by_tag.at("comm/bytes_sent").at(10), 4096.0f);
+  EXPECT_EQ(by_tag.at("train/lr").at(10), 1e-3f);
+  EXPECT_EQ(by_tag.at("val/loss").at(20), 1.75f);
+  EXPECT_EQ(by_tag.at("val/weight_std_across_replicas").count(20), 1u);
 }

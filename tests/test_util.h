@@ -110,6 +110,14 @@ inline CliResult run_command(const std::string& command, int timeout_s, const st
   return r;
 }
 
+// Runs tests/python/ecosystem.py with `args` in the project's Python (the
+// real transformers, tokenizers, safetensors and TensorBoard, pinned in
+// requirements-dev.txt), offline: nothing may come from a hub.
+inline CliResult run_ecosystem(const std::string& args, int timeout_s = 180) {
+  return run_command(NOLOCO_TORCH_PYTHON " " NOLOCO_SOURCE_DIR "/tests/python/ecosystem.py " + args, timeout_s,
+                     "HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 TOKENIZERS_PARALLELISM=false");
+}
+
 // Runs build/noloco with `args` (run_command's limit and environment).
 inline CliResult run_cli(const std::string& args, int timeout_s = 120, const std::string& env = "") {
   return run_command(NOLOCO_BINARY " " + args, timeout_s, env);

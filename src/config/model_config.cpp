@@ -240,6 +240,15 @@ ModelConfig ModelConfig::from_hf_json(const nlohmann::json& j) {
   c.norm_eps = number("rms_norm_eps", 1e-6);
   // HF's rope_scaling is null for plain rotary embeddings; "default" is the same thing.
   c.rope_scaling = rope_scaling_of(j.value("rope_scaling", nlohmann::json()));
+  // transformers 5 writes both in one object, rope_parameters, instead.
+  if (const auto p = j.find("rope_parameters"); p != j.end() && !p->is_null()) {
+    if (!p->is_object()) fail(fmt::format("'rope_parameters' must be an object, got {}", p->dump()));
+    if (const auto theta = p->find("rope_theta"); theta != p->end()) {
+      if (!theta->is_number()) fail(fmt::format("'rope_parameters.rope_theta' must be a number, got {}", theta->dump()));
+      c.rope_theta = theta->get<double>();
+    }
+    c.rope_scaling = rope_scaling_of(*p);
+  }
   // Kept only where it differs from hidden/heads, so that a directory and
   // our own model of the same shape have the same config.
   const int64_t head_dim = integer("head_dim", 0);
