@@ -8,6 +8,7 @@
 #   scripts/check_pip_install.sh [WORK_DIR]
 set -euo pipefail
 cd "$(dirname "$0")/.."
+source=$PWD
 work=${1:-$(mktemp -d)}
 mkdir -p "$work"
 log() { echo "check_pip_install: $*" >&2; }
@@ -24,8 +25,8 @@ python3 -m venv "$work/user"
 (cd "$work" && "$work/user/bin/python" -c "import noloco, torch; print('import noloco: ok beside torch', torch.__version__)")
 "$work/user/bin/noloco" --version
 start=$(date +%s)
-(cd "$work" && PATH="$work/user/bin:$PATH" noloco launch 4 -- python "$PWD/examples/char_gru_noloco.py" \
-  --data "$PWD/data/tinyshakespeare.txt" >"$work/gru.log" 2>&1) || { tail -20 "$work/gru.log"; exit 1; }
+(cd "$work" && PATH="$work/user/bin:$PATH" noloco launch 4 -- python "$source/examples/char_gru_noloco.py" \
+  --data "$source/data/tinyshakespeare.txt" >"$work/gru.log" 2>&1) || { tail -20 "$work/gru.log"; exit 1; }
 log "examples/char_gru_noloco.py under the installed noloco launch: $(($(date +%s) - start)) s"
 grep -i "val" "$work/gru.log" | tail -4
 
