@@ -5,6 +5,7 @@
 #include <fmt/format.h>
 
 #include "comm/store/run_keys.h"
+#include "util/leave_signal.h"
 #include "util/log.h"
 
 namespace noloco {
@@ -76,7 +77,8 @@ void PeerLink::lose(int peer, const std::string& why) {
   book_.forget({"pipeline", p->rank, p->incarnation});
   lost_.insert(peer);
   peers_lost_ += 1;
-  liveness_.declare_dead(peer);
+  // A worker leaving the run (SIGTERM) blames nobody for its last sends.
+  if (!leave_requested()) liveness_.declare_dead(peer);
 }
 
 bool PeerLink::send(int peer, const MessageHeader& header, std::vector<torch::Tensor> parts) {
@@ -108,7 +110,10 @@ Delivery PeerLink::receive(int peer, const MessageHeader& expected, std::vector<
     problem = "lost before";
     return Delivery::peer_lost;
   }
-  if (liveness_.given_up(peer, std::chrono::steady_clock::now())) {
+  // Over a link already open, what the peer sent before it left (SIGTERM)
+  // or died is still read: its end closes after its last message.
+  const LinkEnd end{"pipeline", p->rank, p->incarnation};
+  if (book_.held(end) == 0 && liveness_.given_up(peer, std::chrono::steady_clock::now())) {
     problem = "given up (declared dead, lost by a neighbour, or silent)";
     return Delivery::peer_lost;
   }

@@ -10,8 +10,9 @@
 // itself when a send fails; the caller, through lose(), when a receive comes
 // back peer_lost or unauthentic, naming what did not come), so what one path
 // gave up, the next roster leaves out. Sends to a lost peer are dropped;
-// receives from it come back peer_lost at once. A receive asks the authority
-// first and does not wait for a peer it gave up.
+// receives from it come back peer_lost at once. A receive from a peer whose
+// link is not open yet asks the authority first and does not wait for a peer
+// it gave up; over an open link it reads what the peer sent before it went.
 #pragma once
 #include <atomic>
 #include <chrono>
