@@ -1,11 +1,13 @@
 #include "comm/transport/link_transport.h"
 
 #include <algorithm>
+#include <mutex>
 #include <thread>
 
 #include <fmt/format.h>
 #include <spdlog/spdlog.h>
 
+#include "comm/store/run_keys.h"
 #include "comm/transport/link_messages.h"
 #include "comm/transport/ticker.h"
 #include "util/leave_signal.h"
@@ -110,14 +112,27 @@ std::unique_ptr<LinkCollectives> LinkTransport::form_mesh(LinkBook& book, const 
   for (const auto& p : members)
     if (!(p == self_)) peers.push_back(p);
   const auto ranks = ranks_of(peers);
+  // A member that gives the group up (another is gone) says so in the store:
+  // those whose links to it opened would otherwise wait out their timeout
+  // for the links it never opens.
+  const auto marks = run_scope(connect_(), env_.token, scope_ + "/formations");
+  const auto abandoned = attempt + "/" + members_key(members) + "/abandoned";
+  std::mutex marks_mutex;  // one store connection, asked from every opening thread
+  const auto given_up_by_any = [&](int) {
+    if (any_gone(ranks)) return true;
+    std::lock_guard<std::mutex> lock(marks_mutex);
+    return marks->check({abandoned});
+  };
   std::vector<std::string> problems;
-  const auto opened = open_links(book, peers, {}, attempt, [&](int) { return any_gone(ranks); }, &problems);
+  const auto opened = open_links(book, peers, {}, attempt, given_up_by_any, &problems);
   std::vector<LinkPtr> links(members.size());
   for (size_t i = 0, j = 0; i < members.size(); ++i) {
     if (members[i] == self_) continue;
-    if (!opened[j])
+    if (!opened[j]) {
+      marks->set(abandoned, std::vector<uint8_t>{1});
       throw std::runtime_error(
           fmt::format("{}: no link to member {} came: {}", attempt, members[i].rank, problems[j]));
+    }
     links[i] = opened[j++];
   }
   return std::make_unique<LinkCollectives>(std::move(links), int(me - members.begin()), run_id_, timeout_);
