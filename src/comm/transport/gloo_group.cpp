@@ -35,6 +35,13 @@ using Clock = std::chrono::steady_clock;
 // Apart from every tag the group's collectives use.
 constexpr int kGreetingTag = 1 << 30;
 
+// "<what>/0" ... "<what>/<world-1>": a key each member sets in a try's verdicts.
+std::vector<std::string> every_member(const std::string& what, int world) {
+  std::vector<std::string> keys;
+  for (int m = 0; m < world; ++m) keys.push_back(fmt::format("{}/{}", what, m));
+  return keys;
+}
+
 std::chrono::milliseconds left_until(Clock::time_point deadline) {
   return std::max(std::chrono::milliseconds(0),
                   std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now()));
@@ -45,9 +52,11 @@ std::chrono::milliseconds left_until(Clock::time_point deadline) {
 // a stranger took gets nothing (or garbage, which fails the header check or
 // the seal). Every greeting has one size, known to both ends: Gloo aborts a
 // process whose posted buffer is smaller than what arrives. Empty when every
-// greeting came.
+// greeting came. `overdue` says when greetings have had their time: a pair
+// whose connection a stranger holds brings none.
 std::string greet(c10d::ProcessGroupGloo& group, int rank, int world, int64_t run, int64_t attempt, const Seal* seal,
-                  Clock::time_point deadline, const std::function<bool()>& stop) {
+                  Clock::time_point deadline, const std::function<bool()>& stop,
+                  const std::function<bool()>& overdue) {
   MessageHeader header;
   header.run = run;
   header.kind = int64_t(MessageKind::greeting);
@@ -59,9 +68,10 @@ std::string greet(c10d::ProcessGroupGloo& group, int rank, int world, int64_t ru
   std::vector<std::vector<torch::Tensor>> in(static_cast<size_t>(world)), out(static_cast<size_t>(world));
   std::vector<c10::intrusive_ptr<c10d::Work>> works;
   std::mutex posted;  // the watchdog aborts what has been posted so far
+  std::atomic<bool> late{false};
   try {
     Ticker watchdog(std::chrono::milliseconds(50), [&] {
-      if (!stop()) return false;
+      if (!stop() && !(late = overdue())) return false;
       std::lock_guard<std::mutex> lock(posted);
       for (auto& w : works) w->abort();
       return true;
@@ -92,7 +102,12 @@ std::string greet(c10d::ProcessGroupGloo& group, int rank, int world, int64_t ru
     for (int m = 0; m < world; ++m) {
       if (m == rank) continue;
       const size_t k = size_t(m < rank ? m : m - 1);
-      if (!works[k]->wait(left_until(deadline))) return fmt::format("member {} did not greet over its pair", m);
+      if (!works[k]->wait(left_until(deadline)) || late)
+        return fmt::format("member {} did not greet over its pair{}", m,
+                           late ? fmt::format(" within {} s of every member connecting (a process that is not a member "
+                                              "may hold the pair's connection)",
+                                              kGreetingGrace.count())
+                                : "");
       auto plain = in[size_t(m)][0];
       if (seal) {
         plain = torch::empty({kPlain}, torch::kUInt8);
@@ -113,40 +128,56 @@ std::string greet(c10d::ProcessGroupGloo& group, int rank, int world, int64_t ru
   return {};
 }
 
-// The address `owner` published for its pair with `other`, if it did. Gloo's
-// rendezvous keys: "0/<member>" (device 0) holds a member's addresses for its
-// pairs, in member order without itself, each starting with a
-// sockaddr_storage; anything else is left alone.
-std::optional<sockaddr_storage> pair_address(c10d::Store& rendezvous, int owner, int other, int world) {
-  const auto name = fmt::format("0/{}", owner);
-  if (!rendezvous.check({name})) return std::nullopt;
-  const auto addresses = rendezvous.get(name);
-  const size_t size = addresses.size() / size_t(world - 1), index = size_t(other > owner ? other - 1 : other);
-  if (size < sizeof(sockaddr_storage) || (index + 1) * size > addresses.size()) return std::nullopt;
-  sockaddr_storage address{};
-  std::memcpy(&address, addresses.data() + index * size, sizeof(address));
-  return address;
-}
-
-// After giving up on an attempt: connects to, and at once closes, every
-// listening port a peer published for its pair with this member. A peer
-// still waiting for this member to connect (Gloo's pair connect cannot be
-// interrupted) thus stops waiting instead of waiting out the timeout.
+// After giving up on an attempt: makes, and at once closes, the connection
+// each peer waits for from this member. A peer still waiting for it (Gloo's
+// pair connect cannot be interrupted) thus fails its greeting at once instead
+// of waiting out the timeout.
 void release_waiting_peers(c10d::Store& rendezvous, int rank, int world) {
   for (int peer = 0; peer < world; ++peer) {
     if (peer == rank) continue;
-    const auto address = pair_address(rendezvous, peer, rank, world);
-    if (!address) continue;
-    const int fd = ::socket(address->ss_family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+    const auto name = fmt::format("0/{}", peer);
+    if (!rendezvous.check({name})) continue;
+    const auto entry = parse_gloo_rendezvous_entry(rendezvous.get(name), world);
+    if (!entry) continue;
+    const auto& address = entry->listener;
+    const int fd = ::socket(address.ss_family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
     if (fd < 0) continue;
-    const socklen_t size = address->ss_family == AF_INET6 ? sizeof(sockaddr_in6) : sizeof(sockaddr_in);
-    if (::connect(fd, reinterpret_cast<const sockaddr*>(&*address), size) == 0 || errno == EINPROGRESS)
-      wait_connected(fd, Clock::now() + std::chrono::milliseconds(200));
+    const socklen_t size = address.ss_family == AF_INET6 ? sizeof(sockaddr_in6) : sizeof(sockaddr_in);
+    if ((::connect(fd, reinterpret_cast<const sockaddr*>(&address), size) == 0 || errno == EINPROGRESS) &&
+        wait_connected(fd, Clock::now() + std::chrono::milliseconds(200))) {
+      const uint64_t sequence = uint64_t(entry->sequence_from(rank));
+      (void)::send(fd, &sequence, sizeof(sequence), MSG_NOSIGNAL | MSG_DONTWAIT);
+    }
     ::close(fd);
   }
 }
 
 }  // namespace
+
+std::optional<GlooRendezvousEntry> parse_gloo_rendezvous_entry(const std::vector<uint8_t>& bytes, int world) {
+  // Gloo's tcp::Rank: size_t and hostname, size_t and the device's Address
+  // (a sockaddr_storage, then its sequence number), then one ssize_t per member.
+  size_t at = 0;
+  const auto read_size = [&](size_t& out) {
+    if (bytes.size() - at < sizeof(out)) return false;
+    std::memcpy(&out, bytes.data() + at, sizeof(out));
+    at += sizeof(out);
+    return out <= bytes.size() - at;
+  };
+  size_t hostname = 0, address = 0;
+  if (!read_size(hostname)) return std::nullopt;
+  at += hostname;
+  if (!read_size(address) || address < sizeof(sockaddr_storage)) return std::nullopt;
+  GlooRendezvousEntry entry;
+  std::memcpy(&entry.listener, bytes.data() + at, sizeof(entry.listener));
+  at += address;
+  const size_t numbers = bytes.size() - at;
+  if (entry.listener.ss_family != AF_INET && entry.listener.ss_family != AF_INET6) return std::nullopt;
+  if (numbers != 0 && numbers != size_t(world) * sizeof(int64_t)) return std::nullopt;
+  entry.sequence.resize(numbers / sizeof(int64_t));
+  if (numbers) std::memcpy(entry.sequence.data(), bytes.data() + at, numbers);
+  return entry;
+}
 
 GlooGroup join_gloo_group(const StorePtr& store, const WorkerEnv& env, const std::string& name, int rank, int world,
                           const std::string& bind, std::chrono::milliseconds timeout, const Seal* seal,
@@ -191,13 +222,17 @@ GlooGroup join_gloo_group(const StorePtr& store, const WorkerEnv& env, const std
       options->devices.push_back(c10d::ProcessGroupGloo::createDeviceForHostname(bind));
       options->threads = 2;
       const auto group = c10::make_intrusive<c10d::ProcessGroupGloo>(abandonable(rendezvous, stop), rank, world, options);
-      const auto problem = greet(*group, rank, world, run_id_of(env.token), attempt, seal, deadline, stop);
+      verdicts->set(fmt::format("connected/{}", rank), std::vector<uint8_t>{1});
+      std::optional<Clock::time_point> all_connected;
+      const auto overdue = [&] {
+        if (!all_connected && verdicts->check(every_member("connected", world))) all_connected = Clock::now();
+        return all_connected && Clock::now() - *all_connected > kGreetingGrace;
+      };
+      const auto problem = greet(*group, rank, world, run_id_of(env.token), attempt, seal, deadline, stop, overdue);
       if (!problem.empty()) throw std::runtime_error(problem);
       verdicts->set(fmt::format("ok/{}", rank), std::vector<uint8_t>{1});
       said_ok = true;
-      std::vector<std::string> everyone;
-      for (int m = 0; m < world; ++m) everyone.push_back(fmt::format("ok/{}", m));
-      abandonable(verdicts, stop)->wait(everyone, left_until(deadline));
+      abandonable(verdicts, stop)->wait(every_member("ok", world), left_until(deadline));
       return group;
     } catch (const std::exception& e) {
       why = error_text(e);
