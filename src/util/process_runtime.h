@@ -11,9 +11,6 @@
 //    otherwise; libgomp reads it only at load time, so a process that computes
 //    re-executes itself once with it set. One that only starts others (a
 //    launcher, --help) does not: loading LibTorch again cost a second a run.
-//  - OpenBLAS falls back to SSE3 kernels on x86 CPUs it does not know (3.3x
-//    slower on a Xeon with AVX-512): OPENBLAS_CORETYPE names the kernels the
-//    CPU runs, read at load time too, so set before the same re-execution.
 #pragma once
 #include <string>
 
@@ -25,11 +22,11 @@ void prepare_process_runtime(char** argv);
 // Before this process computes with LibTorch, and before it holds anything an
 // exec would leak (a lock, a child, a socket): re-executes it (execv, no
 // return) when its libraries loaded without the variables; else nothing.
-void compute_in_this_process();
+void reexecute_for_runtime_settings();
 
 // The kernels OpenBLAS runs in this process ("Haswell", "SkylakeX", ...; its
 // name for them), for stating with every speed figure; empty when the BLAS
-// is not OpenBLAS.
+// is not OpenBLAS (pip's x86 torch has MKL).
 std::string blas_core();
 
 }  // namespace noloco

@@ -2,7 +2,6 @@
 
 #include <stdexcept>
 
-#include "util/torch_shim.h"
 
 namespace noloco {
 
@@ -25,8 +24,8 @@ class AbandonableStore final : public c10d::Store {
     return inner_->get(key);
   }
   int64_t add(const std::string& key, int64_t value) override { return inner_->add(key, value); }
-  c10::intrusive_ptr<c10d::Store> clone() {  // see shim::clone_store
-    return c10::make_intrusive<AbandonableStore>(shim::clone_store(inner_), abandon_, slice_);
+  c10::intrusive_ptr<c10d::Store> clone() override {
+    return c10::make_intrusive<AbandonableStore>(inner_->clone(), abandon_, slice_);
   }
   bool deleteKey(const std::string& key) override { return inner_->deleteKey(key); }
   bool check(const std::vector<std::string>& keys) override { return inner_->check(keys); }

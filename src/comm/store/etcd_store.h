@@ -45,10 +45,8 @@ class EtcdStore final : public c10d::Store {
   int64_t getNumKeys() override;
   void wait(const std::vector<std::string>& keys) override;
   void wait(const std::vector<std::string>& keys, const std::chrono::milliseconds& timeout) override;
-  // A new connection to the same store. LibTorch 2.x's Store declares clone()
-  // and c10d calls it; 1.13's has none, hence no `override` (it overrides where
-  // the base declares it, and is a plain member elsewhere).
-  c10::intrusive_ptr<c10d::Store> clone();
+  // A new connection to the same store (c10d asks for one per process group).
+  c10::intrusive_ptr<c10d::Store> clone() override;
 
   // A request to etcd's JSON gateway (e.g. "/v3/auth/enable", "{}"); returns
   // the answer's text. Throws if etcd answers with an error.
