@@ -285,6 +285,7 @@ TEST(Corpus, APreparedDirectoryBringsItsValidationShardsAndTokenizer) {
   const auto corpus = load_corpus(c.data, 64, dir / "run");
   EXPECT_EQ(corpus.tokenizer->kind(), "sentencepiece");
   EXPECT_EQ(corpus.tokenizer->vocab_size(), 400);
+  EXPECT_EQ(corpus.tokenizer_source, dir / "tokens") << "the run's config.yaml would name another tokenizer";
   EXPECT_EQ(corpus.train.size(), r.train_tokens);
   EXPECT_EQ(corpus.val.size(), r.val_tokens);
 }

@@ -171,11 +171,25 @@ TEST(BadInput, MissingDataFile) {
                         "cannot open '/nonexistent/x.txt'");
 }
 
+// Issue 84: `noloco trian` said "A subcommand is required", `--steps=5` gave no hint.
+TEST(BadInput, AMistypedCommandOrADashedKeySaysWhatWasMeant) {
+  auto r = noloco::testing::run_cli("trian configs/shakespeare.yaml");
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+  EXPECT_NE(r.output.find("unknown command 'trian' (did you mean train?)"), std::string::npos) << r.output;
+  r = noloco::testing::run_cli("train configs/shakespeare.yaml --steps=5");
+  EXPECT_NE(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("keys go as key=value, without dashes: steps=5"), std::string::npos) << r.output;
+  r = noloco::testing::run_cli("train --help");
+  EXPECT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_EQ(r.output.find("keys go as"), std::string::npos) << r.output;
+}
+
 TEST(BadInput, EmptyDataFile) {
   TempDir dir;
   noloco::testing::write_text(dir / "empty.txt", "");
   expect_one_line_error(noloco::testing::run_cli("train configs/shakespeare.yaml out=" + dir.path() + "/r data=" + dir / "empty.txt"),
                         "is empty");
+  EXPECT_FALSE(std::filesystem::exists(dir / "r")) << "a failed start left its run directory (and run.lock) behind";
 }
 
 TEST(BadInput, CorpusShorterThanOneBlock) {
@@ -291,6 +305,22 @@ TEST_F(BadCheckpoint, ANewRunNeverOverwritesAnotherOrTakesItsDirectory) {
   EXPECT_EQ(noloco::testing::read_text(dir / "run/checkpoints/r0/step_00000002/model.safetensors"), before);
   Checkpoint again;
   EXPECT_THROW(write_checkpoint(dir / "run/checkpoints/r0", 2, again, dir / "run"), std::runtime_error);
+}
+
+// Issue 84: a mistyped out= with resume=true started a new run and exited 0.
+TEST_F(BadCheckpoint, AResumeOfADirectoryWithoutARunIsRefusedAndLeavesNothing) {
+  for (const std::string launched : {"", " method=noloco replicas=2"}) {
+    std::string cli = "train configs/shakespeare.yaml";
+    for (auto& a : args("typo", {"steps=2"})) cli += " " + a;
+    expect_one_line_error(noloco::testing::run_cli(cli + launched + " resume=true", 60), "holds no run to continue");
+    EXPECT_FALSE(std::filesystem::exists(dir / "typo"));
+  }
+  // A launcher whose start fails after taking the directory leaves nothing either.
+  noloco::testing::write_text(dir / "empty.txt", "");
+  std::string cli = "train configs/shakespeare.yaml";
+  for (auto& a : args("failed", {"steps=2", "method=noloco", "replicas=2"})) cli += " " + a;
+  expect_one_line_error(noloco::testing::run_cli(cli + " data=" + dir / "empty.txt", 60), "is empty");
+  EXPECT_FALSE(std::filesystem::exists(dir / "failed"));
 }
 
 TEST_F(BadCheckpoint, TwoRunsCannotShareADirectory) {

@@ -1,6 +1,7 @@
 // The noloco command line: a thin layer over train/, model/ and comm/.
 #include <signal.h>
 
+#include <algorithm>
 #include <csignal>
 #include <functional>
 #include <cstdlib>
@@ -87,7 +88,7 @@ CLI::App* add_launch_command(CLI::App& app, LaunchArgs& a) {
 
 int run_bench(const std::vector<std::string>& args) {
   if (!args.empty() && args[0] == "comm") return bench_comm_command({args.begin() + 1, args.end()});
-  compute_in_this_process();
+  reexecute_for_runtime_settings();
   int64_t steps = 10;
   double peak = 0;
   Options options("bench");
@@ -225,8 +226,7 @@ std::vector<Command> add_commands(CLI::App& app, Arguments& a) {
 
   auto* sim = app.add_subcommand("simulate", "model sync latency, bandwidth and idle time at up to 1024 replicas");
   sim->add_option("options", a.options, "key=value (below)");
-  sim->footer("\n" + wrap_words("Keys, with their defaults: ", "out=DIR samples=2000 outer_steps=100 "
-                                 "max_replicas=1024 model=125m step_seconds=0.5 seed=1"));
+  sim->footer(keys_help(sim::simulate_options));
   commands.push_back({sim, [&a] { return run_simulate(a.options); }});
 
   auto* report = app.add_subcommand("report", "compare runs: a Markdown table, or with out=DIR a page with plots");
@@ -258,6 +258,50 @@ std::vector<Command> add_commands(CLI::App& app, Arguments& a) {
   return commands;
 }
 
+size_t edit_distance(const std::string& a, const std::string& b) {
+  std::vector<size_t> row(b.size() + 1);
+  for (size_t j = 0; j <= b.size(); ++j) row[j] = j;
+  for (size_t i = 1; i <= a.size(); ++i) {
+    size_t diagonal = row[0]++;
+    for (size_t j = 1; j <= b.size(); ++j) {
+      const size_t above = row[j];
+      row[j] = std::min({row[j] + 1, row[j - 1] + 1, diagonal + (a[i - 1] != b[j - 1])});
+      diagonal = above;
+    }
+  }
+  return row[b.size()];
+}
+
+// What a mistyped command line most likely meant, or "".
+std::string usage_hint(const CLI::App& app, int argc, char** argv) {
+  const auto commands = app.get_subcommands([](const CLI::App*) { return true; });
+  const auto known = [&](const std::string& name) {
+    return std::any_of(commands.begin(), commands.end(), [&](const CLI::App* c) { return c->get_name() == name; });
+  };
+  if (argc > 1 && argv[1][0] != '-' && !known(argv[1])) {
+    std::string names, closest;
+    size_t best = 3;  // further than two edits is no longer a typo
+    for (const auto* command : commands) {
+      names += (names.empty() ? "" : ", ") + command->get_name();
+      if (const auto d = edit_distance(argv[1], command->get_name()); d < best) {
+        best = d;
+        closest = command->get_name();
+      }
+    }
+    return fmt::format("noloco: error: unknown command '{}'{}; the commands are {}", argv[1],
+                       closest.empty() ? "" : fmt::format(" (did you mean {}?)", closest), names);
+  }
+  for (int i = 2; i < argc && std::string(argv[i]) != "--"; ++i) {
+    const std::string arg = argv[i];
+    if (arg.size() > 2 && arg.rfind("--", 0) == 0 && arg != "--help" && arg != "--version") {
+      const auto key = arg.substr(2, arg.find('=') - 2);
+      return fmt::format("noloco: keys go as key=value, without dashes: {}={}", key,
+                         arg.find('=') == std::string::npos ? "..." : arg.substr(arg.find('=') + 1));
+    }
+  }
+  return "";
+}
+
 int run_command(int argc, char** argv) {
   // A write to a peer that just died must come back as an error that the
   // exchange handles (average without it), not kill this worker with SIGPIPE.
@@ -270,11 +314,22 @@ int run_command(int argc, char** argv) {
   app.require_subcommand(1);
   Arguments arguments;
   const auto commands = add_commands(app, arguments);
-  CLI11_PARSE(app, argc, argv);
+  if (const auto hint = usage_hint(app, argc, argv); hint.rfind("noloco: error:", 0) == 0) {
+    std::cerr << hint << std::endl;
+    return 2;
+  }
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    const int code = app.exit(e);
+    if (code != 0)
+      if (const auto hint = usage_hint(app, argc, argv); !hint.empty()) std::cerr << hint << std::endl;
+    return code;
+  }
   try {
     for (const auto& command : commands) {
       if (!*command.app) continue;
-      if (command.computes) compute_in_this_process();
+      if (command.computes) reexecute_for_runtime_settings();
       return command.run();
     }
   } catch (const Interrupted& e) {

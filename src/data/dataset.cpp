@@ -59,11 +59,16 @@ std::unique_ptr<Tokenizer> text_tokenizer(const DataConfig& c) {
   return open_tokenizer(c.tokenizer);
 }
 
+// Token files in a directory where `prepare` left its tokenizer, the key not naming one.
+bool takes_prepared_tokenizer(const DataConfig& c) {
+  const bool unnamed = c.tokenizer == "char" || c.tokenizer == "bpe";
+  return unnamed && names_token_files(c.path) && fs::is_directory(c.path) && holds_tokenizer(c.path);
+}
+
 std::unique_ptr<Tokenizer> token_data_tokenizer(const DataConfig& c, int64_t declared_vocab) {
   if (auto t = model_tokenizer(c)) return t;
+  if (takes_prepared_tokenizer(c)) return load_tokenizer(c.path);
   const bool unnamed = c.tokenizer == "char" || c.tokenizer == "bpe";
-  // `prepare` leaves its tokenizer beside the shards.
-  if (unnamed && fs::is_directory(c.path) && holds_tokenizer(c.path)) return load_tokenizer(c.path);
   if (unnamed) return make_id_tokenizer(c.vocab_size > 0 ? c.vocab_size : declared_vocab);
   return open_tokenizer(c.tokenizer);
 }
@@ -216,6 +221,7 @@ void check_corpus_identity(const DataConfig& c, const Corpus& corpus, const std:
 
 Corpus load_corpus(const DataConfig& c, int64_t context, const std::string& run_dir, bool resuming) {
   Corpus corpus;
+  corpus.tokenizer_source = takes_prepared_tokenizer(c) ? c.path : c.tokenizer;
   TokenStream all;
   if (names_token_files(c.path)) {
     all = TokenStream::map_files(token_files(c.path), c.raw_tokens);

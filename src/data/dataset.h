@@ -15,6 +15,9 @@ namespace noloco {
 struct Corpus {
   std::unique_ptr<Tokenizer> tokenizer;
   TokenStream train, val;
+  // What the run's config.yaml names as its tokenizer: the key's value, or
+  // the shards' directory whose tokenizer `prepare` left there.
+  std::string tokenizer_source;
 };
 
 // Opens `config.path` (a text file, or token files: a file, a directory or a

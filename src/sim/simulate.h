@@ -5,6 +5,8 @@
 
 #include <nlohmann/json.hpp>
 
+#include "config/options.h"
+
 namespace noloco::sim {
 
 struct SimulateOptions {
@@ -17,6 +19,8 @@ struct SimulateOptions {
   uint64_t seed = 1;
 };
 
+// The command's keys, bound to `options` (their help is simulate --help's).
+Options simulate_options(SimulateOptions& options);
 // Parses key=value arguments; throws std::invalid_argument on unknown keys or bad values.
 SimulateOptions parse_simulate_options(const std::vector<std::string>& args);
 // Writes latency.csv, bandwidth.csv, idle.csv, fig5a.svg, fig5b.svg into options.out;

@@ -163,12 +163,12 @@ int train_command(const std::string& config_path, const std::vector<std::string>
   const int stages = int(cfg.pipeline.stages);
   WorkerEnv env;
   if (worker_env_from_environment(env)) {
-    compute_in_this_process();
+    reexecute_for_runtime_settings();
     return run_launched_worker(cfg, env);
   }
   cfg.validate_workers();
   const bool trains_here = cfg.outer.method == Method::none && cfg.workers() == 1;
-  if (trains_here) compute_in_this_process();
+  if (trains_here) reexecute_for_runtime_settings();
   if (cfg.run.out.empty()) cfg.run.out = default_run_dir(cfg);
   const RunDirectory owned(cfg.run.out, cfg);
   if (trains_here) {
@@ -183,7 +183,6 @@ int train_command(const std::string& config_path, const std::vector<std::string>
   check_fragments(cfg.outer.fragments, model, stages);
   // The last local rank needs a GPU of its own: refused before any worker starts.
   resolved_device(cfg.run.device, int(cfg.workers()) - 1);
-  write_file_atomic(cfg.run.out + "/config.yaml", cfg.to_yaml());
   LaunchPlan plan;
   plan.workers = int(cfg.workers());
   plan.stages = stages;
@@ -310,7 +309,7 @@ int bench_comm_command(const std::vector<std::string>& args) {
   if (cfg.run.out.empty()) cfg.run.out = "runs/bench_comm";
   WorkerEnv env;
   if (worker_env_from_environment(env)) {
-    compute_in_this_process();
+    reexecute_for_runtime_settings();
     init_logging(fmt::format("noloco[worker {}]", env.rank));
     const auto links = join_as_worker(env, cfg.comm, 1, true);
     const auto r = comm_bench_worker(cfg, options, {links.transport.get(), links.membership.get()});

@@ -69,12 +69,18 @@ void check_same_run(const fs::path& dir, const TrainConfig& now) {
 
 }  // namespace
 
-RunDirectory::RunDirectory(const std::string& path, const TrainConfig& config) {
+RunDirectory::RunDirectory(const std::string& path, const TrainConfig& config) : path_(path) {
   const fs::path dir(path);
   if (fs::exists(dir) && !fs::is_directory(dir))
     throw std::invalid_argument(fmt::format("out={} is not a directory", path));
+  if (config.run.resume && !holds_a_run(dir))
+    throw std::invalid_argument(fmt::format("resume=true: out={} holds no run to continue (no config.yaml, metrics or "
+                                            "checkpoints): check out=, or leave resume out to start a new run",
+                                            path));
+  created_directory_ = !fs::exists(dir);
   fs::create_directories(dir);
   const auto lock = (dir / "run.lock").string();
+  created_lock_ = !fs::exists(lock);
   lock_fd_ = ::open(lock.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
   if (lock_fd_ < 0) throw std::runtime_error(fmt::format("cannot open {}: {}", lock, std::strerror(errno)));
   if (::flock(lock_fd_, LOCK_EX | LOCK_NB) != 0) {
@@ -98,14 +104,21 @@ RunDirectory::RunDirectory(const std::string& path, const TrainConfig& config) {
                                               path));
     if (config.run.resume) check_same_run(dir, config);
   } catch (...) {
-    ::close(lock_fd_);
-    lock_fd_ = -1;
+    remove_if_unused();
     throw;
   }
 }
 
-RunDirectory::~RunDirectory() {
+RunDirectory::~RunDirectory() { remove_if_unused(); }
+
+void RunDirectory::remove_if_unused() {
+  const fs::path dir(path_);
+  std::error_code ec;
+  // Unlinked while still locked, so no other run can have taken it meanwhile.
+  if (created_lock_ && !holds_a_run(dir)) fs::remove(dir / "run.lock", ec);
   if (lock_fd_ >= 0) ::close(lock_fd_);  // closing releases the lock
+  lock_fd_ = -1;
+  if (created_directory_) fs::remove(dir, ec);  // only while empty
 }
 
 }  // namespace noloco

@@ -2,7 +2,10 @@
 // exclusive lock (run.lock, with the owner's pid); a second run started on it
 // is refused. A directory that already holds a run (its config, metrics,
 // summaries or checkpoints) is never taken over by a new one: only
-// resume=true continues it, and only with the same model, method and shape.
+// resume=true continues it, and only with the same model, method and shape;
+// resume=true on a directory that holds no run is refused (a mistyped out=
+// would otherwise start a new run). A start that fails before the run wrote
+// anything leaves no directory or lock file behind.
 #pragma once
 #include <string>
 
@@ -20,6 +23,11 @@ class RunDirectory {
   RunDirectory& operator=(const RunDirectory&) = delete;
 
  private:
+  // Removes what the constructor created while the directory holds no run.
+  void remove_if_unused();
+
+  std::string path_;
+  bool created_directory_ = false, created_lock_ = false;
   int lock_fd_ = -1;
 };
 

@@ -460,7 +460,11 @@ WorkerRun::WorkerRun(const TrainConfig& c, const WorkerInfo& w)
   set_state(life_.takes_live_state() ? "joining" : "starting");
   first_step_ = restore(c, w, *model_, checkpoints_, state_, telemetry_, life_, lead_, rejoined_);
   // Only now: a resume refused above leaves the run's config as it was.
-  if (w.rank == 0) write_file_atomic(out_ + "/config.yaml", c.to_yaml());
+  if (w.rank == 0) {
+    auto recorded = c;
+    recorded.data.tokenizer = corpus_.tokenizer_source;
+    write_file_atomic(out_ + "/config.yaml", recorded.to_yaml());
+  }
   throughput_.emplace(first_step_, c.inner.steps);
   startup_seconds_ = seconds_since_process_start();
   set_state("training");
