@@ -22,6 +22,7 @@
 
 #include "comm/store/etcd_server.h"
 #include "comm/store/run_keys.h"
+#include "comm/launch/serve.h"
 #include "comm/link/relay.h"
 #include "util/files.h"
 #include "test_util.h"
@@ -791,6 +792,23 @@ TEST(ServeCluster, AListThatCannotWorkIsRefusedInOneLine) {
   }
   const auto r = noloco::testing::run_cli("serve bind=127.0.0.1 cluster=127.0.0.1:29500,127.0.0.1:29510", 30);
   EXPECT_NE(r.output.find("set NOLOCO_RUN_TOKEN, the same on each"), std::string::npos) << r.output;
+}
+
+// Issue 84: a second relay's lines, followed as printed, add it to the
+// workers' relays instead of replacing the store's serve's (and its store).
+TEST(Serve, ASecondRelaysLinesAddItToTheRelaysTheWorkersHave) {
+  const auto refused = noloco::testing::run_cli("serve bind=127.0.0.1 store=false relay_port=29599", 30);
+  EXPECT_NE(refused.exit_code, 0) << refused.output;
+  EXPECT_NE(refused.output.find("set NOLOCO_RUN_TOKEN to the token that serve printed"), std::string::npos)
+      << refused.output;
+  ServeArgs a;
+  a.store = false;
+  a.relay_port = 29502;
+  const auto lines = serve_exports("t0ken", a, "198.51.100.9");
+  std::string script = "NOLOCO_STORE=https://203.0.113.7:29500; NOLOCO_RELAY=203.0.113.7:29501; ";
+  for (const auto& line : lines) script += line + "; ";
+  const auto r = noloco::testing::run_command("bash -c '" + script + "echo $NOLOCO_STORE $NOLOCO_RELAY'", 10);
+  EXPECT_EQ(r.output, "https://203.0.113.7:29500 203.0.113.7:29501,198.51.100.9:29502\n") << script;
 }
 
 // Issues 66 and 81: the Python door across homes, over the same links as

@@ -134,7 +134,12 @@ std::vector<std::string> serve_exports(const std::string& token, const ServeArgs
   std::vector<std::string> lines{fmt::format("export NOLOCO_RUN_TOKEN={}", token)};
   const auto cluster = cluster_of(a);
   if (cluster.empty()) {
-    if (a.store) lines.push_back(fmt::format("export NOLOCO_STORE=https://{}:{}", host, a.port));
+    if (!a.store) {
+      // Another serve holds the store: this relay is added to its workers' list, not put in its place.
+      lines.push_back(fmt::format("export NOLOCO_RELAY=\"${{NOLOCO_RELAY:+$NOLOCO_RELAY,}}{}:{}\"", host, a.relay_port));
+      return lines;
+    }
+    lines.push_back(fmt::format("export NOLOCO_STORE=https://{}:{}", host, a.port));
     lines.push_back(fmt::format("export NOLOCO_RELAY={}:{}", host, a.relay_port));
     return lines;
   }
@@ -212,6 +217,9 @@ int serve_command(const std::vector<std::string>& args) {
   if (host.empty()) throw std::runtime_error("serve: this machine has no IPv4 address but loopback; set advertise=");
   if (!a.cluster.empty() && !std::getenv("NOLOCO_RUN_TOKEN"))
     throw std::invalid_argument("serve: a cluster's serves share one token: set NOLOCO_RUN_TOKEN, the same on each");
+  if (!a.store && !std::getenv("NOLOCO_RUN_TOKEN"))
+    throw std::invalid_argument("serve: store=false relays for a run another serve holds: set NOLOCO_RUN_TOKEN to "
+                                "the token that serve printed");
   const auto token = run_token();
   stop_on_signal();
   std::unique_ptr<EtcdServer> store;
@@ -224,11 +232,14 @@ int serve_command(const std::vector<std::string>& args) {
   RelayServer relay(a.bind, a.relay_port, run_key(token, "relay"));
   for (const auto& line : serve_exports(token, a, host)) std::cout << line << "\n";
   std::cout.flush();
-  spdlog::info("serving {} until SIGTERM or Ctrl-C: give each worker the export lines above, with RANK and "
-               "WORLD_SIZE (or noloco join) and bind=its own address",
-               a.store ? fmt::format("the run's store on {}:{} and its relay on {}:{}", a.bind, a.port, a.bind,
-                                     relay.port())
-                       : fmt::format("a relay on {}:{}", a.bind, relay.port()));
+  if (a.store)
+    spdlog::info("serving the run's store on {}:{} and its relay on {}:{} until SIGTERM or Ctrl-C: give each worker "
+                 "the export lines above, with RANK and WORLD_SIZE (or noloco join) and bind=its own address",
+                 a.bind, a.port, a.bind, relay.port());
+  else
+    spdlog::info("serving a second relay on {}:{} until SIGTERM or Ctrl-C: run the NOLOCO_RELAY line above after the "
+                 "store's serve's lines, on each worker (it adds this relay to that serve's; NOLOCO_STORE stays)",
+                 a.bind, relay.port());
   const auto page = live_page(a, store.get(), token);
   const int signal = wait_for_stop();
   const auto s = relay.stats();
