@@ -337,6 +337,22 @@ TEST_F(Distributed, TheLauncherKillsAWorkerWhoseHeartbeatStops) {
   EXPECT_NE(summary["replicas_failed"][0]["reason"].get<std::string>().find("no heartbeat"), std::string::npos);
 }
 
+// Issue 84: the README's torchrun line, on one node with the torchrun the
+// setup installs, trains a run to its end.
+TEST_F(Distributed, TheReadmesTorchrunLineTrainsARun) {
+  const auto torchrun = (std::filesystem::path(NOLOCO_TORCH_PYTHON).parent_path() / "torchrun").string();
+  const std::string out = dir / "under_torchrun";
+  const auto r = noloco::testing::run_command(
+      fmt::format("{} --nnodes=1 --nproc_per_node=2 --rdzv-backend=static --master-addr=127.0.0.1 --master-port={} "
+                  "--node-rank=0 --no-python {} {} method=noloco batch=2 steps=12 outer_interval=3 bind=127.0.0.1",
+                  torchrun, noloco::testing::free_port(), NOLOCO_BINARY, small_train_args(dir / "c.txt", out)),
+      120, "NOLOCO_RUN_TOKEN=torchrun-readme-test");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  const auto summary = read_json(out + "/summary.json");
+  EXPECT_EQ(summary["replicas_finished"].get<std::vector<int>>(), (std::vector<int>{0, 1})) << summary.dump();
+  EXPECT_EQ(metrics_records(out, "outer").size(), 8u) << "4 outer steps for each of the 2 replicas";
+}
+
 // Without our launcher (as under torchrun, which knows nothing of our
 // heartbeats) the partner itself gives up a frozen worker: with
 // peer_timeout=600 only the heartbeat can end its wait within the test's bound.
@@ -489,9 +505,9 @@ TEST_F(Distributed, TheLauncherRefusesMoreWorkersThanTheMachineHosts) {
 TEST_F(Distributed, ASignalWhileStartingStopsTheLauncherAndEveryWorker) {
   const std::string run = dir / "interrupted";
   noloco::testing::BackgroundCli launcher(small_train_args(dir / "c.txt", run) + " method=noloco replicas=8 steps=100000", 60);
-  // While it starts its store and workers (it writes config.yaml just before), to the launcher alone.
+  // While it starts its store and workers (it has taken the run directory), to the launcher alone.
   pid_t pid = -1;
-  for (int i = 0; i < 1000 && ((pid = noloco::testing::launcher_of(run)) < 0 || !std::filesystem::exists(run + "/config.yaml")); ++i)
+  for (int i = 0; i < 1000 && ((pid = noloco::testing::launcher_of(run)) < 0 || !std::filesystem::exists(run + "/run.lock")); ++i)
     std::this_thread::sleep_for(std::chrono::milliseconds(10));
   ASSERT_GT(pid, 0);
   std::this_thread::sleep_for(std::chrono::milliseconds(200));
