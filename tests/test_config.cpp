@@ -1,5 +1,6 @@
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstdlib>
 #include <optional>
 #include <string>
@@ -7,6 +8,7 @@
 #include <vector>
 
 #include "config/options.h"
+#include "config/run_layout.h"
 #include "config/train_config.h"
 #include "config/worker_env.h"
 
@@ -372,4 +374,42 @@ TEST(WorkerEnv, JoinerNeedsTheStoreTheWorldAndNoRank) {
       EXPECT_NE(std::string(e.what()).find(expected), std::string::npos) << e.what();
     }
   }
+}
+
+// Issue 82: one layout of ranks. Every rank decodes to a place that encodes
+// back to it, ranks go replica by replica, a replica's speaker is its first
+// worker at each stage, and units number one copy of one stage.
+TEST(RunLayout, EveryRankIsOnePlaceAndBack) {
+  for (const auto& [stages, replica_workers] : {std::pair{1, 1}, std::pair{3, 1}, std::pair{1, 4}}) {
+    const RunLayout layout(stages, replica_workers, 5);
+    EXPECT_EQ(layout.world(), 5 * stages * replica_workers);
+    std::vector<int> units;
+    for (int rank = 0; rank < layout.world() + 2 * layout.workers_per_replica(); ++rank) {  // joiners beyond the world
+      const auto p = layout.place(rank);
+      EXPECT_EQ(layout.rank(p), rank);
+      EXPECT_EQ(p.replica, rank / (stages * replica_workers));
+      EXPECT_LT(p.stage, stages);
+      EXPECT_LT(p.replica_worker, replica_workers);
+      EXPECT_EQ(layout.speaker_of(rank), layout.rank({p.replica, 0, p.stage}));
+      const int unit = layout.unit_of(rank);
+      EXPECT_EQ(unit, p.replica * stages + p.stage);
+      const auto together = layout.ranks_of_unit(unit);
+      EXPECT_EQ(int(together.size()), replica_workers);
+      EXPECT_NE(std::find(together.begin(), together.end(), rank), together.end());
+    }
+  }
+  // A pipeline's worker of (replica 2, stage 1) of 3 stages; a replica of 4 workers' second.
+  EXPECT_EQ(RunLayout(3, 1).rank({2, 0, 1}), 7);
+  EXPECT_EQ(RunLayout(1, 4).rank({2, 1, 0}), 9);
+}
+
+TEST(RunLayout, StagesWithSeveralWorkersAReplicaAreRefusedInOnePlace) {
+  try {
+    RunLayout(2, 2);
+    FAIL() << "stages=2 with replica_workers=2 was taken";
+  } catch (const std::invalid_argument& e) {
+    EXPECT_NE(std::string(e.what()).find("replica_workers > 1 with pipeline stages is not implemented"),
+              std::string::npos);
+  }
+  EXPECT_THROW(RunLayout(0, 1), std::invalid_argument);
 }

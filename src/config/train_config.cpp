@@ -10,6 +10,7 @@
 #include <yaml-cpp/yaml.h>
 
 #include "config/options.h"
+#include "config/run_layout.h"
 #include "util/files.h"
 #include "util/parse_number.h"
 
@@ -118,19 +119,16 @@ void add_topology_options(Options& o, TrainConfig& c) {
            "(0.02); default min(1, hidden/2048) (1 is node0's); an imported model keeps its own")
       .add("activation_rotation", c.pipeline.activation_rotation,
            "integer activation codes (both directions): a randomized Hadamard rotation of each quant_block "
-           "(a power of two) before coding, which spreads outliers so fewer bits suffice (int4: +0.73% loss "
-           "instead of +1.05%)");
+           "(a power of two) before coding, which spreads outliers so fewer bits suffice (docs/pipeline.md)");
 }
 
 void add_outer_options(Options& o, TrainConfig& c) {
   o.add("compression", c.outer.compression,
            "diloco/noloco outer messages: none (the codec keys below as given) | sparse (int2 delta with error "
-           "feedback, an outer step every 10 steps for one fragment of the weights: 0.050 diloco, 0.090 noloco "
-           "bits/param/inner step at 8 replicas, within 1% of fp32) | topk (SparseLoCo's message: the top 64 of "
-           "4096 values as 2-bit bin means, Rice-coded positions, the rest kept in the weights; noloco without "
-           "phi: 0.0033 noloco, 0.011 diloco bits/param/inner step, but +3.6% and +5.0% loss at 8 replicas at our "
-           "toy scale); "
-           "docs/results.md; keys given with it override it")
+           "feedback, an outer step every 10 steps for one fragment of the weights) | topk (SparseLoCo's message: "
+           "the top 64 of 4096 values as 2-bit bin means, Rice-coded positions, the rest kept in the weights; "
+           "noloco sends no phi); what each costs in bytes and loss: docs/results.md; keys given with it "
+           "override it")
       .add("outer_interval", c.outer.interval, "H, inner steps between two synchronisations of the weights (with fragments=F, of each fragment: "
            "an outer step every H/F steps); 0: 100 diloco, 50 noloco")
       .add("outer_momentum", c.outer.momentum, "alpha; <0: 0.3 diloco, 0.5 noloco")
@@ -357,8 +355,7 @@ void validate_replica_workers(const TrainConfig& c) {
   if (!(c.run.replica_workers > 0))
     invalid(fmt::format("replica_workers must be positive, got {}", c.run.replica_workers));
   if (c.run.replica_workers == 1) return;
-  if (c.pipeline.stages > 1)
-    invalid("replica_workers > 1 with pipeline stages is not implemented: set stages=1 or replica_workers=1");
+  run_layout(c);  // refuses replica_workers with pipeline stages
   if (c.outer.method == Method::ddp)
     invalid(fmt::format("replica_workers with method=ddp: ddp averages gradients over every worker at every step "
                         "already; use replicas={} instead",
@@ -491,6 +488,10 @@ void TrainConfig::validate() const {
     if (point.rank < 0 || point.step < 0)
       invalid(fmt::format("inject_crash: RANK and STEP must be >= 0 in '{}'", run.inject_crash));
   }
+}
+
+RunLayout run_layout(const TrainConfig& c) {
+  return RunLayout(int(c.pipeline.stages), int(c.run.replica_workers), int(c.run.replicas));
 }
 
 void TrainConfig::validate_workers() const {

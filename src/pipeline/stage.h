@@ -9,6 +9,7 @@
 
 #include "comm/membership/membership.h"
 #include "comm/transport/peer_link.h"
+#include "config/run_layout.h"
 #include "config/train_config.h"
 #include "model/llama.h"
 #include "pipeline/activation_channel.h"
@@ -37,10 +38,13 @@ struct StageModuleImpl : torch::nn::Module {
 };
 TORCH_MODULE(StageModule);
 
-// Where this worker sits in the replicas x stages grid; worker rank = replica * stages + stage.
+// Where this worker sits in the replicas x stages grid.
 struct PipelinePlace {
   int replica = 0, replicas = 1, stage = 0, stages = 1;
-  int worker(int at_replica, int at_stage) const { return at_replica * stages + at_stage; }
+  // The rank of the worker holding `at_stage` of replica `at_replica`.
+  int worker(int at_replica, int at_stage) const {
+    return RunLayout(stages, /*replica_workers=*/1).speaker(at_replica, at_stage);
+  }
   bool first() const { return stage == 0; }
   bool last() const { return stage == stages - 1; }
 };

@@ -10,6 +10,7 @@
 
 #include <fmt/format.h>
 
+#include "config/run_layout.h"
 #include "data/tokenizer.h"
 #include "util/crc32c.h"
 #include "util/files.h"
@@ -234,12 +235,14 @@ Checkpoint read_whole_model(const std::string& dir) {
   auto c = read_checkpoint(dir, /*with_state=*/false);
   const int stages = c.info.is_object() ? c.info.value("stages", 1) : 1;
   if (stages > 1) {
-    // Sibling stages of the same replica, same step: <run>/checkpoints/r<replica·stages+s>/step_N.
+    // Sibling stages of the same replica, same step: <run>/checkpoints/r<speaker of the stage>/step_N.
     const fs::path here(dir);
     const int replica = c.info.value("replica", 0);
+    const RunLayout pipeline(stages, /*replica_workers=*/1);
     TensorMap merged;
     for (int s = 0; s < stages; ++s) {
-      const auto stage_dir = here.parent_path().parent_path() / fmt::format("r{}", replica * stages + s) / here.filename();
+      const auto stage_dir =
+          here.parent_path().parent_path() / fmt::format("r{}", pipeline.speaker(replica, s)) / here.filename();
       if (!fs::exists(stage_dir / "model.safetensors"))
         throw std::runtime_error(fmt::format("{}: stage {} of this pipelined checkpoint is missing ({})", dir, s,
                                              stage_dir.string()));

@@ -18,6 +18,7 @@
 #include "comm/launch/capped_links.h"
 #include "comm/launch/launcher.h"
 #include "comm/launch/worker_connections.h"
+#include "config/run_layout.h"
 #include "config/worker_env.h"
 #include "data/dataset.h"
 #include "train/bench_comm.h"
@@ -50,15 +51,17 @@ std::vector<std::string> worker_command(std::vector<std::string> command, const 
 // The workers of a run directory that hold no complete checkpoint while
 // another worker of their stage holds one (say, one killed or out of disk
 // while writing its first): a resume starts them from a live replica's state.
-std::vector<int> workers_without_checkpoints(const std::string& run_dir, int workers, int stages) {
-  std::vector<bool> holds(static_cast<size_t>(workers)), stage_holds(static_cast<size_t>(stages));
+std::vector<int> workers_without_checkpoints(const std::string& run_dir, const RunLayout& layout) {
+  const int workers = layout.world();
+  std::vector<bool> holds(static_cast<size_t>(workers)), stage_holds(static_cast<size_t>(layout.stages()));
   for (int w = 0; w < workers; ++w) {
     holds[size_t(w)] = !complete_checkpoint_steps(fmt::format("{}/checkpoints/r{}", run_dir, w)).empty();
-    stage_holds[size_t(w % stages)] = stage_holds[size_t(w % stages)] || holds[size_t(w)];
+    const auto stage = size_t(layout.stage_of(w));
+    stage_holds[stage] = stage_holds[stage] || holds[size_t(w)];
   }
   std::vector<int> out;
   for (int w = 0; w < workers; ++w)
-    if (!holds[size_t(w)] && stage_holds[size_t(w % stages)]) out.push_back(w);
+    if (!holds[size_t(w)] && stage_holds[size_t(layout.stage_of(w))]) out.push_back(w);
   return out;
 }
 
@@ -198,7 +201,7 @@ int train_command(const std::string& config_path, const std::vector<std::string>
   const bool one_worker_replicas = cfg.run.replica_workers == 1;
   if (!links) plan.join_dir = cfg.run.out;
   if (cfg.run.resume && takes_back_restarted(cfg.outer.method, cfg.pipeline.routing, stages) && one_worker_replicas)
-    plan.start_from_peers = workers_without_checkpoints(cfg.run.out, plan.workers, stages);
+    plan.start_from_peers = workers_without_checkpoints(cfg.run.out, run_layout(cfg));
   if (stages > 1)
     spdlog::info("launching {} replicas x {} stages = {} {} workers, run dir {}", cfg.run.replicas, stages,
                  plan.workers, plan.method, cfg.run.out);

@@ -4,6 +4,7 @@
 #include <fmt/ranges.h>
 
 #include "comm/membership/membership.h"
+#include "config/run_layout.h"
 #include "config/train_config.h"
 #include "config/worker_env.h"
 #include "pipeline/activation_channel.h"
@@ -46,11 +47,12 @@ bool writes_run_summary(const WorkerEnv& env) { return env.rank == 0 && !(env.ag
 void write_run_summary(const TrainConfig& cfg, const WorkerEnv& env, const JoinedWorker& worker, double seconds) {
   const auto& store = worker.links.store;
   if (!store || !worker.links.membership) return;  // no members to hear from (method none)
-  const int stages = int(cfg.pipeline.stages), replica_workers = int(cfg.run.replica_workers);
+  const int stages = int(cfg.pipeline.stages);
   const int replicas = int(cfg.run.replicas);  // the launched workers' (run_launched_worker set it from WORLD_SIZE)
   HeartbeatWatch heartbeats(store, env.token);
   auto& own = *worker.links.membership;  // has watched its own scope's heartbeats all along
-  const auto own_scope = replica_scope(stages, int(env.rank % stages));
+  const auto layout = run_layout(cfg);
+  const auto own_scope = replica_scope(stages, layout.stage_of(env.rank));
   std::vector<WorkerExit> members;
   bool told = false;
   for (int stage = 0; stage < stages; ++stage) {
@@ -60,7 +62,7 @@ void write_run_summary(const TrainConfig& cfg, const WorkerEnv& env, const Joine
     for (const int m : joined_members(store, env.token, scope)) ids.push_back(m);
     for (const int member : ids) {
       WorkerExit e;
-      e.rank = first_worker_of(member, stage, stages, replica_workers);
+      e.rank = layout.speaker(member, stage);
       e.joined = member >= replicas;
       if (!told && member_state(store, env.token, scope, member) != MemberState::finished) {
         spdlog::info("waiting for the other workers to finish: this worker writes the run's summary.json");
@@ -80,7 +82,7 @@ void write_run_summary(const TrainConfig& cfg, const WorkerEnv& env, const Joine
       }
       // Its own worker wrote it where it ran: here too (the same bytes, if this disk is that one).
       const auto text = member_summary(store, env.token, scope, member);
-      if (!text.empty()) write_file_atomic(fmt::format("{}/summary_r{}.json", cfg.run.out, e.rank / replica_workers), text);
+      if (!text.empty()) write_file_atomic(fmt::format("{}/summary_r{}.json", cfg.run.out, layout.unit_of(e.rank)), text);
       members.push_back(e);
     }
   }

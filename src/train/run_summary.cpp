@@ -8,6 +8,7 @@
 
 #include <fmt/format.h>
 
+#include "config/run_layout.h"
 #include "util/human.h"
 #include "util/files.h"
 
@@ -385,11 +386,10 @@ RunSummary summarize_lone_run(const WorkerSummary& w) {
 namespace {
 
 // Where exit `e` sat in the run, and how it ended.
-RunSummary::Worker place_of(const WorkerExit& e, int64_t stages, int64_t replica_workers) {
-  RunSummary::Worker where{int(e.rank / stages / replica_workers), std::nullopt, std::nullopt, e.describe(),
-                           e.seconds};
-  if (stages > 1) where.stage = int(e.rank % stages);
-  if (stages > 1 || replica_workers > 1) where.worker = e.rank;
+RunSummary::Worker place_of(const WorkerExit& e, const RunLayout& layout) {
+  RunSummary::Worker where{layout.replica_of(e.rank), std::nullopt, std::nullopt, e.describe(), e.seconds};
+  if (layout.stages() > 1) where.stage = layout.stage_of(e.rank);
+  if (layout.workers_per_replica() > 1) where.worker = e.rank;
   return where;
 }
 
@@ -487,13 +487,14 @@ RunSummary summarize_run(const std::string& run_dir, Method method, int64_t repl
     run.micro_batches = micro_batches;
   }
   RunTally tally(stages);
+  const RunLayout layout{int(stages), int(replica_workers)};
   for (const auto& e : exits) {
-    auto where = place_of(e, stages, replica_workers);
+    auto where = place_of(e, layout);
     if (e.restarted) {  // its next start decides whether it finished
       run.restarted.push_back(where);
       continue;
     }
-    const int member = stages > 1 ? e.rank : int(e.rank / replica_workers);
+    const int member = layout.unit_of(e.rank);
     const auto path = fmt::format("{}/summary_r{}.json", run_dir, member);
     if (e.joined && e.ok() && !std::filesystem::exists(path)) {
       // It finished (the store says so) and wrote its summary where it ran: another machine.
@@ -507,7 +508,7 @@ RunSummary summarize_run(const std::string& run_dir, Method method, int64_t repl
       run.failed.push_back(where);
       continue;
     }
-    if (e.rank % replica_workers != 0) continue;  // its replica's first worker speaks for it
+    if (layout.speaker_of(e.rank) != e.rank) continue;  // its replica's first worker speaks for it
     const auto w = WorkerSummary::from_json(read_json(path));
     if (w.rejoin && w.rejoin->joined) run.joined.push_back({member, w.rejoin->step, w.rejoin->donor, w.rejoin->seconds});
     tally.add_traffic(run, w);
@@ -518,7 +519,7 @@ RunSummary summarize_run(const std::string& run_dir, Method method, int64_t repl
       continue;
     }
     run.finished.push_back(member);
-    tally.add_finished(run, w, member, int(e.rank % stages));
+    tally.add_finished(run, w, member, layout.stage_of(e.rank));
   }
   tally.write_to(run);
   return run;

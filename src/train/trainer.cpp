@@ -440,7 +440,7 @@ WorkerRun::WorkerRun(const TrainConfig& c, const WorkerInfo& w)
       state_{flat_, inner_, *outer_},
       drill_(c.run.inject_crash, w.rank, w.membership ? w.membership->incarnation() : int(w.from_live_state)),
       life_(c, w, flat_, *outer_, state_, drill_),
-      checkpoints_(fmt::format("{}/checkpoints/r{}", out_, w.rank - w.replica_worker),
+      checkpoints_(fmt::format("{}/checkpoints/r{}", out_, w.layout().speaker_of(w.rank)),
                    c.run.checkpoint_interval > 0 ? c.run.checkpoint_interval : c.eval.interval,
                    c.run.keep_checkpoints, c.inner.steps, arch_, out_,
                    {{"seed", c.run.seed},
@@ -647,7 +647,7 @@ nlohmann::json WorkerRun::finish() {
   if (w_.replica_group) gather_replica_workers(*w_.replica_group, w_, device_, summary);
   const auto j = summary.to_json();
   // One summary per replica (a worker in a pipeline), by its first worker.
-  if (speaks_) write_json_atomic(fmt::format("{}/summary_r{}.json", out_, w_.rank / w_.replica_workers), j);
+  if (speaks_) write_json_atomic(fmt::format("{}/summary_r{}.json", out_, w_.layout().unit_of(w_.rank)), j);
   if (!left_at_step_) set_state("finished");
   // Before the run hears it finished: a launcher then takes its store down.
   if (w_.status) w_.status->flush();

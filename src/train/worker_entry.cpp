@@ -15,6 +15,7 @@
 #include "comm/membership/membership.h"
 #include "comm/store/store.h"
 #include "config/options.h"
+#include "config/run_layout.h"
 #include "train/run_end.h"
 #include "train/trainer.h"
 #include "train/worker_life.h"
@@ -225,7 +226,7 @@ int join_command(const std::string& run_dir, const std::vector<std::string>& arg
   env.world = int(cfg.workers());
   env.local_world = local_workers + replica_workers - 1;
   const auto place = joiner_place(env, cfg, stage);
-  env.rank = (place.member * replica_workers + place.replica_worker) * stages + place.stage;
+  env.rank = run_layout(cfg).rank({place.member, place.replica_worker, place.stage});
   env.local_rank = place.replica_worker;
   if (stages > 1)
     spdlog::info("joining the run in {} as worker {}: stage {} of replica {}", run_dir, env.rank, place.stage,

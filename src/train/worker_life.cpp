@@ -9,6 +9,7 @@
 
 #include "comm/membership/membership.h"
 #include "comm/store/store.h"
+#include "config/run_layout.h"
 #include "train/trainer.h"
 #include "util/leave_signal.h"
 #include "util/log.h"
@@ -22,15 +23,15 @@ using Clock = std::chrono::steady_clock;
 WorkerInfo worker_info(const TrainConfig& config, const WorkerStart& start, const WorkerConnections& links,
                        bool leaves) {
   const auto& env = start.env;
-  const int stages = int(config.pipeline.stages), replica_workers = int(config.run.replica_workers);
+  const RunLayout layout(int(config.pipeline.stages), int(config.run.replica_workers));
   WorkerInfo w;
   w.rank = env.rank;
-  w.stages = stages;
-  w.stage = env.rank % stages;
-  w.replica_workers = replica_workers;
-  w.replica_worker = env.rank % replica_workers;
-  w.replica = env.rank / (stages * replica_workers);
-  w.replicas = env.world / (stages * replica_workers);
+  w.stages = layout.stages();
+  w.stage = layout.stage_of(env.rank);
+  w.replica_workers = layout.replica_workers();
+  w.replica_worker = layout.replica_worker_of(env.rank);
+  w.replica = layout.replica_of(env.rank);
+  w.replicas = env.world / layout.workers_per_replica();
   w.replica_group = links.replica_group.get();
   w.from_live_state = start.joins || env.restart > 0;
   w.local_rank = env.local_rank;
@@ -43,8 +44,8 @@ WorkerInfo worker_info(const TrainConfig& config, const WorkerStart& start, cons
   // A joiner starts from a live replica's state, never from the disk.
   if (!start.joins) {
     const auto timeout = std::max(std::chrono::milliseconds(600000), links.timeout);
-    w.agree_resume_step = [store = links.store, env, stages, timeout](const std::vector<int64_t>& steps) {
-      return agree_resume_step(store, env.token, env.rank, env.world, stages, steps, timeout);
+    w.agree_resume_step = [store = links.store, env, layout, timeout](const std::vector<int64_t>& steps) {
+      return agree_resume_step(store, env.token, env.rank, env.world, layout, steps, timeout);
     };
   }
   if (leaves) w.leave_requested = noloco::leave_requested;

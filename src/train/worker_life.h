@@ -6,12 +6,14 @@
 // first step on, the end). The training loops (train/trainer.cpp, the
 // Python module's UserLoopReplica) call these and nothing below them.
 #pragma once
+#include <algorithm>
 #include <functional>
 #include <optional>
 #include <string>
 #include <vector>
 
 #include "comm/launch/worker_connections.h"
+#include "config/run_layout.h"
 #include "config/train_config.h"
 #include "config/worker_env.h"
 #include "optim/flat_params.h"
@@ -25,7 +27,7 @@ namespace noloco {
 // A worker's place in the run and what it is connected with. Default: a
 // lone worker with no network.
 struct WorkerInfo {
-  int rank = 0;  // worker: replica * stages + stage
+  int rank = 0;  // its place in layout()
   int replica = 0, replicas = 1;
   int stage = 0, stages = 1;
   int local_rank = 0;   // this worker among them: device=cuda is its own GPU
@@ -56,6 +58,8 @@ struct WorkerInfo {
   std::function<bool()> leave_requested;
   // Where the replica's first worker publishes its live status (null: nowhere; comm/view/status_board.h).
   StatusPublisher* status = nullptr;
+
+  RunLayout layout() const { return RunLayout(stages, replica_workers, std::max(1, replicas)); }
 };
 
 // How a process comes into the run. The rest of its place (stages, workers

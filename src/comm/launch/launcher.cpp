@@ -207,8 +207,8 @@ class WorkerSupervisor {
   void watch_joiners();
   // Workers restarted together: a replica of several workers (its group is
   // formed anew, and all of them take the state), else each worker alone.
-  int unit_of(int rank) const { return plan_.replica_workers > 1 ? rank / plan_.replica_workers : rank; }
-  std::vector<int> ranks_of_unit(int unit) const;
+  int unit_of(int rank) const { return plan_.layout().unit_of(rank); }
+  std::vector<int> ranks_of_unit(int unit) const { return plan_.layout().ranks_of_unit(unit); }
   bool running_outside(int unit) const;
   // A unit being restarted starts again once the last of its workers has exited.
   void restart_unit_once_down(int unit);
@@ -308,8 +308,8 @@ void WorkerSupervisor::on_failure(WorkerExit& e, LaunchResult& result) {
   // Later NoLoCo groupings of its stage leave it out.
   try {
     // A replica of several workers is lost with any of them (its group's collectives fail).
-    declare_dead(store_, token_, replica_scope(plan_.stages, e.rank % plan_.stages),
-                 e.rank / plan_.stages / plan_.replica_workers);
+    const auto layout = plan_.layout();
+    declare_dead(store_, token_, replica_scope(layout.stages(), layout.stage_of(e.rank)), layout.replica_of(e.rank));
   } catch (const std::exception& error) {
     // Its partners notice by themselves (a closed connection, a silent heartbeat).
     spdlog::warn("could not record worker {}'s failure in the store: {}", e.rank, error.what());
@@ -333,20 +333,13 @@ void WorkerSupervisor::on_failure(WorkerExit& e, LaunchResult& result) {
   }
   lost_[size_t(e.rank)] = !e.restarted;
   if (plan_.keep_going_on_failure && !terminating_ && plan_.replica_workers > 1) stop_replica_of(e.rank);
-  const int stage = e.rank % plan_.stages;
+  const int stage = plan_.layout().stage_of(e.rank);
   if (plan_.keep_going_on_failure && !terminating_ && stage_is_lost(stage)) {
     result.stopped = fmt::format("pipeline stage {} has no live worker left (all {} of its workers failed)", stage,
-                                 n_ / plan_.stages);
+                                 plan_.layout().replicas());
     spdlog::info("{}; stopping the others", result.stopped);
     stop_all(SIGTERM);
   }
-}
-
-std::vector<int> WorkerSupervisor::ranks_of_unit(int unit) const {
-  if (plan_.replica_workers == 1) return {unit};
-  std::vector<int> ranks;
-  for (int r = unit * plan_.replica_workers; r < (unit + 1) * plan_.replica_workers; ++r) ranks.push_back(r);
-  return ranks;
 }
 
 bool WorkerSupervisor::running_outside(int unit) const {
@@ -406,7 +399,7 @@ void WorkerSupervisor::watch_joiners() {
   try {
     for (int stage = 0; stage < plan_.stages; ++stage)
       for (const int member : joined_members(store_, token_, replica_scope(plan_.stages, stage)))
-        heartbeats_.silent_seconds(first_worker_of(member, stage, plan_.stages, plan_.replica_workers));
+        heartbeats_.silent_seconds(plan_.layout().speaker(member, stage));
   } catch (const std::exception&) {
     // The store is busy: look again in a second.
   }
@@ -422,8 +415,8 @@ void WorkerSupervisor::stop_replica_of(int rank) {
 }
 
 bool WorkerSupervisor::stage_is_lost(int stage) const {
-  for (int r = stage; r < n_; r += plan_.stages)
-    if (!lost_[size_t(r)]) return false;
+  for (int r = 0; r < n_; ++r)
+    if (plan_.layout().stage_of(r) == stage && !lost_[size_t(r)]) return false;
   return plan_.stages > 1;
 }
 
@@ -506,7 +499,7 @@ std::vector<WorkerExit> await_joiners(const LaunchPlan& plan, const StorePtr& st
     const auto scope = replica_scope(plan.stages, stage);
     for (const int member : joined_members(store, token, scope)) {
       WorkerExit e;
-      e.rank = first_worker_of(member, stage, plan.stages, plan.replica_workers);  // as the joiner took it
+      e.rank = plan.layout().speaker(member, stage);  // as the joiner took it
       e.joined = true;
       if (!heartbeats.beating(e.rank)) heartbeats.expect(e.rank);  // else followed since it joined
       if (const auto why =
@@ -541,7 +534,7 @@ LaunchResult launch_local_workers(const LaunchPlan& plan, const std::vector<std:
   WorkerSupervisor workers(plan, worker_args, token, etcd.endpoint(), store, signals);
   const JoinInvitation invitation(plan, etcd.endpoint(), token, !(given && *given));
   for (const int r : plan.start_from_peers) {
-    start_from_peer_on_resume(store, token, r, plan.stages);
+    start_from_peer_on_resume(store, token, r, plan.layout());
     spdlog::info("worker {} holds no checkpoint to resume from; it will take its state from a live replica", r);
   }
   const auto from_peer = [&](int r) {

@@ -3,10 +3,12 @@
 #pragma once
 #include <sys/types.h>
 
+#include <algorithm>
 #include <string>
 #include <vector>
 
 #include "comm/launch/capped_links.h"
+#include "config/run_layout.h"
 #include "config/train_config.h"
 
 namespace noloco {
@@ -27,8 +29,10 @@ struct WorkerExit {
 
 struct LaunchPlan {
   int workers = 1;
-  int stages = 1;       // workers are replica-major: worker w is stage w % stages of replica w / stages
-  int replica_workers = 1;  // or, without stages, worker w is of replica w / replica_workers
+  int stages = 1;
+  int replica_workers = 1;
+  // Where each worker sits (config/run_layout.h).
+  RunLayout layout() const { return RunLayout(stages, replica_workers, std::max(1, workers / (stages * replica_workers))); }
   std::string method;   // for messages
   CommConfig comm;
   // Unless set, the first failed worker ends the others; with it, a failed

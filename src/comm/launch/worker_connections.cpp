@@ -14,6 +14,7 @@
 
 #include "comm/store/run_keys.h"
 #include "comm/transport/nccl_collectives.h"
+#include "config/run_layout.h"
 #include "comm/transport/seal.h"
 #include "util/error_text.h"
 #include "util/process_stats.h"
@@ -122,9 +123,9 @@ WorkerConnections join_as_worker(const WorkerEnv& env, const CommConfig& comm, i
                                  int replica_workers, const std::string& nccl_device) {
   check_unsealed_stays_local(env, comm);
   const auto timeout = std::chrono::milliseconds(int64_t(comm.peer_timeout * 1000));
-  const int per_replica = stages * replica_workers;
-  const int stage = env.rank % stages, replica = env.rank / per_replica, replicas = env.world / per_replica;
-  const int replica_worker = env.rank % replica_workers;
+  const RunLayout layout(stages, replica_workers);
+  const int stage = layout.stage_of(env.rank), replica = layout.replica_of(env.rank);
+  const int replicas = env.world / layout.workers_per_replica(), replica_worker = layout.replica_worker_of(env.rank);
   WorkerConnections links;
   links.timeout = timeout;
   auto client = env;
@@ -172,13 +173,14 @@ WorkerConnections join_as_worker(const WorkerEnv& env, const CommConfig& comm, i
     const auto scope = replica_scope(stages, stage);
     links.membership = std::make_unique<Membership>(connect(), env, scope, replica, replicas,
                                                     std::chrono::milliseconds(int64_t(comm.heartbeat_timeout * 1000)),
-                                                    timeout, links.heartbeat.get());
+                                                    timeout, links.heartbeat.get(),
+                                                    [layout, stage](int member) { return layout.speaker(member, stage); });
     links.transport = std::make_unique<LinkTransport>(connect, env, scope, links.membership->self(), replicas,
                                                       links.endpoint, timeout, links.membership.get());
   }
   if (stages > 1) {
     // A connection of its own: the link's sending threads ask it too.
-    links.rosters = std::make_unique<PipelineRoster>(connect(), env.token, stages, env.world / stages,
+    links.rosters = std::make_unique<PipelineRoster>(connect(), env.token, stages, replicas,
                                                      std::chrono::milliseconds(int64_t(comm.heartbeat_timeout * 1000)));
     const Peer self{env.rank, links.membership ? links.membership->incarnation() : 0};
     links.stage_link = std::make_unique<PeerLink>("pipeline worker", connect(), env, self, links.endpoint, timeout,

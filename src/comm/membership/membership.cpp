@@ -63,10 +63,6 @@ std::string replica_scope(int stages, int stage) {
   return stages > 1 ? fmt::format("stage{}", stage) : std::string("replicas");
 }
 
-int first_worker_of(int member, int stage, int stages, int replica_workers) {
-  return member * replica_workers * stages + stage;
-}
-
 int claim_member_id(const StorePtr& store, const std::string& token, const std::string& scope, int world) {
   return world + int(members_scope(store, token, scope)->add("joiners", 1)) - 1;
 }
@@ -145,9 +141,9 @@ int64_t choose_resume_step(const std::map<int, std::vector<int64_t>>& steps_by_w
       held));
 }
 
-void start_from_peer_on_resume(const StorePtr& store, const std::string& token, int worker, int stages) {
-  const auto members = members_scope(store, token, replica_scope(stages, worker % stages));
-  const int member = worker / stages;
+void start_from_peer_on_resume(const StorePtr& store, const std::string& token, int worker, const RunLayout& layout) {
+  const auto members = members_scope(store, token, replica_scope(layout.stages(), layout.stage_of(worker)));
+  const int member = layout.replica_of(worker);
   // What the launcher does for a restart: the worker is dead to its stage
   // until its state is in place, and its process will be a later incarnation.
   append_item(*members, "dead", std::to_string(member));
@@ -156,8 +152,9 @@ void start_from_peer_on_resume(const StorePtr& store, const std::string& token, 
       ->set(fmt::format("steps/{}", worker), std::vector<uint8_t>(kFromPeer.begin(), kFromPeer.end()));
 }
 
-int64_t agree_resume_step(const StorePtr& store, const std::string& token, int worker, int workers, int stages,
-                          const std::vector<int64_t>& steps, std::chrono::milliseconds timeout) {
+int64_t agree_resume_step(const StorePtr& store, const std::string& token, int worker, int workers,
+                          const RunLayout& layout, const std::vector<int64_t>& steps,
+                          std::chrono::milliseconds timeout) {
   const auto resume = run_scope(store, token, "resume");
   std::string mine;
   for (const int64_t s : steps) mine += std::to_string(s) + ",";
@@ -184,8 +181,9 @@ int64_t agree_resume_step(const StorePtr& store, const std::string& token, int w
     }
     if (missing.empty()) return choose_resume_step(held);
     for (const int w : missing)
-      if (list_has(read_or_empty(*members_scope(store, token, replica_scope(stages, w % stages)), "dead"),
-                   std::to_string(w / stages)))
+      if (list_has(read_or_empty(*members_scope(store, token, replica_scope(layout.stages(), layout.stage_of(w))),
+                                 "dead"),
+                   std::to_string(layout.replica_of(w))))
         throw std::runtime_error(fmt::format("worker {} failed before the run agreed on the step to resume from", w));
     if (Clock::now() > deadline)
       throw std::runtime_error(fmt::format("worker {} did not say which checkpoints it holds within {} s", missing[0],
@@ -196,14 +194,13 @@ int64_t agree_resume_step(const StorePtr& store, const std::string& token, int w
 
 Membership::Membership(StorePtr store, const WorkerEnv& env, const std::string& scope, int rank, int world,
                        std::chrono::milliseconds heartbeat_timeout, std::chrono::milliseconds idle_timeout,
-                       Heartbeat* own)
+                       Heartbeat* own, std::function<int(int)> worker_of)
     : store_(std::move(store)),
       members_(members_scope(store_, env.token, scope)),
       token_(env.token),
       rank_(rank),
       world_(world),
-      stride_(std::max(1, env.world / std::max(1, world))),
-      offset_(env.rank % std::max(1, env.world / std::max(1, world))),
+      worker_of_(worker_of ? std::move(worker_of) : [](int member) { return member; }),
       heartbeat_timeout_(heartbeat_timeout),
       idle_timeout_(idle_timeout),
       own_(own),
@@ -272,7 +269,7 @@ const Membership::Silence& Membership::silence_of(int rank, Clock::time_point no
   auto& s = silence_[rank];
   if (now - s.checked > std::chrono::seconds(1)) {
     s.checked = now;
-    const int worker = rank * stride_ + offset_;
+    const int worker = worker_of_(rank);
     // Asked to stop (SIGTERM), a worker gives a silent partner a few beats,
     // not the hung-worker allowance: under torchrun the agent stops every
     // worker once one died, and nobody declares the dead one dead.
@@ -410,6 +407,7 @@ PipelineRoster::PipelineRoster(StorePtr store, const std::string& token, int sta
       token_(token),
       stages_(stages),
       replicas_(replicas),
+      layout_(stages, 1, std::max(1, replicas)),
       heartbeat_timeout_(heartbeat_timeout),
       heartbeats_(store_, token) {}
 
@@ -457,8 +455,8 @@ const PipelineRoster::StageRecord& PipelineRoster::record_of(int stage) {
 
 std::optional<int> PipelineRoster::listed_incarnation(int worker) const {
   if (!last_) return std::nullopt;
-  for (const auto& p : last_->stages.at(size_t(worker % stages_)))
-    if (p.rank == worker / stages_) return p.incarnation;
+  for (const auto& p : last_->stages.at(size_t(layout_.stage_of(worker))))
+    if (p.rank == layout_.replica_of(worker)) return p.incarnation;
   return std::nullopt;
 }
 
@@ -477,8 +475,8 @@ bool PipelineRoster::given_up(int worker, Clock::time_point) {
   if (!last_) return false;
   const auto incarnation = listed_incarnation(worker);
   if (!incarnation) return true;
-  const auto& record = record_of(worker % stages_);
-  const int replica = worker / stages_;
+  const auto& record = record_of(layout_.stage_of(worker));
+  const int replica = layout_.replica_of(worker);
   return list_has(record.dead, std::to_string(replica)) ||
          list_has(record.lost, fmt::format("{}.{}", replica, *incarnation)) || silent_locked(worker);
 }
@@ -492,8 +490,8 @@ void PipelineRoster::declare_dead(int worker) {
   std::lock_guard<std::mutex> lock(mutex_);
   const auto incarnation = listed_incarnation(worker);
   if (!incarnation) return;  // not in the last roster: already left out
-  const int stage = worker % stages_;
-  const auto item = fmt::format("{}.{}", worker / stages_, *incarnation);
+  const int stage = layout_.stage_of(worker);
+  const auto item = fmt::format("{}.{}", layout_.replica_of(worker), *incarnation);
   append_item(*members_scope(store_, token_, replica_scope(stages_, stage)), "lost", item);
   auto& record = records_[stage];
   record.lost += item + ",";  // asked before the next read: already lost

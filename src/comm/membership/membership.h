@@ -20,22 +20,23 @@
 #include "comm/membership/liveness.h"
 #include "comm/store/store.h"
 #include "comm/membership/peer.h"
+#include "config/run_layout.h"
 
 namespace noloco {
 
 class Membership final : public Liveness {
  public:
   // Member `rank` of `world` in `scope` of the run. `store` is a connection
-  // of its own. Workers are laid out replica-major: member r of this group is
-  // worker r·stride + offset (stride = pipeline stages), for heartbeats.
-  // Members 0..world−1 are the run's first; a `rank` of `world` or more is a
-  // worker that joined later (claim_member_id). A member is given up when its
-  // heartbeat is silent for `heartbeat_timeout` or its progress stands still
-  // for `idle_timeout` (peer_timeout). `own` (may be null) is this worker's
-  // heartbeat, which publishes its progress.
+  // of its own. Members 0..world−1 are the run's first; a `rank` of `world`
+  // or more is a worker that joined later (claim_member_id). A member is
+  // given up when its heartbeat is silent for `heartbeat_timeout` or its
+  // progress stands still for `idle_timeout` (peer_timeout). `own` (may be
+  // null) is this worker's heartbeat, which publishes its progress.
+  // `worker_of` names the worker whose heartbeat is a member's (the run's
+  // layout: RunLayout::speaker); without it, member r is worker r.
   Membership(StorePtr store, const WorkerEnv& env, const std::string& scope, int rank, int world,
              std::chrono::milliseconds heartbeat_timeout, std::chrono::milliseconds idle_timeout,
-             Heartbeat* own = nullptr);
+             Heartbeat* own = nullptr, std::function<int(int)> worker_of = nullptr);
 
   int rank() const { return rank_; }
   // The members the run started with (joiners come on top).
@@ -118,7 +119,7 @@ class Membership final : public Liveness {
   int64_t refusals_answered_ = -1;   // the last outer step whose refusals a renewal answered
   int64_t renewed_at_step_ = 0;      // the inner step the last renewal started from
   bool joining_ = false;
-  int stride_, offset_;  // member r is worker r·stride + offset
+  std::function<int(int)> worker_of_;
   std::chrono::milliseconds heartbeat_timeout_, idle_timeout_;
   Heartbeat* own_;
   HeartbeatWatch heartbeats_;
@@ -184,6 +185,7 @@ class PipelineRoster final : public Liveness {
   StorePtr store_, rosters_;
   std::string token_;
   int stages_, replicas_;
+  RunLayout layout_;  // a pipelined replica: one worker a stage
   std::chrono::milliseconds heartbeat_timeout_;
   HeartbeatWatch heartbeats_;
   std::optional<Roster> last_;
@@ -204,14 +206,15 @@ int64_t choose_resume_step(const std::map<int, std::vector<int64_t>>& steps_by_w
 // from a peer: start_from_peer_on_resume). Gives up (throwing, naming
 // who is missing) after `timeout`, or as soon as a missing worker is
 // declared dead in its stage's membership.
-int64_t agree_resume_step(const StorePtr& store, const std::string& token, int worker, int workers, int stages,
-                          const std::vector<int64_t>& steps, std::chrono::milliseconds timeout);
+int64_t agree_resume_step(const StorePtr& store, const std::string& token, int worker, int workers,
+                          const RunLayout& layout, const std::vector<int64_t>& steps,
+                          std::chrono::milliseconds timeout);
 
 // Before a resumed run starts: worker `worker` holds no checkpoint to resume
 // from while others of its stage do (its first checkpoint never finished),
 // so it starts as a restarted worker does, from a live replica's state, and
 // agree_resume_step leaves it out. For a run that takes back restarted workers.
-void start_from_peer_on_resume(const StorePtr& store, const std::string& token, int worker, int stages);
+void start_from_peer_on_resume(const StorePtr& store, const std::string& token, int worker, const RunLayout& layout);
 
 // A new member of `scope` (a worker joining a running run): its rank, the
 // first not taken, counted from `world` (the run's first members) up.
@@ -243,9 +246,6 @@ std::optional<std::string> await_member_end(const StorePtr& store, const std::st
                                             double heartbeat_timeout,
                                             const std::function<std::optional<std::string>()>& given_up);
 
-// The rank of the first worker of member `member` of stage `stage`'s scope:
-// workers are laid out replica-major, (member·replica_workers + k)·stages + stage.
-int first_worker_of(int member, int stage, int stages, int replica_workers);
 
 // The membership scope of the replicas of pipeline stage `stage` ("replicas" without a pipeline).
 std::string replica_scope(int stages, int stage);
