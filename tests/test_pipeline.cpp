@@ -670,16 +670,25 @@ TEST_F(Pipeline, ResumesBitIdenticallyAndExportsTheWholeModel) {
     ASSERT_EQ(a.size(), b.size());
     for (auto& [name, t] : a) EXPECT_TRUE(torch::equal(t, b.at(name))) << "worker " << worker << " " << name;
   }
-  auto r = noloco::testing::run_cli("export " + straight + " " + (dir / "hf"), 60);
+  // Replica 0's stages (workers 0 and 1) join into its whole model; by
+  // default the export is the mean of both replicas' whole models.
+  auto r = noloco::testing::run_cli("export " + straight + " " + (dir / "hf") + " replica=0", 60);
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  r = noloco::testing::run_cli("export " + straight + " " + (dir / "hf_mean"), 60);
   ASSERT_EQ(r.exit_code, 0) << r.output;
   const auto exported = load_tensors(dir / "hf/model.safetensors");
+  const auto mean = load_tensors(dir / "hf_mean/model.safetensors");
   size_t from_stages = 0;
-  for (int s = 0; s < 2; ++s)
+  for (int s = 0; s < 2; ++s) {
+    const auto other = load_tensors(find_checkpoint(straight + "/checkpoints/r" + std::to_string(2 + s)) +
+                                    "/model.safetensors");
     for (auto& [name, t] : load_tensors(find_checkpoint(straight + "/checkpoints/r" + std::to_string(s)) +
                                         "/model.safetensors")) {
       EXPECT_TRUE(torch::equal(t, exported.at(name))) << name;
+      EXPECT_TRUE(torch::allclose(mean.at(name), (t + other.at(name)) / 2, 1e-6, 1e-7)) << name;
       ++from_stages;
     }
+  }
   EXPECT_EQ(from_stages, exported.size());
   r = noloco::testing::run_cli("generate " + straight + " tokens=20", 60);
   EXPECT_EQ(r.exit_code, 0) << r.output;

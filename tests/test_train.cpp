@@ -256,6 +256,39 @@ TEST_F(BadCheckpoint, OfAnotherModelShape) {
   expect_one_line_error(noloco::testing::run_cli(cli + " hidden=64 resume=true"), "does not match the config");
 }
 
+// Issue 84: export and generate take the mean of a run's replicas by
+// default (the best model of a NoLoCo run), or the replica named.
+TEST_F(Cli, ExportAndGenerateTakeTheMeanOfTheReplicasOrTheOneNamed) {
+  std::string cli = "train configs/shakespeare.yaml";
+  for (auto& a : args("run", {"steps=5", "method=noloco", "replicas=2", "outer_interval=3", "batch=2"})) cli += " " + a;
+  const auto trained = noloco::testing::run_cli(cli, 120);
+  ASSERT_EQ(trained.exit_code, 0) << trained.output;
+  std::map<std::string, TensorMap> exported;
+  for (const std::string replica : {"mean", "0", "1"}) {
+    const auto r = noloco::testing::run_cli("export " + dir / "run" + " " + dir / ("hf_" + replica) + " replica=" + replica);
+    ASSERT_EQ(r.exit_code, 0) << r.output;
+    EXPECT_NE(r.output.find(replica == "mean" ? "(the mean of its replicas)" : "(replica " + replica + ")"),
+              std::string::npos) << r.output;
+    exported[replica] = load_tensors(dir / ("hf_" + replica) + "/model.safetensors");
+  }
+  EXPECT_EQ(noloco::testing::run_cli("export " + dir / "run" + " " + dir / "hf_default").exit_code, 0);
+  const auto by_default = load_tensors(dir / "hf_default/model.safetensors");
+  const auto r0_checkpoint = load_tensors(dir / "run/checkpoints/r0/step_00000005/model.safetensors");
+  bool replicas_differ = false;
+  for (const auto& [name, mean] : exported["mean"]) {
+    const auto &a = exported["0"].at(name), &b = exported["1"].at(name);
+    EXPECT_TRUE(torch::allclose(mean, (a + b) / 2, 1e-6, 1e-7)) << name;
+    EXPECT_TRUE(torch::equal(by_default.at(name), mean)) << name;
+    EXPECT_TRUE(torch::equal(a, r0_checkpoint.at(name))) << name;
+    replicas_differ = replicas_differ || !torch::equal(a, b);
+  }
+  EXPECT_TRUE(replicas_differ) << "the two replicas ended equal: the mean checks nothing";
+  const auto sampled = noloco::testing::run_cli("generate " + dir / "run" + " replica=mean tokens=5 seed=1");
+  EXPECT_EQ(sampled.exit_code, 0) << sampled.output;
+  expect_one_line_error(noloco::testing::run_cli("generate " + dir / "run" + " replica=7 tokens=5"),
+                        "holds checkpoints of replicas 0, 1");
+}
+
 TEST_F(Cli, GenerateFromARunDirectory) {
   train_run("run", {"steps=1"});
   auto r = noloco::testing::run_cli("generate " + dir / "run" + " prompt=ROMEO tokens=20 seed=3 temperature=1.0");

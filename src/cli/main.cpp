@@ -44,9 +44,13 @@ std::string keys_help(Options (*options)(Args&)) {
   return "\nKeys (key=value):\n" + options(defaults).help();
 }
 
+constexpr const char* kReplicaHelp =
+    "a run directory's model: mean (the mean of its replicas' weights at their newest common checkpoint, the best "
+    "model of a NoLoCo run) or a replica's number";
+
 struct GenerateArgs {
   SamplingOptions sampling;
-  std::string prompt = "\n", device = "cpu";
+  std::string prompt = "\n", device = "cpu", replica = kMeanOfReplicas;
 };
 
 Options generate_options(GenerateArgs& a) {
@@ -56,7 +60,8 @@ Options generate_options(GenerateArgs& a) {
       .add("top_k", a.sampling.top_k, "0: whole vocabulary")
       .add("seed", a.sampling.seed, "sampling seed")
       .add("tokens", a.sampling.tokens, "tokens to generate")
-      .add("device", a.device, "cpu | cuda | cuda:N");
+      .add("device", a.device, "cpu | cuda | cuda:N")
+      .add("replica", a.replica, kReplicaHelp);
   return options;
 }
 
@@ -67,7 +72,7 @@ int run_generate(const std::string& checkpoint, const std::vector<std::string>& 
   constexpr int64_t kMaxTokens = 1000000;
   if (o.temperature < 0 || o.top_k < 0 || o.tokens < 0 || o.tokens > kMaxTokens)
     throw std::invalid_argument(fmt::format("temperature and top_k must be >= 0, tokens in [0, {}]", kMaxTokens));
-  auto trained = load_trained_model(checkpoint);
+  auto trained = load_trained_model(checkpoint, a.replica);
   trained.model->to(torch::Device(a.device));
   const auto ids = generate(trained.model, trained.tokenizer->encode(a.prompt), o);
   std::cout << trained.tokenizer->decode(ids) << std::endl;
@@ -114,7 +119,8 @@ struct ExportArgs {
 Options export_options(ExportArgs& a) {
   Options options("export");
   options.add("shard_size", a.shard_size, "largest weight file, e.g. 2GB, 500MB, 4GiB")
-      .add("dtype", a.export_options.dtype, "float32 | bfloat16 | float16");
+      .add("dtype", a.export_options.dtype, "float32 | bfloat16 | float16")
+      .add("replica", a.export_options.replica, kReplicaHelp);
   return options;
 }
 
@@ -123,7 +129,10 @@ int run_export(const std::string& checkpoint, const std::string& hf_dir, const s
   export_options(a).parse(args);
   a.export_options.shard_bytes = parse_byte_size("shard_size", a.shard_size);
   export_hf(checkpoint, hf_dir, a.export_options);
-  fmt::print("exported {} to {}\n", checkpoint, hf_dir);
+  fmt::print("exported {} ({}) to {}\n", checkpoint,
+             a.export_options.replica == kMeanOfReplicas ? "the mean of its replicas"
+                                                         : "replica " + a.export_options.replica,
+             hf_dir);
   return 0;
 }
 

@@ -1,8 +1,13 @@
 #include "train/export.h"
 
+#include <algorithm>
 #include <filesystem>
+#include <map>
+#include <utility>
+#include <vector>
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 #include <nlohmann/json.hpp>
 
 #include "data/tokenizer.h"
@@ -23,14 +28,78 @@ torch::ScalarType export_dtype(const std::string& name) {
   throw std::invalid_argument(fmt::format("dtype must be float32, bfloat16 or float16, got '{}'", name));
 }
 
+// The checkpoints of a run directory that make the model `replica` names:
+// each replica's first stage (read_whole_model joins its other stages) at
+// the newest step every replica holds, or one replica's newest. Empty when
+// the run holds no checkpoints.
+std::vector<std::string> replica_checkpoints(const fs::path& run_dir, const std::string& replica) {
+  std::map<int, std::pair<fs::path, std::vector<int64_t>>> replicas;
+  std::error_code ec;
+  for (const auto& dir : fs::directory_iterator(run_dir / "checkpoints", ec)) {
+    const auto steps = complete_checkpoint_steps(dir.path().string());
+    if (steps.empty()) continue;
+    const auto info = read_json(checkpoint_path(dir.path().string(), steps.back()) + "/state.json");
+    if (info.value("stage", 0) == 0) replicas[info.value("replica", 0)] = {dir.path(), steps};
+  }
+  if (replicas.empty()) return {};
+  const auto newest = [](const std::pair<fs::path, std::vector<int64_t>>& r) {
+    return checkpoint_path(r.first.string(), r.second.back());
+  };
+  if (replica != kMeanOfReplicas) {
+    int which = -1;
+    try {
+      which = std::stoi(replica);
+    } catch (const std::exception&) {
+    }
+    if (!replicas.count(which)) {
+      std::vector<int> held;
+      for (const auto& r : replicas) held.push_back(r.first);
+      throw std::invalid_argument(fmt::format("replica={}: {} holds checkpoints of replicas {} (or say mean)", replica,
+                                              run_dir.string(), fmt::join(held, ", ")));
+    }
+    return {newest(replicas.at(which))};
+  }
+  for (int64_t step : std::vector<int64_t>(replicas.begin()->second.second.rbegin(),
+                                           replicas.begin()->second.second.rend())) {
+    std::vector<std::string> at_step;
+    for (const auto& [r, held] : replicas)
+      if (std::find(held.second.begin(), held.second.end(), step) != held.second.end())
+        at_step.push_back(checkpoint_path(held.first.string(), step));
+    if (at_step.size() == replicas.size()) return at_step;
+  }
+  throw std::runtime_error(fmt::format("{}: its replicas hold no checkpoint of one common step; name one with "
+                                       "replica=N",
+                                       run_dir.string()));
+}
+
+// The model `replica` names of `checkpoint` (a run directory, a directory of
+// checkpoints or one checkpoint), with the checkpoint its tokenizer is read from.
+std::pair<Checkpoint, std::string> read_trained_weights(const std::string& checkpoint, const std::string& replica) {
+  const fs::path given(checkpoint);
+  auto paths = fs::is_directory(given / "checkpoints") ? replica_checkpoints(given, replica) : std::vector<std::string>{};
+  if (paths.empty()) {
+    const auto path = find_checkpoint(checkpoint);
+    if (path.empty()) return {};
+    paths = {path};
+  }
+  auto model = read_whole_model(paths[0]);
+  if (paths.size() > 1) {
+    for (auto& [name, t] : model.weights) {
+      auto sum = t.to(torch::kFloat64);
+      for (size_t k = 1; k < paths.size(); ++k) sum += read_whole_model(paths[k]).weights.at(name).to(torch::kFloat64);
+      t = (sum / double(paths.size())).to(t.scalar_type());
+    }
+  }
+  return {std::move(model), paths[0]};
+}
+
 }  // namespace
 
 void export_hf(const std::string& checkpoint, const std::string& hf_dir, const ExportOptions& options) {
   const auto dtype = export_dtype(options.dtype);
   if (options.shard_bytes == 0) throw std::invalid_argument("shard_size must be positive");
-  const auto path = find_checkpoint(checkpoint);
+  const auto [ckpt, path] = read_trained_weights(checkpoint, options.replica);
   if (path.empty()) throw std::runtime_error(fmt::format("no checkpoint found at '{}'", checkpoint));
-  const auto ckpt = read_whole_model(path);
   const auto tokenizer = load_tokenizer(path);
   // Our parameter names are already LlamaForCausalLM's.
   write_hf_weights(hf_dir, ckpt.weights, options.shard_bytes, dtype);
@@ -42,8 +111,8 @@ void export_hf(const std::string& checkpoint, const std::string& hf_dir, const E
   tokenizer->save_hf(hf_dir);
 }
 
-TrainedModel load_trained_model(const std::string& checkpoint) {
-  const auto path = find_checkpoint(checkpoint);
+TrainedModel load_trained_model(const std::string& checkpoint, const std::string& replica) {
+  const auto [ckpt, path] = read_trained_weights(checkpoint, replica);
   const bool hf = path.empty() && is_hf_directory(checkpoint);
   if (path.empty() && !hf)
     throw std::runtime_error(fmt::format("no checkpoint or Hugging Face directory found at '{}'", checkpoint));
@@ -54,7 +123,6 @@ TrainedModel load_trained_model(const std::string& checkpoint) {
     load_hf_weights(trained.model, checkpoint);
     return trained;
   }
-  const auto ckpt = read_whole_model(path);
   trained.model = LlamaForCausalLM(ckpt.model);
   torch::NoGradGuard no_grad;
   for (auto& p : trained.model->named_parameters()) p.value().copy_(ckpt.weights.at(p.key()));

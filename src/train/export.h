@@ -10,9 +10,15 @@
 
 namespace noloco {
 
+// Which model of a run directory: "mean" (the mean of its replicas' weights
+// at their newest common checkpoint, the best model of a NoLoCo run), or a
+// replica's number. A checkpoint directory given itself is that checkpoint.
+constexpr const char* kMeanOfReplicas = "mean";
+
 struct ExportOptions {
   uint64_t shard_bytes = 2000000000;  // Hugging Face's "2GB"
   std::string dtype = "float32";      // float32 | bfloat16 | float16
+  std::string replica = kMeanOfReplicas;
 };
 
 // `checkpoint` as accepted by find_checkpoint(). Throws naming the problem.
@@ -24,6 +30,6 @@ struct TrainedModel {
   LlamaForCausalLM model{nullptr};
   std::unique_ptr<Tokenizer> tokenizer;
 };
-TrainedModel load_trained_model(const std::string& checkpoint);
+TrainedModel load_trained_model(const std::string& checkpoint, const std::string& replica = kMeanOfReplicas);
 
 }  // namespace noloco
