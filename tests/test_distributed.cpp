@@ -353,6 +353,26 @@ TEST_F(Distributed, TheReadmesTorchrunLineTrainsARun) {
   EXPECT_EQ(metrics_records(out, "outer").size(), 8u) << "4 outer steps for each of the 2 replicas";
 }
 
+// Issue 84: on a run of several machines every worker but worker 0 printed
+// nothing. Each machine's first worker prints its progress, with its last
+// outer step's partner and route.
+TEST_F(Distributed, AWorkerOnAMachineOfItsOwnPrintsItsProgress) {
+  const std::string env = fmt::format("WORLD_SIZE=2 MASTER_ADDR=127.0.0.1 MASTER_PORT={} NOLOCO_RUN_TOKEN=progress-test",
+                                      noloco::testing::free_port());
+  const std::string args = small_train_args(dir / "c.txt", dir / "two_machines") +
+                           " method=noloco batch=2 steps=12 outer_interval=3 log_interval=4";
+  const std::string second = dir / "second.log";
+  const std::string script = dir / "two_machines.sh";
+  noloco::testing::write_text(script, "RANK=1 " + env + " timeout -k 5 90 " NOLOCO_BINARY " " + args + " > " + second +
+                                           " 2>&1 &\nother=$!\nRANK=0 " + env + " timeout -k 5 90 " NOLOCO_BINARY " " +
+                                           args + "\nrc=$?\nwait $other\nexit $(( rc | $? ))\n");
+  const auto r = noloco::testing::run_command("bash " + script, 120);
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  const auto printed = noloco::testing::read_text(second);
+  EXPECT_NE(printed.find("step     12/12"), std::string::npos) << printed;
+  EXPECT_NE(printed.find("last outer step with 0 (direct)"), std::string::npos) << printed;
+}
+
 // Without our launcher (as under torchrun, which knows nothing of our
 // heartbeats) the partner itself gives up a frozen worker: with
 // peer_timeout=600 only the heartbeat can end its wait within the test's bound.

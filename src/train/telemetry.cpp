@@ -7,9 +7,12 @@
 #include <cmath>
 #include <cstring>
 #include <stdexcept>
+#include <string>
 #include <utility>
+#include <vector>
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include "util/human.h"
 #include "util/log.h"
@@ -70,6 +73,19 @@ Telemetry::~Telemetry() = default;
 void Telemetry::write(const nlohmann::json& record) {
   metrics_.write(record);
   const std::string split = record.value("split", "");
+  if (split == "outer") {
+    std::vector<std::string> partners;
+    const auto routes = record.value("routes", nlohmann::json::object());
+    for (const auto& [peer, route] : routes.items()) {
+      if (partners.size() == 3) {  // a DiLoCo average names everyone: the line stays a line
+        partners.push_back(fmt::format("{} more", routes.size() - 3));
+        break;
+      }
+      partners.push_back(fmt::format("{} ({})", peer, route.get<std::string>()));
+    }
+    const bool alone = record.value("arrived", nlohmann::json::array()).size() < 2;
+    last_exchange_ = alone || partners.empty() ? "alone" : fmt::format("with {}", fmt::join(partners, ", "));
+  }
   const int64_t step = record.value("step", int64_t(0));
   bool wrote = false;
   for (const auto& [key, tag] : tensorboard_tags(split)) {
@@ -97,6 +113,7 @@ void Telemetry::print(const nlohmann::json& r) const {
     if (r.contains("activation_bytes_sent"))
       line += fmt::format(" | activations {}B | pipeline idle {:.1f}s", format_count(number("activation_bytes_sent")),
                           number("pipeline_idle_seconds"));
+    if (!last_exchange_.empty()) line += " | last outer step " + last_exchange_;
   } else if (split == "val") {
     const double loss = number("loss");
     line = fmt::format("eval step {} | val loss {:.4f} | ppl {:.2f}", r["step"].get<int64_t>(), loss, std::exp(loss));

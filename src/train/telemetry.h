@@ -33,7 +33,8 @@ class MetricsLog {
 class Telemetry {
  public:
   // TensorBoard under run_dir/tensorboard/replica_<worker>; progress lines
-  // (of `total_steps`) on the console if `console`.
+  // (of `total_steps`) on the console if `console`, each with the partners
+  // of the last outer step and how their links went.
   Telemetry(const std::string& run_dir, int worker, int64_t total_steps, bool console,
             std::function<void(const nlohmann::json&)> observer = {});
   ~Telemetry();
@@ -43,6 +44,7 @@ class Telemetry {
  private:
   void print(const nlohmann::json& record) const;
   MetricsLog metrics_;
+  std::string last_exchange_;  // "with 3 (punched)", "alone"; empty before the first outer step
   std::unique_ptr<EventWriter> tensorboard_;
   int64_t total_steps_;
   bool console_;

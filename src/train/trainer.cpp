@@ -450,7 +450,7 @@ WorkerRun::WorkerRun(const TrainConfig& c, const WorkerInfo& w)
                     {"stage", w.stage},
                     {"stages", w.stages}},
                    state_, drill_),
-      telemetry_(out_, w.rank, c.inner.steps, lead_,
+      telemetry_(out_, w.rank, c.inner.steps, lead_ || (w.own_console && speaks_ && w.verbose),
                  [status = w.status](const nlohmann::json& r) {
                    if (status) status->record(r);
                  }),

@@ -34,6 +34,8 @@ WorkerInfo worker_info(const TrainConfig& config, const WorkerStart& start, cons
   w.replicas = env.world / layout.workers_per_replica();
   w.replica_group = links.replica_group.get();
   w.from_live_state = start.joins || env.restart > 0;
+  // Our launcher's workers share its terminal (and reach its store over a unix socket).
+  w.own_console = env.local_rank == 0 && (start.joins || env.store_url.rfind("unix://", 0) != 0);
   w.local_rank = env.local_rank;
   w.local_world = env.local_world;
   w.transport = links.transport.get();

@@ -53,6 +53,10 @@ struct WorkerInfo {
   // worker, which takes its newest.
   std::function<int64_t(const std::vector<int64_t>&)> agree_resume_step;
   bool verbose = true;  // print progress and samples
+  // Its output is a terminal of its own (not our launcher's, which prints
+  // one replica's progress for all): a machine's first worker of a run of
+  // several machines, or a joiner. Its replica's speaker prints its own progress.
+  bool own_console = false;
   // Asked after every step: true once this worker is to leave the run
   // (SIGTERM to a NoLoCo worker). Unset: it never leaves before the end.
   std::function<bool()> leave_requested;
