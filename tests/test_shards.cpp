@@ -334,8 +334,14 @@ TEST(Corpus, AResumeOverChangedShardsIsRefusedNamingTheChange) {
   error = refusal();
   EXPECT_NE(error.find("train_000003.bin was 11024 bytes, 5000 ids, is now 9024 bytes, 4000 ids"), std::string::npos)
       << error;
+  // Issue 83: another shard of the same size (another corpus prepared with a fixed shard size) was resumed over.
+  write_token_file(dir / "set/train_000003.bin", std::vector<int32_t>(ids.begin(), ids.begin() + 5000), 300);
+  error = refusal();
+  EXPECT_NE(error.find("training shard train_000003.bin holds other tokens at the same size (CRC-32C"),
+            std::string::npos)
+      << error;
   write_token_file(dir / "set/train_000003.bin", std::vector<int32_t>(ids.begin() + 15000, ids.end()), 300);
-  EXPECT_NO_THROW(load_corpus(c.data, 32, run, true)) << "the same names, sizes and counts";
+  EXPECT_NO_THROW(load_corpus(c.data, 32, run, true)) << "the same tokens again, written anew";
   write_token_file(dir / "set/train_000004.bin", std::vector<int32_t>(ids.begin(), ids.begin() + 100), 300);
   EXPECT_NE(refusal().find("training shard train_000004.bin (1224 bytes, 100 ids) is new"), std::string::npos);
   c.data.accept_changed_data = true;

@@ -9,12 +9,15 @@
 #include <cerrno>
 #include <cstring>
 #include <filesystem>
+#include <fstream>
+#include <vector>
 
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
 #include "data/text_source.h"
 #include "data/token_file.h"
+#include "util/crc32c.h"
 #include "util/files.h"
 #include "util/splitmix.h"
 
@@ -158,25 +161,78 @@ TokenStream checked(TokenStream tokens, const std::string& spec, int64_t vocab) 
   return tokens;
 }
 
-nlohmann::json file_identities(const TokenStream& tokens) {
+int64_t modified_ns(const std::string& path) {
+  struct stat st {};
+  if (::stat(path.c_str(), &st) != 0)
+    throw std::runtime_error(fmt::format("cannot read {}: {}", path, std::strerror(errno)));
+  return int64_t(st.st_mtim.tv_sec) * 1000000000 + st.st_mtim.tv_nsec;
+}
+
+uint32_t file_crc32c(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  std::vector<char> piece(size_t(1) << 20);
+  uint32_t crc = 0;
+  while (in) {
+    in.read(piece.data(), std::streamsize(piece.size()));
+    crc = crc32c_extend(crc, piece.data(), size_t(in.gcount()));
+  }
+  if (in.bad()) throw std::runtime_error(fmt::format("cannot read {}: {}", path, std::strerror(errno)));
+  return crc;
+}
+
+// The entry of `name` in a list of files, or null.
+nlohmann::json entry_of(const nlohmann::json& files, const nlohmann::json& name) {
+  for (const auto& f : files)
+    if (f.value("file", "") == name) return f;
+  return nlohmann::json();
+}
+
+// Each file's name, size, ids and content checksum. A file whose size and
+// modification time are what `was` recorded keeps its recorded checksum, so
+// a resume reads no shard it already knows; the run's first start reads each
+// once.
+nlohmann::json file_identities(const TokenStream& tokens, const nlohmann::json& was) {
   auto out = nlohmann::json::array();
-  for (const auto& f : tokens.file_identities()) out.push_back({{"file", f.name}, {"bytes", f.bytes}, {"ids", f.ids}});
+  for (const auto& f : tokens.file_identities()) {
+    nlohmann::json entry = {{"file", f.name}, {"bytes", f.bytes}, {"ids", f.ids}, {"modified_ns", modified_ns(f.path)}};
+    const auto before = entry_of(was, f.name);
+    const bool known = before.is_object() && before.contains("crc32c") && before["bytes"] == entry["bytes"] &&
+                       before.value("modified_ns", int64_t(-1)) == entry["modified_ns"];
+    entry["crc32c"] = known ? before["crc32c"].get<uint32_t>() : file_crc32c(f.path);
+    out.push_back(entry);
+  }
   return out;
 }
 
 // What a run trains on, as a resume checks it.
-nlohmann::json corpus_identity(const DataConfig& c, const Corpus& corpus) {
+nlohmann::json corpus_identity(const DataConfig& c, const Corpus& corpus, const nlohmann::json& was) {
   if (!names_token_files(c.path)) return {{"text", text_source(c.path, *corpus.tokenizer)}};
-  return {{"train", file_identities(corpus.train)}, {"val", file_identities(corpus.val)}};
+  const auto recorded = [&](const char* split) {
+    return was.is_object() ? was.value(split, nlohmann::json::array()) : nlohmann::json::array();
+  };
+  return {{"train", file_identities(corpus.train, recorded("train"))},
+          {"val", file_identities(corpus.val, recorded("val"))}};
+}
+
+// An identity as compared: without modification times (a copied corpus is
+// the same corpus), and without checksums where `was` recorded none (a run
+// started before they were kept).
+nlohmann::json comparable(nlohmann::json identity, const nlohmann::json& was) {
+  for (const char* split : {"train", "val"}) {
+    if (!identity.contains(split)) continue;
+    const auto before = was.is_object() ? was.value(split, nlohmann::json::array()) : nlohmann::json::array();
+    const bool checksummed = before.empty() || before[0].contains("crc32c");
+    for (auto& f : identity[split]) {
+      f.erase("modified_ns");
+      if (!checksummed) f.erase("crc32c");
+    }
+  }
+  return identity;
 }
 
 // The first difference between two identities' lists of files, in words.
 std::string changed_files(const std::string& split, const nlohmann::json& was, const nlohmann::json& now) {
-  const auto find = [](const nlohmann::json& files, const nlohmann::json& name) {
-    for (const auto& f : files)
-      if (f["file"] == name) return f;
-    return nlohmann::json();
-  };
+  const auto find = entry_of;
   const auto described = [](const nlohmann::json& f) {
     return fmt::format("{} bytes, {} ids", f["bytes"].get<int64_t>(), f["ids"].get<int64_t>());
   };
@@ -184,9 +240,12 @@ std::string changed_files(const std::string& split, const nlohmann::json& was, c
     const auto same = find(now, f["file"]);
     if (same.is_null())
       return fmt::format("{} shard {} ({}) is gone", split, f["file"].get<std::string>(), described(f));
-    if (same != f)
+    if (same["bytes"] != f["bytes"] || same["ids"] != f["ids"])
       return fmt::format("{} shard {} was {}, is now {}", split, f["file"].get<std::string>(), described(f),
                          described(same));
+    if (same != f)
+      return fmt::format("{} shard {} holds other tokens at the same size (CRC-32C {:08x}, now {:08x})", split,
+                         f["file"].get<std::string>(), f.value("crc32c", uint32_t(0)), same.value("crc32c", uint32_t(0)));
   }
   for (const auto& f : now)
     if (find(was, f["file"]).is_null())
@@ -197,16 +256,17 @@ std::string changed_files(const std::string& split, const nlohmann::json& was, c
 // Records what the run trains on; a resume over other data is refused.
 void check_corpus_identity(const DataConfig& c, const Corpus& corpus, const std::string& run_dir, bool resuming) {
   const std::string path = run_dir + "/corpus.json";
-  const auto now = corpus_identity(c, corpus);
   const auto was = file_exists(path) ? read_json(path) : nlohmann::json();
+  const auto now = corpus_identity(c, corpus, was);
   if (was == now) return;
-  if (resuming && !c.accept_changed_data && !was.is_null()) {
+  const auto before = comparable(was, was), after = comparable(now, was);
+  if (resuming && !c.accept_changed_data && !was.is_null() && before != after) {
     std::string change;
     if (was.contains("text") || now.contains("text")) {
       change = fmt::format("the text {} changed (size or time) or the data is no longer the same kind", c.path);
     } else {
-      change = changed_files("training", was.value("train", nlohmann::json::array()), now["train"]);
-      if (change.empty()) change = changed_files("validation", was.value("val", nlohmann::json::array()), now["val"]);
+      change = changed_files("training", before.value("train", nlohmann::json::array()), after["train"]);
+      if (change.empty()) change = changed_files("validation", before.value("val", nlohmann::json::array()), after["val"]);
     }
     throw std::invalid_argument(fmt::format("resume: the data changed since the run started ({}; {} holds what it "
                                             "was): resumed, it is not the run it continues; accept_changed_data=true "

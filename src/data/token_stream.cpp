@@ -139,7 +139,7 @@ std::vector<TokenStream::FileIdentity> TokenStream::file_identities() const {
   std::vector<FileIdentity> out;
   if (files_)
     for (const auto& f : files_->files)
-      if (f.mapping) out.push_back({fs::path(f.name).filename().string(), int64_t(f.mapped), f.count});
+      if (f.mapping) out.push_back({fs::path(f.name).filename().string(), f.name, int64_t(f.mapped), f.count});
   return out;
 }
 

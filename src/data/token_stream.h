@@ -37,7 +37,7 @@ class TokenStream {
 
   // A mapped file as a resume checks it is unchanged: name, size, ids.
   struct FileIdentity {
-    std::string name;
+    std::string name, path;  // its file name, and where it is
     int64_t bytes = 0, ids = 0;
   };
   // The files this stream maps, in order (none for ids held in memory).
