@@ -373,6 +373,33 @@ TEST_F(Distributed, AWorkerOnAMachineOfItsOwnPrintsItsProgress) {
   EXPECT_NE(printed.find("last outer step with 0 (direct)"), std::string::npos) << printed;
 }
 
+// Issue 83: a worker refused at start was left for its heartbeat to go
+// silent: its partner waited heartbeat_timeout at its first exchange and the
+// summary said "no heartbeat". It marks itself out, with the reason.
+TEST_F(Distributed, AWorkerRefusedAtStartIsOutAtOnceAndTheSummarySaysWhy) {
+  const std::string env = fmt::format("WORLD_SIZE=2 MASTER_ADDR=127.0.0.1 MASTER_PORT={} NOLOCO_RUN_TOKEN=refused-test",
+                                      noloco::testing::free_port());
+  const std::string out = dir / "refused";
+  // With heartbeat_timeout=120 a wait for its heartbeat would outlast the 60-s bound.
+  const std::string args = small_train_args(dir / "c.txt", out) +
+                           " method=noloco batch=2 steps=12 outer_interval=3 heartbeat_timeout=120";
+  const std::string script = dir / "refused.sh", refused_log = dir / "refused.log";
+  noloco::testing::write_text(script, "RANK=1 " + env + " timeout -k 5 60 " NOLOCO_BINARY " " + args + " lr=0.5 > " +
+                                           refused_log + " 2>&1 &\nRANK=0 " + env + " timeout -k 5 60 " NOLOCO_BINARY " " +
+                                           args + "\nrc=$?\nwait\nexit $rc\n");
+  const auto r = noloco::testing::run_command("bash " + script, 90);
+  EXPECT_NE(r.exit_code, 124) << r.output;
+  EXPECT_NE(noloco::testing::read_text(refused_log).find("another config than the run's"), std::string::npos)
+      << noloco::testing::read_text(refused_log);
+  const auto summary = read_json(out + "/summary.json");
+  EXPECT_EQ(summary["replicas_finished"].get<std::vector<int>>(), std::vector<int>{0}) << summary.dump();
+  ASSERT_EQ(summary["replicas_failed"].size(), 1u) << summary.dump();
+  const auto reason = summary["replicas_failed"][0]["reason"].get<std::string>();
+  EXPECT_NE(reason.find("refused at start"), std::string::npos) << reason;
+  EXPECT_NE(reason.find("lr"), std::string::npos) << reason;
+  for (const auto& rec : metrics_records(out, "outer")) EXPECT_EQ(rec["group"], std::vector<int>{0}) << rec.dump();
+}
+
 // Without our launcher (as under torchrun, which knows nothing of our
 // heartbeats) the partner itself gives up a frozen worker: with
 // peer_timeout=600 only the heartbeat can end its wait within the test's bound.

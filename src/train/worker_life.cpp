@@ -108,7 +108,15 @@ JoinedWorker start_worker(const TrainConfig& config, const WorkerStart& start) {
   JoinedWorker w;
   w.links = join_as_worker(env, config.comm, stages, config.outer.method != Method::none,
                            int(config.run.replica_workers), nccl_device);
-  if (w.links.store) agree_on_run_config(w.links.store, env, config, start.user_model);
+  if (w.links.store) {
+    try {
+      agree_on_run_config(w.links.store, env, config, start.user_model);
+    } catch (const std::invalid_argument& refused) {
+      // Partners would otherwise wait out its heartbeat at their first exchange.
+      if (w.links.membership) w.links.membership->refuse(refused.what());
+      throw;
+    }
+  }
   w.info = worker_info(config, start, w.links, leaves);
   return w;
 }

@@ -27,6 +27,7 @@ StorePtr members_scope(const StorePtr& store, const std::string& token, const st
 }
 
 std::string summary_key(int rank) { return fmt::format("summary/{}", rank); }
+std::string refusal_key(int rank) { return fmt::format("refused/{}", rank); }
 
 // "r.g" items: replica r is in its g-th incarnation (the latest one listed).
 std::map<int, int> parse_incarnations(const std::string& text) {
@@ -107,9 +108,12 @@ std::optional<std::string> await_member_end(const StorePtr& store, const std::st
                                             int rank, int worker, HeartbeatWatch& heartbeats,
                                             double heartbeat_timeout,
                                             const std::function<std::optional<std::string>()>& given_up) {
+  const auto members = members_scope(store, token, scope);
   for (;;) {
     const auto state = member_state(store, token, scope, rank);
     if (state == MemberState::finished) return std::nullopt;
+    if (const auto refused = read_or_empty(*members, refusal_key(rank)); !refused.empty())
+      return "refused at start: " + refused;
     if (const double silent = heartbeats.silent_seconds(worker); silent > heartbeat_timeout)
       return fmt::format("{}no heartbeat for {:.0f} s", state == MemberState::dead ? "declared dead, " : "", silent);
     if (auto why = given_up()) return why;
@@ -239,6 +243,11 @@ std::vector<Peer> Membership::snapshot(const std::string& name) {
 }
 
 void Membership::leave() { declare_dead(rank_); }
+
+void Membership::refuse(const std::string& why) {
+  members_->set(refusal_key(rank_), std::vector<uint8_t>(why.begin(), why.end()));
+  declare_dead(rank_);
+}
 
 void Membership::declare_dead(int rank) {
   std::lock_guard<std::mutex> lock(mutex_);

@@ -101,6 +101,10 @@ class Membership final : public Liveness {
   // The other members (joiners in place included) still training: not
   // finished, not declared dead, heartbeat not silent.
   std::vector<int> still_training();
+  // This worker was refused at start (its config is not the run's): it is
+  // out of every later grouping at once, and the run's summary says `why`
+  // (await_member_end) instead of a silent heartbeat.
+  void refuse(const std::string& why);
   // This replica leaves the run for good (SIGTERM): partners stop waiting
   // for it at once (later snapshots leave it out) and no restarted replica
   // asks it for state. It is finished (finish()) once its summary is written.
@@ -237,7 +241,8 @@ std::string member_summary(const StorePtr& store, const std::string& token, cons
 
 // Waits until member `rank` of `scope` (worker `worker`, expected by
 // `heartbeats`) has ended: returns nullopt once it finished (also after
-// leaving); else why it is not counted as finished: its heartbeat silent
+// leaving); else why it is not counted as finished: why it was refused at
+// start (Membership::refuse), its heartbeat silent
 // for `heartbeat_timeout` seconds (a member declared dead alone is still
 // waited for: a replica leaving is, while it saves its checkpoint), or what
 // `given_up()` says when it says something.
