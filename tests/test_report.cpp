@@ -210,7 +210,7 @@ TEST(RunSummary, HealthFiguresCombineOverTheReplicasAndNameTheLonelyOnes) {
   const auto worker = [&](int rank, double paired, double alone, double served, double abandoned) {
     WorkerSummary w;
     w.method = Method::noloco;
-    w.replicas = 3;
+    w.replicas = 4;
     w.steps = 100;
     w.paired_fraction = paired;
     w.longest_alone_outer_steps = alone;
@@ -219,8 +219,10 @@ TEST(RunSummary, HealthFiguresCombineOverTheReplicasAndNameTheLonelyOnes) {
     write_json_atomic(fmt::format("{}/summary_r{}.json", dir.path(), rank), w.to_json());
     return WorkerExit{rank};
   };
-  const std::vector<WorkerExit> exits{worker(0, 1.0, 0, 1, 0), worker(1, 0.06, 469, 0, 2), worker(2, 0.95, 2, 0, 0)};
-  const auto run = summarize_run(dir.path(), Method::noloco, 3, 1, "", 1, exits, 10.0);
+  // Replica 3 missed one exchange of four (a partner that left): alone at 25%, but once.
+  const std::vector<WorkerExit> exits{worker(0, 1.0, 0, 1, 0), worker(1, 0.06, 469, 0, 2), worker(2, 0.95, 2, 0, 0),
+                                      worker(3, 0.75, 1, 0, 0)};
+  const auto run = summarize_run(dir.path(), Method::noloco, 4, 1, "", 1, exits, 10.0);
   EXPECT_EQ(run.paired_fraction_worst, 0.06);
   EXPECT_EQ(run.longest_alone_outer_steps, 469.0);
   EXPECT_EQ(run.handovers_served, 1.0);

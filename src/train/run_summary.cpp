@@ -418,7 +418,9 @@ struct RunTally {
       run.tokens += w.tokens;
     }
     figures.add(w);
-    if (w.paired_fraction && *w.paired_fraction < 1.0 - kMostlyAlone) run.replicas_mostly_alone.push_back(member);
+    if (w.paired_fraction && *w.paired_fraction < 1.0 - kMostlyAlone &&
+        w.longest_alone_outer_steps.value_or(0.0) >= kAloneInARow)
+      run.replicas_mostly_alone.push_back(member);
     if (w.traffic.pipeline) {
       run.activation_bytes_sent += w.traffic.pipeline->bytes_sent;
       run.activation_bytes_relayed += w.traffic.pipeline->bytes_relayed;

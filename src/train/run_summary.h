@@ -149,8 +149,11 @@ struct RunSummary {
   static RunSummary read(const std::string& run_dir);
 };
 
-// A replica alone at more than this share of its outer steps is named in the run's summary.
+// A replica alone at more than this share of its outer steps, and for at
+// least kAloneInARow of them in a row, is named in the run's summary: one
+// missed exchange (a partner that left, in a short run) is not drift.
 constexpr double kMostlyAlone = 0.1;
+constexpr double kAloneInARow = 3;
 
 // summary.json of a launched run, from the workers' summaries and how each ended.
 // With several workers a replica, the first speaks for it; any that failed is listed.
