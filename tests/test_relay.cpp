@@ -8,6 +8,7 @@
 #include <unistd.h>
 
 #include <array>
+#include <csignal>
 #include <filesystem>
 #include <fstream>
 #include <map>
@@ -809,6 +810,65 @@ TEST(Serve, ASecondRelaysLinesAddItToTheRelaysTheWorkersHave) {
   for (const auto& line : lines) script += line + "; ";
   const auto r = noloco::testing::run_command("bash -c '" + script + "echo $NOLOCO_STORE $NOLOCO_RELAY'", 10);
   EXPECT_EQ(r.output, "https://203.0.113.7:29500 203.0.113.7:29501,198.51.100.9:29502\n") << script;
+}
+
+// Issue 83: at 1024 open files, 2,000 idle strangers made a relay spin (14 s
+// of CPU in 20) and refuse the run's pairs. A serve whose hard limit is 64
+// descriptors, held by 200 strangers, stays idle and still answers a newcomer.
+TEST(Serve, ARelayOutOfDescriptorsNeitherSpinsNorStopsAnswering) {
+  const noloco::testing::TempDir dir;
+  const int port = noloco::testing::free_port();
+  const auto pid_file = dir / "serve.pid";
+  noloco::testing::write_text(dir / "serve.sh",
+                              fmt::format("ulimit -n 64\nNOLOCO_RUN_TOKEN=descriptors-test timeout -k 5 60 " NOLOCO_BINARY
+                                          " serve bind=127.0.0.1 store=false relay_port={} > {} 2>&1 &\necho $! > {}\n",
+                                          port, dir / "serve.log", pid_file));
+  ASSERT_EQ(run_command("bash " + dir / "serve.sh", 10).exit_code, 0);
+  const auto connect_to_relay = [&] {
+    const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+    sockaddr_in a{};
+    a.sin_family = AF_INET;
+    a.sin_port = htons(uint16_t(port));
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    if (::connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) != 0) {
+      ::close(fd);
+      return -1;
+    }
+    return fd;
+  };
+  int probe = -1;
+  for (int i = 0; i < 100 && (probe = connect_to_relay()) < 0; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  ASSERT_GE(probe, 0) << noloco::testing::read_text(dir / "serve.log");
+  ::close(probe);
+  // `timeout` is the shell's child; the serve is its child.
+  const auto serve_pid = noloco::testing::read_text(pid_file);
+  const auto children = run_command("pgrep -P " + serve_pid, 10).output;
+  const pid_t serve = pid_t(std::stol(children));
+  std::vector<int> strangers;
+  for (int i = 0; i < 200; ++i)
+    if (const int fd = connect_to_relay(); fd >= 0) strangers.push_back(fd);
+  const auto cpu_seconds = [&] {
+    std::istringstream stat(noloco::testing::read_text(fmt::format("/proc/{}/stat", serve)));
+    std::string field;
+    for (int i = 0; i < 13; ++i) stat >> field;  // utime and stime are fields 14 and 15
+    long user = 0, system = 0;
+    stat >> user >> system;
+    return double(user + system) / double(::sysconf(_SC_CLK_TCK));
+  };
+  std::this_thread::sleep_for(std::chrono::seconds(1));
+  const double before = cpu_seconds();
+  std::this_thread::sleep_for(std::chrono::seconds(3));
+  EXPECT_LT(cpu_seconds() - before, 0.5) << "the relay spun while its strangers held its descriptors";
+  // A newcomer is still answered (its challenge), the oldest stranger dropped for it.
+  const int newcomer = connect_to_relay();
+  ASSERT_GE(newcomer, 0);
+  timeval bound{5, 0};
+  ::setsockopt(newcomer, SOL_SOCKET, SO_RCVTIMEO, &bound, sizeof bound);
+  std::array<char, 64> challenge{};
+  EXPECT_GT(::recv(newcomer, challenge.data(), challenge.size(), 0), 0) << "the relay no longer accepts";
+  ::close(newcomer);
+  for (const int fd : strangers) ::close(fd);
+  ::kill(serve, SIGTERM);
 }
 
 // Issues 66 and 81: the Python door across homes, over the same links as

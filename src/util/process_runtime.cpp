@@ -5,6 +5,7 @@
 
 #include <dlfcn.h>
 #include <malloc.h>
+#include <sys/resource.h>
 #include <unistd.h>
 
 namespace noloco {
@@ -18,6 +19,17 @@ void keep_freed_memory_mapped() {
   // from the heap and are reused; trimming waits for 512 MiB free at the top.
   mallopt(M_MMAP_THRESHOLD, 32 << 20);
   mallopt(M_TRIM_THRESHOLD, 512 << 20);
+}
+
+// Links, relays and the live page hold a descriptor per peer or client, and
+// Debian's soft limit (1024) is far below its hard one (a relay ran out at
+// 1,000 idle strangers). Everything here polls, nothing selects, so
+// descriptors past FD_SETSIZE are safe.
+void use_every_descriptor_allowed() {
+  rlimit files{};
+  if (::getrlimit(RLIMIT_NOFILE, &files) != 0 || files.rlim_cur >= files.rlim_max) return;
+  files.rlim_cur = files.rlim_max;
+  ::setrlimit(RLIMIT_NOFILE, &files);
 }
 
 // OMP_WAIT_POLICY=passive unless already set; true if this set it.
@@ -44,6 +56,7 @@ char** arguments_to_reexecute = nullptr;
 void prepare_process_runtime(char** argv) {
   if (wait_passively_in_openmp()) arguments_to_reexecute = argv;
   keep_freed_memory_mapped();
+  use_every_descriptor_allowed();
 }
 
 void reexecute_for_runtime_settings() {

@@ -5,6 +5,8 @@
 //    faults were 17.6% of a tiny model's step). Raising the mmap and trim
 //    thresholds keeps the step's memory mapped between steps.
 //    NOLOCO_KEEP_MEMORY=0 keeps glibc's defaults.
+//  - The soft limit on open files is raised to the hard one: a relay or a
+//    worker holds a descriptor per peer.
 //  - OpenMP threads spin while waiting by default; with more threads than free
 //    cores (several workers on a machine, or a busy one) the spinning starved
 //    the work (10x slower). Passive waiting unless OMP_WAIT_POLICY says

@@ -91,7 +91,9 @@ class RelayServer {
   RelayStats stats() const;
 
   // Strangers (connections that have not proved the key) held at once: the
-  // oldest go first, so a flood costs bounded memory and never blocks a member.
+  // oldest go first, so a flood costs bounded memory and never blocks a
+  // member. At most half the process's descriptors, so that the run's own
+  // connections always have the other half.
   static constexpr size_t kMostStrangers = 4096;
   // How long a connection has to prove the key, and a dialer waits for its listener to park.
   static constexpr auto kProofWindow = std::chrono::seconds(5);
@@ -102,6 +104,8 @@ class RelayServer {
   struct Carried;
   void serve();
   void accept_all();
+  // Closes the connection that has waited longest to prove the key; false if none does.
+  bool drop_oldest_stranger();
   void read_request(Connection& c);
   void splice(Connection& listener, Connection& dialer);
   void reflect(Connection& c);
@@ -109,6 +113,9 @@ class RelayServer {
 
   const RelayKey key_;
   int listen_fd_ = -1, wake_fd_ = -1, port_ = 0;
+  size_t most_strangers_ = kMostStrangers;
+  // Out of descriptors with no stranger to drop: the listener rests until then.
+  std::chrono::steady_clock::time_point accept_paused_until_{};
   std::atomic<bool> stopping_{false};
   std::vector<std::unique_ptr<Connection>> connections_;  // serve()'s own
   std::map<ListenerId, Connection*> parked_;
