@@ -1,5 +1,13 @@
 // Issue 68: the run's live status, its page, and the page in a real browser.
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <array>
+#include <atomic>
 #include <regex>
+#include <thread>
 
 #include <fmt/format.h>
 #include <gtest/gtest.h>
@@ -164,6 +172,65 @@ TEST(LivePage, ThePageAndItsDataAreForTheKeyAlone) {
   }
   // The charting library goes with its licence (Debian's libjs-dygraphs, which scripts/setup.sh installs).
   EXPECT_NE(http_get(base + "/dygraphs-copyright.txt").find("MIT"), std::string::npos);
+}
+
+namespace {
+
+int connect_to(int port) {
+  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_port = htons(uint16_t(port));
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  if (::connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) != 0) {
+    ::close(fd);
+    return -1;
+  }
+  timeval bound{5, 0};
+  ::setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &bound, sizeof bound);
+  return fd;
+}
+
+}  // namespace
+
+// Issue 83: a stranger's POST of 300 MB was read whole before its 404, and
+// two connections sending a header byte every 2 s made keyed requests time
+// out. A body is refused before it is read; slow strangers leave threads
+// for keyed requests.
+TEST(LivePage, AStrangersBodyOrSlowHeadersNeitherFillMemoryNorStallThePage) {
+  const std::string key = noloco::view_key("token");
+  noloco::ViewServer server("127.0.0.1", 0, key, [] { return json{{"members", {{{"rank", 7}}}}}; });
+  const int poster = connect_to(server.port());
+  ASSERT_GE(poster, 0);
+  const std::string announce = "POST /state.json HTTP/1.1\r\nHost: x\r\nContent-Length: 300000000\r\n\r\n";
+  ASSERT_EQ(::send(poster, announce.data(), announce.size(), MSG_NOSIGNAL), ssize_t(announce.size()));
+  std::array<char, 256> answer{};
+  const auto n = ::recv(poster, answer.data(), answer.size() - 1, 0);
+  ASSERT_GT(n, 0) << "no answer before the body: it waits to read 300 MB";
+  EXPECT_NE(std::string(answer.data()).find(" 413 "), std::string::npos) << answer.data();
+  ::close(poster);
+  // Four strangers trickle a header, a byte every 1.5 s: under any timeout between bytes.
+  std::vector<int> slow;
+  for (size_t i = 0; i < 4; ++i) {
+    slow.push_back(connect_to(server.port()));
+    ASSERT_GE(slow.back(), 0);
+  }
+  std::atomic<bool> done{false};
+  std::thread trickle([&] {
+    for (int tick = 0; !done; ++tick) {
+      for (const int fd : slow) (void)::send(fd, tick == 0 ? "GET / HTTP/1.1\r\n" : "X", tick == 0 ? 16 : 1, MSG_NOSIGNAL);
+      for (int i = 0; i < 15 && !done; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    }
+  });
+  std::this_thread::sleep_for(std::chrono::milliseconds(500));
+  for (int i = 0; i < 3; ++i) {
+    const auto data = noloco::testing::run_command(
+        fmt::format("curl -s --max-time 8 'http://127.0.0.1:{}/state.json?key={}'", server.port(), key), 20).output;
+    EXPECT_NE(data.find("\"rank\":7"), std::string::npos) << "keyed request " << i << ": " << data;
+  }
+  done = true;
+  trickle.join();
+  for (const int fd : slow) ::close(fd);
 }
 
 namespace {

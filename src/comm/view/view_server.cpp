@@ -125,7 +125,15 @@ ViewServer::ViewServer(const std::string& bind, int port, std::string key, std::
     if (request.path == "/" && !allowed(request)) return refuse(response);
     response.set_content(reinterpret_cast<const char*>(asset->data), asset->size, asset->type);
   });
-  server_->new_task_queue = [] { return new httplib::ThreadPool(2); };
+  // The page takes no body: one announced (a stranger's 300 MB POST was read
+  // whole before its 404) is refused before it is read. A client that sends
+  // its request a byte at a time loses its connection after 2 s without one,
+  // and the pool has threads to spare for keyed requests while strangers
+  // hold some (two slow ones held both threads of the pool it had).
+  server_->set_payload_max_length(1024);
+  server_->set_read_timeout(std::chrono::seconds(2));
+  server_->set_keep_alive_timeout(2);
+  server_->new_task_queue = [] { return new httplib::ThreadPool(kPageThreads); };
   port_ = port == 0 ? server_->bind_to_any_port(bind) : (server_->bind_to_port(bind, port) ? port : -1);
   if (port_ <= 0)
     throw std::runtime_error(fmt::format("the live page cannot listen on {}:{} (in use, or not this machine's)", bind,

@@ -56,6 +56,8 @@ class RunWatch {
 
 class ViewServer {
  public:
+  // Connections served at once: strangers holding fewer leave keyed requests answered.
+  static constexpr size_t kPageThreads = 8;
   // Listens on bind:port (port 0: a free one) until destroyed; `state` gives the page's data.
   ViewServer(const std::string& bind, int port, std::string key, std::function<nlohmann::json()> state);
   ~ViewServer();
