@@ -1,18 +1,25 @@
 #!/usr/bin/env bash
 # The main job: install, build, train NoLoCo and DiLoCo with 4 replicas each on
-# Tiny Shakespeare, then print their comparison. Extra key=value arguments
-# apply to both runs (e.g. steps=500 replicas=8).
+# Tiny Shakespeare, then print their comparison and draw it. Extra key=value
+# arguments apply to both runs (e.g. steps=500 replicas=8).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/setup.sh
 scripts/build.sh
 stamp=$(date +%Y%m%d-%H%M%S)
-for method in noloco diloco; do
-  build/noloco train configs/shakespeare.yaml method="$method" replicas=4 out="runs/demo-$stamp-$method" "$@"
+runs=("runs/demo-$stamp-noloco" "runs/demo-$stamp-diloco")
+echo "Two runs follow, NoLoCo then DiLoCo, 4 replicas each (configs/shakespeare.yaml $*), one after the other:"
+echo "each line's ETA is its own run's; the second takes about as long as the first."
+start=$(date +%s)
+for run in "${runs[@]}"; do
+  build/noloco train configs/shakespeare.yaml method="${run##*-}" replicas=4 out="$run" "$@"
 done
 echo
-echo "NoLoCo vs DiLoCo (report: build/noloco report runs/demo-$stamp-*):"
-build/noloco report "runs/demo-$stamp-noloco" "runs/demo-$stamp-diloco"
+echo "NoLoCo vs DiLoCo (final val loss: the mean over each run's replicas; the runs' logs end with replica 0's):"
+build/noloco report "${runs[@]}" out="runs/demo-$stamp-report"
 echo
-echo "Sample from the NoLoCo replica 0:"
-build/noloco generate "runs/demo-$stamp-noloco" prompt="ROMEO:" tokens=200 seed=1
+echo "Sample from the NoLoCo run's mean model (the mean of its replicas' weights):"
+build/noloco generate "${runs[0]}" prompt="ROMEO:" tokens=200 seed=1
+echo
+echo "Took $(( ($(date +%s) - start) / 60 )) min; the runs hold $(du -shc "${runs[@]}" | tail -1 | cut -f1)."
+echo "Plots and table: runs/demo-$stamp-report/report.md (build/noloco report ${runs[*]} out=DIR draws them again)."
