@@ -174,24 +174,7 @@ TEST(LivePage, ThePageAndItsDataAreForTheKeyAlone) {
   EXPECT_NE(http_get(base + "/dygraphs-copyright.txt").find("MIT"), std::string::npos);
 }
 
-namespace {
-
-int connect_to(int port) {
-  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_port = htons(uint16_t(port));
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  if (::connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) != 0) {
-    ::close(fd);
-    return -1;
-  }
-  timeval bound{5, 0};
-  ::setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &bound, sizeof bound);
-  return fd;
-}
-
-}  // namespace
+using noloco::testing::connect_to_loopback;
 
 // Issue 83: a stranger's POST of 300 MB was read whole before its 404, and
 // two connections sending a header byte every 2 s made keyed requests time
@@ -200,7 +183,7 @@ int connect_to(int port) {
 TEST(LivePage, AStrangersBodyOrSlowHeadersNeitherFillMemoryNorStallThePage) {
   const std::string key = noloco::view_key("token");
   noloco::ViewServer server("127.0.0.1", 0, key, [] { return json{{"members", {{{"rank", 7}}}}}; });
-  const int poster = connect_to(server.port());
+  const int poster = connect_to_loopback(server.port());
   ASSERT_GE(poster, 0);
   const std::string announce = "POST /state.json HTTP/1.1\r\nHost: x\r\nContent-Length: 300000000\r\n\r\n";
   ASSERT_EQ(::send(poster, announce.data(), announce.size(), MSG_NOSIGNAL), ssize_t(announce.size()));
@@ -212,7 +195,7 @@ TEST(LivePage, AStrangersBodyOrSlowHeadersNeitherFillMemoryNorStallThePage) {
   // Four strangers trickle a header, a byte every 1.5 s: under any timeout between bytes.
   std::vector<int> slow;
   for (size_t i = 0; i < 4; ++i) {
-    slow.push_back(connect_to(server.port()));
+    slow.push_back(connect_to_loopback(server.port()));
     ASSERT_GE(slow.back(), 0);
   }
   std::atomic<bool> done{false};
