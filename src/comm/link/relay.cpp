@@ -311,8 +311,8 @@ void RelayServer::reflect(Connection& c) {
     std::memcpy(answer.data(), &in.sin_addr, 4);
     std::memcpy(answer.data() + 4, &in.sin_port, 2);
   }
+  ++reflected_;  // before the answer: a client that has it reads the count with it
   (void)!::send(c.fd, answer.data(), answer.size(), MSG_NOSIGNAL);
-  ++reflected_;
   close_connection(c);
 }
 
@@ -352,8 +352,9 @@ void RelayServer::splice(Connection& listener, Connection& dialer) {
     for (;;) {
       const auto n = ::recv(from, buffer.data(), buffer.size(), 0);
       if (n < 0 && errno == EINTR) continue;
-      if (n <= 0 || !send_all(to, buffer.data(), size_t(n))) break;
-      carried->bytes += n;
+      if (n <= 0) break;
+      carried->bytes += n;  // before they go on: whoever has them reads the count with them
+      if (!send_all(to, buffer.data(), size_t(n))) break;
     }
     // One end went: the other sees its connection close.
     ::shutdown(from, SHUT_RDWR);
