@@ -78,7 +78,7 @@ TEST(LiveStatus, AWatcherReadsEachEntryOnceAndNothingWithoutTheToken) {
     noloco::StatusPublisher publisher(store, "token", {{"rank", 1}, {"replica", 1}}, std::chrono::milliseconds(0));
     for (int step = 10; step <= 30; step += 10)
       publisher.record({{"split", "val"}, {"step", step}, {"loss", 3.0 - step / 100.0}});
-    publisher.set_state("finished");
+    publisher.set_state(noloco::record::WorkerState::finished);
   }
   noloco::StatusReader reader("token");
   const auto entries = reader.poll(*store);

@@ -509,7 +509,7 @@ TEST(ActivationChannel, ANeighbourDeclaredDeadIsGivenUpWithoutWaiting) {
       finished.wait_for(std::chrono::seconds(60));  // alive, in the group, and silent: it never sends
       return;
     }
-    declare_dead(store, env.token, replica_scope(2, 0), 0);
+    declare_dead(store, env.token, record::replica_group(2, 0), 0);
     std::vector<torch::Tensor> in{torch::zeros({6})};
     const auto start = std::chrono::steady_clock::now();
     EXPECT_FALSE(link.recv(0, {MessageKind::activations, 0, 0, 0, 0}, in));

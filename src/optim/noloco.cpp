@@ -2,6 +2,7 @@
 
 #include <algorithm>
 
+#include "comm/store/run_record.h"
 #include "util/log.h"
 #include "util/splitmix.h"
 
@@ -78,7 +79,7 @@ void NoLoCo::load(const TensorMap& in) {
 std::vector<Peer> NoLoCo::my_group(int64_t id, OuterSync& sync) {
   std::vector<Peer> members;
   if (membership_) {
-    members = membership_->snapshot(std::to_string(id));
+    members = membership_->snapshot(record::outer_step_snapshot(id));
   } else {
     for (int r = 0; r < transport_.world(); ++r) members.push_back({r, 0});
   }

@@ -5,6 +5,7 @@
 
 #include <fmt/format.h>
 
+#include "comm/store/run_record.h"
 #include "util/torch_shim.h"
 
 namespace noloco {
@@ -69,7 +70,7 @@ class PipelineStage final : public WorkerModel {
   bool listed() const override { return channel_->listed(); }
 
   StepOutcome train_step(int64_t step) override {
-    const auto& roster = channel_->enter(fmt::format("step/{}", step));
+    const auto& roster = channel_->enter(record::step_roster(step));
     if (!roster.holds(place_.stage, self())) return {};  // restarted, and not routed to yet
     auto flights = flights_through_here(step, roster);
     Tally tally;
@@ -97,7 +98,7 @@ class PipelineStage final : public WorkerModel {
   double evaluate(int64_t step) override {
     torch::NoGradGuard no_grad;
     const int s = place_.stage, d = place_.replica;
-    const auto& roster = channel_->roster() ? *channel_->roster() : channel_->enter(fmt::format("evaluation/{}", step));
+    const auto& roster = channel_->roster() ? *channel_->roster() : channel_->enter(record::evaluation_roster(step));
     if (!roster.holds(s, self())) return std::nan("");
     std::vector<Route> mine;
     for (const auto& r : evaluation_routes(o_.seed, place_.replicas, live_replicas(roster)))

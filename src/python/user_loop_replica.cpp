@@ -120,7 +120,7 @@ UserLoopReplica::UserLoopReplica(std::vector<std::pair<std::string, torch::Tenso
                  rejoined_->step, rejoined_->seconds);
     publish(rejoined_->joined ? "join" : "rejoin", {{"donor", rejoined_->donor}});
   }
-  if (worker_.info.status) worker_.info.status->set_state("training");
+  if (worker_.info.status) worker_.info.status->set_state(record::WorkerState::training);
 }
 
 void UserLoopReplica::publish(const char* split, nlohmann::json fields) const {
@@ -133,7 +133,7 @@ void UserLoopReplica::publish(const char* split, nlohmann::json fields) const {
   worker_.info.status->record(fields);
 }
 
-void UserLoopReplica::end_status(const char* state) const {
+void UserLoopReplica::end_status(record::WorkerState state) const {
   if (!worker_.info.status) return;
   worker_.info.status->set_state(state);
   worker_.info.status->flush();  // before the membership ends: the store may go then
@@ -190,7 +190,7 @@ std::vector<UserOuterStep> UserLoopReplica::finish() {
   if (finished_) return {};
   finished_ = true;
   auto steps = reported(outer_->finish(flat_));
-  end_status("finished");
+  end_status(record::WorkerState::finished);
   life_.end_membership("");  // a Python replica writes no summary
   finish_worker(worker_);
   return steps;
@@ -200,7 +200,7 @@ std::vector<UserOuterStep> UserLoopReplica::leave() {
   if (finished_) return {};
   finished_ = left_ = true;
   auto steps = reported(life_.leave());
-  end_status("left");
+  end_status(record::WorkerState::left);
   life_.end_membership("");  // no summary to write first, as the CLI's workers have
   finish_worker(worker_);
   return steps;

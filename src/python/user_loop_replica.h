@@ -11,6 +11,7 @@
 #include <utility>
 #include <vector>
 
+#include "comm/store/run_record.h"
 #include "config/train_config.h"
 #include "config/worker_env.h"
 #include "optim/flat_params.h"
@@ -101,7 +102,7 @@ class UserLoopReplica {
   std::vector<UserOuterStep> reported(std::vector<OuterSync> syncs);
   // Hands the live status a record of this replica's, as the CLI's workers' telemetry does.
   void publish(const char* split, nlohmann::json fields) const;
-  void end_status(const char* state) const;
+  void end_status(record::WorkerState state) const;
 
   TrainConfig config_;
   WorkerEnv env_;

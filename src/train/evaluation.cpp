@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 
+#include "comm/store/run_record.h"
 #include "util/error_text.h"
 #include "util/log.h"
 
@@ -14,7 +15,7 @@ ReplicaSpread evaluate_across_replicas(int64_t step, Transport& transport, Membe
   torch::NoGradGuard no_grad;
   auto& theta = flat.values();
   try {
-    const auto name = "evaluation/" + std::to_string(step);
+    const auto name = record::evaluation_snapshot(step);
     const auto members = membership.snapshot(name);
     if (members.size() < 2 || std::find(members.begin(), members.end(), membership.self()) == members.end())
       return out;

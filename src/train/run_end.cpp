@@ -52,11 +52,11 @@ void write_run_summary(const TrainConfig& cfg, const WorkerEnv& env, const Joine
   HeartbeatWatch heartbeats(store, env.token);
   auto& own = *worker.links.membership;  // has watched its own scope's heartbeats all along
   const auto layout = run_layout(cfg);
-  const auto own_scope = replica_scope(stages, layout.stage_of(env.rank));
+  const auto own_scope = record::replica_group(stages, layout.stage_of(env.rank));
   std::vector<WorkerExit> members;
   bool told = false;
   for (int stage = 0; stage < stages; ++stage) {
-    const auto scope = replica_scope(stages, stage);
+    const auto scope = record::replica_group(stages, stage);
     std::vector<int> ids(size_t(replicas), 0);
     for (int m = 0; m < replicas; ++m) ids[size_t(m)] = m;
     for (const int m : joined_members(store, env.token, scope)) ids.push_back(m);

@@ -383,8 +383,8 @@ class WorkerRun {
 
  private:
   void record_outer_steps(int64_t done, const std::vector<OuterSync>& syncs);
-  // For the live page: starting, joining, training, left, finished.
-  void set_state(const std::string& state) const {
+  // For the live page.
+  void set_state(record::WorkerState state) const {
     if (w_.status) w_.status->set_state(state);
   }
   const TrainConfig& c_;
@@ -457,7 +457,7 @@ WorkerRun::WorkerRun(const TrainConfig& c, const WorkerInfo& w)
       tokens_per_step_(c.inner.batch * c.inner.grad_accum * arch_.context * w.replica_workers) {
   if (lead_) announce(c, arch_, corpus_, device_, w, out_);
   if (!speaks_) checkpoints_.follow();
-  set_state(life_.takes_live_state() ? "joining" : "starting");
+  set_state(life_.takes_live_state() ? record::WorkerState::joining : record::WorkerState::starting);
   first_step_ = restore(c, w, *model_, checkpoints_, state_, telemetry_, life_, lead_, rejoined_);
   // Only now: a resume refused above leaves the run's config as it was.
   if (w.rank == 0) {
@@ -467,7 +467,7 @@ WorkerRun::WorkerRun(const TrainConfig& c, const WorkerInfo& w)
   }
   throughput_.emplace(first_step_, c.inner.steps);
   startup_seconds_ = seconds_since_process_start();
-  set_state("training");
+  set_state(record::WorkerState::training);
 }
 
 InnerStepResult WorkerRun::inner_step(int64_t step) {
@@ -525,7 +525,7 @@ std::optional<int64_t> WorkerRun::outer_step(int64_t done, bool last) {
 
 nlohmann::json WorkerRun::leave(int64_t done) {
   spdlog::info("worker {} leaves the run after step {} (SIGTERM)", w_.rank, done);
-  set_state("left");
+  set_state(record::WorkerState::left);
   const auto start = Clock::now();
   const auto in_flight = life_.leave();
   tally_.blocked_seconds += seconds_since(start);
@@ -648,7 +648,7 @@ nlohmann::json WorkerRun::finish() {
   const auto j = summary.to_json();
   // One summary per replica (a worker in a pipeline), by its first worker.
   if (speaks_) write_json_atomic(fmt::format("{}/summary_r{}.json", out_, w_.layout().unit_of(w_.rank)), j);
-  if (!left_at_step_) set_state("finished");
+  if (!left_at_step_) set_state(record::WorkerState::finished);
   // Before the run hears it finished: a launcher then takes its store down.
   if (w_.status) w_.status->flush();
   // Only now: a launcher waiting for a joiner to finish reads its summary next.

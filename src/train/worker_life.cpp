@@ -54,8 +54,6 @@ WorkerInfo worker_info(const TrainConfig& config, const WorkerStart& start, cons
   return w;
 }
 
-constexpr const char* kRunConfigScope = "run", *kRunConfigKey = "config";
-
 // Every worker of a run trains the same model the same way: worker 0
 // publishes its run keys in the run's store, the others compare theirs (a
 // worker 0 that never comes: the first to give up waiting publishes). Before
@@ -65,17 +63,17 @@ constexpr const char* kRunConfigScope = "run", *kRunConfigKey = "config";
 void agree_on_run_config(const StorePtr& store, const WorkerEnv& env, const TrainConfig& config,
                          const std::string& user_model) {
   const auto ours = config.run_yaml() + (user_model.empty() ? "" : "user_model: " + user_model + "\n");
-  const auto scope = run_scope(store, env.token, kRunConfigScope);
+  const auto scope = run_scope(store, env.token, record::kRun);
   if (env.rank != 0) {
     // Polled: torchrun's TCPStore (1.13) wakes no waiter on a compareSet.
     const double wait = std::max(config.comm.peer_timeout, config.comm.startup_timeout);
     const auto until = Clock::now() + std::chrono::duration<double>(wait);
-    while (!scope->check({kRunConfigKey}) && Clock::now() < until)
+    while (!scope->check({record::kConfig}) && Clock::now() < until)
       std::this_thread::sleep_for(std::chrono::milliseconds(50));
-    if (!scope->check({kRunConfigKey}))
+    if (!scope->check({record::kConfig}))
       spdlog::warn("worker 0 published no config within {:.0f} s: this worker's is the run's", wait);
   }
-  const auto run = set_once(*scope, kRunConfigKey, ours);
+  const auto run = set_once(*scope, record::kConfig, ours);
   const auto differences = run_yaml_differences(ours, run);
   if (!differences.empty())
     throw std::invalid_argument(fmt::format(
@@ -86,7 +84,7 @@ void agree_on_run_config(const StorePtr& store, const WorkerEnv& env, const Trai
 }  // namespace
 
 std::string published_run_config(const StorePtr& store, const std::string& token) {
-  return read_or_empty(*run_scope(store, token, kRunConfigScope), kRunConfigKey);
+  return read_or_empty(*run_scope(store, token, record::kRun), record::kConfig);
 }
 
 bool leaves_on_sigterm(const TrainConfig& config, int stages) {

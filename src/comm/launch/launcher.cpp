@@ -309,7 +309,7 @@ void WorkerSupervisor::on_failure(WorkerExit& e, LaunchResult& result) {
   try {
     // A replica of several workers is lost with any of them (its group's collectives fail).
     const auto layout = plan_.layout();
-    declare_dead(store_, token_, replica_scope(layout.stages(), layout.stage_of(e.rank)), layout.replica_of(e.rank));
+    declare_dead(store_, token_, record::replica_group(layout.stages(), layout.stage_of(e.rank)), layout.replica_of(e.rank));
   } catch (const std::exception& error) {
     // Its partners notice by themselves (a closed connection, a silent heartbeat).
     spdlog::warn("could not record worker {}'s failure in the store: {}", e.rank, error.what());
@@ -398,7 +398,7 @@ void WorkerSupervisor::watch_joiners() {
   if (plan_.join_dir.empty()) return;
   try {
     for (int stage = 0; stage < plan_.stages; ++stage)
-      for (const int member : joined_members(store_, token_, replica_scope(plan_.stages, stage)))
+      for (const int member : joined_members(store_, token_, record::replica_group(plan_.stages, stage)))
         heartbeats_.silent_seconds(plan_.layout().speaker(member, stage));
   } catch (const std::exception&) {
     // The store is busy: look again in a second.
@@ -496,7 +496,7 @@ std::vector<WorkerExit> await_joiners(const LaunchPlan& plan, const StorePtr& st
     return "not waited for (the launcher was stopped)";
   };
   for (int stage = 0; stage < plan.stages; ++stage) {
-    const auto scope = replica_scope(plan.stages, stage);
+    const auto scope = record::replica_group(plan.stages, stage);
     for (const int member : joined_members(store, token, scope)) {
       WorkerExit e;
       e.rank = plan.layout().speaker(member, stage);  // as the joiner took it
@@ -553,7 +553,7 @@ LaunchResult launch_local_workers(const LaunchPlan& plan, const std::vector<std:
   std::stable_sort(result.exits.begin(), result.exits.end(), [](auto& a, auto& b) { return a.rank < b.rank; });
   if (!result.signal) result.joiners = await_joiners(plan, store, token, workers.heartbeats(), launched);
   try {  // the store goes with this launcher: `noloco watch`es read the run's end first
-    let_watchers_catch_up(*run_scope(store, token, "status"), std::chrono::seconds(2));
+    let_watchers_catch_up(*run_scope(store, token, record::kStatus), std::chrono::seconds(2));
   } catch (const std::exception& e) {
     spdlog::debug("the run's watchers may miss its last status: {}", error_text(e));
   }

@@ -140,7 +140,7 @@ WorkerConnections join_as_worker(const WorkerEnv& env, const CommConfig& comm, i
       links.hosted_store =
           std::make_unique<EtcdServer>(comm.bind, env.master_port, store_password(env.token), comm.seal ? &tls : nullptr);
       client.store_url = links.hosted_store->endpoint();
-      if (comm.live_status) links.hosted_status = run_scope(connect_store(client, timeout), env.token, "status");
+      if (comm.live_status) links.hosted_status = run_scope(connect_store(client, timeout), env.token, record::kStatus);
     } else {
       client.store_url = fmt::format("{}://{}:{}", comm.seal ? "https" : "http", env.master_addr, env.master_port);
     }
@@ -160,7 +160,7 @@ WorkerConnections join_as_worker(const WorkerEnv& env, const CommConfig& comm, i
   // the wait can be long without holding up a lost replica.
   const auto replica_timeout = std::max<std::chrono::milliseconds>(timeout, std::chrono::minutes(30));
   // Restarted whole, a replica forms its group anew: the last one's keys belong to dead processes.
-  const auto replica_name = fmt::format("replica{}/workers/{}", replica, env.restart);
+  const auto replica_name = record::replica_workers(replica, env.restart);
   if (replica_workers > 1 && !nccl_device.empty())
     links.replica_group = join_nccl_group(run_scope(connect(), env.token, replica_name), "nccl", replica_worker,
                                           replica_workers, nccl_device, replica_timeout);
@@ -170,7 +170,7 @@ WorkerConnections join_as_worker(const WorkerEnv& env, const CommConfig& comm, i
   const bool crosses_sites = (outer_method && replica_worker == 0) || stages > 1;
   if (crosses_sites) links.endpoint = open_link_endpoint(env, comm);
   if (outer_method && replica_worker == 0) {
-    const auto scope = replica_scope(stages, stage);
+    const auto scope = record::replica_group(stages, stage);
     links.membership = std::make_unique<Membership>(connect(), env, scope, replica, replicas,
                                                     std::chrono::milliseconds(int64_t(comm.heartbeat_timeout * 1000)),
                                                     timeout, links.heartbeat.get(),
@@ -195,7 +195,7 @@ WorkerConnections join_as_worker(const WorkerEnv& env, const CommConfig& comm, i
                                      {"incarnation", links.membership ? links.membership->incarnation() : env.restart}};
     // A store call of its own, bounded: at the end a worker may outlive the store its status goes to.
     const auto status_store = connect_store(client, std::min<std::chrono::milliseconds>(timeout, std::chrono::seconds(10)));
-    links.status = std::make_unique<StatusPublisher>(run_scope(status_store, env.token, "status"), env.token, identity);
+    links.status = std::make_unique<StatusPublisher>(run_scope(status_store, env.token, record::kStatus), env.token, identity);
   }
   return links;
 }

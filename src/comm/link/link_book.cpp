@@ -8,9 +8,7 @@ namespace noloco {
 
 namespace {
 
-std::string record_key(const LinkEnd& end) { return fmt::format("{}.{}", end.rank, end.incarnation); }
-
-std::string latest_key(int rank) { return fmt::format("latest/{}", rank); }
+std::string record_key(const LinkEnd& end) { return record::link_record(end.rank, end.incarnation); }
 
 std::string record_of(const LinkAddresses& a) {
   return fmt::format("{}|{}|{}", a.listen, a.reflexive, a.reachable ? 1 : 0);
@@ -29,12 +27,12 @@ LinkAddresses parse_record(const std::string& text) {
 }  // namespace
 
 LinkBook::LinkBook(StorePtr store, const std::string& token, LinkEnd self, std::shared_ptr<LinkEndpoint> endpoint)
-    : book_(run_scope(store, token, "links/" + self.scope)), self_(std::move(self)), endpoint_(std::move(endpoint)) {
+    : book_(run_scope(store, token, record::link_book(self.scope))), self_(std::move(self)), endpoint_(std::move(endpoint)) {
   endpoint_->serve(self_);
   const auto record = record_of(endpoint_->addresses());
   book_->set(record_key(self_), std::vector<uint8_t>(record.begin(), record.end()));
   const auto incarnation = std::to_string(self_.incarnation);
-  book_->set(latest_key(self_.rank), std::vector<uint8_t>(incarnation.begin(), incarnation.end()));
+  book_->set(record::latest_incarnation(self_.rank), std::vector<uint8_t>(incarnation.begin(), incarnation.end()));
 }
 
 LinkBook::~LinkBook() {
@@ -97,7 +95,7 @@ LinkPtr LinkBook::link_to(const LinkEnd& peer, int64_t theirs, const std::string
 }
 
 int LinkBook::incarnation_of(int rank, Clock::time_point deadline, const std::function<bool()>& abandon) const {
-  const auto key = latest_key(rank);
+  const auto key = record::latest_incarnation(rank);
   for (;;) {
     {
       std::lock_guard<std::mutex> lock(store_mutex_);

@@ -6,12 +6,10 @@
 namespace noloco {
 
 std::string heartbeat_key(const std::string& token, int worker) {
-  return fmt::format("noloco/{}/heartbeat/{}", store_key_prefix(token), worker);
+  return run_store_key(token, record::heartbeat(worker));
 }
 
-std::string progress_key(const std::string& token, int worker) {
-  return fmt::format("noloco/{}/progress/{}", store_key_prefix(token), worker);
-}
+std::string progress_key(const std::string& token, int worker) { return run_store_key(token, record::progress(worker)); }
 
 Heartbeat::Heartbeat(StorePtr store, const std::string& token, int worker, std::chrono::milliseconds period) {
   const auto key = heartbeat_key(token, worker), progress = progress_key(token, worker);

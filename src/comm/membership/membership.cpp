@@ -19,15 +19,11 @@ using Clock = std::chrono::steady_clock;
 // How long a worker asked to stop waits on a silent partner (heartbeats come every second).
 constexpr std::chrono::milliseconds kSilentWhenStopping{3000};
 
-// In place of a worker's list of checkpoints: it starts from a live replica's state.
-const std::string kFromPeer = "peer";
+namespace member = record::member;
 
 StorePtr members_scope(const StorePtr& store, const std::string& token, const std::string& scope) {
-  return run_scope(store, token, scope + "/members");
+  return run_scope(store, token, record::members(scope));
 }
-
-std::string summary_key(int rank) { return fmt::format("summary/{}", rank); }
-std::string refusal_key(int rank) { return fmt::format("refused/{}", rank); }
 
 // "r.g" items: replica r is in its g-th incarnation (the latest one listed).
 std::map<int, int> parse_incarnations(const std::string& text) {
@@ -49,7 +45,7 @@ std::string peer_item(const Peer& p) {
 std::vector<int> candidate_ranks(c10d::Store& members, int world) {
   std::vector<int> out;
   for (int r = 0; r < world; ++r) out.push_back(r);
-  for (const auto& item : list_items(read_or_empty(members, "joined"))) out.push_back(std::stoi(item));
+  for (const auto& item : list_items(read_or_empty(members, member::kJoined))) out.push_back(std::stoi(item));
   return out;
 }
 
@@ -60,17 +56,13 @@ Peer peer_of(const std::string& item) {
 
 }  // namespace
 
-std::string replica_scope(int stages, int stage) {
-  return stages > 1 ? fmt::format("stage{}", stage) : std::string("replicas");
-}
-
 int claim_member_id(const StorePtr& store, const std::string& token, const std::string& scope, int world) {
-  return world + int(members_scope(store, token, scope)->add("joiners", 1)) - 1;
+  return world + int(members_scope(store, token, scope)->add(member::kJoiners, 1)) - 1;
 }
 
 std::vector<int> joined_members(const StorePtr& store, const std::string& token, const std::string& scope) {
   std::vector<int> out;
-  for (const auto& item : list_items(read_or_empty(*members_scope(store, token, scope), "joined")))
+  for (const auto& item : list_items(read_or_empty(*members_scope(store, token, scope), member::kJoined)))
     out.push_back(std::stoi(item));
   return out;
 }
@@ -78,10 +70,10 @@ std::vector<int> joined_members(const StorePtr& store, const std::string& token,
 int least_served_stage(const StorePtr& store, const std::string& token, int stages, int replicas) {
   int best = 0, fewest = -1;
   for (int s = 0; s < stages; ++s) {
-    const auto members = members_scope(store, token, replica_scope(stages, s));
-    const std::string dead = read_or_empty(*members, "dead"), finished = read_or_empty(*members, "finished");
+    const auto members = members_scope(store, token, record::replica_group(stages, s));
+    const std::string dead = read_or_empty(*members, member::kDead), finished = read_or_empty(*members, member::kFinished);
     // Joiners count from their claim on, so that joiners arriving together spread over the stages.
-    const int claimed = members->check({"joiners"}) ? int(members->add("joiners", 0)) : 0;
+    const int claimed = members->check({member::kJoiners}) ? int(members->add(member::kJoiners, 0)) : 0;
     int live = 0;
     for (int r = 0; r < replicas + claimed; ++r)
       live += !list_has(dead, std::to_string(r)) && !list_has(finished, std::to_string(r));
@@ -95,13 +87,13 @@ int least_served_stage(const StorePtr& store, const std::string& token, int stag
 
 MemberState member_state(const StorePtr& store, const std::string& token, const std::string& scope, int rank) {
   const auto members = members_scope(store, token, scope);
-  if (list_has(read_or_empty(*members, "finished"), std::to_string(rank))) return MemberState::finished;
-  if (list_has(read_or_empty(*members, "dead"), std::to_string(rank))) return MemberState::dead;
+  if (list_has(read_or_empty(*members, member::kFinished), std::to_string(rank))) return MemberState::finished;
+  if (list_has(read_or_empty(*members, member::kDead), std::to_string(rank))) return MemberState::dead;
   return MemberState::running;
 }
 
 std::string member_summary(const StorePtr& store, const std::string& token, const std::string& scope, int rank) {
-  return read_or_empty(*members_scope(store, token, scope), summary_key(rank));
+  return read_or_empty(*members_scope(store, token, scope), member::summary(rank));
 }
 
 std::optional<std::string> await_member_end(const StorePtr& store, const std::string& token, const std::string& scope,
@@ -112,7 +104,7 @@ std::optional<std::string> await_member_end(const StorePtr& store, const std::st
   for (;;) {
     const auto state = member_state(store, token, scope, rank);
     if (state == MemberState::finished) return std::nullopt;
-    if (const auto refused = read_or_empty(*members, refusal_key(rank)); !refused.empty())
+    if (const auto refused = read_or_empty(*members, member::refused(rank)); !refused.empty())
       return "refused at start: " + refused;
     if (const double silent = heartbeats.silent_seconds(worker); silent > heartbeat_timeout)
       return fmt::format("{}no heartbeat for {:.0f} s", state == MemberState::dead ? "declared dead, " : "", silent);
@@ -122,7 +114,7 @@ std::optional<std::string> await_member_end(const StorePtr& store, const std::st
 }
 
 void declare_dead(const StorePtr& store, const std::string& token, const std::string& scope, int rank) {
-  append_item(*members_scope(store, token, scope), "dead", std::to_string(rank));
+  append_item(*members_scope(store, token, scope), member::kDead, std::to_string(rank));
 }
 
 int64_t choose_resume_step(const std::map<int, std::vector<int64_t>>& steps_by_worker) {
@@ -146,23 +138,24 @@ int64_t choose_resume_step(const std::map<int, std::vector<int64_t>>& steps_by_w
 }
 
 void start_from_peer_on_resume(const StorePtr& store, const std::string& token, int worker, const RunLayout& layout) {
-  const auto members = members_scope(store, token, replica_scope(layout.stages(), layout.stage_of(worker)));
-  const int member = layout.replica_of(worker);
+  const auto members = members_scope(store, token, record::replica_group(layout.stages(), layout.stage_of(worker)));
+  const int replica = layout.replica_of(worker);
   // What the launcher does for a restart: the worker is dead to its stage
   // until its state is in place, and its process will be a later incarnation.
-  append_item(*members, "dead", std::to_string(member));
-  members->add(fmt::format("started/{}", member), 1);
-  run_scope(store, token, "resume")
-      ->set(fmt::format("steps/{}", worker), std::vector<uint8_t>(kFromPeer.begin(), kFromPeer.end()));
+  append_item(*members, member::kDead, std::to_string(replica));
+  members->add(member::started(replica), 1);
+  const auto& from_peer = record::kStartsFromPeer;
+  run_scope(store, token, record::kResume)
+      ->set(record::resume_steps(worker), std::vector<uint8_t>(from_peer.begin(), from_peer.end()));
 }
 
 int64_t agree_resume_step(const StorePtr& store, const std::string& token, int worker, int workers,
                           const RunLayout& layout, const std::vector<int64_t>& steps,
                           std::chrono::milliseconds timeout) {
-  const auto resume = run_scope(store, token, "resume");
+  const auto resume = run_scope(store, token, record::kResume);
   std::string mine;
   for (const int64_t s : steps) mine += std::to_string(s) + ",";
-  resume->set(fmt::format("steps/{}", worker), std::vector<uint8_t>(mine.begin(), mine.end()));
+  resume->set(record::resume_steps(worker), std::vector<uint8_t>(mine.begin(), mine.end()));
   std::map<int, std::vector<int64_t>> held;
   std::set<int> from_peers;
   const auto deadline = Clock::now() + timeout;
@@ -170,13 +163,13 @@ int64_t agree_resume_step(const StorePtr& store, const std::string& token, int w
     std::vector<int> missing;
     for (int w = 0; w < workers; ++w) {
       if (held.count(w) || from_peers.count(w)) continue;
-      const std::string key = fmt::format("steps/{}", w);
+      const std::string key = record::resume_steps(w);
       if (!resume->check({key})) {
         missing.push_back(w);
         continue;
       }
       const auto items = read_or_empty(*resume, key);
-      if (items == kFromPeer) {
+      if (items == record::kStartsFromPeer) {
         from_peers.insert(w);
         continue;
       }
@@ -185,8 +178,8 @@ int64_t agree_resume_step(const StorePtr& store, const std::string& token, int w
     }
     if (missing.empty()) return choose_resume_step(held);
     for (const int w : missing)
-      if (list_has(read_or_empty(*members_scope(store, token, replica_scope(layout.stages(), layout.stage_of(w))),
-                                 "dead"),
+      if (list_has(read_or_empty(*members_scope(store, token, record::replica_group(layout.stages(), layout.stage_of(w))),
+                                 member::kDead),
                    std::to_string(layout.replica_of(w))))
         throw std::runtime_error(fmt::format("worker {} failed before the run agreed on the step to resume from", w));
     if (Clock::now() > deadline)
@@ -209,7 +202,7 @@ Membership::Membership(StorePtr store, const WorkerEnv& env, const std::string& 
       idle_timeout_(idle_timeout),
       own_(own),
       heartbeats_(store_, env.token) {
-  incarnation_ = int(members_->add(fmt::format("started/{}", rank), 1)) - 1;
+  incarnation_ = int(members_->add(member::started(rank), 1)) - 1;
   joining_ = rank >= world && incarnation_ == 0;
 }
 
@@ -217,11 +210,11 @@ std::vector<int> Membership::candidates() const { return candidate_ranks(*member
 
 std::vector<Peer> Membership::snapshot(const std::string& name) {
   std::lock_guard<std::mutex> lock(mutex_);
-  const std::string key = "snapshot/" + name;
+  const std::string key = member::snapshot(name);
   std::string text = read_or_empty(*members_, key);
   if (text.empty()) {
-    const std::string dead = read_or_empty(*members_, "dead");
-    const auto incarnations = parse_incarnations(read_or_empty(*members_, "incarnations"));
+    const std::string dead = read_or_empty(*members_, member::kDead);
+    const auto incarnations = parse_incarnations(read_or_empty(*members_, member::kIncarnations));
     std::string alive;
     for (const int r : candidates()) {
       if (list_has(dead, std::to_string(r))) continue;
@@ -237,7 +230,7 @@ std::vector<Peer> Membership::snapshot(const std::string& name) {
     out.push_back(p);
   }
   if (std::none_of(out.begin(), out.end(), [&](const Peer& p) { return p.rank == rank_; }))
-    remove_item(*members_, "dead", std::to_string(rank_));  // alive after all: back in later snapshots
+    remove_item(*members_, member::kDead, std::to_string(rank_));  // alive after all: back in later snapshots
   std::sort(out.begin(), out.end(), [](const Peer& a, const Peer& b) { return a.rank < b.rank; });
   return out;
 }
@@ -245,20 +238,20 @@ std::vector<Peer> Membership::snapshot(const std::string& name) {
 void Membership::leave() { declare_dead(rank_); }
 
 void Membership::refuse(const std::string& why) {
-  members_->set(refusal_key(rank_), std::vector<uint8_t>(why.begin(), why.end()));
+  members_->set(member::refused(rank_), std::vector<uint8_t>(why.begin(), why.end()));
   declare_dead(rank_);
 }
 
 void Membership::declare_dead(int rank) {
   std::lock_guard<std::mutex> lock(mutex_);
-  append_item(*members_, "dead", std::to_string(rank));
+  append_item(*members_, member::kDead, std::to_string(rank));
 }
 
 bool Membership::given_up(int rank, Clock::time_point waiting_since) {
   std::lock_guard<std::mutex> lock(mutex_);
   const auto now = Clock::now();
   if (now - last_dead_read_ > std::chrono::milliseconds(20)) {
-    dead_ = read_or_empty(*members_, "dead");
+    dead_ = read_or_empty(*members_, member::kDead);
     last_dead_read_ = now;
   }
   if (list_has(dead_, std::to_string(rank))) return true;
@@ -302,7 +295,7 @@ int Membership::request_state(std::chrono::milliseconds timeout) {
   const std::string me = request_name();
   {
     std::lock_guard<std::mutex> lock(mutex_);
-    append_item(*members_, "rejoin", renewals_ == 0 ? me : fmt::format("{}@{}", me, renewed_at_step_));
+    append_item(*members_, member::kRejoin, renewals_ == 0 ? me : fmt::format("{}@{}", me, renewed_at_step_));
   }
   // A live replica claims the request at its next outer step; until then,
   // make sure one is left that could.
@@ -310,11 +303,11 @@ int Membership::request_state(std::chrono::milliseconds timeout) {
   for (;;) {
     {
       std::lock_guard<std::mutex> lock(mutex_);
-      if (members_->check({"donor/" + me})) {
-        const auto donor = members_->get("donor/" + me);  // "rank.incarnation"
+      if (members_->check({member::donor(me)})) {
+        const auto donor = members_->get(member::donor(me));  // "rank.incarnation"
         return std::stoi(std::string(donor.begin(), donor.end()));
       }
-      const auto dead = read_or_empty(*members_, "dead"), finished = read_or_empty(*members_, "finished");
+      const auto dead = read_or_empty(*members_, member::kDead), finished = read_or_empty(*members_, member::kFinished);
       bool anyone = false, someone_finished = false;
       for (const int r : candidates()) {
         if (r == rank_) continue;
@@ -334,16 +327,16 @@ int Membership::request_state(std::chrono::milliseconds timeout) {
 
 void Membership::rejoined() {
   std::lock_guard<std::mutex> lock(mutex_);
-  append_item(*members_, "incarnations", fmt::format("{}.{}", rank_, incarnation_));
-  if (joining_) append_item(*members_, "joined", std::to_string(rank_));
+  append_item(*members_, member::kIncarnations, fmt::format("{}.{}", rank_, incarnation_));
+  if (joining_) append_item(*members_, member::kJoined, std::to_string(rank_));
   joining_ = false;
-  remove_item(*members_, "dead", std::to_string(rank_));
+  remove_item(*members_, member::kDead, std::to_string(rank_));
 }
 
 std::vector<std::pair<int, std::string>> Membership::claim_requests(int64_t step) {
   std::lock_guard<std::mutex> lock(mutex_);
   std::vector<std::pair<int, std::string>> won;
-  for (const auto& item : list_items(read_or_empty(*members_, "rejoin"))) {
+  for (const auto& item : list_items(read_or_empty(*members_, member::kRejoin))) {
     const auto at = item.find('@');
     const auto request = item.substr(0, at);
     if (at != std::string::npos && std::stoll(item.substr(at + 1)) > step) continue;  // asked of one further on
@@ -353,7 +346,7 @@ std::vector<std::pair<int, std::string>> Membership::claim_requests(int64_t step
     // Claimed as this incarnation: a restarted replica must not take a request
     // that its earlier life claimed (and served) for its own.
     const auto mine = request_name();
-    if (set_once(*members_, "donor/" + request, mine) != mine) continue;  // another replica serves it
+    if (set_once(*members_, member::donor(request), mine) != mine) continue;  // another replica serves it
     won.emplace_back(who, request);
   }
   return won;
@@ -362,13 +355,13 @@ std::vector<std::pair<int, std::string>> Membership::claim_requests(int64_t step
 // "r.g@k" items: replica r in incarnation g sent a diverged message at outer step k.
 void Membership::refuse_as_diverged(const Peer& partner, int64_t outer_step) {
   std::lock_guard<std::mutex> lock(mutex_);
-  append_item(*members_, "diverged", fmt::format("{}.{}@{}", partner.rank, partner.incarnation, outer_step));
+  append_item(*members_, member::kDiverged, fmt::format("{}.{}@{}", partner.rank, partner.incarnation, outer_step));
 }
 
 bool Membership::refused_as_diverged() {
   std::lock_guard<std::mutex> lock(mutex_);
   const auto me = fmt::format("{}.{}@", rank_, incarnation_);
-  for (const auto& item : list_items(read_or_empty(*members_, "diverged")))
+  for (const auto& item : list_items(read_or_empty(*members_, member::kDiverged)))
     if (item.rfind(me, 0) == 0 && std::stoll(item.substr(me.size())) > refusals_answered_) return true;
   return false;
 }
@@ -378,17 +371,17 @@ void Membership::renew(int64_t outer_step, int64_t step) {
   refusals_answered_ = outer_step;
   renewed_at_step_ = step;
   ++renewals_;
-  append_item(*members_, "dead", std::to_string(rank_));  // out of snapshots until rejoined()
+  append_item(*members_, member::kDead, std::to_string(rank_));  // out of snapshots until rejoined()
 }
 
 void Membership::finish(const std::string& summary) {
   std::lock_guard<std::mutex> lock(mutex_);
-  if (!summary.empty()) members_->set(summary_key(rank_), std::vector<uint8_t>(summary.begin(), summary.end()));
-  append_item(*members_, "finished", std::to_string(rank_));
+  if (!summary.empty()) members_->set(member::summary(rank_), std::vector<uint8_t>(summary.begin(), summary.end()));
+  append_item(*members_, member::kFinished, std::to_string(rank_));
 }
 
 std::vector<int> Membership::still_training() {
-  const auto dead = read_or_empty(*members_, "dead"), finished = read_or_empty(*members_, "finished");
+  const auto dead = read_or_empty(*members_, member::kDead), finished = read_or_empty(*members_, member::kFinished);
   std::vector<int> out;
   for (const int r : candidates())
     if (r != rank_ && !list_has(dead, std::to_string(r)) && !list_has(finished, std::to_string(r)) && !silent(r))
@@ -412,7 +405,7 @@ bool Roster::whole(int replicas) const {
 PipelineRoster::PipelineRoster(StorePtr store, const std::string& token, int stages, int replicas,
                                std::chrono::milliseconds heartbeat_timeout)
     : store_(std::move(store)),
-      rosters_(run_scope(store_, token, "pipeline/rosters")),
+      rosters_(run_scope(store_, token, record::kRosters)),
       token_(token),
       stages_(stages),
       replicas_(replicas),
@@ -425,9 +418,9 @@ Roster PipelineRoster::snapshot(const std::string& name) {
   std::string text = read_or_empty(*rosters_, name);
   if (text.empty()) {
     for (int s = 0; s < stages_; ++s) {
-      const auto members = members_scope(store_, token_, replica_scope(stages_, s));
-      const std::string dead = read_or_empty(*members, "dead"), lost = read_or_empty(*members, "lost");
-      const auto incarnations = parse_incarnations(read_or_empty(*members, "incarnations"));
+      const auto members = members_scope(store_, token_, record::replica_group(stages_, s));
+      const std::string dead = read_or_empty(*members, member::kDead), lost = read_or_empty(*members, member::kLost);
+      const auto incarnations = parse_incarnations(read_or_empty(*members, member::kIncarnations));
       for (const int r : candidate_ranks(*members, replicas_)) {
         const auto g = incarnations.find(r);
         const Peer p{r, g == incarnations.end() ? 0 : g->second};
@@ -456,8 +449,8 @@ const PipelineRoster::StageRecord& PipelineRoster::record_of(int stage) {
   auto& r = records_[stage];
   const auto now = Clock::now();
   if (now - r.read > std::chrono::seconds(1)) {
-    const auto members = members_scope(store_, token_, replica_scope(stages_, stage));
-    r = {now, read_or_empty(*members, "dead"), read_or_empty(*members, "lost")};
+    const auto members = members_scope(store_, token_, record::replica_group(stages_, stage));
+    r = {now, read_or_empty(*members, member::kDead), read_or_empty(*members, member::kLost)};
   }
   return r;
 }
@@ -501,7 +494,7 @@ void PipelineRoster::declare_dead(int worker) {
   if (!incarnation) return;  // not in the last roster: already left out
   const int stage = layout_.stage_of(worker);
   const auto item = fmt::format("{}.{}", layout_.replica_of(worker), *incarnation);
-  append_item(*members_scope(store_, token_, replica_scope(stages_, stage)), "lost", item);
+  append_item(*members_scope(store_, token_, record::replica_group(stages_, stage)), member::kLost, item);
   auto& record = records_[stage];
   record.lost += item + ",";  // asked before the next read: already lost
 }

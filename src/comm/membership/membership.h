@@ -252,9 +252,6 @@ std::optional<std::string> await_member_end(const StorePtr& store, const std::st
                                             const std::function<std::optional<std::string>()>& given_up);
 
 
-// The membership scope of the replicas of pipeline stage `stage` ("replicas" without a pipeline).
-std::string replica_scope(int stages, int stage);
-
 // Records that member `rank` of `scope` is gone (the launcher's view of a failed worker).
 void declare_dead(const StorePtr& store, const std::string& token, const std::string& scope, int rank);
 

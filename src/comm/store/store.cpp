@@ -52,8 +52,12 @@ void pin_hosted_store_key(WorkerEnv& env) {
     env.store_pin = store_tls_key(env.token).pin;
 }
 
+std::string run_store_key(const std::string& token, const std::string& key) {
+  return "noloco/" + store_key_prefix(token) + "/" + key;
+}
+
 StorePtr run_scope(const StorePtr& store, const std::string& token, const std::string& scope) {
-  return c10::make_intrusive<c10d::PrefixStore>("noloco/" + store_key_prefix(token) + "/" + scope, store);
+  return c10::make_intrusive<c10d::PrefixStore>(run_store_key(token, scope), store);
 }
 
 std::string read_or_empty(c10d::Store& store, const std::string& key) {

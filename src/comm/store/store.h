@@ -10,6 +10,7 @@
 #include <torch/csrc/distributed/c10d/Store.hpp>
 
 #include "comm/store/run_keys.h"
+#include "comm/store/run_record.h"
 #include "config/worker_env.h"
 
 namespace noloco {
@@ -28,8 +29,11 @@ std::string store_address(const WorkerEnv& env);
 // gives (the store worker 0 hosts), unless NOLOCO_STORE_CA names the CA of a
 // store of one's own.
 void pin_hosted_store_key(WorkerEnv& env);
-// The keys of `scope` in the run with `token`: "noloco/<store_key_prefix(token)>/<scope>/...".
+// The keys of `scope` in the run with `token`: "noloco/<store_key_prefix(token)>/<scope>/...";
+// what the scopes and keys are: comm/store/run_record.h.
 StorePtr run_scope(const StorePtr& store, const std::string& token, const std::string& scope);
+// The whole key of `key` in that run, for a store without the prefix.
+std::string run_store_key(const std::string& token, const std::string& key);
 
 // Comma-separated lists under one key, changed atomically with compareSet,
 // so that reading a whole list costs one round trip however long it is.

@@ -35,10 +35,10 @@ using Clock = std::chrono::steady_clock;
 // Apart from every tag the group's collectives use.
 constexpr int kGreetingTag = 1 << 30;
 
-// "<what>/0" ... "<what>/<world-1>": a key each member sets in a try's verdicts.
-std::vector<std::string> every_member(const std::string& what, int world) {
+// The key each member sets in a try's verdicts.
+std::vector<std::string> every_member(std::string (*key_of)(int), int world) {
   std::vector<std::string> keys;
-  for (int m = 0; m < world; ++m) keys.push_back(fmt::format("{}/{}", what, m));
+  for (int m = 0; m < world; ++m) keys.push_back(key_of(m));
   return keys;
 }
 
@@ -190,7 +190,7 @@ GlooGroup join_gloo_group(const StorePtr& store, const WorkerEnv& env, const std
   // A member that gives the group up (another is gone) says so for every
   // attempt: the others, failing the attempt with it, would otherwise wait
   // for it through their next one (peer_timeout).
-  const auto group_scope = run_scope(store, env.token, name + "/pg");
+  const auto group_scope = run_scope(store, env.token, record::process_group(name));
   const auto abandoned_by_another = [&] {
     return std::runtime_error(fmt::format("group {} (member {} of {}) given up: another member gave it up (a member "
                                           "is gone)",
@@ -198,19 +198,19 @@ GlooGroup join_gloo_group(const StorePtr& store, const WorkerEnv& env, const std
   };
   int attempt = 0;
   for (; attempt < kGroupAttempts && left_until(deadline).count() > 0; ++attempt) {
-    if (attempt > 0 && group_scope->check({"abandoned"})) throw abandoned_by_another();
+    if (attempt > 0 && group_scope->check({record::group::kAbandoned})) throw abandoned_by_another();
     // Each attempt is a group of its own name: fresh ports, fresh keys. An
     // attempt fails for all as soon as one member says so ("failed"), and
     // succeeds for all once every member has said "ok"; a member that said
     // ok never says failed, so the two cannot both happen.
-    const auto tried = fmt::format("{}/pg/{}", name, attempt);
-    const auto verdicts = run_scope(store, env.token, tried + "/verdict");
+    const auto tried = record::group_try(name, attempt);
+    const auto verdicts = run_scope(store, env.token, record::verdicts(tried));
     const auto rendezvous = run_scope(store, env.token, tried);
     // Set where stop() is asked (on this thread, between the store's calls,
     // whose connection is not for two threads), read by the watchdog below.
     std::atomic<bool> stopped{false};
     const auto stop = [&] {
-      if (given_up() || verdicts->check({"failed"})) stopped = true;
+      if (given_up() || verdicts->check({record::group::kFailed})) stopped = true;
       return stopped.load();
     };
     bool said_ok = false;
@@ -222,24 +222,24 @@ GlooGroup join_gloo_group(const StorePtr& store, const WorkerEnv& env, const std
       options->devices.push_back(c10d::ProcessGroupGloo::createDeviceForHostname(bind));
       options->threads = 2;
       const auto group = c10::make_intrusive<c10d::ProcessGroupGloo>(abandonable(rendezvous, stop), rank, world, options);
-      verdicts->set(fmt::format("connected/{}", rank), std::vector<uint8_t>{1});
+      verdicts->set(record::group::connected(rank), std::vector<uint8_t>{1});
       std::optional<Clock::time_point> all_connected;
       const auto overdue = [&] {
-        if (!all_connected && verdicts->check(every_member("connected", world))) all_connected = Clock::now();
+        if (!all_connected && verdicts->check(every_member(record::group::connected, world))) all_connected = Clock::now();
         return all_connected && Clock::now() - *all_connected > kGreetingGrace;
       };
       const auto problem = greet(*group, rank, world, run_id_of(env.token), attempt, seal, deadline, stop, overdue);
       if (!problem.empty()) throw std::runtime_error(problem);
-      verdicts->set(fmt::format("ok/{}", rank), std::vector<uint8_t>{1});
+      verdicts->set(record::group::ok(rank), std::vector<uint8_t>{1});
       said_ok = true;
-      abandonable(verdicts, stop)->wait(every_member("ok", world), left_until(deadline));
+      abandonable(verdicts, stop)->wait(every_member(record::group::ok, world), left_until(deadline));
       return group;
     } catch (const std::exception& e) {
       why = error_text(e);
       const bool gone = given_up();
       if (!said_ok) {
-        if (gone) group_scope->set("abandoned", std::vector<uint8_t>{1});  // before "failed": seen with it
-        verdicts->set("failed", std::vector<uint8_t>{1});
+        if (gone) group_scope->set(record::group::kAbandoned, std::vector<uint8_t>{1});  // before "failed": seen with it
+        verdicts->set(record::group::kFailed, std::vector<uint8_t>{1});
         release_waiting_peers(*rendezvous, rank, world);
       }
       if (gone)

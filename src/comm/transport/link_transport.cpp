@@ -48,9 +48,9 @@ LinkTransport::LinkTransport(std::function<StorePtr()> connect, const WorkerEnv&
       liveness_(liveness),
       meeting_(connect_, env.token, scope_, self.rank, timeout, liveness),
       exchanges_(connect_(), env.token, {scope_, self.rank, self.incarnation}, endpoint_),
-      handovers_(connect_(), env.token, {scope_ + "/handover", self.rank, self.incarnation}, endpoint_),
-      meshes_(connect_(), env.token, {scope_ + "/mesh", self.rank, self.incarnation}, endpoint_),
-      groups_(connect_(), env.token, {scope_ + "/groups", self.rank, self.incarnation}, endpoint_) {}
+      handovers_(connect_(), env.token, {record::handover_book(scope_), self.rank, self.incarnation}, endpoint_),
+      meshes_(connect_(), env.token, {record::mesh_book(scope_), self.rank, self.incarnation}, endpoint_),
+      groups_(connect_(), env.token, {record::subgroup_book(scope_), self.rank, self.incarnation}, endpoint_) {}
 
 LinkTransport::~LinkTransport() = default;
 
@@ -115,8 +115,8 @@ std::unique_ptr<LinkCollectives> LinkTransport::form_mesh(LinkBook& book, const 
   // A member that gives the group up (another is gone) says so in the store:
   // those whose links to it opened would otherwise wait out their timeout
   // for the links it never opens.
-  const auto marks = run_scope(connect_(), env_.token, scope_ + "/formations");
-  const auto abandoned = attempt + "/" + members_key(members) + "/abandoned";
+  const auto marks = run_scope(connect_(), env_.token, record::formations(scope_));
+  const auto abandoned = record::formation_abandoned(attempt, members_key(members));
   std::mutex marks_mutex;  // one store connection, asked from every opening thread
   const auto given_up_by_any = [&](int) {
     if (any_gone(ranks)) return true;
@@ -153,7 +153,7 @@ LinkCollectives& LinkTransport::run_mesh() {
       throw std::runtime_error(fmt::format("member {} of {} did not start within the peer timeout", r, scope_));
     members.push_back({r, incarnation});
   }
-  run_mesh_ = form_mesh(meshes_, members, fmt::format("mesh/{}", meshes_formed_++));
+  run_mesh_ = form_mesh(meshes_, members, record::run_mesh(meshes_formed_++));
   return *run_mesh_;
 }
 
@@ -206,7 +206,7 @@ ExchangeResult LinkTransport::exchange(const ExchangeRequest& request) {
   TORCH_CHECK(request.payload.scalar_type() == torch::kUInt8 && request.payload.is_contiguous() &&
                   request.header.bytes == request.payload.numel(),
               "exchange payloads are contiguous bytes described by their header");
-  const auto key = fmt::format("{}/{}", request.id, members_key(request.group));
+  const auto key = record::exchange(request.id, members_key(request.group));
   std::map<int, int64_t> mine;
   for (const auto& p : peers) mine[p.rank] = exchanges_.held(end_of(exchanges_, p));
   const auto met = meeting_.meet(key, peers, mine);
@@ -228,7 +228,7 @@ ExchangeResult LinkTransport::exchange(const ExchangeRequest& request) {
     // away: a member deciding alone waited its whole timeout for one that
     // never came and declared it dead. A peer that did die is given up at
     // that meeting, once its heartbeat is silent.
-    const auto again = key + "/again";
+    const auto again = record::retry_of(key);
     if (retry.empty() || since(traded_from) >= 0.5 * std::chrono::duration<double>(timeout_).count()) {
       meeting_.stay_away(again);
       for (const auto& p : retry) result.lost.push_back(p.rank);

@@ -1,6 +1,6 @@
 #include "comm/transport/meeting.h"
 
-#include <fmt/format.h>
+#include <stdexcept>
 
 #include "comm/transport/ticker.h"
 
@@ -10,12 +10,56 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
-std::string arrival_key(const std::string& key, int rank) { return fmt::format("{}/here/{}", key, rank); }
-std::string link_key(const std::string& key, int from, int to) { return fmt::format("{}/link/{}/{}", key, from, to); }
+using record::arrival;
+using record::held_link;
 
 std::vector<uint8_t> bytes_of(const std::string& s) { return {s.begin(), s.end()}; }
 
 }  // namespace
+
+MeetingProtocol::MeetingProtocol(std::vector<int> peers, Clock::time_point start, std::chrono::milliseconds timeout,
+                                 bool patient)
+    : peers_(std::move(peers)), start_(start), told_(start), timeout_(timeout), patient_(patient) {}
+
+void MeetingProtocol::arrived(int64_t own_counter) {
+  if (state_ != State::announcing) throw std::logic_error("a member arrives at a meeting once");
+  state_ = own_counter == int64_t(Arrival::came) ? State::waiting : State::alone;
+}
+
+std::vector<int> MeetingProtocol::overdue(Clock::time_point now, const std::function<bool(int)>& come,
+                                          const std::function<bool(int)>& given_up_by_authority) const {
+  std::vector<int> out;
+  if (state_ != State::waiting) return out;
+  for (const int peer : peers_)
+    if (((!patient_ && now > start_ + timeout_) || given_up_by_authority(peer)) && !come(peer)) out.push_back(peer);
+  return out;
+}
+
+bool MeetingProtocol::tell_waiting(Clock::time_point now) {
+  if (!patient_ || state_ != State::waiting || now - told_ <= std::chrono::seconds(1)) return false;
+  told_ = now;
+  return true;
+}
+
+MeetingOutcome MeetingProtocol::decide(const std::vector<Peer>& peers, const std::map<int, Reading>& readings) {
+  if (state_ != State::waiting) throw std::logic_error("a meeting is decided by a member waiting at it");
+  state_ = State::met;
+  MeetingOutcome out;
+  for (const auto& peer : peers) {
+    const auto& r = readings.at(peer.rank);
+    if (r.counter >= int64_t(Arrival::stays_away)) {
+      out.declined.push_back(peer.rank);
+    } else if (r.counter != int64_t(Arrival::came)) {
+      out.late.push_back(peer.rank);
+    } else if (!r.link_to_me) {
+      out.declined.push_back(peer.rank);  // it came to meet others, not this member
+    } else {
+      out.present.push_back(peer);
+      out.theirs[peer.rank] = *r.link_to_me;
+    }
+  }
+  return out;
+}
 
 Meeting::Meeting(std::function<StorePtr()> connect, const std::string& token, const std::string& scope, int self,
                  std::chrono::milliseconds timeout, Liveness* liveness)
@@ -25,38 +69,33 @@ Meeting::Meeting(std::function<StorePtr()> connect, const std::string& token, co
       self_(self),
       timeout_(timeout),
       liveness_(liveness),
-      room_(run_scope(connect_(), token_, scope_ + "/meet")) {}
-
-bool Meeting::given_up(int rank, Clock::time_point since) const {
-  return liveness_ && liveness_->given_up(rank, since);
-}
+      room_(run_scope(connect_(), token_, record::meeting(scope_))) {}
 
 MeetingOutcome Meeting::meet(const std::string& key, const std::vector<Peer>& peers,
                              const std::map<int, int64_t>& mine) {
-  MeetingOutcome out;
-  const bool patient = liveness_ != nullptr;
-  auto here = [&](int r) { return arrival_key(key, r); };
+  const auto start = Clock::now();
+  std::vector<int> ranks;
+  for (const auto& peer : peers) ranks.push_back(peer.rank);
+  MeetingProtocol protocol(ranks, start, timeout_, liveness_ != nullptr);
+  auto here = [&](int r) { return arrival(key, r); };
   for (const auto& peer : peers) {
     const auto it = mine.find(peer.rank);
-    room_->set(link_key(key, self_, peer.rank), bytes_of(std::to_string(it == mine.end() ? 0 : it->second)));
+    room_->set(held_link(key, self_, peer.rank), bytes_of(std::to_string(it == mine.end() ? 0 : it->second)));
   }
+  protocol.arrived(room_->add(here(self_), int64_t(Arrival::came)));
   // Given up by a peer before it came: it goes on alone, blaming nobody.
-  if (room_->add(here(self_), int64_t(Arrival::came)) != int64_t(Arrival::came)) return out;
+  if (protocol.state() == MeetingProtocol::State::alone) return {};
   std::vector<std::string> keys;
-  for (const auto& peer : peers) keys.push_back(here(peer.rank));
+  for (const int r : ranks) keys.push_back(here(r));
   if (!room_->check(keys)) {
-    if (!watch_) watch_ = run_scope(connect_(), token_, scope_ + "/meet");
-    const auto start = Clock::now(), deadline = start + timeout_;
-    auto noted = start;
+    if (!watch_) watch_ = run_scope(connect_(), token_, record::meeting(scope_));
     Ticker watchdog(std::chrono::milliseconds(20), [&] {
-      for (const auto& peer : peers) {
-        if (((!patient && Clock::now() > deadline) || given_up(peer.rank, start)) && !watch_->check({here(peer.rank)}))
-          watch_->add(here(peer.rank), int64_t(Arrival::given_up));
-      }
-      if (patient && Clock::now() - noted > std::chrono::seconds(1)) {
-        liveness_->progressed();
-        noted = Clock::now();
-      }
+      const auto now = Clock::now();
+      const auto overdue = protocol.overdue(
+          now, [&](int r) { return watch_->check({here(r)}); },
+          [&](int r) { return liveness_ && liveness_->given_up(r, start); });
+      for (const int r : overdue) watch_->add(here(r), int64_t(Arrival::given_up));
+      if (protocol.tell_waiting(now)) liveness_->progressed();
       return false;
     });
     for (;;) {
@@ -64,28 +103,24 @@ MeetingOutcome Meeting::meet(const std::string& key, const std::vector<Peer>& pe
         room_->wait(keys, timeout_ + std::chrono::seconds(30));
         break;
       } catch (const std::exception&) {
-        if (!patient) throw;
+        if (!liveness_) throw;
         if (room_->check(keys)) break;  // else the peers are behind and moving: wait on
       }
     }
   }
-  for (const auto& peer : peers) {
-    const auto counter = room_->add(here(peer.rank), 0);
-    if (counter >= int64_t(Arrival::stays_away)) {
-      out.declined.push_back(peer.rank);
-    } else if (counter != int64_t(Arrival::came)) {
-      out.late.push_back(peer.rank);
-    } else if (!room_->check({link_key(key, peer.rank, self_)})) {
-      out.declined.push_back(peer.rank);  // it came to meet others, not this member
-    } else {
-      out.present.push_back(peer);
-      const auto value = room_->get(link_key(key, peer.rank, self_));
-      out.theirs[peer.rank] = std::stoll(std::string(value.begin(), value.end()));
+  std::map<int, MeetingProtocol::Reading> readings;
+  for (const int r : ranks) {
+    auto& reading = readings[r];
+    reading.counter = room_->add(here(r), 0);
+    const auto theirs = held_link(key, r, self_);
+    if (reading.counter == int64_t(Arrival::came) && room_->check({theirs})) {
+      const auto value = room_->get(theirs);
+      reading.link_to_me = std::stoll(std::string(value.begin(), value.end()));
     }
   }
-  return out;
+  return protocol.decide(peers, readings);
 }
 
-void Meeting::stay_away(const std::string& key) { room_->add(arrival_key(key, self_), int64_t(Arrival::stays_away)); }
+void Meeting::stay_away(const std::string& key) { room_->add(arrival(key, self_), int64_t(Arrival::stays_away)); }
 
 }  // namespace noloco

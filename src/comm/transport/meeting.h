@@ -18,6 +18,7 @@
 #include <cstdint>
 #include <functional>
 #include <map>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -41,6 +42,44 @@ struct MeetingOutcome {
   std::map<int, int64_t> theirs;    // of those present: the id of the link each holds to this member (0: none)
 };
 
+// The meeting's decisions, apart from the store: Meeting (below) reads the
+// counters, hands them to it and does what it says; tests tick it alone.
+//   announcing --arrived(came)--> waiting --decide--> met
+//   announcing --arrived(more)--> alone   (given up before it came)
+class MeetingProtocol {
+ public:
+  using Clock = std::chrono::steady_clock;
+  enum class State { announcing, waiting, alone, met };
+  // What this member reads of a peer once every peer's counter exists.
+  struct Reading {
+    int64_t counter = 0;
+    std::optional<int64_t> link_to_me;  // absent: the peer did not meet this member
+  };
+
+  // Meeting `peers` from `start`: without patience (no liveness authority),
+  // a peer not come within `timeout` is given up; with it, only a peer the
+  // authority gives up is.
+  MeetingProtocol(std::vector<int> peers, Clock::time_point start, std::chrono::milliseconds timeout, bool patient);
+  State state() const { return state_; }
+  // This member's own counter, once it added `came` to it.
+  void arrived(int64_t own_counter);
+  // A watchdog's tick at `now`: the peers, not come yet, to give up
+  // (`given_up_by_authority` asks the liveness authority).
+  std::vector<int> overdue(Clock::time_point now, const std::function<bool(int)>& come,
+                           const std::function<bool(int)>& given_up_by_authority) const;
+  // Whether to tell the authority, at `now`, that this member waits (not stuck): about once a second.
+  bool tell_waiting(Clock::time_point now);
+  // Every peer's counter exists: who came, who is late, who declined.
+  MeetingOutcome decide(const std::vector<Peer>& peers, const std::map<int, Reading>& readings);
+
+ private:
+  std::vector<int> peers_;
+  Clock::time_point start_, told_;
+  std::chrono::milliseconds timeout_;
+  bool patient_;
+  State state_ = State::announcing;
+};
+
 class Meeting {
  public:
   // Member `self` of the group `scope` names, in the run `token` names.
@@ -52,8 +91,6 @@ class Meeting {
   void stay_away(const std::string& key);
 
  private:
-  bool given_up(int rank, std::chrono::steady_clock::time_point since) const;
-
   std::function<StorePtr()> connect_;
   std::string token_, scope_;
   int self_;

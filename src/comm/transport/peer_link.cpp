@@ -23,7 +23,7 @@ PeerLink::PeerLink(std::string peers_name, StorePtr store, const WorkerEnv& env,
       timeout_(timeout),
       run_id_(run_id_of(env.token)),
       liveness_(liveness),
-      book_(std::move(store), env.token, {"pipeline", self.rank, self.incarnation}, std::move(endpoint)) {}
+      book_(std::move(store), env.token, {record::kPipelineBook, self.rank, self.incarnation}, std::move(endpoint)) {}
 
 PeerLink::~PeerLink() {
   try {
@@ -40,7 +40,7 @@ void PeerLink::form(const std::string& name, const std::vector<Peer>& members) {
   if (all_known) return;
   finish_sends();
   for (const auto& p : members_)
-    if (std::find(members.begin(), members.end(), p) == members.end()) book_.forget({"pipeline", p.rank, p.incarnation});
+    if (std::find(members.begin(), members.end(), p) == members.end()) book_.forget({record::kPipelineBook, p.rank, p.incarnation});
   members_ = members;
   name_ = "pipeline/" + name;
   lost_.clear();
@@ -61,7 +61,7 @@ LinkPtr PeerLink::link_of(const Peer& peer, std::string* problem) {
     opening = m.get();
   }
   std::lock_guard<std::mutex> lock(*opening);
-  const LinkEnd end{"pipeline", peer.rank, peer.incarnation};
+  const LinkEnd end{record::kPipelineBook, peer.rank, peer.incarnation};
   const int64_t held = book_.held(end);
   // A peer that died before its link opened is not waited for: the
   // authority reads its verdicts afresh for each roster, so a restarted
@@ -74,7 +74,7 @@ void PeerLink::lose(int peer, const std::string& why) {
   const Peer* p = member(peer);
   if (!p) return;
   spdlog::warn("lost {} {}: {}", peers_name_, peer, why);
-  book_.forget({"pipeline", p->rank, p->incarnation});
+  book_.forget({record::kPipelineBook, p->rank, p->incarnation});
   lost_.insert(peer);
   peers_lost_ += 1;
   // A worker leaving the run (SIGTERM) blames nobody for its last sends.
@@ -112,7 +112,7 @@ Delivery PeerLink::receive(int peer, const MessageHeader& expected, std::vector<
   }
   // Over a link already open, what the peer sent before it left (SIGTERM)
   // or died is still read: its end closes after its last message.
-  const LinkEnd end{"pipeline", p->rank, p->incarnation};
+  const LinkEnd end{record::kPipelineBook, p->rank, p->incarnation};
   if (book_.held(end) == 0 && liveness_.given_up(peer, std::chrono::steady_clock::now())) {
     problem = "given up (declared dead, lost by a neighbour, or silent)";
     return Delivery::peer_lost;

@@ -10,10 +10,7 @@ namespace {
 constexpr size_t kPairingsKept = 500;
 constexpr size_t kTimelineKept = 5000;
 
-bool ended(const nlohmann::json& status) {
-  const std::string state = status.value("state", "");
-  return state == "left" || state == "finished";
-}
+bool ended(const nlohmann::json& status) { return record::ends_the_worker(status.value("state", "")); }
 
 template <typename T>
 void keep_last(std::vector<T>& items, size_t n) {

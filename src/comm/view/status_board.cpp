@@ -30,7 +30,6 @@ void add_event(std::vector<nlohmann::json>& points, int64_t step, const std::str
   points.push_back({{"kind", "event"}, {"step", step}, {"what", what}, {"time", unix_seconds()}});
 }
 
-std::string store_key(int rank, const std::string& name) { return fmt::format("{}/{}", rank, name); }
 
 }  // namespace
 
@@ -113,14 +112,15 @@ void StatusPublisher::record(const nlohmann::json& r) {
   wake_.notify_all();
 }
 
-void StatusPublisher::set_state(const std::string& state) {
+void StatusPublisher::set_state(record::WorkerState now) {
+  const std::string state = record::state_name(now);
   {
     std::lock_guard lock(mutex_);
     if (status_.value("state", "") == state) return;
     status_["state"] = state;
     status_["time"] = unix_seconds();
     // Starting, joining and training show in the table; the timeline has the start and the join already.
-    const bool ends = state == "left" || state == "finished";
+    const bool ends = record::ends_the_worker(state);
     if (ends) add_event(points_, status_.value("step", int64_t(0)), state);
     changed_ = true;
     urgent_ = urgent_ || ends;
@@ -183,19 +183,19 @@ void StatusPublisher::publish(const nlohmann::json& status, std::vector<nlohmann
   try {
     if (number_ == 0) {
       // A restarted worker goes on from its previous incarnation's entries, which watchers have read.
-      const auto last = read_or_empty(*store_, store_key(rank_, "last"));
+      const auto last = read_or_empty(*store_, record::status::last(rank_));
       if (!last.empty()) number_ = parse_integer("the status entry number", last);
-      append_item(*store_, "members", std::to_string(rank_));
+      append_item(*store_, record::status::kMembers, std::to_string(rank_));
     }
     const int64_t number = number_ + 1;
     std::vector<uint8_t> sealed(plain.size() + Seal::kOverhead);
     seal_->seal(reinterpret_cast<const uint8_t*>(plain.data()), plain.size(), status_entry_context(rank_, number),
                 sealed.data());
-    store_->set(store_key(rank_, std::to_string(number)), sealed);
+    store_->set(record::status::entry(rank_, number), sealed);
     const std::string text = std::to_string(number);
-    store_->set(store_key(rank_, "last"), std::vector<uint8_t>(text.begin(), text.end()));
-    if (number > kStatusEntriesKept) store_->deleteKey(store_key(rank_, std::to_string(number - kStatusEntriesKept)));
-    store_->add("changes", 1);
+    store_->set(record::status::last(rank_), std::vector<uint8_t>(text.begin(), text.end()));
+    if (number > kStatusEntriesKept) store_->deleteKey(record::status::entry(rank_, number - kStatusEntriesKept));
+    store_->add(record::status::kChanges, 1);
     number_ = number;
     points.erase(points.begin(), points.begin() + ptrdiff_t(taken));
   } catch (const std::exception& e) {
@@ -213,18 +213,18 @@ StatusReader::~StatusReader() = default;
 
 std::vector<StatusEntry> StatusReader::poll(c10d::Store& scope) {
   std::vector<StatusEntry> entries;
-  const int64_t changes = scope.add("changes", 0);
+  const int64_t changes = scope.add(record::status::kChanges, 0);
   if (changes == changes_seen_) return entries;
   changes_seen_ = changes;
-  for (const auto& member : list_items(read_or_empty(scope, "members"))) {
+  for (const auto& member : list_items(read_or_empty(scope, record::status::kMembers))) {
     const int rank = int(parse_integer("a status member", member));
-    const auto last_text = read_or_empty(scope, store_key(rank, "last"));
+    const auto last_text = read_or_empty(scope, record::status::last(rank));
     if (last_text.empty()) continue;
     const int64_t last = parse_integer("a status entry number", last_text);
     int64_t& read = read_up_to_[rank];
     for (int64_t n = std::max(read + 1, last - kStatusEntriesKept + 1); n <= last; ++n) {
       // It exists: a publisher deletes an entry only kStatusEntriesKept entries after it (minutes after `last` was read).
-      const auto sealed = scope.get(store_key(rank, std::to_string(n)));
+      const auto sealed = scope.get(record::status::entry(rank, n));
       std::string plain(sealed.size() >= Seal::kOverhead ? sealed.size() - Seal::kOverhead : 0, '\0');
       if (sealed.size() < Seal::kOverhead ||
           !seal_->open(sealed.data(), plain.size(), status_entry_context(rank, n),
@@ -241,22 +241,22 @@ std::vector<StatusEntry> StatusReader::poll(c10d::Store& scope) {
     }
     read = std::max(read, last);
   }
-  if (!listed_) append_item(scope, "watchers", id_);
+  if (!listed_) append_item(scope, record::status::kWatchers, id_);
   listed_ = true;
   const std::string seen = std::to_string(changes);
-  scope.set("watcher/" + id_, std::vector<uint8_t>(seen.begin(), seen.end()));
+  scope.set(record::status::watcher(id_), std::vector<uint8_t>(seen.begin(), seen.end()));
   return entries;
 }
 
 void let_watchers_catch_up(c10d::Store& scope, std::chrono::milliseconds limit) {
   const auto deadline = std::chrono::steady_clock::now() + limit;
-  const auto watchers = list_items(read_or_empty(scope, "watchers"));
+  const auto watchers = list_items(read_or_empty(scope, record::status::kWatchers));
   if (watchers.empty()) return;
-  const int64_t changes = scope.add("changes", 0);
+  const int64_t changes = scope.add(record::status::kChanges, 0);
   for (;;) {
     bool all = true;
     for (const auto& id : watchers) {
-      const auto seen = read_or_empty(scope, "watcher/" + id);
+      const auto seen = read_or_empty(scope, record::status::watcher(id));
       all = all && !seen.empty() && parse_integer("a watcher's changes", seen) >= changes;
     }
     if (all || std::chrono::steady_clock::now() > deadline) return;

@@ -59,8 +59,8 @@ class StatusPublisher {
   StatusPublisher& operator=(const StatusPublisher&) = delete;
 
   void record(const nlohmann::json& r);
-  // starting, joining, training, left, finished: the last two are published at once.
-  void set_state(const std::string& state);
+  // The last two (finished, left) are published at once.
+  void set_state(record::WorkerState state);
   // Returns once what is pending has been written (or one attempt failed;
   // at most `limit`): before a worker tells the run it has finished, after
   // which the store may go.

@@ -76,7 +76,7 @@ void RunWatch::run() {
 
 void RunWatch::read_store(StatusReader& reader, const StorePtr& store,
                           std::chrono::steady_clock::time_point& membership_read) {
-  const auto scope = run_scope(store, token_, "status");
+  const auto scope = run_scope(store, token_, record::kStatus);
   const auto entries = reader.poll(*scope);
   if (!entries.empty()) found_ = true;
   {
@@ -92,7 +92,7 @@ void RunWatch::read_store(StatusReader& reader, const StorePtr& store,
     running = view_.running();
   }
   for (const auto& m : running) {
-    const auto scope_name = replica_scope(m["stages"].get<int>(), m["stage"].get<int>());
+    const auto scope_name = record::replica_group(m["stages"].get<int>(), m["stage"].get<int>());
     if (member_state(store, token_, scope_name, m["replica"].get<int>()) != MemberState::dead) continue;
     std::lock_guard lock(mutex_);
     view_.mark_lost(m["rank"].get<int>(), unix_seconds());
