@@ -17,7 +17,7 @@
 #include "comm/view/run_view.h"
 #include "comm/view/status_board.h"
 #include "comm/view/view_server.h"
-#include "train/local_launch.h"
+#include "cli/launch_commands.h"
 #include "test_util.h"
 
 using noloco::RunView;

@@ -23,7 +23,7 @@
 
 #include "comm/store/etcd_server.h"
 #include "comm/store/run_keys.h"
-#include "comm/launch/serve.h"
+#include "cli/serve_command.h"
 #include "comm/link/relay.h"
 #include "util/files.h"
 #include "test_util.h"

@@ -13,8 +13,10 @@
 #include <fmt/format.h>
 #include <torch/torch.h>
 
-#include "comm/launch/serve.h"
-#include "comm/launch/watch.h"
+#include "cli/join_command.h"
+#include "cli/launch_commands.h"
+#include "cli/serve_command.h"
+#include "cli/watch_command.h"
 #include "config/options.h"
 #include "config/train_config.h"
 #include "data/prepare.h"
@@ -22,7 +24,6 @@
 #include "sim/simulate.h"
 #include "train/bench.h"
 #include "train/export.h"
-#include "train/local_launch.h"
 #include "train/report.h"
 #include "train/worker_entry.h"
 #include "util/error_text.h"

@@ -9,12 +9,10 @@
 #include <filesystem>
 
 #include <fmt/format.h>
-#include <fmt/ranges.h>
 
 #include "comm/launch/launcher.h"
 #include "comm/membership/membership.h"
 #include "comm/store/store.h"
-#include "config/options.h"
 #include "config/run_layout.h"
 #include "train/run_end.h"
 #include "train/trainer.h"
@@ -128,7 +126,7 @@ int claim_joiner_member(const WorkerEnv& env, const TrainConfig& config, int rep
     const auto run_store = connect_store(env, first_contact);
     if (stage < 0) stage = least_served_stage(run_store, env.token, stages, replicas);
     // Laid out replica-major like the launched workers: member m of stage s is worker m·stages + s.
-    return claim_member_id(run_store, env.token, replica_scope(stages, int(stage)), replicas);
+    return claim_member_id(run_store, env.token, record::replica_group(stages, int(stage)), replicas);
   } catch (const std::runtime_error& e) {
     throw std::runtime_error(fmt::format("join: could not use the run's store at {} (first contact, {} s): {}",
                                          store_address(env), first_contact.count() / 1000, e.what()));
@@ -162,42 +160,13 @@ int run_launched_worker(TrainConfig& cfg, const WorkerEnv& env) {
   return 0;
 }
 
-std::string join_keys_help() {
-  return "\nKeys (key=value):\n" +
-         wrap_words("  store=URL             ", "the run's store (default: NOLOCO_STORE, else RUN_DIR/join.json's)") +
-         wrap_words("  token_file=PATH       ", "where the token is when NOLOCO_RUN_TOKEN is unset (default: "
-                                               "RUN_DIR/run_token)") +
-         wrap_words("  stage=S               ", "pipelined: the stage to serve (default: the one with the fewest "
-                                               "live workers)") +
-         wrap_words("  data= bind= threads= ", fmt::format("this machine's own keys ({}); every other key is the run's "
-                                                       "(RUN_DIR/config.yaml, else the run's store)",
-                                                       fmt::join(machine_keys(), " ")));
-}
-
-// `join RUN_DIR`: a new NoLoCo replica of the run training into RUN_DIR (of
-// one pipeline stage, in a pipelined run; of replica_workers workers, each a
-// process of this machine, where the run's replicas have several). It claims
-// the next member id from the run's store, takes a live replica's state at
-// that replica's next outer step and trains with the others to the end (or,
-// a replica of one worker, until SIGTERM).
-int join_command(const std::string& run_dir, const std::vector<std::string>& args) {
-  std::string store, token_file = run_dir + "/run_token";
-  int64_t stage = -1;
-  Options options("join");
-  options.add("store", store, "the run's store (NOLOCO_STORE's form); default: NOLOCO_STORE, else RUN_DIR/join.json's")
-      .add("token_file", token_file, "where the token is when NOLOCO_RUN_TOKEN is unset")
-      .add("stage", stage, "pipelined run: the stage to serve; default: the one with the fewest live workers");
-  auto overrides = options.parse_known(args);
-  // Everything else is the run's: a joiner with its own steps or model would
-  // train apart from the run while the launcher waited for it.
-  const auto& own = machine_keys();
-  for (const auto& o : overrides) {
-    const auto key = o.substr(0, o.find('='));
-    if (key == "out" || std::find(own.begin(), own.end(), key) == own.end())
-      throw std::invalid_argument(fmt::format("join: {} is the run's (its config); a joiner sets only its machine's "
-                                              "own keys: {}",
-                                              key, fmt::join(own, ", ")));
-  }
+// Takes `store`, `token_file` and `stage` as JoinRequest says; `overrides` are
+// this machine's own keys, `args` the command's, for the replica's other workers.
+int join_run(const std::string& run_dir, const JoinRequest& request, std::vector<std::string> overrides,
+             const std::vector<std::string>& args) {
+  const auto& store = request.store;
+  const auto& token_file = request.token_file;
+  const int64_t stage = request.stage;
   WorkerEnv env;
   run_endpoints_from_environment(env);  // NOLOCO_STORE and NOLOCO_RELAY, as `noloco serve` prints them
   int local_workers = 1;                // workers sharing this machine's cores

@@ -16,15 +16,21 @@ namespace noloco {
 // returns the exit code.
 int run_launched_worker(TrainConfig& config, const WorkerEnv& env);
 
-// `join RUN_DIR [key=value...]`: a new replica of a running NoLoCo run (a
-// stage worker, pipelined; a replica of several workers, each a process of
-// this machine, where the run's replicas have several). It claims the next
-// member id from the run's store, takes a live replica's state at that
-// replica's next outer step and trains with the others to the end (or, a
-// replica of one worker, until SIGTERM).
-int join_command(const std::string& run_dir, const std::vector<std::string>& args);
-// The keys join_command takes, for `noloco join --help`.
-std::string join_keys_help();
+// A new replica of a running NoLoCo run, joining it from this machine
+// (`noloco join`, cli/join_command.h): a stage worker, pipelined; a replica
+// of several workers, each a process of this machine, where the run's
+// replicas have several. It claims the next member id from the run's store,
+// takes a live replica's state at that replica's next outer step and trains
+// with the others to the end (or, a replica of one worker, until SIGTERM).
+struct JoinRequest {
+  std::string store;       // the run's store; empty: NOLOCO_STORE, else RUN_DIR/join.json's
+  std::string token_file;  // where the token is when NOLOCO_RUN_TOKEN is unset
+  int64_t stage = -1;      // pipelined: the stage to serve; -1: the one with the fewest live workers
+};
+// `overrides`: this machine's own keys; `args`: the command's, which the
+// replica's other workers are started with. Returns the exit code.
+int join_run(const std::string& run_dir, const JoinRequest& request, std::vector<std::string> overrides,
+             const std::vector<std::string>& args);
 
 // A joiner's member id among the `replicas` the run started with, claimed
 // from the run's store at env's address; with `stage` < 0 (pipelined) the

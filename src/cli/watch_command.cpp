@@ -1,4 +1,4 @@
-#include "comm/launch/watch.h"
+#include "cli/watch_command.h"
 
 #include <cstdlib>
 #include <filesystem>

@@ -1,4 +1,4 @@
-#include "train/local_launch.h"
+#include "cli/launch_commands.h"
 
 #include <fcntl.h>
 #include <poll.h>

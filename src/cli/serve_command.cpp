@@ -1,4 +1,4 @@
-#include "comm/launch/serve.h"
+#include "cli/serve_command.h"
 
 #include <arpa/inet.h>
 #include <ifaddrs.h>
@@ -17,7 +17,7 @@
 
 #include "comm/store/etcd_server.h"
 #include "comm/store/run_keys.h"
-#include "comm/launch/watch.h"
+#include "cli/watch_command.h"
 #include "comm/link/relay.h"
 #include "comm/view/view_server.h"
 #include "util/error_text.h"
