@@ -254,3 +254,13 @@ TEST(RunSummary, AJoinerThatDiedAfterJoiningIsListedAsJoinedAndFailed) {
   EXPECT_EQ(run.failed[0].replica, 2);
   EXPECT_EQ(run.finished, (std::vector<int>{0, 1}));
 }
+
+// Issue 84: an evaluation's sample is one line of the log, cut between characters.
+TEST(HumanText, OneLineJoinsTheLinesOfASampleAndCutsBetweenCharacters) {
+  EXPECT_EQ(one_line("ROMEO:\nBut soft!\n\nWhat light\r\n", 100), "ROMEO: | But soft! | What light | ");
+  EXPECT_EQ(one_line("\nshort", 100), "short");
+  EXPECT_EQ(one_line("abcdef", 4), "abcd");
+  EXPECT_EQ(one_line("ab\xc3\xa9z", 3), "ab") << "a cut inside a two-byte character drops it";
+  EXPECT_EQ(one_line("ab\xc3\xa9z", 4), "ab\xc3\xa9");
+  EXPECT_EQ(one_line("a\xe2\x82\xac!", 3), "a") << "and inside a three-byte one";
+}

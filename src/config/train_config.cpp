@@ -76,7 +76,8 @@ void add_training_options(Options& o, TrainConfig& c) {
       .add("spread_interval", c.eval.spread_interval,
            "steps between evaluations across replicas (weight std, mean model); 0: every evaluation")
       .add("log_interval", c.eval.log_interval, "steps between progress lines")
-      .add("sample_tokens", c.eval.sample_tokens, "tokens generated at each evaluation; 0: none")
+      .add("sample_tokens", c.eval.sample_tokens,
+           "tokens of the sample printed at the end (each evaluation prints one line of its first 40); 0: none")
       .add("sample_prompt", c.eval.sample_prompt, "prompt of the evaluation samples")
       .add("seed", c.run.seed, "run seed")
       .add("device", c.run.device, "cpu | cuda | cuda:N")

@@ -91,12 +91,13 @@ FlatParams flat_params_of(WorkerModel& model) {
   return flat;
 }
 
-// A sample from the model's current weights, for the progress log.
-std::string sample_text(WorkerModel& model, const Tokenizer& tokenizer, const EvalConfig& e, uint64_t seed) {
+// A sample of `tokens` from the model's current weights, for the progress log.
+std::string sample_text(WorkerModel& model, const Tokenizer& tokenizer, const EvalConfig& e, int64_t tokens,
+                        uint64_t seed) {
   auto* whole = model.whole_model();
   if (!whole) return "(no samples from a pipelined run; export it and use `noloco generate`)";
   SamplingOptions o;
-  o.tokens = e.sample_tokens;
+  o.tokens = tokens;
   o.seed = seed;
   std::vector<int32_t> prompt;
   try {
@@ -107,6 +108,11 @@ std::string sample_text(WorkerModel& model, const Tokenizer& tokenizer, const Ev
   const auto ids = generate(*whole, prompt, o);
   return tokenizer.decode(std::vector<int32_t>(ids.begin() + long(prompt.size()), ids.end()));
 }
+
+// An evaluation's sample in the log: one line of its first tokens, so that
+// the progress lines stay readable; the whole sample comes at the end.
+constexpr int64_t kEvaluationSampleTokens = 40;
+constexpr size_t kEvaluationSampleChars = 100;
 
 // Tokens/s over the steps since the last progress line, and the time left.
 class Throughput {
@@ -631,8 +637,12 @@ void WorkerRun::evaluate(int64_t done, bool last, double lr) {
   if (w_.transport) r["eval_bytes_sent"] = evaluation_bytes_;
   if (const auto pipeline = model_->pipeline_stats()) r["eval_activation_bytes_sent"] = pipeline->evaluation_bytes_sent;
   telemetry_.write(r);
-  if (lead_ && c_.eval.sample_tokens > 0 && !last)
-    spdlog::info("sample:\n{}", sample_text(*model_, *corpus_.tokenizer, c_.eval, c_.run.seed + uint64_t(done)));
+  if (lead_ && c_.eval.sample_tokens > 0 && !last) {
+    const auto tokens = std::min(c_.eval.sample_tokens, kEvaluationSampleTokens);
+    spdlog::info("sample: {}", one_line(sample_text(*model_, *corpus_.tokenizer, c_.eval, tokens,
+                                                    c_.run.seed + uint64_t(done)),
+                                        kEvaluationSampleChars));
+  }
 }
 
 nlohmann::json WorkerRun::finish() {
@@ -660,7 +670,8 @@ nlohmann::json WorkerRun::finish() {
                  format_duration(summary.seconds), format_count(double(arch_.num_params())));
     if (c_.eval.sample_tokens > 0)
       spdlog::info("sample:\n{}",
-                   sample_text(*model_, *corpus_.tokenizer, c_.eval, c_.run.seed + uint64_t(c_.inner.steps)));
+                   sample_text(*model_, *corpus_.tokenizer, c_.eval, c_.eval.sample_tokens,
+                               c_.run.seed + uint64_t(c_.inner.steps)));
     spdlog::info("run dir: {}", out_);
   }
   return j;

@@ -56,4 +56,33 @@ std::string wrap_words(const std::string& first, const std::string& text, size_t
   return out + "\n";
 }
 
+std::string one_line(const std::string& text, size_t max_bytes) {
+  std::string out;
+  bool cut = false;
+  for (size_t i = 0; i < text.size(); ++i) {
+    const char ch = text[i];
+    if (ch == '\n' || ch == '\r') {
+      const bool follows_break = i > 0 && (text[i - 1] == '\n' || text[i - 1] == '\r');
+      if (!out.empty() && !follows_break) out += " | ";
+    } else {
+      out += ch;
+    }
+    if (out.size() > max_bytes) {
+      cut = true;
+      break;
+    }
+  }
+  if (!cut) return out;
+  out.resize(max_bytes);
+  // Back to the start of the character the cut fell in, unless it ended there.
+  size_t start = out.size();
+  while (start > 0 && (uint8_t(out[start - 1]) & 0xC0) == 0x80) --start;
+  if (start > 0 && uint8_t(out[start - 1]) >= 0xC0) {
+    const uint8_t lead = uint8_t(out[start - 1]);
+    const size_t length = lead >= 0xF0 ? 4 : lead >= 0xE0 ? 3 : 2;
+    if (out.size() - (start - 1) < length) out.resize(start - 1);
+  }
+  return out;
+}
+
 }  // namespace noloco

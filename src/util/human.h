@@ -16,5 +16,8 @@ std::string format_bytes(double bytes);
 // stands alone); the first line starts with `first`, the others with as many
 // spaces. Ends with a newline.
 std::string wrap_words(const std::string& first, const std::string& text, size_t width = 100);
+// `text` on one line of at most `max_bytes`: each run of line breaks becomes
+// " | ", and a cut falls between UTF-8 characters, never inside one.
+std::string one_line(const std::string& text, size_t max_bytes);
 
 }  // namespace noloco
