@@ -1,8 +1,10 @@
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <map>
 #include <set>
 #include <sstream>
+#include <tuple>
 
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
@@ -124,7 +126,9 @@ TEST(Report, TableMatchesSummariesAndPlotsAreWritten) {
     for (size_t i = 0; i < names.size(); ++i) {
       const auto legend = svg.find(">" + names[i] + "<");
       ASSERT_NE(legend, std::string::npos) << plot << " names " << names[i] << "\n" << svg;
-      EXPECT_NE(svg.rfind("stroke=\"" + series_color(i) + "\"", legend), std::string::npos) << plot << " " << names[i];
+      // The legend draws a run as the plot does: a dot a run against outer bits, else a line.
+      const std::string mark = plot == std::string("val_loss_vs_outer_bits.svg") ? "fill=\"" : "stroke=\"";
+      EXPECT_NE(svg.rfind(mark + series_color(i) + "\"", legend), std::string::npos) << plot << " " << names[i];
     }
   }
   EXPECT_NE(read_file(dir / "report/val_loss_vs_step.svg").find("<polyline"), std::string::npos);
@@ -134,16 +138,18 @@ TEST(Report, TableMatchesSummariesAndPlotsAreWritten) {
   const auto bits = read_file(dir / "report/val_loss_vs_outer_bits.svg");
   size_t dots = 0;
   for (size_t at = bits.find("<circle"); at != std::string::npos; at = bits.find("<circle", at + 1)) ++dots;
-  EXPECT_EQ(dots, 3u) << bits;
+  EXPECT_EQ(dots, 6u) << "a dot a run, and its dot in the legend\n" << bits;
   EXPECT_NE(bits.find("bits per parameter per inner step"), std::string::npos);
   EXPECT_NE(bits.find("Covenant-72B, every 30 steps (0.0073)"), std::string::npos);
   EXPECT_NE(bits.find("SparseLoCo H=100, 8-replica ring (0.015)"), std::string::npos);
   // DiLoCo's replicas never differ (nor do NoLoCo's two in fp32, a group of
-  // the whole run): on the spread's log axis their legends say they are not
-  // drawn; int8 messages leave the NoLoCo pair apart.
+  // the whole run): on the spread's log axis they are drawn on the line
+  // labelled 0 below it; int8 messages leave the NoLoCo pair apart.
   const auto spread = read_file(dir / "report/weight_std_vs_step.svg");
   EXPECT_NE(spread.find("(log scale)"), std::string::npos) << spread;
-  EXPECT_NE(spread.find(">diloco (diloco) (not drawn: nothing above 0 on the log axis)<"), std::string::npos) << spread;
+  EXPECT_NE(spread.find(">diloco (diloco)<"), std::string::npos) << spread;
+  EXPECT_NE(spread.find(" text-anchor=\"end\">0<"), std::string::npos) << spread;
+  EXPECT_EQ(spread.find("not drawn"), std::string::npos) << spread;
   EXPECT_NE(spread.find(">noloco_int8 (noloco)<"), std::string::npos) << spread;
   EXPECT_NE(spread.find("<polyline"), std::string::npos) << spread;
 }
@@ -177,6 +183,106 @@ TEST(SvgPlot, ZerosLoneDotsAndNarrowRangesAreDrawnAndLabelled) {
   EXPECT_NE(dot.find("<circle"), std::string::npos) << dot;
   EXPECT_NE(dot.find("fill=\"" + series_color(2) + "\""), std::string::npos) << dot;
   EXPECT_NE(series_color(0), series_color(1));
+}
+
+namespace {
+
+// The points of the first polyline drawn in `color`.
+std::vector<std::pair<double, double>> polyline_of(const std::string& svg, const std::string& color) {
+  std::vector<std::pair<double, double>> out;
+  const auto at = svg.find("<polyline fill=\"none\" stroke=\"" + color + "\"");
+  if (at == std::string::npos) return out;
+  const auto from = svg.find("points=\"", at) + 8;
+  std::istringstream points(svg.substr(from, svg.find('"', from) - from));
+  double x = 0, y = 0;
+  char comma = 0;
+  while (points >> x >> comma >> y) out.emplace_back(x, y);
+  return out;
+}
+
+// The labels drawn with `anchor`, as (x, y, text).
+std::vector<std::tuple<double, double, std::string>> labels_of(const std::string& svg, const std::string& anchor) {
+  std::vector<std::tuple<double, double, std::string>> out;
+  const std::string tail = "\" text-anchor=\"" + anchor + "\">";
+  for (size_t at = svg.find(tail); at != std::string::npos; at = svg.find(tail, at + 1)) {
+    const auto open = svg.rfind("<text x=\"", at);
+    const double x = std::stod(svg.substr(open + 9));
+    const double y = std::stod(svg.substr(svg.find("y=\"", open) + 3));
+    const auto from = at + tail.size();
+    out.emplace_back(x, y, svg.substr(from, svg.find('<', from) - from));
+  }
+  return out;
+}
+
+size_t count_of(const std::string& text, const std::string& what) {
+  size_t n = 0;
+  for (size_t at = text.find(what); at != std::string::npos; at = text.find(what, at + 1)) ++n;
+  return n;
+}
+
+}  // namespace
+
+// Issue 84: DiLoCo's zero spreads vanished from the log axis (its line
+// joined 250 to 750, as if it never synchronised); a column of labels mixed
+// 0.003162 with 5.6e-04 and read "-0"; close x ticks ran together as
+// "0.480.64"; wide y labels ran into the axis title; runs drawn as dots had
+// lines in the legend.
+TEST(SvgPlot, ZerosOnALogAxisSitOnALineOfTheirOwnAndTheLabelsStayApartAndAlike) {
+  const PlotSeries diloco{"diloco", series_color(0), false, {{250, 3e-3}, {500, 0.0}, {750, 2e-3}, {1000, 0.0}}};
+  const auto log = line_chart_svg({diloco}, {"spread", "step", "std", /*log_y=*/true});
+  const auto points = polyline_of(log, series_color(0));
+  ASSERT_EQ(points.size(), 4u) << log;
+  EXPECT_EQ(points[1].second, points[3].second) << log;
+  EXPECT_GT(points[1].second, std::max(points[0].second, points[2].second)) << "zero is below every value\n" << log;
+  bool zero_labelled = false;
+  for (const auto& [x, y, text] : labels_of(log, "end")) zero_labelled |= text == "0" && std::abs(y - 4 - points[1].second) < 0.2;
+  EXPECT_TRUE(zero_labelled) << log;
+
+  const PlotSeries small{"small", series_color(1), false, {{0, 4e-4}, {1, 1.4e-3}}};  // ticks from 5e-4 to 1.25e-3
+  const auto linear = line_chart_svg({small}, {"spread", "step", "std"});
+  const auto y_labels = labels_of(linear, "end");
+  ASSERT_GE(y_labels.size(), 3u) << linear;
+  for (const auto& [x, y, text] : y_labels) {
+    EXPECT_NE(text.find('e'), std::string::npos) << "one form for all: " << text << "\n" << linear;
+    EXPECT_GE(x - 7.2 * double(text.size()), 24.0) << "the label runs into the axis title: " << text;
+  }
+  const PlotSeries around_zero{"around", series_color(2), false, {{0, -1.0}, {1, 1.0}}};
+  const auto crossing = line_chart_svg({around_zero}, {"t", "x", "y"});
+  EXPECT_EQ(crossing.find(">-0<"), std::string::npos) << crossing;
+  EXPECT_EQ(crossing.find(">-0.0<"), std::string::npos) << crossing;
+  EXPECT_NE(crossing.find(">0.0<"), std::string::npos) << crossing;
+  EXPECT_NE(crossing.find(">-0.5<"), std::string::npos) << "evenly spaced ticks carry the same decimals\n" << crossing;
+
+  // Runs as dots at x values close together on a log axis (the outer-bits plot).
+  std::vector<PlotSeries> runs;
+  for (const double bits : {0.3, 0.48, 0.64, 0.7}) {
+    PlotSeries run{fmt::format("run at {}", bits), series_color(runs.size()), false, {{bits, 2.0 - bits}}};
+    run.markers = true;
+    runs.push_back(run);
+  }
+  PlotSeries anchor{"reference", "#808080", /*dashed=*/true, {{0.1, 1.2}, {0.1, 1.8}}};
+  runs.push_back(anchor);
+  const auto dots = line_chart_svg(runs, {"loss against bits", "bits", "loss", false, /*log_x=*/true});
+  std::set<std::string> x_texts;
+  for (const double row : {376.0, 389.0}) {  // the tick rows under the frame
+    std::vector<std::tuple<double, double, std::string>> x_labels;
+    for (const auto& label : labels_of(dots, "middle"))
+      if (std::get<1>(label) == row) x_labels.push_back(label), x_texts.insert(std::get<2>(label));
+    for (size_t i = 1; i < x_labels.size(); ++i) {
+      const auto& [xa, ya, a] = x_labels[i - 1];
+      const auto& [xb, yb, b] = x_labels[i];
+      EXPECT_LE(xa + 3.6 * double(a.size()), xb - 3.6 * double(b.size())) << a << " runs into " << b << "\n" << dots;
+    }
+  }
+  EXPECT_EQ(x_texts, (std::set<std::string>{"0.1", "0.3", "0.48", "0.64", "0.7"})) << "every rate is labelled\n" << dots;
+  for (size_t i = 0; i + 1 < runs.size(); ++i) {
+    const auto& color = runs[i].color;
+    EXPECT_EQ(count_of(dots, "stroke=\"" + color + "\""), 0u)
+        << "a run drawn as a dot has no line, in the plot or the legend: " << runs[i].name;
+    EXPECT_EQ(count_of(dots, "fill=\"" + color + "\""), 2u) << "its dot, and its dot in the legend: " << runs[i].name;
+  }
+  EXPECT_EQ(count_of(dots, "stroke=\"#808080\" stroke-width=\"2\" stroke-dasharray"), 2u)
+      << "the reference line, and its line in the legend\n" << dots;
 }
 
 // Issue 50 item 10: the demo's own run names were clipped at the right edge

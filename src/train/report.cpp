@@ -179,6 +179,12 @@ std::vector<PlotSeries> final_loss_against(const std::vector<std::string>& run_d
 // SparseLoCo (arXiv 2508.15706) through a ring all-gather at 8 replicas,
 // Covenant-72B's upload once per 30 steps, and a SparseLoCo-sized message
 // sent to one partner every 50 steps.
+constexpr const char* kRateAnchorsCaption =
+    "Each dot is a run. The dashed vertical lines are published rates of other methods, for scale: SparseLoCo "
+    "(arXiv 2508.15706) with H=15 and H=100 through a ring all-gather at 8 replicas, Covenant-72B's upload once per "
+    "30 steps, and a SparseLoCo-sized message sent to one partner every 50 steps. Their losses were measured on "
+    "other models and data, so only where they stand on the x axis means anything here.";
+
 std::vector<PlotSeries> with_rate_anchors(std::vector<PlotSeries> series) {
   if (series.empty()) return series;
   double low = INFINITY, high = -INFINITY;
@@ -240,10 +246,11 @@ std::string write_report(const std::vector<std::string>& run_dirs, const std::st
   md += requested_tables(runs, options);
   // The plots only some runs have data for, each with its line in the report.
   const auto add_plot = [&](const std::string& file, const std::vector<PlotSeries>& series, const PlotOptions& plot,
-                            const std::string& alt) {
+                            const std::string& alt, const std::string& caption = "") {
     if (series.empty()) return;
     write_file_atomic(out_dir + "/" + file, line_chart_svg(series, plot));
     md += fmt::format("\n![{}]({})\n", alt, file);
+    if (!caption.empty()) md += "\n" + caption + "\n";
   };
   add_plot("val_loss_vs_activation_bytes.svg",
            final_loss_against(run_dirs,
@@ -263,7 +270,7 @@ std::string write_report(const std::vector<std::string>& run_dirs, const std::st
            {"Validation loss against the rate of outer messages",
             "bits per parameter per inner step (all a replica sent for training)",
             "final validation loss (mean over replicas)", /*log_y=*/false, /*log_x=*/true},
-           "final validation loss against bits per parameter per inner step");
+           "final validation loss against bits per parameter per inner step", kRateAnchorsCaption);
   // A log axis for spreads that span decades; where no replicas ever differ
   // (DiLoCo, DDP) it would be an empty frame, so a linear one shows the zeros.
   bool spread_positive = false;

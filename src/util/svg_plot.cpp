@@ -3,7 +3,6 @@
 #include <algorithm>
 #include <cmath>
 #include <limits>
-#include <functional>
 #include <set>
 
 #include <fmt/format.h>
@@ -15,9 +14,12 @@ namespace noloco {
 namespace {
 
 constexpr double kWidth = 820, kHeight = 420, kLeft = 80, kRight = 260, kTop = 40, kBottom = 60;
-// A generous width of one character of the 12 px sans-serif legend (most are
-// narrower), so a name is never clipped at the picture's right edge.
-constexpr double kLegendCharWidth = 7.2;
+// A generous width of one character of the 12 px sans-serif text (most are
+// narrower), so a name is never clipped at the picture's right edge and
+// labels that could touch are kept apart.
+constexpr double kCharWidth = 7.2;
+// Room left of the y tick labels for the axis title (rotated, 12 px high).
+constexpr double kYTitleRoom = 34;
 
 // About five round tick values covering [lo, hi].
 std::vector<double> nice_ticks(double lo, double hi) {
@@ -30,29 +32,49 @@ std::vector<double> nice_ticks(double lo, double hi) {
       step = m * mag;
       break;
     }
+  // Multiples of the step, not sums of it: a sum drifts, and a tick meant to be 0 read "-0".
   std::vector<double> ticks;
-  for (double t = std::ceil(lo / step) * step; t <= hi + step * 1e-9; t += step) ticks.push_back(t);
+  for (double k = std::ceil(lo / step); k * step <= hi + step * 1e-9; ++k) ticks.push_back(k == 0 ? 0.0 : k * step);
   return ticks;
 }
 
-std::string tick_label(double v, int digits) {
+bool wants_exponent(double v) {
   const double a = std::abs(v);
-  if (a != 0 && (a >= 1e5 || a < 1e-3)) return fmt::format("{:.{}e}", v, std::max(1, digits - 3));
+  return a != 0 && (a >= 1e5 || a < 1e-3);
+}
+
+std::string tick_label(double v, int digits, bool exponent) {
+  if (exponent && v != 0) return fmt::format("{:.{}e}", v, std::max(1, digits - 3));
   return fmt::format("{:.{}g}", v, digits);
 }
 
-// Labels of `values` (ascending), with the fewest digits (4 at least) that
+size_t decimals_of(const std::string& label) {
+  const auto dot = label.find('.');
+  return dot == std::string::npos ? 0 : label.size() - dot - 1;
+}
+
+// Labels of `values` (ascending), with the fewest digits (3 at least) that
 // tell each from its neighbours: a narrow range printed "1.914" four times.
-std::vector<std::string> tick_labels(const std::vector<double>& values,
-                                     const std::function<std::string(double, int)>& label) {
+// One form for all: where one needs an exponent, all have one (a column
+// read 0.003162 beside 5.6e-04); evenly spaced values (a linear axis's
+// ticks) all carry as many decimals as the one that needs most (2.1 beside
+// 2.105).
+std::vector<std::string> number_labels(const std::vector<double>& values, bool evenly_spaced) {
+  const bool exponent = std::any_of(values.begin(), values.end(), wants_exponent);
   std::vector<std::string> out;
-  for (int digits = 4; digits <= 12; ++digits) {
+  for (int digits = 3; digits <= 12; ++digits) {
     out.clear();
-    for (const double v : values) out.push_back(label(v, digits));
+    for (const double v : values) out.push_back(tick_label(v, digits, exponent));
     if (std::adjacent_find(out.begin(), out.end()) == out.end()) break;
   }
+  if (exponent || !evenly_spaced) return out;
+  size_t decimals = 0;
+  for (const auto& label : out) decimals = std::max(decimals, decimals_of(label));
+  for (size_t i = 0; i < out.size(); ++i) out[i] = fmt::format("{:.{}f}", values[i], decimals);
   return out;
 }
+
+double text_width(const std::string& text) { return kCharWidth * double(text.size()); }
 
 std::string escape(const std::string& s) {
   std::string out;
@@ -80,69 +102,111 @@ std::string line_chart_svg(const std::vector<PlotSeries>& series, const PlotOpti
   auto usable = [&](double x, double y) {
     return std::isfinite(x) && std::isfinite(y) && !(o.log_y && y <= 0) && !(o.log_x && x <= 0);
   };
+  // A 0 on a log y axis (replicas that are equal at a synchronisation) is
+  // drawn on a line of its own below the axis's lowest value, labelled 0:
+  // dropped, it made DiLoCo look as if it never synchronised.
+  auto zero_on_log = [&](double x, double y) { return o.log_y && y == 0 && std::isfinite(x) && !(o.log_x && x <= 0); };
+  bool zeros = false;
   for (auto& s : series)
     for (auto& [x, y] : s.points) {
+      zeros = zeros || zero_on_log(x, y);
       if (!usable(x, y)) continue;
       x0 = std::min(x0, tx(x)), x1 = std::max(x1, tx(x));
       y0 = std::min(y0, ty(y)), y1 = std::max(y1, ty(y));
     }
-  if (!std::isfinite(x0)) x0 = 0, x1 = 1, y0 = 0, y1 = 1;
+  const bool any = std::isfinite(x0);
+  zeros = zeros && any;
+  if (!any) x0 = 0, x1 = 1, y0 = 0, y1 = 1;
+  for (auto& s : series)
+    for (auto& [x, y] : s.points)
+      if (zeros && zero_on_log(x, y)) x0 = std::min(x0, tx(x)), x1 = std::max(x1, tx(x));
   if (x1 == x0) x1 = x0 + 1;
+  // Dots at the ends of a log axis (runs against their rates) would sit on the frame.
+  if (o.log_x) {
+    const double x_pad = (x1 - x0) * 0.04;
+    x0 -= x_pad, x1 += x_pad;
+  }
   if (y1 == y0) y1 = y0 + 1;
   const double pad = (y1 - y0) * 0.05;
   y0 -= pad, y1 += pad;
+  const auto y_ticks = nice_ticks(y0, y1);
+  const double zero_at = y0 - (y1 - y0) * 0.08;  // transformed
+  if (zeros) y0 = zero_at - (y1 - y0) * 0.04;
+  auto drawn_y = [&](double y) { return o.log_y && y == 0 ? zero_at : ty(y); };
+  auto drawable = [&](double x, double y) { return usable(x, y) || (zeros && zero_on_log(x, y)); };
+
+  std::vector<double> y_values;
+  for (const double t : y_ticks) y_values.push_back(o.log_y ? std::pow(10, t) : t);
+  auto y_texts = number_labels(y_values, !o.log_y);
+  double widest = 0;
+  for (const auto& t : y_texts) widest = std::max(widest, text_width(t));
+  const double left = std::max(kLeft, kYTitleRoom + 6 + widest);
   const double pw = kWidth - kLeft - kRight, ph = kHeight - kTop - kBottom;
   std::vector<std::string> names;
   for (const auto& s : series) {
-    const bool drawable =
-        std::any_of(s.points.begin(), s.points.end(), [&](auto& p) { return usable(p.first, p.second); });
-    names.push_back(drawable ? s.name
-                             : s.name + ((o.log_x || o.log_y) ? " (not drawn: nothing above 0 on the log axis)"
-                                                              : " (not drawn: no finite value)"));
+    const bool shown = std::any_of(s.points.begin(), s.points.end(), [&](auto& p) { return drawable(p.first, p.second); });
+    names.push_back(shown ? s.name
+                          : s.name + ((o.log_x || o.log_y) ? " (not drawn: nothing above 0 on the log axis)"
+                                                           : " (not drawn: no finite value)"));
   }
   size_t longest = 0;
   for (const auto& name : names) longest = std::max(longest, name.size());
-  const double width = std::max(kWidth, kLeft + pw + 42 + kLegendCharWidth * double(longest) + 12);
-  auto px = [&](double x) { return kLeft + (tx(x) - x0) / (x1 - x0) * pw; };
-  auto pxt = [&](double t) { return kLeft + (t - x0) / (x1 - x0) * pw; };  // t already transformed
-  auto py = [&](double y) { return kTop + (1 - (ty(y) - y0) / (y1 - y0)) * ph; };
+  const double width = std::max(left + kWidth - kLeft, left + pw + 42 + kCharWidth * double(longest) + 12);
+  auto px = [&](double x) { return left + (tx(x) - x0) / (x1 - x0) * pw; };
+  auto pxt = [&](double t) { return left + (t - x0) / (x1 - x0) * pw; };  // t already transformed
+  auto pyt = [&](double t) { return kTop + (1 - (t - y0) / (y1 - y0)) * ph; };
+  auto py = [&](double y) { return pyt(drawn_y(y)); };
 
   std::string svg = fmt::format(
       "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"{}\" height=\"{}\" font-family=\"sans-serif\" "
       "font-size=\"12\">\n<rect width=\"100%\" height=\"100%\" fill=\"white\"/>\n"
       "<text x=\"{}\" y=\"22\" font-size=\"15\" text-anchor=\"middle\">{}</text>\n",
-      width, kHeight, kLeft + pw / 2, escape(o.title));
+      width, kHeight, left + pw / 2, escape(o.title));
   // On a log axis, round ticks in log space are odd numbers: tick the data's own x values instead.
   std::vector<double> x_ticks;
   if (o.log_x) {
     std::set<double> xs;
     for (auto& s : series)
       for (auto& [x, y] : s.points)
-        if (usable(x, y)) xs.insert(tx(x));
+        if (drawable(x, y)) xs.insert(tx(x));
     if (xs.size() <= 12) x_ticks.assign(xs.begin(), xs.end());
   }
   if (x_ticks.empty()) x_ticks = nice_ticks(x0, x1);
-  const auto x_label = [&](double t, int digits) {
-    const double x = o.log_x ? std::pow(10, t) : t;
-    return o.x_bytes ? format_bytes(x) : tick_label(x, digits);
-  };
-  const auto x_texts = tick_labels(x_ticks, x_label);
-  for (size_t i = 0; i < x_ticks.size(); ++i)
-    svg += fmt::format("<line x1=\"{0:.1f}\" y1=\"{1}\" x2=\"{0:.1f}\" y2=\"{2}\" stroke=\"#ddd\"/>"
-                       "<text x=\"{0:.1f}\" y=\"{3}\" text-anchor=\"middle\">{4}</text>\n",
-                       pxt(x_ticks[i]), kTop, kTop + ph, kTop + ph + 16, x_texts[i]);
-  const auto y_ticks = nice_ticks(y0, y1);
-  const auto y_texts =
-      tick_labels(y_ticks, [&](double t, int digits) { return tick_label(o.log_y ? std::pow(10, t) : t, digits); });
-  for (size_t i = 0; i < y_ticks.size(); ++i) {
-    const double at = kTop + (1 - (y_ticks[i] - y0) / (y1 - y0)) * ph;
-    svg += fmt::format("<line x1=\"{0}\" y1=\"{1:.1f}\" x2=\"{2}\" y2=\"{1:.1f}\" stroke=\"#ddd\"/>"
-                       "<text x=\"{3}\" y=\"{4:.1f}\" text-anchor=\"end\">{5}</text>\n",
-                       kLeft, at, kLeft + pw, kLeft - 6, at + 4, y_texts[i]);
+  std::vector<std::string> x_texts;
+  if (o.x_bytes) {
+    for (const double t : x_ticks) x_texts.push_back(format_bytes(o.log_x ? std::pow(10, t) : t));
+  } else {
+    std::vector<double> x_values;
+    for (const double t : x_ticks) x_values.push_back(o.log_x ? std::pow(10, t) : t);
+    x_texts = number_labels(x_values, !o.log_x);
   }
-  svg += fmt::format("<rect x=\"{}\" y=\"{}\" width=\"{}\" height=\"{}\" fill=\"none\" stroke=\"#333\"/>\n", kLeft, kTop,
+  // Every tick has its grid line; a label that would touch the one before
+  // it ("0.480.64") goes on a second row, or is left out where that one is taken too.
+  double free_from[2] = {-std::numeric_limits<double>::infinity(), -std::numeric_limits<double>::infinity()};
+  for (size_t i = 0; i < x_ticks.size(); ++i) {
+    const double at = pxt(x_ticks[i]), half = text_width(x_texts[i]) / 2;
+    svg += fmt::format("<line x1=\"{0:.1f}\" y1=\"{1}\" x2=\"{0:.1f}\" y2=\"{2}\" stroke=\"#ddd\"/>", at, kTop,
+                       kTop + ph);
+    for (int row = 0; row < 2; ++row) {
+      if (at - half < free_from[row]) continue;
+      svg += fmt::format("<text x=\"{:.1f}\" y=\"{}\" text-anchor=\"middle\">{}</text>", at, kTop + ph + 16 + 13 * row,
+                         x_texts[i]);
+      free_from[row] = at + half + 6;
+      break;
+    }
+    svg += "\n";
+  }
+  const auto y_mark = [&](double t, const std::string& text, const char* dashes) {
+    const double at = pyt(t);
+    svg += fmt::format("<line x1=\"{0}\" y1=\"{1:.1f}\" x2=\"{2}\" y2=\"{1:.1f}\" stroke=\"#ddd\"{3}/>"
+                       "<text x=\"{4}\" y=\"{5:.1f}\" text-anchor=\"end\">{6}</text>\n",
+                       left, at, left + pw, dashes, left - 6, at + 4, text);
+  };
+  for (size_t i = 0; i < y_ticks.size(); ++i) y_mark(y_ticks[i], y_texts[i], "");
+  if (zeros) y_mark(zero_at, "0", " stroke-dasharray=\"2,3\"");
+  svg += fmt::format("<rect x=\"{}\" y=\"{}\" width=\"{}\" height=\"{}\" fill=\"none\" stroke=\"#333\"/>\n", left, kTop,
                      pw, ph);
-  svg += fmt::format("<text x=\"{}\" y=\"{}\" text-anchor=\"middle\">{}{}</text>\n", kLeft + pw / 2, kHeight - 18,
+  svg += fmt::format("<text x=\"{}\" y=\"{}\" text-anchor=\"middle\">{}{}</text>\n", left + pw / 2, kHeight - 10,
                      escape(o.x_label), o.log_x ? " (log scale)" : "");
   svg += fmt::format("<text transform=\"translate(18,{}) rotate(-90)\" text-anchor=\"middle\">{}{}</text>\n",
                      kTop + ph / 2, escape(o.y_label), o.log_y ? " (log scale)" : "");
@@ -151,19 +215,22 @@ std::string line_chart_svg(const std::vector<PlotSeries>& series, const PlotOpti
     std::string points, dots;
     size_t drawn = 0;
     for (auto& [x, y] : s.points)
-      if (usable(x, y)) ++drawn, points += fmt::format("{:.1f},{:.1f} ", px(x), py(y));
+      if (drawable(x, y)) ++drawn, points += fmt::format("{:.1f},{:.1f} ", px(x), py(y));
+    const bool line = drawn > 1, dotted = drawn > 0 && (s.markers || drawn == 1);
     for (auto& [x, y] : s.points)
-      if (usable(x, y) && (s.markers || drawn == 1))
+      if (dotted && drawable(x, y))
         dots += fmt::format("<circle cx=\"{:.1f}\" cy=\"{:.1f}\" r=\"4\" fill=\"{}\"/>", px(x), py(y), s.color);
-    if (drawn > 1)
+    if (line)
       svg += fmt::format("<polyline fill=\"none\" stroke=\"{}\" stroke-width=\"2\"{} points=\"{}\"/>\n", s.color,
                          s.dashed ? " stroke-dasharray=\"6,4\"" : "", points);
     if (!dots.empty()) svg += dots + "\n";
-    const double ly = kTop + 14 + 20 * double(i);
-    svg += fmt::format("<line x1=\"{0}\" y1=\"{1}\" x2=\"{2}\" y2=\"{1}\" stroke=\"{3}\" stroke-width=\"2\"{4}/>"
-                       "<text x=\"{5}\" y=\"{6}\">{7}</text>\n",
-                       kLeft + pw + 12, ly, kLeft + pw + 36, s.color, s.dashed ? " stroke-dasharray=\"6,4\"" : "",
-                       kLeft + pw + 42, ly + 4, escape(names[i]));
+    // The legend draws a series as the plot does: a line, a dot, or both.
+    const double ly = kTop + 14 + 20 * double(i), lx = left + pw + 12;
+    if (line || !dotted)
+      svg += fmt::format("<line x1=\"{0}\" y1=\"{1}\" x2=\"{2}\" y2=\"{1}\" stroke=\"{3}\" stroke-width=\"2\"{4}/>",
+                         lx, ly, lx + 24, s.color, s.dashed ? " stroke-dasharray=\"6,4\"" : "");
+    if (dotted) svg += fmt::format("<circle cx=\"{}\" cy=\"{}\" r=\"4\" fill=\"{}\"/>", lx + 12, ly, s.color);
+    svg += fmt::format("<text x=\"{}\" y=\"{}\">{}</text>\n", lx + 30, ly + 4, escape(names[i]));
   }
   svg += "</svg>\n";
   return svg;
