@@ -87,6 +87,69 @@ std::string escape(const std::string& s) {
   return out;
 }
 
+// The texts of an x axis's ticks (transformed values, as the axis is).
+std::vector<std::string> x_tick_texts(const std::vector<double>& ticks, const PlotOptions& o) {
+  std::vector<double> values;
+  for (const double t : ticks) values.push_back(o.log_x ? std::pow(10, t) : t);
+  if (!o.x_bytes) return number_labels(values, !o.log_x);
+  std::vector<std::string> out;
+  for (const double v : values) out.push_back(format_bytes(v));
+  return out;
+}
+
+// Each x tick's grid line from the top of the frame to `bottom` (ticks at
+// pixels `at`, ascending) and its label under the frame; a label that would
+// touch the one before it ("0.480.64") goes on a second row, or is left out
+// where that one is taken too.
+std::string x_tick_marks(const std::vector<double>& at, const std::vector<std::string>& texts, double bottom) {
+  std::string svg;
+  double free_from[2] = {-std::numeric_limits<double>::infinity(), -std::numeric_limits<double>::infinity()};
+  for (size_t i = 0; i < at.size(); ++i) {
+    const double half = text_width(texts[i]) / 2;
+    svg += fmt::format("<line x1=\"{0:.1f}\" y1=\"{1}\" x2=\"{0:.1f}\" y2=\"{2}\" stroke=\"#ddd\"/>", at[i], kTop,
+                       bottom);
+    for (int row = 0; row < 2; ++row) {
+      if (at[i] - half < free_from[row]) continue;
+      svg += fmt::format("<text x=\"{:.1f}\" y=\"{}\" text-anchor=\"middle\">{}</text>", at[i], bottom + 16 + 13 * row,
+                         texts[i]);
+      free_from[row] = at[i] + half + 6;
+      break;
+    }
+    svg += "\n";
+  }
+  return svg;
+}
+
+// A y tick's grid line across the frame at height `at`, and its label left of it.
+std::string y_tick_mark(double at, const std::string& text, double left, double right, const char* dashes) {
+  return fmt::format("<line x1=\"{0}\" y1=\"{1:.1f}\" x2=\"{2}\" y2=\"{1:.1f}\" stroke=\"#ddd\"{3}/>"
+                     "<text x=\"{4}\" y=\"{5:.1f}\" text-anchor=\"end\">{6}</text>\n",
+                     left, at, right, dashes, left - 6, at + 4, text);
+}
+
+// One series at the pixels `at` of its drawable points, and its line of the
+// legend at (lx, ly), drawn as the plot draws it: a line, a dot, or both.
+std::string series_marks(const PlotSeries& s, const std::vector<std::pair<double, double>>& at, double lx, double ly,
+                         const std::string& name) {
+  const bool line = at.size() > 1, dotted = !at.empty() && (s.markers || at.size() == 1);
+  const char* dashes = s.dashed ? " stroke-dasharray=\"6,4\"" : "";
+  std::string svg, points, dots;
+  for (const auto& [x, y] : at) {
+    points += fmt::format("{:.1f},{:.1f} ", x, y);
+    if (dotted) dots += fmt::format("<circle cx=\"{:.1f}\" cy=\"{:.1f}\" r=\"4\" fill=\"{}\"/>", x, y, s.color);
+  }
+  if (line)
+    svg += fmt::format("<polyline fill=\"none\" stroke=\"{}\" stroke-width=\"2\"{} points=\"{}\"/>\n", s.color, dashes,
+                       points);
+  if (!dots.empty()) svg += dots + "\n";
+  if (line || !dotted)
+    svg += fmt::format("<line x1=\"{0}\" y1=\"{1}\" x2=\"{2}\" y2=\"{1}\" stroke=\"{3}\" stroke-width=\"2\"{4}/>", lx,
+                       ly, lx + 24, s.color, dashes);
+  if (dotted) svg += fmt::format("<circle cx=\"{}\" cy=\"{}\" r=\"4\" fill=\"{}\"/>", lx + 12, ly, s.color);
+  svg += fmt::format("<text x=\"{}\" y=\"{}\">{}</text>\n", lx + 30, ly + 4, escape(name));
+  return svg;
+}
+
 }  // namespace
 
 std::string series_color(size_t i) {
@@ -172,38 +235,11 @@ std::string line_chart_svg(const std::vector<PlotSeries>& series, const PlotOpti
     if (xs.size() <= 12) x_ticks.assign(xs.begin(), xs.end());
   }
   if (x_ticks.empty()) x_ticks = nice_ticks(x0, x1);
-  std::vector<std::string> x_texts;
-  if (o.x_bytes) {
-    for (const double t : x_ticks) x_texts.push_back(format_bytes(o.log_x ? std::pow(10, t) : t));
-  } else {
-    std::vector<double> x_values;
-    for (const double t : x_ticks) x_values.push_back(o.log_x ? std::pow(10, t) : t);
-    x_texts = number_labels(x_values, !o.log_x);
-  }
-  // Every tick has its grid line; a label that would touch the one before
-  // it ("0.480.64") goes on a second row, or is left out where that one is taken too.
-  double free_from[2] = {-std::numeric_limits<double>::infinity(), -std::numeric_limits<double>::infinity()};
-  for (size_t i = 0; i < x_ticks.size(); ++i) {
-    const double at = pxt(x_ticks[i]), half = text_width(x_texts[i]) / 2;
-    svg += fmt::format("<line x1=\"{0:.1f}\" y1=\"{1}\" x2=\"{0:.1f}\" y2=\"{2}\" stroke=\"#ddd\"/>", at, kTop,
-                       kTop + ph);
-    for (int row = 0; row < 2; ++row) {
-      if (at - half < free_from[row]) continue;
-      svg += fmt::format("<text x=\"{:.1f}\" y=\"{}\" text-anchor=\"middle\">{}</text>", at, kTop + ph + 16 + 13 * row,
-                         x_texts[i]);
-      free_from[row] = at + half + 6;
-      break;
-    }
-    svg += "\n";
-  }
-  const auto y_mark = [&](double t, const std::string& text, const char* dashes) {
-    const double at = pyt(t);
-    svg += fmt::format("<line x1=\"{0}\" y1=\"{1:.1f}\" x2=\"{2}\" y2=\"{1:.1f}\" stroke=\"#ddd\"{3}/>"
-                       "<text x=\"{4}\" y=\"{5:.1f}\" text-anchor=\"end\">{6}</text>\n",
-                       left, at, left + pw, dashes, left - 6, at + 4, text);
-  };
-  for (size_t i = 0; i < y_ticks.size(); ++i) y_mark(y_ticks[i], y_texts[i], "");
-  if (zeros) y_mark(zero_at, "0", " stroke-dasharray=\"2,3\"");
+  std::vector<double> x_at;
+  for (const double t : x_ticks) x_at.push_back(pxt(t));
+  svg += x_tick_marks(x_at, x_tick_texts(x_ticks, o), kTop + ph);
+  for (size_t i = 0; i < y_ticks.size(); ++i) svg += y_tick_mark(pyt(y_ticks[i]), y_texts[i], left, left + pw, "");
+  if (zeros) svg += y_tick_mark(pyt(zero_at), "0", left, left + pw, " stroke-dasharray=\"2,3\"");
   svg += fmt::format("<rect x=\"{}\" y=\"{}\" width=\"{}\" height=\"{}\" fill=\"none\" stroke=\"#333\"/>\n", left, kTop,
                      pw, ph);
   svg += fmt::format("<text x=\"{}\" y=\"{}\" text-anchor=\"middle\">{}{}</text>\n", left + pw / 2, kHeight - 10,
@@ -211,26 +247,10 @@ std::string line_chart_svg(const std::vector<PlotSeries>& series, const PlotOpti
   svg += fmt::format("<text transform=\"translate(18,{}) rotate(-90)\" text-anchor=\"middle\">{}{}</text>\n",
                      kTop + ph / 2, escape(o.y_label), o.log_y ? " (log scale)" : "");
   for (size_t i = 0; i < series.size(); ++i) {
-    const auto& s = series[i];
-    std::string points, dots;
-    size_t drawn = 0;
-    for (auto& [x, y] : s.points)
-      if (drawable(x, y)) ++drawn, points += fmt::format("{:.1f},{:.1f} ", px(x), py(y));
-    const bool line = drawn > 1, dotted = drawn > 0 && (s.markers || drawn == 1);
-    for (auto& [x, y] : s.points)
-      if (dotted && drawable(x, y))
-        dots += fmt::format("<circle cx=\"{:.1f}\" cy=\"{:.1f}\" r=\"4\" fill=\"{}\"/>", px(x), py(y), s.color);
-    if (line)
-      svg += fmt::format("<polyline fill=\"none\" stroke=\"{}\" stroke-width=\"2\"{} points=\"{}\"/>\n", s.color,
-                         s.dashed ? " stroke-dasharray=\"6,4\"" : "", points);
-    if (!dots.empty()) svg += dots + "\n";
-    // The legend draws a series as the plot does: a line, a dot, or both.
-    const double ly = kTop + 14 + 20 * double(i), lx = left + pw + 12;
-    if (line || !dotted)
-      svg += fmt::format("<line x1=\"{0}\" y1=\"{1}\" x2=\"{2}\" y2=\"{1}\" stroke=\"{3}\" stroke-width=\"2\"{4}/>",
-                         lx, ly, lx + 24, s.color, s.dashed ? " stroke-dasharray=\"6,4\"" : "");
-    if (dotted) svg += fmt::format("<circle cx=\"{}\" cy=\"{}\" r=\"4\" fill=\"{}\"/>", lx + 12, ly, s.color);
-    svg += fmt::format("<text x=\"{}\" y=\"{}\">{}</text>\n", lx + 30, ly + 4, escape(names[i]));
+    std::vector<std::pair<double, double>> at;
+    for (auto& [x, y] : series[i].points)
+      if (drawable(x, y)) at.emplace_back(px(x), py(y));
+    svg += series_marks(series[i], at, left + pw + 12, kTop + 14 + 20 * double(i), names[i]);
   }
   svg += "</svg>\n";
   return svg;
