@@ -18,6 +18,7 @@
 #include "comm/launch/capped_links.h"
 #include "comm/launch/launcher.h"
 #include "comm/launch/worker_connections.h"
+#include "config/options.h"
 #include "config/run_layout.h"
 #include "config/worker_env.h"
 #include "data/dataset.h"
@@ -155,6 +156,16 @@ std::string python_without_noloco(const std::vector<std::string>& command) {
   return fmt::format("{} ({}) cannot import torch and noloco ({}): run the Python that has both (the one noloco's "
                      "module was built for, with PYTHONPATH naming it)",
                      program, found_on_path(program), last_line.empty() ? "no reason given" : last_line);
+}
+
+Options comm_bench_options(CommBenchOptions& o) {
+  Options options("bench comm");
+  options.add("megabytes", o.megabytes, "fp32 megabytes of the exchanged buffer")
+      .add("rounds", o.rounds, "outer steps to time")
+      .add("compute", o.compute, "mean seconds of compute before each outer step")
+      .add("sigma2", o.sigma2, "variance of the log-normal compute jitter (the paper: 0.5)")
+      .add("straggler", o.straggler, "worker 0 computes this many times longer");
+  return options;
 }
 
 }  // namespace

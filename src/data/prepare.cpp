@@ -204,19 +204,6 @@ PrepareResult prepare_corpus(const PrepareOptions& o) {
   return r;
 }
 
-Options prepare_options(PrepareOptions& o) {
-  Options options("prepare");
-  options.add("out", o.out, "output directory: train_*.bin and val_*.bin shards and the tokenizer")
-      .add("tokenizer", o.tokenizer,
-           "bpe (trained on the inputs) | a sentencepiece .model | a directory holding tokenizer.model or a "
-           "byte-level BPE tokenizer.json (not char: a char vocabulary is built at training time from data=FILE.txt)")
-      .add("vocab_size", o.vocab_size, "BPE vocabulary to train (260..65536)")
-      .add("val_fraction", o.val_fraction, "held out for validation (the tail of every chunk)")
-      .add("text_field", o.text_field, "the field of a .jsonl line that holds its document")
-      .add("shard_tokens", o.shard_tokens, "tokens a shard (llm.c's fineweb: 100M)");
-  return options;
-}
-
 std::string describe(const PrepareResult& r) {
   const double tokenize_seconds = std::max(r.tokenize_seconds, 1e-9);
   return fmt::format("{} file(s) of {:.1f} MB, {} documents of {:.1f} MB of text -> {} train tokens in {} shard(s), "

@@ -7,8 +7,6 @@
 #include <string>
 #include <vector>
 
-#include "config/options.h"
-
 namespace noloco {
 
 struct PrepareOptions {
@@ -34,8 +32,6 @@ struct PrepareResult {
 // token file behind.
 PrepareResult prepare_corpus(const PrepareOptions& options);
 
-// The `prepare` keys, bound to `o` (inputs are the words without '=').
-Options prepare_options(PrepareOptions& o);
 // One line: what was read, what was written, how fast.
 std::string describe(const PrepareResult& r);
 

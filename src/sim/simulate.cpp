@@ -6,7 +6,6 @@
 #include <fmt/format.h>
 
 #include "config/model_config.h"
-#include "config/options.h"
 #include "sim/comm_model.h"
 #include "util/files.h"
 #include "util/progress.h"
@@ -20,27 +19,10 @@ const char* kColors[] = {"#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", 
 
 }  // namespace
 
-Options simulate_options(SimulateOptions& o) {
-  Options options("simulate");
-  options.add("out", o.out, "directory for latency.csv, bandwidth.csv, idle.csv and the figures fig5a.svg, fig5b.svg")
-      .add("samples", o.samples, "Monte-Carlo draws of message times per point of the latency figure (5A)")
-      .add("outer_steps", o.outer_steps, "outer steps simulated per replica count for the idle-time table")
-      .add("max_replicas", o.max_replicas,
-           "the largest replica count simulated (from 4, by factors of 4; idle from 2, by 2)")
-      .add("model", o.model,
-           "model preset whose parameter count sizes the bandwidth table's messages: tiny, 125m, 1.3b, 6.8b")
-      .add("step_seconds", o.step_seconds, "compute seconds of one inner step, against which idle time is measured")
-      .add("seed", o.seed, "seed of the simulated message times and pairings");
-  return options;
-}
-
-SimulateOptions parse_simulate_options(const std::vector<std::string>& args) {
-  SimulateOptions o;
-  simulate_options(o).parse(args);
+void validate(const SimulateOptions& o) {
   if (o.samples < 1 || o.outer_steps < 1 || o.max_replicas < 4 || !(o.step_seconds > 0))
     throw std::invalid_argument("samples and outer_steps must be >= 1, max_replicas >= 4, step_seconds > 0");
   model_preset(o.model);  // validates the name
-  return o;
 }
 
 nlohmann::json run_simulation(const SimulateOptions& o) {

@@ -5,8 +5,6 @@
 
 #include <nlohmann/json.hpp>
 
-#include "config/options.h"
-
 namespace noloco::sim {
 
 struct SimulateOptions {
@@ -19,10 +17,8 @@ struct SimulateOptions {
   uint64_t seed = 1;
 };
 
-// The command's keys, bound to `options` (their help is simulate --help's).
-Options simulate_options(SimulateOptions& options);
-// Parses key=value arguments; throws std::invalid_argument on unknown keys or bad values.
-SimulateOptions parse_simulate_options(const std::vector<std::string>& args);
+// Throws std::invalid_argument, in one line, on values out of range or an unknown model.
+void validate(const SimulateOptions& options);
 // Writes latency.csv, bandwidth.csv, idle.csv, fig5a.svg, fig5b.svg into options.out;
 // returns the headline figures.
 nlohmann::json run_simulation(const SimulateOptions& options);

@@ -29,16 +29,6 @@ struct Weights : torch::nn::Module {
 };
 }  // namespace
 
-Options comm_bench_options(CommBenchOptions& o) {
-  Options options("bench comm");
-  options.add("megabytes", o.megabytes, "fp32 megabytes of the exchanged buffer")
-      .add("rounds", o.rounds, "outer steps to time")
-      .add("compute", o.compute, "mean seconds of compute before each outer step")
-      .add("sigma2", o.sigma2, "variance of the log-normal compute jitter (the paper: 0.5)")
-      .add("straggler", o.straggler, "worker 0 computes this many times longer");
-  return options;
-}
-
 void validate(const CommBenchOptions& o) {
   if (o.rounds < 1 || !(o.megabytes > 0) || o.compute < 0 || o.sigma2 < 0 || !(o.straggler > 0))
     throw std::invalid_argument("bench comm needs rounds >= 1, megabytes > 0, compute >= 0, sigma2 >= 0, straggler > 0");

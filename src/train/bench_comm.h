@@ -8,7 +8,6 @@
 
 #include <nlohmann/json.hpp>
 
-#include "config/options.h"
 #include "config/train_config.h"
 #include "optim/outer.h"
 
@@ -22,8 +21,6 @@ struct CommBenchOptions {
   double straggler = 1;  // worker 0 computes this many times longer
 };
 
-// The bench-comm keys (megabytes, rounds, compute, sigma2, straggler), bound to `o`.
-Options comm_bench_options(CommBenchOptions& o);
 // Throws std::invalid_argument on values out of range.
 void validate(const CommBenchOptions& o);
 // One worker's measurement; written to out/bench_comm_r<rank>.json.
