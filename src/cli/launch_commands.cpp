@@ -17,7 +17,6 @@
 
 #include "comm/launch/capped_links.h"
 #include "comm/launch/launcher.h"
-#include "comm/launch/worker_connections.h"
 #include "config/options.h"
 #include "config/run_layout.h"
 #include "config/worker_env.h"
@@ -29,6 +28,7 @@
 #include "train/run_end.h"
 #include "train/run_summary.h"
 #include "train/trainer.h"
+#include "train/worker_life.h"
 #include "train/worker_entry.h"
 #include "util/error_text.h"
 #include "util/files.h"
@@ -178,17 +178,14 @@ int train_command(const std::string& config_path, const std::vector<std::string>
   WorkerEnv env;
   if (worker_env_from_environment(env)) {
     reexecute_for_runtime_settings();
-    return run_launched_worker(cfg, env);
+    return run_worker(cfg, env);
   }
   cfg.validate_workers();
   const bool trains_here = cfg.outer.method == Method::none && cfg.workers() == 1;
   if (trains_here) reexecute_for_runtime_settings();
   if (cfg.run.out.empty()) cfg.run.out = default_run_dir(cfg);
   const RunDirectory owned(cfg.run.out, cfg);
-  if (trains_here) {
-    train(cfg, WorkerInfo{});
-    return 0;
-  }
+  if (trains_here) return run_worker(cfg, WorkerEnv{});  // a world of one
   const auto start = std::chrono::steady_clock::now();
   // Builds and saves the tokenizer once, before the workers load it.
   const auto corpus = load_corpus(cfg.data, cfg.model.context, cfg.run.out, cfg.run.resume);
@@ -227,9 +224,7 @@ int train_command(const std::string& config_path, const std::vector<std::string>
   auto members = exits;
   members.insert(members.end(), launched.joiners.begin(), launched.joiners.end());
   const auto summary = summarize_run(cfg, members, seconds);
-  // A resume that every worker refused leaves the summary of the run it resumed.
-  if (!summary.finished.empty() || !cfg.run.resume || !file_exists(cfg.run.out + "/summary.json"))
-    write_json_atomic(cfg.run.out + "/summary.json", summary.to_json());
+  save_run_summary(cfg, summary);
   warn_if_mostly_alone(summary);
   if (launched.signal) throw Interrupted(launched.signal);
   if (!launched.stopped.empty()) throw std::runtime_error(launched.stopped);
@@ -324,9 +319,8 @@ int bench_comm_command(const std::vector<std::string>& args) {
   WorkerEnv env;
   if (worker_env_from_environment(env)) {
     reexecute_for_runtime_settings();
-    init_logging(fmt::format("noloco[worker {}]", env.rank));
-    const auto links = join_as_worker(env, cfg.comm, 1, true);
-    const auto r = comm_bench_worker(cfg, options, {links.transport.get(), links.membership.get()});
+    const auto worker = start_worker(cfg, {env});
+    const auto r = comm_bench_worker(cfg, options, {worker.info.transport, worker.info.membership});
     write_json_atomic(fmt::format("{}/bench_comm_r{}.json", cfg.run.out, env.rank), r);
     return 0;
   }

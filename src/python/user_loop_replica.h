@@ -106,7 +106,7 @@ class UserLoopReplica {
 
   TrainConfig config_;
   WorkerEnv env_;
-  JoinedWorker worker_;
+  Worker worker_;
   FlatParams flat_;
   std::unique_ptr<InnerState> inner_;
   std::unique_ptr<OuterOptimizer> outer_;

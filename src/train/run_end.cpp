@@ -44,11 +44,23 @@ void warn_if_mostly_alone(const RunSummary& summary) {
 // Our launcher hosts the run's store as an agent does, and names it in NOLOCO_STORE.
 bool writes_run_summary(const WorkerEnv& env) { return env.rank == 0 && !(env.agent_store && !env.store_url.empty()); }
 
-void write_run_summary(const TrainConfig& cfg, const WorkerEnv& env, const JoinedWorker& worker, double seconds) {
+void save_run_summary(const TrainConfig& cfg, const RunSummary& summary) {
+  // A resume that every worker refused leaves the summary of the run it resumed.
+  if (summary.finished.empty() && cfg.run.resume && file_exists(cfg.run.out + "/summary.json")) return;
+  write_json_atomic(cfg.run.out + "/summary.json", summary.to_json());
+}
+
+void write_run_summary(const TrainConfig& cfg, const Worker& worker, const nlohmann::json& own_summary,
+                       double seconds) {
+  const auto& env = worker.env;
   const auto& store = worker.links.store;
-  if (!store || !worker.links.membership) return;  // no members to hear from (method none)
+  if (!store) {  // a world of one: its own summary is the run's
+    save_run_summary(cfg, summarize_lone_run(WorkerSummary::from_json(own_summary)));
+    return;
+  }
+  if (!worker.links.membership) return;  // no members to hear from (method none)
   const int stages = int(cfg.pipeline.stages);
-  const int replicas = int(cfg.run.replicas);  // the launched workers' (run_launched_worker set it from WORLD_SIZE)
+  const int replicas = int(cfg.run.replicas);  // the launched workers' (run_worker set it from WORLD_SIZE)
   HeartbeatWatch heartbeats(store, env.token);
   auto& own = *worker.links.membership;  // has watched its own scope's heartbeats all along
   const auto layout = run_layout(cfg);
@@ -87,7 +99,7 @@ void write_run_summary(const TrainConfig& cfg, const WorkerEnv& env, const Joine
     }
   }
   const auto summary = summarize_run(cfg, members, seconds);
-  write_json_atomic(cfg.run.out + "/summary.json", summary.to_json());
+  save_run_summary(cfg, summary);
   spdlog::info("the run's summary: {} of {} {} finished{} -> {}/summary.json", summary.finished.size(),
                members.size(), stages > 1 ? "workers" : "replicas",
                summary.failed.empty() ? "" : fmt::format(" ({} failed)", summary.failed.size()), cfg.run.out);

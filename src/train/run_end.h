@@ -1,6 +1,7 @@
-// The run's summary.json, whoever writes it: our launcher from its workers'
-// exits, or, in a run it did not start (plain environment, torchrun, `noloco
-// serve`), worker 0 from what the run's store holds.
+// The run's summary.json, whoever ends the run: our launcher from its
+// workers' exits; in a run it did not start (plain environment, torchrun,
+// `noloco serve`), worker 0 from what the run's store holds; a lone worker
+// from its own summary. save_run_summary is the file's one writer.
 #pragma once
 #include <string>
 #include <vector>
@@ -11,7 +12,7 @@ namespace noloco {
 
 struct TrainConfig;
 struct WorkerEnv;
-struct JoinedWorker;
+struct Worker;
 
 // summary.json of a run of `cfg`'s workers, from their summaries in
 // cfg.run.out and how each ended (`members`: the launched workers' exits and
@@ -22,6 +23,10 @@ RunSummary summarize_run(const TrainConfig& cfg, const std::vector<WorkerExit>& 
 // finishes with exit code 0.
 void warn_if_mostly_alone(const RunSummary& summary);
 
+// Writes cfg.run.out/summary.json, except over the summary of the run a
+// resume continued when every worker refused the resume (nothing finished).
+void save_run_summary(const TrainConfig& cfg, const RunSummary& summary);
+
 // Whether this worker writes the run's summary.json: worker 0 of a run that
 // our launcher (which writes it itself) did not start.
 bool writes_run_summary(const WorkerEnv& env);
@@ -30,7 +35,9 @@ bool writes_run_summary(const WorkerEnv& env);
 // included) has finished, or is given up by its heartbeat, or SIGTERM asks
 // this worker to leave; then writes each replica's summary_r<k>.json that the
 // store holds and this disk lacks (the machines need not share one), and
-// summary.json. `seconds`: since this worker started.
-void write_run_summary(const TrainConfig& cfg, const WorkerEnv& env, const JoinedWorker& worker, double seconds);
+// summary.json. A world of one writes `own_summary` (what train returned) as
+// the run's. `seconds`: since this worker started.
+void write_run_summary(const TrainConfig& cfg, const Worker& worker, const nlohmann::json& own_summary,
+                       double seconds);
 
 }  // namespace noloco

@@ -663,7 +663,6 @@ nlohmann::json WorkerRun::finish() {
   if (w_.status) w_.status->flush();
   // Only now: a launcher waiting for a joiner to finish reads its summary next.
   life_.end_membership(j.dump());
-  if (w_.replicas * w_.stages * w_.replica_workers == 1) write_json_atomic(out_ + "/summary.json", summarize_lone_run(summary).to_json());
   if (lead_) {
     spdlog::info("done: final val loss {:.4f} (ppl {:.2f}) | {} steps | {} tokens | {} | {} params", val_loss_,
                  std::exp(val_loss_), left_at_step_.value_or(c_.inner.steps), format_count(double(summary.tokens)),

@@ -133,8 +133,7 @@ int claim_joiner_member(const WorkerEnv& env, const TrainConfig& config, int rep
   }
 }
 
-// A worker launched into a run (RANK set: our launcher, torchrun, Slurm...).
-int run_launched_worker(TrainConfig& cfg, const WorkerEnv& env) {
+int run_worker(TrainConfig& cfg, const WorkerEnv& env) {
   const int stages = int(cfg.pipeline.stages);
   const int per_replica = stages * int(cfg.run.replica_workers);
   if (env.world % per_replica != 0)
@@ -147,10 +146,10 @@ int run_launched_worker(TrainConfig& cfg, const WorkerEnv& env) {
   if (cfg.run.out.empty()) throw std::invalid_argument("launched workers need out=DIR, the same for all of them");
   const auto start = std::chrono::steady_clock::now();
   const auto worker = start_worker(cfg, {env});
-  train(cfg, worker.info);
+  const auto own_summary = train(cfg, worker.info);
   if (writes_run_summary(env)) {
     try {
-      write_run_summary(cfg, env, worker,
+      write_run_summary(cfg, worker, own_summary,
                         std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
     } catch (const std::exception& e) {  // its own training is done and saved: the summary alone is lost
       spdlog::warn("the run's summary.json was not written: {}", e.what());

@@ -1,7 +1,8 @@
-// How a process becomes a worker of a run: launched into it (RANK set, by
-// our launcher, torchrun or a script of the user's) or joining it while it
-// trains (`noloco join`). Both start through train/worker_life.h and train
-// with train/trainer.h; the Python door claims a joiner's place here too.
+// How a process becomes a worker of a run: alone (a world of one), launched
+// into it (RANK set, by our launcher, torchrun or a script of the user's) or
+// joining it while it trains (`noloco join`). All start through
+// train/worker_life.h's start_worker and train with train/trainer.h; the
+// Python door claims a joiner's place here too.
 #pragma once
 #include <cstdint>
 #include <string>
@@ -12,9 +13,10 @@
 
 namespace noloco {
 
-// A worker launched into a run: trains to the end (or until it leaves);
-// returns the exit code.
-int run_launched_worker(TrainConfig& config, const WorkerEnv& env);
+// A worker of the run `env` places it in (a default WorkerEnv: a lone
+// worker): trains to the end (or until it leaves), writes the run's summary
+// where no launcher of ours does; returns the exit code.
+int run_worker(TrainConfig& config, const WorkerEnv& env);
 
 // A new replica of a running NoLoCo run, joining it from this machine
 // (`noloco join`, cli/join_command.h): a stage worker, pipelined; a replica

@@ -43,8 +43,8 @@ WorkerInfo worker_info(const TrainConfig& config, const WorkerStart& start, cons
   w.rosters = links.rosters.get();
   w.stage_link = links.stage_link.get();
   w.status = links.status.get();
-  // A joiner starts from a live replica's state, never from the disk.
-  if (!start.joins) {
+  // A joiner starts from a live replica's state, never from the disk; a lone worker takes its newest checkpoint.
+  if (!start.joins && links.store) {
     const auto timeout = std::max(std::chrono::milliseconds(600000), links.timeout);
     w.agree_resume_step = [store = links.store, env, layout, timeout](const std::vector<int64_t>& steps) {
       return agree_resume_step(store, env.token, env.rank, env.world, layout, steps, timeout);
@@ -91,19 +91,26 @@ bool leaves_on_sigterm(const TrainConfig& config, int stages) {
   return takes_joiners(config.outer.method, config.pipeline.routing, stages) && config.run.replica_workers == 1;
 }
 
-JoinedWorker start_worker(const TrainConfig& config, const WorkerStart& start) {
+Worker start_worker(const TrainConfig& config, const WorkerStart& start) {
   const auto& env = start.env;
-  init_logging(fmt::format("noloco[{} {}]", start.log_name, env.rank));
+  Worker w;
+  w.env = env;
+  // Nobody to exchange with, hand state to or agree with: no store, no groups.
+  const bool alone = env.world == 1 && !start.joins && config.outer.method == Method::none;
+  if (!alone) init_logging(fmt::format("noloco[{} {}]", start.log_name, env.rank));
   // Not yet joined, a worker cannot ask the store which start this is; its
   // launcher tells a restart by its environment.
   if (env.restart == 0) FailureDrill(config.run.inject_crash, env.rank, 0).at_startup();
+  if (alone) {
+    w.info = worker_info(config, start, w.links, false);
+    return w;
+  }
   const int stages = int(config.pipeline.stages);
   // SIGTERM asks it to leave only from its first step on (util/leave_signal.h).
   const bool leaves = leaves_on_sigterm(config, stages);
   // The replica's own group runs over NCCL on this worker's GPU where it can.
   const auto nccl_device =
       uses_nccl(config.run.device, config.comm) ? resolved_device(config.run.device, env.local_rank) : "";
-  JoinedWorker w;
   w.links = join_as_worker(env, config.comm, stages, config.outer.method != Method::none,
                            int(config.run.replica_workers), nccl_device);
   if (w.links.store) {
@@ -119,7 +126,7 @@ JoinedWorker start_worker(const TrainConfig& config, const WorkerStart& start) {
   return w;
 }
 
-void finish_worker(const JoinedWorker& worker) { outlast_store_users(worker.links); }
+void finish_worker(const Worker& worker) { outlast_store_users(worker.links); }
 
 WorkerLife::WorkerLife(const TrainConfig& config, const WorkerInfo& worker, FlatParams& flat, OuterOptimizer& outer,
                        const TrainingState& state, const FailureDrill& drill)

@@ -80,9 +80,11 @@ struct WorkerStart {
   std::string user_model;
 };
 
-// A worker joined to the run: its connections, and its place with pointers into them.
-struct JoinedWorker {
-  WorkerConnections links;
+// A worker of the run, whichever way it came in (start_worker makes every
+// one): how it came in, its connections, and its place with pointers into them.
+struct Worker {
+  WorkerEnv env;
+  WorkerConnections links;  // none for a world of one without an outer method
   WorkerInfo info;
 };
 
@@ -90,16 +92,17 @@ struct JoinedWorker {
 // one worker) rather than to stop.
 bool leaves_on_sigterm(const TrainConfig& config, int stages);
 
-// Start-up: the start-up drill (a first start only; a restarted worker is
-// past it), SIGTERM as a request to leave where the run allows it, then the
-// run's store and groups. A worker hosting the run's store keeps it up, at
-// the end, until the others are done with it (finish_worker).
-// Refused in one line naming every key that differs when the run's other
-// workers were started with another config (config.run_yaml()).
-JoinedWorker start_worker(const TrainConfig& config, const WorkerStart& start);
+// The one way a process becomes a worker. Start-up: the start-up drill (a
+// first start only; a restarted worker is past it), SIGTERM as a request to
+// leave where the run allows it, then the run's store and groups; a world of
+// one without an outer method (a lone worker) has none. A worker hosting the
+// run's store keeps it up, at the end, until the others are done with it
+// (finish_worker). Refused in one line naming every key that differs when the
+// run's other workers were started with another config (config.run_yaml()).
+Worker start_worker(const TrainConfig& config, const WorkerStart& start);
 // The run's config (run_yaml) as its first worker published it in `store`; empty if none has yet.
 std::string published_run_config(const StorePtr& store, const std::string& token);
-void finish_worker(const JoinedWorker& worker);
+void finish_worker(const Worker& worker);
 
 // What happened after one inner step.
 struct AfterStep {
