@@ -175,15 +175,16 @@ TEST_F(Distributed, NoLoCoWithEightReplicasSurvivesTwoKilledWorkers) {
                                         " method=noloco replicas=8 batch=2 steps=45 outer_interval=3 inject_crash=" + plan,
                                     120);
   EXPECT_EQ(r.exit_code, 3) << "finished, but not whole: " << r.output;
-  EXPECT_NE(r.output.find("finished with 6 of 8 workers"), std::string::npos) << r.output;
-  EXPECT_NE(r.output.find(fmt::format("worker {} was killed by signal 9", a)), std::string::npos) << r.output;
   const auto summary = read_json(dir / "crash/summary.json");
   std::vector<int> expected_finished;
   for (int i = 0; i < 8; ++i)
     if (i != a && i != b) expected_finished.push_back(i);
   EXPECT_EQ(summary["replicas_finished"].get<std::vector<int>>(), expected_finished);
   ASSERT_EQ(summary["replicas_failed"].size(), 2u);
-  for (auto& f : summary["replicas_failed"]) EXPECT_TRUE(f.contains("seconds")) << "when it failed";
+  for (auto& f : summary["replicas_failed"]) {
+    EXPECT_TRUE(f.contains("seconds")) << "when it failed";
+    EXPECT_NE(f["reason"].get<std::string>().find("was killed by signal 9"), std::string::npos) << f.dump();
+  }
   // A dead replica's partner averages without it. Deaths are noticed without
   // any global barrier, so the outer step whose grouping first leaves a dead
   // replica out varies; but every replica draws from the same live members at
@@ -814,7 +815,6 @@ TEST_F(Distributed, ANoLoCoWorkerLeavesOnSigtermAndNobodyWaitsForIt) {
   ASSERT_EQ(::kill(leaver, SIGTERM), 0);
   const auto& r = runner.wait();
   ASSERT_EQ(r.exit_code, 0) << r.output;
-  EXPECT_NE(r.output.find("worker 2 leaves the run after step"), std::string::npos) << r.output;
   const auto summary = read_json(run_dir + "/summary.json");
   EXPECT_EQ(summary["replicas_finished"].get<std::vector<int>>(), (std::vector<int>{0, 1}));
   EXPECT_TRUE(summary["replicas_failed"].empty()) << summary.dump();
@@ -1046,9 +1046,9 @@ TEST_F(Distributed, UnderTorchrunWorkersStoppedAfterARankWasKilledDoNotWaitOutIt
   ASSERT_LT(done.exit_code, 128) << "ended by a signal:\n" << output;  // torchrun's own exit, not a kill
   EXPECT_NE(done.exit_code, 124) << "timed out:\n" << output;
   for (const int r : {0, 2}) {
-    EXPECT_NE(output.find(fmt::format("worker {} leaves the run after step", r)), std::string::npos) << output;
     ASSERT_TRUE(std::filesystem::exists(fmt::format("{}/summary_r{}.json", run, r))) << output;
     const auto summary = read_json(fmt::format("{}/summary_r{}.json", run, r));
+    EXPECT_TRUE(summary.contains("left_at_step")) << "worker " << r << " left the run: " << summary.dump();
     EXPECT_LT(summary["seconds"].get<double>(), 20) << "waited out the heartbeat timeout (30 s): " << summary.dump();
   }
 }

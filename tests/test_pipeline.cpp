@@ -815,8 +815,11 @@ TEST_F(Pipeline, RandomRoutingGoesAroundAKilledStageWorker) {
   auto r = noloco::testing::run_cli(
       small_train_args(dir / "c.txt", dir / "killed") + " " + common + " inject_crash=3:12", run_timeout_s);
   ASSERT_EQ(r.exit_code, 3) << r.output;
-  EXPECT_NE(r.output.find("finished with 7 of 8 workers"), std::string::npos) << r.output;
   const auto a = read_json(intact + "/summary.json"), b = read_json(dir / "killed/summary.json");
+  ASSERT_EQ(b["replicas_failed"].size(), 1u) << b.dump();
+  EXPECT_NE(b["replicas_failed"][0]["reason"].get<std::string>().find("worker 3 was killed by signal 9"), std::string::npos)
+      << b.dump();
+  EXPECT_EQ(b["replicas_finished"].size(), 7u) << b.dump();
   const double reference = a["final_val_loss"].get<double>(), survived = b["final_val_loss"].get<double>();
   EXPECT_NEAR(survived, reference, 0.02 * reference);
   EXPECT_EQ(b["final_val_loss_replicas"].size(), 3u) << "the last stages of replicas 0, 2 and 3";
@@ -834,8 +837,11 @@ TEST_F(Pipeline, AHungStageWorkerIsKilledByItsHeartbeatAndRoutedAround) {
                                         " peer_timeout=600 heartbeat_timeout=4 inject_crash=3:12:freeze",
                                     run_timeout_s);
   ASSERT_EQ(r.exit_code, 3) << r.output;
-  EXPECT_NE(r.output.find("worker 3 sent no heartbeat for"), std::string::npos) << r.output;
-  EXPECT_NE(r.output.find("finished with 7 of 8 workers"), std::string::npos) << r.output;
+  const auto summary = read_json(dir / "hung/summary.json");
+  ASSERT_EQ(summary["replicas_failed"].size(), 1u) << summary.dump();
+  EXPECT_NE(summary["replicas_failed"][0]["reason"].get<std::string>().find("no heartbeat for"), std::string::npos)
+      << "killed for its silent heartbeat: " << summary.dump();
+  EXPECT_EQ(summary["replicas_finished"].size(), 7u) << summary.dump();
   const auto trained = losses(dir / "hung", "train");
   for (int d : {0, 2, 3}) EXPECT_EQ(trained.at(d).size(), 40u) << "replica " << d;
 }
@@ -914,7 +920,6 @@ TEST_F(Pipeline, WorkersJoinARunningPipelinedRunAtTheStageWithFewestWorkers) {
   const auto& b = named.wait();
   const auto& r = runner.wait();
   ASSERT_EQ(r.exit_code, 3) << "finished without worker 3: " << r.output;
-  EXPECT_NE(r.output.find("finished with 5 of 6 workers"), std::string::npos) << r.output;
   ASSERT_EQ(a.exit_code, 0) << a.output;
   ASSERT_EQ(b.exit_code, 0) << b.output;
   EXPECT_NE(a.output.find("as worker 5: stage 1 of replica 2"), std::string::npos) << a.output;
@@ -986,7 +991,6 @@ TEST_F(Pipeline, AStageWorkerLeavesOnSigtermAndNoMicroBatchIsLost) {
   ASSERT_EQ(::kill(leaver, SIGTERM), 0);
   const auto& r = runner.wait();
   ASSERT_EQ(r.exit_code, 0) << "shrunk on purpose, not degraded: " << r.output;
-  EXPECT_NE(r.output.find("worker 3 leaves the run after step"), std::string::npos) << r.output;
   EXPECT_EQ(r.output.find("lost pipeline worker"), std::string::npos) << r.output;
   EXPECT_EQ(r.output.find("timed out"), std::string::npos) << r.output;
   const auto summary = read_json(run_dir + "/summary.json");
