@@ -650,8 +650,6 @@ TEST_F(Distributed, ReplicasResumeAtTheNewestStepTheyAllHold) {
     EXPECT_NE(find_checkpoint(sub).find("step_00000009"), std::string::npos) << k;
     if (k > 0) EXPECT_TRUE(std::filesystem::exists(sub + "/step_00000006.superseded")) << "kept, not deleted: " << k;
   }
-  EXPECT_NE(r.output.find("resumed from"), std::string::npos) << r.output;
-  EXPECT_NE(r.output.find("at step 3"), std::string::npos) << r.output;
   // No common step: replica 0 holds only step 3 complete, replica 1 only steps 6 and 9.
   for (const char* step : {"6", "9"})
     std::filesystem::remove(split + "/checkpoints/r0/step_0000000" + step + "/checksums.json");
