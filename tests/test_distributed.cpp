@@ -1049,4 +1049,9 @@ TEST_F(Distributed, UnderTorchrunWorkersStoppedAfterARankWasKilledDoNotWaitOutIt
     EXPECT_TRUE(summary.contains("left_at_step")) << "worker " << r << " left the run: " << summary.dump();
     EXPECT_LT(summary["seconds"].get<double>(), 20) << "waited out the heartbeat timeout (30 s): " << summary.dump();
   }
+  // Issue 83 item 8: rank 0, which writes the run's summary, left too; the run's figures are what was trained.
+  const auto run_summary = read_json(run + "/summary.json");
+  EXPECT_GE(run_summary["steps"].get<int64_t>(), 30) << run_summary.dump();
+  EXPECT_GT(run_summary["tokens"].get<int64_t>(), 0) << run_summary.dump();
+  EXPECT_GT(run_summary["params"].get<int64_t>(), 0) << run_summary.dump();
 }

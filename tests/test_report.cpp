@@ -361,6 +361,44 @@ TEST(RunSummary, AJoinerThatDiedAfterJoiningIsListedAsJoinedAndFailed) {
   EXPECT_EQ(run.finished, (std::vector<int>{0, 1}));
 }
 
+// Issue 83 item 8: where every replica left (torchrun's rank 0 among them,
+// which writes the summary), the run's figures are still what they trained
+// and last evaluated, not zeros and null; a leaver's tokens count beside a finisher's.
+TEST(RunSummary, ReplicasThatLeftStillCountWhatTheyTrainedAndEvaluated) {
+  TempDir dir;
+  const auto worker = [&](int rank, std::optional<int64_t> left_at, double loss) {
+    WorkerSummary w;
+    w.method = Method::noloco;
+    w.replicas = 3;
+    w.steps = left_at.value_or(100);
+    w.tokens = 1000 * w.steps;
+    w.params = 4096;
+    w.final_val_loss = w.final_train_loss = loss;
+    w.left_at_step = left_at;
+    write_json_atomic(fmt::format("{}/summary_r{}.json", dir.path(), rank), w.to_json());
+    return WorkerExit{rank};
+  };
+  const auto all_left = summarize_run(dir.path(), Method::noloco, 2, 1, "", 1,
+                                      {worker(0, 40, 2.0), worker(1, 60, 3.0)}, 10.0);
+  EXPECT_TRUE(all_left.finished.empty());
+  EXPECT_EQ(all_left.left.size(), 2u);
+  EXPECT_EQ(all_left.tokens, 100000);
+  EXPECT_EQ(all_left.steps, 60) << "the furthest a replica trained";
+  EXPECT_EQ(all_left.params, 4096);
+  ASSERT_TRUE(all_left.final_val_loss);
+  EXPECT_DOUBLE_EQ(*all_left.final_val_loss, 2.5);
+  EXPECT_TRUE(all_left.final_val_loss_replicas.empty()) << "no replica finished";
+
+  const auto one_left = summarize_run(dir.path(), Method::noloco, 3, 1, "", 1,
+                                      {worker(0, std::nullopt, 1.5), worker(1, 30, 4.0), worker(2, std::nullopt, 2.5)},
+                                      10.0);
+  EXPECT_EQ(one_left.finished, (std::vector<int>{0, 2}));
+  EXPECT_EQ(one_left.tokens, 230000);
+  EXPECT_EQ(one_left.steps, 100);
+  ASSERT_TRUE(one_left.final_val_loss);
+  EXPECT_DOUBLE_EQ(*one_left.final_val_loss, 2.0) << "the finished replicas' mean";
+}
+
 // Issue 84: an evaluation's sample is one line of the log, cut between characters.
 TEST(HumanText, OneLineJoinsTheLinesOfASampleAndCutsBetweenCharacters) {
   EXPECT_EQ(one_line("ROMEO:\nBut soft!\n\nWhat light\r\n", 100), "ROMEO: | But soft! | What light | ");

@@ -1,6 +1,7 @@
 #include "train/run_summary.h"
 
 #include <algorithm>
+#include <numeric>
 #include <cmath>
 #include <filesystem>
 #include <type_traits>
@@ -432,15 +433,27 @@ struct RunTally {
     stage_idle[size_t(stage)].push_back(w.traffic.pipeline ? w.traffic.pipeline->idle_seconds : 0.0);
   }
 
+  // A worker that left trained all the same: its tokens count, and where no
+  // replica finished, the leavers' steps, parameters and last evaluations
+  // are what the run measured.
+  void add_left(RunSummary& run, const WorkerSummary& w) {
+    if (w.final_val_loss || w.final_train_loss) run.tokens += w.tokens;  // one a replica: those that compute the loss
+    if (w.final_val_loss) left_losses.push_back(*w.final_val_loss);
+    if (!furthest_left || w.steps > furthest_left->steps) furthest_left = w;
+  }
+
   void write_to(RunSummary& run) const {
     const double workers = double(std::max(1, traffic_workers));
-    if (!run.final_val_loss_replicas.empty()) run.final_val_loss = loss_sum / double(run.final_val_loss_replicas.size());
+    if (!run.final_val_loss_replicas.empty())
+      run.final_val_loss = loss_sum / double(run.final_val_loss_replicas.size());
+    else if (!left_losses.empty())
+      run.final_val_loss = std::accumulate(left_losses.begin(), left_losses.end(), 0.0) / double(left_losses.size());
     figures.write_to(run);
     run.comm_seconds_per_replica = run.comm_seconds / workers;
     run.wait_seconds_per_replica = run.wait_seconds / workers;
-    if (first) {
-      run.steps = first->steps;
-      run.params = first->params;
+    if (const auto& measured = first ? first : furthest_left) {
+      run.steps = measured->steps;
+      run.params = measured->params;
     }
     const double spread = spread_over_stages(stage_spread);
     if (!std::isnan(spread)) run.weight_std = spread;
@@ -455,7 +468,8 @@ struct RunTally {
 
   double loss_sum = 0;
   int traffic_workers = 0;
-  std::optional<WorkerSummary> first;
+  std::optional<WorkerSummary> first, furthest_left;
+  std::vector<double> left_losses;
   FigureCombiner figures;
   // Per stage: (parameters, weight std) of one of its replicas, and the replicas' idle seconds.
   std::vector<std::pair<double, double>> stage_spread;
@@ -518,6 +532,7 @@ RunSummary summarize_run(const std::string& run_dir, Method method, int64_t repl
     if (w.left_at_step) {
       where.reason = fmt::format("left after step {} (SIGTERM)", *w.left_at_step);
       run.left.push_back(where);
+      tally.add_left(run, w);
       continue;
     }
     run.finished.push_back(member);

@@ -106,6 +106,8 @@ struct RunSummary {
     std::optional<double> handover_seconds;
   };
   std::vector<Joined> joined;
+  // The mean of final_val_loss_replicas (one a replica that finished); with
+  // none finished, of the last evaluations of the replicas that left.
   std::optional<double> final_val_loss, final_val_loss_mean_model, weight_std;
   std::vector<double> final_val_loss_replicas;
   std::optional<double> bits_per_param_per_outer_step;  // mean over the workers that finished
