@@ -401,10 +401,6 @@ TEST(RunLayout, EveryRankIsOnePlaceAndBack) {
   // A pipeline's worker of (replica 2, stage 1) of 3 stages; a replica of 4 workers' second.
   EXPECT_EQ(RunLayout(3, 1).rank({2, 0, 1}), 7);
   EXPECT_EQ(RunLayout(1, 4).rank({2, 1, 0}), 9);
-  // Summaries are named by replica and stage (issue 83 item 8: summary_r1.json was replica 0's stage 1).
-  EXPECT_EQ(RunLayout(3, 1).summary_file(7), "summary_r2_s1.json");
-  EXPECT_EQ(RunLayout(1, 4).summary_file(9), "summary_r2.json") << "a replica's workers share its summary";
-  EXPECT_EQ(RunLayout(1, 1).summary_file(3), "summary_r3.json");
 }
 
 TEST(RunLayout, StagesWithSeveralWorkersAReplicaAreRefusedInOnePlace) {

@@ -8,7 +8,6 @@
 // rank by the world.
 #pragma once
 #include <stdexcept>
-#include <string>
 #include <vector>
 
 namespace noloco {
@@ -48,14 +47,9 @@ class RunLayout {
   int speaker_of(int rank) const { return speaker(replica_of(rank), stage_of(rank)); }
 
   // One copy of one stage (a replica's workers at that stage), numbered
-  // replica * stages + stage: restarted together, summarised in one file.
+  // replica * stages + stage: restarted together, summarised in
+  // summary_r<unit>.json.
   int unit_of(int rank) const { return replica_of(rank) * stages_ + stage_of(rank); }
-  // That file, in the run's directory, named by replica and stage:
-  // summary_r<replica>.json, in a pipeline summary_r<replica>_s<stage>.json.
-  std::string summary_file(int rank) const {
-    const auto replica = "summary_r" + std::to_string(replica_of(rank));
-    return stages_ > 1 ? replica + "_s" + std::to_string(stage_of(rank)) + ".json" : replica + ".json";
-  }
   std::vector<int> ranks_of_unit(int unit) const {
     std::vector<int> ranks;
     for (int w = 0; w < replica_workers_; ++w) ranks.push_back(rank({unit / stages_, w, unit % stages_}));

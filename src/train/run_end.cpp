@@ -94,7 +94,7 @@ void write_run_summary(const TrainConfig& cfg, const Worker& worker, const nlohm
       }
       // Its own worker wrote it where it ran: here too (the same bytes, if this disk is that one).
       const auto text = member_summary(store, env.token, scope, member);
-      if (!text.empty()) write_file_atomic(cfg.run.out + "/" + layout.summary_file(e.rank), text);
+      if (!text.empty()) write_file_atomic(fmt::format("{}/summary_r{}.json", cfg.run.out, layout.unit_of(e.rank)), text);
       members.push_back(e);
     }
   }

@@ -443,8 +443,6 @@ struct RunTally {
   }
 
   void write_to(RunSummary& run) const {
-    // In rank order, whichever order the workers were heard from (worker 0 asks stage by stage).
-    std::sort(run.finished.begin(), run.finished.end());
     const double workers = double(std::max(1, traffic_workers));
     if (!run.final_val_loss_replicas.empty())
       run.final_val_loss = loss_sum / double(run.final_val_loss_replicas.size());
@@ -513,7 +511,7 @@ RunSummary summarize_run(const std::string& run_dir, Method method, int64_t repl
       continue;
     }
     const int member = layout.unit_of(e.rank);
-    const auto path = run_dir + "/" + layout.summary_file(e.rank);
+    const auto path = fmt::format("{}/summary_r{}.json", run_dir, member);
     if (e.joined && e.ok() && !std::filesystem::exists(path)) {
       // It finished (the store says so) and wrote its summary where it ran: another machine.
       run.joined.push_back({member, std::nullopt, std::nullopt, std::nullopt});
