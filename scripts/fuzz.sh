@@ -13,7 +13,7 @@ fi
 cmake --build build-fuzz > build-fuzz/build.log 2>&1 || { grep -m 20 -B 2 -A 5 "error" build-fuzz/build.log; exit 1; }
 [ "$runs" = build ] && exit 0
 corpus=build-fuzz/corpus
-mkdir -p "$corpus"/{config,safetensors,safetensors_index,token_file,codec,tokenizer_json,sealed,documents,link_handshake}
+mkdir -p "$corpus"/{config,safetensors,safetensors_index,token_file,codec,tokenizer_json,sealed,documents,link_handshake,link_frames}
 cp configs/*.yaml "$corpus/config/"
 printf 'lr: 1e-3\nsteps: 10\nmodel: 125m\nmethod: noloco\n' > "$corpus/config/small.yaml"
 # A valid safetensors file and a valid token file to mutate from.
@@ -57,7 +57,10 @@ printf '\0{"text": "one"}\n{"text": "two\\nlines \\u00e9"}\n' > "$corpus/documen
 printf '\3first<|end|>second, a little longer than the limit of sixty-four bytes a piece\nyes<|end|>' > "$corpus/documents/text"
 # A link hello (magic, scope, ranks, attempt, nonce, sealed), fed in pieces of 4 and wanted, then a proof of zeros.
 { printf '\x07nolocoL1'; head -c 64 /dev/zero; printf '\x01\x00\x00\x00'; head -c 32 /dev/zero; } > "$corpus/link_handshake/hello"
-for target in config safetensors safetensors_index token_file codec tokenizer_json sealed documents link_handshake; do
+# Link frames: a message of two frames in clear as it comes off the wire (mode 0), and one sent sealed through a real sending end (mode 3).
+printf '\x00\xff\xff\x06\x00\x00\x00\x00hello\x03\x00\x00\x00\x01ab' > "$corpus/link_frames/clear"
+printf '\x03\xff\xffa message sealed by a sending end' > "$corpus/link_frames/sealed"
+for target in config safetensors safetensors_index token_file codec tokenizer_json sealed documents link_handshake link_frames; do
   echo "fuzz_$target: $runs runs"
   log=build-fuzz/fuzz_$target.log
   # libFuzzer exits non-zero on any crash, sanitizer report, leak or timeout,
