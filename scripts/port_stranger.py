@@ -1,19 +1,24 @@
 #!/usr/bin/env python3
-"""A stranger on the workers' loopback, for the drill in docs/rendezvous.md.
+"""A stranger at the workers' ports, for the drills in docs/rendezvous.md and
+scripts/stranger_run.sh.
 
 Connects to the TCP ports that listen on 127.0.0.1 while it runs (not those
 that listened before it started) and holds every connection a port accepts,
-silently, or after sending 100 kB of garbage (--garbage). Two ways to find
+silently, or after sending 100 kB of garbage (--garbage). Three ways to find
 the ports:
   --sweep  what a stranger elsewhere on the network can do: connect to every
            port of the ephemeral range, in batches, over and over;
   --proc   what a process on the same machine can do: read /proc/net/tcp in
-           a tight loop and connect to each new listening port at once.
-Usage: port_stranger.py SECONDS (--sweep | --proc) [--garbage]
+           a tight loop and connect to each new listening port at once;
+  --hold HOST:PORT N  one known port (a relay's, a forwarded one): N idle
+           connections to it at all times, each one the far end closes
+           opened again.
+Usage: port_stranger.py SECONDS (--sweep | --proc | --hold HOST:PORT N) [--garbage]
 """
 import errno
 import os
 import select
+import signal
 import socket
 import sys
 import time
@@ -29,9 +34,64 @@ def listening():
     return ports
 
 
+def stop(*_):
+    raise KeyboardInterrupt
+
+
+def hold_idle(seconds, address, count):
+    signal.signal(signal.SIGTERM, stop)  # a background job of a script ignores SIGINT
+    end = time.time() + seconds
+    held, up = {}, set()  # every connection; those connected
+    opened = refused = peak = 0
+    poller = select.poll()
+    try:
+        while time.time() < end:
+            while len(held) < count:
+                s = socket.socket()
+                s.setblocking(False)
+                if s.connect_ex(address) not in (0, errno.EINPROGRESS):
+                    s.close()
+                    break
+                held[s.fileno()] = s
+                poller.register(s, select.POLLIN | select.POLLOUT)
+                opened += 1
+            # Connected: it waits. What the far end sends (a challenge) is read and ignored; a close is opened again.
+            turned_away = False
+            for fd, events in poller.poll(100):
+                s = held[fd]
+                if events & select.POLLOUT and fd not in up and s.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR) == 0:
+                    up.add(fd)
+                    poller.modify(fd, select.POLLIN)
+                    continue
+                try:
+                    gone = (events & (select.POLLHUP | select.POLLERR)) or not s.recv(4096)
+                except OSError:
+                    gone = True
+                if gone:
+                    if fd not in up:
+                        refused += 1
+                        turned_away = True
+                    up.discard(fd)
+                    poller.unregister(fd)
+                    del held[fd]
+                    s.close()
+            peak = max(peak, len(up))
+            if turned_away:  # nothing listens yet: an idle stranger tries again later, it does not flood
+                time.sleep(0.5)
+    except KeyboardInterrupt:  # SIGINT or SIGTERM: how scripts/stranger_run.sh ends it
+        pass
+    print(f'stranger (--hold): {opened} connections opened to {address[0]}:{address[1]}, {refused} refused, '
+          f'at most {peak} held at once', flush=True)
+
+
 def main():
-    if len(sys.argv) < 3 or sys.argv[2] not in ('--sweep', '--proc'):
+    if len(sys.argv) < 3 or sys.argv[2] not in ('--sweep', '--proc', '--hold'):
         sys.exit(__doc__.strip().splitlines()[-1])
+    if sys.argv[2] == '--hold':
+        if len(sys.argv) < 5:
+            sys.exit(__doc__.strip().splitlines()[-1])
+        host, port = sys.argv[3].rsplit(':', 1)
+        return hold_idle(float(sys.argv[1]), (host, int(port)), int(sys.argv[4]))
     end = time.time() + float(sys.argv[1])
     garbage = '--garbage' in sys.argv
     before = listening()

@@ -1,10 +1,11 @@
 // Two workers' links across the testbed's namespaces (tests/test_link.cpp,
 // docs/several-machines.md's figures): each end publishes its addresses as a
 // file in a folder both see, opens the link to the other, and trades a
-// message of `mb` MB each way, both directions at once, `rounds` times.
+// message of `mb` MB each way, both directions at once, `rounds` times, idle
+// for `pause` seconds between rounds (as a link is between outer steps).
 //
 //   link_probe relay BIND PORT                       # a relay, until killed
-//   link_probe end DIR NAME PEER RANK BIND RELAY MB ROUNDS
+//   link_probe end DIR NAME PEER RANK BIND RELAY MB ROUNDS [PAUSE]
 //
 // An end prints one JSON line: the route, the relay, and each round's seconds.
 #include <unistd.h>
@@ -61,6 +62,7 @@ int end(char** argv) {
   if (std::string(argv[7]) != "none") options.relays = {argv[7]};
   const size_t bytes = size_t(std::stod(argv[8]) * 1e6);
   const int rounds = std::stoi(argv[9]);
+  const double pause = argv[10] ? std::stod(argv[10]) : 0;
   LinkEndpoint endpoint(options, run_key(kToken, "link"), run_key(kToken, "relay"));
   const LinkEnd self{"probe", rank, 0}, peer{"probe", 1 - rank, 0};
   endpoint.serve(self);
@@ -87,6 +89,16 @@ int end(char** argv) {
   std::vector<uint8_t> out(bytes, uint8_t(rank + 1)), in(bytes);
   std::vector<double> seconds;
   for (int r = 0; r < rounds; ++r) {
+    if (r > 0) {
+      // Both ends start a round together, as an exchange's members do once they met.
+      std::this_thread::sleep_for(std::chrono::duration<double>(pause));
+      uint8_t mark = 1, theirs = 0;
+      const auto by = Clock::now() + std::chrono::seconds(30);
+      if (!link->send({{&mark, 1}}, by) || link->receive(&theirs, 1, by) != 1) {
+        std::cout << "{\"error\":\"before round " << r << ": " << link->problem() << "\"}" << std::endl;
+        return 1;
+      }
+    }
     const auto start = Clock::now(), deadline = start + std::chrono::seconds(120);
     bool sent = false;
     std::thread sender([&] { sent = link->send({{out.data(), out.size()}}, deadline); });
@@ -110,11 +122,11 @@ int end(char** argv) {
 int main(int argc, char** argv) {
   try {
     if (argc == 4 && std::string(argv[1]) == "relay") return relay(argv[2], std::stoi(argv[3]));
-    if (argc == 10 && std::string(argv[1]) == "end") return end(argv);
+    if ((argc == 10 || argc == 11) && std::string(argv[1]) == "end") return end(argv);
   } catch (const std::exception& e) {
     std::cout << "{\"error\":\"" << e.what() << "\"}" << std::endl;
     return 1;
   }
-  std::cerr << "usage: link_probe relay BIND PORT | end DIR NAME PEER RANK BIND RELAY MB ROUNDS\n";
+  std::cerr << "usage: link_probe relay BIND PORT | end DIR NAME PEER RANK BIND RELAY MB ROUNDS [PAUSE]\n";
   return 2;
 }

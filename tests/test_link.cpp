@@ -4,6 +4,7 @@
 // routers of each NAT kind allow (scripts/wan_testbed.sh: root only).
 #include <arpa/inet.h>
 #include <netinet/in.h>
+#include <netinet/tcp.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -79,6 +80,34 @@ TEST(Links, TwoWorkersOpenOneSealedLinkAndTradeBothWaysAtOnce) {
   const auto [again, again_b] = open_both(a, b, a.addresses(), b.addresses(), &problem);
   ASSERT_TRUE(again && again_b) << problem;
   EXPECT_NE(again->id(), da->id());
+}
+
+// A link's connection runs under CUBIC whatever the kernel's default (BBR
+// here): both ways at once through FIFO uplinks, BBR left them idle
+// (comm/link/socket_io.h, docs/several-machines.md's table).
+TEST(Links, ALinksConnectionRunsUnderCubicWhereTheKernelHasIt) {
+  if (noloco::testing::read_text("/proc/sys/net/ipv4/tcp_available_congestion_control").find("cubic") ==
+      std::string::npos)
+    GTEST_SKIP() << "this kernel has no CUBIC";
+  const int listener = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in at{};
+  at.sin_family = AF_INET;
+  at.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t size = sizeof(at);
+  ASSERT_EQ(::bind(listener, reinterpret_cast<sockaddr*>(&at), sizeof(at)), 0);
+  ASSERT_EQ(::listen(listener, 1), 0);
+  ASSERT_EQ(::getsockname(listener, reinterpret_cast<sockaddr*>(&at), &size), 0);
+  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  ASSERT_EQ(::connect(fd, reinterpret_cast<sockaddr*>(&at), sizeof(at)), 0);
+  const int accepted = ::accept(listener, nullptr, nullptr);
+  ASSERT_GE(accepted, 0);
+  const Link link(fd, LinkRoute::direct, {"test", 0, 0}, {"test", 1, 0}, Link::Keys{}, false, "");
+  char name[16] = {};
+  socklen_t length = sizeof(name);
+  ASSERT_EQ(::getsockopt(fd, IPPROTO_TCP, TCP_CONGESTION, name, &length), 0);
+  EXPECT_STREQ(name, "cubic");
+  ::close(accepted);
+  ::close(listener);
 }
 
 // An evaluation one end gave up leaves the link its partner dialed for it

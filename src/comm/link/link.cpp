@@ -184,6 +184,7 @@ Link::Keys AcceptHandshake::keys() const { return keys_of(key_, hello_.bytes(), 
 Link::Link(int fd, LinkRoute route, LinkEnd self, LinkEnd peer, const Keys& keys, bool sealed, const std::string& relay)
     : fd_(fd), route_(route), self_(std::move(self)), peer_(std::move(peer)), sealed_(sealed), relay_(relay), keys_(keys) {
   set_nodelay(fd_);
+  prefer_cubic(fd_);
   // The two direction keys, the same pair at both ends (swapped): their XOR names the link.
   std::array<uint8_t, 32> both{};
   for (size_t i = 0; i < both.size(); ++i) both[i] = keys_.send[i] ^ keys_.receive[i];

@@ -363,9 +363,10 @@ void RelayServer::splice(Connection& listener, Connection& dialer) {
   std::thread([carried, a, b, pump] {
     set_blocking(a, true);
     set_blocking(b, true);
-    const int one = 1;
-    ::setsockopt(a, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
-    ::setsockopt(b, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+    for (const int fd : {a, b}) {
+      set_nodelay(fd);
+      prefer_cubic(fd);
+    }
     std::thread back(pump, b, a);
     pump(a, b);
     back.join();

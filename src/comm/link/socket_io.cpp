@@ -69,4 +69,9 @@ void set_nodelay(int fd) {
   ::setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
 }
 
+void prefer_cubic(int fd) {
+  static const char kCubic[] = "cubic";
+  ::setsockopt(fd, IPPROTO_TCP, TCP_CONGESTION, kCubic, sizeof(kCubic) - 1);  // else the kernel's default stays
+}
+
 }  // namespace noloco
