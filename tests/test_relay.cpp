@@ -293,7 +293,7 @@ class WanRuns : public ::testing::Test {
 
   std::filesystem::path dir;
   std::string train;
-  std::vector<std::string> served;  // serve's process ids
+  std::vector<std::string> served;  // the process ids of the serves and watchers started in the background
 };
 
 std::vector<std::string> names(const std::string& prefix, int n) {
@@ -578,11 +578,38 @@ TEST_F(WanRuns, TwoHomesWithAForwardedPortTrainDirectWithoutARelay) {
       "{{ echo $i >> {}; [ $((i % 2)) = 1 ] && echo noise-noise-noise-noise-noise-noise >&$fd; }}; sleep 0.1; "
       "done; sleep 10' > /dev/null 2>&1 &\n",
       bed.in("pub"), port, held.string());
+  // A watcher in home 2 with nothing but the serve's lines (issue 84): its page, on that home's loopback.
+  const auto watch_out = dir / "watch.out";
+  noloco::testing::write_text(dir / "watch.sh", fmt::format("{}{} timeout -k 5 150 " NOLOCO_BINARY
+                                                            " watch > {} 2> {}.log &\necho $!\n",
+                                                            exports, bed.in("h2"), watch_out.string(), watch_out.string()));
+  const auto watcher = run_command("bash " + (dir / "watch.sh").string(), 10);
+  ASSERT_EQ(watcher.exit_code, 0) << watcher.output;
+  served.push_back(watcher.output.substr(0, watcher.output.find('\n')));
   const auto homes = run_homes(exports, lines, 90);
   const auto text = logs(names("h", 2));
   ASSERT_EQ(homes.exit_code, 0) << homes.output << text;
   EXPECT_NE(text.find(fmt::format("reach this one's links at 100.64.1.2:{}", port)), std::string::npos) << text;
   EXPECT_GT(noloco::testing::read_text(held).size(), 0u) << "the stranger never reached the forwarded port";
+  std::string url = noloco::testing::read_text(watch_out);
+  ASSERT_EQ(url.rfind("http://127.0.0.1:", 0), 0u) << url << noloco::testing::read_text(watch_out.string() + ".log");
+  url = url.substr(0, url.find('\n'));
+  const auto state_url = url.substr(0, url.find("/?key=")) + "/state.json" + url.substr(url.find("?key="));
+  nlohmann::json state;
+  for (int i = 0; i < 50; ++i) {  // the watcher reads the store every quarter second
+    const auto answer = run_command(fmt::format("{} curl -s --max-time 5 '{}'", bed.in("h2"), state_url), 10);
+    state = nlohmann::json::parse(answer.output, nullptr, false);
+    if (!state.is_discarded() && state["members"].size() == 2 && state["members"][0]["state"] == "finished" &&
+        state["members"][1]["state"] == "finished")
+      break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  }
+  ASSERT_FALSE(state.is_discarded()) << "the page in home 2 gave no state";
+  ASSERT_EQ(state["members"].size(), 2u) << state.dump();
+  for (const auto& member : state["members"]) {
+    EXPECT_EQ(member["state"], "finished") << state.dump();
+    EXPECT_EQ(member["step"], 20) << state.dump();
+  }
   const auto local = noloco::testing::run_cli(train_args("loopback", run + " replicas=2"), 60);
   ASSERT_EQ(local.exit_code, 0) << local.output;
   for (int k = 0; k < 2; ++k) {

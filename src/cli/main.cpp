@@ -117,8 +117,9 @@ std::vector<Command> add_commands(CLI::App& app, Arguments& a) {
   serve->footer(keys_help(serve_options));
   commands.push_back({serve, [&a] { return serve_command(a.options); }});
   auto* watch = app.add_subcommand("watch", "serve the live page of a run: its members, curves, pairings and timeline");
-  watch->add_option("run", a.join_dir, "the run's directory on this machine, or its store's URL (NOLOCO_RUN_TOKEN set)")
-      ->required();
+  watch->add_option("run", a.join_dir,
+                    "the run's directory on this machine, or its store's URL (NOLOCO_RUN_TOKEN set); "
+                    "default: NOLOCO_STORE, as `serve` printed");
   watch->add_option("options", a.options, "key=value: bind=127.0.0.1 port=0 (a free one) wait=60 (seconds for the "
                                           "run's first status) token_file=RUN_DIR/run_token");
   commands.push_back({watch, [&a] { return watch_command(a.join_dir, a.options); }});

@@ -27,8 +27,18 @@ struct WatchArgs {
   double wait = 60;
 };
 
-// The store and the token of the run in RUN_DIR (its launcher's invitation), or at a store's URL.
-std::pair<std::string, std::string> run_of(const std::string& where, const std::string& token_file) {
+// The store and the token of the run in RUN_DIR (its launcher's invitation),
+// or at a store's URL, or (nothing named) at NOLOCO_STORE: a home with the
+// lines `serve` printed watches the run as its workers do.
+std::pair<std::string, std::string> run_of(std::string where, const std::string& token_file) {
+  if (where.empty()) {
+    const char* store = std::getenv("NOLOCO_STORE");
+    if (!store || !*store)
+      throw std::invalid_argument(
+          "watch: name the run's directory or its store's URL, or export the lines `noloco serve` printed "
+          "(NOLOCO_STORE, NOLOCO_RUN_TOKEN)");
+    where = store;
+  }
   if (std::filesystem::is_directory(where))
     return {read_join_invitation(where, "watch").store,
             joiner_token(token_file.empty() ? where + "/run_token" : token_file, "watch")};
@@ -47,7 +57,13 @@ StorePtr connect_to_run_store(const std::string& url, const std::string& token, 
   return connect_store(env, timeout);
 }
 
-int watch_command(const std::string& where, const std::vector<std::string>& args) {
+int watch_command(std::string where, std::vector<std::string> args) {
+  // With the run left to NOLOCO_STORE, the command line's first key=value lands where the run is named.
+  if (where.find('=') != std::string::npos && where.find("://") == std::string::npos &&
+      !std::filesystem::is_directory(where)) {
+    args.insert(args.begin(), where);
+    where.clear();
+  }
   WatchArgs a;
   Options options("watch");
   options.add("token_file", a.token_file, "where the token is when NOLOCO_RUN_TOKEN is unset (default: RUN_DIR/run_token)")
