@@ -37,6 +37,21 @@ LinkEndpointOptions on_loopback(std::vector<std::string> relays = {}) {
   return o;
 }
 
+// A socket listening on a free loopback port, its address in `at`; -1 if none.
+int loopback_listener(sockaddr_in* at) {
+  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  *at = {};
+  at->sin_family = AF_INET;
+  at->sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t size = sizeof(*at);
+  if (::bind(fd, reinterpret_cast<sockaddr*>(at), sizeof(*at)) != 0 || ::listen(fd, 1) != 0 ||
+      ::getsockname(fd, reinterpret_cast<sockaddr*>(at), &size) != 0) {
+    ::close(fd);
+    return -1;
+  }
+  return fd;
+}
+
 // Both ends open at once (as two workers do after meeting); {dialer's, acceptor's}.
 std::pair<LinkPtr, LinkPtr> open_both(LinkEndpoint& a, LinkEndpoint& b, LinkAddresses a_seen, LinkAddresses b_seen,
                                       std::string* problem, std::chrono::seconds within = std::chrono::seconds(20)) {
@@ -89,14 +104,9 @@ TEST(Links, ALinksConnectionRunsUnderCubicWhereTheKernelHasIt) {
   if (noloco::testing::read_text("/proc/sys/net/ipv4/tcp_available_congestion_control").find("cubic") ==
       std::string::npos)
     GTEST_SKIP() << "this kernel has no CUBIC";
-  const int listener = ::socket(AF_INET, SOCK_STREAM, 0);
   sockaddr_in at{};
-  at.sin_family = AF_INET;
-  at.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  socklen_t size = sizeof(at);
-  ASSERT_EQ(::bind(listener, reinterpret_cast<sockaddr*>(&at), sizeof(at)), 0);
-  ASSERT_EQ(::listen(listener, 1), 0);
-  ASSERT_EQ(::getsockname(listener, reinterpret_cast<sockaddr*>(&at), &size), 0);
+  const int listener = loopback_listener(&at);
+  ASSERT_GE(listener, 0);
   const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
   ASSERT_EQ(::connect(fd, reinterpret_cast<sockaddr*>(&at), sizeof(at)), 0);
   const int accepted = ::accept(listener, nullptr, nullptr);
@@ -155,14 +165,9 @@ TEST(Links, AFrameChangedOnTheWayIsNeverDeliveredAndBreaksTheLink) {
 // receiver never takes it for a second message.
 TEST(Links, AFrameReplayedOnTheWayIsRefusedAndNeverDeliveredTwice) {
   LinkEndpoint a(on_loopback(), kKey, kRelayKey), b(on_loopback(), kKey, kRelayKey);
-  const int listener = ::socket(AF_INET, SOCK_STREAM, 0);
   sockaddr_in at{};
-  at.sin_family = AF_INET;
-  at.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  socklen_t size = sizeof(at);
-  ASSERT_EQ(::bind(listener, reinterpret_cast<sockaddr*>(&at), sizeof(at)), 0);
-  ASSERT_EQ(::listen(listener, 1), 0);
-  ::getsockname(listener, reinterpret_cast<sockaddr*>(&at), &size);
+  const int listener = loopback_listener(&at);
+  ASSERT_GE(listener, 0);
   constexpr size_t kMessage = 1000;
   // What a->b carries before the message's frame: the hello and the proof, then the stream's header.
   constexpr size_t kBefore = link_wire::kHelloBytes + link_wire::kProofBytes + Link::kStreamHeaderBytes;
