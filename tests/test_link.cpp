@@ -5,6 +5,7 @@
 #include <arpa/inet.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
+#include <poll.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -272,6 +273,29 @@ TEST(Links, WithoutADirectWayOrAHoleThePairGoesThroughTheRelay) {
   EXPECT_TRUE(trade(*da, *db, 1 << 20));
   EXPECT_EQ(relay.stats().spliced, 1);
   EXPECT_GE(relay.stats().bytes, 2 << 20);
+}
+
+// Issue 83's probe of the punch: whoever answers at the address a hole is
+// punched to may be a stranger that accepts and then says nothing. The
+// dialer gives it up after the punch's window and the pair still gets its
+// link through the relay, well inside the pair's deadline.
+TEST(Links, AStrangerWhoAnswersThePunchAndSaysNothingLeavesThePairToTheRelay) {
+  RelayServer relay("127.0.0.1", 0, kRelayKey);
+  const auto at = fmt::format("127.0.0.1:{}", relay.port());
+  LinkEndpoint a(on_loopback({at}), kKey, kRelayKey), b(on_loopback({at}), kKey, kRelayKey);
+  sockaddr_in stranger_at{};
+  const int stranger = loopback_listener(&stranger_at);
+  ASSERT_GE(stranger, 0);
+  LinkAddresses b_seen;  // where a punches to: the stranger
+  b_seen.reflexive = fmt::format("127.0.0.1:{}", ntohs(stranger_at.sin_port));
+  std::string problem;
+  const auto [da, db] = open_both(a, b, LinkAddresses{}, b_seen, &problem, std::chrono::seconds(15));
+  pollfd answered{stranger, POLLIN, 0};
+  EXPECT_EQ(::poll(&answered, 1, 0), 1) << "the punch reached the stranger";
+  ASSERT_TRUE(da && db) << problem;
+  EXPECT_EQ(da->route(), LinkRoute::relayed);
+  EXPECT_TRUE(trade(*da, *db, 1 << 16));
+  ::close(stranger);
 }
 
 // The book publishes where its member is reached and keeps the link while

@@ -354,8 +354,10 @@ LinkPtr LinkEndpoint::dial(const LinkEnd& self, const LinkEnd& peer, const LinkA
           state = connect_state(fd);
         }
         if (state == 1) {
+          // Whoever answered at the hole may not be the peer, nor say anything: the relay is still to try.
           std::string why;
-          if (auto link = dial_handshake(fd, key_, options_.sealed, self, peer, attempt, LinkRoute::punched, "", deadline, &why))
+          if (auto link = dial_handshake(fd, key_, options_.sealed, self, peer, attempt, LinkRoute::punched, "",
+                                         std::min(deadline, Clock::now() + kPunchWindow), &why))
             return link;
           say("punched: " + why);
           break;
