@@ -168,6 +168,28 @@ TEST(Membership, ARenewedReplicaTakesTheStateOfOneAtItsStepOrLater) {
   EXPECT_TRUE(behind.claim_requests(70).empty()) << "served once, by the replica at its step";
 }
 
+// Issue 83 item 6: a replica told to leave (SIGTERM) finishes the exchange
+// it has in flight before it is gone. A partner that reaches the next outer
+// step meanwhile groups without it, yet still waits for the exchange in
+// flight; once it has left, nobody waits for it.
+TEST(Membership, AReplicaBeginningToLeaveIsInNoLaterSnapshotAndWaitedForUntilItHasLeft) {
+  const StorePtr store = c10::make_intrusive<c10d::HashStore>();
+  const std::string scope = "replicas";
+  Membership first(store, env_of(0, 3), scope, 0, 3, 60s, 60s), second(store, env_of(1, 3), scope, 1, 3, 60s, 60s),
+      leaver(store, env_of(2, 3), scope, 2, 3, 60s, 60s);
+  EXPECT_EQ(ranks_of(first.snapshot("5")), (std::vector<int>{0, 1, 2}));
+  leaver.begin_leaving();
+  EXPECT_EQ(ranks_of(second.snapshot("5")), (std::vector<int>{0, 1, 2})) << "a snapshot taken stays as agreed";
+  EXPECT_EQ(ranks_of(second.snapshot("10")), (std::vector<int>{0, 1}));
+  EXPECT_EQ(ranks_of(first.snapshot("10")), (std::vector<int>{0, 1}));
+  EXPECT_EQ(ranks_of(first.snapshot("evaluation/10")), (std::vector<int>{0, 1}));
+  const auto now = std::chrono::steady_clock::now();
+  EXPECT_FALSE(first.given_up(2, now)) << "its exchange in flight is still waited for";
+  leaver.leave();
+  EXPECT_TRUE(second.given_up(2, std::chrono::steady_clock::now()));
+  EXPECT_EQ(ranks_of(second.snapshot("15")), (std::vector<int>{0, 1}));
+}
+
 TEST(Membership, AJoinerWithNobodyLeftToServeItIsToldWhy) {
   const StorePtr store = c10::make_intrusive<c10d::HashStore>();
   const std::string scope = "replicas", token = env_of(0, 1).token;

@@ -191,6 +191,7 @@ Rejoined WorkerLife::renew(int64_t outer_step, int64_t step) {
 bool WorkerLife::leave_requested() const { return worker_.leave_requested && worker_.leave_requested(); }
 
 std::vector<OuterSync> WorkerLife::leave() {
+  if (worker_.membership) worker_.membership->begin_leaving();
   auto in_flight = outer_.finish(flat_);
   if (worker_.membership) worker_.membership->leave();
   return in_flight;

@@ -214,12 +214,14 @@ std::vector<Peer> Membership::snapshot(const std::string& name) {
   std::string text = read_or_empty(*members_, key);
   if (text.empty()) {
     const std::string dead = read_or_empty(*members_, member::kDead);
+    const std::string leaving = read_or_empty(*members_, member::kLeaving);
     const auto incarnations = parse_incarnations(read_or_empty(*members_, member::kIncarnations));
     std::string alive;
     for (const int r : candidates()) {
       if (list_has(dead, std::to_string(r))) continue;
       const auto g = incarnations.find(r);
-      alive += peer_item({r, g == incarnations.end() ? 0 : g->second}) + ",";
+      const auto item = peer_item({r, g == incarnations.end() ? 0 : g->second});
+      if (!list_has(leaving, item)) alive += item + ",";
     }
     text = set_once(*members_, key, alive);
   }
@@ -233,6 +235,11 @@ std::vector<Peer> Membership::snapshot(const std::string& name) {
     remove_item(*members_, member::kDead, std::to_string(rank_));  // alive after all: back in later snapshots
   std::sort(out.begin(), out.end(), [](const Peer& a, const Peer& b) { return a.rank < b.rank; });
   return out;
+}
+
+void Membership::begin_leaving() {
+  std::lock_guard<std::mutex> lock(mutex_);
+  append_item(*members_, member::kLeaving, peer_item(self()));
 }
 
 void Membership::leave() { declare_dead(rank_); }

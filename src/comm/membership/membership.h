@@ -105,9 +105,14 @@ class Membership final : public Liveness {
   // out of every later grouping at once, and the run's summary says `why`
   // (await_member_end) instead of a silent heartbeat.
   void refuse(const std::string& why);
-  // This replica leaves the run for good (SIGTERM): partners stop waiting
-  // for it at once (later snapshots leave it out) and no restarted replica
-  // asks it for state. It is finished (finish()) once its summary is written.
+  // This replica leaves the run for good (SIGTERM), in two steps. First
+  // begin_leaving(): every snapshot not yet taken leaves it out, while its
+  // partners still wait for the exchange it has in flight (a partner that
+  // reached the next outer step during that exchange would otherwise group
+  // with it once more). Then leave(): partners stop waiting for it and no
+  // restarted replica asks it for state. It is finished (finish()) once its
+  // summary is written.
+  void begin_leaving();
   void leave();
 
  private:

@@ -50,6 +50,7 @@ namespace member {
 inline const std::string kJoiners = "joiners";
 inline const std::string kJoined = "joined";
 inline const std::string kDead = "dead";
+inline const std::string kLeaving = "leaving";        // "m" or "m.g" past a first life: leaving for good, finishing what is in flight
 inline const std::string kFinished = "finished";
 inline const std::string kLost = "lost";              // "m.g": incarnation g of m lost by a pipeline neighbour
 inline const std::string kIncarnations = "incarnations";  // "m.g": m is in its g-th life
