@@ -293,6 +293,27 @@ class LiveView : public noloco::testing::LaunchedRuns {
 
 }  // namespace
 
+// Issue 83 item 4: the page says how many of a store cluster's members are
+// up and names each one down, with why.
+TEST(LivePage, AStoreClusterMemberThatIsDownIsNamedOnThePage) {
+  if (!has_chromium()) GTEST_SKIP() << "no chromium (scripts/setup.sh installs Debian's)";
+  RunView view;
+  const std::string why = "store at https://10.0.0.2:29500: Couldn't connect to server";
+  view.set_store_members({{"https://10.0.0.1:29500", true, ""},
+                          {"https://10.0.0.2:29500", false, why},
+                          {"https://10.0.0.3:29500", true, ""}});
+  const auto state = view.state(0);
+  ASSERT_EQ(state["store_members"].size(), 3u);
+  const std::string key = noloco::view_key("token");
+  noloco::ViewServer server("127.0.0.1", 0, key, [state] { return state; });
+  const auto dom = rendered(server.url());
+  EXPECT_NE(dom.find("store cluster: 2 of 3 members up"), std::string::npos) << dom;
+  EXPECT_NE(dom.find("data-endpoint=\"https://10.0.0.2:29500\">down: https://10.0.0.2:29500 (" + why + ")"),
+            std::string::npos)
+      << dom;
+  EXPECT_EQ(dom.find("data-endpoint=\"https://10.0.0.1:29500\""), std::string::npos) << dom;
+}
+
 // Issue 68's acceptance run: four NoLoCo replicas, worker 3 killed at step
 // 330 (its heartbeat ends; the launcher declares it dead), a fifth joining
 // from `noloco join`, watched by `noloco watch RUN_DIR` in headless Chromium.

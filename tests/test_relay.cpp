@@ -701,15 +701,39 @@ std::string assignments(const std::string& exports) {
   return out;
 }
 
+// The live page's data of the serve whose standard output is `printed`
+// (its page's URL follows the export lines); discarded if it gave none.
+nlohmann::json page_state(const std::filesystem::path& printed) {
+  std::istringstream lines(noloco::testing::read_text(printed));
+  for (std::string url; std::getline(lines, url);) {
+    if (url.rfind("http://", 0) != 0) continue;
+    const auto state_url = url.substr(0, url.find("/?key=")) + "/state.json" + url.substr(url.find("?key="));
+    const auto answer = run_command(fmt::format("curl -s --max-time 5 '{}'", state_url), 10);
+    return nlohmann::json::parse(answer.output, nullptr, false);
+  }
+  return nlohmann::json::value_t::discarded;
+}
+
+// The highest step any member of the page's data has reached.
+int64_t highest_step(const nlohmann::json& state) {
+  int64_t step = -1;
+  if (state.is_discarded()) return step;
+  for (const auto& m : state["members"]) step = std::max(step, m.value("step", int64_t(-1)));
+  return step;
+}
+
 }  // namespace
 
 // Issue 66: three `noloco serve`s with the same cluster= and token are one
 // store cluster with three relays, so that no one machine holds the run.
 // Each prints the same lines (every store and every relay). Two NoLoCo
-// workers start with them; once they have exchanged, the serve that the
-// workers' store requests go to first is killed (SIGKILL: its etcd and its
-// relay die with it). The run goes on at the others: both workers finish
-// with every outer step exchanged, and the other two serves stop on SIGTERM.
+// workers start with them; once they have exchanged, the etcd of the serve
+// that the workers' store requests go to first is killed (SIGKILL), and then
+// that whole serve (its relay too). The run goes on at the others: both
+// workers finish with every outer step exchanged, and the other two serves
+// stop on SIGTERM. Issue 83 item 4: while only its etcd is dead, that serve
+// says so in its log and its page reads on at another member, and another
+// serve's page names the member that is down.
 TEST(ServeCluster, ARunOutlivesTheServeItsWorkersUsedFirst) {
   if (EtcdServer::binary().empty()) GTEST_SKIP() << "skipped: no etcd binary (install etcd-server)";
   const noloco::testing::TempDir dir;
@@ -769,9 +793,34 @@ TEST(ServeCluster, ARunOutlivesTheServeItsWorkersUsedFirst) {
   noloco::testing::BackgroundCli first(noloco::testing::small_train_args(dir / "c.txt", dir / "w0") + run, 180,
                                        env + "RANK=0");
   const bool exchanged = noloco::testing::wait_for_record(dir / "w0", "outer", 90);
-  run_command("pkill -KILL -P " + pids[0], 10);  // the serve, not its `timeout`
+  const auto serve0 = run_command("pgrep -P " + pids[0], 10).output;  // the serve under its `timeout`
+  const auto etcd0 = run_command("pgrep -x etcd -P " + serve0.substr(0, serve0.find('\n')), 10);
+  EXPECT_EQ(etcd0.exit_code, 0) << "serve 0 runs no etcd: " << etcd0.output;
+  const int64_t page_step_at_kill = highest_step(page_state(dir / "s0.out"));
+  run_command("kill -KILL " + etcd0.output.substr(0, etcd0.output.find('\n')), 10);
   int64_t step_at_kill = 0;
   for (auto& r : metrics_records(dir / "w0", "train")) step_at_kill = std::max(step_at_kill, r["step"].get<int64_t>());
+  std::string log0;
+  nlohmann::json own, other;
+  bool told = false, read_on = false, named = false;
+  for (int i = 0; i < 200 && !(told && read_on && named); ++i) {
+    log0 = noloco::testing::read_text(dir / "s0.log");
+    told = log0.find("this machine's store member (etcd) killed by signal 9") != std::string::npos;
+    own = page_state(dir / "s0.out");
+    read_on = !own.is_discarded() && own["store"] == "live" && highest_step(own) > page_step_at_kill;
+    other = page_state(dir / "s1.out");
+    std::map<std::string, bool> up;  // serve 1 lists its own member first
+    if (!other.is_discarded())
+      for (const auto& m : other["store_members"]) up[m["endpoint"].get<std::string>()] = m["up"].get<bool>();
+    named = up == std::map<std::string, bool>{{"https://" + entries[0], false},
+                                              {"https://" + entries[1], true},
+                                              {"https://" + entries[2], true}};
+    if (!(told && read_on && named)) std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  }
+  EXPECT_TRUE(told) << "serve 0 did not log its etcd's death: " << log0;
+  EXPECT_TRUE(read_on) << "serve 0's page stopped at step " << page_step_at_kill << ": " << own.dump();
+  EXPECT_TRUE(named) << "serve 1's page does not name member 0 down: " << other.dump();
+  run_command("pkill -KILL -P " + pids[0], 10);  // the serve, not its `timeout`
   const auto& a = first.wait();
   const auto& b = second.wait();
   stop_all();

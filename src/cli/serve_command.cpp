@@ -180,17 +180,23 @@ std::unique_ptr<EtcdServer> host_store(const ServeArgs& a, const std::string& ho
   return std::make_unique<EtcdServer>(a.bind, a.port, store_password(token), &tls, stop_signalled, &member);
 }
 
-// The run's page, reading the store this serve hosts; none where it cannot listen (serving the run matters more).
+// The run's page, reading the store this serve hosts (in a cluster, this
+// serve's member first, then any other that answers); none where it cannot
+// listen (serving the run matters more).
 struct LivePage {
   std::unique_ptr<RunWatch> watch;
   std::unique_ptr<ViewServer> server;
 };
-LivePage live_page(const ServeArgs& a, const EtcdServer* store, const std::string& token) {
+LivePage live_page(const ServeArgs& a, const EtcdServer* store, const std::string& host, const std::string& token) {
   LivePage page;
   if (!store || !a.view) return page;
+  std::vector<std::string> endpoints{store->endpoint()};
+  for (const auto& e : cluster_of(a))
+    if (e.host != host || e.port != a.port) endpoints.push_back(fmt::format("https://{}:{}", e.host, e.port));
   try {
     page.watch = std::make_unique<RunWatch>(
-        [url = store->endpoint(), token] { return connect_to_run_store(url, token, std::chrono::seconds(5)); }, token);
+        [token](const std::string& at) { return connect_to_run_store(at, token, std::chrono::seconds(5)); },
+        fmt::format("{}", fmt::join(endpoints, ",")), token);
     page.server = std::make_unique<ViewServer>(a.view_bind, a.view_port, view_key(token),
                                                [watch = page.watch.get()] { return watch->state(); });
     std::cout << page.server->url() << std::endl;
@@ -198,6 +204,22 @@ LivePage live_page(const ServeArgs& a, const EtcdServer* store, const std::strin
     spdlog::warn("serve: no live page: {}", error_text(e));
   }
   return page;
+}
+
+// Waits for SIGTERM or SIGINT, and says so once when this serve's etcd ends
+// by itself: the relay goes on, and in a cluster the store on the others.
+int serve_until_stopped(EtcdServer* store, bool in_cluster) {
+  bool told = false;
+  for (;;) {
+    if (const int signal = wait_for_stop(std::chrono::milliseconds(500))) return signal;
+    if (told || !store) continue;
+    if (const auto how = store->exited()) {
+      spdlog::error("serve: this machine's store member (etcd) {}: {}", *how,
+                    in_cluster ? "the run's store goes on at the cluster's other members while they hold a majority"
+                               : "the run's store is gone; the relay goes on");
+      told = true;
+    }
+  }
 }
 
 }  // namespace
@@ -240,8 +262,8 @@ int serve_command(const std::vector<std::string>& args) {
     spdlog::info("serving a second relay on {}:{} until SIGTERM or Ctrl-C: run the NOLOCO_RELAY line above after the "
                  "store's serve's lines, on each worker (it adds this relay to that serve's; NOLOCO_STORE stays)",
                  a.bind, relay.port());
-  const auto page = live_page(a, store.get(), token);
-  const int signal = wait_for_stop();
+  const auto page = live_page(a, store.get(), host, token);
+  const int signal = serve_until_stopped(store.get(), !a.cluster.empty());
   const auto s = relay.stats();
   spdlog::info("serve: stopped by signal {}; the relay joined {} pairs and carried {}, refused {} connections", signal,
                s.spliced, format_bytes(double(s.bytes)), s.refused);

@@ -79,8 +79,9 @@ int watch_command(std::string where, std::vector<std::string> args) {
     throw std::runtime_error(fmt::format("watch: the run's store at {} cannot be read with this token: {}", store,
                                          error_text(e)));
   }
-  RunWatch watch([store = store, token = token] { return connect_to_run_store(store, token, std::chrono::seconds(5)); },
-                 token);
+  RunWatch watch(
+      [token = token](const std::string& at) { return connect_to_run_store(at, token, std::chrono::seconds(5)); },
+      store, token);
   const auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(int64_t(a.wait * 1000));
   while (!watch.found_run()) {
     if (stop_signalled()) return 0;

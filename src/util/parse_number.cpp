@@ -1,5 +1,6 @@
 #include "util/parse_number.h"
 
+#include <algorithm>
 #include <cctype>
 #include <cmath>
 #include <stdexcept>
@@ -74,6 +75,16 @@ uint64_t parse_byte_size(const std::string& key, const std::string& text) {
   const double bytes = parse_real(key, text.substr(0, digits)) * factor;
   if (!(bytes >= 1 && bytes < 1e18)) throw std::invalid_argument(fmt::format("{}: '{}' is out of range", key, text));
   return uint64_t(bytes);
+}
+
+std::vector<std::string> comma_separated(const std::string& text) {
+  std::vector<std::string> entries;
+  for (size_t start = 0; start <= text.size();) {
+    const size_t comma = std::min(text.find(',', start), text.size());
+    if (comma > start) entries.push_back(text.substr(start, comma - start));
+    start = comma + 1;
+  }
+  return entries;
 }
 
 }  // namespace noloco

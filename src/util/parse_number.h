@@ -3,6 +3,7 @@
 #pragma once
 #include <cstdint>
 #include <string>
+#include <vector>
 
 namespace noloco {
 
@@ -19,5 +20,8 @@ double parse_bit_rate(const std::string& key, const std::string& text);
 // A size in bytes as Hugging Face writes shard sizes: "2GB" (10^9), "500MB",
 // "4GiB" (2^30), "100KB", or a plain byte count; at least 1.
 uint64_t parse_byte_size(const std::string& key, const std::string& text);
+
+// The entries of a comma-separated list (store URLs, relays), empty ones left out.
+std::vector<std::string> comma_separated(const std::string& text);
 
 }  // namespace noloco

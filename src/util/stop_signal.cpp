@@ -1,6 +1,7 @@
 #include "util/stop_signal.h"
 
 #include <fcntl.h>
+#include <poll.h>
 #include <signal.h>
 #include <unistd.h>
 
@@ -39,6 +40,12 @@ int wait_for_stop() {
     if (n < 0 && errno == EINTR) continue;
     return 0;
   }
+}
+
+int wait_for_stop(std::chrono::milliseconds at_most) {
+  pollfd p{stop_pipe[0], POLLIN, 0};
+  const int ready = ::poll(&p, 1, int(at_most.count()));
+  return ready == 1 ? wait_for_stop() : 0;
 }
 
 }  // namespace noloco

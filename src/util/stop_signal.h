@@ -5,6 +5,7 @@
 // second SIGTERM to its process group, and about one stop in ten killed serve
 // before it logged what its relay carried.
 #pragma once
+#include <chrono>
 
 namespace noloco {
 
@@ -12,6 +13,8 @@ namespace noloco {
 void stop_on_signal();
 // Blocks until SIGTERM or SIGINT; returns which.
 int wait_for_stop();
+// The same for at most `at_most`: 0 if none came by then.
+int wait_for_stop(std::chrono::milliseconds at_most);
 // Whether one has come (for waits before serving).
 bool stop_signalled();
 

@@ -17,6 +17,7 @@
 #include "config/run_layout.h"
 #include "comm/transport/seal.h"
 #include "util/error_text.h"
+#include "util/parse_number.h"
 #include "util/process_stats.h"
 
 namespace noloco {
@@ -30,10 +31,7 @@ bool on_loopback(const std::string& host) {
 // The host of each endpoint of a store URL (a cluster's, comma-separated), with its scheme.
 std::vector<std::pair<std::string, std::string>> store_hosts(const std::string& urls) {
   std::vector<std::pair<std::string, std::string>> hosts;
-  for (size_t start = 0; start < urls.size();) {
-    const size_t comma = std::min(urls.find(',', start), urls.size());
-    const auto url = urls.substr(start, comma - start);
-    start = comma + 1;
+  for (const auto& url : comma_separated(urls)) {
     const auto scheme_end = url.find("://");
     if (scheme_end == std::string::npos) continue;
     const auto rest = url.substr(scheme_end + 3);
@@ -85,11 +83,7 @@ std::shared_ptr<LinkEndpoint> open_link_endpoint(const WorkerEnv& env, const Com
   }
   if ((comm.listen_port > 0 || !comm.advertise.empty()) && env.token.empty())
     throw std::runtime_error("listen_port and advertise need the run's token (NOLOCO_RUN_TOKEN)");
-  for (size_t start = 0; start < env.relays.size();) {
-    const size_t comma = std::min(env.relays.find(',', start), env.relays.size());
-    if (comma > start) options.relays.push_back(env.relays.substr(start, comma - start));
-    start = comma + 1;
-  }
+  options.relays = comma_separated(env.relays);
   auto endpoint = std::make_shared<LinkEndpoint>(options, run_key(env.token, "link"), run_key(env.token, "relay"));
   if (!options.advertise.empty() || options.port != 0)
     spdlog::info("other workers reach this one's links at {} (listening at {}:{})", endpoint->addresses().listen,

@@ -75,11 +75,7 @@ sockaddr_storage resolve_ipv4(const std::string& host, int port, const std::stri
 
 std::vector<sockaddr_storage> resolve_relays(const std::string& list) {
   std::vector<sockaddr_storage> relays;
-  for (size_t start = 0; start <= list.size();) {
-    const size_t comma = std::min(list.find(',', start), list.size());
-    const auto entry = list.substr(start, comma - start);
-    start = comma + 1;
-    if (entry.empty()) continue;
+  for (const auto& entry : comma_separated(list)) {
     const auto colon = entry.rfind(':');
     if (colon == std::string::npos || colon == 0)
       throw std::invalid_argument(fmt::format("NOLOCO_RELAY entry '{}' is not host:port", entry));

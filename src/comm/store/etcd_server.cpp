@@ -266,6 +266,16 @@ void EtcdServer::stop() {
   dir_.clear();
 }
 
+std::optional<std::string> EtcdServer::exited() {
+  if (pid_ <= 0) return ended_;
+  int status = 0;
+  if (::waitpid(pid_, &status, WNOHANG) != pid_) return std::nullopt;
+  pid_ = -1;
+  ended_ = WIFSIGNALED(status) ? fmt::format("killed by signal {}", WTERMSIG(status))
+                               : fmt::format("exited with status {}", WEXITSTATUS(status));
+  return ended_;
+}
+
 void EtcdServer::stop_process() {
   if (pid_ > 0) {
     ::kill(pid_, SIGTERM);

@@ -17,6 +17,7 @@
 #pragma once
 #include <sys/types.h>
 
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -57,6 +58,9 @@ class EtcdServer {
   const std::string& endpoint() const { return endpoint_; }
   // The TCP port; 0 on a unix socket.
   int port() const { return port_; }
+  // Once etcd has ended by itself (killed, crashed): how ("killed by signal
+  // 9"); nullopt while it runs. Never blocks.
+  std::optional<std::string> exited();
 
   // The etcd binary: $NOLOCO_ETCD, else etcd on PATH or /usr/bin/etcd; empty if none.
   static std::string binary();
@@ -81,6 +85,7 @@ class EtcdServer {
   std::string dir_, endpoint_;
   int port_ = 0;
   pid_t pid_ = -1;
+  std::optional<std::string> ended_;
 };
 
 }  // namespace noloco

@@ -14,6 +14,8 @@
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
+#include "util/parse_number.h"
+
 namespace noloco {
 
 namespace {
@@ -367,11 +369,7 @@ EtcdStore::EtcdStore(std::string endpoint, std::string user, std::string passwor
     http_->unix_socket = endpoint_.substr(kUnix.size());
     http_->bases = {"http://localhost"};
   } else {
-    for (size_t start = 0; start <= endpoint_.size();) {
-      const size_t comma = std::min(endpoint_.find(',', start), endpoint_.size());
-      if (comma > start) http_->bases.push_back(endpoint_.substr(start, comma - start));
-      start = comma + 1;
-    }
+    http_->bases = comma_separated(endpoint_);
     if (http_->bases.empty()) throw std::invalid_argument("store: no endpoint given");
   }
   http_->user = std::move(user);

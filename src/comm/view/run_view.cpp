@@ -98,9 +98,15 @@ nlohmann::json RunView::state(double now) const {
     members.push_back(std::move(row));
     curves[std::to_string(rank)] = m.vals;
   }
-  return {{"members", members},       {"curves", curves},
-          {"pairings", pairings_},    {"timeline", timeline_},
-          {"store", store_gone_.empty() ? "live" : store_gone_}, {"refused", refused_}};
+  nlohmann::json store_members = nlohmann::json::array();
+  for (const auto& s : store_members_) store_members.push_back({{"endpoint", s.endpoint}, {"up", s.up}, {"why", s.why}});
+  return {{"members", members},
+          {"curves", curves},
+          {"pairings", pairings_},
+          {"timeline", timeline_},
+          {"store", store_gone_.empty() ? "live" : store_gone_},
+          {"store_members", store_members},
+          {"refused", refused_}};
 }
 
 }  // namespace noloco

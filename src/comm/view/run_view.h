@@ -14,6 +14,13 @@
 
 namespace noloco {
 
+// One member of a store cluster, as the watcher last reached it.
+struct StoreMemberHealth {
+  std::string endpoint;
+  bool up = false;
+  std::string why;  // when down: the error that reaching it gave
+};
+
 class RunView {
  public:
   // Seconds on the watcher's own clock: "heard N s ago" needs no agreement between machines.
@@ -29,7 +36,10 @@ class RunView {
   void store_gone(const std::string& why);
   void store_back();
   void set_refused(int64_t entries) { refused_ = entries; }
-  // The page's data: {"members", "curves", "pairings", "timeline", "store", "refused"}.
+  // A store cluster's members, each up or down (none for a store of one member).
+  void set_store_members(std::vector<StoreMemberHealth> members) { store_members_ = std::move(members); }
+  // The page's data: {"members", "curves", "pairings", "timeline", "store",
+  // "store_members" ([{endpoint, up, why}]), "refused"}.
   nlohmann::json state(double now) const;
 
  private:
@@ -45,6 +55,7 @@ class RunView {
   std::vector<nlohmann::json> pairings_;  // {outer_step, step, replica, stage, with}
   std::vector<nlohmann::json> timeline_;  // {time, rank, replica, stage, step, what}
   std::string store_gone_;
+  std::vector<StoreMemberHealth> store_members_;
   int64_t refused_ = 0;
 };
 

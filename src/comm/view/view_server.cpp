@@ -12,6 +12,7 @@
 #include "comm/store/run_keys.h"
 #include "comm/view/view_assets.h"
 #include "util/error_text.h"
+#include "util/parse_number.h"
 #include "util/process_stats.h"
 
 namespace noloco {
@@ -33,12 +34,17 @@ const ViewAsset* asset_at(const std::string& path) {
 
 }  // namespace
 
-RunWatch::RunWatch(std::function<StorePtr()> connect, std::string token, std::chrono::milliseconds poll)
-    : connect_(std::move(connect)), token_(std::move(token)), poll_(poll), thread_([this] { run(); }) {}
+RunWatch::RunWatch(std::function<StorePtr(const std::string&)> connect, std::string endpoints, std::string token,
+                   std::chrono::milliseconds poll)
+    : connect_(std::move(connect)), endpoints_(std::move(endpoints)), token_(std::move(token)), poll_(poll) {
+  thread_ = std::thread([this] { run(); });
+  if (comma_separated(endpoints_).size() > 1) members_thread_ = std::thread([this] { ask_store_members(); });
+}
 
 RunWatch::~RunWatch() {
   stopping_ = true;
   thread_.join();
+  if (members_thread_.joinable()) members_thread_.join();
 }
 
 nlohmann::json RunWatch::state() const {
@@ -53,7 +59,7 @@ void RunWatch::run() {
   while (!stopping_) {
     try {
       if (!store) {
-        store = connect_();
+        store = connect_(endpoints_);
         std::lock_guard lock(mutex_);
         view_.store_back();
       }
@@ -96,6 +102,38 @@ void RunWatch::read_store(StatusReader& reader, const StorePtr& store,
     if (member_state(store, token_, scope_name, m["replica"].get<int>()) != MemberState::dead) continue;
     std::lock_guard lock(mutex_);
     view_.mark_lost(m["rank"].get<int>(), unix_seconds());
+  }
+}
+
+// A member that answers a read is up; one that cannot be reached, or has lost
+// its quorum (it cannot answer a read), is down. Each member on its own
+// connection, so that one down costs its own timeout, not the others' turn.
+void RunWatch::ask_store_members() {
+  std::vector<StoreMemberHealth> health;
+  for (const auto& endpoint : comma_separated(endpoints_)) health.push_back({endpoint, true, ""});
+  std::vector<StorePtr> stores(health.size());
+  while (!stopping_) {
+    for (size_t i = 0; i < health.size() && !stopping_; ++i) {
+      auto& h = health[i];
+      const bool was_up = h.up;
+      try {
+        if (!stores[i]) stores[i] = connect_(h.endpoint);
+        stores[i]->check({record::kStatus});
+        h.up = true;
+        h.why.clear();
+      } catch (const std::exception& e) {
+        stores[i].reset();
+        h.up = false;
+        h.why = error_text(e);
+      }
+      if (was_up && !h.up) spdlog::warn("the run's store member at {} is down: {}", h.endpoint, h.why);
+      if (!was_up && h.up) spdlog::info("the run's store member at {} is back", h.endpoint);
+    }
+    {
+      std::lock_guard lock(mutex_);
+      view_.set_store_members(health);
+    }
+    sleep_unless(stopping_, std::chrono::seconds(2));
   }
 }
 

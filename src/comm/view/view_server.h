@@ -2,7 +2,9 @@
 //
 // RunWatch reads the run's store on a thread of its own: the workers' status
 // entries (comm/view/status_board.h) every quarter second, whom the
-// membership holds dead every two seconds, folded into a RunView. ViewServer
+// membership holds dead every two seconds, folded into a RunView. A store
+// cluster is read at whichever member answers, and a second thread asks
+// each member every two seconds, so that the page says which are down. ViewServer
 // serves the page over HTTP: only to a request carrying the key derived from
 // the run's token (the URL printed carries it, so a script or a headless
 // browser opens it with no further input); anything else gets 403 and
@@ -30,9 +32,11 @@ namespace noloco {
 
 class RunWatch {
  public:
-  // `connect` reaches the run's store; it is called again after the store
-  // was lost (a store that went away may come back: a restarted serve).
-  RunWatch(std::function<StorePtr()> connect, std::string token,
+  // `connect` reaches the run's store at `endpoints` (a cluster's members,
+  // comma-separated, the one to try first first) or at one of them; it is
+  // called again after the store was lost (a store that went away may come
+  // back: a restarted serve).
+  RunWatch(std::function<StorePtr(const std::string& endpoints)> connect, std::string endpoints, std::string token,
            std::chrono::milliseconds poll = std::chrono::milliseconds(250));
   ~RunWatch();
   RunWatch(const RunWatch&) = delete;
@@ -44,14 +48,15 @@ class RunWatch {
  private:
   void run();
   void read_store(StatusReader& reader, const StorePtr& store, std::chrono::steady_clock::time_point& membership_read);
+  void ask_store_members();
 
-  const std::function<StorePtr()> connect_;
-  const std::string token_;
+  const std::function<StorePtr(const std::string&)> connect_;
+  const std::string endpoints_, token_;
   const std::chrono::milliseconds poll_;
   mutable std::mutex mutex_;
   RunView view_;  // under mutex_
   std::atomic<bool> found_{false}, stopping_{false};
-  std::thread thread_;
+  std::thread thread_, members_thread_;
 };
 
 class ViewServer {
