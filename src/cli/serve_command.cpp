@@ -60,6 +60,9 @@ struct ClusterEntry {
   int port = 0;
 };
 
+// Where workers and pages reach an entry's store member.
+std::string store_url(const ClusterEntry& e) { return fmt::format("https://{}:{}", e.host, e.port); }
+
 // cluster= parsed: IPv4 addresses (the members' certificate names them), no entry twice.
 std::vector<ClusterEntry> cluster_of(const ServeArgs& a) {
   std::vector<ClusterEntry> entries;
@@ -145,7 +148,7 @@ std::vector<std::string> serve_exports(const std::string& token, const ServeArgs
   }
   std::vector<std::string> stores, relays;
   for (const auto& e : cluster) {
-    stores.push_back(fmt::format("https://{}:{}", e.host, e.port));
+    stores.push_back(store_url(e));
     relays.push_back(fmt::format("{}:{}", e.host, e.port + 1));
   }
   lines.push_back(fmt::format("export NOLOCO_STORE={}", fmt::join(stores, ",")));
@@ -192,7 +195,7 @@ LivePage live_page(const ServeArgs& a, const EtcdServer* store, const std::strin
   if (!store || !a.view) return page;
   std::vector<std::string> endpoints{store->endpoint()};
   for (const auto& e : cluster_of(a))
-    if (e.host != host || e.port != a.port) endpoints.push_back(fmt::format("https://{}:{}", e.host, e.port));
+    if (e.host != host || e.port != a.port) endpoints.push_back(store_url(e));
   try {
     page.watch = std::make_unique<RunWatch>(
         [token](const std::string& at) { return connect_to_run_store(at, token, std::chrono::seconds(5)); },
