@@ -935,6 +935,144 @@ TEST(Serve, ARelayOutOfDescriptorsNeitherSpinsNorStopsAnswering) {
   ::kill(serve, SIGTERM);
 }
 
+// A `noloco serve` of the store outage tests, in the background under
+// `timeout`: its lines on `name`.out, its log on `name`.log.
+struct BackgroundServe {
+  std::string pid;  // of its `timeout`
+  std::string printed;
+  BackgroundServe(const noloco::testing::TempDir& dir, const std::string& name, const std::string& args) {
+    const auto started = run_command(fmt::format("sh -c 'NOLOCO_RUN_TOKEN=store-outage-test timeout -k 5 300 " NOLOCO_BINARY
+                                                 " serve bind=127.0.0.1 {} > {} 2> {} & echo $!'",
+                                                 args, dir / (name + ".out"), dir / (name + ".log")),
+                                     10);
+    pid = started.output.substr(0, started.output.find('\n'));
+    for (int i = 0; i < 300 && printed.find("NOLOCO_RELAY") == std::string::npos; ++i) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(100));
+      printed = noloco::testing::read_text(dir / (name + ".out"));
+    }
+  }
+  void kill_hard() const { run_command("pkill -KILL -P " + pid, 10); }  // the serve, not its `timeout`
+  void stop() const { run_command("kill -TERM " + pid, 10); }
+};
+
+// Two NoLoCo workers' outer records, split at the first one that found the
+// store away: how many were exchanged before, alone without the store, and
+// exchanged after it came back.
+struct OuterTally {
+  int paired_before = 0, alone_without_store = 0, paired_after = 0;
+};
+OuterTally tally_outer_steps(const std::string& run) {
+  OuterTally t;
+  for (const auto& r : metrics_records(run, "outer")) {
+    if (r.value("store_unreachable", false))
+      ++t.alone_without_store;
+    else if (r["arrived"].size() == 2)
+      ++(t.alone_without_store == 0 ? t.paired_before : t.paired_after);
+  }
+  return t;
+}
+
+// Issue 83 item 1: a serve killed (SIGKILL) with its store ended every
+// worker within 12 s. Now they train on alone, each outer step, while it is
+// away; the same serve command run again finds its store's data where it
+// kept it, and the pairs exchange again; both finish (exit 0) with the
+// outage in their summaries.
+TEST(StoreOutage, WorkersTrainOnWhileTheServeIsDownAndPairAgainOnceItIsBack) {
+  if (EtcdServer::binary().empty()) GTEST_SKIP() << "skipped: no etcd binary (install etcd-server)";
+  const noloco::testing::TempDir dir;
+  const int base = free_port_block(2);
+  ASSERT_GT(base, 0) << "no block of free ports";
+  const auto serve_args = fmt::format("port={} relay_port={} store_dir={}", base, base + 1, dir / "store");
+  std::optional<BackgroundServe> serve(std::in_place, dir, "s0", serve_args);
+  ASSERT_NE(serve->printed.find("NOLOCO_RELAY"), std::string::npos) << noloco::testing::read_text(dir / "s0.log");
+  noloco::testing::write_text(dir / "c.txt", noloco::testing::shakespeare(200000));
+  const int steps = 4000;
+  const auto run = fmt::format(" method=noloco batch=2 steps={} outer_interval=20 bind=127.0.0.1", steps);
+  const auto env = assignments(serve->printed) + "WORLD_SIZE=2 ";
+  noloco::testing::BackgroundCli second(noloco::testing::small_train_args(dir / "c.txt", dir / "w1") + run, 240,
+                                        env + "RANK=1");
+  noloco::testing::BackgroundCli first(noloco::testing::small_train_args(dir / "c.txt", dir / "w0") + run, 240,
+                                       env + "RANK=0");
+  const bool exchanged = noloco::testing::wait_for_record(dir / "w0", "outer", 90);
+  serve->kill_hard();
+  // Away until both workers have gone alone for want of it.
+  bool both_alone = false;
+  for (int i = 0; i < 600 && !both_alone; ++i) {
+    both_alone = tally_outer_steps(dir / "w0").alone_without_store > 0 &&
+                 tally_outer_steps(dir / "w1").alone_without_store > 0;
+    if (!both_alone) std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  serve.emplace(dir, "s1", serve_args);
+  const auto restarted_log = noloco::testing::read_text(dir / "s1.log");
+  const auto& a = first.wait();
+  const auto& b = second.wait();
+  serve->stop();
+  ASSERT_TRUE(exchanged) << a.output << b.output;
+  EXPECT_TRUE(both_alone) << "the workers did not go on alone while the store was away";
+  EXPECT_NE(serve->printed.find("NOLOCO_RELAY"), std::string::npos) << "the restarted serve: " << restarted_log;
+  for (const auto* r : {&a, &b}) {
+    EXPECT_EQ(r->exit_code, 0) << r->output;
+    EXPECT_NE(r->output.find("the run's store does not answer"), std::string::npos) << r->output;
+    EXPECT_NE(r->output.find("the run's store answers again after"), std::string::npos) << r->output;
+  }
+  for (const auto* w : {"w0", "w1"}) {
+    const auto t = tally_outer_steps(dir / w);
+    EXPECT_GT(t.paired_before, 0) << w;
+    EXPECT_GT(t.paired_after, 0) << w << ": no exchange after the store came back";
+    EXPECT_EQ(t.paired_before + t.alone_without_store + t.paired_after, steps / 20)
+        << w << ": every outer step either exchanged or went alone for want of the store";
+  }
+  const auto summary = nlohmann::json::parse(noloco::testing::read_text(dir / "w0/summary_r0.json"));
+  EXPECT_GE(summary.value("store_outages", 0), 1) << summary.dump();
+  EXPECT_GT(summary.value("store_outage_seconds", 0.0), 0.0) << summary.dump();
+  const auto run_summary = nlohmann::json::parse(noloco::testing::read_text(dir / "w0/summary.json"));
+  EXPECT_EQ(run_summary["replicas_finished"].size(), 2u) << run_summary.dump();
+}
+
+// Issue 83 item 1, past the bound: a store that stays away (store_outage=3)
+// ends each worker by itself with one line naming it, its checkpoint at the
+// step it ended, and its summary saying why; worker 0 writes the run's from
+// what its disk holds. Exit 1: the run did not finish.
+TEST(StoreOutage, AStoreThatStaysAwayEndsEachWorkerWithACheckpointAndASummary) {
+  if (EtcdServer::binary().empty()) GTEST_SKIP() << "skipped: no etcd binary (install etcd-server)";
+  const noloco::testing::TempDir dir;
+  const int base = free_port_block(2);
+  ASSERT_GT(base, 0) << "no block of free ports";
+  BackgroundServe serve(dir, "s0", fmt::format("port={} relay_port={} store_dir={}", base, base + 1, dir / "store"));
+  ASSERT_NE(serve.printed.find("NOLOCO_RELAY"), std::string::npos) << noloco::testing::read_text(dir / "s0.log");
+  noloco::testing::write_text(dir / "c.txt", noloco::testing::shakespeare(200000));
+  const auto run =
+      " method=noloco batch=2 steps=100000 outer_interval=20 checkpoint_interval=100000 store_outage=3 bind=127.0.0.1";
+  const auto env = assignments(serve.printed) + "WORLD_SIZE=2 ";
+  noloco::testing::BackgroundCli second(noloco::testing::small_train_args(dir / "c.txt", dir / "w1") + run, 180,
+                                        env + "RANK=1");
+  noloco::testing::BackgroundCli first(noloco::testing::small_train_args(dir / "c.txt", dir / "w0") + run, 180,
+                                       env + "RANK=0");
+  const bool exchanged = noloco::testing::wait_for_record(dir / "w0", "outer", 90);
+  serve.kill_hard();
+  const auto& a = first.wait();
+  const auto& b = second.wait();
+  ASSERT_TRUE(exchanged) << a.output << b.output;
+  const std::vector<std::pair<int, const noloco::testing::CliResult*>> workers{{0, &a}, {1, &b}};
+  for (const auto& [rank, r] : workers) {
+    const auto name = fmt::format("w{}", rank);
+    EXPECT_EQ(r->exit_code, 1) << r->output;
+    EXPECT_EQ(r->output.find("terminate called"), std::string::npos) << r->output;
+    EXPECT_NE(r->output.find("error: the run's store did not answer for 3s"), std::string::npos) << r->output;
+    const auto summary =
+        nlohmann::json::parse(noloco::testing::read_text(dir / fmt::format("{}/summary_r{}.json", name, rank)));
+    ASSERT_TRUE(summary.contains("left_at_step")) << summary.dump();
+    const auto ended = summary["left_at_step"].get<int64_t>();
+    EXPECT_NE(summary.value("store_gone", "").find("did not answer"), std::string::npos) << summary.dump();
+    EXPECT_TRUE(std::filesystem::exists(dir / fmt::format("{}/checkpoints/r{}/step_{:08d}", name, rank, ended)))
+        << "no checkpoint at step " << ended;
+  }
+  const auto run_summary = nlohmann::json::parse(noloco::testing::read_text(dir / "w0/summary.json"));
+  ASSERT_FALSE(run_summary["replicas_left"].empty()) << run_summary.dump();
+  EXPECT_NE(run_summary["replicas_left"][0].dump().find("the run's store did not answer"), std::string::npos)
+      << run_summary.dump();
+}
+
 // Issues 66 and 81: the Python door across homes, over the same links as
 // the noloco command (nothing of the process's Gloo is touched). Two replicas
 // of a user's own PyTorch loop (noloco.OuterOptimizer, no torch.distributed),

@@ -127,6 +127,9 @@ Options serve_options(ServeArgs& a) {
       .add("cluster", a.cluster,
            "IPV4:PORT,... every serve of a store cluster, this one included, same list on each (store port; relay "
            "at PORT+1, etcd peers at PORT+2); the token from NOLOCO_RUN_TOKEN")
+      .add("store_dir", a.store_dir,
+           "keep the store's data here: a serve restarted with the same port and token (after a crash, a kill, a "
+           "reboot if it is on disk) takes the run back; empty: a temporary one, removed when this serve is stopped")
       .add("view", a.view, "serve the run's live page (with store=true), its URL printed after the exports")
       .add("view_bind", a.view_bind, "the address the live page listens on (loopback unless told otherwise)")
       .add("view_port", a.view_port, "the live page's port (0: a free one)");
@@ -159,11 +162,13 @@ std::vector<std::string> serve_exports(const std::string& token, const ServeArgs
 namespace {
 
 // The store's etcd: one of its own, or this serve's member of cluster=.
-std::unique_ptr<EtcdServer> host_store(const ServeArgs& a, const std::string& host, const std::string& token) {
+std::unique_ptr<EtcdServer> host_store(const ServeArgs& a, const std::string& host, const std::string& token,
+                                       const std::string& data_dir) {
   const auto cluster = cluster_of(a);
   if (cluster.empty()) {
     const auto tls = store_tls_key(token);
-    return std::make_unique<EtcdServer>(a.bind, a.port, store_password(token), &tls);
+    return std::make_unique<EtcdServer>(a.bind, a.port, store_password(token), &tls, stop_signalled, nullptr,
+                                        data_dir);
   }
   const size_t me = cluster_index(cluster, host, a.port);
   std::vector<std::string> addresses, members;
@@ -180,7 +185,17 @@ std::unique_ptr<EtcdServer> host_store(const ServeArgs& a, const std::string& ho
   spdlog::info("serve: member {} of a store cluster of {}; up once {} of them are", me, cluster.size(),
                cluster.size() / 2 + 1);
   const auto tls = store_tls_key(token, addresses);
-  return std::make_unique<EtcdServer>(a.bind, a.port, store_password(token), &tls, stop_signalled, &member);
+  return std::make_unique<EtcdServer>(a.bind, a.port, store_password(token), &tls, stop_signalled, &member, data_dir);
+}
+
+// Where the store keeps its data: store_dir=, else one named by the run
+// (from its token, the name telling nothing of it) and the port, so that
+// the same command run again finds it.
+std::string store_data_dir(const ServeArgs& a, const std::string& token) {
+  if (!a.store_dir.empty()) return a.store_dir;
+  const auto key = run_key(token, "serve store directory");
+  return fmt::format("{}/noloco-store-{:02x}{:02x}{:02x}{:02x}{:02x}{:02x}-{}", EtcdServer::temp_root(), key[0],
+                     key[1], key[2], key[3], key[4], key[5], a.port);
 }
 
 // The run's page, reading the store this serve hosts (in a cluster, this
@@ -248,8 +263,9 @@ int serve_command(const std::vector<std::string>& args) {
   const auto token = run_token();
   stop_on_signal();
   std::unique_ptr<EtcdServer> store;
+  const auto data_dir = store_data_dir(a, token);
   try {
-    if (a.store) store = host_store(a, host, token);
+    if (a.store) store = host_store(a, host, token, data_dir);
   } catch (const Interrupted&) {
     spdlog::info("serve: stopped by signal while its store cluster formed");
     return 0;
@@ -265,8 +281,13 @@ int serve_command(const std::vector<std::string>& args) {
     spdlog::info("serving a second relay on {}:{} until SIGTERM or Ctrl-C: run the NOLOCO_RELAY line above after the "
                  "store's serve's lines, on each worker (it adds this relay to that serve's; NOLOCO_STORE stays)",
                  a.bind, relay.port());
+  if (store)
+    spdlog::info("serve: the store's data is in {}{}: this command run again takes the run back after a crash or a "
+                 "kill",
+                 data_dir, a.store_dir.empty() ? " until Ctrl-C or SIGTERM" : "");
   const auto page = live_page(a, store.get(), host, token);
   const int signal = serve_until_stopped(store.get(), !a.cluster.empty());
+  if (store && a.store_dir.empty()) store->remove_data();
   const auto s = relay.stats();
   spdlog::info("serve: stopped by signal {}; the relay joined {} pairs and carried {}, refused {} connections", signal,
                s.spliced, format_bytes(double(s.bytes)), s.refused);

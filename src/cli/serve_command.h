@@ -23,6 +23,11 @@ struct ServeArgs {
   // its store's port (its relay at PORT+1, its etcd peers at PORT+2); the
   // same list, in the same order, on every one. Empty: a store of its own.
   std::string cluster;
+  // Where the store keeps its data, so that a serve restarted after a crash
+  // or a kill (same port and token) takes the run back. Empty: a directory
+  // of its own in the machine's temporary files, removed when the serve is
+  // stopped (Ctrl-C, SIGTERM); one named here is always kept.
+  std::string store_dir;
   // The run's live page (comm/view/), for holders of the token: on
   // view_bind:view_port (0: a free port), its URL printed after the exports.
   bool view = true;

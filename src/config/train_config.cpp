@@ -204,6 +204,9 @@ void add_comm_options(Options& o, TrainConfig& c) {
       .add("startup_timeout", c.comm.startup_timeout,
            "seconds a local worker may take to its first heartbeat (loading LibTorch and the data) before the "
            "launcher kills it as hung; heartbeat_timeout if longer")
+      .add("store_outage", c.comm.store_outage,
+           "seconds a worker trains on alone while the run's store does not answer (its serve restarting, its "
+           "host gone), asking again each second; past them it ends with a checkpoint and its summary")
       .add("rate", c.comm.rate,
            "local launcher: cap each worker's link at this rate each way, e.g. 10mbit (own network namespaces; "
            "root only); empty: no cap")
@@ -481,6 +484,7 @@ void TrainConfig::validate() const {
   non_negative("restarts", double(comm.restarts));
   positive("heartbeat_timeout", comm.heartbeat_timeout);
   positive("startup_timeout", comm.startup_timeout);
+  positive("store_outage", comm.store_outage);
   if (!comm.rate.empty()) parse_bit_rate("rate", comm.rate);
   if (comm.restarts > 0 && !takes_back_restarted(method, pipeline.routing, pipeline.stages))
     invalid("restarts needs method=noloco, and routing=random with pipeline stages (only NoLoCo can take a replica "
@@ -595,7 +599,7 @@ const std::vector<std::string>& machine_keys() {
       "precision",    "threads",          "out",           "checkpoint_interval", "keep_checkpoints", "resume",
       "max_local_workers", "log_interval", "sample_tokens", "sample_prompt", "bind",            "peer_timeout",
       "listen_port",  "advertise",        "live_status",
-      "insecure",     "restarts",         "heartbeat_timeout", "startup_timeout", "rate",         "inject_crash"};
+      "insecure",     "restarts",         "heartbeat_timeout", "startup_timeout", "store_outage", "rate", "inject_crash"};
   return keys;
 }
 

@@ -92,6 +92,7 @@ struct CommConfig {
   bool insecure = false;  // seal=false is accepted off loopback only with it (comm/launch/worker_connections.cpp)
   double heartbeat_timeout = 30;  // seconds without a heartbeat before a worker counts as hung
   double startup_timeout = 30;    // seconds a launched worker may take to its first heartbeat (>= heartbeat_timeout)
+  double store_outage = 600;      // seconds a worker trains on without the run's store before it ends (checkpoint, summary)
   int64_t restarts = 0;           // times the launcher restarts a failed worker, which rejoins from a live peer
   // The local launcher puts every worker behind a link capped at this rate
   // each way ("10mbit"; comm/launch/capped_links.h; root only). Empty: no cap.

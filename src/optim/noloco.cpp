@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include "comm/store/run_record.h"
+#include "comm/store/store_outage.h"
 #include "util/log.h"
 #include "util/splitmix.h"
 
@@ -79,7 +80,14 @@ void NoLoCo::load(const TensorMap& in) {
 std::vector<Peer> NoLoCo::my_group(int64_t id, OuterSync& sync) {
   std::vector<Peer> members;
   if (membership_) {
-    members = membership_->snapshot(record::outer_step_snapshot(id));
+    // Without the store there is no agreed snapshot: alone, until it answers again.
+    if (store_outage().ongoing()) return alone_without_store(sync);
+    try {
+      membership_->reach_exchange(id);
+      members = membership_->snapshot(record::outer_step_snapshot(id));
+    } catch (const StoreUnreachable&) {
+      return alone_without_store(sync);
+    }
   } else {
     for (int r = 0; r < transport_.world(); ++r) members.push_back({r, 0});
   }
@@ -110,9 +118,20 @@ std::map<int, torch::Tensor> NoLoCo::send(int64_t id, const std::vector<Peer>& g
   request.payload = payload;
   const auto sent_before = transport_.stats().bytes_sent;
   // Peers it gives up are declared dead by the transport (later snapshots leave them out).
-  auto result = group.size() > 1 ? transport_.exchange(request) : ExchangeResult{};
+  ExchangeResult result;
+  try {
+    if (group.size() > 1) result = transport_.exchange(request);
+  } catch (const StoreUnreachable&) {  // the group could not meet: this outer step alone
+    sync.store_unreachable = true;
+  }
   sync.bytes = transport_.stats().bytes_sent - sent_before;
   return std::move(result.received);
+}
+
+std::vector<Peer> NoLoCo::alone_without_store(OuterSync& sync) const {
+  sync.store_unreachable = true;
+  sync.members = {transport_.rank()};
+  return {membership_->self()};
 }
 
 int64_t NoLoCo::phi_separation(const OuterSync& sync, const Fragment& fragment, int partner) const {

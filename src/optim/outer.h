@@ -37,6 +37,8 @@ struct OuterSync {
   double largest_increment_ratio = 0;
   // A partner refused this replica's own message as diverged: it takes a live replica's state.
   bool diverged = false;
+  // The run's store did not answer: no group could meet, so this replica went alone.
+  bool store_unreachable = false;
 };
 
 class OuterOptimizer {

@@ -4,6 +4,7 @@
 #include <cmath>
 
 #include "comm/store/run_record.h"
+#include "comm/store/store_outage.h"
 #include "util/error_text.h"
 #include "util/log.h"
 
@@ -14,6 +15,7 @@ ReplicaSpread evaluate_across_replicas(int64_t step, Transport& transport, Membe
   ReplicaSpread out;
   torch::NoGradGuard no_grad;
   auto& theta = flat.values();
+  if (store_outage().ongoing()) return out;  // no agreed members to average with
   try {
     const auto name = record::evaluation_snapshot(step);
     const auto members = membership.snapshot(name);

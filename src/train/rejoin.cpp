@@ -5,6 +5,7 @@
 
 #include <fmt/format.h>
 
+#include "comm/store/store_outage.h"
 #include "util/error_text.h"
 #include "util/log.h"
 
@@ -64,7 +65,13 @@ int64_t share_state_within_replica(Transport& replica, const TrainingState& stat
 
 HandOvers serve_rejoins(Membership& membership, Transport& transport, const TrainingState& state, int64_t step) {
   HandOvers done;
-  for (const auto& [who, channel] : membership.claim_requests(step)) {
+  std::vector<std::pair<int, std::string>> requests;
+  try {
+    // A request waits in the store: served at the first outer step after an outage.
+    if (!store_outage().ongoing()) requests = membership.claim_requests(step);
+  } catch (const StoreUnreachable&) {
+  }
+  for (const auto& [who, channel] : requests) {
     try {
       const auto bytes = serialize_training_state(state, step);
       transport.send_state(channel, who, state_header(bytes.numel()), bytes);

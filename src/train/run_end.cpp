@@ -50,6 +50,32 @@ void save_run_summary(const TrainConfig& cfg, const RunSummary& summary) {
   write_json_atomic(cfg.run.out + "/summary.json", summary.to_json());
 }
 
+namespace {
+
+// The run's store stayed away: the summary of the members whose summaries
+// are on this disk; the others (and joiners, which only the store lists) are
+// named as not heard from.
+void write_run_summary_without_store(const TrainConfig& cfg, double seconds) {
+  const auto layout = run_layout(cfg);
+  std::vector<WorkerExit> members;
+  for (int stage = 0; stage < int(cfg.pipeline.stages); ++stage)
+    for (int member = 0; member < int(cfg.run.replicas); ++member) {
+      WorkerExit e;
+      e.rank = layout.speaker(member, stage);
+      if (!file_exists(fmt::format("{}/summary_r{}.json", cfg.run.out, layout.unit_of(e.rank)))) {
+        e.exit_code = 1;
+        e.why = "not heard from: the run's store is gone";
+      }
+      members.push_back(e);
+    }
+  const auto summary = summarize_run(cfg, members, seconds);
+  save_run_summary(cfg, summary);
+  spdlog::info("the run's summary, from this disk alone (the store is gone): {} of {} finished -> {}/summary.json",
+               summary.finished.size(), members.size(), cfg.run.out);
+}
+
+}  // namespace
+
 void write_run_summary(const TrainConfig& cfg, const Worker& worker, const nlohmann::json& own_summary,
                        double seconds) {
   const auto& env = worker.env;
@@ -59,6 +85,7 @@ void write_run_summary(const TrainConfig& cfg, const Worker& worker, const nlohm
     return;
   }
   if (!worker.links.membership) return;  // no members to hear from (method none)
+  if (own_summary.contains("store_gone")) return write_run_summary_without_store(cfg, seconds);
   const int stages = int(cfg.pipeline.stages);
   const int replicas = int(cfg.run.replicas);  // the launched workers' (run_worker set it from WORLD_SIZE)
   HeartbeatWatch heartbeats(store, env.token);

@@ -36,7 +36,8 @@ bool writes_run_summary(const WorkerEnv& env);
 // this worker to leave; then writes each replica's summary_r<k>.json that the
 // store holds and this disk lacks (the machines need not share one), and
 // summary.json. A world of one writes `own_summary` (what train returned) as
-// the run's. `seconds`: since this worker started.
+// the run's. `seconds`: since this worker started. Ended without the run's
+// store (own_summary's store_gone), it writes what this disk holds.
 void write_run_summary(const TrainConfig& cfg, const Worker& worker, const nlohmann::json& own_summary,
                        double seconds);
 

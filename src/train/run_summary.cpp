@@ -198,6 +198,8 @@ nlohmann::json WorkerSummary::to_json() const {
     j.update({{"rejoined_at_step", rejoin->step}, {"rejoin_donor", rejoin->donor}, {"rejoin_seconds", rejoin->seconds},
               {"joined", rejoin->joined}});
   if (left_at_step) j["left_at_step"] = *left_at_step;
+  if (store_outages > 0) j.update({{"store_outages", store_outages}, {"store_outage_seconds", store_outage_seconds}});
+  if (!store_gone.empty()) j["store_gone"] = store_gone;
   if (!refused_as_diverged.empty()) j["refused_as_diverged"] = refused_as_diverged;
   if (!renewed_at_steps.empty()) j["renewed_at_steps"] = renewed_at_steps;
   if (!relays_used.empty()) j["relays_used"] = relays_used;
@@ -228,6 +230,9 @@ WorkerSummary WorkerSummary::from_json(const nlohmann::json& j) {
     s.rejoin = WorkerSummary::Rejoin{j["rejoined_at_step"].get<int64_t>(), j.value("rejoin_donor", 0),
                                      j.value("rejoin_seconds", 0.0), j.value("joined", false)};
   s.left_at_step = optional_of<int64_t>(j, "left_at_step");
+  s.store_outages = j.value("store_outages", int64_t(0));
+  s.store_outage_seconds = j.value("store_outage_seconds", 0.0);
+  s.store_gone = j.value("store_gone", "");
   s.refused_as_diverged = j.value("refused_as_diverged", std::vector<int>{});
   s.renewed_at_steps = j.value("renewed_at_steps", std::vector<int64_t>{});
   s.relays_used = j.value("relays_used", std::vector<std::string>{});
@@ -530,7 +535,8 @@ RunSummary summarize_run(const std::string& run_dir, Method method, int64_t repl
     tally.add_traffic(run, w);
     note_divergence(run, w, member);
     if (w.left_at_step) {
-      where.reason = fmt::format("left after step {} (SIGTERM)", *w.left_at_step);
+      where.reason = w.store_gone.empty() ? fmt::format("left after step {} (SIGTERM)", *w.left_at_step)
+                                          : fmt::format("ended after step {}: {}", *w.left_at_step, w.store_gone);
       run.left.push_back(where);
       tally.add_left(run, w);
       continue;

@@ -60,6 +60,11 @@ struct WorkerSummary {
   };
   std::optional<Rejoin> rejoin;
   std::optional<int64_t> left_at_step;  // it left the run (SIGTERM) after this step
+  // Outages of the run's store it trained through, their seconds in all, and
+  // (when it ended early, after left_at_step, for want of the store) why.
+  int64_t store_outages = 0;
+  double store_outage_seconds = 0;
+  std::string store_gone;
   // The process's largest resident set (a corpus's mapped pages included),
   // and the seconds from its start until it was ready for its first step.
   std::optional<double> peak_rss_mib, startup_seconds;

@@ -10,6 +10,7 @@
 
 #include <fmt/format.h>
 
+#include "comm/store/store_outage.h"
 #include "config/worker_env.h"
 #include "data/dataset.h"
 #include "model/generate.h"
@@ -151,7 +152,9 @@ class Throughput {
 struct OuterTally {
   int64_t syncs = 0;
   // The outer steps of an exchanging method (not ddp's): with at least one
-  // partner's message, and the longest run of them without.
+  // partner's message, and the longest run of them without. Those alone for
+  // want of the run's store are its outage's (the summary's store_outages),
+  // not the partners': left out of these.
   int64_t outer_steps = 0, paired = 0, alone_run = 0, longest_alone = 0;
   int64_t handovers_served = 0, handovers_abandoned = 0;
   uint64_t bytes = 0;
@@ -378,6 +381,12 @@ class WorkerRun {
   // for its neighbours, nothing applied to its own weights) until a roster
   // leaves it out, so that nobody loses a micro-batch or waits for it.
   void serve_listed_steps(int64_t from);
+  // Says when the run's store stops and starts answering; true once it has
+  // not answered for comm.store_outage.
+  bool store_gone();
+  // Ends the run here without its store: what is in flight is applied, the
+  // state saved; the summary says why.
+  nlohmann::json end_without_store(int64_t done);
   uint64_t activation_bytes_sent() const {
     const auto pipeline = model_->pipeline_stats();
     return pipeline ? pipeline->bytes_sent : 0;
@@ -424,6 +433,8 @@ class WorkerRun {
   ReplicaSpread spread_;
   OuterTally tally_;
   std::optional<int64_t> left_at_step_;
+  std::string store_gone_;                            // why it ended without the run's store
+  std::optional<Clock::time_point> outage_told_at_;   // a store outage under way, said at
   std::optional<Throughput> throughput_;
   double startup_seconds_ = 0;  // process start to the first step: data, model, restore
 };
@@ -542,6 +553,37 @@ nlohmann::json WorkerRun::leave(int64_t done) {
   return finish();
 }
 
+bool WorkerRun::store_gone() {
+  auto& outage = store_outage();
+  if (!outage.ongoing()) {
+    if (outage_told_at_)
+      spdlog::info("the run's store answers again after {}: exchanges resume at the next outer step",
+                   format_duration(seconds_since(*outage_told_at_)));
+    outage_told_at_.reset();
+    return false;
+  }
+  if (!outage_told_at_) {
+    spdlog::warn("the run's store does not answer ({}): training on alone and asking again each second; this worker "
+                 "ends with a checkpoint if it stays away {} (store_outage)",
+                 outage.why(), format_duration(c_.comm.store_outage));
+    outage_told_at_ = Clock::now();
+  }
+  return outage.seconds().count() > c_.comm.store_outage;
+}
+
+nlohmann::json WorkerRun::end_without_store(int64_t done) {
+  store_gone_ = fmt::format("the run's store did not answer for {} ({})", format_duration(c_.comm.store_outage),
+                            store_outage().why());
+  spdlog::error("{}: this worker ends after step {} with its checkpoint and its summary", store_gone_, done);
+  const auto start = Clock::now();
+  const auto in_flight = outer_->finish(flat_);
+  tally_.blocked_seconds += seconds_since(start);
+  record_outer_steps(done, in_flight);
+  checkpoints_.save(done);
+  left_at_step_ = done;
+  return finish();
+}
+
 void WorkerRun::serve_listed_steps(int64_t from) {
   model_->leave_pipeline();
   try {
@@ -565,12 +607,14 @@ void WorkerRun::record_outer_steps(int64_t done, const std::vector<OuterSync>& s
     const double dropped = dropped_share(sync.values_dropped, sync.values_received);
     tally_.worst_dropped = std::max(tally_.worst_dropped, dropped);
     tally_.refused_as_diverged.insert(tally_.refused_as_diverged.end(), sync.refused.begin(), sync.refused.end());
-    ++tally_.outer_steps;
-    if (sync.arrived.size() > 1) {
-      ++tally_.paired;
-      tally_.alone_run = 0;
-    } else {
-      tally_.longest_alone = std::max(tally_.longest_alone, ++tally_.alone_run);
+    if (!sync.store_unreachable) {
+      ++tally_.outer_steps;
+      if (sync.arrived.size() > 1) {
+        ++tally_.paired;
+        tally_.alone_run = 0;
+      } else {
+        tally_.longest_alone = std::max(tally_.longest_alone, ++tally_.alone_run);
+      }
     }
     auto r = record(done, "outer", w_, *model_,
                             {{"outer_step", sync.outer_step},
@@ -583,6 +627,7 @@ void WorkerRun::record_outer_steps(int64_t done, const std::vector<OuterSync>& s
                              {"dropped_fraction", dropped}});
     if (sync.largest_increment_ratio > 0) r["largest_increment_ratio"] = sync.largest_increment_ratio;
     if (!sync.refused.empty()) r["refused_as_diverged"] = sync.refused;
+    if (sync.store_unreachable) r["store_unreachable"] = true;
     if (w_.transport) {
       // Each partner's link, as it went (direct, punched, relayed).
       const auto routes = w_.transport->routes();
@@ -652,6 +697,9 @@ nlohmann::json WorkerRun::finish() {
                                   spread_, rejoined_, tally_);
   summary.device = device_.str();  // device=cuda resolved to this worker's GPU
   summary.left_at_step = left_at_step_;
+  summary.store_gone = store_gone_;
+  summary.store_outages = store_outage().count();
+  summary.store_outage_seconds = store_outage().total_seconds();
   summary.peak_rss_mib = peak_rss_mib();
   summary.startup_seconds = startup_seconds_;
   if (w_.replica_group) gather_replica_workers(*w_.replica_group, w_, device_, summary);
@@ -659,10 +707,14 @@ nlohmann::json WorkerRun::finish() {
   // One summary per replica (a worker in a pipeline), by its first worker.
   if (speaks_) write_json_atomic(fmt::format("{}/summary_r{}.json", out_, w_.layout().unit_of(w_.rank)), j);
   if (!left_at_step_) set_state(record::WorkerState::finished);
-  // Before the run hears it finished: a launcher then takes its store down.
-  if (w_.status) w_.status->flush();
-  // Only now: a launcher waiting for a joiner to finish reads its summary next.
-  life_.end_membership(j.dump());
+  try {
+    // Before the run hears it finished: a launcher then takes its store down.
+    if (w_.status) w_.status->flush();
+    // Only now: a launcher waiting for a joiner to finish reads its summary next.
+    life_.end_membership(j.dump());
+  } catch (const StoreUnreachable& e) {
+    spdlog::warn("the run's store did not hear this worker finish (its summary is in {}): {}", out_, e.what());
+  }
   if (lead_) {
     spdlog::info("done: final val loss {:.4f} (ppl {:.2f}) | {} steps | {} tokens | {} | {} params", val_loss_,
                  std::exp(val_loss_), left_at_step_.value_or(c_.inner.steps), format_count(double(summary.tokens)),
@@ -695,6 +747,7 @@ nlohmann::json train(const TrainConfig& c, const WorkerInfo& w) {
     if (done % c.eval.interval == 0 || last) run.evaluate(done, last, inner.lr);
     // Before the periodic checkpoint: leaving writes this step's own (after what was in flight is applied).
     if (run.leave_requested() && !last) return run.leave(done);
+    if (run.store_gone() && !last) return run.end_without_store(done);
     run.checkpoint(done);
   }
   return run.finish();

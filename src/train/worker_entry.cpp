@@ -114,6 +114,9 @@ TrainConfig joiner_config(WorkerEnv& env, const std::string& run_dir, const std:
   return config;
 }
 
+// It ended early, the run's store having stayed away (its summary says why).
+bool ended_without_store(const nlohmann::json& own_summary) { return own_summary.contains("store_gone"); }
+
 }  // namespace
 
 int claim_joiner_member(const WorkerEnv& env, const TrainConfig& config, int replicas, int stages, int64_t& stage) {
@@ -156,7 +159,7 @@ int run_worker(TrainConfig& cfg, const WorkerEnv& env) {
     }
   }
   finish_worker(worker);
-  return 0;
+  return ended_without_store(own_summary) ? 1 : 0;
 }
 
 // Takes `store`, `token_file` and `stage` as JoinRequest says; `overrides` are
@@ -206,10 +209,10 @@ int join_run(const std::string& run_dir, const JoinRequest& request, std::vector
     spdlog::info("joining the run in {} as replica {}", run_dir, env.rank);
   const auto others = start_replica_workers(place, replica_workers, env, run_dir, args);
   const auto worker = start_worker(cfg, {env, /*joins=*/true});
-  train(cfg, worker.info);
+  const auto own_summary = train(cfg, worker.info);
   finish_worker(worker);
   await_replica_workers(others);
-  return 0;
+  return ended_without_store(own_summary) ? 1 : 0;
 }
 
 }  // namespace noloco

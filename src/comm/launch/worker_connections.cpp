@@ -13,6 +13,7 @@
 #include <spdlog/spdlog.h>
 
 #include "comm/store/run_keys.h"
+#include "comm/store/store_outage.h"
 #include "comm/transport/nccl_collectives.h"
 #include "config/run_layout.h"
 #include "comm/transport/seal.h"
@@ -96,7 +97,12 @@ std::shared_ptr<LinkEndpoint> open_link_endpoint(const WorkerEnv& env, const Com
 void outlast_store_users(const WorkerConnections& links) {
   if (!links.hosted_store) return;
   for (bool told = false; links.membership; told = true) {
-    const auto others = links.membership->still_training();
+    std::vector<int> others;
+    try {
+      others = links.membership->still_training();
+    } catch (const StoreUnreachable&) {  // its own store is gone: nobody is left to serve
+      break;
+    }
     if (others.empty()) break;
     if (!told)
       spdlog::info("waiting for {} to finish: this worker hosts the run's store", fmt::join(others, ", "));

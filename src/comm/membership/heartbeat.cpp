@@ -1,7 +1,11 @@
 #include "comm/membership/heartbeat.h"
 
+#include <algorithm>
+
 #include <fmt/format.h>
 #include <torch/csrc/distributed/c10d/Store.hpp>
+
+#include "comm/store/store_outage.h"
 
 namespace noloco {
 
@@ -16,17 +20,15 @@ Heartbeat::Heartbeat(StorePtr store, const std::string& token, int worker, std::
   store->add(key, 1);
   thread_ = std::thread([this, store, key, progress, period] {
     std::unique_lock<std::mutex> lock(mutex_);
-    int failures = 0;  // in a row: one is a hiccup (a paused process, a busy store), three the store gone
     int64_t published = 0;
+    // On through a store outage: its beats are also what finds the store back (comm/store/store_outage.h).
     while (!wake_.wait_for(lock, period, [this] { return stop_; })) {
       try {
         store->add(key, 1);
         const int64_t now = progress_.load(std::memory_order_relaxed);
         if (now != published) store->add(progress, now - published);
         published = now;
-        failures = 0;
       } catch (const std::exception&) {
-        if (++failures == 3) return;  // the run is over
       }
     }
   });
@@ -44,18 +46,28 @@ Heartbeat::~Heartbeat() {
 HeartbeatWatch::HeartbeatWatch(StorePtr store, std::string token)
     : store_(std::move(store)), token_(std::move(token)) {}
 
+namespace {
+
+// Seconds since `since`, or since the store came back if that is later:
+// silence across a store outage is the store's, not the member's.
+double seconds_since(std::chrono::steady_clock::time_point since, std::chrono::steady_clock::time_point now) {
+  return std::chrono::duration<double>(now - std::max(since, store_outage().last_ended())).count();
+}
+
+}  // namespace
+
 double HeartbeatWatch::silent_seconds(int worker) {
   const auto now = std::chrono::steady_clock::now();
   const int64_t count = store_->add(heartbeat_key(token_, worker), 0);
   auto& seen = seen_[worker];
   if (count == 0 && seen.expected)  // started and not beating yet: silent since it started
-    return std::chrono::duration<double>(now - seen.since).count();
+    return seconds_since(seen.since, now);
   if (count != seen.count || count == 0) {
     seen.count = count;
     seen.since = now;
     return 0;
   }
-  return std::chrono::duration<double>(now - seen.since).count();
+  return seconds_since(seen.since, now);
 }
 
 bool HeartbeatWatch::beating(int worker) const {
@@ -72,7 +84,7 @@ double HeartbeatWatch::idle_seconds(int worker) {
     seen.since = now;
     return 0;
   }
-  return std::chrono::duration<double>(now - seen.since).count();
+  return seconds_since(seen.since, now);
 }
 
 void HeartbeatWatch::expect(int worker) {

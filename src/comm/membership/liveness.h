@@ -23,6 +23,9 @@ class Liveness {
   // whose receiver is a restarted rank still declared dead until it holds
   // the state.
   virtual bool silent(int rank) = 0;
+  // Whether member `rank` has gone past the exchange this worker is meeting
+  // for: it went there alone (the run's store was away), and will not come.
+  virtual bool went_past(int /*rank*/) { return false; }
   // Member `rank` failed this worker (its pair closed, its message never
   // came, its hand-over failed): later snapshots leave it out.
   virtual void declare_dead(int rank) = 0;

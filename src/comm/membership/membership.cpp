@@ -8,6 +8,7 @@
 #include <fmt/format.h>
 #include <torch/csrc/distributed/c10d/Store.hpp>
 
+#include "comm/store/store_outage.h"
 #include "util/leave_signal.h"
 
 namespace noloco {
@@ -18,6 +19,8 @@ using Clock = std::chrono::steady_clock;
 
 // How long a worker asked to stop waits on a silent partner (heartbeats come every second).
 constexpr std::chrono::milliseconds kSilentWhenStopping{3000};
+// How often a partner's exchange_reached is read while this worker waits for it.
+constexpr std::chrono::milliseconds kReachedReadEvery{250};
 
 namespace member = record::member;
 
@@ -258,8 +261,11 @@ bool Membership::given_up(int rank, Clock::time_point waiting_since) {
   std::lock_guard<std::mutex> lock(mutex_);
   const auto now = Clock::now();
   if (now - last_dead_read_ > std::chrono::milliseconds(20)) {
-    dead_ = read_or_empty(*members_, member::kDead);
     last_dead_read_ = now;
+    try {
+      dead_ = read_or_empty(*members_, member::kDead);
+    } catch (const StoreUnreachable&) {  // the last list read stands; silence is not counted meanwhile
+    }
   }
   if (list_has(dead_, std::to_string(rank))) return true;
   const auto& s = silence_of(rank, now);
@@ -267,6 +273,28 @@ bool Membership::given_up(int rank, Clock::time_point waiting_since) {
   // cannot be told from the lag of the publishing.
   const auto idle_limit = std::max<Clock::duration>(std::chrono::seconds(3), idle_timeout_);
   return s.silent || now - std::max(s.moved, waiting_since) > idle_limit;
+}
+
+void Membership::reach_exchange(int64_t id) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  exchange_ = id;
+  const auto text = std::to_string(id);
+  members_->set(member::exchange_reached(rank_), std::vector<uint8_t>(text.begin(), text.end()));
+}
+
+bool Membership::went_past(int rank) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  auto& r = reached_[rank];
+  const auto now = Clock::now();
+  if (now - r.read > kReachedReadEvery) {
+    r.read = now;
+    try {
+      const auto text = read_or_empty(*members_, member::exchange_reached(rank));
+      if (!text.empty()) r.exchange = std::stoll(text);
+    } catch (const StoreUnreachable&) {
+    }
+  }
+  return r.exchange > exchange_;
 }
 
 bool Membership::silent(int rank) {
@@ -283,9 +311,14 @@ const Membership::Silence& Membership::silence_of(int rank, Clock::time_point no
     // not the hung-worker allowance: under torchrun the agent stops every
     // worker once one died, and nobody declares the dead one dead.
     const auto allowed = leave_requested() ? std::min(heartbeat_timeout_, kSilentWhenStopping) : heartbeat_timeout_;
-    s.silent = heartbeats_.silent_seconds(worker) * 1000 > double(allowed.count());
-    const std::chrono::duration<double> idle(heartbeats_.idle_seconds(worker));
-    s.moved = now - std::chrono::duration_cast<Clock::duration>(idle);
+    try {
+      s.silent = heartbeats_.silent_seconds(worker) * 1000 > double(allowed.count());
+      const std::chrono::duration<double> idle(heartbeats_.idle_seconds(worker));
+      s.moved = now - std::chrono::duration_cast<Clock::duration>(idle);
+    } catch (const StoreUnreachable&) {  // nothing is judged while the store is away; a link in use goes on
+      s.silent = false;
+      s.moved = now;
+    }
   }
   return s;
 }
@@ -362,13 +395,22 @@ std::vector<std::pair<int, std::string>> Membership::claim_requests(int64_t step
 // "r.g@k" items: replica r in incarnation g sent a diverged message at outer step k.
 void Membership::refuse_as_diverged(const Peer& partner, int64_t outer_step) {
   std::lock_guard<std::mutex> lock(mutex_);
-  append_item(*members_, member::kDiverged, fmt::format("{}.{}@{}", partner.rank, partner.incarnation, outer_step));
+  try {
+    append_item(*members_, member::kDiverged, fmt::format("{}.{}@{}", partner.rank, partner.incarnation, outer_step));
+  } catch (const StoreUnreachable&) {  // its message is refused all the same; the next refusal tells it
+  }
 }
 
 bool Membership::refused_as_diverged() {
   std::lock_guard<std::mutex> lock(mutex_);
   const auto me = fmt::format("{}.{}@", rank_, incarnation_);
-  for (const auto& item : list_items(read_or_empty(*members_, member::kDiverged)))
+  std::string refusals;
+  try {
+    refusals = read_or_empty(*members_, member::kDiverged);
+  } catch (const StoreUnreachable&) {  // a refusal stays in the store: read after an outer step once it answers
+    return false;
+  }
+  for (const auto& item : list_items(refusals))
     if (item.rfind(me, 0) == 0 && std::stoll(item.substr(me.size())) > refusals_answered_) return true;
   return false;
 }
@@ -422,6 +464,16 @@ PipelineRoster::PipelineRoster(StorePtr store, const std::string& token, int sta
 
 Roster PipelineRoster::snapshot(const std::string& name) {
   std::lock_guard<std::mutex> lock(mutex_);
+  try {
+    return take_snapshot(name);
+  } catch (const StoreUnreachable&) {
+    // Through a store outage the pipeline routes over the workers it last knew.
+    if (!last_) throw;
+    return *last_;
+  }
+}
+
+Roster PipelineRoster::take_snapshot(const std::string& name) {
   std::string text = read_or_empty(*rosters_, name);
   if (text.empty()) {
     for (int s = 0; s < stages_; ++s) {
@@ -457,7 +509,11 @@ const PipelineRoster::StageRecord& PipelineRoster::record_of(int stage) {
   const auto now = Clock::now();
   if (now - r.read > std::chrono::seconds(1)) {
     const auto members = members_scope(store_, token_, record::replica_group(stages_, stage));
-    r = {now, read_or_empty(*members, member::kDead), read_or_empty(*members, member::kLost)};
+    try {
+      r = {now, read_or_empty(*members, member::kDead), read_or_empty(*members, member::kLost)};
+    } catch (const StoreUnreachable&) {  // the last lists read stand
+      r.read = now;
+    }
   }
   return r;
 }
@@ -474,7 +530,11 @@ bool PipelineRoster::silent_locked(int worker) {
   const auto now = Clock::now();
   if (now - checked > std::chrono::seconds(1)) {
     checked = now;
-    silent = heartbeats_.silent_seconds(worker) * 1000 > double(heartbeat_timeout_.count());
+    try {
+      silent = heartbeats_.silent_seconds(worker) * 1000 > double(heartbeat_timeout_.count());
+    } catch (const StoreUnreachable&) {
+      silent = false;
+    }
   }
   return silent;
 }

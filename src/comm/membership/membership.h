@@ -64,6 +64,11 @@ class Membership final : public Liveness {
   // behind, given up at every exchange, for the rest of the run.
   bool given_up(int rank, std::chrono::steady_clock::time_point waiting_since) override;
   bool silent(int rank) override;
+  // This replica goes to exchange `id` (an outer step's): published, so that
+  // a partner still meeting for an earlier one does not wait for it (after a
+  // store outage, replicas that went alone meanwhile are outer steps apart).
+  void reach_exchange(int64_t id);
+  bool went_past(int rank) override;
   // This replica moved on: an inner step, or a second spent waiting for
   // partners it has not given up (so that those waiting for it wait too).
   void progressed() override {
@@ -139,6 +144,12 @@ class Membership final : public Liveness {
     bool silent = false;                                   // its heartbeat
   };
   std::map<int, Silence> silence_;  // heartbeats and progress are read at most once a second per member
+  int64_t exchange_ = -1;           // the exchange this replica last went to
+  struct Reached {
+    std::chrono::steady_clock::time_point read;
+    int64_t exchange = -1;
+  };
+  std::map<int, Reached> reached_;  // the partners', read at most 4 times a second
   // Its heartbeat and progress, read again if a second has passed. Under mutex_.
   const Silence& silence_of(int rank, std::chrono::steady_clock::time_point now);
   std::set<std::string> seen_requests_;
@@ -184,6 +195,8 @@ class PipelineRoster final : public Liveness {
     std::chrono::steady_clock::time_point read;
     std::string dead, lost;
   };
+  // The roster under `name`, taken (or read) from the store. Under mutex_.
+  Roster take_snapshot(const std::string& name);
   // The stage's dead and lost lists, read again if a second has passed. Under mutex_.
   const StageRecord& record_of(int stage);
   // The incarnation of `worker` in the last roster; none if it is not listed (or no roster was taken).

@@ -55,13 +55,6 @@ int free_port(const std::string& bind) {
   return ntohs(addr.sin_port);
 }
 
-std::string temp_root() {
-  // tmpfs when there is one: the store is scratch, and etcd syncs every write.
-  for (const char* d : {"/dev/shm", "/tmp"})
-    if (::access(d, W_OK) == 0) return d;
-  return fs::temp_directory_path().string();
-}
-
 void remove_leftovers(const std::string& root) {
   std::error_code ec;
   for (const auto& entry : fs::directory_iterator(root, ec)) {
@@ -97,7 +90,25 @@ std::string EtcdServer::binary() {
   return ::access("/usr/bin/etcd", X_OK) == 0 ? "/usr/bin/etcd" : "";
 }
 
-void EtcdServer::make_directory() {
+std::string EtcdServer::temp_root() {
+  for (const char* d : {"/dev/shm", "/tmp"})
+    if (::access(d, W_OK) == 0) return d;
+  return fs::temp_directory_path().string();
+}
+
+void EtcdServer::make_directory(const std::string& kept) {
+  if (!kept.empty()) {
+    std::error_code ec;
+    fs::create_directories(kept, ec);
+    if (ec || ::chmod(kept.c_str(), 0700) != 0)
+      throw std::runtime_error(fmt::format("cannot make the store's directory {}: {}", kept,
+                                           ec ? ec.message() : std::strerror(errno)));
+    dir_ = kept;
+    kept_ = true;
+    // A killed store's sockets stay behind, and etcd will not listen where a file is.
+    for (const char* socket : {"client.sock:1", "peer.sock:1"}) fs::remove(dir_ + "/" + socket, ec);
+    return;
+  }
   const auto root = temp_root();
   remove_leftovers(root);
   std::string tmpl = fmt::format("{}/{}{}-XXXXXX", root, kDirPrefix, ::getpid());
@@ -116,10 +127,10 @@ EtcdServer::EtcdServer(const std::string& password, bool (*interrupted)()) {
 }
 
 EtcdServer::EtcdServer(const std::string& bind, int port, const std::string& password, const StoreTlsKey* tls,
-                       bool (*interrupted)(), const EtcdClusterMember* cluster) {
+                       bool (*interrupted)(), const EtcdClusterMember* cluster, const std::string& data_dir) {
   if (cluster && !tls) throw std::logic_error("a store cluster's member needs the TLS key (its peers' too)");
   port_ = port > 0 ? port : free_port(bind);
-  make_directory();
+  make_directory(data_dir);
   if (tls) write_certificate(*tls);  // a cluster's peers present it from the first start on
   // Authentication is on before the client port opens: etcd first serves
   // the private socket alone (a cluster forms over its peer ports meanwhile,
@@ -262,8 +273,13 @@ EtcdServer::~EtcdServer() { stop(); }
 void EtcdServer::stop() {
   stop_process();
   std::error_code ec;
-  if (!dir_.empty()) fs::remove_all(dir_, ec);
+  if (!dir_.empty() && !kept_) fs::remove_all(dir_, ec);
   dir_.clear();
+}
+
+void EtcdServer::remove_data() {
+  kept_ = false;
+  stop();
 }
 
 std::optional<std::string> EtcdServer::exited() {

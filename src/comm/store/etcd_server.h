@@ -3,7 +3,7 @@
 // authentication on (user root; password: the run's token) before anyone
 // else can reach it. Stopped and removed with the run; it dies with its host
 // process, and the next one removes what a killed one left in the temporary
-// directory.
+// directory (unless its data is kept: `noloco serve`'s).
 //
 // Two kinds. The launcher's store is a unix socket in that private (0700)
 // directory: its local workers reach it through the file system (from their
@@ -48,8 +48,12 @@ class EtcdServer {
   // (and `tls`), this machine's member of a store cluster: up once a majority
   // of the members are (they may be started minutes apart), waiting until
   // `interrupted` or 10 minutes.
+  // With `data_dir`, the store's data lives there and stays after the store
+  // stops or dies (a directory made for it, private): a store started again
+  // on it holds the keys it held.
   EtcdServer(const std::string& bind, int port, const std::string& password, const StoreTlsKey* tls = nullptr,
-             bool (*interrupted)() = nullptr, const EtcdClusterMember* cluster = nullptr);
+             bool (*interrupted)() = nullptr, const EtcdClusterMember* cluster = nullptr,
+             const std::string& data_dir = "");
   ~EtcdServer();
   EtcdServer(const EtcdServer&) = delete;
   EtcdServer& operator=(const EtcdServer&) = delete;
@@ -61,6 +65,10 @@ class EtcdServer {
   // Once etcd has ended by itself (killed, crashed): how ("killed by signal
   // 9"); nullopt while it runs. Never blocks.
   std::optional<std::string> exited();
+  // Stops the store and removes its data, a kept data_dir too.
+  void remove_data();
+  // Where private stores live: tmpfs when there is one (a store is scratch, and etcd syncs every write).
+  static std::string temp_root();
 
   // The etcd binary: $NOLOCO_ETCD, else etcd on PATH or /usr/bin/etcd; empty if none.
   static std::string binary();
@@ -71,7 +79,8 @@ class EtcdServer {
   static void turn_on_authentication(const std::string& endpoint, const std::string& password);
 
  private:
-  void make_directory();
+  // A private directory of its own in temp_root(), or `kept` (made if need be).
+  void make_directory(const std::string& kept = "");
   // Starts etcd serving clients at `client_url` (reached at `endpoint`) and
   // waits until it answers: with `enable_auth`, by making the root user and
   // switching authentication on; else by a login as root. Throws otherwise.
@@ -83,6 +92,7 @@ class EtcdServer {
   void stop_process();
   void stop();
   std::string dir_, endpoint_;
+  bool kept_ = false;  // dir_ outlives this store
   int port_ = 0;
   pid_t pid_ = -1;
   std::optional<std::string> ended_;

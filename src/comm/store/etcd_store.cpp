@@ -14,6 +14,7 @@
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
+#include "comm/store/store_outage.h"
 #include "util/parse_number.h"
 
 namespace noloco {
@@ -110,6 +111,8 @@ std::string add_mark_key(const std::string& key) { return "\xff" "add mark/" + k
 
 }  // namespace
 
+constexpr long kConnectTimeoutMs = 10000;
+
 struct EtcdStore::Http {
   std::string endpoint, user, password, token;
   StoreTlsKey tls;  // with a pin: the only TLS key this store may present, and what this client presents
@@ -131,7 +134,9 @@ struct EtcdStore::Http {
     curl_easy_setopt(c, CURLOPT_POSTFIELDSIZE, long(body.size()));
     curl_easy_setopt(c, CURLOPT_HTTPHEADER, headers);
     curl_easy_setopt(c, CURLOPT_TIMEOUT_MS, timeout_ms);
-    curl_easy_setopt(c, CURLOPT_CONNECTTIMEOUT_MS, timeout_ms);
+    // A store whose host is gone (no reset comes) would hold each request
+    // the whole timeout; a connection takes well under a second.
+    curl_easy_setopt(c, CURLOPT_CONNECTTIMEOUT_MS, std::min(timeout_ms, kConnectTimeoutMs));
     curl_easy_setopt(c, CURLOPT_NOSIGNAL, 1L);
     curl_easy_setopt(c, CURLOPT_TCP_NODELAY, 1L);
     if (const char* ca = std::getenv("NOLOCO_STORE_CA")) curl_easy_setopt(c, CURLOPT_CAINFO, ca);
@@ -183,6 +188,7 @@ struct EtcdStore::Http {
   // in a Raft round; a stopped one (SIGSTOP, a paused VM) never does, and
   // waiting `timeout` for it had frozen every worker as long as it was stopped.
   static constexpr std::chrono::milliseconds kHungMember{3000};
+  static constexpr std::chrono::milliseconds kOutageProbe{2000};
 
   CURLcode attempt(const std::string& path, const std::string& body, std::string& response,
                    std::chrono::milliseconds wait) {
@@ -209,26 +215,37 @@ struct EtcdStore::Http {
     std::string response;
     for (size_t skipped = 1; skipped < bases.size() && hung_members().recently(bases.front()); ++skipped)
       next_member();
+    // While the store is away, a request is a probe: one that reached a
+    // store still coming up (its port open, not serving yet) had held its
+    // caller, the heartbeat that finds the store back, the whole timeout.
+    const auto lone_wait = store_outage().ongoing() ? std::min(timeout, kOutageProbe) : timeout;
     for (size_t tries = 1;; ++tries) {
       const auto left = std::chrono::ceil<std::chrono::milliseconds>(deadline - Clock::now());
-      CURLcode rc = attempt(path, body, response, bases.size() > 1 ? std::min(left, kHungMember) : timeout);
+      CURLcode rc = attempt(path, body, response, bases.size() > 1 ? std::min(left, kHungMember) : lone_wait);
       // A lone store's request that timed out is asked once more: a process
       // stopped for a while (SIGSTOP, a VM paused) finds its timer run out on
       // waking, though the store never failed it. (A cluster asks the next member.)
-      if (rc == CURLE_OPERATION_TIMEDOUT && bases.size() == 1) rc = attempt(path, body, response, timeout);
+      if (rc == CURLE_OPERATION_TIMEDOUT && bases.size() == 1) rc = attempt(path, body, response, lone_wait);
       if (rc == CURLE_OK) break;
-      if (!unreachable(rc) || bases.size() < 2 || Clock::now() >= deadline)
-        throw std::runtime_error(fmt::format("store at {}: {}", endpoint, curl_easy_strerror(rc)));
+      if (!unreachable(rc)) throw std::runtime_error(fmt::format("store at {}: {}", endpoint, curl_easy_strerror(rc)));
+      if (bases.size() < 2 || Clock::now() >= deadline) throw_unreachable(curl_easy_strerror(rc));
       if (rc == CURLE_OPERATION_TIMEDOUT) hung_members().mark(bases.front());
       next_member();
       // Every member down at once: ask again, but not in a busy loop.
       if (tries % bases.size() == 0) std::this_thread::sleep_for(std::chrono::milliseconds(200));
     }
+    store_outage().reached();
     auto j = Json::parse(response, nullptr, false);
     if (j.is_discarded() || !j.is_object())
       throw std::runtime_error(fmt::format("store at {}: not an etcd answer to {} (HTTP {}: {:.120})", endpoint, path,
                                            status_of(curl), response));
     return j;
+  }
+
+  [[noreturn]] void throw_unreachable(const std::string& why) const {
+    const auto what = fmt::format("store at {}: {}", endpoint, why);
+    store_outage().unreachable(what);
+    throw StoreUnreachable(what);
   }
 
   // A member that died: also mid-handshake over TLS (the reset comes as an SSL connect error).
@@ -347,6 +364,10 @@ struct EtcdStore::Http {
     curl_slist_free_all(h);
     curl_easy_cleanup(w);
     if (stream.put) return true;
+    if (stream.failed && !user.empty() && stream.why.find("invalid auth token") != std::string::npos) {
+      authenticate();  // a restarted store knows no token it gave before
+      return watch_put(key, revision, deadline);
+    }
     if (stream.failed) throw std::runtime_error(fmt::format("store at {}: watch failed: {}", endpoint, stream.why));
     if (rc == CURLE_OPERATION_TIMEDOUT) return Clock::now() < deadline && watch_put(key, revision, deadline);
     if ((unreachable(rc) || stream.hung) && bases.size() > 1 && Clock::now() < deadline) {  // the same revision, elsewhere
@@ -354,6 +375,7 @@ struct EtcdStore::Http {
       std::this_thread::sleep_for(std::chrono::milliseconds(100));
       return watch_put(key, revision, deadline);
     }
+    if (unreachable(rc) || stream.hung) throw_unreachable(fmt::format("watch ended: {}", curl_easy_strerror(rc)));
     throw std::runtime_error(fmt::format("store at {}: watch ended: {}", endpoint, curl_easy_strerror(rc)));
   }
 };

@@ -59,6 +59,7 @@ inline const std::string kDiverged = "diverged";      // "m.g@k": m sent a diver
 inline std::string started(int m) { return numbered("started", m); }
 inline std::string summary(int m) { return numbered("summary", m); }
 inline std::string refused(int m) { return numbered("refused", m); }
+inline std::string exchange_reached(int m) { return numbered("reached", m); }  // the last exchange m went to
 inline std::string snapshot(const std::string& name) { return in("snapshot", name); }
 inline std::string donor(const std::string& request) { return in("donor", request); }
 }  // namespace member

@@ -8,6 +8,7 @@
 #include <spdlog/spdlog.h>
 
 #include "comm/store/run_keys.h"
+#include "comm/store/store_outage.h"
 #include "comm/transport/link_messages.h"
 #include "comm/transport/ticker.h"
 #include "util/leave_signal.h"
@@ -93,14 +94,21 @@ std::vector<LinkPtr> LinkTransport::open_links(LinkBook& book, const std::vector
   std::vector<LinkPtr> links(peers.size());
   problems->assign(peers.size(), "");
   const auto deadline = Clock::now() + timeout_;
+  std::vector<std::exception_ptr> failed(peers.size());  // thrown here, not in a thread: that would end the process
   std::vector<std::thread> opening;
   for (size_t i = 0; i < peers.size(); ++i)
     opening.emplace_back([&, i] {
-      const auto it = theirs.find(peers[i].rank);
-      links[i] = book.link_to(end_of(book, peers[i]), it == theirs.end() ? 0 : it->second, attempt, deadline,
-                              [&, i] { return abandon(peers[i].rank); }, &(*problems)[i]);
+      try {
+        const auto it = theirs.find(peers[i].rank);
+        links[i] = book.link_to(end_of(book, peers[i]), it == theirs.end() ? 0 : it->second, attempt, deadline,
+                                [&, i] { return abandon(peers[i].rank); }, &(*problems)[i]);
+      } catch (...) {
+        failed[i] = std::current_exception();
+      }
     });
   for (auto& t : opening) t.join();
+  for (const auto& e : failed)
+    if (e) std::rethrow_exception(e);
   return links;
 }
 
@@ -245,8 +253,11 @@ ExchangeResult LinkTransport::exchange(const ExchangeRequest& request) {
     for (const auto& p : retry) result.lost.push_back(p.rank);
   }
   std::sort(result.lost.begin(), result.lost.end());
-  if (liveness_)
-    for (int r : result.lost) liveness_->declare_dead(r);  // later snapshots leave it out
+  try {
+    if (liveness_)
+      for (int r : result.lost) liveness_->declare_dead(r);  // later snapshots leave it out
+  } catch (const StoreUnreachable&) {  // what arrived is used; a partner lost meanwhile is given up by its silence
+  }
   cost.comm_seconds += since(start);
   charge(cost);
   return result;

@@ -93,7 +93,7 @@ MeetingOutcome Meeting::meet(const std::string& key, const std::vector<Peer>& pe
       const auto now = Clock::now();
       const auto overdue = protocol.overdue(
           now, [&](int r) { return watch_->check({here(r)}); },
-          [&](int r) { return liveness_ && liveness_->given_up(r, start); });
+          [&](int r) { return liveness_ && (liveness_->given_up(r, start) || liveness_->went_past(r)); });
       for (const int r : overdue) watch_->add(here(r), int64_t(Arrival::given_up));
       if (protocol.tell_waiting(now)) liveness_->progressed();
       return false;
