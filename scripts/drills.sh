@@ -3,9 +3,11 @@
 # in which one or two workers are killed, frozen, killed halfway through a
 # checkpoint or thrown off (weights plus noise: a replica that blew up, which
 # its partners must refuse), at random ranks and steps, with and without restarts; every
-# other run a worker joins at a random moment and may be killed. Every run
-# must end by itself within twice the undisturbed run's wall time, write its
-# summary and leave no process behind. Writes a Markdown table.
+# other run a worker joins at a random moment and may be killed; every third
+# run the run's store (the launcher's etcd) is killed (SIGKILL) at a random
+# moment. Every run must end by itself within twice the undisturbed run's
+# wall time, write its summary and leave no process behind. Writes a
+# Markdown table.
 #
 #   scripts/drills.sh [RUNS] [OUT_DIR]     (defaults: 20, runs/drills)
 #   DRILL_SEED=7 scripts/drills.sh ...     (the same drills again)
@@ -40,8 +42,8 @@ echo "drills: undisturbed run ${base%.*} s, worst final val loss $(worst_val "$o
 
 table="$out/drills.md"
 {
-  echo "| # | failures | restarts | joiner | exit | wall s | within 2x | summary | finished | failed / restarted | joined | renewed | worst val | processes left |"
-  echo "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"
+  echo "| # | failures | restarts | joiner | store killed | exit | wall s | within 2x | summary | finished | failed / restarted | joined | renewed | worst val | processes left |"
+  echo "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"
 } > "$table"
 ok=0
 for ((i = 1; i <= runs; i++)); do
@@ -72,6 +74,8 @@ for ((i = 1; i <= runs; i++)); do
       2) join="join@${join_at}s" ;;
     esac
   fi
+  store_kill=""
+  ((RANDOM % 3 == 0)) && store_kill=$((3 + RANDOM % (${base%.*} / 2 + 1)))
   t0=$(now)
   set +e
   timeout -k 10 "$limit" "$bin" "${common[@]}" restarts=$restarts inject_crash="$plan" out="$dir" > "$dir.log" 2>&1 &
@@ -89,8 +93,17 @@ for ((i = 1; i <= runs; i++)); do
     ) &
     join_pid=$!
   fi
+  if [ -n "$store_kill" ]; then
+    (
+      sleep "$store_kill"
+      launcher=$(pgrep -P "$run_pid" -x noloco | head -1)
+      [ -n "$launcher" ] && pkill -9 -P "$launcher" -x etcd
+    ) &
+    store_pid=$!
+  fi
   wait "$run_pid"
   code=$?
+  [ -n "$store_kill" ] && { kill "$store_pid" 2> /dev/null; wait "$store_pid" 2> /dev/null; }
   [ -n "$join" ] && { kill "$join_pid" 2> /dev/null; wait "$join_pid" 2> /dev/null; }
   set -e
   wall=$(echo "$(now) - $t0" | bc)
@@ -106,10 +119,12 @@ for ((i = 1; i <= runs; i++)); do
     worst=$(worst_val "$dir")
     lost=$(python3 -c 'import json,sys; s=json.load(open(sys.argv[1])); print(" ".join([str(f["replica"]) for f in s["replicas_failed"]] + [str(f["replica"]) + "(restarted)" for f in s.get("replicas_restarted", [])]))' "$dir/summary.json")
   fi
+  store_cell=${store_kill:+at ${store_kill}s}
+  store_cell=${store_cell:-–}
   within=$([ "$code" -ne 124 ] && [ "$code" -ne 137 ] && echo yes || echo no)
   [ "$within" = yes ] && [ "$summary" = yes ] && [ "$left" = no ] && ok=$((ok + 1))
-  printf '| %d | `%s` | %d | %s | %d | %.0f | %s | %s | %s | %s | %s | %s | %s | %s |\n' "$i" "$plan" "$restarts" \
-    "${join:-–}" "$code" "$wall" "$within" "$summary" "$finished" "$lost" "$joined" "$renewed" "$worst" "$left" | tee -a "$table"
+  printf '| %d | `%s` | %d | %s | %s | %d | %.0f | %s | %s | %s | %s | %s | %s | %s | %s |\n' "$i" "$plan" "$restarts" \
+    "${join:-–}" "$store_cell" "$code" "$wall" "$within" "$summary" "$finished" "$lost" "$joined" "$renewed" "$worst" "$left" | tee -a "$table"
 done
 echo "drills: $ok of $runs ended by themselves within ${limit%.*} s with a summary and no process left (seed $seed)" | tee -a "$table"
 [ "$ok" -eq "$runs" ]

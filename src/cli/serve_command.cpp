@@ -224,18 +224,31 @@ LivePage live_page(const ServeArgs& a, const EtcdServer* store, const std::strin
   return page;
 }
 
-// Waits for SIGTERM or SIGINT, and says so once when this serve's etcd ends
-// by itself: the relay goes on, and in a cluster the store on the others.
+// Waits for SIGTERM or SIGINT. When this serve's etcd ends by itself, a
+// store of its own is started again on its data (its workers train on
+// meanwhile); a cluster's member is left to the others, and said so once.
+// The relay goes on either way.
 int serve_until_stopped(EtcdServer* store, bool in_cluster) {
-  bool told = false;
+  bool given_up = false;
   for (;;) {
     if (const int signal = wait_for_stop(std::chrono::milliseconds(500))) return signal;
-    if (told || !store) continue;
-    if (const auto how = store->exited()) {
-      spdlog::error("serve: this machine's store member (etcd) {}: {}", *how,
-                    in_cluster ? "the run's store goes on at the cluster's other members while they hold a majority"
-                               : "the run's store is gone; the relay goes on");
-      told = true;
+    if (given_up || !store) continue;
+    const auto how = store->exited();
+    if (!how) continue;
+    if (in_cluster) {
+      spdlog::error("serve: this machine's store member (etcd) {}: the run's store goes on at the cluster's other "
+                    "members while they hold a majority",
+                    *how);
+      given_up = true;
+      continue;
+    }
+    spdlog::error("serve: this machine's store (etcd) {}: starting it again on its data", *how);
+    try {
+      store->restart();
+      spdlog::info("serve: the run's store is back");
+    } catch (const std::exception& e) {
+      spdlog::error("serve: the run's store did not start again ({}); the relay goes on", error_text(e));
+      given_up = true;
     }
   }
 }
@@ -285,12 +298,15 @@ int serve_command(const std::vector<std::string>& args) {
     spdlog::info("serve: the store's data is in {}{}: this command run again takes the run back after a crash or a "
                  "kill",
                  data_dir, a.store_dir.empty() ? " until Ctrl-C or SIGTERM" : "");
-  const auto page = live_page(a, store.get(), host, token);
-  const int signal = serve_until_stopped(store.get(), !a.cluster.empty());
-  if (store && a.store_dir.empty()) store->remove_data();
+  int signal = 0;
+  {
+    const auto page = live_page(a, store.get(), host, token);
+    signal = serve_until_stopped(store.get(), !a.cluster.empty());
+  }
   const auto s = relay.stats();
   spdlog::info("serve: stopped by signal {}; the relay joined {} pairs and carried {}, refused {} connections", signal,
                s.spliced, format_bytes(double(s.bytes)), s.refused);
+  if (store && a.store_dir.empty()) store->remove_data();  // stopped on purpose: the run is over
   return 0;
 }
 

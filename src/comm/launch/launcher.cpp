@@ -272,12 +272,12 @@ bool WorkerSupervisor::reap(LaunchResult& result) {
   // Every worker that has exited by now, those killed by a signal first: the
   // others' errors (a connection reset by the dead one) follow from such a
   // death, and the run's error names the first failure it acts on.
+  // Each worker by its pid: the store's etcd is a child too, whose end is its own to hear (EtcdServer::exited).
   std::vector<std::pair<int, int>> exited;  // (rank, wait status)
-  for (int status = 0;;) {
-    const pid_t pid = ::waitpid(-1, &status, WNOHANG);
-    if (pid <= 0) break;
-    const auto it = std::find(pids_.begin(), pids_.end(), pid);
-    if (it != pids_.end()) exited.emplace_back(int(it - pids_.begin()), status);
+  for (int r = 0; r < n_; ++r) {
+    int status = 0;
+    if (pids_[size_t(r)] > 0 && ::waitpid(pids_[size_t(r)], &status, WNOHANG) == pids_[size_t(r)])
+      exited.emplace_back(r, status);
   }
   std::stable_sort(exited.begin(), exited.end(), [](const auto& a, const auto& b) {
     return WIFSIGNALED(a.second) && !WIFSIGNALED(b.second);
@@ -515,6 +515,23 @@ std::vector<WorkerExit> await_joiners(const LaunchPlan& plan, const StorePtr& st
   return out;
 }
 
+// The run's store ended by itself (killed, crashed): started again on its
+// data, while the workers train on without it. One that does not come back
+// is left gone (`given_up`): the workers end once their store_outage has passed.
+void restart_if_ended(EtcdServer& etcd, bool& given_up) {
+  if (given_up) return;
+  const auto how = etcd.exited();
+  if (!how) return;
+  spdlog::error("the run's store (etcd) {}: starting it again on its data; the workers train on meanwhile", *how);
+  try {
+    etcd.restart();
+    spdlog::info("the run's store is back");
+  } catch (const std::exception& e) {
+    spdlog::error("the run's store did not start again: {}", error_text(e));
+    given_up = true;
+  }
+}
+
 }  // namespace
 
 LaunchResult launch_local_workers(const LaunchPlan& plan, const std::vector<std::string>& worker_args) {
@@ -525,7 +542,7 @@ LaunchResult launch_local_workers(const LaunchPlan& plan, const std::vector<std:
   // The run's store: etcd on a unix socket only the launcher's user can
   // reach (its workers too, from their network namespaces behind capped
   // links), authenticated with the run's token.
-  const EtcdServer etcd(store_password(token), &ForwardedSignals::pending);
+  EtcdServer etcd(store_password(token), &ForwardedSignals::pending);
   // Short: the supervision loop must come back to signals and exits, and a
   // local store that does not answer a small request in seconds is in trouble.
   const auto timeout =
@@ -543,10 +560,12 @@ LaunchResult launch_local_workers(const LaunchPlan& plan, const std::vector<std:
   for (int r = 0; r < plan.workers && !ForwardedSignals::pending(); ++r) workers.spawn(r, from_peer(r) ? 1 : 0);
 
   LaunchResult result;
+  bool store_given_up = false;
   workers.take_signal(result);  // one that came while starting
   while (workers.running() > 0) {
     workers.take_signal(result);
     if (workers.reap(result)) continue;
+    restart_if_ended(etcd, store_given_up);
     workers.check_workers();
     std::this_thread::sleep_for(std::chrono::milliseconds(50));
   }

@@ -21,9 +21,9 @@
 #include <string>
 #include <vector>
 
-namespace noloco {
+#include "comm/store/run_keys.h"
 
-struct StoreTlsKey;
+namespace noloco {
 
 // This machine's place in a store cluster that several `noloco serve`s host
 // (no one machine holds the run): etcd members that reach each other over
@@ -65,6 +65,11 @@ class EtcdServer {
   // Once etcd has ended by itself (killed, crashed): how ("killed by signal
   // 9"); nullopt while it runs. Never blocks.
   std::optional<std::string> exited();
+  // Starts etcd again on its data, as it was (once exited() says it ended):
+  // the keys it held are there, and its clients reconnect. Not for a
+  // cluster's member, which the others carry meanwhile. Throws as the
+  // constructor does.
+  void restart();
   // Stops the store and removes its data, a kept data_dir too.
   void remove_data();
   // Where private stores live: tmpfs when there is one (a store is scratch, and etcd syncs every write).
@@ -93,6 +98,11 @@ class EtcdServer {
   void stop();
   std::string dir_, endpoint_;
   bool kept_ = false;  // dir_ outlives this store
+  // How it was last started, for restart().
+  std::string client_url_, password_;
+  bool (*interrupted_)() = nullptr;
+  std::optional<StoreTlsKey> tls_;
+  bool in_cluster_ = false;
   int port_ = 0;
   pid_t pid_ = -1;
   std::optional<std::string> ended_;
