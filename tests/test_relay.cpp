@@ -418,9 +418,18 @@ TEST_F(WanRuns, APipelineWithItsStagesInFourHomesTrainsAsOnLoopback) {
     EXPECT_EQ(summary["activation_bytes_punched"], summary["activation_bytes_sent"]) << "worker " << k;
     EXPECT_EQ(summary["activation_bytes_relayed"], 0) << "worker " << k;
     EXPECT_EQ(reference["activation_bytes_punched"], 0) << "on loopback, nothing is punched";
+    // Issue 83 item 8: each worker's summary says whose it is.
+    EXPECT_EQ(summary["replica"], k / 2) << "worker " << k;
+    EXPECT_EQ(summary["stage"], k % 2) << "worker " << k;
   }
   const auto run_summary = read_json(dir / "h0" / "summary.json");
   EXPECT_EQ(run_summary["activation_bytes_punched"], run_summary["activation_bytes_sent"]) << run_summary.dump();
+  // Heard from stage by stage, listed in order (it said [0, 2, 1, 3]), and named by replica and stage.
+  EXPECT_EQ(run_summary["replicas_finished"].get<std::vector<int>>(), (std::vector<int>{0, 1, 2, 3}))
+      << run_summary.dump();
+  std::vector<std::pair<int, int>> named;
+  for (const auto& w : run_summary["workers_finished"]) named.emplace_back(w["replica"], w["stage"]);
+  EXPECT_EQ(named, (std::vector<std::pair<int, int>>{{0, 0}, {0, 1}, {1, 0}, {1, 1}})) << run_summary.dump();
 }
 
 // A joiner from a fifth home, with nothing but the lines `noloco serve`

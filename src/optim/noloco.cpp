@@ -80,10 +80,10 @@ void NoLoCo::load(const TensorMap& in) {
 std::vector<Peer> NoLoCo::my_group(int64_t id, OuterSync& sync) {
   std::vector<Peer> members;
   if (membership_) {
-    // Without the store there is no agreed snapshot: alone, until it answers again.
-    if (store_outage().ongoing()) return alone_without_store(sync);
     try {
       membership_->reach_exchange(id);
+      // Without the store there is no agreed snapshot: alone, until it answers again.
+      if (store_outage().ongoing()) return alone_without_store(sync);
       members = membership_->snapshot(record::outer_step_snapshot(id));
     } catch (const StoreUnreachable&) {
       return alone_without_store(sync);

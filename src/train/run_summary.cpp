@@ -192,7 +192,8 @@ nlohmann::json WorkerSummary::to_json() const {
   nlohmann::json j = {{"method", choice_name(method)}, {"replicas", replicas}, {"steps", steps},   {"tokens", tokens},
                       {"seconds", seconds}, {"params", params},     {"device", device}};
   traffic.add_to(j);
-  if (stages > 1) j.update({{"stages", stages}, {"routing", routing}, {"stage_params", stage_params}});
+  j["replica"] = replica;
+  if (stages > 1) j.update({{"stages", stages}, {"stage", stage}, {"routing", routing}, {"stage_params", stage_params}});
   for (const auto& f : kFigures) put(j, f.worker_key, this->*f.worker);
   if (rejoin)
     j.update({{"rejoined_at_step", rejoin->step}, {"rejoin_donor", rejoin->donor}, {"rejoin_seconds", rejoin->seconds},
@@ -219,6 +220,8 @@ WorkerSummary WorkerSummary::from_json(const nlohmann::json& j) {
   s.routing = j.value("routing", "");
   s.replicas = j.value("replicas", int64_t(1));
   s.stages = j.value("stages", int64_t(1));
+  s.replica = j.value("replica", int64_t(0));
+  s.stage = j.value("stage", int64_t(0));
   s.steps = j.value("steps", int64_t(0));
   s.tokens = j.value("tokens", int64_t(0));
   s.params = j.value("params", int64_t(0));
@@ -286,6 +289,7 @@ nlohmann::json RunSummary::to_json() const {
   if (!replicas_mostly_alone.empty()) j["replicas_mostly_alone"] = replicas_mostly_alone;
   if (!replicas_refused_as_diverged.empty()) j["replicas_refused_as_diverged"] = replicas_refused_as_diverged;
   if (!replicas_renewed.empty()) j["replicas_renewed"] = replicas_renewed;
+  for (const auto& w : workers_finished) j["workers_finished"].push_back(worker_json(w));
   if (stages > 1)
     j.update({{"stages", stages},
               {"routing", routing},
@@ -316,6 +320,7 @@ RunSummary RunSummary::from_json(const nlohmann::json& j) {
   for (const auto& w : j.value("replicas_failed", nlohmann::json::array())) s.failed.push_back(worker_of(w));
   for (const auto& w : j.value("replicas_restarted", nlohmann::json::array())) s.restarted.push_back(worker_of(w));
   for (const auto& w : j.value("replicas_left", nlohmann::json::array())) s.left.push_back(worker_of(w));
+  for (const auto& w : j.value("workers_finished", nlohmann::json::array())) s.workers_finished.push_back(worker_of(w));
   for (const auto& w : j.value("joined", nlohmann::json::array()))
     s.joined.push_back({w.value("replica", 0), optional_of<int64_t>(w, "step"), optional_of<int>(w, "donor"),
                         optional_of<double>(w, "handover_seconds")});
@@ -396,6 +401,12 @@ RunSummary::Worker place_of(const WorkerExit& e, const RunLayout& layout) {
   RunSummary::Worker where{layout.replica_of(e.rank), std::nullopt, std::nullopt, e.describe(), e.seconds};
   if (layout.stages() > 1) where.stage = layout.stage_of(e.rank);
   if (layout.workers_per_replica() > 1) where.worker = e.rank;
+  return where;
+}
+
+// A finished worker's place, without the exit's description.
+RunSummary::Worker finished_place(RunSummary::Worker where) {
+  where.reason.clear();
   return where;
 }
 
@@ -521,6 +532,7 @@ RunSummary summarize_run(const std::string& run_dir, Method method, int64_t repl
       // It finished (the store says so) and wrote its summary where it ran: another machine.
       run.joined.push_back({member, std::nullopt, std::nullopt, std::nullopt});
       run.finished.push_back(member);
+      if (stages > 1) run.workers_finished.push_back(finished_place(where));
       continue;
     }
     if (!e.ok() || !std::filesystem::exists(path)) {
@@ -542,8 +554,15 @@ RunSummary summarize_run(const std::string& run_dir, Method method, int64_t repl
       continue;
     }
     run.finished.push_back(member);
+    if (stages > 1) run.workers_finished.push_back(finished_place(where));
     tally.add_finished(run, w, member, layout.stage_of(e.rank));
   }
+  // Workers are heard from stage by stage (a serve's worker 0 asks each stage's members in turn).
+  std::sort(run.finished.begin(), run.finished.end());
+  const auto by_worker = [](const RunSummary::Worker& a, const RunSummary::Worker& b) {
+    return std::make_pair(a.replica, a.stage.value_or(0)) < std::make_pair(b.replica, b.stage.value_or(0));
+  };
+  std::sort(run.workers_finished.begin(), run.workers_finished.end(), by_worker);
   tally.write_to(run);
   return run;
 }

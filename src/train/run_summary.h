@@ -31,6 +31,7 @@ struct WorkerSummary {
   Method method = Method::none;
   std::string device, routing;
   int64_t replicas = 1, stages = 1, steps = 0, tokens = 0, params = 0, stage_params = 0;
+  int64_t replica = 0, stage = 0;  // whose summary this is (in a pipeline, summary_r<k>.json is worker k's)
   double seconds = 0;
   WorkerTraffic traffic;
   std::optional<double> final_val_loss, final_train_loss;  // on the workers that compute the loss
@@ -99,7 +100,10 @@ struct RunSummary {
   };
   Method method = Method::none;
   int64_t replicas = 1, steps = 0, params = 0, tokens = 0, collectives = 0;
-  std::vector<int> finished;  // replicas (workers in a pipelined run)
+  // The replicas that finished, by number; in a pipelined run the workers
+  // (replica · stages + stage), which workers_finished names by replica and stage.
+  std::vector<int> finished;
+  std::vector<Worker> workers_finished;
   std::vector<Worker> failed, restarted;
   std::vector<Worker> left;  // left the run on purpose (SIGTERM) before the end: neither finished nor failed
   // New members that joined the running run (noloco join): where they took a

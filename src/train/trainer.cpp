@@ -207,6 +207,8 @@ WorkerSummary summarize_worker(const TrainConfig& c, const WorkerInfo& w, const 
   summary.method = c.outer.method;
   summary.replicas = w.replicas;
   summary.stages = w.stages;
+  summary.replica = w.replica;
+  summary.stage = w.stage;
   summary.routing = choice_name(c.pipeline.routing);
   summary.steps = c.inner.steps;
   // A replica's tokens: its first worker speaks for all of its workers.
@@ -434,7 +436,7 @@ class WorkerRun {
   OuterTally tally_;
   std::optional<int64_t> left_at_step_;
   std::string store_gone_;                            // why it ended without the run's store
-  std::optional<Clock::time_point> outage_told_at_;   // a store outage under way, said at
+  bool outage_told_ = false;                          // a store outage under way, said
   std::optional<Throughput> throughput_;
   double startup_seconds_ = 0;  // process start to the first step: data, model, restore
 };
@@ -556,17 +558,17 @@ nlohmann::json WorkerRun::leave(int64_t done) {
 bool WorkerRun::store_gone() {
   auto& outage = store_outage();
   if (!outage.ongoing()) {
-    if (outage_told_at_)
+    if (outage_told_)
       spdlog::info("the run's store answers again after {}: exchanges resume at the next outer step",
-                   format_duration(seconds_since(*outage_told_at_)));
-    outage_told_at_.reset();
+                   format_duration(outage.last_seconds()));
+    outage_told_ = false;
     return false;
   }
-  if (!outage_told_at_) {
+  if (!outage_told_) {
     spdlog::warn("the run's store does not answer ({}): training on alone and asking again each second; this worker "
                  "ends with a checkpoint if it stays away {} (store_outage)",
                  outage.why(), format_duration(c_.comm.store_outage));
-    outage_told_at_ = Clock::now();
+    outage_told_ = true;
   }
   return outage.seconds().count() > c_.comm.store_outage;
 }

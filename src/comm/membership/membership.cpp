@@ -278,6 +278,7 @@ bool Membership::given_up(int rank, Clock::time_point waiting_since) {
 void Membership::reach_exchange(int64_t id) {
   std::lock_guard<std::mutex> lock(mutex_);
   exchange_ = id;
+  if (store_outage().ongoing()) return;  // partners waiting for it meanwhile find it by its silence, or later here
   const auto text = std::to_string(id);
   members_->set(member::exchange_reached(rank_), std::vector<uint8_t>(text.begin(), text.end()));
 }

@@ -64,9 +64,10 @@ class Membership final : public Liveness {
   // behind, given up at every exchange, for the rest of the run.
   bool given_up(int rank, std::chrono::steady_clock::time_point waiting_since) override;
   bool silent(int rank) override;
-  // This replica goes to exchange `id` (an outer step's): published, so that
-  // a partner still meeting for an earlier one does not wait for it (after a
-  // store outage, replicas that went alone meanwhile are outer steps apart).
+  // This replica goes to exchange `id` (an outer step's): published (unless
+  // the store is away), so that a partner still meeting for an earlier one
+  // does not wait for it (after a store outage, replicas that went alone
+  // meanwhile are outer steps apart).
   void reach_exchange(int64_t id);
   bool went_past(int rank) override;
   // This replica moved on: an inner step, or a second spent waiting for

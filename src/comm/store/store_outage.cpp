@@ -14,7 +14,8 @@ void StoreOutage::reached() {
   std::lock_guard<std::mutex> lock(mutex_);
   if (!since_) return;
   last_ended_ = Clock::now();
-  total_seconds_ += std::chrono::duration<double>(last_ended_ - *since_).count();
+  last_seconds_ = std::chrono::duration<double>(last_ended_ - *since_).count();
+  total_seconds_ += last_seconds_;
   since_.reset();
   why_.clear();
 }
@@ -37,6 +38,11 @@ std::string StoreOutage::why() const {
 StoreOutage::Clock::time_point StoreOutage::last_ended() const {
   std::lock_guard<std::mutex> lock(mutex_);
   return last_ended_;
+}
+
+double StoreOutage::last_seconds() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return last_seconds_;
 }
 
 int StoreOutage::count() const {

@@ -37,6 +37,8 @@ class StoreOutage {
   // When the last outage ended (none yet: the clock's zero). Silence that
   // spans an outage is the store's, not a member's: liveness counts from here.
   Clock::time_point last_ended() const;
+  // How long the last outage that ended lasted.
+  double last_seconds() const;
   // Outages over so far and their total length: for the summary.
   int count() const;
   double total_seconds() const;
@@ -46,6 +48,7 @@ class StoreOutage {
   std::optional<Clock::time_point> since_;
   std::string why_;
   Clock::time_point last_ended_{};
+  double last_seconds_ = 0;
   int count_ = 0;
   double total_seconds_ = 0;
 };

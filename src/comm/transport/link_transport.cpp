@@ -63,7 +63,9 @@ bool LinkTransport::any_gone(const std::vector<int>& ranks) const {
   if (!liveness_) return false;
   liveness_->progressed();
   const auto now = Clock::now();
-  return std::any_of(ranks.begin(), ranks.end(), [&](int r) { return r != self_.rank && given_up(r, now); });
+  // A member that went past the exchange (or evaluation) being formed went alone there: it will not come.
+  return std::any_of(ranks.begin(), ranks.end(),
+                     [&](int r) { return r != self_.rank && (given_up(r, now) || liveness_->went_past(r)); });
 }
 
 bool LinkTransport::silent(int rank) const {
@@ -304,11 +306,24 @@ std::vector<LinkTransport::Failure> LinkTransport::trade(const ExchangeRequest& 
     trades.push_back(std::move(t));
     traded.push_back(i);
   }
+  // A peer that went on to a later exchange without a byte of this one went
+  // alone here (it lost the store after it came to the meeting): not lost,
+  // not waited for.
+  std::vector<uint64_t> received_before(trades.size());
+  std::vector<char> went_on(trades.size(), 0);
+  for (size_t k = 0; k < trades.size(); ++k) received_before[k] = trades[k].link->bytes_received();
   {
     // A peer the liveness authority gives up meanwhile is not waited for.
     Ticker watch(std::chrono::milliseconds(50), [&] {
-      for (size_t k = 0; k < trades.size(); ++k)
-        if (given_up(present[traded[k]].rank, start)) trades[k].link->shut();
+      for (size_t k = 0; k < trades.size(); ++k) {
+        const int rank = present[traded[k]].rank;
+        if (given_up(rank, start)) {
+          trades[k].link->shut();
+        } else if (trades[k].link->bytes_received() == received_before[k] && liveness_ && liveness_->went_past(rank)) {
+          went_on[k] = 1;
+          trades[k].link->shut();
+        }
+      }
       return false;
     });
     trade_messages(trades, Clock::now() + timeout_);
@@ -336,6 +351,10 @@ std::vector<LinkTransport::Failure> LinkTransport::trade(const ExchangeRequest& 
         break;
       default:
         if (leave_requested()) break;
+        if (went_on[k]) {
+          spdlog::info("exchange {}: worker {} went on without it (alone there, its store away)", request.id, peer.rank);
+          break;
+        }
         spdlog::warn("exchange {}: worker {}'s message did not come: {}", request.id, peer.rank, t.incoming.problem);
         failed.push_back({peer, link->route() == LinkRoute::relayed});
     }
