@@ -457,8 +457,11 @@ TEST_F(Distributed, APartnerGivesUpAFrozenWorkerByItsHeartbeat) {
 // it was left out of, and from then on no exchange fails.
 TEST_F(Distributed, AReplicaThatFellBehindIsWaitedForAndPairsAgain) {
   // Steps long enough (batch 64) that catching up alone, without the
-  // exchanges' cost, does not by itself close the gap before the first pairing.
-  const auto behind = run("behind", "method=noloco replicas=4 batch=64 steps=200 outer_interval=10 peer_timeout=2"
+  // exchanges' cost, does not by itself close the gap before the first
+  // pairing; and enough of them that the others are still training when it
+  // wakes (at 200 steps they had finished on this Intel machine, 6 s after it
+  // went to sleep).
+  const auto behind = run("behind", "method=noloco replicas=4 batch=64 steps=400 outer_interval=10 peer_timeout=2"
                                     " inject_crash=1:30:stall=6");
   std::map<int, int> records;
   bool lost_one = false, paired_again = false;
@@ -472,7 +475,7 @@ TEST_F(Distributed, AReplicaThatFellBehindIsWaitedForAndPairsAgain) {
     EXPECT_EQ(rec["arrived"], rec["group"]) << "replica " << replica << " outer step " << outer_step;
     paired_again |= replica == 1 && rec["group"].size() == 2;
   }
-  EXPECT_EQ(records, (std::map<int, int>{{0, 20}, {1, 20}, {2, 20}, {3, 20}}));
+  EXPECT_EQ(records, (std::map<int, int>{{0, 40}, {1, 40}, {2, 40}, {3, 40}}));
   EXPECT_TRUE(lost_one);  // the stall did cost an exchange: the drill bit
   EXPECT_TRUE(paired_again);
 }
