@@ -945,7 +945,8 @@ TEST(Serve, ARelayOutOfDescriptorsNeitherSpinsNorStopsAnswering) {
 }
 
 // A `noloco serve` of the store outage tests, in the background under
-// `timeout`: its lines on `name`.out, its log on `name`.log.
+// `timeout`: its lines on `name`.out, its log on `name`.log. Stopped when
+// it goes, also when a test fails early.
 struct BackgroundServe {
   std::string pid;  // of its `timeout`
   std::string printed;
@@ -960,8 +961,11 @@ struct BackgroundServe {
       printed = noloco::testing::read_text(dir / (name + ".out"));
     }
   }
+  BackgroundServe(const BackgroundServe&) = delete;
+  BackgroundServe& operator=(const BackgroundServe&) = delete;
+  ~BackgroundServe() { stop(); }
   void kill_hard() const { run_command("pkill -KILL -P " + pid, 10); }  // the serve, not its `timeout`
-  void stop() const { run_command("kill -TERM " + pid, 10); }
+  void stop() const { run_command("pkill -TERM -P " + pid, 10); }
 };
 
 // A NoLoCo worker's outer records, split at the first one that found the
@@ -1016,7 +1020,6 @@ TEST(StoreOutage, WorkersTrainOnWhileTheServeIsDownAndPairAgainOnceItIsBack) {
   const auto restarted_log = noloco::testing::read_text(dir / "s1.log");
   const auto& a = first.wait();
   const auto& b = second.wait();
-  serve->stop();
   ASSERT_TRUE(exchanged) << a.output << b.output;
   EXPECT_TRUE(both_alone) << "the workers did not go on alone while the store was away";
   EXPECT_NE(serve->printed.find("NOLOCO_RELAY"), std::string::npos) << "the restarted serve: " << restarted_log;
