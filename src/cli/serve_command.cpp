@@ -129,7 +129,8 @@ Options serve_options(ServeArgs& a) {
            "at PORT+1, etcd peers at PORT+2); the token from NOLOCO_RUN_TOKEN")
       .add("store_dir", a.store_dir,
            "keep the store's data here: a serve restarted with the same port and token (after a crash, a kill, a "
-           "reboot if it is on disk) takes the run back; empty: a temporary one, removed when this serve is stopped")
+           "reboot if it is on disk) takes the run back; empty: a temporary one, removed when this serve is stopped "
+           "(a cluster's member: removed with it)")
       .add("view", a.view, "serve the run's live page (with store=true), its URL printed after the exports")
       .add("view_bind", a.view_bind, "the address the live page listens on (loopback unless told otherwise)")
       .add("view_port", a.view_port, "the live page's port (0: a free one)");
@@ -190,9 +191,12 @@ std::unique_ptr<EtcdServer> host_store(const ServeArgs& a, const std::string& ho
 
 // Where the store keeps its data: store_dir=, else one named by the run
 // (from its token, the name telling nothing of it) and the port, so that
-// the same command run again finds it.
+// the same command run again finds it. A cluster's member keeps none unless
+// told (empty: a private one, gone with it): a member restarted on old data
+// is refused by a cluster formed anew ("already bootstrapped").
 std::string store_data_dir(const ServeArgs& a, const std::string& token) {
   if (!a.store_dir.empty()) return a.store_dir;
+  if (!a.cluster.empty()) return "";
   const auto key = run_key(token, "serve store directory");
   return fmt::format("{}/noloco-store-{:02x}{:02x}{:02x}{:02x}{:02x}{:02x}-{}", EtcdServer::temp_root(), key[0],
                      key[1], key[2], key[3], key[4], key[5], a.port);
@@ -294,7 +298,7 @@ int serve_command(const std::vector<std::string>& args) {
     spdlog::info("serving a second relay on {}:{} until SIGTERM or Ctrl-C: run the NOLOCO_RELAY line above after the "
                  "store's serve's lines, on each worker (it adds this relay to that serve's; NOLOCO_STORE stays)",
                  a.bind, relay.port());
-  if (store)
+  if (store && !data_dir.empty())
     spdlog::info("serve: the store's data is in {}{}: this command run again takes the run back after a crash or a "
                  "kill",
                  data_dir, a.store_dir.empty() ? " until Ctrl-C or SIGTERM" : "");

@@ -26,7 +26,8 @@ struct ServeArgs {
   // Where the store keeps its data, so that a serve restarted after a crash
   // or a kill (same port and token) takes the run back. Empty: a directory
   // of its own in the machine's temporary files, removed when the serve is
-  // stopped (Ctrl-C, SIGTERM); one named here is always kept.
+  // stopped (Ctrl-C, SIGTERM), and for a cluster's member none that
+  // outlives it; one named here is always kept.
   std::string store_dir;
   // The run's live page (comm/view/), for holders of the token: on
   // view_bind:view_port (0: a free port), its URL printed after the exports.
