@@ -30,6 +30,7 @@
 #include "comm/store/run_keys.h"
 #include "wire/message.h"
 #include "train/checkpoint.h"
+#include "train/evaluation.h"
 #include "util/files.h"
 
 using namespace noloco;
@@ -103,6 +104,46 @@ TEST_F(Distributed, TheSpreadIsMeasuredEverySpreadIntervalAndAtTheEnd) {
   }
   ASSERT_TRUE(summary.contains("weight_std"));
   ASSERT_GT(squares, 0.0) << "the replicas differ two inner steps after their last outer step";
+  EXPECT_NEAR(summary["weight_std"].get<double>(), std::sqrt(squares / count), 1e-4 * std::sqrt(squares / count));
+}
+
+// Of more replicas than eval.spread_replicas, the spread and the mean model
+// are of a sample: the first live replica and a draw every replica makes
+// alike; the others skip them, and the summary says k of N.
+TEST_F(Distributed, TheSpreadOfManyReplicasIsOfASampleDrawnAlikeEverywhere) {
+  const auto run_dir = run("sampled", "method=noloco replicas=4 spread_replicas=2 batch=2 steps=10 outer_interval=4 "
+                                      "eval_interval=5 seed=11");
+  std::vector<Peer> members;
+  for (int r = 0; r < 4; ++r) members.push_back({r, 0});
+  for (const int64_t step : {5, 10}) {
+    std::set<int> sampled;
+    for (auto& r : metrics_records(run_dir, "val")) {
+      if (r["step"].get<int64_t>() != step || !r.contains("weight_std")) continue;
+      sampled.insert(r["replica"].get<int>());
+      EXPECT_EQ(r["spread_replicas"].get<int>(), 2);
+      EXPECT_EQ(r["live_replicas"].get<int>(), 4);
+    }
+    std::set<int> expected;
+    for (const auto& p : spread_sample(11, step, members, 2)) expected.insert(p.rank);
+    EXPECT_EQ(sampled, expected) << "step " << step;
+    EXPECT_EQ(sampled.count(0), 1u) << "the first live replica evaluates the mean model";
+  }
+  const auto summary = read_json(run_dir + "/summary.json");
+  EXPECT_EQ(summary["spread_replicas"].get<int>(), 2);
+  EXPECT_EQ(summary["live_replicas"].get<int>(), 4);
+  EXPECT_TRUE(summary.contains("final_val_loss_mean_model"));
+  // Two replicas a and b: each deviates from their mean by (a − b)/2.
+  const auto last = spread_sample(11, 10, members, 2);
+  const auto a = load_tensors(find_checkpoint(fmt::format("{}/checkpoints/r{}", run_dir, last[0].rank)) +
+                              "/model.safetensors");
+  const auto b = load_tensors(find_checkpoint(fmt::format("{}/checkpoints/r{}", run_dir, last[1].rank)) +
+                              "/model.safetensors");
+  double squares = 0, count = 0;
+  for (auto& [name, t] : a) {
+    squares += ((t.to(torch::kFloat64) - b.at(name).to(torch::kFloat64)) / 2).square().sum().item<double>();
+    count += double(t.numel());
+  }
+  ASSERT_GT(squares, 0.0);
   EXPECT_NEAR(summary["weight_std"].get<double>(), std::sqrt(squares / count), 1e-4 * std::sqrt(squares / count));
 }
 

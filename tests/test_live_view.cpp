@@ -102,7 +102,7 @@ TEST(LiveStatus, AWatcherReadsEachEntryOnceAndNothingWithoutTheToken) {
   store->set("2/1", store->get("1/1"));
   store->set("2/last", std::vector<uint8_t>{'1'});
   store->set("members", std::vector<uint8_t>{'1', ',', '2', ','});
-  store->add("changes", 1);
+  store->set("changes", std::vector<uint8_t>{'2', '.', '1'});
   EXPECT_TRUE(reader.poll(*store).empty());
   EXPECT_EQ(reader.refused(), 1);
 }
@@ -142,6 +142,23 @@ TEST(RunView, ALostMemberAJoinerAndALeaverEachShowAsSuch) {
   // Restarted, the member is back.
   view.add(entry(3, {{"rank", 3}, {"replica", 3}, {"state", "training"}, {"step", 20}, {"incarnation", 1}}), 1020);
   EXPECT_EQ(member_row(view.state(1020), 3)["state"], "training");
+}
+
+// However long the run, a member's curve stays within a bound on the page,
+// from its first evaluation to its newest.
+TEST(RunView, ALongRunsCurvesAreThinnedNotCut) {
+  RunView view;
+  for (int64_t step = 1; step <= 5000; ++step)
+    view.add(entry(0, {{"rank", 0}, {"replica", 0}, {"state", "training"}, {"step", step}, {"incarnation", 0}},
+                   json::array({json{{"kind", "val"}, {"step", step}, {"loss", 1.0}, {"bytes", 1}}})),
+             double(step));
+  const auto curve = view.state(5000)["curves"]["0"];
+  EXPECT_LE(curve.size(), 256u);
+  EXPECT_GE(curve.size(), 128u);
+  EXPECT_EQ(curve.front()[0], 1);
+  EXPECT_EQ(curve.back()[0], 5000);
+  for (size_t i = 1; i < curve.size(); ++i) EXPECT_LT(curve[i - 1][0], curve[i][0]);
+  EXPECT_EQ(curve[curve.size() - 2][0], 4999) << "the newest points are kept one by one";
 }
 
 namespace {

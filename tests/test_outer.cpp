@@ -7,6 +7,7 @@
 #include "optim/grouping.h"
 #include "optim/outer.h"
 #include "optim/slow_weights.h"
+#include "train/evaluation.h"
 #include "config/train_config.h"
 #include "wire/codec.h"
 
@@ -435,6 +436,36 @@ TEST(Grouping, PartitionIdenticalEverywhereAndChangingEachStep) {
     total += g.size();
   }
   EXPECT_EQ(total, 5u);
+}
+
+// The evaluations' sample (eval.spread_replicas): every member computes the
+// same one from the agreed snapshot, with the first live replica in it.
+TEST(SpreadSample, AllMembersUpToKElseTheFirstAndADrawTheSameEverywhere) {
+  std::vector<Peer> members;
+  for (int r = 0; r < 64; ++r) members.push_back({r + 1, r % 3});  // rank 0 dead: the first live one is 1
+  const std::vector<Peer> few(members.begin(), members.begin() + 8);
+  EXPECT_EQ(spread_sample(7, 100, few, 8), few);
+  EXPECT_EQ(spread_sample(7, 100, members, 0), members);
+  std::set<int> drawn;
+  std::set<std::vector<int>> distinct;
+  for (int64_t step = 50; step <= 5000; step += 50) {
+    const auto sample = spread_sample(7, step, members, 8);
+    EXPECT_EQ(sample, spread_sample(7, step, members, 8));  // a pure function of (seed, step, members)
+    ASSERT_EQ(sample.size(), 8u);
+    EXPECT_EQ(sample.front(), members.front());
+    std::vector<int> ranks;
+    for (const auto& p : sample) {
+      EXPECT_NE(std::find(members.begin(), members.end(), p), members.end()) << p.rank << " is no member";
+      ranks.push_back(p.rank);
+    }
+    EXPECT_TRUE(std::is_sorted(ranks.begin(), ranks.end()));
+    EXPECT_EQ(std::set<int>(ranks.begin(), ranks.end()).size(), 8u) << "a member drawn twice";
+    drawn.insert(ranks.begin(), ranks.end());
+    distinct.insert(ranks);
+  }
+  EXPECT_EQ(drawn.size(), 64u) << "100 draws of 7 of 63 leave a member out";
+  EXPECT_EQ(distinct.size(), 100u);
+  EXPECT_NE(spread_sample(7, 100, members, 8), spread_sample(8, 100, members, 8));  // another seed, another draw
 }
 
 // The separation a coset-coded φ grid widens by: how many draws back two

@@ -325,7 +325,8 @@ void WanRuns::four_homes_train_as_on_loopback(const std::string& nat) {
   const bool punched = nat == "eim";
   const std::string expected_route = punched ? "punched" : "relayed";
   const char* route_bytes = punched ? "bytes_punched" : "bytes_relayed";
-  const std::string run = "steps=20 outer_interval=5 peer_timeout=60";
+  // The last evaluation's spread is of a sample (3 of the 4), as in a swarm: no step waits for every home.
+  const std::string run = "steps=20 outer_interval=5 peer_timeout=60 spread_replicas=3";
   for (const std::string method : {"noloco", "diloco"}) {
     // Each run its own serve: its own token, store and relay.
     const int port = method == "noloco" ? 29500 : 29510;
@@ -372,6 +373,9 @@ void WanRuns::four_homes_train_as_on_loopback(const std::string& nat) {
     EXPECT_EQ(run_summary["replicas_finished"].get<std::vector<int>>(), (std::vector<int>{0, 1, 2, 3}))
         << run_summary.dump();
     EXPECT_EQ(run_summary[route_bytes], run_summary["bytes_sent"]) << run_summary.dump();
+    EXPECT_EQ(run_summary["spread_replicas"], 3) << run_summary.dump();
+    EXPECT_EQ(run_summary["live_replicas"], 4) << run_summary.dump();
+    EXPECT_EQ(run_summary["weight_std"], read_json(dir / (method + "_loopback") / "summary.json")["weight_std"]);
     EXPECT_FALSE(std::filesystem::exists(dir / (method + "_h1") / "summary.json")) << "worker 0 alone writes it";
   }
 }

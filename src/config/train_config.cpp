@@ -75,6 +75,9 @@ void add_training_options(Options& o, TrainConfig& c) {
       .add("eval_batches", c.eval.batches, "validation batches per evaluation")
       .add("spread_interval", c.eval.spread_interval,
            "steps between evaluations across replicas (weight std, mean model); 0: every evaluation")
+      .add("spread_replicas", c.eval.spread_replicas,
+           "replicas whose weights make the weight std and mean model: the first live one and a sample drawn per "
+           "evaluation; 0: all")
       .add("log_interval", c.eval.log_interval, "steps between progress lines")
       .add("sample_tokens", c.eval.sample_tokens,
            "tokens of the sample printed at the end (each evaluation prints one line of its first 40); 0: none")
@@ -427,6 +430,8 @@ void TrainConfig::validate() const {
   positive("eval_interval", double(eval.interval));
   positive("eval_batches", double(eval.batches));
   non_negative("spread_interval", double(eval.spread_interval));
+  non_negative("spread_replicas", double(eval.spread_replicas));
+  if (eval.spread_replicas == 1) invalid("spread_replicas=1 has no spread: 0 (all) or 2 or more");
   if (eval.spread_interval % eval.interval != 0)
     invalid(fmt::format("spread_interval ({}) must be a multiple of eval_interval ({})", eval.spread_interval,
                         eval.interval));

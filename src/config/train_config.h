@@ -122,6 +122,10 @@ struct EvalConfig {
   // model's loss: a weight all-reduce, costly on slow links); 0: at every
   // evaluation. Always at the last step.
   int64_t spread_interval = 0;
+  // How many replicas those evaluations average: a group of every live
+  // replica forms a full mesh, which at tens of replicas no longer forms
+  // within a timeout, and whose cost grows with them; 0: all.
+  int64_t spread_replicas = 8;
   int64_t log_interval = 10;
   int64_t sample_tokens = 200;
   std::string sample_prompt = "\n";

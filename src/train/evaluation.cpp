@@ -6,19 +6,36 @@
 #include "comm/store/run_record.h"
 #include "comm/store/store_outage.h"
 #include "util/error_text.h"
+#include "util/splitmix.h"
 #include "util/log.h"
 
 namespace noloco {
 
-ReplicaSpread evaluate_across_replicas(int64_t step, Transport& transport, Membership& membership, FlatParams& flat,
-                                       WorkerModel& model) {
+std::vector<Peer> spread_sample(uint64_t seed, int64_t step, const std::vector<Peer>& members, int64_t k) {
+  if (k == 0 || int64_t(members.size()) <= k) return members;
+  std::vector<Peer> rest(members.begin() + 1, members.end());
+  uint64_t state = splitmix64(seed ^ splitmix64(uint64_t(step) + 0x737072656164ULL));
+  for (size_t i = 0; i + 1 < size_t(k); ++i) {  // a partial Fisher-Yates: rest[0..k−2] is the draw
+    state = splitmix64(state);
+    std::swap(rest[i], rest[i + state % (rest.size() - i)]);
+  }
+  std::vector<Peer> sample = {members.front()};
+  sample.insert(sample.end(), rest.begin(), rest.begin() + long(k - 1));
+  std::sort(sample.begin(), sample.end(), [](const Peer& a, const Peer& b) { return a.rank < b.rank; });
+  return sample;
+}
+
+ReplicaSpread evaluate_across_replicas(int64_t step, uint64_t seed, int64_t k, Transport& transport,
+                                       Membership& membership, FlatParams& flat, WorkerModel& model) {
   ReplicaSpread out;
   torch::NoGradGuard no_grad;
   auto& theta = flat.values();
   if (store_outage().ongoing()) return out;  // no agreed members to average with
   try {
     const auto name = record::evaluation_snapshot(step);
-    const auto members = membership.snapshot(name);
+    const auto live = membership.snapshot(name);
+    out.live_replicas = int(live.size());
+    const auto members = spread_sample(seed, step, live, k);
     if (members.size() < 2 || std::find(members.begin(), members.end(), membership.self()) == members.end())
       return out;
     const auto group = transport.subgroup(name, members);
@@ -32,6 +49,7 @@ ReplicaSpread evaluate_across_replicas(int64_t step, Transport& transport, Membe
     group->all_reduce_mean(deviation);
     out.bytes_sent = group->stats().bytes_sent;
     out.weight_std = std::sqrt(deviation.item<double>());
+    out.replicas = int(members.size());
     // The first live replica (in a pipeline: of every stage, while none is lost) evaluates the mean model.
     if (model.evaluates_mean_model(group->rank())) {
       auto own = theta.clone();

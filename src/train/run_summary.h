@@ -69,6 +69,12 @@ struct WorkerSummary {
   // The process's largest resident set (a corpus's mapped pages included),
   // and the seconds from its start until it was ready for its first step.
   std::optional<double> peak_rss_mib, startup_seconds;
+  // What training asked of the run's store per outer step, from its first
+  // step (heartbeats left out: they go by the clock): requests, KiB answered.
+  std::optional<double> store_requests_per_outer_step, store_kib_read_per_outer_step;
+  // The evaluations across replicas at its last one: of how many replicas
+  // weight_std and the mean model are, of how many alive (eval.spread_replicas).
+  std::optional<double> spread_replicas, live_replicas;
   // A replica of several workers (replica_workers): each worker's own
   // figures; the replica's peak_rss_mib and startup_seconds are their largest.
   struct ReplicaWorker {
@@ -126,6 +132,8 @@ struct RunSummary {
   std::optional<double> dropped_fraction_worst_outer_step;  // the largest of any worker
   std::optional<double> outer_blocked_seconds_per_replica;  // likewise
   std::optional<double> worker_peak_rss_mib, worker_startup_seconds;  // the largest of any worker
+  std::optional<double> store_requests_per_outer_step, store_kib_read_per_outer_step;  // mean over the workers
+  std::optional<double> spread_replicas, live_replicas;  // the evaluation that gave weight_std
   std::optional<double> paired_fraction_worst, longest_alone_outer_steps;  // the worst of any replica
   std::optional<double> handovers_served, handovers_abandoned;          // summed over the replicas
   // Replicas that had no partner at more than kMostlyAlone of their outer steps.

@@ -11,6 +11,7 @@
 #include <fmt/format.h>
 
 #include "comm/store/store_outage.h"
+#include "comm/store/store_traffic.h"
 #include "config/worker_env.h"
 #include "data/dataset.h"
 #include "model/generate.h"
@@ -223,7 +224,11 @@ WorkerSummary summarize_worker(const TrainConfig& c, const WorkerInfo& w, const 
   }
   if (model.computes_loss() && std::isfinite(val_loss)) summary.final_val_loss = val_loss;
   if (model.computes_loss() && std::isfinite(last_loss)) summary.final_train_loss = last_loss;
-  if (!std::isnan(spread.weight_std)) summary.weight_std = spread.weight_std;
+  if (!std::isnan(spread.weight_std)) {
+    summary.weight_std = spread.weight_std;
+    summary.spread_replicas = spread.replicas;
+    summary.live_replicas = spread.live_replicas;
+  }
   if (!std::isnan(spread.mean_model_loss)) summary.final_val_loss_mean_model = spread.mean_model_loss;
   if (rejoined) summary.rejoin = WorkerSummary::Rejoin{rejoined->step, rejoined->donor, rejoined->seconds, rejoined->joined};
   // With fragments an outer step is each synchronisation of the fragment
@@ -439,6 +444,7 @@ class WorkerRun {
   bool outage_told_ = false;                          // a store outage under way, said
   std::optional<Throughput> throughput_;
   double startup_seconds_ = 0;  // process start to the first step: data, model, restore
+  StoreTraffic store_at_start_;  // what training asks of the store is counted from its first step
 };
 
 WorkerRun::WorkerRun(const TrainConfig& c, const WorkerInfo& w)
@@ -487,6 +493,7 @@ WorkerRun::WorkerRun(const TrainConfig& c, const WorkerInfo& w)
   throughput_.emplace(first_step_, c.inner.steps);
   startup_seconds_ = seconds_since_process_start();
   set_state(record::WorkerState::training);
+  store_at_start_ = store_traffic();
 }
 
 InnerStepResult WorkerRun::inner_step(int64_t step) {
@@ -670,7 +677,8 @@ void WorkerRun::evaluate(int64_t done, bool last, double lr) {
   spread_ = ReplicaSpread{};  // a validation without the spread logs none, not the previous one
   const bool across_replicas = w_.transport && w_.membership && w_.replicas > 1;
   if (across_replicas && (last || c_.eval.spread_interval == 0 || done % c_.eval.spread_interval == 0)) {
-    spread_ = evaluate_across_replicas(done, *w_.transport, *w_.membership, flat_, *model_);
+    spread_ = evaluate_across_replicas(done, c_.run.seed, c_.eval.spread_replicas, *w_.transport, *w_.membership,
+                                       flat_, *model_);
     evaluation_bytes_ += spread_.bytes_sent;
   }
   evaluation_seconds_ += seconds_since(evaluation_start);
@@ -678,7 +686,9 @@ void WorkerRun::evaluate(int64_t done, bool last, double lr) {
   auto r = record(done, "val", w_, *model_,
                   {{"lr", lr}, {"elapsed", seconds_since(start_)}, {"evaluation_seconds", evaluation_seconds_}});
   if (std::isfinite(val_loss_)) r["loss"] = val_loss_;
-  if (!std::isnan(spread_.weight_std)) r["weight_std"] = spread_.weight_std;
+  if (!std::isnan(spread_.weight_std))
+    r.update({{"weight_std", spread_.weight_std}, {"spread_replicas", spread_.replicas},
+              {"live_replicas", spread_.live_replicas}});
   if (!std::isnan(spread_.weight_std) && w_.stages > 1) r["stage_params"] = flat_.numel();
   if (!std::isnan(spread_.mean_model_loss)) r["loss_mean_model"] = spread_.mean_model_loss;
   if (w_.transport) r["eval_bytes_sent"] = evaluation_bytes_;
@@ -704,6 +714,12 @@ nlohmann::json WorkerRun::finish() {
   summary.store_outage_seconds = store_outage().total_seconds();
   summary.peak_rss_mib = peak_rss_mib();
   summary.startup_seconds = startup_seconds_;
+  const auto store = store_traffic();
+  if (tally_.outer_steps > 0 && store.requests > store_at_start_.requests) {
+    summary.store_requests_per_outer_step = double(store.requests - store_at_start_.requests) / tally_.outer_steps;
+    summary.store_kib_read_per_outer_step =
+        double(store.bytes_read - store_at_start_.bytes_read) / 1024 / tally_.outer_steps;
+  }
   if (w_.replica_group) gather_replica_workers(*w_.replica_group, w_, device_, summary);
   const auto j = summary.to_json();
   // One summary per replica (a worker in a pipeline), by its first worker.

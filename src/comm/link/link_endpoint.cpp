@@ -42,6 +42,12 @@ bool address_of(const std::string& text, sockaddr_storage* out) {
   }
 }
 
+bool on_loopback(const std::string& address) {
+  sockaddr_storage a{};
+  return address_of(address, &a) &&
+         (ntohl(reinterpret_cast<const sockaddr_in&>(a).sin_addr.s_addr) >> 24) == 127;  // 127.0.0.0/8
+}
+
 // A socket bound to `bind`:`port` that other sockets may share (the punching port).
 int shared_socket(const std::string& bind, int port) {
   const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
@@ -385,7 +391,8 @@ LinkPtr LinkEndpoint::dial(const LinkEnd& self, const LinkEnd& peer, const LinkA
   }
   if (problem->empty() || relays_.empty())
     say(stop() && Clock::now() < deadline ? "given up" : fmt::format("no way to the peer ({}) in time", theirs.listen));
-  if (relays_.empty())
+  // A peer at a loopback address is on this machine: no router stands between, it did not take the link.
+  if (relays_.empty() && !on_loopback(theirs.listen))
     say("behind NAT or a firewall, run `noloco serve` on a public machine and give every worker its NOLOCO_RELAY");
   return nullptr;
 }

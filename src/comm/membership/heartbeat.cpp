@@ -6,6 +6,7 @@
 #include <torch/csrc/distributed/c10d/Store.hpp>
 
 #include "comm/store/store_outage.h"
+#include "comm/store/store_traffic.h"
 
 namespace noloco {
 
@@ -19,6 +20,7 @@ Heartbeat::Heartbeat(StorePtr store, const std::string& token, int worker, std::
   const auto key = heartbeat_key(token, worker), progress = progress_key(token, worker);
   store->add(key, 1);
   thread_ = std::thread([this, store, key, progress, period] {
+    count_this_thread_as_clocked();
     std::unique_lock<std::mutex> lock(mutex_);
     int64_t published = 0;
     // On through a store outage: its beats are also what finds the store back (comm/store/store_outage.h).

@@ -19,8 +19,10 @@ using Clock = std::chrono::steady_clock;
 
 // How long a worker asked to stop waits on a silent partner (heartbeats come every second).
 constexpr std::chrono::milliseconds kSilentWhenStopping{3000};
-// How often a partner's exchange_reached is read while this worker waits for it.
-constexpr std::chrono::milliseconds kReachedReadEvery{250};
+// How often a waiting worker reads the lists it waits on (the dead, a
+// partner's exchange_reached): a meeting's watchdog asks every 20 ms, and a
+// list read that often was most of what a waiting replica asked of the store.
+constexpr std::chrono::milliseconds kListReadEvery{250};
 
 namespace member = record::member;
 
@@ -260,7 +262,7 @@ void Membership::declare_dead(int rank) {
 bool Membership::given_up(int rank, Clock::time_point waiting_since) {
   std::lock_guard<std::mutex> lock(mutex_);
   const auto now = Clock::now();
-  if (now - last_dead_read_ > std::chrono::milliseconds(20)) {
+  if (now - last_dead_read_ > kListReadEvery) {
     last_dead_read_ = now;
     try {
       dead_ = read_or_empty(*members_, member::kDead);
@@ -287,7 +289,7 @@ bool Membership::went_past(int rank) {
   std::lock_guard<std::mutex> lock(mutex_);
   auto& r = reached_[rank];
   const auto now = Clock::now();
-  if (now - r.read > kReachedReadEvery) {
+  if (now - r.read > kListReadEvery) {
     r.read = now;
     try {
       const auto text = read_or_empty(*members_, member::exchange_reached(rank));

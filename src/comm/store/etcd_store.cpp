@@ -15,6 +15,7 @@
 #include <nlohmann/json.hpp>
 
 #include "comm/store/store_outage.h"
+#include "comm/store/store_traffic.h"
 #include "util/parse_number.h"
 
 namespace noloco {
@@ -200,6 +201,7 @@ struct EtcdStore::Http {
     curl_easy_setopt(curl, CURLOPT_WRITEDATA, &response);
     const CURLcode rc = curl_easy_perform(curl);
     curl_slist_free_all(h);
+    count_store_request(response.size());
     return rc;
   }
 
@@ -307,6 +309,7 @@ struct EtcdStore::Http {
       std::string pending;
       bool put = false, failed = false, hung = false;
       std::string why;
+      uint64_t bytes = 0;
       Http* http = nullptr;
       Clock::time_point heard = Clock::now();
     } stream;
@@ -321,6 +324,7 @@ struct EtcdStore::Http {
     curl_easy_setopt(w, CURLOPT_WRITEFUNCTION, +[](char* data, size_t size, size_t count, void* user) -> size_t {
       auto& s = *static_cast<Stream*>(user);
       s.heard = Clock::now();
+      s.bytes += size * count;
       s.pending.append(data, size * count);
       for (size_t end; (end = s.pending.find('\n')) != std::string::npos;) {
         const auto line = Json::parse(s.pending.substr(0, end), nullptr, false);
@@ -363,6 +367,7 @@ struct EtcdStore::Http {
     const CURLcode rc = curl_easy_perform(w);
     curl_slist_free_all(h);
     curl_easy_cleanup(w);
+    count_store_request(stream.bytes);
     if (stream.put) return true;
     if (stream.failed && !user.empty() && stream.why.find("invalid auth token") != std::string::npos) {
       authenticate();  // a restarted store knows no token it gave before

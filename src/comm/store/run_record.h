@@ -134,7 +134,7 @@ inline bool ends_the_worker(const std::string& state) {
 inline const std::string kStatus = "status";
 namespace status {
 inline const std::string kMembers = "members";
-inline const std::string kChanges = "changes";
+inline const std::string kChanges = "changes";  // <rank>.<n> of the newest entry: a watcher's poll reads no further unless it moved
 inline const std::string kWatchers = "watchers";
 inline std::string last(int rank) { return in(std::to_string(rank), "last"); }
 inline std::string entry(int rank, int64_t n) { return numbered(std::to_string(rank), n); }

@@ -5,6 +5,7 @@
 #include <thread>
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 #include <spdlog/spdlog.h>
 
 #include "comm/store/run_keys.h"
@@ -29,6 +30,15 @@ std::vector<int> ranks_of(const std::vector<Peer>& peers) {
   std::vector<int> ranks;
   for (const auto& p : peers) ranks.push_back(p.rank);
   return ranks;
+}
+
+// Up to eight ranks of a list, and how many more: a group of tens would fill lines with them.
+std::string few_of(const std::vector<int>& ranks) {
+  if (ranks.empty()) return "none";
+  constexpr size_t kNamed = 8;
+  const std::vector<int> named(ranks.begin(), ranks.begin() + long(std::min(ranks.size(), kNamed)));
+  return ranks.size() > kNamed ? fmt::format("{} and {} more", fmt::join(named, ", "), ranks.size() - kNamed)
+                               : fmt::format("{}", fmt::join(named, ", "));
 }
 
 uint8_t* bytes_ptr(const torch::Tensor& t) { return static_cast<uint8_t*>(t.data_ptr()); }
@@ -136,14 +146,22 @@ std::unique_ptr<LinkCollectives> LinkTransport::form_mesh(LinkBook& book, const 
   std::vector<std::string> problems;
   const auto opened = open_links(book, peers, {}, attempt, given_up_by_any, &problems);
   std::vector<LinkPtr> links(members.size());
+  std::vector<int> alive, silent_ones;  // the members whose links did not open, by their heartbeats
+  std::string first_problem;
   for (size_t i = 0, j = 0; i < members.size(); ++i) {
     if (members[i] == self_) continue;
     if (!opened[j]) {
-      marks->set(abandoned, std::vector<uint8_t>{1});
-      throw std::runtime_error(
-          fmt::format("{}: no link to member {} came: {}", attempt, members[i].rank, problems[j]));
+      (silent(members[i].rank) ? silent_ones : alive).push_back(members[i].rank);
+      if (first_problem.empty()) first_problem = fmt::format("member {}: {}", members[i].rank, problems[j]);
     }
     links[i] = opened[j++];
+  }
+  if (!alive.empty() || !silent_ones.empty()) {
+    marks->set(abandoned, std::vector<uint8_t>{1});
+    throw std::runtime_error(fmt::format("{}: the links to {} of {} members did not open; alive by their heartbeats: "
+                                         "{}; silent: {}; {}",
+                                         attempt, alive.size() + silent_ones.size(), peers.size(), few_of(alive),
+                                         few_of(silent_ones), first_problem));
   }
   return std::make_unique<LinkCollectives>(std::move(links), int(me - members.begin()), run_id_, timeout_);
 }

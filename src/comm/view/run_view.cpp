@@ -9,12 +9,27 @@ namespace {
 // The page draws the pairings of the last 60 outer steps; the timeline is kept whole up to a bound.
 constexpr size_t kPairingsKept = 500;
 constexpr size_t kTimelineKept = 5000;
+// A member's validation curve: past this many points every other older one
+// goes (the curve keeps its whole span, coarser), so that the page's state is
+// bounded by the members however long the run.
+constexpr size_t kCurvePointsKept = 256;
 
 bool ended(const nlohmann::json& status) { return record::ends_the_worker(status.value("state", "")); }
 
 template <typename T>
 void keep_last(std::vector<T>& items, size_t n) {
   if (items.size() > n) items.erase(items.begin(), items.end() - ptrdiff_t(n));
+}
+
+// Halves the points before the newest half of `n`, keeping the first and the newest.
+template <typename T>
+void thin_out(std::vector<T>& points, size_t n) {
+  if (points.size() <= n) return;
+  const size_t older = points.size() - n / 2;
+  std::vector<T> kept;
+  for (size_t i = 0; i < points.size(); ++i)
+    if (i >= older || i % 2 == 0) kept.push_back(std::move(points[i]));
+  points = std::move(kept);
 }
 
 }  // namespace
@@ -42,6 +57,7 @@ void RunView::add(const StatusEntry& entry, double now) {
     if (kind == "val") {
       m.vals.push_back({step, point.value("loss", 0.0), point.value("mean_loss", nlohmann::json()),
                         point.value("bytes", 0.0)});
+      thin_out(m.vals, kCurvePointsKept);
     } else if (kind == "outer") {
       pairings_.push_back({{"outer_step", point.value("outer_step", int64_t(0))},
                            {"step", step},

@@ -108,7 +108,7 @@ class StatusReader {
   const std::unique_ptr<Seal> seal_;
   const std::string id_;  // this watcher's, in `watchers`
   bool listed_ = false;
-  int64_t changes_seen_ = -1;
+  std::string changes_seen_ = "none yet";  // the marker of the last change it read up to
   std::map<int, int64_t> read_up_to_;  // by rank
   int64_t refused_ = 0;
 };
