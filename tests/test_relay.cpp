@@ -1005,7 +1005,8 @@ TEST(StoreOutage, WorkersTrainOnWhileTheServeIsDownAndPairAgainOnceItIsBack) {
   ASSERT_NE(serve->printed.find("NOLOCO_RELAY"), std::string::npos) << noloco::testing::read_text(dir / "s0.log");
   noloco::testing::write_text(dir / "c.txt", noloco::testing::shakespeare(200000));
   const int steps = 4000;
-  const auto run = fmt::format(" method=noloco batch=2 steps={} outer_interval=20 bind=127.0.0.1", steps);
+  // One thread each: two plain-env workers cannot tell they share the machine, and took two each.
+  const auto run = fmt::format(" method=noloco batch=2 steps={} outer_interval=20 bind=127.0.0.1 threads=1", steps);
   const auto env = assignments(serve->printed) + "WORLD_SIZE=2 ";
   noloco::testing::BackgroundCli second(noloco::testing::small_train_args(dir / "c.txt", dir / "w1") + run, 240,
                                         env + "RANK=1");
