@@ -798,7 +798,8 @@ TEST_F(Pipeline, OneForwardOneBackwardEqualsGPipeWithBoundedActivations) {
     for (auto& [name, t] : wa) EXPECT_TRUE(torch::equal(t, wb.at(name))) << "worker " << worker << " " << name;
     const int stage = worker % 3;
     const auto held = [&](const std::string& run) {
-      return read_json(fmt::format("{}/summary_r{}.json", run, worker))["peak_micro_batches_held"].get<int64_t>();
+      const auto summary = read_json(fmt::format("{}/summary_r{}_s{}.json", run, worker / 3, stage));
+      return summary["peak_micro_batches_held"].get<int64_t>();
     };
     EXPECT_EQ(held(gpipe), 5) << "worker " << worker;
     EXPECT_EQ(held(interleaved), 3 - stage) << "worker " << worker;
@@ -946,7 +947,7 @@ TEST_F(Pipeline, WorkersJoinARunningPipelinedRunAtTheStageWithFewestWorkers) {
   EXPECT_GT(trained.at(2).begin()->first, joined_at[5]);
   EXPECT_EQ(trained.at(2).rbegin()->first, steps);
   EXPECT_GT(double(trained.at(2).size()), 0.95 * double(steps - joined_at[5])) << "routed to at (nearly) every step";
-  EXPECT_GT(read_json(run_dir + "/summary_r4.json")["activation_bytes_sent"].get<double>(), 0);
+  EXPECT_GT(read_json(run_dir + "/summary_r2_s0.json")["activation_bytes_sent"].get<double>(), 0);
   // In the groupings: replica 0 of each stage averaged with the joiner of its stage.
   std::set<int> stages_paired;
   for (auto& o : metrics_records(run_dir, "outer"))
@@ -954,8 +955,8 @@ TEST_F(Pipeline, WorkersJoinARunningPipelinedRunAtTheStageWithFewestWorkers) {
       for (int member : o["group"].get<std::vector<int>>())
         if (member == 2) stages_paired.insert(o["stage"].get<int>());
   EXPECT_EQ(stages_paired, (std::set<int>{0, 1}));
-  const double first = read_json(run_dir + "/summary_r1.json")["final_val_loss"].get<double>(),
-               joiner = read_json(run_dir + "/summary_r5.json")["final_val_loss"].get<double>();
+  const double first = read_json(run_dir + "/summary_r0_s1.json")["final_val_loss"].get<double>(),
+               joiner = read_json(run_dir + "/summary_r2_s1.json")["final_val_loss"].get<double>();
   EXPECT_NEAR(joiner, first, 0.02 * first);
   EXPECT_EQ(r.output.find("timed out"), std::string::npos) << r.output;
 
@@ -998,10 +999,10 @@ TEST_F(Pipeline, AStageWorkerLeavesOnSigtermAndNoMicroBatchIsLost) {
   EXPECT_TRUE(summary["replicas_failed"].empty()) << summary.dump();
   ASSERT_EQ(summary["replicas_left"].size(), 1u) << summary.dump();
   EXPECT_EQ(summary["replicas_left"][0]["worker"].get<int>(), 3);
-  const auto left = read_json(run_dir + "/summary_r3.json")["left_at_step"].get<int64_t>();
+  const auto left = read_json(run_dir + "/summary_r1_s1.json")["left_at_step"].get<int64_t>();
   EXPECT_LT(left, steps) << "it left before the end";
   for (int worker : {0, 1, 2}) {
-    const auto w = read_json(fmt::format("{}/summary_r{}.json", run_dir, worker));
+    const auto w = read_json(fmt::format("{}/summary_r{}_s{}.json", run_dir, worker / 2, worker % 2));
     EXPECT_EQ(w["micro_batches_dropped"].get<int64_t>(), 0) << "worker " << worker;
     EXPECT_EQ(w["pipeline_peers_lost"].get<int64_t>(), 0) << "worker " << worker;
   }

@@ -408,8 +408,8 @@ TEST_F(WanRuns, APipelineWithItsStagesInFourHomesTrainsAsOnLoopback) {
   const auto local = noloco::testing::run_cli(train_args("loopback", run + " replicas=2"), 60);
   ASSERT_EQ(local.exit_code, 0) << local.output;
   for (int k = 0; k < 4; ++k) {
-    const auto summary = read_json(dir / fmt::format("h{}/summary_r{}.json", k, k));
-    const auto reference = read_json(dir / fmt::format("loopback/summary_r{}.json", k));
+    const auto summary = read_json(dir / fmt::format("h{}/summary_r{}_s{}.json", k, k / 2, k % 2));
+    const auto reference = read_json(dir / fmt::format("loopback/summary_r{}_s{}.json", k / 2, k % 2));
     if (k % 2 == 1) {  // the last stage computes the losses
       EXPECT_EQ(summary["final_val_loss"].get<double>(), reference["final_val_loss"].get<double>()) << "worker " << k;
       EXPECT_EQ(summary["final_train_loss"].get<double>(), reference["final_train_loss"].get<double>())

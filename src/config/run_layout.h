@@ -47,8 +47,7 @@ class RunLayout {
   int speaker_of(int rank) const { return speaker(replica_of(rank), stage_of(rank)); }
 
   // One copy of one stage (a replica's workers at that stage), numbered
-  // replica * stages + stage: restarted together, summarised in
-  // summary_r<unit>.json.
+  // replica * stages + stage: restarted together, summarised together.
   int unit_of(int rank) const { return replica_of(rank) * stages_ + stage_of(rank); }
   std::vector<int> ranks_of_unit(int unit) const {
     std::vector<int> ranks;

@@ -62,7 +62,7 @@ void write_run_summary_without_store(const TrainConfig& cfg, double seconds) {
     for (int member = 0; member < int(cfg.run.replicas); ++member) {
       WorkerExit e;
       e.rank = layout.speaker(member, stage);
-      if (!file_exists(fmt::format("{}/summary_r{}.json", cfg.run.out, layout.unit_of(e.rank)))) {
+      if (!file_exists(worker_summary_path(cfg.run.out, layout, e.rank))) {
         e.exit_code = 1;
         e.why = "not heard from: the run's store is gone";
       }
@@ -121,7 +121,7 @@ void write_run_summary(const TrainConfig& cfg, const Worker& worker, const nlohm
       }
       // Its own worker wrote it where it ran: here too (the same bytes, if this disk is that one).
       const auto text = member_summary(store, env.token, scope, member);
-      if (!text.empty()) write_file_atomic(fmt::format("{}/summary_r{}.json", cfg.run.out, layout.unit_of(e.rank)), text);
+      if (!text.empty()) write_file_atomic(worker_summary_path(cfg.run.out, layout, e.rank), text);
       members.push_back(e);
     }
   }

@@ -33,7 +33,7 @@ bool writes_run_summary(const WorkerEnv& env);
 
 // Worker 0 at the end of such a run: waits until every member (joiners
 // included) has finished, or is given up by its heartbeat, or SIGTERM asks
-// this worker to leave; then writes each replica's summary_r<k>.json that the
+// this worker to leave; then writes each replica's summary (worker_summary_path) that the
 // store holds and this disk lacks (the machines need not share one), and
 // summary.json. A world of one writes `own_summary` (what train returned) as
 // the run's. `seconds`: since this worker started. Ended without the run's

@@ -194,6 +194,12 @@ WorkerTraffic WorkerTraffic::from_json(const nlohmann::json& j) {
   return t;
 }
 
+std::string worker_summary_path(const std::string& run_dir, const RunLayout& layout, int rank) {
+  const int replica = layout.replica_of(rank);
+  return layout.stages() > 1 ? fmt::format("{}/summary_r{}_s{}.json", run_dir, replica, layout.stage_of(rank))
+                             : fmt::format("{}/summary_r{}.json", run_dir, replica);
+}
+
 nlohmann::json WorkerSummary::to_json() const {
   nlohmann::json j = {{"method", choice_name(method)}, {"replicas", replicas}, {"steps", steps},   {"tokens", tokens},
                       {"seconds", seconds}, {"params", params},     {"device", device}};
@@ -533,7 +539,7 @@ RunSummary summarize_run(const std::string& run_dir, Method method, int64_t repl
       continue;
     }
     const int member = layout.unit_of(e.rank);
-    const auto path = fmt::format("{}/summary_r{}.json", run_dir, member);
+    const auto path = worker_summary_path(run_dir, layout, e.rank);
     if (e.joined && e.ok() && !std::filesystem::exists(path)) {
       // It finished (the store says so) and wrote its summary where it ran: another machine.
       run.joined.push_back({member, std::nullopt, std::nullopt, std::nullopt});

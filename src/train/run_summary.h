@@ -1,4 +1,5 @@
-// What a run leaves behind: summary_r<k>.json per worker and summary.json
+// What a run leaves behind: a summary per replica (summary_r<replica>.json;
+// in a pipeline, per worker: summary_r<replica>_s<stage>.json) and summary.json
 // for the run, written and read back through these structs (the report
 // reads runs with the same code that wrote them); and the comparison table.
 #pragma once
@@ -14,8 +15,12 @@
 #include "pipeline/pipeline_stats.h"
 #include "comm/launch/launcher.h"
 #include "config/choices.h"
+#include "config/run_layout.h"
 
 namespace noloco {
+
+// Where the summary of the worker of `rank` (its replica's first at its stage) is in `run_dir`.
+std::string worker_summary_path(const std::string& run_dir, const RunLayout& layout, int rank);
 
 // Where a worker sits and what its traffic cost so far: the fields every
 // metrics record and summary of the worker carries.
@@ -31,7 +36,7 @@ struct WorkerSummary {
   Method method = Method::none;
   std::string device, routing;
   int64_t replicas = 1, stages = 1, steps = 0, tokens = 0, params = 0, stage_params = 0;
-  int64_t replica = 0, stage = 0;  // whose summary this is (in a pipeline, summary_r<k>.json is worker k's)
+  int64_t replica = 0, stage = 0;  // whose summary this is
   double seconds = 0;
   WorkerTraffic traffic;
   std::optional<double> final_val_loss, final_train_loss;  // on the workers that compute the loss

@@ -199,7 +199,7 @@ void gather_replica_workers(Transport& replica, const WorkerInfo& w, const torch
   }
 }
 
-// This worker's share of summary_r<k>.json.
+// This worker's share of its replica's summary (worker_summary_path).
 WorkerSummary summarize_worker(const TrainConfig& c, const WorkerInfo& w, const ModelConfig& arch, WorkerModel& model,
                                int64_t stage_params, double seconds, double val_loss, double last_loss,
                                const ReplicaSpread& spread, const std::optional<Rejoined>& rejoined,
@@ -723,7 +723,7 @@ nlohmann::json WorkerRun::finish() {
   if (w_.replica_group) gather_replica_workers(*w_.replica_group, w_, device_, summary);
   const auto j = summary.to_json();
   // One summary per replica (a worker in a pipeline), by its first worker.
-  if (speaks_) write_json_atomic(fmt::format("{}/summary_r{}.json", out_, w_.layout().unit_of(w_.rank)), j);
+  if (speaks_) write_json_atomic(worker_summary_path(out_, w_.layout(), w_.rank), j);
   if (!left_at_step_) set_state(record::WorkerState::finished);
   try {
     // Before the run hears it finished: a launcher then takes its store down.

@@ -12,7 +12,7 @@
 namespace noloco {
 
 // Runs the whole job for one worker and returns its summary (also written to
-// out/summary_r<rank>.json, and out/summary.json for a lone worker).
+// its replica's summary file (worker_summary_path), and out/summary.json for a lone worker).
 nlohmann::json train(const TrainConfig& config, const WorkerInfo& worker);
 
 // Default run directory for a config without `out`.

@@ -145,7 +145,7 @@ class WorkerLife {
   // told not to wait for this worker.
   std::vector<OuterSync> leave();
   // At the end (after the worker's own last records): the partners stop
-  // waiting for it. `summary`: its summary_r<k>.json (empty: none), kept in
+  // waiting for it. `summary`: its replica's summary (empty: none), kept in
   // the run's store for the worker writing the run's (train/run_end.h).
   void end_membership(const std::string& summary) const;
 
