@@ -237,23 +237,16 @@ int serve_until_stopped(EtcdServer* store, bool in_cluster) {
   for (;;) {
     if (const int signal = wait_for_stop(std::chrono::milliseconds(500))) return signal;
     if (given_up || !store) continue;
-    const auto how = store->exited();
-    if (!how) continue;
     if (in_cluster) {
+      const auto how = store->exited();
+      if (!how) continue;
       spdlog::error("serve: this machine's store member (etcd) {}: the run's store goes on at the cluster's other "
                     "members while they hold a majority",
                     *how);
       given_up = true;
       continue;
     }
-    spdlog::error("serve: this machine's store (etcd) {}: starting it again on its data", *how);
-    try {
-      store->restart();
-      spdlog::info("serve: the run's store is back");
-    } catch (const std::exception& e) {
-      spdlog::error("serve: the run's store did not start again ({}); the relay goes on", error_text(e));
-      given_up = true;
-    }
+    given_up = !store->restart_if_ended("serve: ", "the relay goes on");
   }
 }
 

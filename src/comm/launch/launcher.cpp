@@ -515,23 +515,6 @@ std::vector<WorkerExit> await_joiners(const LaunchPlan& plan, const StorePtr& st
   return out;
 }
 
-// The run's store ended by itself (killed, crashed): started again on its
-// data, while the workers train on without it. One that does not come back
-// is left gone (`given_up`): the workers end once their store_outage has passed.
-void restart_if_ended(EtcdServer& etcd, bool& given_up) {
-  if (given_up) return;
-  const auto how = etcd.exited();
-  if (!how) return;
-  spdlog::error("the run's store (etcd) {}: starting it again on its data; the workers train on meanwhile", *how);
-  try {
-    etcd.restart();
-    spdlog::info("the run's store is back");
-  } catch (const std::exception& e) {
-    spdlog::error("the run's store did not start again: {}", error_text(e));
-    given_up = true;
-  }
-}
-
 }  // namespace
 
 LaunchResult launch_local_workers(const LaunchPlan& plan, const std::vector<std::string>& worker_args) {
@@ -565,7 +548,8 @@ LaunchResult launch_local_workers(const LaunchPlan& plan, const std::vector<std:
   while (workers.running() > 0) {
     workers.take_signal(result);
     if (workers.reap(result)) continue;
-    restart_if_ended(etcd, store_given_up);
+    // A store that does not come back is left gone: the workers end once their store_outage has passed.
+    store_given_up = store_given_up || !etcd.restart_if_ended("", "the workers train on meanwhile");
     workers.check_workers();
     std::this_thread::sleep_for(std::chrono::milliseconds(50));
   }

@@ -24,6 +24,7 @@
 #include "comm/store/etcd_store.h"
 #include "comm/store/run_keys.h"
 #include "util/error_text.h"
+#include "util/log.h"
 #include "util/files.h"
 
 namespace noloco {
@@ -290,6 +291,20 @@ void EtcdServer::restart() {
   for (const char* socket : {"client.sock:1", "peer.sock:1"}) fs::remove(dir_ + "/" + socket, ec);
   // Authentication is on in its data already: a login as root says it is up.
   start(client_url_, endpoint_, password_, interrupted_, /*enable_auth=*/false, tls_ ? &*tls_ : nullptr);
+}
+
+bool EtcdServer::restart_if_ended(const std::string& prefix, const std::string& meanwhile) {
+  const auto how = exited();
+  if (!how) return true;
+  spdlog::error("{}the run's store (etcd) {}: starting it again on its data; {}", prefix, *how, meanwhile);
+  try {
+    restart();
+    spdlog::info("{}the run's store is back", prefix);
+    return true;
+  } catch (const std::exception& e) {
+    spdlog::error("{}the run's store did not start again ({}); {}", prefix, error_text(e), meanwhile);
+    return false;
+  }
 }
 
 void EtcdServer::remove_data() {

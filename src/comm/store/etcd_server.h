@@ -70,6 +70,11 @@ class EtcdServer {
   // cluster's member, which the others carry meanwhile. Throws as the
   // constructor does.
   void restart();
+  // The supervisor's check, every while: once etcd has ended, starts it
+  // again, saying so on the log behind `prefix` ("serve: ") with `meanwhile`
+  // (what goes on without it). False once it did not start again (said
+  // too): asking once more would fail the same way.
+  bool restart_if_ended(const std::string& prefix, const std::string& meanwhile);
   // Stops the store and removes its data, a kept data_dir too.
   void remove_data();
   // Where private stores live: tmpfs when there is one (a store is scratch, and etcd syncs every write).
