@@ -198,8 +198,8 @@ std::string store_data_dir(const ServeArgs& a, const std::string& token) {
   if (!a.store_dir.empty()) return a.store_dir;
   if (!a.cluster.empty()) return "";
   const auto key = run_key(token, "serve store directory");
-  return fmt::format("{}/noloco-store-{:02x}{:02x}{:02x}{:02x}{:02x}{:02x}-{}", EtcdServer::temp_root(), key[0],
-                     key[1], key[2], key[3], key[4], key[5], a.port);
+  return fmt::format("{}/noloco-store-{:02x}-{}", EtcdServer::temp_root(), fmt::join(key.begin(), key.begin() + 6, ""),
+                     a.port);
 }
 
 // The run's page, reading the store this serve hosts (in a cluster, this
