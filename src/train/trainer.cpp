@@ -5,6 +5,7 @@
 #include <cmath>
 #include <ctime>
 #include <filesystem>
+#include <functional>
 #include <optional>
 #include <thread>
 
@@ -394,6 +395,10 @@ class WorkerRun {
   // Ends the run here without its store: what is in flight is applied, the
   // state saved; the summary says why.
   nlohmann::json end_without_store(int64_t done);
+  // Training stops after step `done`, before the last: what is in flight
+  // settled by `settle` (its wait counted as blocked) and recorded, this
+  // step's checkpoint saved.
+  void stop_at(int64_t done, const std::function<std::vector<OuterSync>()>& settle);
   uint64_t activation_bytes_sent() const {
     const auto pipeline = model_->pipeline_stats();
     return pipeline ? pipeline->bytes_sent : 0;
@@ -552,14 +557,18 @@ std::optional<int64_t> WorkerRun::outer_step(int64_t done, bool last) {
 nlohmann::json WorkerRun::leave(int64_t done) {
   spdlog::info("worker {} leaves the run after step {} (SIGTERM)", w_.rank, done);
   set_state(record::WorkerState::left);
+  stop_at(done, [&] { return life_.leave(); });
+  if (w_.stage_link) serve_listed_steps(done);
+  return finish();
+}
+
+void WorkerRun::stop_at(int64_t done, const std::function<std::vector<OuterSync>()>& settle) {
   const auto start = Clock::now();
-  const auto in_flight = life_.leave();
+  const auto in_flight = settle();
   tally_.blocked_seconds += seconds_since(start);
   record_outer_steps(done, in_flight);
   checkpoints_.save(done);
   left_at_step_ = done;
-  if (w_.stage_link) serve_listed_steps(done);
-  return finish();
 }
 
 bool WorkerRun::store_gone() {
@@ -584,12 +593,7 @@ nlohmann::json WorkerRun::end_without_store(int64_t done) {
   store_gone_ = fmt::format("the run's store did not answer for {} ({})", format_duration(c_.comm.store_outage),
                             store_outage().why());
   spdlog::error("{}: this worker ends after step {} with its checkpoint and its summary", store_gone_, done);
-  const auto start = Clock::now();
-  const auto in_flight = outer_->finish(flat_);
-  tally_.blocked_seconds += seconds_since(start);
-  record_outer_steps(done, in_flight);
-  checkpoints_.save(done);
-  left_at_step_ = done;
+  stop_at(done, [&] { return outer_->finish(flat_); });
   return finish();
 }
 
