@@ -10,6 +10,7 @@
 #include <unistd.h>
 
 #include <filesystem>
+#include <functional>
 #include <future>
 #include <thread>
 
@@ -53,6 +54,9 @@ int loopback_listener(sockaddr_in* at) {
   return fd;
 }
 
+// What a->b carries before its first message's frame: the hello and the proof, then the stream's header.
+constexpr size_t kBeforeFirstFrame = link_wire::kHelloBytes + link_wire::kProofBytes + Link::kStreamHeaderBytes;
+
 // Both ends open at once (as two workers do after meeting); {dialer's, acceptor's}.
 std::pair<LinkPtr, LinkPtr> open_both(LinkEndpoint& a, LinkEndpoint& b, LinkAddresses a_seen, LinkAddresses b_seen,
                                       std::string* problem, std::chrono::seconds within = std::chrono::seconds(20)) {
@@ -79,6 +83,48 @@ bool trade(Link& a, Link& b, size_t n) {
   const auto got_a = a.receive(at_a.data(), n, deadline);
   return sent_a.get() && sent_b.get() && got_a == int64_t(n) && got_b.get() == int64_t(n) && at_a == to_a && at_b == to_b;
 }
+
+// A man in the middle between a and b (its listener is the address a dials
+// for b): b->a goes through as it comes, a->b as `forward(from_a, to_b)`
+// carries it. Joined when it goes: its sockets are closed by then.
+class OnPathProxy {
+ public:
+  OnPathProxy(const LinkEndpoint& b, std::function<void(int from_a, int to_b)> forward)
+      : listener_(loopback_listener(&at_)) {
+    if (listener_ < 0) return;
+    thread_ = std::thread([this, port = b.port(), forward = std::move(forward)] {
+      const int from_a = ::accept(listener_, nullptr, nullptr);
+      const int to_b = ::socket(AF_INET, SOCK_STREAM, 0);
+      sockaddr_in b_at{};
+      b_at.sin_family = AF_INET;
+      b_at.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+      b_at.sin_port = htons(uint16_t(port));
+      if (from_a >= 0 && ::connect(to_b, reinterpret_cast<sockaddr*>(&b_at), sizeof(b_at)) == 0) {
+        std::thread back([&] {
+          std::vector<uint8_t> buffer(4096);
+          for (ssize_t n; (n = ::read(to_b, buffer.data(), buffer.size())) > 0;) ::write(from_a, buffer.data(), size_t(n));
+          ::shutdown(from_a, SHUT_WR);
+        });
+        forward(from_a, to_b);
+        ::shutdown(to_b, SHUT_WR);
+        back.join();
+      }
+      if (from_a >= 0) ::close(from_a);
+      ::close(to_b);
+    });
+  }
+  ~OnPathProxy() {
+    if (thread_.joinable()) thread_.join();
+    if (listener_ >= 0) ::close(listener_);
+  }
+  bool ok() const { return listener_ >= 0; }
+  std::string address() const { return fmt::format("127.0.0.1:{}", ntohs(at_.sin_port)); }
+
+ private:
+  sockaddr_in at_{};
+  int listener_;
+  std::thread thread_;
+};
 
 }  // namespace
 
@@ -166,41 +212,20 @@ TEST(Links, AFrameChangedOnTheWayIsNeverDeliveredAndBreaksTheLink) {
 // receiver never takes it for a second message.
 TEST(Links, AFrameReplayedOnTheWayIsRefusedAndNeverDeliveredTwice) {
   LinkEndpoint a(on_loopback(), kKey, kRelayKey), b(on_loopback(), kKey, kRelayKey);
-  sockaddr_in at{};
-  const int listener = loopback_listener(&at);
-  ASSERT_GE(listener, 0);
   constexpr size_t kMessage = 1000;
-  // What a->b carries before the message's frame: the hello and the proof, then the stream's header.
-  constexpr size_t kBefore = link_wire::kHelloBytes + link_wire::kProofBytes + Link::kStreamHeaderBytes;
   const size_t frame = Link::wire_bytes(kMessage, true);
-  std::thread proxy([&] {
-    const int from_a = ::accept(listener, nullptr, nullptr);
-    const int to_b = ::socket(AF_INET, SOCK_STREAM, 0);
-    sockaddr_in b_at{};
-    b_at.sin_family = AF_INET;
-    b_at.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    b_at.sin_port = htons(uint16_t(b.port()));
-    if (from_a < 0 || ::connect(to_b, reinterpret_cast<sockaddr*>(&b_at), sizeof(b_at)) != 0) return;
-    std::thread back([&] {  // b->a as it comes
-      std::vector<uint8_t> buffer(4096);
-      for (ssize_t n; (n = ::read(to_b, buffer.data(), buffer.size())) > 0;) ::write(from_a, buffer.data(), size_t(n));
-      ::shutdown(from_a, SHUT_WR);
-    });
-    std::vector<uint8_t> seen;
-    std::vector<uint8_t> buffer(4096);
-    for (ssize_t n; seen.size() < kBefore + frame && (n = ::read(from_a, buffer.data(), buffer.size())) > 0;) {
+  OnPathProxy proxy(b, [&](int from_a, int to_b) {
+    std::vector<uint8_t> seen, buffer(4096);
+    for (ssize_t n; seen.size() < kBeforeFirstFrame + frame && (n = ::read(from_a, buffer.data(), buffer.size())) > 0;) {
       seen.insert(seen.end(), buffer.begin(), buffer.begin() + n);
       ::write(to_b, buffer.data(), size_t(n));
     }
-    if (seen.size() >= kBefore + frame) ::write(to_b, seen.data() + kBefore, frame);  // the message's frame again
+    if (seen.size() >= kBeforeFirstFrame + frame) ::write(to_b, seen.data() + kBeforeFirstFrame, frame);  // again
     for (ssize_t n; (n = ::read(from_a, buffer.data(), buffer.size())) > 0;) ::write(to_b, buffer.data(), size_t(n));
-    ::shutdown(to_b, SHUT_WR);
-    back.join();
-    ::close(from_a);
-    ::close(to_b);
   });
+  ASSERT_TRUE(proxy.ok());
   auto b_seen = b.addresses();
-  b_seen.listen = fmt::format("127.0.0.1:{}", ntohs(at.sin_port));
+  b_seen.listen = proxy.address();
   std::string problem;
   auto [da, db] = open_both(a, b, a.addresses(), b_seen, &problem);
   ASSERT_TRUE(da && db) << problem;
@@ -214,8 +239,46 @@ TEST(Links, AFrameReplayedOnTheWayIsRefusedAndNeverDeliveredTwice) {
   EXPECT_EQ(std::count(got.begin(), got.end(), 42), 0) << "the copy is never handed out";
   da->shut();
   db->shut();
-  proxy.join();
-  ::close(listener);
+}
+
+// Issue 83 item 9: a peer (or a path) that stops in the middle of a message,
+// its connection left open. The receiver's wait ends at its deadline with
+// the link broken and nothing of the half message handed out; it does not
+// wait for the rest.
+TEST(Links, AMessageThatStopsHalfWayEndsTheReceiveAtItsDeadline) {
+  LinkEndpoint a(on_loopback(), kKey, kRelayKey), b(on_loopback(), kKey, kRelayKey);
+  constexpr size_t kMessage = 100000;
+  const size_t half = kBeforeFirstFrame + Link::wire_bytes(kMessage, true) / 2;
+  std::promise<void> released;
+  auto release = released.get_future().share();
+  OnPathProxy proxy(b, [&, release](int from_a, int to_b) {
+    std::vector<uint8_t> buffer(4096);
+    for (size_t passed = 0; passed < half;) {
+      const ssize_t n = ::read(from_a, buffer.data(), std::min(buffer.size(), half - passed));
+      if (n <= 0) return;
+      ::write(to_b, buffer.data(), size_t(n));
+      passed += size_t(n);
+    }
+    release.wait();  // the rest is held, the connection open
+  });
+  struct ReleaseWhenDone {  // before the proxy is joined, also when an assertion ends the test early
+    std::promise<void>& released;
+    ~ReleaseWhenDone() { released.set_value(); }
+  } release_when_done{released};
+  ASSERT_TRUE(proxy.ok());
+  auto b_seen = b.addresses();
+  b_seen.listen = proxy.address();
+  std::string problem;
+  auto [da, db] = open_both(a, b, a.addresses(), b_seen, &problem);
+  ASSERT_TRUE(da && db) << problem;
+  std::vector<uint8_t> message(kMessage, 42), got(kMessage, 0);
+  ASSERT_TRUE(da->send({{message.data(), message.size()}}, Clock::now() + std::chrono::seconds(5)));
+  EXPECT_EQ(db->receive(got.data(), got.size(), Clock::now() + std::chrono::seconds(2)), -1);
+  EXPECT_TRUE(db->broken()) << db->problem();
+  EXPECT_NE(db->problem().find("in time"), std::string::npos) << db->problem();
+  EXPECT_EQ(std::count(got.begin(), got.end(), 42), 0) << "nothing of the half message is handed out";
+  da->shut();
+  db->shut();
 }
 
 TEST(Links, AMessageLargerThanExpectedBreaksTheLinkInsteadOfOverflowing) {
