@@ -126,6 +126,18 @@ class OnPathProxy {
   std::thread thread_;
 };
 
+// a and b open a link, a dialing b through `proxy`.
+std::pair<LinkPtr, LinkPtr> open_through(const OnPathProxy& proxy, LinkEndpoint& a, LinkEndpoint& b,
+                                         std::string* problem) {
+  if (!proxy.ok()) {
+    *problem = "the proxy has no listener";
+    return {};
+  }
+  auto b_seen = b.addresses();
+  b_seen.listen = proxy.address();
+  return open_both(a, b, a.addresses(), b_seen, problem);
+}
+
 }  // namespace
 
 TEST(Links, TwoWorkersOpenOneSealedLinkAndTradeBothWaysAtOnce) {
@@ -223,11 +235,8 @@ TEST(Links, AFrameReplayedOnTheWayIsRefusedAndNeverDeliveredTwice) {
     if (seen.size() >= kBeforeFirstFrame + frame) ::write(to_b, seen.data() + kBeforeFirstFrame, frame);  // again
     for (ssize_t n; (n = ::read(from_a, buffer.data(), buffer.size())) > 0;) ::write(to_b, buffer.data(), size_t(n));
   });
-  ASSERT_TRUE(proxy.ok());
-  auto b_seen = b.addresses();
-  b_seen.listen = proxy.address();
   std::string problem;
-  auto [da, db] = open_both(a, b, a.addresses(), b_seen, &problem);
+  auto [da, db] = open_through(proxy, a, b, &problem);
   ASSERT_TRUE(da && db) << problem;
   std::vector<uint8_t> message(kMessage, 42), got(kMessage, 0);
   ASSERT_TRUE(da->send({{message.data(), message.size()}}, Clock::now() + std::chrono::seconds(5)));
@@ -265,11 +274,8 @@ TEST(Links, AMessageThatStopsHalfWayEndsTheReceiveAtItsDeadline) {
     std::promise<void>& released;
     ~ReleaseWhenDone() { released.set_value(); }
   } release_when_done{released};
-  ASSERT_TRUE(proxy.ok());
-  auto b_seen = b.addresses();
-  b_seen.listen = proxy.address();
   std::string problem;
-  auto [da, db] = open_both(a, b, a.addresses(), b_seen, &problem);
+  auto [da, db] = open_through(proxy, a, b, &problem);
   ASSERT_TRUE(da && db) << problem;
   std::vector<uint8_t> message(kMessage, 42), got(kMessage, 0);
   ASSERT_TRUE(da->send({{message.data(), message.size()}}, Clock::now() + std::chrono::seconds(5)));
