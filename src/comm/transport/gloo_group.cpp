@@ -253,9 +253,9 @@ GlooGroup join_gloo_group(const StorePtr& store, const WorkerEnv& env, const std
   }
   throw std::runtime_error(fmt::format(
       "could not join the run at {} as worker {} ({} {} of {}) within {}s ({} tries): a member did not come (it "
-      "died, or is unreachable at its bind address: behind NAT or a firewall, run `noloco serve` on a public machine "
-      "and give every worker its NOLOCO_RELAY), NOLOCO_RUN_TOKEN differs, or a process that is not a member takes "
-      "the group's connections: {}",
+      "died, or is unreachable at its bind address: Gloo connects members directly, so a replica's workers, and a "
+      "ddp run's, must reach each other with no NAT or firewall between), NOLOCO_RUN_TOKEN differs, or a process "
+      "that is not a member takes the group's connections: {}",
       store_address(env), env.rank, name, rank, world, timeout.count() / 1000, attempt, why));
 }
 
