@@ -10,11 +10,7 @@ std::vector<std::vector<int>> noloco_groups(uint64_t seed, int64_t outer_step,
                                             const std::vector<int>& members, int n) {
   std::vector<int> order = members;
   std::sort(order.begin(), order.end());
-  uint64_t state = splitmix64(seed ^ splitmix64(uint64_t(outer_step) + 0x6e6f6c6f636fULL));
-  for (size_t i = order.size(); i > 1; --i) {
-    state = splitmix64(state);
-    std::swap(order[i - 1], order[state % i]);
-  }
+  seeded_shuffle(order, splitmix64(seed ^ splitmix64(uint64_t(outer_step) + 0x6e6f6c6f636fULL)));
   std::vector<std::vector<int>> groups;
   for (size_t i = 0; i < order.size(); i += size_t(n)) {
     std::vector<int> g(order.begin() + long(i), order.begin() + long(std::min(order.size(), i + size_t(n))));

@@ -52,11 +52,7 @@ std::vector<int> route_permutation(uint64_t seed, int64_t step, int64_t micro, i
   for (int d = 0; d < replicas; ++d) perm[size_t(d)] = d;
   if (!random) return perm;
   uint64_t state = splitmix64(seed ^ splitmix64(0x726f757465ULL + uint64_t(step)));
-  state = splitmix64(state ^ splitmix64(uint64_t(micro) * 0x10001ULL + uint64_t(boundary)));
-  for (size_t i = perm.size(); i > 1; --i) {  // Fisher-Yates with our own generator: same on every platform
-    state = splitmix64(state);
-    std::swap(perm[i - 1], perm[state % i]);
-  }
+  seeded_shuffle(perm, splitmix64(state ^ splitmix64(uint64_t(micro) * 0x10001ULL + uint64_t(boundary))));
   return perm;
 }
 

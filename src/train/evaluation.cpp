@@ -14,11 +14,7 @@ namespace noloco {
 std::vector<Peer> spread_sample(uint64_t seed, int64_t step, const std::vector<Peer>& members, int64_t k) {
   if (k == 0 || int64_t(members.size()) <= k) return members;
   std::vector<Peer> rest(members.begin() + 1, members.end());
-  uint64_t state = splitmix64(seed ^ splitmix64(uint64_t(step) + 0x737072656164ULL));
-  for (size_t i = 0; i + 1 < size_t(k); ++i) {  // a partial Fisher-Yates: rest[0..k−2] is the draw
-    state = splitmix64(state);
-    std::swap(rest[i], rest[i + state % (rest.size() - i)]);
-  }
+  seeded_shuffle(rest, splitmix64(seed ^ splitmix64(uint64_t(step) + 0x737072656164ULL)));
   std::vector<Peer> sample = {members.front()};
   sample.insert(sample.end(), rest.begin(), rest.begin() + long(k - 1));
   std::sort(sample.begin(), sample.end(), [](const Peer& a, const Peer& b) { return a.rank < b.rank; });

@@ -1,5 +1,8 @@
 #pragma once
+#include <cstddef>
 #include <cstdint>
+#include <utility>
+#include <vector>
 
 namespace noloco {
 
@@ -10,6 +13,16 @@ inline uint64_t splitmix64(uint64_t x) {
   x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
   x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
   return x ^ (x >> 31);
+}
+
+// Fisher-Yates driven by SplitMix64 from `state`: the same order on every
+// platform and standard library (std::shuffle's is the library's own).
+template <class T>
+void seeded_shuffle(std::vector<T>& items, uint64_t state) {
+  for (size_t i = items.size(); i > 1; --i) {
+    state = splitmix64(state);
+    std::swap(items[i - 1], items[state % i]);
+  }
 }
 
 }  // namespace noloco
