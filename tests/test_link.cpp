@@ -9,9 +9,12 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <atomic>
+#include <cstring>
 #include <filesystem>
 #include <functional>
 #include <future>
+#include <mutex>
 #include <thread>
 
 #include <fmt/format.h>
@@ -123,6 +126,104 @@ class OnPathProxy {
  private:
   sockaddr_in at_{};
   int listener_;
+  std::thread thread_;
+};
+
+// A man in the middle in front of a relay: every connection to it goes on
+// to `relay` as it comes, except the relay's answer to a reflection, whose
+// address it rewrites to `aim` (where it would have the run's punches go).
+class ReflectionRewriter {
+ public:
+  ReflectionRewriter(int relay_port, const sockaddr_in& aim) : listener_(loopback_listener(&at_)) {
+    if (listener_ < 0) return;
+    thread_ = std::thread([this, relay_port, aim] {
+      while (!stopping_) {
+        pollfd p{listener_, POLLIN, 0};
+        if (::poll(&p, 1, 50) != 1) continue;
+        const int client = ::accept(listener_, nullptr, nullptr);
+        if (client < 0) continue;
+        const int relay = ::socket(AF_INET, SOCK_STREAM, 0);
+        sockaddr_in relay_at{};
+        relay_at.sin_family = AF_INET;
+        relay_at.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+        relay_at.sin_port = htons(uint16_t(relay_port));
+        for (int fd : {client, relay}) {
+          const timeval five{5, 0};
+          ::setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &five, sizeof(five));
+        }
+        if (::connect(relay, reinterpret_cast<sockaddr*>(&relay_at), sizeof(relay_at)) != 0) {
+          ::close(client);
+          ::close(relay);
+          continue;
+        }
+        std::lock_guard<std::mutex> lock(mutex_);
+        open_.push_back(client);
+        open_.push_back(relay);
+        carriers_.emplace_back([this, client, relay, aim] { carry(client, relay, aim); });
+      }
+    });
+  }
+  ~ReflectionRewriter() {
+    stopping_ = true;
+    if (thread_.joinable()) thread_.join();
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      for (int fd : open_) ::shutdown(fd, SHUT_RDWR);
+    }
+    for (auto& c : carriers_) c.join();
+    for (int fd : open_) ::close(fd);
+    if (listener_ >= 0) ::close(listener_);
+  }
+  bool ok() const { return listener_ >= 0; }
+  std::string address() const { return fmt::format("127.0.0.1:{}", ntohs(at_.sin_port)); }
+  int rewritten() const { return rewritten_; }
+
+ private:
+  static bool pass(int from, int to, uint8_t* buffer, size_t n) {
+    for (size_t got = 0; got < n;) {
+      const ssize_t r = ::read(from, buffer + got, n - got);
+      if (r <= 0) return false;
+      got += size_t(r);
+    }
+    return ::write(to, buffer, n) == ssize_t(n);
+  }
+  void carry(int client, int relay, const sockaddr_in& aim) {
+    std::array<uint8_t, relay_wire::kRequestBytes + relay_wire::kReflectionBytes> buffer{};
+    if (!pass(relay, client, buffer.data(), relay_wire::kChallengeBytes) ||
+        !pass(client, relay, buffer.data(), relay_wire::kRequestBytes))
+      return;
+    if (buffer[0] == relay_wire::kReflect) {
+      std::array<uint8_t, relay_wire::kReflectionBytes> answer{};
+      for (size_t got = 0; got < answer.size();) {
+        const ssize_t r = ::read(relay, answer.data() + got, answer.size() - got);
+        if (r <= 0) return;
+        got += size_t(r);
+      }
+      std::memcpy(answer.data(), &aim.sin_addr, 4);
+      std::memcpy(answer.data() + 4, &aim.sin_port, 2);
+      ++rewritten_;
+      (void)!::write(client, answer.data(), answer.size());
+      ::shutdown(client, SHUT_WR);
+      return;
+    }
+    std::thread back([&] {
+      std::vector<uint8_t> chunk(4096);
+      for (ssize_t n; (n = ::read(relay, chunk.data(), chunk.size())) > 0;) ::write(client, chunk.data(), size_t(n));
+      ::shutdown(client, SHUT_WR);
+    });
+    std::vector<uint8_t> chunk(4096);
+    for (ssize_t n; (n = ::read(client, chunk.data(), chunk.size())) > 0;) ::write(relay, chunk.data(), size_t(n));
+    ::shutdown(relay, SHUT_WR);
+    back.join();
+  }
+
+  sockaddr_in at_{};
+  int listener_;
+  std::atomic<bool> stopping_{false};
+  std::atomic<int> rewritten_{0};
+  std::mutex mutex_;
+  std::vector<int> open_;
+  std::vector<std::thread> carriers_;
   std::thread thread_;
 };
 
@@ -365,6 +466,36 @@ TEST(Links, AStrangerWhoAnswersThePunchAndSaysNothingLeavesThePairToTheRelay) {
   EXPECT_EQ(da->route(), LinkRoute::relayed);
   EXPECT_TRUE(trade(*da, *db, 1 << 16));
   ::close(stranger);
+}
+
+// Issue 83 item 9: an on-path rewrite of the relay's answer to "where do you
+// see me" would aim the run's punches at a third party. The answer carries
+// the relay's proof over this connection's challenge, so a rewritten one is
+// refused: that worker punches nowhere, the third party hears nothing, and
+// the pair still gets its link through the relay.
+TEST(Links, ARewrittenReflectionIsRefusedAndAimsNoPunch) {
+  RelayServer relay("127.0.0.1", 0, kRelayKey);
+  sockaddr_in third_party_at{};
+  const int third_party = loopback_listener(&third_party_at);
+  ASSERT_GE(third_party, 0);
+  ReflectionRewriter rewriter(relay.port(), third_party_at);
+  ASSERT_TRUE(rewriter.ok());
+  LinkEndpoint a(on_loopback({fmt::format("127.0.0.1:{}", relay.port())}), kKey, kRelayKey),
+      b(on_loopback({rewriter.address()}), kKey, kRelayKey);
+  EXPECT_GE(rewriter.rewritten(), 1);
+  EXPECT_EQ(relay.stats().reflected, rewriter.rewritten() + 1) << "the relay answered both";
+  EXPECT_EQ(a.addresses().reflexive.rfind("127.0.0.1:", 0), 0u) << a.addresses().reflexive;
+  EXPECT_EQ(b.addresses().reflexive, "") << "a rewritten answer is not taken";
+  auto a_seen = a.addresses(), b_seen = b.addresses();
+  a_seen.listen = b_seen.listen = "";  // neither reachable directly: punch, else relay
+  std::string problem;
+  const auto [da, db] = open_both(a, b, a_seen, b_seen, &problem, std::chrono::seconds(15));
+  ASSERT_TRUE(da && db) << problem;
+  EXPECT_EQ(da->route(), LinkRoute::relayed);
+  EXPECT_TRUE(trade(*da, *db, 1 << 16));
+  pollfd reached{third_party, POLLIN, 0};
+  EXPECT_EQ(::poll(&reached, 1, 0), 0) << "no punch went to the third party";
+  ::close(third_party);
 }
 
 // The book publishes where its member is reached and keeps the link while

@@ -86,15 +86,18 @@ int connect_state(int fd) {
 }
 
 // Where the relay at `relay` sees a connection from local port `port` come
-// from, asked until `deadline` (a relay starting with the run may not listen yet); "" if it never said.
+// from, asked until `deadline` (a relay starting with the run may not listen
+// yet); "" if it never said, or if the answer's proof is not the relay's (it
+// was rewritten on the way: no punch is aimed by it).
 std::string reflected(const sockaddr_storage& relay, const RelayKey& key, const std::string& bind, int port,
                       Clock::time_point deadline) {
   std::array<uint8_t, relay_wire::kReflectionBytes> answer{};
-  for (bool ok = false; !ok && Clock::now() < deadline;) {
+  std::array<uint8_t, relay_wire::kChallengeBytes> challenge{};
+  bool ok = false;
+  while (!ok && Clock::now() < deadline) {
     const int fd = shared_socket(bind, port);
     if (fd < 0) return "";
     const ListenerId none{};
-    std::array<uint8_t, relay_wire::kChallengeBytes> challenge{};
     ok = begin_connect(fd, relay) && wait_connected(fd, deadline) &&
          read_exactly(fd, challenge.data(), challenge.size(), deadline);
     if (ok) {
@@ -108,7 +111,16 @@ std::string reflected(const sockaddr_storage& relay, const RelayKey& key, const 
     ::close(fd);
     if (!ok) std::this_thread::sleep_until(std::min(deadline, Clock::now() + std::chrono::milliseconds(200)));
   }
-  if (std::all_of(answer.begin(), answer.end(), [](uint8_t b) { return b == 0; })) return "";
+  if (!ok) return "";
+  const auto proof = relay_wire::reflection_proof(key, answer.data(), challenge.data());
+  if (sodium_memcmp(proof.data(), answer.data() + relay_wire::kAddressBytes, proof.size()) != 0) {
+    spdlog::warn("links: the relay at {} answered where it sees this worker with a proof that is not the relay's "
+                 "(changed on the way, or not our relay): no hole is punched from its answer",
+                 text_of(relay));
+    return "";
+  }
+  if (std::all_of(answer.begin(), answer.begin() + relay_wire::kAddressBytes, [](uint8_t b) { return b == 0; }))
+    return "";
   sockaddr_storage seen{};
   auto& in = reinterpret_cast<sockaddr_in&>(seen);
   in.sin_family = AF_INET;

@@ -38,6 +38,15 @@ std::array<uint8_t, kProofBytes> request_proof(const RelayKey& key, uint8_t op, 
   return mac;
 }
 
+std::array<uint8_t, kProofBytes> reflection_proof(const RelayKey& key, const uint8_t* address,
+                                                  const uint8_t* challenge) {
+  constexpr uint8_t kAnswer = 'A';  // not a request's op: a client's proof is never an answer's
+  static_assert(kAddressBytes <= sizeof(ListenerId));
+  ListenerId padded{};
+  std::copy(address, address + kAddressBytes, padded.begin());
+  return request_proof(key, kAnswer, padded, challenge);
+}
+
 }  // namespace relay_wire
 
 namespace {
@@ -307,6 +316,8 @@ void RelayServer::reflect(Connection& c) {
     std::memcpy(answer.data(), &in.sin_addr, 4);
     std::memcpy(answer.data() + 4, &in.sin_port, 2);
   }
+  const auto proof = relay_wire::reflection_proof(key_, answer.data(), c.challenge.data());
+  std::copy(proof.begin(), proof.end(), answer.begin() + relay_wire::kAddressBytes);
   ++reflected_;  // before the answer: a client that has it reads the count with it
   (void)!::send(c.fd, answer.data(), answer.size(), MSG_NOSIGNAL);
   close_connection(c);

@@ -43,16 +43,23 @@ constexpr uint8_t kPark = 'P';    // a listener's connection, waiting for its di
 constexpr uint8_t kDial = 'D';    // a dialer's, asking for a listener
 constexpr uint8_t kJoined = 'J';  // sent to both once spliced
 // Asks where the relay sees the connection come from; the answer is
-// kReflectionBytes (IPv4 address and port, network order; zeros: not IPv4),
-// then the relay closes. A worker behind NAT learns the public address its
-// router gives its connections, which a hole punch aims at.
+// kAddressBytes (IPv4 address and port, network order; zeros: not IPv4) and
+// their reflection_proof, then the relay closes. A worker behind NAT learns
+// the public address its router gives its connections, which a hole punch
+// aims at.
 constexpr uint8_t kReflect = 'W';
-constexpr size_t kReflectionBytes = 6;
+constexpr size_t kAddressBytes = 6;
+constexpr size_t kReflectionBytes = kAddressBytes + kProofBytes;
 constexpr size_t kRequestBytes = 1 + sizeof(ListenerId) + kProofBytes;
 // The MAC a client sends after the relay's challenge: it binds the request
 // (park or dial, which listener) to this connection's challenge.
 std::array<uint8_t, kProofBytes> request_proof(const RelayKey& key, uint8_t op, const ListenerId& id,
                                                const uint8_t* challenge);
+// The relay's MAC over the address it reflects and the connection's
+// challenge. Without it, whoever is on the path could rewrite the address
+// and so aim every punch of the run's workers at a third party.
+std::array<uint8_t, kProofBytes> reflection_proof(const RelayKey& key, const uint8_t* address,
+                                                  const uint8_t* challenge);
 }  // namespace relay_wire
 
 // `host`'s IPv4 address with `port`; throws std::invalid_argument starting
