@@ -10,6 +10,8 @@ stamp=$(date +%Y%m%d-%H%M%S)
 runs=("runs/demo-$stamp-noloco" "runs/demo-$stamp-diloco")
 echo "Two runs follow, NoLoCo then DiLoCo, 4 replicas each (configs/shakespeare.yaml $*), one after the other:"
 echo "each line's ETA is its own run's; the second takes about as long as the first."
+echo "At the default budget they took 10m37s in all on a 2-core machine (5m16s and 5m11s of training;"
+echo "more cores, less time) and left 1.1 GB in runs/ (535 MB each, nearly all checkpoints)."
 start=$(date +%s)
 for run in "${runs[@]}"; do
   build/noloco train configs/shakespeare.yaml method="${run##*-}" replicas=4 out="$run" "$@"

@@ -396,6 +396,7 @@ TEST(RunLayout, EveryRankIsOnePlaceAndBack) {
       const auto together = layout.ranks_of_unit(unit);
       EXPECT_EQ(int(together.size()), replica_workers);
       EXPECT_NE(std::find(together.begin(), together.end(), rank), together.end());
+      if (stages == 1) EXPECT_EQ(layout.data_stream_of(rank), rank) << "a whole model's worker reads its rank's rows";
     }
   }
   // A pipeline's worker of (replica 2, stage 1) of 3 stages; a replica of 4 workers' second.

@@ -252,6 +252,13 @@ TEST(SvgPlot, ZerosOnALogAxisSitOnALineOfTheirOwnAndTheLabelsStayApartAndAlike) 
   EXPECT_EQ(crossing.find(">-0.0<"), std::string::npos) << crossing;
   EXPECT_NE(crossing.find(">0.0<"), std::string::npos) << crossing;
   EXPECT_NE(crossing.find(">-0.5<"), std::string::npos) << "evenly spaced ticks carry the same decimals\n" << crossing;
+  // The demo's 2000 steps: whole steps, not "1500.00000" (a %g exponent's decimals).
+  const PlotSeries steps{"steps", series_color(3), false, {{250, 1.0}, {2000, 2.0}}};
+  const auto by_step = line_chart_svg({steps}, {"t", "inner step", "y"});
+  std::set<std::string> step_texts;
+  for (const auto& [x, y, text] : labels_of(by_step, "middle"))
+    if (y == 376.0) step_texts.insert(text);
+  EXPECT_EQ(step_texts, (std::set<std::string>{"500", "1000", "1500", "2000"})) << by_step;
 
   // Runs as dots at x values close together on a log axis (the outer-bits plot).
   std::vector<PlotSeries> runs;

@@ -46,6 +46,10 @@ class RunLayout {
   int speaker(int replica, int stage = 0) const { return rank({replica, 0, stage}); }
   int speaker_of(int rank) const { return speaker(replica_of(rank), stage_of(rank)); }
 
+  // Which rows of the data a whole model's worker reads: the replicas'
+  // workers one after another (with one stage, its rank).
+  int data_stream_of(int rank) const { return replica_of(rank) * replica_workers_ + replica_worker_of(rank); }
+
   // One copy of one stage (a replica's workers at that stage), numbered
   // replica * stages + stage: restarted together, summarised together.
   int unit_of(int rank) const { return replica_of(rank) * stages_ + stage_of(rank); }

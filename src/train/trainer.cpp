@@ -79,7 +79,7 @@ std::unique_ptr<WorkerModel> make_worker_model(const TrainConfig& c, const Model
                             c.pipeline.activation_subspace_token_std.value_or(0.0)};
   if (w.stages == 1) {
     // Each worker of a replica takes its own rows of the replica's batch.
-    data.replica = w.replica * w.replica_workers + w.replica_worker;
+    data.replica = w.layout().data_stream_of(w.rank);
     return make_whole_model(model, options, data, device);
   }
   return make_pipeline_stage(model, c.pipeline, options, data, device, {w.replica, w.replicas, w.stage, w.stages},

@@ -45,7 +45,11 @@ bool wants_exponent(double v) {
 
 std::string tick_label(double v, int digits, bool exponent) {
   if (exponent && v != 0) return fmt::format("{:.{}e}", v, std::max(1, digits - 3));
-  return fmt::format("{:.{}g}", v, digits);
+  // %g turns to an exponent from 10^digits on (1500 read "1.5e+03", and
+  // then "1500.00000" once given the decimals of that label); short of
+  // wants_exponent's bound, the whole number is the label.
+  const auto label = fmt::format("{:.{}g}", v, digits);
+  return label.find('e') == std::string::npos ? label : fmt::format("{:.0f}", v);
 }
 
 size_t decimals_of(const std::string& label) {
