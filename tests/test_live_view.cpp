@@ -445,7 +445,7 @@ TEST_F(LiveView, ServeShowsTheRunWhoseStoreItHolds) {
   ASSERT_EQ(trained.exit_code, 0) << noloco::testing::read_text(dir / "w0.log");
   json state;
   for (int i = 0; i < 50; ++i) {  // the watcher reads the store every quarter second
-    const auto answer = http_get(url.substr(0, url.find("/?key=")) + "/state.json" + url.substr(url.find("?key=")));
+    const auto answer = http_get(noloco::testing::state_url_of(url));
     state = json::parse(answer.substr(0, answer.rfind(' ')), nullptr, false);
     if (!state.is_discarded() && state["members"].size() == 2 && member_row(state, 0)["state"] == "finished" &&
         member_row(state, 1)["state"] == "finished")

@@ -74,11 +74,6 @@ int request(int port, const RelayKey& key, uint8_t op, const ListenerId& id) {
   return relay_request(loopback(port), key, op, id, Clock::now() + std::chrono::seconds(5));
 }
 
-// The URL of the live page's data, from the page's URL that a command printed.
-std::string state_url_of(const std::string& page_url) {
-  return page_url.substr(0, page_url.find("/?key=")) + "/state.json" + page_url.substr(page_url.find("?key="));
-}
-
 }  // namespace
 
 TEST(Relay, SplicesAParkedListenerWithItsDialerAndCarriesBytesBothWays) {
@@ -612,7 +607,7 @@ TEST_F(WanRuns, TwoHomesWithAForwardedPortTrainDirectWithoutARelay) {
   std::string url = noloco::testing::read_text(watch_out);
   ASSERT_EQ(url.rfind("http://127.0.0.1:", 0), 0u) << url << noloco::testing::read_text(watch_out.string() + ".log");
   url = url.substr(0, url.find('\n'));
-  const auto state_url = state_url_of(url);
+  const auto state_url = noloco::testing::state_url_of(url);
   nlohmann::json state;
   for (int i = 0; i < 50; ++i) {  // the watcher reads the store every quarter second
     const auto answer = run_command(fmt::format("{} curl -s --max-time 5 '{}'", bed.in("h2"), state_url), 10);
@@ -725,7 +720,7 @@ nlohmann::json page_state(const std::filesystem::path& printed) {
   std::istringstream lines(noloco::testing::read_text(printed));
   for (std::string url; std::getline(lines, url);) {
     if (url.rfind("http://", 0) != 0) continue;
-    const auto answer = run_command(fmt::format("curl -s --max-time 5 '{}'", state_url_of(url)), 10);
+    const auto answer = run_command(fmt::format("curl -s --max-time 5 '{}'", noloco::testing::state_url_of(url)), 10);
     return nlohmann::json::parse(answer.output, nullptr, false);
   }
   return nlohmann::json::value_t::discarded;

@@ -71,6 +71,11 @@ std::string error_of(F&& f) {
   return "(no error)";
 }
 
+// The URL of the live page's data, from the page's URL that a command printed.
+inline std::string state_url_of(const std::string& page_url) {
+  return page_url.substr(0, page_url.find("/?key=")) + "/state.json" + page_url.substr(page_url.find("?key="));
+}
+
 // The first `bytes` of the bundled corpus.
 inline std::string shakespeare(size_t bytes) {
   return read_text(std::string(NOLOCO_SOURCE_DIR) + "/data/tinyshakespeare.txt").substr(0, bytes);
