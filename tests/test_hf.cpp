@@ -245,7 +245,7 @@ class HfRun : public ::testing::Test {
     std::vector<std::string> a = {"data=" + (dir / "c.txt"), "out=" + (dir / run), "batch=4", "warmup=0",
                                   "eval_interval=5", "eval_batches=2", "sample_tokens=0", "threads=1"};
     a.insert(a.end(), extra.begin(), extra.end());
-    WorkerInfo quiet;
+    Worker quiet;
     quiet.verbose = false;
     return train(parse_config("", a), quiet);
   }

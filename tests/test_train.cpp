@@ -46,8 +46,8 @@ std::map<int64_t, int> times_trained(const std::string& run_dir) {
   return times;
 }
 
-WorkerInfo quiet() {
-  WorkerInfo w;
+Worker quiet() {
+  Worker w;
   w.verbose = false;
   return w;
 }

@@ -320,7 +320,7 @@ int bench_comm_command(const std::vector<std::string>& args) {
   if (worker_env_from_environment(env)) {
     reexecute_for_runtime_settings();
     const auto worker = start_worker(cfg, {env});
-    const auto r = comm_bench_worker(cfg, options, {worker.info.transport, worker.info.membership});
+    const auto r = comm_bench_worker(cfg, options, {worker.transport(), worker.membership()});
     write_json_atomic(fmt::format("{}/bench_comm_r{}.json", cfg.run.out, env.rank), r);
     return 0;
   }

@@ -112,7 +112,7 @@ UserLoopReplica::UserLoopReplica(std::vector<std::pair<std::string, torch::Tenso
       outer_(make_outer_optimizer(config_.outer, config_.run.seed,
                                   {worker_.links.transport.get(), worker_.links.membership.get()}, flat_)),
       drill_(config_.run.inject_crash, env_.rank, worker_.links.membership->incarnation()),
-      life_(config_, worker_.info, flat_, *outer_, {flat_, *inner_, *outer_}, drill_) {
+      life_(config_, worker_, flat_, *outer_, {flat_, *inner_, *outer_}, drill_) {
   if (life_.takes_live_state()) {
     rejoined_ = life_.take_live_state();
     first_step_ = inner_steps_ = rejoined_->step;
@@ -120,23 +120,23 @@ UserLoopReplica::UserLoopReplica(std::vector<std::pair<std::string, torch::Tenso
                  rejoined_->step, rejoined_->seconds);
     publish(rejoined_->joined ? "join" : "rejoin", {{"donor", rejoined_->donor}});
   }
-  if (worker_.info.status) worker_.info.status->set_state(record::WorkerState::training);
+  if (worker_.status()) worker_.status()->set_state(record::WorkerState::training);
 }
 
 void UserLoopReplica::publish(const char* split, nlohmann::json fields) const {
-  if (!worker_.info.status) return;
+  if (!worker_.status()) return;
   fields.update({{"split", split}, {"step", inner_steps_}});
   WorkerTraffic counted;
   counted.replica = env_.rank;
   counted.comm = traffic();
   counted.add_to(fields);
-  worker_.info.status->record(fields);
+  worker_.status()->record(fields);
 }
 
 void UserLoopReplica::end_status(record::WorkerState state) const {
-  if (!worker_.info.status) return;
-  worker_.info.status->set_state(state);
-  worker_.info.status->flush();  // before the membership ends: the store may go then
+  if (!worker_.status()) return;
+  worker_.status()->set_state(state);
+  worker_.status()->flush();  // before the membership ends: the store may go then
 }
 
 void UserLoopReplica::report(double loss, double val_loss) {

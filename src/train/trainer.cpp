@@ -47,18 +47,17 @@ namespace {
 
 double seconds_since(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
 
-
-WorkerTraffic traffic_of(const WorkerInfo& w, const WorkerModel& model) {
+WorkerTraffic traffic_of(const Worker& w, const WorkerModel& model) {
   WorkerTraffic t;
   t.replica = w.replica;
-  t.worker = w.rank;
+  t.worker = w.rank();
   t.stage = w.stage;
-  if (w.transport) t.comm = w.transport->stats();
+  if (w.transport()) t.comm = w.transport()->stats();
   t.pipeline = model.pipeline_stats();
   return t;
 }
 
-nlohmann::json record(int64_t step, const char* split, const WorkerInfo& w, const WorkerModel& model,
+nlohmann::json record(int64_t step, const char* split, const Worker& w, const WorkerModel& model,
                       nlohmann::json fields) {
   fields["step"] = step;
   fields["split"] = split;
@@ -67,7 +66,7 @@ nlohmann::json record(int64_t step, const char* split, const WorkerInfo& w, cons
 }
 
 std::unique_ptr<WorkerModel> make_worker_model(const TrainConfig& c, const ModelConfig& model, StepData data,
-                                               torch::Device device, const WorkerInfo& w) {
+                                               torch::Device device, const Worker& w) {
   const StepOptions options{c.inner.batch,
                             c.inner.grad_accum,
                             c.eval.batches,
@@ -79,11 +78,11 @@ std::unique_ptr<WorkerModel> make_worker_model(const TrainConfig& c, const Model
                             c.pipeline.activation_subspace_token_std.value_or(0.0)};
   if (w.stages == 1) {
     // Each worker of a replica takes its own rows of the replica's batch.
-    data.replica = w.layout().data_stream_of(w.rank);
+    data.replica = w.layout().data_stream_of(w.rank());
     return make_whole_model(model, options, data, device);
   }
   return make_pipeline_stage(model, c.pipeline, options, data, device, {w.replica, w.replicas, w.stage, w.stages},
-                             *w.rosters, *w.stage_link, activation_codecs(c));
+                             *w.rosters(), *w.stage_link(), activation_codecs(c));
 }
 
 // The worker's flat weights, kept in the model's residual subspace if it has one.
@@ -181,10 +180,10 @@ double dropped_share(int64_t dropped, int64_t received) {
 // The figures of every worker of a replica, into the summary its first worker
 // writes: they all finish together, and each adds its row over the
 // replica's group (a mean, times the workers).
-void gather_replica_workers(Transport& replica, const WorkerInfo& w, const torch::Device& device,
+void gather_replica_workers(Transport& replica, const Worker& w, const torch::Device& device,
                             WorkerSummary& summary) {
   auto rows = torch::zeros({int64_t(w.replica_workers), 5}, torch::kFloat64);
-  rows[w.replica_worker].copy_(torch::tensor({double(w.rank), double(int(device.type())), double(device.index()),
+  rows[w.replica_worker].copy_(torch::tensor({double(w.rank()), double(int(device.type())), double(device.index()),
                                               summary.peak_rss_mib.value_or(0), summary.startup_seconds.value_or(0)},
                                              torch::kFloat64));
   replica.all_reduce_mean(rows);
@@ -201,7 +200,7 @@ void gather_replica_workers(Transport& replica, const WorkerInfo& w, const torch
 }
 
 // This worker's share of its replica's summary (worker_summary_path).
-WorkerSummary summarize_worker(const TrainConfig& c, const WorkerInfo& w, const ModelConfig& arch, WorkerModel& model,
+WorkerSummary summarize_worker(const TrainConfig& c, const Worker& w, const ModelConfig& arch, WorkerModel& model,
                                int64_t stage_params, double seconds, double val_loss, double last_loss,
                                const ReplicaSpread& spread, const std::optional<Rejoined>& rejoined,
                                const OuterTally& outer) {
@@ -219,9 +218,9 @@ WorkerSummary summarize_worker(const TrainConfig& c, const WorkerInfo& w, const 
   summary.params = arch.num_params();
   summary.stage_params = stage_params;
   summary.traffic = traffic_of(w, model);
-  if (w.transport) {
-    summary.relays_used = w.transport->relays_used();
-    for (const auto& [peer, route] : w.transport->routes()) summary.routes[peer] = route_name(route);
+  if (w.transport()) {
+    summary.relays_used = w.transport()->relays_used();
+    for (const auto& [peer, route] : w.transport()->routes()) summary.routes[peer] = route_name(route);
   }
   if (model.computes_loss() && std::isfinite(val_loss)) summary.final_val_loss = val_loss;
   if (model.computes_loss() && std::isfinite(last_loss)) summary.final_train_loss = last_loss;
@@ -245,12 +244,12 @@ WorkerSummary summarize_worker(const TrainConfig& c, const WorkerInfo& w, const 
     summary.dropped_fraction = dropped_share(outer.values_dropped, outer.values_received);
     summary.dropped_fraction_worst_outer_step = outer.worst_dropped;
   }
-  if (w.transport) summary.outer_blocked_seconds = outer.blocked_seconds;
+  if (w.transport()) summary.outer_blocked_seconds = outer.blocked_seconds;
   if (outer.outer_steps > 0) {
     summary.paired_fraction = double(outer.paired) / double(outer.outer_steps);
     summary.longest_alone_outer_steps = double(outer.longest_alone);
   }
-  if (w.membership) {
+  if (w.membership()) {
     summary.handovers_served = double(outer.handovers_served);
     summary.handovers_abandoned = double(outer.handovers_abandoned);
   }
@@ -263,13 +262,13 @@ WorkerSummary summarize_worker(const TrainConfig& c, const WorkerInfo& w, const 
 // for a restarted NoLoCo worker or one that joins a running run, a live
 // replica's state (not the disk); the other workers of such a replica take
 // it from their first.
-int64_t restore(const TrainConfig& c, const WorkerInfo& w, const WorkerModel& model, Checkpointer& checkpoints,
+int64_t restore(const TrainConfig& c, const Worker& w, const WorkerModel& model, Checkpointer& checkpoints,
                 const TrainingState& state, Telemetry& telemetry, const WorkerLife& life, bool lead,
                 std::optional<Rejoined>& rejoined) {
   if (life.takes_live_state()) {
     rejoined = life.take_live_state();
     const bool joining = rejoined->joined;
-    if (w.replica_group) share_state_within_replica(*w.replica_group, state, rejoined->step);
+    if (w.replica_group()) share_state_within_replica(*w.replica_group(), state, rejoined->step);
     telemetry.write(record(rejoined->step, joining ? "join" : "rejoin", w, model,
                            {{"donor", rejoined->donor}, {"seconds", rejoined->seconds}}));
     if (joining)
@@ -277,10 +276,10 @@ int64_t restore(const TrainConfig& c, const WorkerInfo& w, const WorkerModel& mo
                    rejoined->donor, rejoined->step, rejoined->seconds);
     else
       spdlog::info("restarted (incarnation {}); took replica {}'s state at step {} in {:.1f}s",
-                   w.membership->incarnation(), rejoined->donor, rejoined->step, rejoined->seconds);
+                   w.membership()->incarnation(), rejoined->donor, rejoined->step, rejoined->seconds);
     return rejoined->step;
   }
-  if (w.replica_group && w.from_live_state) return share_state_within_replica(*w.replica_group, state, 0);
+  if (w.replica_group() && w.from_live_state) return share_state_within_replica(*w.replica_group(), state, 0);
   if (!c.run.resume) return 0;
   const auto steps = checkpoints.complete_steps();
   int64_t step = 0;
@@ -297,7 +296,7 @@ int64_t restore(const TrainConfig& c, const WorkerInfo& w, const WorkerModel& mo
 }
 
 void announce(const TrainConfig& c, const ModelConfig& arch, const Corpus& corpus, const torch::Device& device,
-              const WorkerInfo& w, const std::string& out) {
+              const Worker& w, const std::string& out) {
   spdlog::info("{} model, {} parameters, {} training FLOPs/token, vocab {} ({}), {} train / {} val tokens",
                c.init_from.empty() ? c.preset : c.init_from,
                format_count(double(arch.num_params())), format_count(arch.train_flops_per_token()), arch.vocab_size,
@@ -349,10 +348,10 @@ std::string prepared_run_dir(const TrainConfig& c) {
 }
 
 // Intra-op threads first: the device and the model are made under them.
-torch::Device compute_device(const TrainConfig& c, const WorkerInfo& w) {
+torch::Device compute_device(const TrainConfig& c, const Worker& w) {
   const int cores = std::max(1, int(std::thread::hardware_concurrency()));
-  set_compute_threads(c.run.threads > 0 ? int(c.run.threads) : std::max(1, cores / std::max(1, w.local_world)));
-  return torch::Device(resolved_device(c.run.device, w.local_rank));
+  set_compute_threads(c.run.threads > 0 ? int(c.run.threads) : std::max(1, cores / std::max(1, w.env.local_world)));
+  return torch::Device(resolved_device(c.run.device, w.env.local_rank));
 }
 
 // What one inner step did, for the progress line.
@@ -365,7 +364,7 @@ struct InnerStepResult {
 // its loop. The loop itself is train(), below.
 class WorkerRun {
  public:
-  WorkerRun(const TrainConfig& c, const WorkerInfo& w);
+  WorkerRun(const TrainConfig& c, const Worker& w);
   int64_t first_step() const { return first_step_; }
   void before_step(int64_t step) const { life_.before_step(step); }
   bool leave_requested() const { return life_.leave_requested(); }
@@ -412,10 +411,10 @@ class WorkerRun {
   void record_outer_steps(int64_t done, const std::vector<OuterSync>& syncs);
   // For the live page.
   void set_state(record::WorkerState state) const {
-    if (w_.status) w_.status->set_state(state);
+    if (w_.status()) w_.status()->set_state(state);
   }
   const TrainConfig& c_;
-  const WorkerInfo& w_;
+  const Worker& w_;
   const Clock::time_point start_ = Clock::now();
   const std::string out_;
   // The worker that prints: replica 0's, on the stage that sees the loss.
@@ -452,7 +451,7 @@ class WorkerRun {
   StoreTraffic store_at_start_;  // what training asks of the store is counted from its first step
 };
 
-WorkerRun::WorkerRun(const TrainConfig& c, const WorkerInfo& w)
+WorkerRun::WorkerRun(const TrainConfig& c, const Worker& w)
     : c_(c),
       w_(w),
       out_(prepared_run_dir(c)),
@@ -466,11 +465,11 @@ WorkerRun::WorkerRun(const TrainConfig& c, const WorkerInfo& w)
       model_(make_worker_model(c, arch_, {train_windows_, val_windows_, w.replica}, device_, w)),
       flat_(flat_params_of(*model_)),
       inner_(flat_, c.inner),
-      outer_(make_outer_optimizer(c.outer, c.run.seed, {w.transport, w.membership, w.replica_group}, flat_)),
+      outer_(make_outer_optimizer(c.outer, c.run.seed, {w.transport(), w.membership(), w.replica_group()}, flat_)),
       state_{flat_, inner_, *outer_},
-      drill_(c.run.inject_crash, w.rank, w.membership ? w.membership->incarnation() : int(w.from_live_state)),
+      drill_(c.run.inject_crash, w.rank(), w.membership() ? w.membership()->incarnation() : int(w.from_live_state)),
       life_(c, w, flat_, *outer_, state_, drill_),
-      checkpoints_(fmt::format("{}/checkpoints/r{}", out_, w.layout().speaker_of(w.rank)),
+      checkpoints_(fmt::format("{}/checkpoints/r{}", out_, w.layout().speaker_of(w.rank())),
                    c.run.checkpoint_interval > 0 ? c.run.checkpoint_interval : c.eval.interval,
                    c.run.keep_checkpoints, c.inner.steps, arch_, out_,
                    {{"seed", c.run.seed},
@@ -480,8 +479,8 @@ WorkerRun::WorkerRun(const TrainConfig& c, const WorkerInfo& w)
                     {"stage", w.stage},
                     {"stages", w.stages}},
                    state_, drill_),
-      telemetry_(out_, w.rank, c.inner.steps, lead_ || (w.own_console && speaks_ && w.verbose),
-                 [status = w.status](const nlohmann::json& r) {
+      telemetry_(out_, w.rank(), c.inner.steps, lead_ || (w.own_console && speaks_ && w.verbose),
+                 [status = w.status()](const nlohmann::json& r) {
                    if (status) status->record(r);
                  }),
       tokens_per_step_(c.inner.batch * c.inner.grad_accum * arch_.context * w.replica_workers) {
@@ -490,7 +489,7 @@ WorkerRun::WorkerRun(const TrainConfig& c, const WorkerInfo& w)
   set_state(life_.takes_live_state() ? record::WorkerState::joining : record::WorkerState::starting);
   first_step_ = restore(c, w, *model_, checkpoints_, state_, telemetry_, life_, lead_, rejoined_);
   // Only now: a resume refused above leaves the run's config as it was.
-  if (w.rank == 0) {
+  if (w.rank() == 0) {
     auto recorded = c;
     recorded.data.tokenizer = corpus_.tokenizer_source;
     write_file_atomic(out_ + "/config.yaml", recorded.to_yaml());
@@ -527,10 +526,10 @@ InnerStepResult WorkerRun::inner_step(int64_t step) {
 
 void WorkerRun::synchronise_gradients() {
   const auto start = Clock::now();
-  const uint64_t sent_before = w_.transport ? w_.transport->stats().bytes_sent : 0;
+  const uint64_t sent_before = w_.transport() ? w_.transport()->stats().bytes_sent : 0;
   if (!outer_->on_gradients(flat_)) return;
   ++tally_.syncs;
-  tally_.bytes += w_.transport->stats().bytes_sent - sent_before;
+  tally_.bytes += w_.transport()->stats().bytes_sent - sent_before;
   tally_.blocked_seconds += seconds_since(start);
 }
 
@@ -555,10 +554,10 @@ std::optional<int64_t> WorkerRun::outer_step(int64_t done, bool last) {
 }
 
 nlohmann::json WorkerRun::leave(int64_t done) {
-  spdlog::info("worker {} leaves the run after step {} (SIGTERM)", w_.rank, done);
+  spdlog::info("worker {} leaves the run after step {} (SIGTERM)", w_.rank(), done);
   set_state(record::WorkerState::left);
   stop_at(done, [&] { return life_.leave(); });
-  if (w_.stage_link) serve_listed_steps(done);
+  if (w_.stage_link()) serve_listed_steps(done);
   return finish();
 }
 
@@ -641,11 +640,11 @@ void WorkerRun::record_outer_steps(int64_t done, const std::vector<OuterSync>& s
     if (sync.largest_increment_ratio > 0) r["largest_increment_ratio"] = sync.largest_increment_ratio;
     if (!sync.refused.empty()) r["refused_as_diverged"] = sync.refused;
     if (sync.store_unreachable) r["store_unreachable"] = true;
-    if (w_.transport) {
+    if (w_.transport()) {
       // Each partner's link, as it went (direct, punched, relayed).
-      const auto routes = w_.transport->routes();
+      const auto routes = w_.transport()->routes();
       for (int member : sync.group)
-        if (const auto it = routes.find(member); it != routes.end() && member != w_.transport->rank())
+        if (const auto it = routes.find(member); it != routes.end() && member != w_.transport()->rank())
           r["routes"][std::to_string(member)] = route_name(it->second);
     }
     telemetry_.write(r);
@@ -653,9 +652,9 @@ void WorkerRun::record_outer_steps(int64_t done, const std::vector<OuterSync>& s
 }
 
 double WorkerRun::replica_loss(double loss) {
-  if (!w_.replica_group) return loss;
+  if (!w_.replica_group()) return loss;
   auto mean = torch::full({1}, loss, torch::kFloat64);
-  w_.replica_group->all_reduce_mean(mean);
+  w_.replica_group()->all_reduce_mean(mean);
   return mean.item<double>();
 }
 
@@ -665,7 +664,7 @@ void WorkerRun::log_progress(int64_t done, bool last, const InnerStepResult& s) 
   if (std::isfinite(loss)) last_loss_ = loss;
   if (!speaks_) return;
   auto r = record(done, "train", w_, *model_, {{"lr", s.lr}, {"grad_norm", s.grad_norm}});
-  if (w_.transport) {
+  if (w_.transport()) {
     r["outer_blocked_seconds"] = tally_.blocked_seconds;
     r["bits_per_param_per_inner_step"] = bits_per_param_per_step(tally_.bytes, flat_.numel(), done - first_step_);
   }
@@ -679,9 +678,9 @@ void WorkerRun::evaluate(int64_t done, bool last, double lr) {
   const auto evaluation_start = Clock::now();
   val_loss_ = model_->evaluate(done);
   spread_ = ReplicaSpread{};  // a validation without the spread logs none, not the previous one
-  const bool across_replicas = w_.transport && w_.membership && w_.replicas > 1;
+  const bool across_replicas = w_.transport() && w_.membership() && w_.replicas > 1;
   if (across_replicas && (last || c_.eval.spread_interval == 0 || done % c_.eval.spread_interval == 0)) {
-    spread_ = evaluate_across_replicas(done, c_.run.seed, c_.eval.spread_replicas, *w_.transport, *w_.membership,
+    spread_ = evaluate_across_replicas(done, c_.run.seed, c_.eval.spread_replicas, *w_.transport(), *w_.membership(),
                                        flat_, *model_);
     evaluation_bytes_ += spread_.bytes_sent;
   }
@@ -695,7 +694,7 @@ void WorkerRun::evaluate(int64_t done, bool last, double lr) {
               {"live_replicas", spread_.live_replicas}});
   if (!std::isnan(spread_.weight_std) && w_.stages > 1) r["stage_params"] = flat_.numel();
   if (!std::isnan(spread_.mean_model_loss)) r["loss_mean_model"] = spread_.mean_model_loss;
-  if (w_.transport) r["eval_bytes_sent"] = evaluation_bytes_;
+  if (w_.transport()) r["eval_bytes_sent"] = evaluation_bytes_;
   if (const auto pipeline = model_->pipeline_stats()) r["eval_activation_bytes_sent"] = pipeline->evaluation_bytes_sent;
   telemetry_.write(r);
   if (lead_ && c_.eval.sample_tokens > 0 && !last) {
@@ -724,14 +723,14 @@ nlohmann::json WorkerRun::finish() {
     summary.store_kib_read_per_outer_step =
         double(store.bytes_read - store_at_start_.bytes_read) / 1024 / tally_.outer_steps;
   }
-  if (w_.replica_group) gather_replica_workers(*w_.replica_group, w_, device_, summary);
+  if (w_.replica_group()) gather_replica_workers(*w_.replica_group(), w_, device_, summary);
   const auto j = summary.to_json();
   // One summary per replica (a worker in a pipeline), by its first worker.
-  if (speaks_) write_json_atomic(worker_summary_path(out_, w_.layout(), w_.rank), j);
+  if (speaks_) write_json_atomic(worker_summary_path(out_, w_.layout(), w_.rank()), j);
   if (!left_at_step_) set_state(record::WorkerState::finished);
   try {
     // Before the run hears it finished: a launcher then takes its store down.
-    if (w_.status) w_.status->flush();
+    if (w_.status()) w_.status()->flush();
     // Only now: a launcher waiting for a joiner to finish reads its summary next.
     life_.end_membership(j.dump());
   } catch (const StoreUnreachable& e) {
@@ -752,7 +751,7 @@ nlohmann::json WorkerRun::finish() {
 
 }  // namespace
 
-nlohmann::json train(const TrainConfig& c, const WorkerInfo& w) {
+nlohmann::json train(const TrainConfig& c, const Worker& w) {
   WorkerRun run(c, w);
   for (int64_t step = run.first_step(); step < c.inner.steps; ++step) {
     run.before_step(step);

@@ -13,7 +13,7 @@ namespace noloco {
 
 // Runs the whole job for one worker and returns its summary (also written to
 // its replica's summary file (worker_summary_path), and out/summary.json for a lone worker).
-nlohmann::json train(const TrainConfig& config, const WorkerInfo& worker);
+nlohmann::json train(const TrainConfig& config, const Worker& worker);
 
 // Default run directory for a config without `out`.
 std::string default_run_dir(const TrainConfig& config);

@@ -149,7 +149,7 @@ int run_worker(TrainConfig& cfg, const WorkerEnv& env) {
   if (cfg.run.out.empty()) throw std::invalid_argument("launched workers need out=DIR, the same for all of them");
   const auto start = std::chrono::steady_clock::now();
   const auto worker = start_worker(cfg, {env});
-  const auto own_summary = train(cfg, worker.info);
+  const auto own_summary = train(cfg, worker);
   if (writes_run_summary(env)) {
     try {
       write_run_summary(cfg, worker, own_summary,
@@ -209,7 +209,7 @@ int join_run(const std::string& run_dir, const JoinRequest& request, std::vector
     spdlog::info("joining the run in {} as replica {}", run_dir, env.rank);
   const auto others = start_replica_workers(place, replica_workers, env, run_dir, args);
   const auto worker = start_worker(cfg, {env, /*joins=*/true});
-  const auto own_summary = train(cfg, worker.info);
+  const auto own_summary = train(cfg, worker);
   finish_worker(worker);
   await_replica_workers(others);
   return ended_without_store(own_summary) ? 1 : 0;

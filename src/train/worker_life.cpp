@@ -20,38 +20,27 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
-WorkerInfo worker_info(const TrainConfig& config, const WorkerStart& start, const WorkerConnections& links,
-                       bool leaves) {
+// Its place in the run, from how it came in and its connections.
+void place(Worker& w, const TrainConfig& config, const WorkerStart& start, bool leaves) {
   const auto& env = start.env;
   const RunLayout layout(int(config.pipeline.stages), int(config.run.replica_workers));
-  WorkerInfo w;
-  w.rank = env.rank;
   w.stages = layout.stages();
   w.stage = layout.stage_of(env.rank);
   w.replica_workers = layout.replica_workers();
   w.replica_worker = layout.replica_worker_of(env.rank);
   w.replica = layout.replica_of(env.rank);
   w.replicas = env.world / layout.workers_per_replica();
-  w.replica_group = links.replica_group.get();
   w.from_live_state = start.joins || env.restart > 0;
   // Our launcher's workers share its terminal (and reach its store over a unix socket).
   w.own_console = env.local_rank == 0 && (start.joins || env.store_url.rfind("unix://", 0) != 0);
-  w.local_rank = env.local_rank;
-  w.local_world = env.local_world;
-  w.transport = links.transport.get();
-  w.membership = links.membership.get();
-  w.rosters = links.rosters.get();
-  w.stage_link = links.stage_link.get();
-  w.status = links.status.get();
-  // A joiner starts from a live replica's state, never from the disk; a lone worker takes its newest checkpoint.
-  if (!start.joins && links.store) {
-    const auto timeout = std::max(std::chrono::milliseconds(600000), links.timeout);
-    w.agree_resume_step = [store = links.store, env, layout, timeout](const std::vector<int64_t>& steps) {
+  // A joiner starts from a live replica's state, never from the disk; a lone worker takes its newest.
+  if (!start.joins && w.links.store) {
+    const auto timeout = std::max(std::chrono::milliseconds(600000), w.links.timeout);
+    w.agree_resume_step = [store = w.links.store, env, layout, timeout](const std::vector<int64_t>& steps) {
       return agree_resume_step(store, env.token, env.rank, env.world, layout, steps, timeout);
     };
   }
   if (leaves) w.leave_requested = noloco::leave_requested;
-  return w;
 }
 
 // Every worker of a run trains the same model the same way: worker 0
@@ -102,7 +91,7 @@ Worker start_worker(const TrainConfig& config, const WorkerStart& start) {
   // launcher tells a restart by its environment.
   if (env.restart == 0) FailureDrill(config.run.inject_crash, env.rank, 0).at_startup();
   if (alone) {
-    w.info = worker_info(config, start, w.links, false);
+    place(w, config, start, false);
     return w;
   }
   const int stages = int(config.pipeline.stages);
@@ -122,29 +111,29 @@ Worker start_worker(const TrainConfig& config, const WorkerStart& start) {
       throw;
     }
   }
-  w.info = worker_info(config, start, w.links, leaves);
+  place(w, config, start, leaves);
   return w;
 }
 
 void finish_worker(const Worker& worker) { outlast_store_users(worker.links); }
 
-WorkerLife::WorkerLife(const TrainConfig& config, const WorkerInfo& worker, FlatParams& flat, OuterOptimizer& outer,
+WorkerLife::WorkerLife(const TrainConfig& config, const Worker& worker, FlatParams& flat, OuterOptimizer& outer,
                        const TrainingState& state, const FailureDrill& drill)
     : config_(config), worker_(worker), flat_(flat), outer_(outer), state_(state), drill_(drill) {}
 
 bool WorkerLife::takes_live_state() const {
-  return worker_.membership && (worker_.membership->incarnation() > 0 || worker_.membership->joining());
+  return worker_.membership() && (worker_.membership()->incarnation() > 0 || worker_.membership()->joining());
 }
 
 Rejoined WorkerLife::take_live_state() const {
-  const bool joining = worker_.membership->joining();
+  const bool joining = worker_.membership()->joining();
   if (!takes_back_restarted(config_.outer.method, config_.pipeline.routing, worker_.stages))
-    throw std::runtime_error(fmt::format("worker {} was {}, but only a noloco run can take it {}", worker_.rank,
+    throw std::runtime_error(fmt::format("worker {} was {}, but only a noloco run can take it {}", worker_.rank(),
                                          joining ? "started to join" : "restarted", joining ? "in" : "back"));
-  spdlog::info("worker {} {}: waiting for a live replica's state at its next outer step", worker_.rank,
-               joining ? "joins the run" : fmt::format("was restarted ({})", worker_.membership->incarnation()));
+  spdlog::info("worker {} {}: waiting for a live replica's state at its next outer step", worker_.rank(),
+               joining ? "joins the run" : fmt::format("was restarted ({})", worker_.membership()->incarnation()));
   auto rejoined =
-      rejoin_from_peer(*worker_.membership, *worker_.transport, state_, rejoin_timeout(config_.comm), drill_);
+      rejoin_from_peer(*worker_.membership(), *worker_.transport(), state_, rejoin_timeout(config_.comm), drill_);
   rejoined.joined = joining;
   return rejoined;
 }
@@ -152,7 +141,7 @@ Rejoined WorkerLife::take_live_state() const {
 void WorkerLife::before_step(int64_t step) const {
   if (worker_.leave_requested) leave_on_sigterm();
   drill_.before_step(step);
-  if (drill_.corrupts_before(step) && worker_.transport) worker_.transport->corrupt_next_message();
+  if (drill_.corrupts_before(step) && worker_.transport()) worker_.transport()->corrupt_next_message();
   if (drill_.diverges_before(step)) {
     torch::NoGradGuard no_grad;
     flat_.values().add_(torch::randn_like(flat_.values()));
@@ -162,7 +151,7 @@ void WorkerLife::before_step(int64_t step) const {
 AfterStep WorkerLife::after_inner_step(int64_t done, bool last) {
   AfterStep after;
   // Its partners' waits for it see it moving on.
-  if (worker_.membership) worker_.membership->progressed();
+  if (worker_.membership()) worker_.membership()->progressed();
   const auto start = Clock::now();
   if (auto sync = outer_.after_inner_step(done - 1, flat_)) after.syncs.push_back(std::move(*sync));
   if (last)  // exchanges still in flight (overlap) are applied before the final evaluation
@@ -174,31 +163,31 @@ AfterStep WorkerLife::after_inner_step(int64_t done, bool last) {
   if (diverged != after.syncs.end() && !last && renews)
     after.renewed = renew(diverged->outer_step, done);
   after.blocked_seconds = std::chrono::duration<double>(Clock::now() - start).count();
-  if (!after.syncs.empty() && worker_.membership && !last && !after.renewed)
-    after.handovers = serve_rejoins(*worker_.membership, *worker_.transport, state_, done);
+  if (!after.syncs.empty() && worker_.membership() && !last && !after.renewed)
+    after.handovers = serve_rejoins(*worker_.membership(), *worker_.transport(), state_, done);
   return after;
 }
 
 Rejoined WorkerLife::renew(int64_t outer_step, int64_t step) {
   spdlog::error("worker {}: a partner refused its message as diverged (read after outer step {}); taking a live "
                 "replica's state at that replica's next outer step",
-                worker_.rank, outer_step);
+                worker_.rank(), outer_step);
   outer_.finish(flat_);  // an exchange in flight would land on the state taken
-  worker_.membership->renew(outer_step, step);
-  return rejoin_from_peer(*worker_.membership, *worker_.transport, state_, rejoin_timeout(config_.comm), drill_);
+  worker_.membership()->renew(outer_step, step);
+  return rejoin_from_peer(*worker_.membership(), *worker_.transport(), state_, rejoin_timeout(config_.comm), drill_);
 }
 
 bool WorkerLife::leave_requested() const { return worker_.leave_requested && worker_.leave_requested(); }
 
 std::vector<OuterSync> WorkerLife::leave() {
-  if (worker_.membership) worker_.membership->begin_leaving();
+  if (worker_.membership()) worker_.membership()->begin_leaving();
   auto in_flight = outer_.finish(flat_);
-  if (worker_.membership) worker_.membership->leave();
+  if (worker_.membership()) worker_.membership()->leave();
   return in_flight;
 }
 
 void WorkerLife::end_membership(const std::string& summary) const {
-  if (worker_.membership) worker_.membership->finish(summary);
+  if (worker_.membership()) worker_.membership()->finish(summary);
 }
 
 }  // namespace noloco

@@ -24,48 +24,6 @@
 
 namespace noloco {
 
-// A worker's place in the run and what it is connected with. Default: a
-// lone worker with no network.
-struct WorkerInfo {
-  int rank = 0;  // its place in layout()
-  int replica = 0, replicas = 1;
-  int stage = 0, stages = 1;
-  int local_rank = 0;   // this worker among them: device=cuda is its own GPU
-  int local_world = 1;  // workers sharing this machine's cores
-  // A replica of several workers (replica_workers): this worker's place in
-  // it, and the replica's own group (null for a one-worker replica). Its
-  // first worker holds the transport and membership between replicas and
-  // speaks for the replica (metrics, evaluations, checkpoints, summary figures).
-  int replica_worker = 0, replica_workers = 1;
-  Transport* replica_group = nullptr;
-  // It starts from a live replica's state, not step 0 or the disk:
-  // restarted by its launcher after a failure, or joining the running run.
-  // Its replica's first worker takes the state and hands it on.
-  bool from_live_state = false;
-  // Among the replicas of this worker's stage; null for a lone replica without a method.
-  Transport* transport = nullptr;
-  Membership* membership = nullptr;
-  // To the other stages, with a pipeline (null without): its rosters and link.
-  PipelineRoster* rosters = nullptr;
-  PeerLink* stage_link = nullptr;
-  // With resume=true: given this worker's complete checkpoint steps, the step
-  // the whole run resumes from (agreed with the other workers). Unset: a lone
-  // worker, which takes its newest.
-  std::function<int64_t(const std::vector<int64_t>&)> agree_resume_step;
-  bool verbose = true;  // print progress and samples
-  // Its output is a terminal of its own (not our launcher's, which prints
-  // one replica's progress for all): a machine's first worker of a run of
-  // several machines, or a joiner. Its replica's speaker prints its own progress.
-  bool own_console = false;
-  // Asked after every step: true once this worker is to leave the run
-  // (SIGTERM to a NoLoCo worker). Unset: it never leaves before the end.
-  std::function<bool()> leave_requested;
-  // Where the replica's first worker publishes its live status (null: nowhere; comm/view/status_board.h).
-  StatusPublisher* status = nullptr;
-
-  RunLayout layout() const { return RunLayout(stages, replica_workers, std::max(1, replicas)); }
-};
-
 // How a process comes into the run. The rest of its place (stages, workers
 // a replica, the outer method, the device of a replica's NCCL group) is the
 // config's.
@@ -81,11 +39,46 @@ struct WorkerStart {
 };
 
 // A worker of the run, whichever way it came in (start_worker makes every
-// one): how it came in, its connections, and its place with pointers into them.
+// one; a default one is a lone worker with no network): how it came in, its
+// connections and its place in the run, each held once.
 struct Worker {
-  WorkerEnv env;
+  WorkerEnv env;            // its rank, and the workers sharing this machine's cores
   WorkerConnections links;  // none for a world of one without an outer method
-  WorkerInfo info;
+  int replica = 0, replicas = 1;
+  int stage = 0, stages = 1;
+  // A replica of several workers (replica_workers): this worker's place in
+  // it. Its first worker holds the transport and membership between replicas
+  // and speaks for the replica (metrics, evaluations, checkpoints, summary figures).
+  int replica_worker = 0, replica_workers = 1;
+  // It starts from a live replica's state, not step 0 or the disk:
+  // restarted by its launcher after a failure, or joining the running run.
+  // Its replica's first worker takes the state and hands it on.
+  bool from_live_state = false;
+  // With resume=true: given this worker's complete checkpoint steps, the step
+  // the whole run resumes from (agreed with the other workers). Unset: a lone
+  // worker, which takes its newest.
+  std::function<int64_t(const std::vector<int64_t>&)> agree_resume_step;
+  bool verbose = true;  // print progress and samples
+  // Its output is a terminal of its own (not our launcher's, which prints
+  // one replica's progress for all): a machine's first worker of a run of
+  // several machines, or a joiner. Its replica's speaker prints its own progress.
+  bool own_console = false;
+  // Asked after every step: true once this worker is to leave the run
+  // (SIGTERM to a NoLoCo worker). Unset: it never leaves before the end.
+  std::function<bool()> leave_requested;
+
+  int rank() const { return env.rank; }  // its place in layout()
+  RunLayout layout() const { return RunLayout(stages, replica_workers, std::max(1, replicas)); }
+  // Among the replicas of this worker's stage; null for a lone replica without a method.
+  Transport* transport() const { return links.transport.get(); }
+  Membership* membership() const { return links.membership.get(); }
+  // To the other stages, with a pipeline (null without): its rosters and link.
+  PipelineRoster* rosters() const { return links.rosters.get(); }
+  PeerLink* stage_link() const { return links.stage_link.get(); }
+  // The replica's own group (null for a one-worker replica).
+  Transport* replica_group() const { return links.replica_group.get(); }
+  // Where the replica's first worker publishes its live status (null: nowhere; comm/view/status_board.h).
+  StatusPublisher* status() const { return links.status.get(); }
 };
 
 // Whether SIGTERM asks a worker of this run to leave it (NoLoCo's replicas of
@@ -118,7 +111,7 @@ struct AfterStep {
 // references only; the loop owns the weights, the optimizers and the drill.
 class WorkerLife {
  public:
-  WorkerLife(const TrainConfig& config, const WorkerInfo& worker, FlatParams& flat, OuterOptimizer& outer,
+  WorkerLife(const TrainConfig& config, const Worker& worker, FlatParams& flat, OuterOptimizer& outer,
              const TrainingState& state, const FailureDrill& drill);
 
   // Whether this worker starts from a live replica's state: restarted, or joining.
@@ -151,7 +144,7 @@ class WorkerLife {
 
  private:
   const TrainConfig& config_;
-  const WorkerInfo& worker_;
+  const Worker& worker_;
   FlatParams& flat_;
   OuterOptimizer& outer_;
   TrainingState state_;
