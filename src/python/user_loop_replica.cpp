@@ -105,18 +105,17 @@ UserLoopReplica::UserLoopReplica(std::vector<std::pair<std::string, torch::Tenso
                                  const std::vector<std::string>& keys, const UserLoopStart& start,
                                  std::unique_ptr<InnerState> inner)
     : config_(outer_config(keys)),
-      env_(launched_env(config_, start)),
-      worker_(start_worker(config_, {env_, start.join, "replica", user_model_line(params)})),
+      worker_(start_worker(config_, {launched_env(config_, start), start.join, "replica", user_model_line(params)})),
       flat_(std::move(params)),
       inner_(inner ? std::move(inner) : std::make_unique<NoInnerState>()),
       outer_(make_outer_optimizer(config_.outer, config_.run.seed,
-                                  {worker_.links.transport.get(), worker_.links.membership.get()}, flat_)),
-      drill_(config_.run.inject_crash, env_.rank, worker_.links.membership->incarnation()),
+                                  {worker_.transport(), worker_.membership()}, flat_)),
+      drill_(config_.run.inject_crash, worker_.rank(), worker_.membership()->incarnation()),
       life_(config_, worker_, flat_, *outer_, {flat_, *inner_, *outer_}, drill_) {
   if (life_.takes_live_state()) {
     rejoined_ = life_.take_live_state();
     first_step_ = inner_steps_ = rejoined_->step;
-    spdlog::info("replica {} took replica {}'s state at step {} in {:.1f}s", env_.rank, rejoined_->donor,
+    spdlog::info("replica {} took replica {}'s state at step {} in {:.1f}s", worker_.rank(), rejoined_->donor,
                  rejoined_->step, rejoined_->seconds);
     publish(rejoined_->joined ? "join" : "rejoin", {{"donor", rejoined_->donor}});
   }
@@ -127,7 +126,7 @@ void UserLoopReplica::publish(const char* split, nlohmann::json fields) const {
   if (!worker_.status()) return;
   fields.update({{"split", split}, {"step", inner_steps_}});
   WorkerTraffic counted;
-  counted.replica = env_.rank;
+  counted.replica = worker_.rank();
   counted.comm = traffic();
   counted.add_to(fields);
   worker_.status()->record(fields);
@@ -174,11 +173,11 @@ std::vector<UserOuterStep> UserLoopReplica::step() {
   if (!steps.empty()) steps.back().handed_over_to = after.handovers.served;
   if (after.renewed) {
     spdlog::info("replica {} took replica {}'s state at step {} in {:.1f}s after a partner refused it as diverged",
-                 env_.rank, after.renewed->donor, after.renewed->step, after.renewed->seconds);
+                 worker_.rank(), after.renewed->donor, after.renewed->step, after.renewed->seconds);
     inner_steps_ = after.renewed->step;
   }
   if (life_.leave_requested()) {
-    spdlog::info("replica {} leaves the run after step {} (SIGTERM)", env_.rank, inner_steps_);
+    spdlog::info("replica {} leaves the run after step {} (SIGTERM)", worker_.rank(), inner_steps_);
     for (auto& s : leave()) steps.push_back(std::move(s));
     return steps;
   }
@@ -221,7 +220,7 @@ void UserLoopReplica::load_state(const TensorMap& state) {
   first_step_ = inner_steps_ = steps->second.item<int64_t>();
 }
 
-CommStats UserLoopReplica::traffic() const { return worker_.links.transport->stats(); }
+CommStats UserLoopReplica::traffic() const { return worker_.transport()->stats(); }
 
 double UserLoopReplica::bits_per_param_per_inner_step() const {
   const int64_t steps = inner_steps_ - first_step_;

@@ -83,8 +83,8 @@ class UserLoopReplica {
   void load_state(const TensorMap& state);
 
   const TrainConfig& config() const { return config_; }
-  int replica() const { return env_.rank; }
-  int replicas() const { return env_.world; }
+  int replica() const { return worker_.rank(); }
+  int replicas() const { return worker_.env.world; }
   int64_t params() const { return flat_.numel(); }
   int64_t inner_steps() const { return inner_steps_; }
   int64_t outer_steps() const { return outer_steps_; }
@@ -105,7 +105,6 @@ class UserLoopReplica {
   void end_status(record::WorkerState state) const;
 
   TrainConfig config_;
-  WorkerEnv env_;
   Worker worker_;
   FlatParams flat_;
   std::unique_ptr<InnerState> inner_;

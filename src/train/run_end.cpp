@@ -84,12 +84,12 @@ void write_run_summary(const TrainConfig& cfg, const Worker& worker, const nlohm
     save_run_summary(cfg, summarize_lone_run(WorkerSummary::from_json(own_summary)));
     return;
   }
-  if (!worker.links.membership) return;  // no members to hear from (method none)
+  if (!worker.membership()) return;  // no members to hear from (method none)
   if (own_summary.contains("store_gone")) return write_run_summary_without_store(cfg, seconds);
   const int stages = int(cfg.pipeline.stages);
   const int replicas = int(cfg.run.replicas);  // the launched workers' (run_worker set it from WORLD_SIZE)
   HeartbeatWatch heartbeats(store, env.token);
-  auto& own = *worker.links.membership;  // has watched its own scope's heartbeats all along
+  auto& own = *worker.membership();  // has watched its own scope's heartbeats all along
   const auto layout = run_layout(cfg);
   const auto own_scope = record::replica_group(stages, layout.stage_of(env.rank));
   std::vector<WorkerExit> members;

@@ -107,7 +107,7 @@ Worker start_worker(const TrainConfig& config, const WorkerStart& start) {
       agree_on_run_config(w.links.store, env, config, start.user_model);
     } catch (const std::invalid_argument& refused) {
       // Partners would otherwise wait out its heartbeat at their first exchange.
-      if (w.links.membership) w.links.membership->refuse(refused.what());
+      if (w.membership()) w.membership()->refuse(refused.what());
       throw;
     }
   }
