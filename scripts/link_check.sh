@@ -7,15 +7,22 @@
 # uplinks were together (their byte counters, sampled every 0.1 s), and the
 # relay's CPU per GB carried.
 #
-#   scripts/link_check.sh [eim|random] [MB] [ROUNDS] [PAUSE]    # root; build/ built
+#   scripts/link_check.sh [eim|random] [MB] [ROUNDS] [PAUSE] [paced[=RATE]]    # root; build/ built
 #
 # PAUSE (default 5) is the seconds each end waits between rounds, as a link
 # idles between outer steps: the kernel then restarts the connection's
-# congestion window, which back-to-back rounds never show.
+# congestion window, which back-to-back rounds never show. `paced`: each end
+# is told its uplink's speed (the `uplink` key) and paces its links to it;
+# `paced=RATE` tells it RATE instead (a speed test's figure that is off).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 nat=${1:-eim} mb=${2:-10} rounds=${3:-10} pause=${4:-5}
 up=${NLW_UPLINK:-20mbit}
+told=()
+case "${5:-}" in
+  paced) told=("$up") ;;
+  paced=*) told=("${5#paced=}") ;;
+esac
 P=nlc
 probe=$PWD/build/link_probe
 [ -x "$probe" ] || { echo "link_check: build/link_probe not built (scripts/build.sh)" >&2; exit 2; }
@@ -30,8 +37,8 @@ tx() { ip netns exec "$P-r$1" cat /sys/class/net/wan/statistics/tx_bytes; }
 ( while :; do echo "$(date +%s.%N) $(tx 1) $(tx 2)"; sleep 0.1; done ) >"$dir/tx" &
 sampler=$!
 cpu0=$(awk '{print $14 + $15}' /proc/$relay/stat)
-ip netns exec $P-h1 "$probe" end "$dir" a b 0 10.0.0.2 198.51.100.1:7700 "$mb" "$rounds" "$pause" >"$dir/a.out" 2>&1 &
-ip netns exec $P-h2 "$probe" end "$dir" b a 1 10.0.0.2 198.51.100.1:7700 "$mb" "$rounds" "$pause" >"$dir/b.out" 2>&1 &
+ip netns exec $P-h1 "$probe" end "$dir" a b 0 10.0.0.2 198.51.100.1:7700 "$mb" "$rounds" "$pause" "${told[@]}" >"$dir/a.out" 2>&1 &
+ip netns exec $P-h2 "$probe" end "$dir" b a 1 10.0.0.2 198.51.100.1:7700 "$mb" "$rounds" "$pause" "${told[@]}" >"$dir/b.out" 2>&1 &
 wait %3 %4 || true
 cpu1=$(awk '{print $14 + $15}' /proc/$relay/stat)
 kill $sampler

@@ -2,10 +2,11 @@
 // docs/several-machines.md's figures): each end publishes its addresses as a
 // file in a folder both see, opens the link to the other, and trades a
 // message of `mb` MB each way, both directions at once, `rounds` times, idle
-// for `pause` seconds between rounds (as a link is between outer steps).
+// for `pause` seconds between rounds (as a link is between outer steps),
+// its sends paced to `uplink` when given (comm/link/uplink_share.h).
 //
 //   link_probe relay BIND PORT                       # a relay, until killed
-//   link_probe end DIR NAME PEER RANK BIND RELAY MB ROUNDS [PAUSE]
+//   link_probe end DIR NAME PEER RANK BIND RELAY MB ROUNDS [PAUSE [UPLINK]]
 //
 // An end prints one JSON line: the route, the relay, and each round's seconds.
 #include <unistd.h>
@@ -23,6 +24,7 @@
 
 #include "comm/link/link_endpoint.h"
 #include "comm/store/run_keys.h"
+#include "util/parse_number.h"
 
 using namespace noloco;
 
@@ -63,6 +65,7 @@ int end(char** argv) {
   const size_t bytes = size_t(std::stod(argv[8]) * 1e6);
   const int rounds = std::stoi(argv[9]);
   const double pause = argv[10] ? std::stod(argv[10]) : 0;
+  if (argv[10] && argv[11]) options.uplink = parse_bit_rate("uplink", argv[11]);
   LinkEndpoint endpoint(options, run_key(kToken, "link"), run_key(kToken, "relay"));
   const LinkEnd self{"probe", rank, 0}, peer{"probe", 1 - rank, 0};
   endpoint.serve(self);
@@ -122,11 +125,11 @@ int end(char** argv) {
 int main(int argc, char** argv) {
   try {
     if (argc == 4 && std::string(argv[1]) == "relay") return relay(argv[2], std::stoi(argv[3]));
-    if ((argc == 10 || argc == 11) && std::string(argv[1]) == "end") return end(argv);
+    if (argc >= 10 && argc <= 12 && std::string(argv[1]) == "end") return end(argv);
   } catch (const std::exception& e) {
     std::cout << "{\"error\":\"" << e.what() << "\"}" << std::endl;
     return 1;
   }
-  std::cerr << "usage: link_probe relay BIND PORT | end DIR NAME PEER RANK BIND RELAY MB ROUNDS [PAUSE]\n";
+  std::cerr << "usage: link_probe relay BIND PORT | end DIR NAME PEER RANK BIND RELAY MB ROUNDS [PAUSE [UPLINK]]\n";
   return 2;
 }

@@ -145,6 +145,12 @@ TEST(Config, AnAdvertisedAddressNeedsAPort) {
   EXPECT_NO_THROW(parse_config("", {"advertise=203.0.113.5", "listen_port=29600"}));
   EXPECT_NO_THROW(parse_config("", {"advertise=203.0.113.5:40000"}));
 }
+TEST(Config, AnUplinkIsARate) {
+  EXPECT_NE(error_of("", {"uplink=fast"}).find("uplink: 'fast' is not a rate"), std::string::npos);
+  EXPECT_NE(error_of("", {"uplink=20"}).find("uplink: '20' is not a rate"), std::string::npos);
+  EXPECT_EQ(parse_config("", {"uplink=20mbit"}).comm.uplink, "20mbit");
+  EXPECT_EQ(parse_config("", {"uplink=20mbit"}).run_yaml().find("uplink"), std::string::npos) << "a machine's own key";
+}
 TEST(Config, UnknownPreset) { EXPECT_NE(error_of("", {"model=7b"}).find("unknown model preset"), std::string::npos); }
 
 TEST(Options, ParsesTypedValuesAndNamesBadKeys) {

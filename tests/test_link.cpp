@@ -10,6 +10,7 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <cerrno>
 #include <cstring>
 #include <filesystem>
 #include <functional>
@@ -23,6 +24,7 @@
 #include <torch/csrc/distributed/c10d/HashStore.hpp>
 
 #include "comm/link/link_book.h"
+#include "comm/link/socket_io.h"
 #include "comm/store/run_keys.h"
 #include "test_util.h"
 #include "wan_testbed.h"
@@ -257,27 +259,102 @@ TEST(Links, TwoWorkersOpenOneSealedLinkAndTradeBothWaysAtOnce) {
   EXPECT_NE(again->id(), da->id());
 }
 
-// A link's connection runs under CUBIC whatever the kernel's default (BBR
-// here): both ways at once through FIFO uplinks, BBR left them idle
-// (comm/link/socket_io.h, docs/several-machines.md's table).
-TEST(Links, ALinksConnectionRunsUnderCubicWhereTheKernelHasIt) {
+// A link's sockets choose CUBIC before they connect, whatever the kernel's
+// default (BBR here): both ways at once through FIFO uplinks, BBR left them
+// idle, and a connection established under BBR keeps BBR's pacing after a
+// switch (comm/link/socket_io.h, docs/several-machines.md's table). A
+// listener's choice is what its accepted connections run under.
+TEST(Links, ALinksSocketsChooseCubicBeforeTheyConnectAndAcceptedOnesInheritIt) {
   if (noloco::testing::read_text("/proc/sys/net/ipv4/tcp_available_congestion_control").find("cubic") ==
       std::string::npos)
     GTEST_SKIP() << "this kernel has no CUBIC";
-  sockaddr_in at{};
-  const int listener = loopback_listener(&at);
+  const auto congestion_control = [](int fd) {
+    char name[16] = {};
+    socklen_t length = sizeof(name);
+    return ::getsockopt(fd, IPPROTO_TCP, TCP_CONGESTION, name, &length) == 0 ? std::string(name) : "?";
+  };
+  const int listener = tcp_socket(), dialer = tcp_socket();
   ASSERT_GE(listener, 0);
-  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-  ASSERT_EQ(::connect(fd, reinterpret_cast<sockaddr*>(&at), sizeof(at)), 0);
+  ASSERT_GE(dialer, 0);
+  EXPECT_EQ(congestion_control(dialer), "cubic");  // before any connection
+  sockaddr_in at{};
+  at.sin_family = AF_INET;
+  at.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t size = sizeof(at);
+  ASSERT_EQ(::bind(listener, reinterpret_cast<sockaddr*>(&at), sizeof(at)), 0);
+  ASSERT_EQ(::listen(listener, 1), 0);
+  ASSERT_EQ(::getsockname(listener, reinterpret_cast<sockaddr*>(&at), &size), 0);
+  ASSERT_TRUE(::connect(dialer, reinterpret_cast<sockaddr*>(&at), sizeof(at)) == 0 || errno == EINPROGRESS);
+  ASSERT_TRUE(wait_connected(dialer, Clock::now() + std::chrono::seconds(5)));
+  ASSERT_TRUE(wait_for(listener, POLLIN, Clock::now() + std::chrono::seconds(5)));
   const int accepted = ::accept(listener, nullptr, nullptr);
   ASSERT_GE(accepted, 0);
-  const Link link(fd, LinkRoute::direct, {"test", 0, 0}, {"test", 1, 0}, Link::Keys{}, false, "");
-  char name[16] = {};
-  socklen_t length = sizeof(name);
-  ASSERT_EQ(::getsockopt(fd, IPPROTO_TCP, TCP_CONGESTION, name, &length), 0);
-  EXPECT_STREQ(name, "cubic");
+  EXPECT_EQ(congestion_control(accepted), "cubic");
+  EXPECT_EQ(congestion_control(dialer), "cubic");
   ::close(accepted);
+  ::close(dialer);
   ::close(listener);
+}
+
+// Links sending at once split the uplink's 95% evenly, each socket paced by
+// the kernel at its share; one that stops hands its share back.
+TEST(Links, LinksSendingAtOnceSplitTheUplinkAndEachSocketIsPacedAtItsShare) {
+  const auto pacing = [](int fd) {
+    unsigned int rate = 0;
+    socklen_t length = sizeof(rate);
+    return ::getsockopt(fd, SOL_SOCKET, SO_MAX_PACING_RATE, &rate, &length) == 0 ? double(rate) : -1.0;
+  };
+  const int a = tcp_socket(), b = tcp_socket();
+  ASSERT_GE(a, 0);
+  ASSERT_GE(b, 0);
+  const double unpaced = pacing(a);
+  UplinkShare share(8e6);  // 1 MB/s
+  EXPECT_DOUBLE_EQ(share.each(), 950e3);
+  {
+    const UplinkShare::Sending sending_a(&share, a);
+    EXPECT_DOUBLE_EQ(pacing(a), 950e3);
+    EXPECT_EQ(pacing(b), unpaced);
+    {
+      const UplinkShare::Sending sending_b(&share, b);
+      EXPECT_DOUBLE_EQ(pacing(a), 475e3);
+      EXPECT_DOUBLE_EQ(pacing(b), 475e3);
+      EXPECT_DOUBLE_EQ(share.each(), 475e3);
+    }
+    EXPECT_DOUBLE_EQ(pacing(a), 950e3) << "b stopped: a has it all";
+  }
+  UplinkShare none(0);
+  { const UplinkShare::Sending sending(&none, b); }
+  { const UplinkShare::Sending sending(nullptr, b); }
+  EXPECT_EQ(pacing(b), 475e3) << "no uplink given: the socket is left as it was";
+  ::close(a);
+  ::close(b);
+}
+
+// A link whose endpoint knows its uplink leaves no faster than its share:
+// 500 kB at 95% of 8 Mbit/s take 0.53 s to arrive, where on loopback they
+// would otherwise take a millisecond. The kernel paces a connection only
+// after its first ten segments (of 64 kB on loopback), so a first message
+// takes those; the second is timed, and held to half its paced time, a lower
+// bound only.
+TEST(Links, ALinkWhoseEndpointKnowsItsUplinkLeavesNoFasterThanIt) {
+  auto paced = on_loopback();
+  paced.uplink = 8e6;
+  LinkEndpoint a(paced, kKey, kRelayKey), b(on_loopback(), kKey, kRelayKey);
+  std::string problem;
+  const auto [da, db] = open_both(a, b, a.addresses(), b.addresses(), &problem);
+  ASSERT_TRUE(da && db) << problem;
+  const size_t first = 1'000'000, timed = 500'000;
+  std::vector<uint8_t> out(first, 7), in(first);
+  const auto deadline = Clock::now() + std::chrono::seconds(20);
+  auto sent = std::async(std::launch::async, [&] {
+    return da->send({{out.data(), first}}, deadline) && da->send({{out.data(), timed}}, deadline);
+  });
+  ASSERT_EQ(db->receive(in.data(), first, deadline), int64_t(first));
+  const auto start = Clock::now();
+  ASSERT_EQ(db->receive(in.data(), timed, deadline), int64_t(timed));
+  const double seconds = std::chrono::duration<double>(Clock::now() - start).count();
+  EXPECT_TRUE(sent.get());
+  EXPECT_GE(seconds, 0.5 * timed / 950e3) << "paced at 950 kB/s";
 }
 
 // An evaluation one end gave up leaves the link its partner dialed for it

@@ -385,7 +385,8 @@ TEST_F(WanRuns, FourHomesBehindSymmetricNatTrainThroughTheRelayAsOnLoopback) {
 
 // A pipeline whose stages sit in different homes: 2 replicas × 2 stages, one
 // worker a home, activations routed at random between the homes' stages
-// over holes punched in their routers, NoLoCo per stage. Every worker ends
+// over holes punched in their routers, NoLoCo per stage, each home told its
+// uplink (its links, several sending at once, share it). Every worker ends
 // with the losses of the same run on loopback, and counts every activation
 // byte it sent as punched.
 TEST_F(WanRuns, APipelineWithItsStagesInFourHomesTrainsAsOnLoopback) {
@@ -397,7 +398,7 @@ TEST_F(WanRuns, APipelineWithItsStagesInFourHomesTrainsAsOnLoopback) {
   std::string lines;
   for (int k = 0; k < 4; ++k)
     lines += in_home(bed, k + 1, fmt::format("RANK={} WORLD_SIZE=4", k),
-                     train_args(fmt::format("h{}", k), run + " bind=10.0.0.2"), fmt::format("h{}", k));
+                     train_args(fmt::format("h{}", k), run + " bind=10.0.0.2 uplink=20mbit"), fmt::format("h{}", k));
   const auto homes = run_homes(exports, lines, 60);
   ASSERT_EQ(homes.exit_code, 0) << homes.output << logs(names("h", 4));
   const auto local = noloco::testing::run_cli(train_args("loopback", run + " replicas=2"), 60);

@@ -213,6 +213,10 @@ void add_comm_options(Options& o, TrainConfig& c) {
       .add("rate", c.comm.rate,
            "local launcher: cap each worker's link at this rate each way, e.g. 10mbit (own network namespaces; "
            "root only); empty: no cap")
+      .add("uplink", c.comm.uplink,
+           "this machine's upload speed, e.g. 20mbit (a speed test's figure): links to other sites leave at 95% of "
+           "it so its router's queue stays empty, which keeps both directions of an exchange between two homes busy; "
+           "empty: TCP's own pace")
       .add("inject_crash", c.run.inject_crash,
            "failure drill: RANK:STEP[:checkpoint|:freeze|:stall=SECONDS|:corrupt|:diverge][,...] kills that worker "
            "(SIGKILL) before that step, or while writing its checkpoint, or freezes it (SIGSTOP), or stalls it for "
@@ -491,6 +495,7 @@ void TrainConfig::validate() const {
   positive("startup_timeout", comm.startup_timeout);
   positive("store_outage", comm.store_outage);
   if (!comm.rate.empty()) parse_bit_rate("rate", comm.rate);
+  if (!comm.uplink.empty()) parse_bit_rate("uplink", comm.uplink);
   if (comm.restarts > 0 && !takes_back_restarted(method, pipeline.routing, pipeline.stages))
     invalid("restarts needs method=noloco, and routing=random with pipeline stages (only NoLoCo can take a replica "
             "back mid-run, and only random routing sends micro-batches around a lost worker)");
@@ -604,7 +609,7 @@ const std::vector<std::string>& machine_keys() {
       "precision",    "threads",          "out",           "checkpoint_interval", "keep_checkpoints", "resume",
       "max_local_workers", "log_interval", "sample_tokens", "sample_prompt", "bind",            "peer_timeout",
       "listen_port",  "advertise",        "live_status",
-      "insecure",     "restarts",         "heartbeat_timeout", "startup_timeout", "store_outage", "rate", "inject_crash"};
+      "insecure",     "restarts",         "heartbeat_timeout", "startup_timeout", "store_outage", "rate", "uplink", "inject_crash"};
   return keys;
 }
 

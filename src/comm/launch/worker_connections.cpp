@@ -74,6 +74,7 @@ std::shared_ptr<LinkEndpoint> open_link_endpoint(const WorkerEnv& env, const Com
   LinkEndpointOptions options;
   options.bind = comm.bind;
   options.sealed = comm.seal;
+  if (!comm.uplink.empty()) options.uplink = parse_bit_rate("uplink", comm.uplink);
   options.port = comm.listen_port > 0 ? int(comm.listen_port) + env.local_rank : 0;
   if (const auto colon = comm.advertise.rfind(':'); colon != std::string::npos) {
     const int advertised = int(std::stol(comm.advertise.substr(colon + 1))) + env.local_rank;  // checked by validate()

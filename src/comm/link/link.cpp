@@ -184,7 +184,6 @@ Link::Keys AcceptHandshake::keys() const { return keys_of(key_, hello_.bytes(), 
 Link::Link(int fd, LinkRoute route, LinkEnd self, LinkEnd peer, const Keys& keys, bool sealed, const std::string& relay)
     : fd_(fd), route_(route), self_(std::move(self)), peer_(std::move(peer)), sealed_(sealed), relay_(relay), keys_(keys) {
   set_nodelay(fd_);
-  prefer_cubic(fd_);
   // The two direction keys, the same pair at both ends (swapped): their XOR names the link.
   std::array<uint8_t, 32> both{};
   for (size_t i = 0; i < both.size(); ++i) both[i] = keys_.send[i] ^ keys_.receive[i];
@@ -259,6 +258,7 @@ bool Link::read_all(uint8_t* data, size_t n, Clock::time_point deadline) {
 
 bool Link::send(const std::vector<Part>& parts, Clock::time_point deadline) {
   std::lock_guard<std::mutex> lock(send_mutex_);
+  const UplinkShare::Sending pacing(uplink_.get(), fd_);
   if (sealed_ && !pushing_) {
     std::array<uint8_t, kStreamHeader> header{};
     crypto_secretstream_xchacha20poly1305_init_push(&push_, header.data(), keys_.send.data());

@@ -27,6 +27,8 @@
 #include <string>
 #include <vector>
 
+#include "comm/link/uplink_share.h"
+
 namespace noloco {
 
 using LinkKey = std::array<uint8_t, 32>;
@@ -79,6 +81,8 @@ class Link {
     size_t size;
   };
   bool send(const std::vector<Part>& parts, Clock::time_point deadline);
+  // Sends share this machine's uplink (comm/link/uplink_share.h) from now on.
+  void share_uplink(std::shared_ptr<UplinkShare> uplink) { uplink_ = std::move(uplink); }
   // One message into `out` (at most `capacity` bytes): its size, or -1 (the
   // link broken: it closed, timed out, failed to open, or was larger).
   int64_t receive(uint8_t* out, size_t capacity, Clock::time_point deadline);
@@ -142,6 +146,7 @@ class Link {
   std::atomic<bool> broken_{false}, corrupt_next_{false}, unauthentic_{false};
   std::atomic<uint64_t> bytes_sent_{0}, bytes_received_{0};
   std::vector<uint8_t> frame_, plain_;  // the receive side's buffers
+  std::shared_ptr<UplinkShare> uplink_;
 };
 
 using LinkPtr = std::shared_ptr<Link>;

@@ -50,7 +50,7 @@ bool on_loopback(const std::string& address) {
 
 // A socket bound to `bind`:`port` that other sockets may share (the punching port).
 int shared_socket(const std::string& bind, int port) {
-  const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+  const int fd = tcp_socket();
   if (fd < 0) return -1;
   const int one = 1;
   ::setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
@@ -138,14 +138,14 @@ struct LinkEndpoint::Pending {
 };
 
 LinkEndpoint::LinkEndpoint(const LinkEndpointOptions& options, const LinkKey& link_key, const RelayKey& relay_key)
-    : options_(options), key_(link_key), relay_key_(relay_key) {
+    : options_(options), uplink_(std::make_shared<UplinkShare>(options.uplink)), key_(link_key), relay_key_(relay_key) {
   if (sodium_init() < 0) throw std::runtime_error("links: libsodium did not initialise");
   for (const auto& r : options.relays) {
     sockaddr_storage a{};
     if (!address_of(r, &a)) throw std::invalid_argument(fmt::format("relay '{}' is not ip:port", r));
     relays_.push_back(a);
   }
-  listen_fd_ = ::socket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+  listen_fd_ = tcp_socket();
   const int one = 1;
   ::setsockopt(listen_fd_, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
   const auto at = resolve_ipv4(options.bind, options.port, "bind");
@@ -315,19 +315,15 @@ LinkPtr LinkEndpoint::open(const LinkEnd& self, const LinkEnd& peer, const LinkA
                            const std::string& attempt, Clock::time_point deadline,
                            const std::function<bool()>& abandon, std::string* problem) {
   problem->clear();
-  if (!dials(self, peer, theirs)) {
-    auto link = await(self, peer, theirs, attempt, deadline, abandon, problem);
-    if (link && !link->confirm(deadline)) {
-      *problem = link->problem();
-      return nullptr;
-    }
-    return link;
-  }
-  auto link = dial(self, peer, theirs, attempt, deadline, abandon, problem);
-  if (link && !link->await_confirmation(deadline, abandon)) {
+  const bool dialer = dials(self, peer, theirs);
+  auto link = dialer ? dial(self, peer, theirs, attempt, deadline, abandon, problem)
+                     : await(self, peer, theirs, attempt, deadline, abandon, problem);
+  if (!link) return nullptr;
+  if (!(dialer ? link->await_confirmation(deadline, abandon) : link->confirm(deadline))) {
     *problem = link->problem();
     return nullptr;
   }
+  link->share_uplink(uplink_);
   return link;
 }
 
@@ -342,7 +338,7 @@ LinkPtr LinkEndpoint::dial(const LinkEnd& self, const LinkEnd& peer, const LinkA
   if (address_of(theirs.listen, &to)) {
     const auto until = relayed ? std::min(deadline, start + kDirectWindow) : deadline;
     while (Clock::now() < until && !stop()) {
-      const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+      const int fd = tcp_socket();
       const auto attempt_until = std::min(until, Clock::now() + std::chrono::milliseconds(500));
       if (begin_connect(fd, to) && wait_connected(fd, attempt_until)) {
         std::string why;

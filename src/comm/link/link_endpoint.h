@@ -50,6 +50,7 @@ struct LinkEndpointOptions {
   std::string advertise;       // host[:port] published instead of bind:port
   std::vector<std::string> relays;  // host:port, in order of preference
   bool sealed = true;
+  double uplink = 0;  // this machine's upload speed, bits a second: links pace to it (comm/link/uplink_share.h); 0: not
 };
 
 class LinkEndpoint {
@@ -104,6 +105,7 @@ class LinkEndpoint {
   bool wanted(const Hello& hello) const;
 
   LinkEndpointOptions options_;
+  std::shared_ptr<UplinkShare> uplink_;
   LinkKey key_;
   RelayKey relay_key_;
   std::vector<sockaddr_storage> relays_;

@@ -99,7 +99,7 @@ std::vector<sockaddr_storage> resolve_relays(const std::string& list) {
 
 int relay_request(const sockaddr_storage& relay, const RelayKey& key, uint8_t op, const ListenerId& id,
                   Clock::time_point deadline) {
-  const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+  const int fd = tcp_socket();
   if (fd < 0) return -1;
   const auto fail = [fd] {
     const int saved = errno;
@@ -119,8 +119,7 @@ int relay_request(const sockaddr_storage& relay, const RelayKey& key, uint8_t op
   std::copy(mac.begin(), mac.end(), request.begin() + 1 + id.size());
   if (::send(fd, request.data(), request.size(), MSG_NOSIGNAL | MSG_DONTWAIT) != ssize_t(request.size()))
     return fail();
-  const int one = 1;
-  ::setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+  set_nodelay(fd);
   return fd;
 }
 
@@ -150,7 +149,7 @@ RelayServer::RelayServer(const std::string& bind, int port, const RelayKey& key)
   address.sin_port = htons(uint16_t(port));
   if (::inet_pton(AF_INET, bind.c_str(), &address.sin_addr) != 1)
     throw std::runtime_error(fmt::format("relay: bind={} is not an IPv4 address", bind));
-  listen_fd_ = ::socket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+  listen_fd_ = tcp_socket();
   const int one = 1;
   ::setsockopt(listen_fd_, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
   socklen_t length = sizeof(address);
@@ -370,10 +369,8 @@ void RelayServer::splice(Connection& listener, Connection& dialer) {
   std::thread([carried, a, b, pump] {
     set_blocking(a, true);
     set_blocking(b, true);
-    for (const int fd : {a, b}) {
-      set_nodelay(fd);
-      prefer_cubic(fd);
-    }
+    set_nodelay(a);
+    set_nodelay(b);
     std::thread back(pump, b, a);
     pump(a, b);
     back.join();

@@ -69,9 +69,11 @@ void set_nodelay(int fd) {
   ::setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
 }
 
-void prefer_cubic(int fd) {
+int tcp_socket() {
+  const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
   static const char kCubic[] = "cubic";
-  ::setsockopt(fd, IPPROTO_TCP, TCP_CONGESTION, kCubic, sizeof(kCubic) - 1);  // else the kernel's default stays
+  if (fd >= 0) ::setsockopt(fd, IPPROTO_TCP, TCP_CONGESTION, kCubic, sizeof(kCubic) - 1);  // else the default stays
+  return fd;
 }
 
 }  // namespace noloco

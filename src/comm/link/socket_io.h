@@ -17,12 +17,17 @@ bool read_exactly(int fd, uint8_t* out, size_t n, std::chrono::steady_clock::tim
 bool write_exactly(int fd, const uint8_t* data, size_t n, std::chrono::steady_clock::time_point deadline);
 // Small messages leave at once (no Nagle delay).
 void set_nodelay(int fd);
-// A link's connection under CUBIC where the kernel has it, whatever its
-// default. Two homes sending to each other at once both fill FIFO uplink
-// queues, so each direction's acknowledgements wait behind the other's
-// data; BBR (some kernels' default) then misreads its round trip and left
-// the uplinks idle: 10 MB each way over 20 Mbit/s took up to 1.71x the
-// links' limit under BBR and 1.14x under CUBIC (scripts/link_check.sh).
-void prefer_cubic(int fd);
+// A non-blocking TCP socket for a link, a relay or a listener of either,
+// under CUBIC where the kernel lets this process choose it, whatever the
+// kernel's default. Two homes sending to each other at once both fill FIFO
+// uplink queues, so each direction's acknowledgements wait behind the
+// other's data; BBR (some kernels' default) then misreads its round trip and
+// left the uplinks idle: 10 MB each way over 20 Mbit/s took up to 1.71x the
+// links' limit (scripts/link_check.sh). The choice is made before the socket
+// connects (accepted connections inherit their listener's): a connection
+// established under BBR keeps BBR's pacing after a switch to CUBIC, paced
+// from the round trip its last exchange saw through full queues, so after an
+// idle pause it restarted at a few hundred kB/s for a third of a second.
+int tcp_socket();
 
 }  // namespace noloco
