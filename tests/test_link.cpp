@@ -330,19 +330,24 @@ TEST(Links, LinksSendingAtOnceSplitTheUplinkAndEachSocketIsPacedAtItsShare) {
   ::close(b);
 }
 
-// A link whose endpoint knows its uplink leaves no faster than its share:
-// 500 kB at 95% of 8 Mbit/s take 0.53 s to arrive, where on loopback they
-// would otherwise take a millisecond. The kernel paces a connection only
-// after its first ten segments (of 64 kB on loopback), so a first message
-// takes those; the second is timed, and held to half its paced time, a lower
-// bound only.
-TEST(Links, ALinkWhoseEndpointKnowsItsUplinkLeavesNoFasterThanIt) {
-  auto paced = on_loopback();
+// A link through a relay leaves no faster than its share of the uplink its
+// endpoint was told: 500 kB at 95% of 8 Mbit/s take 0.53 s to arrive, where
+// on loopback they would otherwise take a millisecond. The kernel paces a
+// connection only after its first ten segments (of 64 kB on loopback), so a
+// first message takes those; the second is timed, and held to half its paced
+// time, a lower bound only.
+TEST(Links, ARelayedLinkLeavesNoFasterThanTheUplinkItsEndpointWasTold) {
+  RelayServer relay("127.0.0.1", 0, kRelayKey);
+  auto paced = on_loopback({fmt::format("127.0.0.1:{}", relay.port())});
+  const auto unpaced = paced;
   paced.uplink = 8e6;
-  LinkEndpoint a(paced, kKey, kRelayKey), b(on_loopback(), kKey, kRelayKey);
+  LinkEndpoint a(paced, kKey, kRelayKey), b(unpaced, kKey, kRelayKey);
   std::string problem;
-  const auto [da, db] = open_both(a, b, a.addresses(), b.addresses(), &problem);
+  const auto [da, db] = open_both(a, b, LinkAddresses{}, LinkAddresses{}, &problem);
   ASSERT_TRUE(da && db) << problem;
+  ASSERT_EQ(da->route(), LinkRoute::relayed);
+  EXPECT_TRUE(da->shares_uplink());
+  EXPECT_FALSE(db->shares_uplink()) << "b was told no uplink";
   const size_t first = 1'000'000, timed = 500'000;
   std::vector<uint8_t> out(first, 7), in(first);
   const auto deadline = Clock::now() + std::chrono::seconds(20);
@@ -355,6 +360,33 @@ TEST(Links, ALinkWhoseEndpointKnowsItsUplinkLeavesNoFasterThanIt) {
   const double seconds = std::chrono::duration<double>(Clock::now() - start).count();
   EXPECT_TRUE(sent.get());
   EXPECT_GE(seconds, 0.5 * timed / 950e3) << "paced at 950 kB/s";
+}
+
+// A direct link to a peer on the machine's own network (a second machine at
+// home, here loopback) does not cross the uplink, and is left unpaced.
+TEST(Links, ADirectLinkToAPeerOnTheLocalNetworkLeavesTheUplinkAlone) {
+  auto told = on_loopback();
+  told.uplink = 8e6;
+  LinkEndpoint a(told, kKey, kRelayKey), b(told, kKey, kRelayKey);
+  std::string problem;
+  const auto [da, db] = open_both(a, b, a.addresses(), b.addresses(), &problem);
+  ASSERT_TRUE(da && db) << problem;
+  EXPECT_EQ(da->route(), LinkRoute::direct);
+  EXPECT_TRUE(da->far_end_on_local_network());
+  EXPECT_FALSE(da->shares_uplink());
+  EXPECT_FALSE(db->shares_uplink());
+}
+
+TEST(Links, LocalNetworksAreLoopbackPrivateRangesAndLinkLocal) {
+  const auto local = [](const char* dotted) {
+    in_addr a{};
+    ::inet_pton(AF_INET, dotted, &a);
+    return local_network_address(ntohl(a.s_addr));
+  };
+  for (const char* yes : {"127.0.0.1", "10.0.0.2", "172.16.0.1", "172.31.255.254", "192.168.1.20", "169.254.3.4"})
+    EXPECT_TRUE(local(yes)) << yes;
+  for (const char* no : {"100.64.1.2", "172.32.0.1", "172.15.0.1", "192.169.0.1", "198.51.100.1", "8.8.8.8", "11.0.0.1"})
+    EXPECT_FALSE(local(no)) << no;
 }
 
 // An evaluation one end gave up leaves the link its partner dialed for it

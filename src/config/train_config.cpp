@@ -214,8 +214,8 @@ void add_comm_options(Options& o, TrainConfig& c) {
            "local launcher: cap each worker's link at this rate each way, e.g. 10mbit (own network namespaces; "
            "root only); empty: no cap")
       .add("uplink", c.comm.uplink,
-           "this machine's upload speed, e.g. 20mbit (a speed test's figure): links to other sites leave at 95% of "
-           "it so its router's queue stays empty, which keeps both directions of an exchange between two homes busy; "
+           "this machine's upload speed, e.g. 20mbit (a speed test's figure): links that cross it (punched, relayed, "
+           "direct off its local network) leave at 95% of it so its router's queue stays empty, which keeps both directions of an exchange between two homes busy; "
            "empty: TCP's own pace")
       .add("inject_crash", c.run.inject_crash,
            "failure drill: RANK:STEP[:checkpoint|:freeze|:stall=SECONDS|:corrupt|:diverge][,...] kills that worker "

@@ -97,7 +97,7 @@ struct CommConfig {
   // The local launcher puts every worker behind a link capped at this rate
   // each way ("10mbit"; comm/launch/capped_links.h; root only). Empty: no cap.
   std::string rate;
-  // This machine's upload speed ("20mbit"): its links to other sites leave at
+  // This machine's upload speed ("20mbit"): its links that cross it leave at
   // 95% of it, so its router's queue stays empty (comm/link/uplink_share.h).
   // Empty: at TCP's own pace.
   std::string uplink;

@@ -256,6 +256,8 @@ bool Link::read_all(uint8_t* data, size_t n, Clock::time_point deadline) {
   return true;
 }
 
+bool Link::far_end_on_local_network() const { return peer_on_local_network(fd_); }
+
 bool Link::send(const std::vector<Part>& parts, Clock::time_point deadline) {
   std::lock_guard<std::mutex> lock(send_mutex_);
   const UplinkShare::Sending pacing(uplink_.get(), fd_);

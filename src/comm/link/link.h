@@ -83,6 +83,9 @@ class Link {
   bool send(const std::vector<Part>& parts, Clock::time_point deadline);
   // Sends share this machine's uplink (comm/link/uplink_share.h) from now on.
   void share_uplink(std::shared_ptr<UplinkShare> uplink) { uplink_ = std::move(uplink); }
+  bool shares_uplink() const { return uplink_ != nullptr; }
+  // Whether the far end of its connection (the peer, or the relay) is on a local network (comm/link/socket_io.h).
+  bool far_end_on_local_network() const;
   // One message into `out` (at most `capacity` bytes): its size, or -1 (the
   // link broken: it closed, timed out, failed to open, or was larger).
   int64_t receive(uint8_t* out, size_t capacity, Clock::time_point deadline);

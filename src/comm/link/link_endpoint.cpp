@@ -138,7 +138,7 @@ struct LinkEndpoint::Pending {
 };
 
 LinkEndpoint::LinkEndpoint(const LinkEndpointOptions& options, const LinkKey& link_key, const RelayKey& relay_key)
-    : options_(options), uplink_(std::make_shared<UplinkShare>(options.uplink)), key_(link_key), relay_key_(relay_key) {
+    : options_(options), uplink_(options.uplink > 0 ? std::make_shared<UplinkShare>(options.uplink) : nullptr), key_(link_key), relay_key_(relay_key) {
   if (sodium_init() < 0) throw std::runtime_error("links: libsodium did not initialise");
   for (const auto& r : options.relays) {
     sockaddr_storage a{};
@@ -323,7 +323,9 @@ LinkPtr LinkEndpoint::open(const LinkEnd& self, const LinkEnd& peer, const LinkA
     *problem = link->problem();
     return nullptr;
   }
-  link->share_uplink(uplink_);
+  // A hole or a relay is reached through this machine's router; a direct
+  // link to a peer on its own network (a second machine at home) is not.
+  if (uplink_ && (link->route() != LinkRoute::direct || !link->far_end_on_local_network())) link->share_uplink(uplink_);
   return link;
 }
 

@@ -50,7 +50,10 @@ struct LinkEndpointOptions {
   std::string advertise;       // host[:port] published instead of bind:port
   std::vector<std::string> relays;  // host:port, in order of preference
   bool sealed = true;
-  double uplink = 0;  // this machine's upload speed, bits a second: links pace to it (comm/link/uplink_share.h); 0: not
+  // This machine's upload speed, bits a second: links that cross it (punched,
+  // relayed, direct to a peer off its local network) pace to it
+  // (comm/link/uplink_share.h); 0: none does.
+  double uplink = 0;
 };
 
 class LinkEndpoint {

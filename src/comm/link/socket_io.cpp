@@ -76,4 +76,16 @@ int tcp_socket() {
   return fd;
 }
 
+bool local_network_address(uint32_t ipv4) {
+  const auto in = [ipv4](uint32_t network, int bits) { return (ipv4 >> (32 - bits)) == (network >> (32 - bits)); };
+  return in(0x7f000000, 8) || in(0x0a000000, 8) || in(0xac100000, 12) || in(0xc0a80000, 16) || in(0xa9fe0000, 16);
+}
+
+bool peer_on_local_network(int fd) {
+  sockaddr_storage a{};
+  socklen_t n = sizeof(a);
+  if (::getpeername(fd, reinterpret_cast<sockaddr*>(&a), &n) != 0 || a.ss_family != AF_INET) return false;
+  return local_network_address(ntohl(reinterpret_cast<const sockaddr_in&>(a).sin_addr.s_addr));
+}
+
 }  // namespace noloco

@@ -29,5 +29,11 @@ void set_nodelay(int fd);
 // from the round trip its last exchange saw through full queues, so after an
 // idle pause it restarted at a few hundred kB/s for a third of a second.
 int tcp_socket();
+// Whether an IPv4 address (host byte order) is on a local network: loopback,
+// a private range (RFC 1918) or link-local. Traffic to one stays off the
+// internet uplink; carrier-grade NAT's 100.64/10 does not.
+bool local_network_address(uint32_t ipv4);
+// Whether connected `fd`'s far end is at such an address.
+bool peer_on_local_network(int fd);
 
 }  // namespace noloco
