@@ -11,6 +11,7 @@
 #include <csignal>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <map>
 #include <optional>
 #include <random>
@@ -1034,7 +1035,21 @@ TEST(StoreOutage, WorkersTrainOnWhileTheServeIsDownAndPairAgainOnceItIsBack) {
                  tally_outer_steps(dir / "w1").alone_without_store > 0;
     if (!both_alone) std::this_thread::sleep_for(std::chrono::milliseconds(50));
   }
-  serve.emplace(dir, "s1", serve_args);
+  {
+    // Both frozen while the serve starts again: under load its restart
+    // outlasted a worker's remaining steps, which then never met the store back.
+    const auto signal_workers = [&](const char* signal) {
+      // "w[0]": the pattern does not match the shell that runs pkill, whose command line holds it.
+      for (const auto* w : {"w[0]", "w[1]"})
+        run_command(fmt::format("pkill -{} -f 'out={} '", signal, dir / w), 10);
+    };
+    signal_workers("STOP");
+    struct ThawWhenDone {
+      std::function<void()> thaw;
+      ~ThawWhenDone() { thaw(); }
+    } thaw_when_done{[&] { signal_workers("CONT"); }};
+    serve.emplace(dir, "s1", serve_args);
+  }
   const auto restarted_log = noloco::testing::read_text(dir / "s1.log");
   const auto& a = first.wait();
   const auto& b = second.wait();
