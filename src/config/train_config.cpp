@@ -215,8 +215,8 @@ void add_comm_options(Options& o, TrainConfig& c) {
            "root only); empty: no cap")
       .add("uplink", c.comm.uplink,
            "this machine's upload speed, e.g. 20mbit (a speed test's figure): links that cross it (punched, relayed, "
-           "direct off its local network) leave at 95% of it so its router's queue stays empty, which keeps both directions of an exchange between two homes busy; "
-           "empty: TCP's own pace")
+           "direct off its local network) leave at 95% of it so its router's queue stays empty, which keeps both "
+           "directions of an exchange between two homes busy; empty: TCP's own pace")
       .add("inject_crash", c.run.inject_crash,
            "failure drill: RANK:STEP[:checkpoint|:freeze|:stall=SECONDS|:corrupt|:diverge][,...] kills that worker "
            "(SIGKILL) before that step, or while writing its checkpoint, or freezes it (SIGSTOP), or stalls it for "

@@ -138,7 +138,10 @@ struct LinkEndpoint::Pending {
 };
 
 LinkEndpoint::LinkEndpoint(const LinkEndpointOptions& options, const LinkKey& link_key, const RelayKey& relay_key)
-    : options_(options), uplink_(options.uplink > 0 ? std::make_shared<UplinkShare>(options.uplink) : nullptr), key_(link_key), relay_key_(relay_key) {
+    : options_(options),
+      uplink_(options.uplink > 0 ? std::make_shared<UplinkShare>(options.uplink) : nullptr),
+      key_(link_key),
+      relay_key_(relay_key) {
   if (sodium_init() < 0) throw std::runtime_error("links: libsodium did not initialise");
   for (const auto& r : options.relays) {
     sockaddr_storage a{};

@@ -29,14 +29,17 @@ UplinkShare::Sending::~Sending() {
 
 double UplinkShare::each() const {
   std::lock_guard<std::mutex> lock(mutex_);
+  return each_locked();
+}
+
+double UplinkShare::each_locked() const {
   return sending_.empty() ? bytes_per_second_ : bytes_per_second_ / double(sending_.size());
 }
 
 void UplinkShare::pace_senders() {
   if (sending_.empty()) return;
   // The kernel takes the rate as 32 bits of bytes a second (~34 Gbit/s at most).
-  const double rate = std::min(bytes_per_second_ / double(sending_.size()),
-                               double(std::numeric_limits<uint32_t>::max() - 1));
+  const double rate = std::min(each_locked(), double(std::numeric_limits<uint32_t>::max() - 1));
   const auto value = static_cast<unsigned int>(std::max(1.0, std::floor(rate)));
   for (const int fd : sending_) ::setsockopt(fd, SOL_SOCKET, SO_MAX_PACING_RATE, &value, sizeof(value));
 }

@@ -43,7 +43,8 @@ class UplinkShare {
   double each() const;
 
  private:
-  void pace_senders();  // under mutex_
+  double each_locked() const;  // under mutex_
+  void pace_senders();         // under mutex_
 
   double bytes_per_second_;
   mutable std::mutex mutex_;
