@@ -122,7 +122,7 @@ TEST(Meeting, MembersMeetAndEachSeesTheLinkTheOthersHoldToIt) {
           peers.push_back({r, 0});
           mine[r] = 10 * self + r;  // the id of the link `self` holds to r
         }
-      return room.member(self, 20s).meet("7/0,1,2", peers, mine);
+      return room.member(self, 20s).meet("7/0,1,2", 7, peers, mine);
     }));
   for (int self = 0; self < 3; ++self) {
     const auto out = outcomes[size_t(self)].get();
@@ -136,13 +136,13 @@ TEST(Meeting, OneThatStaysAwayIsDeclinedOneThatNeverCameIsLateAndGoesOnAloneWhen
   Room room;
   room.member(1, 20s).stay_away("8/0,1,2");
   const auto start = std::chrono::steady_clock::now();
-  const auto out = room.member(0, 300ms).meet("8/0,1,2", {{1, 0}, {2, 0}}, {});
+  const auto out = room.member(0, 300ms).meet("8/0,1,2", 8, {{1, 0}, {2, 0}}, {});
   // (Had giving member 2 up not woken the wait, TCPStore's wait would have thrown after 30 s.)
   EXPECT_GE(std::chrono::steady_clock::now() - start, 300ms) << "member 2 was waited for up to the timeout";
   EXPECT_TRUE(out.present.empty());
   EXPECT_EQ(out.declined, (std::vector<int>{1}));
   EXPECT_EQ(out.late, (std::vector<int>{2}));
   // Member 2, arriving late, finds it was given up: it goes on alone at once, blaming nobody.
-  const auto late = room.member(2, 20s).meet("8/0,1,2", {{0, 0}, {1, 0}}, {});
+  const auto late = room.member(2, 20s).meet("8/0,1,2", 8, {{0, 0}, {1, 0}}, {});
   EXPECT_TRUE(late.present.empty() && late.late.empty() && late.declined.empty());
 }

@@ -13,6 +13,7 @@
 #include "comm/store/abandonable_store.h"
 #include "comm/membership/membership.h"
 #include "comm/store/run_keys.h"
+#include "comm/store/store_outage.h"
 #include "comm/transport/link_transport.h"
 #include "config/worker_env.h"
 #include "test_util.h"
@@ -339,4 +340,153 @@ TEST(Liveness, AMessageOfAnotherSizeIsRefusedByBothAndAbortsNeither) {
   EXPECT_EQ(from_large.lost, std::vector<int>{0});
   EXPECT_TRUE(from_small.received.empty() && from_large.received.empty());
   EXPECT_LT(seconds_since(start), 20.0) << "a refused peer's payload is not waited for until the 30-s timeout";
+}
+
+TEST(ExchangeRanges, MergesConsecutiveExchangesKeepsTheLatestFewAndReadsBackWhatItWrote) {
+  ExchangeRanges alone;
+  for (int64_t id : {5, 6, 7, 9, 9, 4}) alone.add(id);  // 9 twice and 4 after 9: nothing new
+  EXPECT_EQ(alone.text(12), "12 5-7 9-9");
+  EXPECT_TRUE(alone.covers(6));
+  EXPECT_FALSE(alone.covers(8));
+  EXPECT_TRUE(alone.any_from(8));
+  EXPECT_FALSE(alone.any_from(10));
+  EXPECT_EQ(ExchangeRanges::parse(alone.text(12)).ranges(), alone.ranges());
+  for (int64_t id = 20; id < 40; id += 2) alone.add(id);
+  EXPECT_EQ(alone.ranges().size(), ExchangeRanges::kKept);
+  EXPECT_FALSE(alone.covers(5)) << "the oldest ranges go first";
+  EXPECT_TRUE(alone.covers(38));
+  // What a partner published is input: anything malformed reads as no ranges.
+  for (const std::string bad : {"", "x", "12 7-5", "12 5-7 6-8", "12 5+7"})
+    EXPECT_TRUE(ExchangeRanges::parse(bad).ranges().empty()) << bad;
+  EXPECT_TRUE(ExchangeRanges::parse("12").ranges().empty()) << "an earlier version's value: the exchange alone";
+}
+
+// Issue 100 item 1: a partner at a later exchange is not one that went alone
+// at this one. Only the exchanges it went alone at (for want of the store)
+// are published as such.
+TEST(Membership, APartnerAheadIsNotOneThatWentAloneOnlyThePublishedLoneExchangesAre) {
+  const StorePtr store = c10::make_intrusive<c10d::HashStore>();
+  const std::string scope = "replicas";
+  Membership waiting(store, env_of(0, 2), scope, 0, 2, 60s, 60s), ahead(store, env_of(1, 2), scope, 1, 2, 60s, 60s);
+  waiting.reach_exchange(7);
+  ahead.reach_exchange(7);
+  ahead.reach_exchange(8);
+  EXPECT_FALSE(waiting.went_alone(1, 7, false)) << "it traded 7 and went on";
+  EXPECT_FALSE(waiting.went_alone(1, 7, true));
+
+  Membership other(store, env_of(0, 2), scope, 0, 2, 60s, 60s);  // reads afresh (each reads 4 times a second)
+  ahead.go_alone(8);
+  ahead.go_alone(9);
+  EXPECT_FALSE(other.went_alone(1, 8, false)) << "published with its next exchange, not before";
+  ahead.reach_exchange(10);
+  Membership later(store, env_of(0, 2), scope, 0, 2, 60s, 60s);
+  EXPECT_TRUE(later.went_alone(1, 8, false));
+  EXPECT_TRUE(later.went_alone(1, 9, false));
+  EXPECT_FALSE(later.went_alone(1, 7, false));
+  EXPECT_FALSE(later.went_alone(1, 10, false));
+  EXPECT_TRUE(later.went_alone(1, 7, true)) << "between exchanges: alone at 7 or later";
+  EXPECT_FALSE(later.went_alone(1, 10, true));
+  EXPECT_EQ(later.exchange_reached(), -1);
+  later.reach_exchange(9);
+  EXPECT_EQ(later.exchange_reached(), 9);
+}
+
+namespace {
+
+// Gives up nobody; whether a partner went alone is read from what its
+// Membership published in the store, as a worker's Membership reads it.
+class PublishedAloneness final : public Liveness {
+ public:
+  explicit PublishedAloneness(Membership& reader) : reader_(reader) {}
+  bool given_up(int, std::chrono::steady_clock::time_point) override { return false; }
+  bool silent(int) override { return false; }
+  bool went_alone(int rank, int64_t id, bool or_later) override { return reader_.went_alone(rank, id, or_later); }
+  void declare_dead(int rank) override { declared.push_back(rank); }
+  void progressed() override {}
+  std::vector<int> declared;
+
+ private:
+  Membership& reader_;
+};
+
+ExchangeRequest exchange_request(int64_t id, uint8_t fill) {
+  ExchangeRequest request;
+  request.id = id;
+  request.group = {{0, 0}, {1, 0}};
+  request.payload = torch::full({1 << 16}, fill, torch::kUInt8);
+  request.header.kind = int64_t(MessageKind::exchange);
+  request.header.exchange = id;
+  request.header.bytes = request.payload.numel();
+  return request;
+}
+
+// Two members of one run on a TCPStore, each with the Membership that
+// publishes its exchanges and the transport that trades.
+struct TradingPair {
+  TradingPair()
+      : port(noloco::testing::free_port()),
+        host(tcp_store(port, true)),
+        members{{tcp_store(port, false), env_of(0, 2), "replicas", 0, 2, 60s, 60s},
+                {tcp_store(port, false), env_of(1, 2), "replicas", 1, 2, 60s, 60s}},
+        liveness{PublishedAloneness(members[0]), PublishedAloneness(members[1])} {
+    for (int r = 0; r < 2; ++r)
+      transports[r] = std::make_unique<LinkTransport>([p = port] { return tcp_store(p, false); }, env_of(r, 2),
+                                                      "replicas", Peer{r, 0}, 2, loopback_endpoint(), 30s,
+                                                      &liveness[r]);
+  }
+  int port;
+  StorePtr host;
+  Membership members[2];
+  PublishedAloneness liveness[2];
+  std::unique_ptr<LinkTransport> transports[2];
+};
+
+}  // namespace
+
+// Issue 100 item 1: under overlap a partner moves on to its next exchange as
+// soon as its message of this one is written; the worker that has not read it
+// yet (its threads held up by a loaded machine) took the later exchange for
+// "went alone here", shut the link and went on without the message, while
+// the partner had used this worker's: the replicas' results then depended on
+// thread timing. Here the partner's message is held back a second after it
+// published its next exchange; both still trade.
+TEST(Liveness, APartnerAlreadyAtItsNextExchangeIsWaitedForItsMessageOfThisOne) {
+  TradingPair pair;
+  pair.members[0].reach_exchange(7);
+  pair.members[1].reach_exchange(7);
+  pair.transports[1]->before_next_trade([&] {
+    pair.members[1].reach_exchange(8);
+    std::this_thread::sleep_for(1s);  // the injected slow machine, not a wait for an event
+  });
+  ExchangeResult results[2];
+  std::thread partner([&] { results[1] = pair.transports[1]->exchange(exchange_request(7, 1)); });
+  results[0] = pair.transports[0]->exchange(exchange_request(7, 0));
+  partner.join();
+  for (int r = 0; r < 2; ++r) {
+    EXPECT_TRUE(results[r].lost.empty()) << r;
+    ASSERT_EQ(results[r].received.count(1 - r), 1u) << "worker " << r << " went on without its partner's message";
+    EXPECT_TRUE(results[r].received.at(1 - r).eq(1 - r).all().item<bool>());
+  }
+}
+
+// The case the check is for: a partner that came to the meeting and then lost
+// the store goes alone there and sends nothing; once it publishes that, it is
+// neither waited for nor reported lost.
+TEST(Liveness, APartnerThatWentAloneAtThisExchangeIsNotWaitedForNorLost) {
+  TradingPair pair;
+  pair.members[0].reach_exchange(7);
+  pair.members[1].reach_exchange(7);
+  pair.transports[1]->before_next_trade([&] {
+    pair.members[1].go_alone(7);
+    pair.members[1].reach_exchange(8);
+    throw StoreUnreachable("the store went away after the meeting");
+  });
+  std::thread partner([&] { EXPECT_THROW(pair.transports[1]->exchange(exchange_request(7, 1)), StoreUnreachable); });
+  const auto start = std::chrono::steady_clock::now();
+  const auto result = pair.transports[0]->exchange(exchange_request(7, 0));
+  partner.join();
+  EXPECT_TRUE(result.received.empty());
+  EXPECT_TRUE(result.lost.empty());
+  EXPECT_TRUE(pair.liveness[0].declared.empty());
+  EXPECT_LT(seconds_since(start), 15.0) << "not the 30-s timeout";
 }

@@ -83,10 +83,10 @@ std::vector<Peer> NoLoCo::my_group(int64_t id, OuterSync& sync) {
     try {
       membership_->reach_exchange(id);
       // Without the store there is no agreed snapshot: alone, until it answers again.
-      if (store_outage().ongoing()) return alone_without_store(sync);
+      if (store_outage().ongoing()) return alone_without_store(id, sync);
       members = membership_->snapshot(record::outer_step_snapshot(id));
     } catch (const StoreUnreachable&) {
-      return alone_without_store(sync);
+      return alone_without_store(id, sync);
     }
   } else {
     for (int r = 0; r < transport_.world(); ++r) members.push_back({r, 0});
@@ -123,13 +123,15 @@ std::map<int, torch::Tensor> NoLoCo::send(int64_t id, const std::vector<Peer>& g
     if (group.size() > 1) result = transport_.exchange(request);
   } catch (const StoreUnreachable&) {  // the group could not meet: this outer step alone
     sync.store_unreachable = true;
+    if (membership_) membership_->go_alone(id);
   }
   sync.bytes = transport_.stats().bytes_sent - sent_before;
   return std::move(result.received);
 }
 
-std::vector<Peer> NoLoCo::alone_without_store(OuterSync& sync) const {
+std::vector<Peer> NoLoCo::alone_without_store(int64_t id, OuterSync& sync) const {
   sync.store_unreachable = true;
+  membership_->go_alone(id);
   sync.members = {transport_.rank()};
   return {membership_->self()};
 }

@@ -37,7 +37,8 @@ class NoLoCo final : public SlowWeightsMethod {
   // This replica's group for exchange `id`, with the incarnations it is to
   // meet; records the live replicas it was drawn from in `sync`.
   std::vector<Peer> my_group(int64_t id, OuterSync& sync);
-  std::vector<Peer> alone_without_store(OuterSync& sync) const;
+  // Alone at exchange `id` for want of the store, which partners read once it answers again.
+  std::vector<Peer> alone_without_store(int64_t id, OuterSync& sync) const;
   // Sends `payload` to the group; returns the payloads that arrived, by rank.
   std::map<int, torch::Tensor> send(int64_t id, const std::vector<Peer>& group, const torch::Tensor& payload,
                                     int64_t format, OuterSync& sync);

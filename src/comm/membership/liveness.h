@@ -6,6 +6,7 @@
 // transport without one waits out its timeout.
 #pragma once
 #include <chrono>
+#include <cstdint>
 
 namespace noloco {
 
@@ -23,9 +24,15 @@ class Liveness {
   // whose receiver is a restarted rank still declared dead until it holds
   // the state.
   virtual bool silent(int rank) = 0;
-  // Whether member `rank` has gone past the exchange this worker is meeting
-  // for: it went there alone (the run's store was away), and will not come.
-  virtual bool went_past(int /*rank*/) { return false; }
+  // Whether member `rank` went alone, for want of the run's store, at
+  // exchange `id`, or with `or_later` at any exchange from `id` on (an
+  // evaluation between exchanges, which a replica alone skips as well): it
+  // will not come. Being at a later exchange says nothing: under overlap a
+  // partner moves on as soon as its message of `id` is written, before this
+  // worker has read it.
+  virtual bool went_alone(int /*rank*/, int64_t /*id*/, bool /*or_later*/) { return false; }
+  // The exchange this worker last went to (-1: none), for waits between exchanges.
+  virtual int64_t exchange_reached() { return -1; }
   // Member `rank` failed this worker (its pair closed, its message never
   // came, its hand-over failed): later snapshots leave it out.
   virtual void declare_dead(int rank) = 0;

@@ -281,23 +281,32 @@ void Membership::reach_exchange(int64_t id) {
   std::lock_guard<std::mutex> lock(mutex_);
   exchange_ = id;
   if (store_outage().ongoing()) return;  // partners waiting for it meanwhile find it by its silence, or later here
-  const auto text = std::to_string(id);
+  const auto text = alone_.text(id);
   members_->set(member::exchange_reached(rank_), std::vector<uint8_t>(text.begin(), text.end()));
 }
 
-bool Membership::went_past(int rank) {
+void Membership::go_alone(int64_t id) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  alone_.add(id);
+}
+
+bool Membership::went_alone(int rank, int64_t id, bool or_later) {
   std::lock_guard<std::mutex> lock(mutex_);
   auto& r = reached_[rank];
   const auto now = Clock::now();
   if (now - r.read > kListReadEvery) {
     r.read = now;
     try {
-      const auto text = read_or_empty(*members_, member::exchange_reached(rank));
-      if (!text.empty()) r.exchange = std::stoll(text);
+      r.alone = ExchangeRanges::parse(read_or_empty(*members_, member::exchange_reached(rank)));
     } catch (const StoreUnreachable&) {
     }
   }
-  return r.exchange > exchange_;
+  return or_later ? r.alone.any_from(id) : r.alone.covers(id);
+}
+
+int64_t Membership::exchange_reached() {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return exchange_;
 }
 
 bool Membership::silent(int rank) {

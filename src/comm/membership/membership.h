@@ -16,6 +16,7 @@
 #include <string>
 #include <vector>
 
+#include "comm/membership/exchange_ranges.h"
 #include "comm/membership/heartbeat.h"
 #include "comm/membership/liveness.h"
 #include "comm/store/store.h"
@@ -64,12 +65,16 @@ class Membership final : public Liveness {
   // behind, given up at every exchange, for the rest of the run.
   bool given_up(int rank, std::chrono::steady_clock::time_point waiting_since) override;
   bool silent(int rank) override;
-  // This replica goes to exchange `id` (an outer step's): published (unless
-  // the store is away), so that a partner still meeting for an earlier one
-  // does not wait for it (after a store outage, replicas that went alone
-  // meanwhile are outer steps apart).
+  // This replica goes to exchange `id` (an outer step's): published with the
+  // exchanges it went alone at (unless the store is away), so that a partner
+  // still meeting for one of those does not wait for it (after a store
+  // outage, replicas that went alone meanwhile are outer steps apart).
   void reach_exchange(int64_t id);
-  bool went_past(int rank) override;
+  // This replica goes alone at exchange `id` for want of the store (before
+  // or after it came to the meeting); published with the next reach_exchange.
+  void go_alone(int64_t id);
+  bool went_alone(int rank, int64_t id, bool or_later) override;
+  int64_t exchange_reached() override;
   // This replica moved on: an inner step, or a second spent waiting for
   // partners it has not given up (so that those waiting for it wait too).
   void progressed() override {
@@ -146,9 +151,10 @@ class Membership final : public Liveness {
   };
   std::map<int, Silence> silence_;  // heartbeats and progress are read at most once a second per member
   int64_t exchange_ = -1;           // the exchange this replica last went to
+  ExchangeRanges alone_;            // the exchanges this replica went alone at, the latest few
   struct Reached {
     std::chrono::steady_clock::time_point read;
-    int64_t exchange = -1;
+    ExchangeRanges alone;
   };
   std::map<int, Reached> reached_;  // the partners', read at most 4 times a second
   // Its heartbeat and progress, read again if a second has passed. Under mutex_.

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <mutex>
 #include <thread>
+#include <utility>
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>
@@ -69,13 +70,18 @@ bool LinkTransport::given_up(int rank, Clock::time_point since) const {
   return liveness_ && liveness_->given_up(rank, since);
 }
 
-bool LinkTransport::any_gone(const std::vector<int>& ranks) const {
+bool LinkTransport::any_gone(const std::vector<int>& ranks, std::optional<int64_t> exchange) const {
   if (!liveness_) return false;
   liveness_->progressed();
   const auto now = Clock::now();
-  // A member that went past the exchange (or evaluation) being formed went alone there: it will not come.
+  // A member that went alone at the exchange being traded (or, forming a
+  // group between exchanges, at the last one reached or later) will not come.
+  const auto alone = [&](int r) {
+    return exchange ? liveness_->went_alone(r, *exchange, false)
+                    : liveness_->went_alone(r, liveness_->exchange_reached(), true);
+  };
   return std::any_of(ranks.begin(), ranks.end(),
-                     [&](int r) { return r != self_.rank && (given_up(r, now) || liveness_->went_past(r)); });
+                     [&](int r) { return r != self_.rank && (given_up(r, now) || alone(r)); });
 }
 
 bool LinkTransport::silent(int rank) const {
@@ -237,7 +243,7 @@ ExchangeResult LinkTransport::exchange(const ExchangeRequest& request) {
   const auto key = record::exchange(request.id, members_key(request.group));
   std::map<int, int64_t> mine;
   for (const auto& p : peers) mine[p.rank] = exchanges_.held(end_of(exchanges_, p));
-  const auto met = meeting_.meet(key, peers, mine);
+  const auto met = meeting_.meet(key, request.id, peers, mine);
   result.lost = met.late;
   const auto traded_from = Clock::now();
   auto failures = trade(request, met.present, met.theirs, std::to_string(request.id), start, &result, &cost);
@@ -263,7 +269,7 @@ ExchangeResult LinkTransport::exchange(const ExchangeRequest& request) {
     } else {
       spdlog::warn("exchange {}: a relayed link broke (its relay may be gone); opening it anew", request.id);
       const auto waiting_since = Clock::now();
-      const auto second = meeting_.meet(again, retry, {});
+      const auto second = meeting_.meet(again, request.id, retry, {});
       result.lost.insert(result.lost.end(), second.late.begin(), second.late.end());
       for (const auto& f :
            trade(request, second.present, second.theirs, fmt::format("{}/again", request.id), waiting_since, &result, &cost))
@@ -295,7 +301,7 @@ std::vector<LinkTransport::Failure> LinkTransport::trade(const ExchangeRequest& 
   std::vector<std::string> problems;
   const auto links =
       open_links(exchanges_, present, theirs, attempt,
-                 [&](int rank) { return leave_requested() || any_gone({rank}); }, &problems);
+                 [&](int rank) { return leave_requested() || any_gone({rank}, request.id); }, &problems);
   auto stamped = request.header;
   stamped.run = run_id_;
   const bool corrupt = corrupt_next_send_.exchange(false);
@@ -324,9 +330,11 @@ std::vector<LinkTransport::Failure> LinkTransport::trade(const ExchangeRequest& 
     trades.push_back(std::move(t));
     traded.push_back(i);
   }
-  // A peer that went on to a later exchange without a byte of this one went
-  // alone here (it lost the store after it came to the meeting): not lost,
-  // not waited for.
+  // A peer that went alone at this exchange (it lost the store after it came
+  // to the meeting) sends nothing of it: not lost, not waited for. One that
+  // is merely at a later exchange has written its message of this one, which
+  // may not have been read here yet.
+  if (const auto hook = std::exchange(before_next_trade_, nullptr)) hook();
   std::vector<uint64_t> received_before(trades.size());
   std::vector<char> went_on(trades.size(), 0);
   for (size_t k = 0; k < trades.size(); ++k) received_before[k] = trades[k].link->bytes_received();
@@ -337,7 +345,8 @@ std::vector<LinkTransport::Failure> LinkTransport::trade(const ExchangeRequest& 
         const int rank = present[traded[k]].rank;
         if (given_up(rank, start)) {
           trades[k].link->shut();
-        } else if (trades[k].link->bytes_received() == received_before[k] && liveness_ && liveness_->went_past(rank)) {
+        } else if (trades[k].link->bytes_received() == received_before[k] && liveness_ &&
+                   liveness_->went_alone(rank, request.id, false)) {
           went_on[k] = 1;
           trades[k].link->shut();
         }

@@ -57,6 +57,9 @@ class LinkTransport final : public Transport {
                               int64_t max_bytes) override;
   std::unique_ptr<Transport> subgroup(const std::string& name, const std::vector<Peer>& members) override;
   void corrupt_next_message() override { corrupt_next_send_ = true; }
+  // A test's slow machine: `hook` runs once, on the trading thread, after the
+  // next exchange's links opened and before its messages go.
+  void before_next_trade(std::function<void()> hook) { before_next_trade_ = std::move(hook); }
 
  private:
   struct Failure {
@@ -65,7 +68,9 @@ class LinkTransport final : public Transport {
   };
   LinkEnd end_of(const LinkBook& book, const Peer& p) const { return {book.self().scope, p.rank, p.incarnation}; }
   bool given_up(int rank, Clock::time_point since) const;
-  bool any_gone(const std::vector<int>& ranks) const;
+  // Whether any of `ranks` is given up, or went alone at `exchange` (none: at
+  // the exchange last reached, or later).
+  bool any_gone(const std::vector<int>& ranks, std::optional<int64_t> exchange = std::nullopt) const;
   bool silent(int rank) const;
   // The links of `book` to each of `peers` at once (null where none came,
   // with its problem): held ones where `theirs` names them.
@@ -95,6 +100,7 @@ class LinkTransport final : public Transport {
   int64_t run_id_;
   Liveness* liveness_;
   std::atomic<bool> corrupt_next_send_{false};
+  std::function<void()> before_next_trade_;
   Meeting meeting_;
   LinkBook exchanges_;  // exchanges (one at a time, on whichever thread runs them)
   LinkBook handovers_;  // state hand-overs: a link of their own, beside a pair's exchanges

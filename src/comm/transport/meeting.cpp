@@ -71,7 +71,7 @@ Meeting::Meeting(std::function<StorePtr()> connect, const std::string& token, co
       liveness_(liveness),
       room_(run_scope(connect_(), token_, record::meeting(scope_))) {}
 
-MeetingOutcome Meeting::meet(const std::string& key, const std::vector<Peer>& peers,
+MeetingOutcome Meeting::meet(const std::string& key, int64_t exchange, const std::vector<Peer>& peers,
                              const std::map<int, int64_t>& mine) {
   const auto start = Clock::now();
   std::vector<int> ranks;
@@ -93,7 +93,7 @@ MeetingOutcome Meeting::meet(const std::string& key, const std::vector<Peer>& pe
       const auto now = Clock::now();
       const auto overdue = protocol.overdue(
           now, [&](int r) { return watch_->check({here(r)}); },
-          [&](int r) { return liveness_ && (liveness_->given_up(r, start) || liveness_->went_past(r)); });
+          [&](int r) { return liveness_ && (liveness_->given_up(r, start) || liveness_->went_alone(r, exchange, false)); });
       for (const int r : overdue) watch_->add(here(r), int64_t(Arrival::given_up));
       if (protocol.tell_waiting(now)) liveness_->progressed();
       return false;

@@ -85,8 +85,10 @@ class Meeting {
   // Member `self` of the group `scope` names, in the run `token` names.
   Meeting(std::function<StorePtr()> connect, const std::string& token, const std::string& scope, int self,
           std::chrono::milliseconds timeout, Liveness* liveness);
-  // Meets `peers` under `key`, announcing `mine` (by peer rank: the link this member holds to it).
-  MeetingOutcome meet(const std::string& key, const std::vector<Peer>& peers, const std::map<int, int64_t>& mine);
+  // Meets `peers` under `key`, for exchange `exchange`, announcing `mine`
+  // (by peer rank: the link this member holds to it).
+  MeetingOutcome meet(const std::string& key, int64_t exchange, const std::vector<Peer>& peers,
+                      const std::map<int, int64_t>& mine);
   // Tells the members meeting under `key` that this one will not come.
   void stay_away(const std::string& key);
 
