@@ -11,6 +11,7 @@
 #include "config/run_layout.h"
 #include "config/train_config.h"
 #include "config/worker_env.h"
+#include "util/error_text.h"
 
 using namespace noloco;
 
@@ -58,6 +59,21 @@ TEST(Config, ResolvedYamlParsesBackToTheSameConfig) {
   auto c = parse_config("", {"model=125m", "method=noloco", "replicas=8", "sample_prompt=ROMEO: x"});
   auto again = parse_config(c.to_yaml(), {});
   EXPECT_EQ(again.to_yaml(), c.to_yaml());
+}
+
+// Issue 100 item 10: a 10 MB value was echoed whole in its error line.
+TEST(Config, AnErrorQuotingAHugeValueIsCutToOneShortLine) {
+  const std::string huge(10 << 20, 'x');
+  std::string line;
+  try {
+    parse_config("", {"steps=" + huge});
+    ADD_FAILURE() << "invalid config accepted";
+  } catch (const std::invalid_argument& e) {
+    line = error_text(e);
+  }
+  EXPECT_EQ(line.rfind("steps", 0), 0u) << line.substr(0, 200);
+  EXPECT_LE(line.size(), kErrorLineLength + 40);
+  EXPECT_NE(line.find(" more characters)"), std::string::npos);
 }
 
 TEST(Config, UnknownKey) { EXPECT_NE(error_of("", {"learning_rate=1"}).find("unknown config key 'learning_rate'"), std::string::npos); }

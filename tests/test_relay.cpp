@@ -322,7 +322,8 @@ void WanRuns::four_homes_train_as_on_loopback(const std::string& nat) {
   const std::string expected_route = punched ? "punched" : "relayed";
   const char* route_bytes = punched ? "bytes_punched" : "bytes_relayed";
   // The last evaluation's spread is of a sample (3 of the 4), as in a swarm: no step waits for every home.
-  const std::string run = "steps=20 outer_interval=5 peer_timeout=60 spread_replicas=3";
+  // An evaluation across replicas at step 3, before the first exchange: its links punch first (issue 100 item 3).
+  const std::string run = "steps=20 outer_interval=5 peer_timeout=60 spread_replicas=3 spread_interval=3";
   for (const std::string method : {"noloco", "diloco"}) {
     // Each run its own serve: its own token, store and relay.
     const int port = method == "noloco" ? 29500 : 29510;
@@ -947,18 +948,20 @@ TEST(Serve, ARelayOutOfDescriptorsNeitherSpinsNorStopsAnswering) {
 }
 
 // A `noloco serve` of the store outage tests, in the background under
-// `timeout`: its lines on `name`.out, its log on `name`.log. Stopped when
-// it goes, also when a test fails early.
+// `timeout`: its lines on `name`.out, its log on `name`.log; the token it
+// mints kept under `dir`/state (its XDG_STATE_HOME). Waits up to
+// `wait_seconds` for its lines. Stopped when it goes, also when a test fails early.
 struct BackgroundServe {
   std::string pid;  // of its `timeout`
   std::string printed;
-  BackgroundServe(const noloco::testing::TempDir& dir, const std::string& name, const std::string& args) {
-    const auto started = run_command(fmt::format("sh -c 'NOLOCO_RUN_TOKEN=store-outage-test timeout -k 5 300 " NOLOCO_BINARY
+  BackgroundServe(const noloco::testing::TempDir& dir, const std::string& name, const std::string& args,
+                  int wait_seconds = 30) {
+    const auto started = run_command(fmt::format("sh -c 'XDG_STATE_HOME={} timeout -k 5 300 " NOLOCO_BINARY
                                                  " serve bind=127.0.0.1 {} > {} 2> {} & echo $!'",
-                                                 args, dir / (name + ".out"), dir / (name + ".log")),
+                                                 dir / "state", args, dir / (name + ".out"), dir / (name + ".log")),
                                      10);
     pid = started.output.substr(0, started.output.find('\n'));
-    for (int i = 0; i < 300 && printed.find("NOLOCO_RELAY") == std::string::npos && running(); ++i) {
+    for (int i = 0; i < wait_seconds * 10 && printed.find("NOLOCO_RELAY") == std::string::npos && running(); ++i) {
       std::this_thread::sleep_for(std::chrono::milliseconds(100));
       printed = noloco::testing::read_text(dir / (name + ".out"));
     }
@@ -969,6 +972,11 @@ struct BackgroundServe {
   bool running() const { return !pid.empty() && ::kill(pid_t(std::stol(pid)), 0) == 0; }
   void kill_hard() const { run_command("pkill -KILL -P " + pid, 10); }  // the serve, not its `timeout`
   void stop() const { run_command("pkill -TERM -P " + pid, 10); }
+  // Waits (bounded) until its `timeout` has ended.
+  bool wait_gone(int seconds) const {
+    for (int i = 0; i < seconds * 10 && running(); ++i) std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    return !running();
+  }
 };
 
 // The arguments of a serve whose store and relay ports are a block that was
@@ -1011,34 +1019,40 @@ OuterTally tally_outer_steps(const std::string& run) {
 // worker within 12 s. Now they train on alone, each outer step, while it is
 // away; the same serve command run again finds its store's data where it
 // kept it, and the pairs exchange again; both finish (exit 0) with the
-// outage in their summaries.
+// outage in their summaries. Issue 100 item 2: the serve minted the run's
+// token (none in its environment) and, run again, takes the same token back
+// from where it kept it (before, it minted another, which ended every
+// worker); stopped on purpose, it removes it.
 TEST(StoreOutage, WorkersTrainOnWhileTheServeIsDownAndPairAgainOnceItIsBack) {
   if (EtcdServer::binary().empty()) GTEST_SKIP() << "skipped: no etcd binary (install etcd-server)";
   const noloco::testing::TempDir dir;
   std::optional<BackgroundServe> serve;
-  const auto serve_args = start_serve_on_free_ports(serve, dir, "s0", fmt::format("store_dir={}", dir / "store"));
+  const auto serve_args = start_serve_on_free_ports(serve, dir, "s0", "");
   ASSERT_FALSE(serve_args.empty()) << noloco::testing::read_text(dir / "s0.log");
+  const auto minted = assignments(serve->printed);
+  ASSERT_NE(minted.find("NOLOCO_RUN_TOKEN="), std::string::npos) << serve->printed;
   noloco::testing::write_text(dir / "c.txt", noloco::testing::shakespeare(200000));
   const int steps = 4000;
   // One thread each: two plain-env workers cannot tell they share the machine, and took two each.
   const auto run = fmt::format(" method=noloco batch=2 steps={} outer_interval=20 bind=127.0.0.1 threads=1", steps);
-  const auto env = assignments(serve->printed) + "WORLD_SIZE=2 ";
-  noloco::testing::BackgroundCli second(noloco::testing::small_train_args(dir / "c.txt", dir / "w1") + run, 240,
+  const auto env = minted + "WORLD_SIZE=2 ";
+  noloco::testing::BackgroundCli second(noloco::testing::small_train_args(dir / "c.txt", dir / "w1") + run, 300,
                                         env + "RANK=1");
-  noloco::testing::BackgroundCli first(noloco::testing::small_train_args(dir / "c.txt", dir / "w0") + run, 240,
+  noloco::testing::BackgroundCli first(noloco::testing::small_train_args(dir / "c.txt", dir / "w0") + run, 300,
                                        env + "RANK=0");
-  const bool exchanged = noloco::testing::wait_for_record(dir / "w0", "outer", 90);
+  const bool exchanged = noloco::testing::wait_for_record(dir / "w0", "outer", 120);
   serve->kill_hard();
   // Away until both workers have gone alone for want of it.
   bool both_alone = false;
-  for (int i = 0; i < 600 && !both_alone; ++i) {
+  for (int i = 0; i < 1200 && !both_alone; ++i) {
     both_alone = tally_outer_steps(dir / "w0").alone_without_store > 0 &&
                  tally_outer_steps(dir / "w1").alone_without_store > 0;
     if (!both_alone) std::this_thread::sleep_for(std::chrono::milliseconds(50));
   }
   {
-    // Both frozen while the serve starts again: under load its restart
-    // outlasted a worker's remaining steps, which then never met the store back.
+    // Both frozen while the serve starts again, until it printed its lines:
+    // under load its restart outlasted a worker's remaining steps, which
+    // then never met the store back.
     const auto signal_workers = [&](const char* signal) {
       // "w[0]": the pattern does not match the shell that runs pkill, whose command line holds it.
       for (const auto* w : {"w[0]", "w[1]"})
@@ -1049,36 +1063,49 @@ TEST(StoreOutage, WorkersTrainOnWhileTheServeIsDownAndPairAgainOnceItIsBack) {
       std::function<void()> thaw;
       ~ThawWhenDone() { thaw(); }
     } thaw_when_done{[&] { signal_workers("CONT"); }};
-    serve.emplace(dir, "s1", serve_args);
+    serve.emplace(dir, "s1", serve_args, 120);
   }
   const auto restarted_log = noloco::testing::read_text(dir / "s1.log");
   const auto& a = first.wait();
   const auto& b = second.wait();
   ASSERT_TRUE(exchanged) << a.output << b.output;
   EXPECT_TRUE(both_alone) << "the workers did not go on alone while the store was away";
-  EXPECT_NE(serve->printed.find("NOLOCO_RELAY"), std::string::npos) << "the restarted serve: " << restarted_log;
-  for (const auto* r : {&a, &b}) {
-    EXPECT_EQ(r->exit_code, 0) << r->output;
-    EXPECT_NE(r->output.find("the run's store does not answer"), std::string::npos) << r->output;
-    EXPECT_NE(r->output.find("the run's store answers again after"), std::string::npos) << r->output;
-  }
+  EXPECT_EQ(assignments(serve->printed), minted) << "the restarted serve took another token: " << restarted_log;
+  for (const auto* r : {&a, &b}) EXPECT_EQ(r->exit_code, 0) << r->output;
   for (const auto* w : {"w0", "w1"}) {
     const auto t = tally_outer_steps(dir / w);
     EXPECT_GT(t.paired_before, 0) << w;
     EXPECT_GT(t.paired_after, 0) << w << ": no exchange after the store came back";
     EXPECT_EQ(t.records, steps / 20) << w << ": an outer step went unrecorded";
+    const int rank = w[1] - '0';
+    const auto summary =
+        nlohmann::json::parse(noloco::testing::read_text(dir / fmt::format("{}/summary_r{}.json", w, rank)));
+    EXPECT_GE(summary.value("store_outages", 0), 1) << summary.dump();
+    EXPECT_GT(summary.value("store_outage_seconds", 0.0), 0.0) << summary.dump();
   }
-  const auto summary = nlohmann::json::parse(noloco::testing::read_text(dir / "w0/summary_r0.json"));
-  EXPECT_GE(summary.value("store_outages", 0), 1) << summary.dump();
-  EXPECT_GT(summary.value("store_outage_seconds", 0.0), 0.0) << summary.dump();
   const auto run_summary = nlohmann::json::parse(noloco::testing::read_text(dir / "w0/summary.json"));
   EXPECT_EQ(run_summary["replicas_finished"].size(), 2u) << run_summary.dump();
+  // Issue 100 item 4: the outage's lone outer steps have a figure of their own, beside pairing.
+  const int most_alone = std::max(tally_outer_steps(dir / "w0").alone_without_store,
+                                  tally_outer_steps(dir / "w1").alone_without_store);
+  EXPECT_EQ(run_summary.value("outer_steps_alone_without_store", -1.0), double(most_alone)) << run_summary.dump();
+  // The kept token: its owner's only while the run lasts, gone once the serve is stopped on purpose.
+  const auto port = serve_args.substr(5, serve_args.find(' ') - 5);
+  const auto kept = dir / ("state/noloco/serve-" + port + ".token");
+  ASSERT_TRUE(std::filesystem::exists(kept)) << kept;
+  EXPECT_EQ(std::filesystem::status(kept).permissions() & std::filesystem::perms::all,
+            std::filesystem::perms::owner_read | std::filesystem::perms::owner_write);
+  serve->stop();
+  EXPECT_TRUE(serve->wait_gone(60)) << "the serve did not stop on SIGTERM";
+  EXPECT_FALSE(std::filesystem::exists(kept)) << "a serve stopped on purpose ends its run: its token goes";
 }
 
 // Issue 83 item 1, past the bound: a store that stays away (store_outage=3)
 // ends each worker by itself with one line naming it, its checkpoint at the
-// step it ended, and its summary saying why; worker 0 writes the run's from
-// what its disk holds. Exit 1: the run did not finish.
+// step it ended, and its summary saying why; the run's summary is written
+// from what the disk holds (issue 100 item 10: worker 0 named worker 1 "not
+// heard from" though its summary lay beside its own: the last out writes it
+// again). Exit 1: the run did not finish.
 TEST(StoreOutage, AStoreThatStaysAwayEndsEachWorkerWithACheckpointAndASummary) {
   if (EtcdServer::binary().empty()) GTEST_SKIP() << "skipped: no etcd binary (install etcd-server)";
   const noloco::testing::TempDir dir;
@@ -1090,33 +1117,52 @@ TEST(StoreOutage, AStoreThatStaysAwayEndsEachWorkerWithACheckpointAndASummary) {
   const auto run =
       " method=noloco batch=2 steps=100000 outer_interval=20 checkpoint_interval=100000 store_outage=3 bind=127.0.0.1";
   const auto env = assignments(serve.printed) + "WORLD_SIZE=2 ";
-  noloco::testing::BackgroundCli second(noloco::testing::small_train_args(dir / "c.txt", dir / "w1") + run, 180,
+  const auto out = dir / "run";  // both workers' run directory, as on one machine
+  noloco::testing::BackgroundCli second(noloco::testing::small_train_args(dir / "c.txt", out) + run, 180,
                                         env + "RANK=1");
-  noloco::testing::BackgroundCli first(noloco::testing::small_train_args(dir / "c.txt", dir / "w0") + run, 180,
+  noloco::testing::BackgroundCli first(noloco::testing::small_train_args(dir / "c.txt", out) + run, 180,
                                        env + "RANK=0");
-  const bool exchanged = noloco::testing::wait_for_record(dir / "w0", "outer", 90);
+  const bool exchanged = noloco::testing::wait_for_record(out, "outer", 90);
   serve.kill_hard();
   const auto& a = first.wait();
   const auto& b = second.wait();
   ASSERT_TRUE(exchanged) << a.output << b.output;
   const std::vector<std::pair<int, const noloco::testing::CliResult*>> workers{{0, &a}, {1, &b}};
   for (const auto& [rank, r] : workers) {
-    const auto name = fmt::format("w{}", rank);
     EXPECT_EQ(r->exit_code, 1) << r->output;
     EXPECT_EQ(r->output.find("terminate called"), std::string::npos) << r->output;
     EXPECT_NE(r->output.find("error: the run's store did not answer for 3s"), std::string::npos) << r->output;
     const auto summary =
-        nlohmann::json::parse(noloco::testing::read_text(dir / fmt::format("{}/summary_r{}.json", name, rank)));
+        nlohmann::json::parse(noloco::testing::read_text(out + fmt::format("/summary_r{}.json", rank)));
     ASSERT_TRUE(summary.contains("left_at_step")) << summary.dump();
     const auto ended = summary["left_at_step"].get<int64_t>();
     EXPECT_NE(summary.value("store_gone", "").find("did not answer"), std::string::npos) << summary.dump();
-    EXPECT_TRUE(std::filesystem::exists(dir / fmt::format("{}/checkpoints/r{}/step_{:08d}", name, rank, ended)))
+    EXPECT_TRUE(std::filesystem::exists(out + fmt::format("/checkpoints/r{}/step_{:08d}", rank, ended)))
         << "no checkpoint at step " << ended;
   }
-  const auto run_summary = nlohmann::json::parse(noloco::testing::read_text(dir / "w0/summary.json"));
-  ASSERT_FALSE(run_summary["replicas_left"].empty()) << run_summary.dump();
+  const auto run_summary = nlohmann::json::parse(noloco::testing::read_text(out + "/summary.json"));
+  ASSERT_EQ(run_summary["replicas_left"].size(), 2u) << run_summary.dump();
+  EXPECT_TRUE(run_summary["replicas_failed"].empty()) << run_summary.dump();
   EXPECT_NE(run_summary["replicas_left"][0].dump().find("the run's store did not answer"), std::string::npos)
       << run_summary.dump();
+}
+
+// Issue 100 item 5: a worker with another run's token met the serve's store
+// with another TLS key than its token gives, and tried again until its
+// 60-s timeout before it ended. Waiting does not change a token: it is
+// refused at once (here within a bound well under that timeout), naming it.
+TEST(StoreOutage, AWorkerWithAnotherRunsTokenIsRefusedAtOnceNamingTheToken) {
+  if (EtcdServer::binary().empty()) GTEST_SKIP() << "skipped: no etcd binary (install etcd-server)";
+  const noloco::testing::TempDir dir;
+  std::optional<BackgroundServe> serve;
+  ASSERT_FALSE(start_serve_on_free_ports(serve, dir, "s0", "").empty()) << noloco::testing::read_text(dir / "s0.log");
+  noloco::testing::write_text(dir / "c.txt", noloco::testing::shakespeare(20000));
+  const auto r = noloco::testing::run_cli(
+      noloco::testing::small_train_args(dir / "c.txt", dir / "w0") + " method=noloco steps=10 bind=127.0.0.1", 30,
+      assignments(serve->printed) + "WORLD_SIZE=2 RANK=0 NOLOCO_RUN_TOKEN=another-runs-token");
+  EXPECT_EQ(r.exit_code, 1) << r.output;
+  EXPECT_NE(r.output.find("could not join the run's store"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("NOLOCO_RUN_TOKEN"), std::string::npos) << r.output;
 }
 
 // Issues 66 and 81: the Python door across homes, over the same links as

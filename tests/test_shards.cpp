@@ -342,6 +342,13 @@ TEST(Corpus, AResumeOverChangedShardsIsRefusedNamingTheChange) {
       << error;
   write_token_file(dir / "set/train_000003.bin", std::vector<int32_t>(ids.begin() + 15000, ids.end()), 300);
   EXPECT_NO_THROW(load_corpus(c.data, 32, run, true)) << "the same tokens again, written anew";
+  // Issue 100 item 7: a shard swapped for one of the same size, its modification time put back
+  // (`touch -r`), was resumed over: the checksum was trusted for its size and time.
+  const auto kept_time = fs::last_write_time(dir / "set/train_000003.bin");
+  write_token_file(dir / "set/train_000003.bin", std::vector<int32_t>(ids.begin(), ids.begin() + 5000), 300);
+  fs::last_write_time(dir / "set/train_000003.bin", kept_time);
+  EXPECT_NE(refusal().find("training shard train_000003.bin holds other tokens at the same size"), std::string::npos);
+  write_token_file(dir / "set/train_000003.bin", std::vector<int32_t>(ids.begin() + 15000, ids.end()), 300);
   write_token_file(dir / "set/train_000004.bin", std::vector<int32_t>(ids.begin(), ids.begin() + 100), 300);
   EXPECT_NE(refusal().find("training shard train_000004.bin (1224 bytes, 100 ids) is new"), std::string::npos);
   c.data.accept_changed_data = true;

@@ -12,6 +12,7 @@
 #include "train/checkpoint.h"
 #include "config/train_config.h"
 #include "train/export.h"
+#include "train/run_directory.h"
 #include "train/trainer.h"
 #include "util/crc32c.h"
 #include "util/files.h"
@@ -204,6 +205,17 @@ TEST(BadInput, EmptyDataFile) {
   EXPECT_FALSE(std::filesystem::exists(dir / "r")) << "a failed start left its run directory (and run.lock) behind";
 }
 
+// Issue 100 item 10: a tokenizer.json cut short, named as a file, was called
+// an invalid sentencepiece model.
+TEST(BadInput, ATruncatedTokenizerJsonIsCalledThat) {
+  TempDir dir;
+  noloco::testing::write_text(dir / "c.txt", noloco::testing::shakespeare(20000));
+  noloco::testing::write_text(dir / "tokenizer.json", R"({"version": "1.0", "model": {"type": "BPE", "vocab": {"a")");
+  expect_one_line_error(noloco::testing::run_cli("train configs/shakespeare.yaml steps=1 out=" + dir / "r" + " data=" +
+                                                 dir / "c.txt" + " tokenizer=" + dir / "tokenizer.json"),
+                        "tokenizer.json is not a tokenizer.json: not a JSON object (cut short?)");
+}
+
 TEST(BadInput, CorpusShorterThanOneBlock) {
   TempDir dir;
   noloco::testing::write_text(dir / "short.txt", noloco::testing::shakespeare(300));
@@ -266,6 +278,25 @@ TEST_F(BadCheckpoint, OfAnotherModelShape) {
   std::string cli = "train configs/shakespeare.yaml";
   for (auto& a : args("run", {"steps=1"})) cli += " " + a;
   expect_one_line_error(noloco::testing::run_cli(cli + " hidden=64 resume=true"), "does not match the config");
+}
+
+// Issue 100 item 10: an export that fails part way (here: a file-size limit
+// standing in for a full disk) leaves no partial directory, and an earlier
+// export in the same place as it was.
+TEST_F(BadCheckpoint, AnExportThatFailsLeavesNoPartialModelAndTheEarlierExportWhole) {
+  train_run("run", {"steps=1"});
+  const std::string full_disk = "trap '' XFSZ; ulimit -f 16;";  // EFBIG past 8 KiB instead of a signal
+  expect_one_line_error(noloco::testing::run_cli("export " + dir / "run" + " " + dir / "hf", 60, full_disk), "");
+  EXPECT_FALSE(std::filesystem::exists(dir / "hf"));
+  const auto ok = noloco::testing::run_cli("export " + dir / "run" + " " + dir / "hf", 60);
+  ASSERT_EQ(ok.exit_code, 0) << ok.output;
+  const auto before = noloco::testing::read_text(dir / "hf/model.safetensors");
+  expect_one_line_error(noloco::testing::run_cli("export " + dir / "run" + " " + dir / "hf" + " dtype=bfloat16", 60, full_disk),
+                        "");
+  EXPECT_EQ(noloco::testing::read_text(dir / "hf/model.safetensors"), before);
+  EXPECT_TRUE(std::filesystem::exists(dir / "hf/config.json"));
+  for (const auto& entry : std::filesystem::directory_iterator(dir.path()))
+    EXPECT_EQ(entry.path().filename().string().find(".partial-"), std::string::npos) << entry.path();
 }
 
 // Issue 84: export and generate take the mean of a run's replicas by
@@ -379,6 +410,32 @@ TEST_F(BadCheckpoint, TwoRunsCannotShareADirectory) {
   EXPECT_EQ(::system(("pkill -INT -f '[n]oloco train .*out=" + dir / "run" + " '").c_str()), 0);
   const auto& first = runner.wait();
   expect_one_line_error(second, "is in use by another run (pid ");
+}
+
+// Issue 100 item 6: a launched run started in the directory of a running
+// plain-env pair wrote into its metrics and checkpoints. The pair's workers
+// hold the directory together; a launched run is refused there, and they in
+// a launched run's.
+TEST(RunDirectoryLock, WorkersOfARunStartedWithoutTheLauncherShareItAndALaunchedRunIsRefused) {
+  TempDir dir;
+  const auto config = parse_config("", {});
+  const auto out = dir / "pair";
+  {
+    RunDirectory first(out, config, RunDirectory::Hold::worker), second(out, config, RunDirectory::Hold::worker);
+    try {
+      RunDirectory launched(out, config);
+      ADD_FAILURE() << "a launched run took a directory its workers hold";
+    } catch (const std::runtime_error& e) {
+      EXPECT_NE(std::string(e.what()).find("is in use by another run (workers started without noloco's launcher)"),
+                std::string::npos)
+          << e.what();
+    }
+  }
+  {
+    RunDirectory launched(out, config);
+    EXPECT_THROW(RunDirectory(out, config, RunDirectory::Hold::worker), std::runtime_error);
+  }
+  RunDirectory after(out, config, RunDirectory::Hold::worker);  // each let go: taken again
 }
 
 TEST_F(BadCheckpoint, FlippedBytesInsideATensorAreCaughtOnEveryLoad) {

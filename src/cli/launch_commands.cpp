@@ -10,6 +10,7 @@
 #include <chrono>
 #include <filesystem>
 #include <iostream>
+#include <optional>
 #include <thread>
 
 #include <fmt/format.h>
@@ -178,6 +179,9 @@ int train_command(const std::string& config_path, const std::vector<std::string>
   WorkerEnv env;
   if (worker_env_from_environment(env)) {
     reexecute_for_runtime_settings();
+    // Our launcher holds its workers' directory; the workers of a run started otherwise hold it together.
+    std::optional<RunDirectory> held;
+    if (!launched_by_noloco(env) && !cfg.run.out.empty()) held.emplace(cfg.run.out, cfg, RunDirectory::Hold::worker);
     return run_worker(cfg, env);
   }
   cfg.validate_workers();

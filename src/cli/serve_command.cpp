@@ -3,10 +3,10 @@
 #include <arpa/inet.h>
 #include <ifaddrs.h>
 #include <netinet/in.h>
-#include <sodium.h>
 #include <unistd.h>
 
 #include <cstdlib>
+#include <filesystem>
 #include <iostream>
 #include <memory>
 #include <stdexcept>
@@ -15,17 +15,22 @@
 #include <fmt/ranges.h>
 #include <spdlog/spdlog.h>
 
+#include "comm/launch/launcher.h"
 #include "comm/store/etcd_server.h"
+#include "comm/store/store.h"
 #include "comm/store/run_keys.h"
 #include "cli/watch_command.h"
 #include "comm/link/relay.h"
 #include "comm/view/view_server.h"
 #include "util/error_text.h"
+#include "util/files.h"
 #include "util/human.h"
 #include "util/parse_number.h"
 #include "util/stop_signal.h"
 
 namespace noloco {
+
+namespace fs = std::filesystem;
 
 namespace {
 
@@ -44,15 +49,44 @@ std::string first_address() {
   return found;
 }
 
-// The run's token: NOLOCO_RUN_TOKEN, or a fresh one (256 random bits).
-std::string run_token() {
+// Where a serve that minted its run's token keeps it, owner-only: the same
+// command run again (after a crash or a kill) takes that run back instead of
+// minting another, which every worker would refuse. Named by the port, as
+// the serve is; under $XDG_STATE_HOME (or ~/.local/state), where it outlives
+// a reboot as a store_dir= on disk does.
+std::string kept_token_file(const ServeArgs& a) {
+  std::string root;
+  if (const char* state = std::getenv("XDG_STATE_HOME"); state && *state)
+    root = std::string(state) + "/noloco";
+  else if (const char* home = std::getenv("HOME"); home && *home)
+    root = std::string(home) + "/.local/state/noloco";
+  else
+    root = EtcdServer::temp_root() + fmt::format("/noloco-state-{}", ::getuid());
+  return fmt::format("{}/serve-{}.token", root, a.port);
+}
+
+// The run's token: NOLOCO_RUN_TOKEN, else the one this serve's command kept,
+// else a fresh one, kept. `kept` says whether it is this serve's to remove.
+std::string serve_token(const ServeArgs& a, bool* kept) {
+  *kept = false;
   if (const char* given = std::getenv("NOLOCO_RUN_TOKEN"); given && *given) return given;
-  if (sodium_init() < 0) throw std::runtime_error("serve: libsodium did not initialise");
-  uint8_t bytes[32];
-  randombytes_buf(bytes, sizeof(bytes));
-  char hex[2 * sizeof(bytes) + 1];
-  sodium_bin2hex(hex, sizeof(hex), bytes, sizeof(bytes));
-  return hex;
+  const auto file = kept_token_file(a);
+  *kept = true;
+  if (file_exists(file)) {
+    const auto token = run_token_of(file, "serve");
+    spdlog::info("serve: taking back the run whose token it minted (kept in {}; a serve stopped with Ctrl-C or "
+                 "SIGTERM ends its run and removes it)",
+                 file);
+    return token;
+  }
+  const auto token = new_run_token();
+  std::error_code ec;
+  fs::create_directories(fs::path(file).parent_path(), ec);
+  if (ec) throw std::runtime_error(fmt::format("serve: cannot create {}: {}", fs::path(file).parent_path().string(),
+                                               ec.message()));
+  fs::permissions(fs::path(file).parent_path(), fs::perms::owner_all, fs::perm_options::replace, ec);
+  write_file_atomic(file, token + "\n", 0600);
+  return token;
 }
 
 struct ClusterEntry {
@@ -128,9 +162,10 @@ Options serve_options(ServeArgs& a) {
            "IPV4:PORT,... every serve of a store cluster, this one included, same list on each (store port; relay "
            "at PORT+1, etcd peers at PORT+2); the token from NOLOCO_RUN_TOKEN")
       .add("store_dir", a.store_dir,
-           "keep the store's data here: a serve restarted with the same port and token (after a crash, a kill, a "
-           "reboot if it is on disk) takes the run back; empty: a temporary one, removed when this serve is stopped "
-           "(a cluster's member: removed with it)")
+           "keep the store's data here: the same serve command run again (after a crash, a kill, a reboot if it is "
+           "on disk) takes the run back, with the token it minted and kept (or NOLOCO_RUN_TOKEN); empty: a "
+           "temporary one, removed with the kept token when this serve is stopped (a cluster's member: removed "
+           "with it)")
       .add("view", a.view, "serve the run's live page (with store=true), its URL printed after the exports")
       .add("view_bind", a.view_bind, "the address the live page listens on (loopback unless told otherwise)")
       .add("view_port", a.view_port, "the live page's port (0: a free one)");
@@ -202,6 +237,15 @@ std::string store_data_dir(const ServeArgs& a, const std::string& token) {
                      a.port);
 }
 
+// A serve stopped on purpose ends its run: the store's data and the token
+// it kept go, unless store_dir= asked to keep them.
+void end_run(const ServeArgs& a, const std::string& data_dir, bool token_kept) {
+  if (!a.store_dir.empty()) return;
+  std::error_code ec;
+  if (!data_dir.empty()) fs::remove_all(data_dir, ec);
+  if (token_kept) fs::remove(kept_token_file(a), ec);
+}
+
 // The run's page, reading the store this serve hosts (in a cluster, this
 // serve's member first, then any other that answers); none where it cannot
 // listen (serving the run matters more).
@@ -270,7 +314,8 @@ int serve_command(const std::vector<std::string>& args) {
   if (!a.store && !std::getenv("NOLOCO_RUN_TOKEN"))
     throw std::invalid_argument("serve: store=false relays for a run another serve holds: set NOLOCO_RUN_TOKEN to "
                                 "the token that serve printed");
-  const auto token = run_token();
+  bool token_kept = false;
+  const auto token = serve_token(a, &token_kept);
   stop_on_signal();
   std::unique_ptr<EtcdServer> store;
   const auto data_dir = store_data_dir(a, token);
@@ -278,6 +323,7 @@ int serve_command(const std::vector<std::string>& args) {
     if (a.store) store = host_store(a, host, token, data_dir);
   } catch (const Interrupted&) {
     spdlog::info("serve: stopped by signal while its store cluster formed");
+    end_run(a, data_dir, token_kept);
     return 0;
   }
   RelayServer relay(a.bind, a.relay_port, run_key(token, "relay"));
@@ -303,7 +349,8 @@ int serve_command(const std::vector<std::string>& args) {
   const auto s = relay.stats();
   spdlog::info("serve: stopped by signal {}; the relay joined {} pairs and carried {}, refused {} connections", signal,
                s.spliced, format_bytes(double(s.bytes)), s.refused);
-  if (store && a.store_dir.empty()) store->remove_data();  // stopped on purpose: the run is over
+  store.reset();
+  end_run(a, data_dir, token_kept);
   return 0;
 }
 

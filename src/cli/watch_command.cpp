@@ -41,7 +41,7 @@ std::pair<std::string, std::string> run_of(std::string where, const std::string&
   }
   if (std::filesystem::is_directory(where))
     return {read_join_invitation(where, "watch").store,
-            joiner_token(token_file.empty() ? where + "/run_token" : token_file, "watch")};
+            run_token_of(token_file.empty() ? where + "/run_token" : token_file, "watch")};
   const char* token = std::getenv("NOLOCO_RUN_TOKEN");
   if (!token || !*token) throw std::invalid_argument("watch: set NOLOCO_RUN_TOKEN to the run's token");
   return {where, token};

@@ -30,6 +30,10 @@ struct WorkerEnv {
   int restart = 0;
 };
 
+// Whether noloco's launcher started this worker: it hosts the run's store as
+// torchrun's agent does, and names it in NOLOCO_STORE.
+inline bool launched_by_noloco(const WorkerEnv& env) { return env.agent_store && !env.store_url.empty(); }
+
 // RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, MASTER_ADDR, MASTER_PORT
 // (torchrun's names), NOLOCO_RUN_TOKEN, NOLOCO_STORE, NOLOCO_RELAY and NOLOCO_RESTARTED; returns false when RANK is unset
 // (not a launched worker). Throws std::invalid_argument on malformed values.

@@ -161,12 +161,17 @@ TokenStream checked(TokenStream tokens, const std::string& spec, int64_t vocab) 
   return tokens;
 }
 
-int64_t modified_ns(const std::string& path) {
+// What tells a file's checksum still holds: its modification time, and its
+// inode and status-change time, which no user can set back (`touch -r`
+// restores the first; a file written or swapped in has a new ctime).
+nlohmann::json file_state(const std::string& path) {
   struct stat st {};
   if (::stat(path.c_str(), &st) != 0)
     throw std::runtime_error(fmt::format("cannot read {}: {}", path, std::strerror(errno)));
-  return int64_t(st.st_mtim.tv_sec) * 1000000000 + st.st_mtim.tv_nsec;
+  const auto ns = [](const timespec& t) { return int64_t(t.tv_sec) * 1000000000 + t.tv_nsec; };
+  return {{"modified_ns", ns(st.st_mtim)}, {"changed_ns", ns(st.st_ctim)}, {"inode", uint64_t(st.st_ino)}};
 }
+const std::vector<const char*> kFileStateKeys = {"modified_ns", "changed_ns", "inode"};
 
 uint32_t file_crc32c(const std::string& path) {
   std::ifstream in(path, std::ios::binary);
@@ -188,16 +193,17 @@ nlohmann::json entry_of(const nlohmann::json& files, const nlohmann::json& name)
 }
 
 // Each file's name, size, ids and content checksum. A file whose size and
-// modification time are what `was` recorded keeps its recorded checksum, so
+// state (file_state) are what `was` recorded keeps its recorded checksum, so
 // a resume reads no shard it already knows; the run's first start reads each
-// once.
+// once, and so does a resume each shard changed in any way since.
 nlohmann::json file_identities(const TokenStream& tokens, const nlohmann::json& was) {
   auto out = nlohmann::json::array();
   for (const auto& f : tokens.file_identities()) {
-    nlohmann::json entry = {{"file", f.name}, {"bytes", f.bytes}, {"ids", f.ids}, {"modified_ns", modified_ns(f.path)}};
+    nlohmann::json entry = {{"file", f.name}, {"bytes", f.bytes}, {"ids", f.ids}};
+    entry.update(file_state(f.path));
     const auto before = entry_of(was, f.name);
-    const bool known = before.is_object() && before.contains("crc32c") && before["bytes"] == entry["bytes"] &&
-                       before.value("modified_ns", int64_t(-1)) == entry["modified_ns"];
+    bool known = before.is_object() && before.contains("crc32c") && before["bytes"] == entry["bytes"];
+    for (const char* key : kFileStateKeys) known = known && before.contains(key) && before[key] == entry[key];
     entry["crc32c"] = known ? before["crc32c"].get<uint32_t>() : file_crc32c(f.path);
     out.push_back(entry);
   }
@@ -214,7 +220,7 @@ nlohmann::json corpus_identity(const DataConfig& c, const Corpus& corpus, const 
           {"val", file_identities(corpus.val, recorded("val"))}};
 }
 
-// An identity as compared: without modification times (a copied corpus is
+// An identity as compared: without the files' states (a copied corpus is
 // the same corpus), and without checksums where `was` recorded none (a run
 // started before they were kept).
 nlohmann::json comparable(nlohmann::json identity, const nlohmann::json& was) {
@@ -223,7 +229,7 @@ nlohmann::json comparable(nlohmann::json identity, const nlohmann::json& was) {
     const auto before = was.is_object() ? was.value(split, nlohmann::json::array()) : nlohmann::json::array();
     const bool checksummed = before.empty() || before[0].contains("crc32c");
     for (auto& f : identity[split]) {
-      f.erase("modified_ns");
+      for (const char* key : kFileStateKeys) f.erase(key);
       if (!checksummed) f.erase("crc32c");
     }
   }

@@ -264,12 +264,6 @@ std::unique_ptr<Tokenizer> load_sentencepiece(const std::string& model_path) {
   return std::make_unique<SentencePieceTokenizer>(read_file(model_path));
 }
 
-std::unique_ptr<Tokenizer> open_tokenizer(const std::string& path) {
-  struct stat st {};
-  if (::stat(path.c_str(), &st) == 0 && S_ISDIR(st.st_mode)) return load_tokenizer(path);
-  return load_sentencepiece(path);
-}
-
 std::unique_ptr<Tokenizer> make_id_tokenizer(int64_t vocab_size) {
   if (vocab_size <= 0) throw std::invalid_argument("vocab_size must be set for pre-tokenized data");
   return std::make_unique<IdTokenizer>(vocab_size);
@@ -352,6 +346,21 @@ std::unique_ptr<Tokenizer> load_tokenizer(const std::string& dir) {
   if (file == kSentencePieceModel) return load_sentencepiece(dir + "/" + file);
   if (file == kHfTokenizersFile && is_hf_tokenizer_json(dir + "/" + file)) return load_byte_level_bpe(dir, file);
   return described_tokenizer(dir, file, read_json(dir + "/" + file));
+}
+
+std::unique_ptr<Tokenizer> open_tokenizer(const std::string& path) {
+  struct stat st {};
+  if (::stat(path.c_str(), &st) == 0 && S_ISDIR(st.st_mode)) return load_tokenizer(path);
+  if (!ends_with(path, ".json")) return load_sentencepiece(path);
+  // A tokenizer.json named as a file: the tokenizers library's, or noloco's own.
+  const auto j = nlohmann::json::parse(read_file(path), nullptr, false);
+  if (j.is_discarded() || !j.is_object())
+    throw std::runtime_error(fmt::format("{} is not a tokenizer.json: not a JSON object (cut short?)", path));
+  const auto slash = path.rfind('/');
+  const auto dir = slash == std::string::npos ? "." : path.substr(0, slash);
+  const auto file = slash == std::string::npos ? path : path.substr(slash + 1);
+  if (j.contains("type")) return described_tokenizer(dir, file, j);
+  return load_byte_level_bpe(dir, file);
 }
 
 }  // namespace noloco

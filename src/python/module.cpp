@@ -121,10 +121,13 @@ py::dict as_dict(const UserOuterStep& s) {
 }
 
 // None, or the outer step's report (the last, when the step also applied
-// what was in flight), with `left` once the replica has left.
+// what was in flight), with `left` once the replica has left. A leave that
+// applied no outer step reports one with no group (the same keys, for the
+// caller reading them).
 py::object report(const std::vector<UserOuterStep>& steps, bool left) {
   if (steps.empty() && !left) return py::none();
-  py::dict d = steps.empty() ? py::dict() : as_dict(steps.back());
+  py::dict d = as_dict(steps.empty() ? UserOuterStep{} : steps.back());
+  if (steps.empty()) d["outer_step"] = py::none();
   if (steps.size() > 1) {
     py::list all;
     for (const auto& s : steps) all.append(as_dict(s));

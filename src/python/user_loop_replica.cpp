@@ -62,7 +62,7 @@ WorkerEnv joiner_env(const UserLoopStart& start, const TrainConfig& config) {
     const auto invitation = read_join_invitation(start.join_dir, "join");
     env.store_url = invitation.store;
     env.world = invitation.workers;
-    env.token = joiner_token(start.join_dir + "/run_token", "join");
+    env.token = run_token_of(start.join_dir + "/run_token", "join");
     env.agent_store = true;
   }
   pin_hosted_store_key(env);

@@ -1,8 +1,11 @@
 #include "train/export.h"
 
+#include <unistd.h>
+
 #include <algorithm>
 #include <filesystem>
 #include <map>
+#include <regex>
 #include <utility>
 #include <vector>
 
@@ -95,20 +98,52 @@ std::pair<Checkpoint, std::string> read_trained_weights(const std::string& check
 
 }  // namespace
 
+namespace {
+
+// Moves the files of a finished export from `staging` into `hf_dir`: the
+// directory itself where there is none, else file by file over an earlier
+// export, whose weight and tokenizer files (which may be named otherwise,
+// or be more shards) go first.
+void publish_export(const fs::path& staging, const fs::path& hf_dir) {
+  if (!fs::exists(hf_dir)) {
+    fs::rename(staging, hf_dir);
+    return;
+  }
+  static const std::regex earlier_weights(R"(model(-\d{5}-of-\d{5})?\.safetensors(\.index\.json)?)");
+  for (const auto& entry : fs::directory_iterator(hf_dir))
+    if (std::regex_match(entry.path().filename().string(), earlier_weights)) fs::remove(entry.path());
+  for (const auto& f : tokenizer_files()) fs::remove(hf_dir / f);
+  for (const auto& entry : fs::directory_iterator(staging)) fs::rename(entry.path(), hf_dir / entry.path().filename());
+  fs::remove(staging);
+}
+
+}  // namespace
+
 void export_hf(const std::string& checkpoint, const std::string& hf_dir, const ExportOptions& options) {
   const auto dtype = export_dtype(options.dtype);
   if (options.shard_bytes == 0) throw std::invalid_argument("shard_size must be positive");
   const auto [ckpt, path] = read_trained_weights(checkpoint, options.replica);
   if (path.empty()) throw std::runtime_error(fmt::format("no checkpoint found at '{}'", checkpoint));
   const auto tokenizer = load_tokenizer(path);
-  // Our parameter names are already LlamaForCausalLM's.
-  write_hf_weights(hf_dir, ckpt.weights, options.shard_bytes, dtype);
-  auto config = ckpt.model.to_hf_json();
-  config["torch_dtype"] = options.dtype;
-  write_json_atomic(hf_dir + "/config.json", config);
-  // An earlier export's tokenizer files would describe another vocabulary.
-  for (const auto& f : tokenizer_files()) fs::remove(fs::path(hf_dir) / f);
-  tokenizer->save_hf(hf_dir);
+  // Written beside its destination and moved there whole once complete: an
+  // export that fails (a full disk) leaves no partial model behind.
+  fs::path target = fs::path(hf_dir).lexically_normal();
+  if (!target.has_filename()) target = target.parent_path();  // "dir/"
+  const fs::path staging = target.string() + fmt::format(".partial-{}", ::getpid());
+  fs::remove_all(staging);
+  try {
+    // Our parameter names are already LlamaForCausalLM's.
+    write_hf_weights(staging.string(), ckpt.weights, options.shard_bytes, dtype);
+    auto config = ckpt.model.to_hf_json();
+    config["torch_dtype"] = options.dtype;
+    write_json_atomic((staging / "config.json").string(), config);
+    tokenizer->save_hf(staging.string());
+    publish_export(staging, target);
+  } catch (...) {
+    std::error_code ec;
+    fs::remove_all(staging, ec);
+    throw;
+  }
 }
 
 TrainedModel load_trained_model(const std::string& checkpoint, const std::string& replica) {

@@ -67,12 +67,38 @@ void check_same_run(const fs::path& dir, const TrainConfig& now) {
   }
 }
 
+// Who holds a run's lock, as its file says: a launcher writes its pid; the
+// workers of a run started without one write nothing.
+std::string lock_owner(const std::string& lock) {
+  try {
+    const auto pid = read_file(lock);
+    if (!pid.empty()) return "pid " + pid;
+  } catch (const std::exception&) {
+  }
+  return "workers started without noloco's launcher";
+}
+
 }  // namespace
 
-RunDirectory::RunDirectory(const std::string& path, const TrainConfig& config) : path_(path) {
+RunDirectory::RunDirectory(const std::string& path, const TrainConfig& config, Hold hold) : path_(path) {
   const fs::path dir(path);
   if (fs::exists(dir) && !fs::is_directory(dir))
     throw std::invalid_argument(fmt::format("out={} is not a directory", path));
+  if (hold == Hold::worker) {
+    shared_ = true;
+    // The lock file stays: removed while another worker holds it, a later run would lock a new one.
+    fs::create_directories(dir);
+    const auto lock = (dir / "run.lock").string();
+    lock_fd_ = ::open(lock.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+    if (lock_fd_ < 0) throw std::runtime_error(fmt::format("cannot open {}: {}", lock, std::strerror(errno)));
+    if (::flock(lock_fd_, LOCK_SH | LOCK_NB) != 0) {
+      ::close(lock_fd_);
+      lock_fd_ = -1;
+      throw std::runtime_error(fmt::format("out={} is in use by another run ({}), started by noloco's launcher", path,
+                                           lock_owner(lock)));
+    }
+    return;
+  }
   if (config.run.resume && !holds_a_run(dir))
     throw std::invalid_argument(fmt::format("resume=true: out={} holds no run to continue (no config.yaml, metrics or "
                                             "checkpoints): check out=, or leave resume out to start a new run",
@@ -84,14 +110,9 @@ RunDirectory::RunDirectory(const std::string& path, const TrainConfig& config) :
   lock_fd_ = ::open(lock.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
   if (lock_fd_ < 0) throw std::runtime_error(fmt::format("cannot open {}: {}", lock, std::strerror(errno)));
   if (::flock(lock_fd_, LOCK_EX | LOCK_NB) != 0) {
-    std::string owner = "another process";
-    try {
-      owner = "pid " + read_file(lock);
-    } catch (const std::exception&) {
-    }
     ::close(lock_fd_);
     lock_fd_ = -1;
-    throw std::runtime_error(fmt::format("out={} is in use by another run ({})", path, owner));
+    throw std::runtime_error(fmt::format("out={} is in use by another run ({})", path, lock_owner(lock)));
   }
   const auto pid = std::to_string(::getpid());
   if (::ftruncate(lock_fd_, 0) != 0 || ::pwrite(lock_fd_, pid.data(), pid.size(), 0) != ssize_t(pid.size())) {
@@ -116,6 +137,9 @@ void RunDirectory::remove_if_unused() {
   std::error_code ec;
   // Unlinked while still locked, so no other run can have taken it meanwhile.
   if (created_lock_ && !holds_a_run(dir)) fs::remove(dir / "run.lock", ec);
+  if (lock_fd_ >= 0 && !shared_ && ::ftruncate(lock_fd_, 0) != 0) {
+    // a stale pid only misnames the holder in a refusal's message
+  }
   if (lock_fd_ >= 0) ::close(lock_fd_);  // closing releases the lock
   lock_fd_ = -1;
   if (created_directory_) fs::remove(dir, ec);  // only while empty

@@ -15,9 +15,15 @@ namespace noloco {
 
 class RunDirectory {
  public:
+  // run: the launcher's hold on its run's directory, exclusive, with the
+  // checks above. worker: a worker of a run started without the launcher
+  // (plain env, torchrun), sharing the lock with the run's other workers on
+  // this machine: a launched run is refused in their directory, and they in
+  // a launched run's.
+  enum class Hold { run, worker };
   // Creates `path` if needed, checks it and takes the lock; throws
   // std::invalid_argument / std::runtime_error with the reason.
-  RunDirectory(const std::string& path, const TrainConfig& config);
+  RunDirectory(const std::string& path, const TrainConfig& config, Hold hold = Hold::run);
   ~RunDirectory();
   RunDirectory(const RunDirectory&) = delete;
   RunDirectory& operator=(const RunDirectory&) = delete;
@@ -28,6 +34,7 @@ class RunDirectory {
 
   std::string path_;
   bool created_directory_ = false, created_lock_ = false;
+  bool shared_ = false;  // Hold::worker
   int lock_fd_ = -1;
 };
 

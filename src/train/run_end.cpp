@@ -1,5 +1,12 @@
 #include "train/run_end.h"
 
+#include <fcntl.h>
+#include <sys/file.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
@@ -33,6 +40,10 @@ RunSummary summarize_run(const TrainConfig& cfg, const std::vector<WorkerExit>& 
 }
 
 void warn_if_mostly_alone(const RunSummary& summary) {
+  if (const auto lone = summary.outer_steps_alone_without_store.value_or(0.0); lone > 0)
+    spdlog::warn("a replica took {:.0f} outer steps alone while the run's store did not answer; see summary.json "
+                 "(outer_steps_alone_without_store)",
+                 lone);
   if (summary.replicas_mostly_alone.empty()) return;
   spdlog::warn("{} {} exchanged with no partner at more than {:.0f}% of {} outer steps (worst: paired at {:.0f}%, "
                "{:.0f} outer steps alone in a row): the replicas drifted apart; see summary.json",
@@ -41,8 +52,8 @@ void warn_if_mostly_alone(const RunSummary& summary) {
                100 * summary.paired_fraction_worst.value_or(0.0), summary.longest_alone_outer_steps.value_or(0.0));
 }
 
-// Our launcher hosts the run's store as an agent does, and names it in NOLOCO_STORE.
-bool writes_run_summary(const WorkerEnv& env) { return env.rank == 0 && !(env.agent_store && !env.store_url.empty()); }
+// Our launcher writes its run's summary itself.
+bool writes_run_summary(const WorkerEnv& env) { return env.rank == 0 && !launched_by_noloco(env); }
 
 void save_run_summary(const TrainConfig& cfg, const RunSummary& summary) {
   // A resume that every worker refused leaves the summary of the run it resumed.
@@ -54,8 +65,20 @@ namespace {
 
 // The run's store stayed away: the summary of the members whose summaries
 // are on this disk; the others (and joiners, which only the store lists) are
-// named as not heard from.
-void write_run_summary_without_store(const TrainConfig& cfg, double seconds) {
+// named as not heard from. Worker 0 writes it; every other worker sharing
+// its disk that ends later writes it again, with its own summary on the
+// disk by then. Under a lock on the run directory, so that of two workers
+// ending at once, the one that writes last has read both summaries.
+void write_run_summary_without_store(const TrainConfig& cfg, const WorkerEnv& env, double seconds) {
+  const int dir = ::open(cfg.run.out.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (dir < 0) throw std::runtime_error(fmt::format("cannot open {}: {}", cfg.run.out, std::strerror(errno)));
+  struct Unlock {
+    int fd;
+    ~Unlock() { ::close(fd); }  // closing releases the lock
+  } unlock{dir};
+  if (::flock(dir, LOCK_EX) != 0)
+    throw std::runtime_error(fmt::format("cannot lock {}: {}", cfg.run.out, std::strerror(errno)));
+  if (!writes_run_summary(env) && !file_exists(cfg.run.out + "/summary.json")) return;  // worker 0's to write
   const auto layout = run_layout(cfg);
   std::vector<WorkerExit> members;
   for (int stage = 0; stage < int(cfg.pipeline.stages); ++stage)
@@ -85,7 +108,8 @@ void write_run_summary(const TrainConfig& cfg, const Worker& worker, const nlohm
     return;
   }
   if (!worker.membership()) return;  // no members to hear from (method none)
-  if (own_summary.contains("store_gone")) return write_run_summary_without_store(cfg, seconds);
+  if (own_summary.contains("store_gone")) return write_run_summary_without_store(cfg, env, seconds);
+  if (!writes_run_summary(env)) return;
   const int stages = int(cfg.pipeline.stages);
   const int replicas = int(cfg.run.replicas);  // the launched workers' (run_worker set it from WORLD_SIZE)
   HeartbeatWatch heartbeats(store, env.token);

@@ -37,7 +37,9 @@ bool writes_run_summary(const WorkerEnv& env);
 // store holds and this disk lacks (the machines need not share one), and
 // summary.json. A world of one writes `own_summary` (what train returned) as
 // the run's. `seconds`: since this worker started. Ended without the run's
-// store (own_summary's store_gone), it writes what this disk holds.
+// store (own_summary's store_gone), it writes what this disk holds; then a
+// worker other than 0 writes it again where worker 0 wrote one on this disk.
+// Any other worker returns at once.
 void write_run_summary(const TrainConfig& cfg, const Worker& worker, const nlohmann::json& own_summary,
                        double seconds);
 

@@ -92,6 +92,8 @@ constexpr Figure kFigures[] = {
      Combine::min},
     {"longest_alone_outer_steps", &WorkerSummary::longest_alone_outer_steps, "longest_alone_outer_steps",
      &RunSummary::longest_alone_outer_steps, Combine::max},
+    {"outer_steps_alone_without_store", &WorkerSummary::outer_steps_alone_without_store,
+     "outer_steps_alone_without_store", &RunSummary::outer_steps_alone_without_store, Combine::max},
     {"handovers_served", &WorkerSummary::handovers_served, "handovers_served", &RunSummary::handovers_served,
      Combine::sum},
     {"handovers_abandoned", &WorkerSummary::handovers_abandoned, "handovers_abandoned",

@@ -58,6 +58,9 @@ struct WorkerSummary {
   // the state hand-overs it served to restarted or joining replicas, and
   // those abandoned because the receiver was gone.
   std::optional<double> paired_fraction, longest_alone_outer_steps, handovers_served, handovers_abandoned;
+  // The outer steps it took alone for want of the run's store (left out of
+  // the pairing figures above, which judge the partners).
+  std::optional<double> outer_steps_alone_without_store;
   struct Rejoin {
     int64_t step = 0;
     int donor = 0;
@@ -140,6 +143,7 @@ struct RunSummary {
   std::optional<double> store_requests_per_outer_step, store_kib_read_per_outer_step;  // mean over the workers
   std::optional<double> spread_replicas, live_replicas;  // the evaluation that gave weight_std
   std::optional<double> paired_fraction_worst, longest_alone_outer_steps;  // the worst of any replica
+  std::optional<double> outer_steps_alone_without_store;                  // the most of any replica
   std::optional<double> handovers_served, handovers_abandoned;          // summed over the replicas
   // Replicas that had no partner at more than kMostlyAlone of their outer steps.
   std::vector<int> replicas_mostly_alone;

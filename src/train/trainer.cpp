@@ -157,6 +157,7 @@ struct OuterTally {
   // want of the run's store are its outage's (the summary's store_outages),
   // not the partners': left out of these.
   int64_t outer_steps = 0, paired = 0, alone_run = 0, longest_alone = 0;
+  int64_t alone_without_store = 0;  // the outer steps the outage took
   int64_t handovers_served = 0, handovers_abandoned = 0;
   uint64_t bytes = 0;
   int64_t inner_steps = 0;  // trained by this process (after a resume: since it)
@@ -249,6 +250,8 @@ WorkerSummary summarize_worker(const TrainConfig& c, const Worker& w, const Mode
     summary.paired_fraction = double(outer.paired) / double(outer.outer_steps);
     summary.longest_alone_outer_steps = double(outer.longest_alone);
   }
+  if (outer.outer_steps + outer.alone_without_store > 0 && w.membership())
+    summary.outer_steps_alone_without_store = double(outer.alone_without_store);
   if (w.membership()) {
     summary.handovers_served = double(outer.handovers_served);
     summary.handovers_abandoned = double(outer.handovers_abandoned);
@@ -619,7 +622,9 @@ void WorkerRun::record_outer_steps(int64_t done, const std::vector<OuterSync>& s
     const double dropped = dropped_share(sync.values_dropped, sync.values_received);
     tally_.worst_dropped = std::max(tally_.worst_dropped, dropped);
     tally_.refused_as_diverged.insert(tally_.refused_as_diverged.end(), sync.refused.begin(), sync.refused.end());
-    if (!sync.store_unreachable) {
+    if (sync.store_unreachable) {
+      ++tally_.alone_without_store;
+    } else {
       ++tally_.outer_steps;
       if (sync.arrived.size() > 1) {
         ++tally_.paired;

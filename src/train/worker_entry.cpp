@@ -83,7 +83,7 @@ void await_replica_workers(const std::vector<pid_t>& others) {
 // with the key an https store it hosts must present.
 void take_token(WorkerEnv& env, const std::string& token_file) {
   if (!env.token.empty()) return;
-  env.token = joiner_token(token_file, "join");
+  env.token = run_token_of(token_file, "join");
   pin_hosted_store_key(env);
 }
 
@@ -150,7 +150,7 @@ int run_worker(TrainConfig& cfg, const WorkerEnv& env) {
   const auto start = std::chrono::steady_clock::now();
   const auto worker = start_worker(cfg, {env});
   const auto own_summary = train(cfg, worker);
-  if (writes_run_summary(env)) {
+  if (writes_run_summary(env) || (ended_without_store(own_summary) && !launched_by_noloco(env))) {
     try {
       write_run_summary(cfg, worker, own_summary,
                         std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());

@@ -1,6 +1,6 @@
 // An exception as one line for an error message: LibTorch's errors carry a
 // backtrace after their first line, Gloo's name a source file in brackets
-// first; the line is kept whole (brackets and all), the backtrace dropped.
+// first; the line is kept (brackets and all), the backtrace dropped.
 #pragma once
 #include <exception>
 #include <stdexcept>
@@ -16,10 +16,17 @@ struct Interrupted : std::runtime_error {
   int signal;
 };
 
+// A line is cut past this many characters: an error may quote its input
+// (a config value, a peer's message), which can be megabytes long.
+constexpr size_t kErrorLineLength = 1000;
+
 inline std::string error_text(const std::exception& e) {
   const auto* torch_error = dynamic_cast<const c10::Error*>(&e);
   const std::string what = torch_error ? torch_error->what_without_backtrace() : e.what();
-  return what.substr(0, what.find('\n'));
+  const auto line = what.substr(0, what.find('\n'));
+  if (line.size() <= kErrorLineLength) return line;
+  return line.substr(0, kErrorLineLength) + "... (" + std::to_string(line.size() - kErrorLineLength) +
+         " more characters)";
 }
 
 }  // namespace noloco

@@ -469,7 +469,7 @@ JoinInvitationFile read_join_invitation(const std::string& dir, const std::strin
   return {j["store"].get<std::string>(), j["local_workers"].get<int>()};
 }
 
-std::string joiner_token(const std::string& token_file, const std::string& command) {
+std::string run_token_of(const std::string& token_file, const std::string& command) {
   if (const char* given = std::getenv("NOLOCO_RUN_TOKEN"); given && *given) return given;
   struct stat st {};
   if (::stat(token_file.c_str(), &st) != 0)

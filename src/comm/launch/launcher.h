@@ -83,10 +83,10 @@ struct JoinInvitationFile {
 // watch), when DIR holds no invitation (the run is not on here) or a
 // malformed one.
 JoinInvitationFile read_join_invitation(const std::string& dir, const std::string& command);
-// The run's token for a joiner or a watcher: NOLOCO_RUN_TOKEN, else
-// `token_file` (the launcher's run_token in the join directory), which only
-// its owner may read. Its errors are headed by `command`, as above.
-std::string joiner_token(const std::string& token_file, const std::string& command);
+// The run's token for a joiner, a watcher or a serve taking its run back:
+// NOLOCO_RUN_TOKEN, else `token_file` (the launcher's run_token in the join
+// directory, the token a serve kept), which only its owner may read. Its errors are headed by `command`, as above.
+std::string run_token_of(const std::string& token_file, const std::string& command);
 
 // Starts `command` (its program looked up on PATH) with `env` (NAME=value)
 // added to the environment, in network namespace `netns` if one is named; it

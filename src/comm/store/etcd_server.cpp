@@ -121,27 +121,44 @@ void EtcdServer::make_directory(const std::string& kept) {
 // etcd names a unix socket "unix://NAME:PORT" and creates the file NAME:PORT in its working directory.
 constexpr const char* kClientSocket = "client.sock:1";
 
+// A start that failed or was interrupted (a signal while a cluster formed)
+// leaves no etcd running and, unless kept, no data: no destructor runs.
+template <class Start>
+void EtcdServer::stop_if_thrown(Start start) {
+  try {
+    start();
+  } catch (...) {
+    stop();
+    throw;
+  }
+}
+
 EtcdServer::EtcdServer(const std::string& password, bool (*interrupted)()) {
   make_directory();
   endpoint_ = fmt::format("unix://{}/{}", dir_, kClientSocket);
-  start(fmt::format("unix://{}", kClientSocket), endpoint_, password, interrupted, /*enable_auth=*/true);
+  stop_if_thrown([&] {
+    start(fmt::format("unix://{}", kClientSocket), endpoint_, password, interrupted, /*enable_auth=*/true);
+  });
 }
+
 
 EtcdServer::EtcdServer(const std::string& bind, int port, const std::string& password, const StoreTlsKey* tls,
                        bool (*interrupted)(), const EtcdClusterMember* cluster, const std::string& data_dir) {
   if (cluster && !tls) throw std::logic_error("a store cluster's member needs the TLS key (its peers' too)");
   port_ = port > 0 ? port : free_port(bind);
   make_directory(data_dir);
-  if (tls) write_certificate(*tls);  // a cluster's peers present it from the first start on
-  // Authentication is on before the client port opens: etcd first serves
-  // the private socket alone (a cluster forms over its peer ports meanwhile,
-  // and whichever member gets there first switches it on for all).
-  const std::string private_endpoint = fmt::format("unix://{}/{}", dir_, kClientSocket);
-  start(fmt::format("unix://{}", kClientSocket), private_endpoint, password, interrupted, /*enable_auth=*/true,
-        /*tls=*/nullptr, cluster);
-  stop_process();
-  endpoint_ = fmt::format("{}://{}:{}", tls ? "https" : "http", bind, port_);
-  start(endpoint_, endpoint_, password, interrupted, /*enable_auth=*/false, tls, cluster);
+  stop_if_thrown([&] {
+    if (tls) write_certificate(*tls);  // a cluster's peers present it from the first start on
+    // Authentication is on before the client port opens: etcd first serves
+    // the private socket alone (a cluster forms over its peer ports meanwhile,
+    // and whichever member gets there first switches it on for all).
+    const std::string private_endpoint = fmt::format("unix://{}/{}", dir_, kClientSocket);
+    start(fmt::format("unix://{}", kClientSocket), private_endpoint, password, interrupted, /*enable_auth=*/true,
+          /*tls=*/nullptr, cluster);
+    stop_process();
+    endpoint_ = fmt::format("{}://{}:{}", tls ? "https" : "http", bind, port_);
+    start(endpoint_, endpoint_, password, interrupted, /*enable_auth=*/false, tls, cluster);
+  });
 }
 
 void EtcdServer::write_certificate(const StoreTlsKey& tls) {

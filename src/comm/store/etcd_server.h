@@ -91,6 +91,8 @@ class EtcdServer {
  private:
   // A private directory of its own in temp_root(), or `kept` (made if need be).
   void make_directory(const std::string& kept = "");
+  template <class Start>
+  void stop_if_thrown(Start start);
   // Starts etcd serving clients at `client_url` (reached at `endpoint`) and
   // waits until it answers: with `enable_auth`, by making the root user and
   // switching authentication on; else by a login as root. Throws otherwise.

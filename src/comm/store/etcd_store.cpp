@@ -229,6 +229,10 @@ struct EtcdStore::Http {
       // waking, though the store never failed it. (A cluster asks the next member.)
       if (rc == CURLE_OPERATION_TIMEDOUT && bases.size() == 1) rc = attempt(path, body, response, lone_wait);
       if (rc == CURLE_OK) break;
+      if (rc == CURLE_SSL_PINNEDPUBKEYNOTMATCH && !store_outage().ever_reached())
+        throw StoreRefused(fmt::format("could not join the run's store at {}: its TLS key is not the one "
+                                       "NOLOCO_RUN_TOKEN gives (another run's token, or another run's store there)",
+                                       endpoint));
       if (!unreachable(rc)) throw std::runtime_error(fmt::format("store at {}: {}", endpoint, curl_easy_strerror(rc)));
       if (bases.size() < 2 || Clock::now() >= deadline) throw_unreachable(curl_easy_strerror(rc));
       if (rc == CURLE_OPERATION_TIMEDOUT) hung_members().mark(bases.front());
@@ -250,11 +254,14 @@ struct EtcdStore::Http {
     throw StoreUnreachable(what);
   }
 
-  // A member that died: also mid-handshake over TLS (the reset comes as an SSL connect error).
+  // A member that died: also mid-handshake over TLS (the reset comes as an
+  // SSL connect error). A store with another key where the run's answered
+  // before is not the run's: its serve restarted with another token, or
+  // something else took the port, and the run's may come back.
   static bool unreachable(CURLcode rc) {
     return rc == CURLE_COULDNT_CONNECT || rc == CURLE_OPERATION_TIMEDOUT || rc == CURLE_SEND_ERROR ||
            rc == CURLE_RECV_ERROR || rc == CURLE_GOT_NOTHING || rc == CURLE_PARTIAL_FILE ||
-           rc == CURLE_SSL_CONNECT_ERROR;
+           rc == CURLE_SSL_CONNECT_ERROR || rc == CURLE_SSL_PINNEDPUBKEYNOTMATCH;
   }
 
   // Moves on to the next cluster member (and logs in there: etcd's simple
@@ -280,7 +287,7 @@ struct EtcdStore::Http {
     if (!j.contains("token")) {
       // Only a refused password is the token's fault; a cluster without quorum fails logins too.
       const std::string why = j.value("message", "refused");
-      throw std::runtime_error(fmt::format("could not join the run's store at {}{}: {}", endpoint,
+      throw StoreRefused(fmt::format("could not join the run's store at {}{}: {}", endpoint,
                                            why.find("authentication failed") != std::string::npos
                                                ? " (wrong NOLOCO_RUN_TOKEN?)"
                                                : "",

@@ -1,15 +1,16 @@
 #include "comm/store/store.h"
 
 #include <functional>
-#include <random>
 #include <stdexcept>
 #include <thread>
 
 #include <fmt/format.h>
+#include <sodium.h>
 #include <torch/csrc/distributed/c10d/PrefixStore.hpp>
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
 
 #include "comm/store/etcd_store.h"
+#include "comm/store/store_outage.h"
 
 namespace noloco {
 
@@ -39,9 +40,10 @@ StorePtr connect_store(const WorkerEnv& env, std::chrono::milliseconds timeout) 
     try {
       return c10::make_intrusive<EtcdStore>(env.store_url, "root", store_password(env.token), timeout,
                                             env.store_pin.empty() ? StoreTlsKey{} : store_tls_key(env.token));
-    } catch (const std::runtime_error& e) {
-      const std::string why = e.what();
-      if (why.find("could not join") != std::string::npos || std::chrono::steady_clock::now() > deadline) throw;
+    } catch (const StoreRefused&) {
+      throw;  // waiting does not change the token
+    } catch (const std::runtime_error&) {
+      if (std::chrono::steady_clock::now() > deadline) throw;
     }
     std::this_thread::sleep_for(std::chrono::milliseconds(200));
   }
@@ -120,8 +122,12 @@ std::string set_once(c10d::Store& store, const std::string& key, const std::stri
 }
 
 std::string new_run_token() {
-  std::random_device rd;
-  return fmt::format("{:08x}{:08x}{:08x}{:08x}", rd(), rd(), rd(), rd());
+  if (sodium_init() < 0) throw std::runtime_error("libsodium did not initialise");
+  uint8_t bytes[32];
+  randombytes_buf(bytes, sizeof(bytes));
+  char hex[2 * sizeof(bytes) + 1];
+  sodium_bin2hex(hex, sizeof(hex), bytes, sizeof(bytes));
+  return hex;
 }
 
 }  // namespace noloco

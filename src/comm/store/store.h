@@ -45,7 +45,8 @@ void remove_item(c10d::Store& store, const std::string& key, const std::string& 
 // Writes `value` under `key` unless a value is there; returns the one that stays (first writer wins).
 std::string set_once(c10d::Store& store, const std::string& key, const std::string& value);
 
-// A fresh random token (hex) for a launched run.
+// A fresh token for a run (256 random bits from libsodium, in hex): the
+// launcher's and serve's alike.
 std::string new_run_token();
 
 }  // namespace noloco

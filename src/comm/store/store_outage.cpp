@@ -12,6 +12,7 @@ void StoreOutage::unreachable(const std::string& why) {
 
 void StoreOutage::reached() {
   std::lock_guard<std::mutex> lock(mutex_);
+  ever_reached_ = true;
   if (!since_) return;
   last_ended_ = Clock::now();
   last_seconds_ = std::chrono::duration<double>(last_ended_ - *since_).count();
@@ -23,6 +24,11 @@ void StoreOutage::reached() {
 bool StoreOutage::ongoing() const {
   std::lock_guard<std::mutex> lock(mutex_);
   return since_.has_value();
+}
+
+bool StoreOutage::ever_reached() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return ever_reached_;
 }
 
 std::chrono::duration<double> StoreOutage::seconds() const {

@@ -20,6 +20,13 @@ class StoreUnreachable : public std::runtime_error {
   using std::runtime_error::runtime_error;
 };
 
+// The store answered and refused this worker: it holds another run's key, or
+// refused the password the token gives. Waiting does not help.
+class StoreRefused : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
+
 class StoreOutage {
  public:
   using Clock = std::chrono::steady_clock;
@@ -30,6 +37,10 @@ class StoreOutage {
   void reached();
   // Whether the last request failed for want of the store.
   bool ongoing() const;
+  // Whether any request of this process was answered: after that, a store
+  // with another key at the run's address is something else answering there
+  // during an outage (a serve restarted with a new token), not a wrong token.
+  bool ever_reached() const;
   // How long the store has not answered (zero while it does).
   std::chrono::duration<double> seconds() const;
   // The failure that began the outage under way (empty while the store answers).
@@ -46,6 +57,7 @@ class StoreOutage {
  private:
   mutable std::mutex mutex_;
   std::optional<Clock::time_point> since_;
+  bool ever_reached_ = false;
   std::string why_;
   Clock::time_point last_ended_{};
   double last_seconds_ = 0;
