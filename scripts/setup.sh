@@ -10,7 +10,7 @@ packages=(
   libsentencepiece-dev libyaml-cpp-dev libcli11-dev nlohmann-json3-dev
   libspdlog-dev libfmt-dev libgtest-dev libbenchmark-dev libpcre2-dev
   clang libclang-rt-14-dev libsodium-dev libssl-dev openssl tcpdump nftables zlib1g-dev libzstd-dev zstd
-  libcpp-httplib-dev libjs-dygraphs chromium curl python3-websocket
+  libjs-dygraphs chromium curl python3-websocket
 )
 missing=()
 for p in "${packages[@]}"; do

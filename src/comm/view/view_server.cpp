@@ -1,11 +1,21 @@
 #include "comm/view/view_server.h"
 
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <poll.h>
 #include <sodium.h>
+#include <sys/eventfd.h>
+#include <sys/socket.h>
+#include <unistd.h>
 
+#include <algorithm>
+#include <array>
+#include <cctype>
+#include <cerrno>
 #include <stdexcept>
+#include <vector>
 
 #include <fmt/format.h>
-#include <httplib.h>
 #include <spdlog/spdlog.h>
 
 #include "comm/membership/membership.h"
@@ -137,51 +147,159 @@ void RunWatch::ask_store_members() {
   }
 }
 
+namespace {
+
+// One connection of the page: its request head read until its deadline, its
+// answer written until another.
+struct PageConnection {
+  int fd = -1;
+  std::chrono::steady_clock::time_point deadline;
+  std::string in, out;
+  size_t sent = 0;
+  bool answering() const { return !out.empty(); }
+};
+
+std::string response(int status, const std::string& type, const std::string& body, bool no_store = false) {
+  const char* reason = status == 200   ? "OK"
+                       : status == 403 ? "Forbidden"
+                       : status == 404 ? "Not Found"
+                       : status == 405 ? "Method Not Allowed"
+                       : status == 413 ? "Payload Too Large"
+                                       : "Request Header Fields Too Large";
+  return fmt::format("HTTP/1.1 {} {}\r\nContent-Type: {}\r\nContent-Length: {}\r\n{}Connection: close\r\n\r\n{}",
+                     status, reason, type, body.size(), no_store ? "Cache-Control: no-store\r\n" : "", body);
+}
+
+// The value of `name` in a query string ("a=1&key=..."); the page's key is
+// hex, so no percent-decoding is needed to compare it.
+std::string query_value(const std::string& query, const std::string& name) {
+  for (size_t start = 0; start <= query.size();) {
+    const size_t end = std::min(query.find('&', start), query.size());
+    const auto pair = query.substr(start, end - start);
+    if (pair.rfind(name + "=", 0) == 0) return pair.substr(name.size() + 1);
+    start = end + 1;
+  }
+  return "";
+}
+
+// Whether a request head announces a body (the page takes none).
+bool announces_body(const std::string& head) {
+  std::string lower(head.size(), '\0');
+  std::transform(head.begin(), head.end(), lower.begin(), [](unsigned char c) { return char(std::tolower(c)); });
+  const auto length = lower.find("\r\ncontent-length:");
+  if (length != std::string::npos) {
+    const auto value = lower.substr(length + 17, lower.find("\r\n", length + 2) - length - 17);
+    if (value.find_first_of("123456789") != std::string::npos) return true;
+  }
+  return lower.find("\r\ntransfer-encoding:") != std::string::npos;
+}
+
+}  // namespace
+
 ViewServer::ViewServer(const std::string& bind, int port, std::string key, std::function<nlohmann::json()> state)
-    : bind_(bind), key_(std::move(key)), server_(std::make_unique<httplib::Server>()) {
-  const auto allowed = [this](const httplib::Request& request) {
-    const auto given = request.get_param_value("key");
-    return given.size() == key_.size() && sodium_memcmp(given.data(), key_.data(), key_.size()) == 0;
-  };
-  const auto refuse = [](httplib::Response& response) {
-    response.status = 403;
-    response.set_content("refused: this page needs the key in the URL that noloco printed for the run\n",
-                         "text/plain");
-  };
-  server_->Get("/state.json", [allowed, refuse, state](const httplib::Request& request, httplib::Response& response) {
-    if (!allowed(request)) return refuse(response);
-    response.set_header("Cache-Control", "no-store");
-    response.set_content(state().dump(), "application/json");
-  });
-  // The page and the library hold nothing of the run; the page alone waits for the key, so that a wrong URL shows nothing.
-  server_->Get(R"(/[a-z.\-]*)", [allowed, refuse](const httplib::Request& request, httplib::Response& response) {
-    const ViewAsset* asset = asset_at(request.path);
-    if (!asset) {
-      response.status = 404;
-      return;
-    }
-    if (request.path == "/" && !allowed(request)) return refuse(response);
-    response.set_content(reinterpret_cast<const char*>(asset->data), asset->size, asset->type);
-  });
-  // The page takes no body: one announced (a stranger's 300 MB POST was read
-  // whole before its 404) is refused before it is read. A client that sends
-  // its request a byte at a time loses its connection after 2 s without one,
-  // and the pool has threads to spare for keyed requests while strangers
-  // hold some (two slow ones held both threads of the pool it had).
-  server_->set_payload_max_length(1024);
-  server_->set_read_timeout(std::chrono::seconds(2));
-  server_->set_keep_alive_timeout(2);
-  server_->new_task_queue = [] { return new httplib::ThreadPool(kPageThreads); };
-  port_ = port == 0 ? server_->bind_to_any_port(bind) : (server_->bind_to_port(bind, port) ? port : -1);
-  if (port_ <= 0)
+    : bind_(bind), key_(std::move(key)), state_(std::move(state)) {
+  listen_fd_ = ::socket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+  const int one = 1;
+  ::setsockopt(listen_fd_, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
+  sockaddr_in at{};
+  at.sin_family = AF_INET;
+  at.sin_port = htons(uint16_t(port));
+  if (listen_fd_ < 0 || ::inet_pton(AF_INET, bind.c_str(), &at.sin_addr) != 1 ||
+      ::bind(listen_fd_, reinterpret_cast<const sockaddr*>(&at), sizeof(at)) != 0 || ::listen(listen_fd_, 128) != 0) {
+    if (listen_fd_ >= 0) ::close(listen_fd_);
     throw std::runtime_error(fmt::format("the live page cannot listen on {}:{} (in use, or not this machine's)", bind,
                                          port));
-  thread_ = std::thread([this] { server_->listen_after_bind(); });
+  }
+  socklen_t size = sizeof(at);
+  ::getsockname(listen_fd_, reinterpret_cast<sockaddr*>(&at), &size);
+  port_ = ntohs(at.sin_port);
+  wake_fd_ = ::eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+  thread_ = std::thread([this] { serve(); });
 }
 
 ViewServer::~ViewServer() {
-  server_->stop();
+  stopping_ = true;
+  (void)!::eventfd_write(wake_fd_, 1);
   thread_.join();
+  ::close(listen_fd_);
+  ::close(wake_fd_);
+}
+
+std::string ViewServer::answer(const std::string& head) const {
+  if (announces_body(head)) return response(413, "text/plain", "the page takes no request body\n");
+  const auto line = head.substr(0, head.find("\r\n"));
+  const auto first = line.find(' '), second = line.find(' ', first + 1);
+  if (first == std::string::npos || second == std::string::npos) return response(405, "text/plain", "");
+  if (line.substr(0, first) != "GET") return response(405, "text/plain", "the page answers GET alone\n");
+  const auto target = line.substr(first + 1, second - first - 1);
+  const auto question = target.find('?');
+  const auto path = target.substr(0, question);
+  const auto given = question == std::string::npos ? "" : query_value(target.substr(question + 1), "key");
+  const bool allowed = given.size() == key_.size() && sodium_memcmp(given.data(), key_.data(), key_.size()) == 0;
+  const auto refused =
+      response(403, "text/plain", "refused: this page needs the key in the URL that noloco printed for the run\n");
+  if (path == "/state.json") return allowed ? response(200, "application/json", state_().dump(), true) : refused;
+  // The page and the library hold nothing of the run; the page alone waits for the key, so that a wrong URL shows nothing.
+  const ViewAsset* asset = asset_at(path);
+  if (!asset) return response(404, "text/plain", "");
+  if (path == "/" && !allowed) return refused;
+  return response(200, asset->type, std::string(reinterpret_cast<const char*>(asset->data), asset->size));
+}
+
+// One thread, every connection polled: a stranger that sends its request a
+// byte at a time holds a descriptor until its deadline, never a thread, so
+// keyed requests are answered however many trickle (issue 100 item 9).
+void ViewServer::serve() {
+  std::vector<PageConnection> connections;
+  const auto drop = [&](PageConnection& c) {
+    ::close(c.fd);
+    c.fd = -1;
+  };
+  while (!stopping_) {
+    std::vector<pollfd> polled{{wake_fd_, POLLIN, 0}, {listen_fd_, POLLIN, 0}};
+    for (const auto& c : connections) polled.push_back({c.fd, short(c.answering() ? POLLOUT : POLLIN), 0});
+    ::poll(polled.data(), polled.size(), 200);
+    if (stopping_) break;
+    const auto now = std::chrono::steady_clock::now();
+    for (size_t k = 0; k < connections.size(); ++k) {
+      auto& c = connections[k];
+      const auto events = polled[k + 2].revents;
+      if (now > c.deadline || (events & (POLLERR | POLLNVAL))) {
+        drop(c);
+        continue;
+      }
+      if (c.answering() && (events & (POLLOUT | POLLHUP))) {
+        const auto n = ::send(c.fd, c.out.data() + c.sent, c.out.size() - c.sent, MSG_NOSIGNAL | MSG_DONTWAIT);
+        if (n < 0 && errno != EAGAIN && errno != EINTR) drop(c);
+        if (n > 0 && (c.sent += size_t(n)) == c.out.size()) drop(c);
+        continue;
+      }
+      if (!(events & (POLLIN | POLLHUP))) continue;
+      std::array<char, 4096> buffer{};
+      const auto n = ::recv(c.fd, buffer.data(), buffer.size(), MSG_DONTWAIT);
+      if (n == 0 || (n < 0 && errno != EAGAIN && errno != EINTR)) {
+        drop(c);
+        continue;
+      }
+      if (n > 0) c.in.append(buffer.data(), size_t(n));
+      const auto end = c.in.find("\r\n\r\n");
+      if (end == std::string::npos && c.in.size() <= kLongestHead) continue;
+      c.out = end == std::string::npos ? response(431, "text/plain", "") : answer(c.in.substr(0, end + 2));
+      c.in.clear();
+      c.deadline = now + kAnswerDeadline;
+    }
+    connections.erase(std::remove_if(connections.begin(), connections.end(), [](const auto& c) { return c.fd < 0; }),
+                      connections.end());
+    if (!(polled[1].revents & POLLIN)) continue;
+    for (int fd; (fd = ::accept4(listen_fd_, nullptr, nullptr, SOCK_NONBLOCK | SOCK_CLOEXEC)) >= 0;) {
+      if (connections.size() >= kMostConnections) {  // the oldest goes: a flood cannot keep newcomers out
+        ::close(connections.front().fd);
+        connections.erase(connections.begin());
+      }
+      connections.push_back({fd, now + kRequestDeadline, {}, {}, 0});
+    }
+  }
+  for (auto& c : connections) ::close(c.fd);
 }
 
 std::string ViewServer::url() const {

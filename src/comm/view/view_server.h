@@ -8,7 +8,9 @@
 // serves the page over HTTP: only to a request carrying the key derived from
 // the run's token (the URL printed carries it, so a script or a headless
 // browser opens it with no further input); anything else gets 403 and
-// nothing of the run.
+// nothing of the run. A server of our own (one polling thread, a deadline
+// on each whole request): cpp-httplib's thread per connection and deadline
+// per byte let a few strangers trickling headers hold every thread.
 #pragma once
 #include <atomic>
 #include <chrono>
@@ -23,10 +25,6 @@
 #include "comm/store/run_keys.h"  // view_key: the key the URL carries
 #include "comm/store/store.h"
 #include "comm/view/run_view.h"
-
-namespace httplib {
-class Server;
-}
 
 namespace noloco {
 
@@ -61,8 +59,13 @@ class RunWatch {
 
 class ViewServer {
  public:
-  // Connections served at once: strangers holding fewer leave keyed requests answered.
-  static constexpr size_t kPageThreads = 8;
+  // A request's head must have come within kRequestDeadline of its
+  // connection, and its answer have left within kAnswerDeadline; past
+  // kMostConnections the oldest connection is closed for a new one.
+  static constexpr auto kRequestDeadline = std::chrono::seconds(2);
+  static constexpr auto kAnswerDeadline = std::chrono::seconds(10);
+  static constexpr size_t kMostConnections = 256;
+  static constexpr size_t kLongestHead = 8192;
   // Listens on bind:port (port 0: a free one) until destroyed; `state` gives the page's data.
   ViewServer(const std::string& bind, int port, std::string key, std::function<nlohmann::json()> state);
   ~ViewServer();
@@ -73,9 +76,14 @@ class ViewServer {
   std::string url() const;
 
  private:
+  void serve();
+  // The whole answer to a request `head` (its lines, the blank one excluded).
+  std::string answer(const std::string& head) const;
+
   const std::string bind_, key_;
-  std::unique_ptr<httplib::Server> server_;
-  int port_ = 0;
+  const std::function<nlohmann::json()> state_;
+  int listen_fd_ = -1, wake_fd_ = -1, port_ = 0;
+  std::atomic<bool> stopping_{false};
   std::thread thread_;
 };
 
