@@ -29,7 +29,7 @@ LinkAddresses parse_record(const std::string& text) {
 LinkBook::LinkBook(StorePtr store, const std::string& token, LinkEnd self, std::shared_ptr<LinkEndpoint> endpoint)
     : book_(run_scope(store, token, record::link_book(self.scope))), self_(std::move(self)), endpoint_(std::move(endpoint)) {
   endpoint_->serve(self_);
-  const auto record = record_of(endpoint_->addresses());
+  const auto record = record_of(endpoint_->addresses(self_));
   book_->set(record_key(self_), std::vector<uint8_t>(record.begin(), record.end()));
   const auto incarnation = std::to_string(self_.incarnation);
   book_->set(record::latest_incarnation(self_.rank), std::vector<uint8_t>(incarnation.begin(), incarnation.end()));

@@ -165,18 +165,8 @@ LinkEndpoint::LinkEndpoint(const LinkEndpointOptions& options, const LinkKey& li
     addresses_.listen = colon == std::string::npos ? fmt::format("{}:{}", options.advertise, port_) : options.advertise;
     addresses_.reachable = true;
   }
-  if (!relays_.empty()) {
-    const int punch = shared_socket(options.bind, 0);
-    if (punch >= 0) {
-      punch_port_ = local_port(punch);
-      ::close(punch);
-      for (const auto& relay : relays_)
-        if (!(addresses_.reflexive = reflected(relay, relay_key_, options.bind, punch_port_,
-                                               Clock::now() + std::chrono::milliseconds(1500)))
-                 .empty())
-          break;
-    }
-  }
+  first_punch_ = new_punch_slot();
+  addresses_.reflexive = first_punch_.reflexive;
   wake_fd_ = ::eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
   thread_ = std::thread([this] { listen_loop(); });
 }
@@ -194,9 +184,47 @@ LinkEndpoint::Counts LinkEndpoint::counts() const {
   return counts_;
 }
 
+LinkEndpoint::PunchSlot LinkEndpoint::new_punch_slot() const {
+  PunchSlot slot;
+  if (relays_.empty()) return slot;
+  const int punch = shared_socket(options_.bind, 0);
+  if (punch < 0) return slot;
+  slot.port = local_port(punch);
+  ::close(punch);
+  for (const auto& relay : relays_)
+    if (!(slot.reflexive = reflected(relay, relay_key_, options_.bind, slot.port,
+                                     Clock::now() + std::chrono::milliseconds(1500)))
+             .empty())
+      break;
+  return slot;
+}
+
 void LinkEndpoint::serve(const LinkEnd& end) {
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    served_.insert(end);
+    if (punches_.count(end.scope)) return;
+    // Without a reflexive address (no relay, or it did not answer) nothing is punched: no port to ask about.
+    if (first_punch_.reflexive.empty() || punches_.empty()) {
+      punches_[end.scope] = first_punch_;
+      return;
+    }
+  }
+  const auto slot = new_punch_slot();  // a relay's round trip: not under the lock
   std::lock_guard<std::mutex> lock(mutex_);
-  served_.insert(end);
+  punches_.emplace(end.scope, slot);
+}
+
+LinkEndpoint::PunchSlot LinkEndpoint::punch_slot(const std::string& scope) const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  const auto it = punches_.find(scope);
+  return it == punches_.end() ? first_punch_ : it->second;
+}
+
+LinkAddresses LinkEndpoint::addresses(const LinkEnd& self) const {
+  auto a = addresses_;
+  a.reflexive = punch_slot(self.scope).reflexive;
+  return a;
 }
 
 void LinkEndpoint::unserve(const LinkEnd& end) {
@@ -343,7 +371,14 @@ LinkPtr LinkEndpoint::dial(const LinkEnd& self, const LinkEnd& peer, const LinkA
   if (address_of(theirs.listen, &to)) {
     const auto until = relayed ? std::min(deadline, start + kDirectWindow) : deadline;
     while (Clock::now() < until && !stop()) {
-      const int fd = tcp_socket();
+      // From its bind= address, as its peers and routers were told (a
+      // loopback one reaches only loopback: elsewhere the kernel chooses).
+      const bool from_bind = !on_loopback(options_.bind + ":0") || on_loopback(theirs.listen);
+      const int fd = from_bind ? shared_socket(options_.bind, 0) : tcp_socket();
+      if (fd < 0) {
+        say(fmt::format("direct: cannot dial from {}: {}", options_.bind, std::strerror(errno)));
+        break;
+      }
       const auto attempt_until = std::min(until, Clock::now() + std::chrono::milliseconds(500));
       if (begin_connect(fd, to) && wait_connected(fd, attempt_until)) {
         std::string why;
@@ -360,47 +395,57 @@ LinkPtr LinkEndpoint::dial(const LinkEnd& self, const LinkEnd& peer, const LinkA
       std::this_thread::sleep_until(std::min(until, Clock::now() + std::chrono::milliseconds(100)));
     }
   }
+  // Then a hole and the relays, again and again until the deadline: a peer
+  // that comes late (behind after a store outage) finds this end punching
+  // anew, instead of a dialer that gave up after one pass.
   sockaddr_storage hole{};
-  if (relayed && punch_port_ && !addresses_.reflexive.empty() && address_of(theirs.reflexive, &hole)) {
-    const auto until = std::min(deadline, start + kDirectWindow + kPunchWindow);
-    while (Clock::now() < until && !stop()) {
-      const int fd = shared_socket(options_.bind, punch_port_);
-      if (fd >= 0 && begin_connect(fd, hole)) {
-        int state = 0;
-        while (state == 0 && Clock::now() < until && !stop()) {
-          pollfd p{fd, POLLOUT, 0};
-          ::poll(&p, 1, 50);
-          state = connect_state(fd);
+  const auto mine = punch_slot(self.scope);
+  const bool punching = relayed && mine.port && !mine.reflexive.empty() && address_of(theirs.reflexive, &hole);
+  const auto tried_direct = *problem;
+  while (relayed && !stop()) {
+    *problem = tried_direct;  // what the last pass found, not every pass's
+    if (punching) {
+      const auto until = std::min(deadline, Clock::now() + kPunchWindow);
+      while (Clock::now() < until && !stop()) {
+        const int fd = shared_socket(options_.bind, mine.port);
+        if (fd >= 0 && begin_connect(fd, hole)) {
+          int state = 0;
+          while (state == 0 && Clock::now() < until && !stop()) {
+            pollfd p{fd, POLLOUT, 0};
+            ::poll(&p, 1, 50);
+            state = connect_state(fd);
+          }
+          if (state == 1) {
+            // Whoever answered at the hole may not be the peer, nor say anything: the relay is still to try.
+            std::string why;
+            if (auto link = dial_handshake(fd, key_, options_.sealed, self, peer, attempt, LinkRoute::punched, "",
+                                           std::min(deadline, Clock::now() + kPunchWindow), &why))
+              return link;
+            say("punched: " + why);
+            break;
+          }
         }
-        if (state == 1) {
-          // Whoever answered at the hole may not be the peer, nor say anything: the relay is still to try.
-          std::string why;
-          if (auto link = dial_handshake(fd, key_, options_.sealed, self, peer, attempt, LinkRoute::punched, "",
-                                         std::min(deadline, Clock::now() + kPunchWindow), &why))
-            return link;
-          say("punched: " + why);
-          break;
-        }
+        if (fd >= 0) ::close(fd);
+        std::this_thread::sleep_until(std::min(until, Clock::now() + std::chrono::milliseconds(100)));
       }
+      if (problem->find("punched") == std::string::npos) say(fmt::format("no hole punched to {}", theirs.reflexive));
+    }
+    const auto id = pair_id(self, peer, attempt);
+    for (size_t r = 0; r < relays_.size() && !stop(); ++r) {
+      const int fd = relay_request(relays_[r], relay_key_, relay_wire::kDial, id, deadline);
+      uint8_t joined = 0;
+      if (fd >= 0 && read_exactly(fd, &joined, 1, deadline) && joined == relay_wire::kJoined) {
+        std::string why;
+        if (auto link = dial_handshake(fd, key_, options_.sealed, self, peer, attempt, LinkRoute::relayed,
+                                       text_of(relays_[r]), deadline, &why))
+          return link;
+        say(fmt::format("through relay {}: {}", text_of(relays_[r]), why));
+        continue;
+      }
+      say(fmt::format("relay {}: {}", text_of(relays_[r]), fd < 0 ? std::strerror(errno) : "the peer never parked"));
       if (fd >= 0) ::close(fd);
-      std::this_thread::sleep_until(std::min(until, Clock::now() + std::chrono::milliseconds(100)));
     }
-    if (problem->find("punched") == std::string::npos) say(fmt::format("no hole punched to {}", theirs.reflexive));
-  }
-  const auto id = pair_id(self, peer, attempt);
-  for (size_t r = 0; r < relays_.size() && !stop(); ++r) {
-    const int fd = relay_request(relays_[r], relay_key_, relay_wire::kDial, id, deadline);
-    uint8_t joined = 0;
-    if (fd >= 0 && read_exactly(fd, &joined, 1, deadline) && joined == relay_wire::kJoined) {
-      std::string why;
-      if (auto link = dial_handshake(fd, key_, options_.sealed, self, peer, attempt, LinkRoute::relayed, text_of(relays_[r]),
-                                     deadline, &why))
-        return link;
-      say(fmt::format("through relay {}: {}", text_of(relays_[r]), why));
-      continue;
-    }
-    say(fmt::format("relay {}: {}", text_of(relays_[r]), fd < 0 ? std::strerror(errno) : "the peer never parked"));
-    if (fd >= 0) ::close(fd);
+    std::this_thread::sleep_until(std::min(deadline, Clock::now() + std::chrono::milliseconds(200)));
   }
   if (problem->empty() || relays_.empty())
     say(stop() && Clock::now() < deadline ? "given up" : fmt::format("no way to the peer ({}) in time", theirs.listen));
@@ -443,8 +488,8 @@ LinkPtr LinkEndpoint::await(const LinkEnd& self, const LinkEnd& peer, const Link
   const auto start = Clock::now();
   const bool relayed = !relays_.empty();
   sockaddr_storage hole{};
-  const bool punching =
-      relayed && punch_port_ && !addresses_.reflexive.empty() && address_of(theirs.reflexive, &hole);
+  const auto mine = punch_slot(self.scope);
+  const bool punching = relayed && mine.port && !mine.reflexive.empty() && address_of(theirs.reflexive, &hole);
   const auto punch_until = start + kDirectWindow + kPunchWindow;
   int punch = -1;
   std::vector<std::pair<int, size_t>> parks;  // fd, relay
@@ -461,8 +506,9 @@ LinkPtr LinkEndpoint::await(const LinkEnd& self, const LinkEnd& peer, const Link
       return link;
     }
     const auto now = Clock::now();
-    if (punching && now < punch_until) {
-      if (punch < 0 && (punch = shared_socket(options_.bind, punch_port_)) >= 0 && !begin_connect(punch, hole)) {
+    // Punching all the while: a dialer that comes late punches when it comes.
+    if (punching) {
+      if (punch < 0 && (punch = shared_socket(options_.bind, mine.port)) >= 0 && !begin_connect(punch, hole)) {
         ::close(punch);
         punch = -1;
       }
@@ -479,9 +525,6 @@ LinkPtr LinkEndpoint::await(const LinkEnd& self, const LinkEnd& peer, const Link
         ::close(punch);
         punch = -1;
       }
-    } else if (punch >= 0) {
-      ::close(punch);
-      punch = -1;
     }
     if (relayed && !parked && (!punching || now >= punch_until)) {
       parked = true;

@@ -64,12 +64,18 @@ class LinkEndpoint {
   LinkEndpoint(const LinkEndpoint&) = delete;
   LinkEndpoint& operator=(const LinkEndpoint&) = delete;
 
-  // This worker's own addresses, for its peers (the reflexive one asked of the first relay that answers).
+  // This worker's own addresses, for its peers (the reflexive one asked of
+  // the first relay that answers). Each scope served punches from a port of
+  // its own (addresses(self) names its reflexive address): a pair's links of
+  // two scopes at once (an evaluation's beside an exchange's) would
+  // otherwise be the same TCP connection, which only one can be.
   LinkAddresses addresses() const { return addresses_; }
+  LinkAddresses addresses(const LinkEnd& self) const;
   int port() const { return port_; }
   bool has_relays() const { return !relays_.empty(); }
 
-  // Links are taken for `end` (one of this process's) from now on.
+  // Links are taken for `end` (one of this process's) from now on; a new
+  // scope's punching port is reflected by a relay here.
   void serve(const LinkEnd& end);
   void unserve(const LinkEnd& end);
 
@@ -113,7 +119,15 @@ class LinkEndpoint {
   RelayKey relay_key_;
   std::vector<sockaddr_storage> relays_;
   LinkAddresses addresses_;
-  int listen_fd_ = -1, wake_fd_ = -1, port_ = 0, punch_port_ = 0;
+  int listen_fd_ = -1, wake_fd_ = -1, port_ = 0;
+  struct PunchSlot {
+    int port = 0;
+    std::string reflexive;  // where a relay saw `port` come from; empty: no punching
+  };
+  PunchSlot new_punch_slot() const;
+  PunchSlot punch_slot(const std::string& scope) const;
+  PunchSlot first_punch_;                      // the first scope's; every scope's when none was reflected
+  std::map<std::string, PunchSlot> punches_;  // by scope
   std::atomic<bool> stopping_{false};
   mutable std::mutex mutex_;
   std::condition_variable arrived_;
