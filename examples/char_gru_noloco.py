@@ -1,7 +1,7 @@
 """A character-level GRU (a model noloco does not ship) trained on Tiny
 Shakespeare with NoLoCo, one replica a process, by your own PyTorch loop:
 
-    build/noloco launch 4 -- python3 examples/char_gru_noloco.py
+    noloco launch 4 -- python3 examples/char_gru_noloco.py     # build/noloco from a source build
 
 or under torchrun:
 
@@ -17,7 +17,17 @@ its step while the others go on. A replica started again by the launcher
     python3 examples/char_gru_noloco.py --join /tmp/gru     # meanwhile, elsewhere
 
 takes a live replica's weights and AdamW state at its next outer step and
-goes on from that replica's step."""
+goes on from that replica's step.
+
+Across homes (NAT routers, firewalls): on a public machine `noloco serve
+advertise=ITS_ADDRESS` prints three export lines; in each home, those lines, then
+
+    RANK=$i WORLD_SIZE=4 python3 examples/char_gru_noloco.py --bind $MY_LAN_ADDRESS --uplink 20mbit
+
+--bind (this machine's own address, where its links listen and punch from)
+lets two homes punch a hole through their routers; without it the links
+listen on loopback and every byte goes through the serve's relay. --uplink is
+the home's upload speed (a speed test's figure)."""
 import argparse
 import os
 
@@ -32,6 +42,8 @@ parser.add_argument("--context", type=int, default=64)
 parser.add_argument("--batch", type=int, default=16)
 parser.add_argument("--hidden", type=int, default=128)
 parser.add_argument("--join", help="join the run of `noloco launch --join-dir DIR` as a new replica")
+parser.add_argument("--bind", help="this machine's own address, for links to other homes (see above)")
+parser.add_argument("--uplink", help="this home's upload speed, e.g. 20mbit")
 args = parser.parse_args()
 
 raw = torch.frombuffer(bytearray(open(args.data, "rb").read()), dtype=torch.uint8).long()
@@ -68,8 +80,9 @@ torch.manual_seed(0)  # the same initial weights on every replica
 model = CharGRU(len(vocab), args.hidden)
 inner = torch.optim.AdamW(model.parameters(), lr=3e-3, weight_decay=0.01)
 # A restarted or joining replica waits here for a live one's state (AdamW's too).
+network = {key: value for key, value in (("bind", args.bind), ("uplink", args.uplink)) if value}
 outer = noloco.OuterOptimizer(model.named_parameters(), method="noloco", outer_interval=50, inner_optimizer=inner,
-                              join=args.join)
+                              join=args.join, **network)
 rank, first = outer.replica, outer.inner_steps
 if outer.rejoined:
     print(f"replica {rank}: took replica {outer.rejoined['donor']}'s state at step {first}")

@@ -323,7 +323,7 @@ void WanRuns::four_homes_train_as_on_loopback(const std::string& nat) {
   const char* route_bytes = punched ? "bytes_punched" : "bytes_relayed";
   // The last evaluation's spread is of a sample (3 of the 4), as in a swarm: no step waits for every home.
   // An evaluation across replicas at step 3, before the first exchange: its links punch first (issue 100 item 3).
-  const std::string run = "steps=20 outer_interval=5 peer_timeout=60 spread_replicas=3 spread_interval=3";
+  const std::string run = "steps=20 outer_interval=5 peer_timeout=60 spread_replicas=3 eval_interval=3 spread_interval=3";
   for (const std::string method : {"noloco", "diloco"}) {
     // Each run its own serve: its own token, store and relay.
     const int port = method == "noloco" ? 29500 : 29510;
