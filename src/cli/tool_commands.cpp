@@ -84,7 +84,8 @@ Options report_options(ReportArgs& a) {
 
 Options simulate_options(sim::SimulateOptions& o) {
   Options options("simulate");
-  options.add("out", o.out, "directory for latency.csv, bandwidth.csv, idle.csv and the figures fig5a.svg, fig5b.svg")
+  options.add("out", o.out,
+              "directory for latency.csv, bandwidth.csv, idle.csv, unequal.csv and the figures fig5a.svg, fig5b.svg")
       .add("samples", o.samples, "Monte-Carlo draws of message times per point of the latency figure (5A)")
       .add("outer_steps", o.outer_steps, "outer steps simulated per replica count for the idle-time table")
       .add("max_replicas", o.max_replicas,
@@ -92,6 +93,11 @@ Options simulate_options(sim::SimulateOptions& o) {
       .add("model", o.model,
            "model preset whose parameter count sizes the bandwidth table's messages: tiny, 125m, 1.3b, 6.8b")
       .add("step_seconds", o.step_seconds, "compute seconds of one inner step, against which idle time is measured")
+      .add("speeds", o.speeds,
+           "replica speeds for the unequal-machines table: 1,1,1,0.33 (repeated over the replicas) or lognormal:S "
+           "(mean 1, the log's standard deviation S)")
+      .add("late_bound", o.late_bound,
+           "how long a paced NoLoCo replica waits for a late partner, as a share of a typical outer period")
       .add("seed", o.seed, "seed of the simulated message times and pairings");
   return options;
 }
@@ -182,8 +188,8 @@ int simulate_command(const std::vector<std::string>& args) {
   simulate_options(options).parse(args);
   sim::validate(options);
   const auto headline = sim::run_simulation(options);
-  fmt::print("{}\nwrote latency.csv, bandwidth.csv, idle.csv, fig5a.svg, fig5b.svg to {}\n", headline.dump(2),
-             options.out);
+  fmt::print("{}\nwrote latency.csv, bandwidth.csv, idle.csv, unequal.csv, fig5a.svg, fig5b.svg to {}\n",
+             headline.dump(2), options.out);
   return 0;
 }
 

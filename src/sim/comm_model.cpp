@@ -3,10 +3,13 @@
 #include <algorithm>
 #include <cmath>
 #include <numeric>
+#include <limits>
 #include <random>
+#include <string_view>
 #include <stdexcept>
 
 #include "optim/grouping.h"
+#include "util/parse_number.h"
 
 namespace noloco::sim {
 
@@ -90,6 +93,100 @@ IdleResult simulate_idle(int n, int inner_steps, int outer_steps, const LogNorma
     }
   }
   return {diloco, *std::max_element(noloco.begin(), noloco.end())};
+}
+
+int paced_inner_steps(int inner_steps, double speed, double typical) {
+  return std::max(1, int(std::lround(double(inner_steps) * speed / typical)));
+}
+
+std::vector<double> replica_speeds(const std::string& spec, int n, uint64_t seed) {
+  std::vector<double> out;
+  constexpr std::string_view kLogNormal = "lognormal:";
+  if (spec.rfind(kLogNormal, 0) == 0) {
+    const double s = parse_real("speeds", spec.substr(kLogNormal.size()));
+    if (!(s >= 0)) throw std::invalid_argument("speeds: lognormal:S needs S >= 0, got " + spec);
+    std::mt19937_64 rng(seed);
+    std::lognormal_distribution<double> d(-s * s / 2, s);
+    for (int i = 0; i < n; ++i) out.push_back(d(rng));
+    return out;
+  }
+  std::vector<double> listed;
+  for (size_t start = 0; start <= spec.size();) {
+    const size_t comma = std::min(spec.find(',', start), spec.size());
+    const double v = parse_real("speeds", spec.substr(start, comma - start));
+    if (!(v > 0)) throw std::invalid_argument("speeds: every speed must be positive, got " + spec);
+    listed.push_back(v);
+    start = comma + 1;
+  }
+  for (int i = 0; i < n; ++i) out.push_back(listed[size_t(i) % listed.size()]);
+  return out;
+}
+
+namespace {
+
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  const size_t m = v.size() / 2;
+  return v.size() % 2 ? v[m] : (v[m - 1] + v[m]) / 2;
+}
+
+// Inner steps done per second over the ideal (each replica at its own pace):
+// `steps_of(i)` inner steps per outer step for replica i, `barrier`
+// whether everyone meets (DiLoCo) or pairs do (NoLoCo, waiting at most `late_bound`).
+double schedule_throughput(const std::vector<double>& speeds, const std::vector<int>& steps_of, int outer_steps,
+                           const LogNormal& step, bool barrier, double late_bound, uint64_t seed) {
+  const int n = int(speeds.size());
+  std::mt19937_64 rng(seed);
+  auto d = dist(step);
+  std::vector<int> members(static_cast<size_t>(n), 0);
+  std::iota(members.begin(), members.end(), 0);
+  std::vector<double> clock(static_cast<size_t>(n), 0.0), arrival(static_cast<size_t>(n), 0.0);
+  double steps = 0, ideal_rate = 0;
+  for (int i = 0; i < n; ++i) ideal_rate += speeds[size_t(i)] / step.mean();
+  for (int o = 0; o < outer_steps; ++o) {
+    for (int i = 0; i < n; ++i) {
+      double work = 0;
+      for (int h = 0; h < steps_of[size_t(i)]; ++h) work += d(rng);
+      arrival[size_t(i)] = clock[size_t(i)] + work / speeds[size_t(i)];
+      steps += steps_of[size_t(i)];
+    }
+    if (barrier) {
+      const double all = *std::max_element(arrival.begin(), arrival.end());
+      std::fill(clock.begin(), clock.end(), all);
+      continue;
+    }
+    clock = arrival;
+    for (const auto& g : noloco_groups(seed, o, members, 2)) {
+      double first = arrival[size_t(g[0])], last = first;
+      for (int r : g) {
+        first = std::min(first, arrival[size_t(r)]);
+        last = std::max(last, arrival[size_t(r)]);
+      }
+      if (last - first > late_bound) continue;  // not waited for: each goes on alone
+      for (int r : g) clock[size_t(r)] = last;
+    }
+  }
+  return steps / *std::max_element(clock.begin(), clock.end()) / ideal_rate;
+}
+
+}  // namespace
+
+UnequalResult simulate_unequal(const std::vector<double>& speeds, int diloco_steps, int noloco_steps, int outer_steps,
+                               const LogNormal& step, double late_bound, uint64_t seed) {
+  const double typical = median(speeds);
+  const auto same = [&](int h) { return std::vector<int>(speeds.size(), h); };
+  const auto paced = [&](int h) {
+    std::vector<int> out;
+    for (double s : speeds) out.push_back(paced_inner_steps(h, s, typical));
+    return out;
+  };
+  const double unbounded = std::numeric_limits<double>::infinity();
+  UnequalResult r;
+  r.diloco.today = schedule_throughput(speeds, same(diloco_steps), outer_steps, step, true, unbounded, seed);
+  r.diloco.paced = schedule_throughput(speeds, paced(diloco_steps), outer_steps, step, true, unbounded, seed);
+  r.noloco.today = schedule_throughput(speeds, same(noloco_steps), outer_steps, step, false, unbounded, seed);
+  r.noloco.paced = schedule_throughput(speeds, paced(noloco_steps), outer_steps, step, false, late_bound, seed);
+  return r;
 }
 
 }  // namespace noloco::sim

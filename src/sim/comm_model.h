@@ -50,4 +50,28 @@ struct IdleResult {
 };
 IdleResult simulate_idle(int n, int inner_steps, int outer_steps, const LogNormal& step, uint64_t seed);
 
+// Unequal machines: replica i takes each inner step in step / speeds[i].
+// Today's schedule gives every replica H inner steps per outer step, so a
+// pair (DiLoCo: every replica) waits for its slower member, and a replica
+// that is always slow sets its partners' pace, and theirs their partners'.
+// The paced schedule gives replica i paced_inner_steps(H, speeds[i],
+// median) steps, so that all reach each outer step together whatever their
+// speed; a NoLoCo replica waits for its partner at most `late_bound`
+// seconds, past which both go on alone. Work is counted in inner steps; the
+// ideal is every replica at its own pace, never waiting.
+struct ScheduleThroughput {
+  double today = 0, paced = 0;  // inner steps per second over the ideal
+};
+struct UnequalResult {
+  ScheduleThroughput diloco, noloco;
+};
+UnequalResult simulate_unequal(const std::vector<double>& speeds, int diloco_steps, int noloco_steps, int outer_steps,
+                               const LogNormal& step, double late_bound, uint64_t seed);
+// A replica's inner steps per outer step when paced: H·speed/typical, at least one.
+int paced_inner_steps(int inner_steps, double speed, double typical);
+// The speeds of `n` replicas from `spec`: "1,1,1,0.33" (repeated over the
+// replicas) or "lognormal:S" (mean 1, the log's standard deviation S).
+// Throws std::invalid_argument naming a malformed spec.
+std::vector<double> replica_speeds(const std::string& spec, int n, uint64_t seed);
+
 }  // namespace noloco::sim

@@ -20,9 +20,11 @@ const char* kColors[] = {"#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", 
 }  // namespace
 
 void validate(const SimulateOptions& o) {
-  if (o.samples < 1 || o.outer_steps < 1 || o.max_replicas < 4 || !(o.step_seconds > 0))
-    throw std::invalid_argument("samples and outer_steps must be >= 1, max_replicas >= 4, step_seconds > 0");
+  if (o.samples < 1 || o.outer_steps < 1 || o.max_replicas < 4 || !(o.step_seconds > 0) || !(o.late_bound >= 0))
+    throw std::invalid_argument(
+        "samples and outer_steps must be >= 1, max_replicas >= 4, step_seconds > 0, late_bound >= 0");
   model_preset(o.model);  // validates the name
+  replica_speeds(o.speeds, 1, o.seed);  // validates the spec
 }
 
 nlohmann::json run_simulation(const SimulateOptions& o) {
@@ -30,7 +32,7 @@ nlohmann::json run_simulation(const SimulateOptions& o) {
   int sizes = 0, idle_sizes = 0;
   for (int n = 4; n <= o.max_replicas; n *= 4) ++sizes;
   for (int n = 2; n <= o.max_replicas; n *= 2) ++idle_sizes;
-  Progress progress("simulate", sizes * 11 + 1 + 2 * idle_sizes);
+  Progress progress("simulate", sizes * 11 + 1 + 2 * idle_sizes);  // the unequal table is quick
   int64_t done = 0;
   nlohmann::json headline;
 
@@ -109,6 +111,30 @@ nlohmann::json run_simulation(const SimulateOptions& o) {
                         "DiLoCo time / NoLoCo time"};
   idle_plot.log_x = true;
   write_file_atomic(o.out + "/fig5b.svg", line_chart_svg(fig5b, idle_plot));
+
+  // Unequal machines: the work done per second against every replica at its own pace, today's schedule
+  // (H inner steps each) and the paced one. The paper's H: DiLoCo 100, NoLoCo 50; steps jitter by 25%.
+  csv = "replicas,speeds,method,schedule,throughput_over_ideal\n";
+  const auto jitter = LogNormal::with_unit_mean(0.25);
+  const auto unequal_row = [&](int replicas, const std::string& spec) {
+    const auto speeds = replica_speeds(spec, replicas, o.seed + uint64_t(replicas));
+    const auto r = simulate_unequal(speeds, 100, 50, o.outer_steps, jitter, o.late_bound * 50 * jitter.mean(),
+                                    o.seed + uint64_t(replicas));
+    for (const auto& [method, t] : {std::pair{"diloco", r.diloco}, std::pair{"noloco", r.noloco}}) {
+      csv += fmt::format("{},\"{}\",{},today,{:.4f}\n", replicas, spec, method, t.today);
+      csv += fmt::format("{},\"{}\",{},paced,{:.4f}\n", replicas, spec, method, t.paced);
+    }
+    return r;
+  };
+  unequal_row(8, "1,1,1,1,1,1,1,0.333");  // bench comm's straggler=3
+  for (int replicas = 64; replicas <= o.max_replicas; replicas *= 4) {
+    const auto r = unequal_row(replicas, o.speeds);
+    headline[fmt::format("unequal_n{}_noloco_today", replicas)] = r.noloco.today;
+    headline[fmt::format("unequal_n{}_noloco_paced", replicas)] = r.noloco.paced;
+    headline[fmt::format("unequal_n{}_diloco_today", replicas)] = r.diloco.today;
+    headline[fmt::format("unequal_n{}_diloco_paced", replicas)] = r.diloco.paced;
+  }
+  write_file_atomic(o.out + "/unequal.csv", csv);
   write_json_atomic(o.out + "/summary.json", headline);
   return headline;
 }
