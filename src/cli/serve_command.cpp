@@ -5,6 +5,8 @@
 #include <netinet/in.h>
 #include <unistd.h>
 
+#include <array>
+#include <cctype>
 #include <cstdlib>
 #include <filesystem>
 #include <iostream>
@@ -49,11 +51,23 @@ std::string first_address() {
   return found;
 }
 
+// The network namespace this process runs in ("4026531840"; empty if it
+// cannot tell): a serve on the same port in another (a container, a test's
+// namespace) is another serve.
+std::string network_namespace() {
+  std::array<char, 64> link{};
+  const auto n = ::readlink("/proc/self/ns/net", link.data(), link.size() - 1);
+  std::string id;
+  for (ssize_t i = 0; i < n; ++i)
+    if (std::isdigit(static_cast<unsigned char>(link[size_t(i)]))) id += link[size_t(i)];
+  return id;
+}
+
 // Where a serve that minted its run's token keeps it, owner-only: the same
 // command run again (after a crash or a kill) takes that run back instead of
-// minting another, which every worker would refuse. Named by the port, as
-// the serve is; under $XDG_STATE_HOME (or ~/.local/state), where it outlives
-// a reboot as a store_dir= on disk does.
+// minting another, which every worker would refuse. Named by the port and
+// the network namespace, as the serve is; under $XDG_STATE_HOME (or
+// ~/.local/state), where it outlives a reboot as a store_dir= on disk does.
 std::string kept_token_file(const ServeArgs& a) {
   std::string root;
   if (const char* state = std::getenv("XDG_STATE_HOME"); state && *state)
@@ -62,7 +76,9 @@ std::string kept_token_file(const ServeArgs& a) {
     root = std::string(home) + "/.local/state/noloco";
   else
     root = EtcdServer::temp_root() + fmt::format("/noloco-state-{}", ::getuid());
-  return fmt::format("{}/serve-{}.token", root, a.port);
+  const auto network = network_namespace();
+  return network.empty() ? fmt::format("{}/serve-{}.token", root, a.port)
+                         : fmt::format("{}/serve-{}-net{}.token", root, a.port, network);
 }
 
 // The run's token: NOLOCO_RUN_TOKEN, else the one this serve's command kept,
@@ -325,6 +341,10 @@ int serve_command(const std::vector<std::string>& args) {
     spdlog::info("serve: stopped by signal while its store cluster formed");
     end_run(a, data_dir, token_kept);
     return 0;
+  } catch (...) {
+    std::error_code ec;
+    if (!data_dir.empty()) fs::remove(data_dir, ec);  // only while empty: a store that never started
+    throw;
   }
   RelayServer relay(a.bind, a.relay_port, run_key(token, "relay"));
   for (const auto& line : serve_exports(token, a, host)) std::cout << line << "\n";
