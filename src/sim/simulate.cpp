@@ -17,6 +17,32 @@ namespace {
 
 const char* kColors[] = {"#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b"};
 
+// Unequal machines: the work done per second against every replica at its own pace, today's schedule
+// (H inner steps each) and the paced one. The paper's H: DiLoCo 100, NoLoCo 50; steps jitter by 25%.
+void write_unequal_table(const SimulateOptions& o, nlohmann::json& headline) {
+  std::string csv = "replicas,speeds,method,schedule,throughput_over_ideal\n";
+  const auto jitter = LogNormal::with_unit_mean(0.25);
+  const auto unequal_row = [&](int replicas, const std::string& spec) {
+    const auto speeds = replica_speeds(spec, replicas, o.seed + uint64_t(replicas));
+    const auto r = simulate_unequal(speeds, 100, 50, o.outer_steps, jitter, o.late_bound * 50 * jitter.mean(),
+                                    o.seed + uint64_t(replicas));
+    for (const auto& [method, t] : {std::pair{"diloco", r.diloco}, std::pair{"noloco", r.noloco}}) {
+      csv += fmt::format("{},\"{}\",{},today,{:.4f}\n", replicas, spec, method, t.today);
+      csv += fmt::format("{},\"{}\",{},paced,{:.4f}\n", replicas, spec, method, t.paced);
+    }
+    return r;
+  };
+  unequal_row(8, "1,1,1,1,1,1,1,0.333");  // bench comm's straggler=3
+  for (int replicas = 64; replicas <= o.max_replicas; replicas *= 4) {
+    const auto r = unequal_row(replicas, o.speeds);
+    headline[fmt::format("unequal_n{}_noloco_today", replicas)] = r.noloco.today;
+    headline[fmt::format("unequal_n{}_noloco_paced", replicas)] = r.noloco.paced;
+    headline[fmt::format("unequal_n{}_diloco_today", replicas)] = r.diloco.today;
+    headline[fmt::format("unequal_n{}_diloco_paced", replicas)] = r.diloco.paced;
+  }
+  write_file_atomic(o.out + "/unequal.csv", csv);
+}
+
 }  // namespace
 
 void validate(const SimulateOptions& o) {
@@ -112,29 +138,7 @@ nlohmann::json run_simulation(const SimulateOptions& o) {
   idle_plot.log_x = true;
   write_file_atomic(o.out + "/fig5b.svg", line_chart_svg(fig5b, idle_plot));
 
-  // Unequal machines: the work done per second against every replica at its own pace, today's schedule
-  // (H inner steps each) and the paced one. The paper's H: DiLoCo 100, NoLoCo 50; steps jitter by 25%.
-  csv = "replicas,speeds,method,schedule,throughput_over_ideal\n";
-  const auto jitter = LogNormal::with_unit_mean(0.25);
-  const auto unequal_row = [&](int replicas, const std::string& spec) {
-    const auto speeds = replica_speeds(spec, replicas, o.seed + uint64_t(replicas));
-    const auto r = simulate_unequal(speeds, 100, 50, o.outer_steps, jitter, o.late_bound * 50 * jitter.mean(),
-                                    o.seed + uint64_t(replicas));
-    for (const auto& [method, t] : {std::pair{"diloco", r.diloco}, std::pair{"noloco", r.noloco}}) {
-      csv += fmt::format("{},\"{}\",{},today,{:.4f}\n", replicas, spec, method, t.today);
-      csv += fmt::format("{},\"{}\",{},paced,{:.4f}\n", replicas, spec, method, t.paced);
-    }
-    return r;
-  };
-  unequal_row(8, "1,1,1,1,1,1,1,0.333");  // bench comm's straggler=3
-  for (int replicas = 64; replicas <= o.max_replicas; replicas *= 4) {
-    const auto r = unequal_row(replicas, o.speeds);
-    headline[fmt::format("unequal_n{}_noloco_today", replicas)] = r.noloco.today;
-    headline[fmt::format("unequal_n{}_noloco_paced", replicas)] = r.noloco.paced;
-    headline[fmt::format("unequal_n{}_diloco_today", replicas)] = r.diloco.today;
-    headline[fmt::format("unequal_n{}_diloco_paced", replicas)] = r.diloco.paced;
-  }
-  write_file_atomic(o.out + "/unequal.csv", csv);
+  write_unequal_table(o, headline);
   write_json_atomic(o.out + "/summary.json", headline);
   return headline;
 }
