@@ -238,6 +238,10 @@ std::vector<Peer> Membership::snapshot(const std::string& name) {
   }
   if (std::none_of(out.begin(), out.end(), [&](const Peer& p) { return p.rank == rank_; }))
     remove_item(*members_, member::kDead, std::to_string(rank_));  // alive after all: back in later snapshots
+  // The dead list as last read may be older than this snapshot: a member
+  // back in it (a restarted replica that took a live one's state) would be
+  // given up from a list read before it came back.
+  last_dead_read_ = {};
   std::sort(out.begin(), out.end(), [](const Peer& a, const Peer& b) { return a.rank < b.rank; });
   return out;
 }
