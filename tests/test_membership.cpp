@@ -421,9 +421,9 @@ ExchangeRequest exchange_request(int64_t id, uint8_t fill) {
 }
 
 // Two members of one run on a TCPStore, each with the Membership that
-// publishes its exchanges and the transport that trades.
+// publishes its exchanges and the transport that trades, both at `exchange`.
 struct TradingPair {
-  TradingPair()
+  explicit TradingPair(int64_t exchange)
       : port(noloco::testing::free_port()),
         host(tcp_store(port, true)),
         members{{tcp_store(port, false), env_of(0, 2), "replicas", 0, 2, 60s, 60s},
@@ -433,6 +433,7 @@ struct TradingPair {
       transports[r] = std::make_unique<LinkTransport>([p = port] { return tcp_store(p, false); }, env_of(r, 2),
                                                       "replicas", Peer{r, 0}, 2, loopback_endpoint(), 30s,
                                                       &liveness[r]);
+    for (auto& m : members) m.reach_exchange(exchange);
   }
   int port;
   StorePtr host;
@@ -451,9 +452,7 @@ struct TradingPair {
 // thread timing. Here the partner's message is held back a second after it
 // published its next exchange; both still trade.
 TEST(Liveness, APartnerAlreadyAtItsNextExchangeIsWaitedForItsMessageOfThisOne) {
-  TradingPair pair;
-  pair.members[0].reach_exchange(7);
-  pair.members[1].reach_exchange(7);
+  TradingPair pair(7);
   pair.transports[1]->before_next_trade([&] {
     pair.members[1].reach_exchange(8);
     std::this_thread::sleep_for(1s);  // the injected slow machine, not a wait for an event
@@ -473,9 +472,7 @@ TEST(Liveness, APartnerAlreadyAtItsNextExchangeIsWaitedForItsMessageOfThisOne) {
 // the store goes alone there and sends nothing; once it publishes that, it is
 // neither waited for nor reported lost.
 TEST(Liveness, APartnerThatWentAloneAtThisExchangeIsNotWaitedForNorLost) {
-  TradingPair pair;
-  pair.members[0].reach_exchange(7);
-  pair.members[1].reach_exchange(7);
+  TradingPair pair(7);
   pair.transports[1]->before_next_trade([&] {
     pair.members[1].go_alone(7);
     pair.members[1].reach_exchange(8);

@@ -112,12 +112,16 @@ void load_hf_weights(LlamaForCausalLM& model, const std::string& dir) {
   for (auto& p : model->named_parameters()) p.value().copy_(weights.at(p.key()));
 }
 
+void remove_hf_weights(const std::string& dir) {
+  static const std::regex weight_file(R"(model(-\d{5}-of-\d{5})?\.safetensors(\.index\.json)?)");
+  for (const auto& entry : fs::directory_iterator(dir))
+    if (std::regex_match(entry.path().filename().string(), weight_file)) fs::remove(entry.path());
+}
+
 void write_hf_weights(const std::string& dir, const TensorMap& weights, uint64_t shard_bytes,
                       torch::ScalarType dtype) {
   fs::create_directories(dir);
-  static const std::regex earlier_file(R"(model(-\d{5}-of-\d{5})?\.safetensors(\.index\.json)?)");
-  for (const auto& entry : fs::directory_iterator(dir))
-    if (std::regex_match(entry.path().filename().string(), earlier_file)) fs::remove(entry.path());
+  remove_hf_weights(dir);
   std::vector<std::string> names;
   std::vector<uint64_t> bytes;
   uint64_t total = 0;

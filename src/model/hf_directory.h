@@ -27,5 +27,7 @@ void load_hf_weights(LlamaForCausalLM& model, const std::string& dir);
 // Weight files of an earlier export in `dir` are removed first.
 void write_hf_weights(const std::string& dir, const TensorMap& weights, uint64_t shard_bytes,
                       torch::ScalarType dtype);
+// Removes the weight files (model.safetensors, its shards and index) in `dir`.
+void remove_hf_weights(const std::string& dir);
 
 }  // namespace noloco

@@ -5,7 +5,6 @@
 #include <algorithm>
 #include <filesystem>
 #include <map>
-#include <regex>
 #include <utility>
 #include <vector>
 
@@ -109,9 +108,7 @@ void publish_export(const fs::path& staging, const fs::path& hf_dir) {
     fs::rename(staging, hf_dir);
     return;
   }
-  static const std::regex earlier_weights(R"(model(-\d{5}-of-\d{5})?\.safetensors(\.index\.json)?)");
-  for (const auto& entry : fs::directory_iterator(hf_dir))
-    if (std::regex_match(entry.path().filename().string(), earlier_weights)) fs::remove(entry.path());
+  remove_hf_weights(hf_dir.string());
   for (const auto& f : tokenizer_files()) fs::remove(hf_dir / f);
   for (const auto& entry : fs::directory_iterator(staging)) fs::rename(entry.path(), hf_dir / entry.path().filename());
   fs::remove(staging);
