@@ -436,3 +436,26 @@ TEST(RunLayout, StagesWithSeveralWorkersAReplicaAreRefusedInOnePlace) {
   }
   EXPECT_THROW(RunLayout(0, 1), std::invalid_argument);
 }
+
+TEST(Config, SlowdownIsOneFactorOrOneAReplica) {
+  EXPECT_EQ(slowdown_of("", 3), 1.0);
+  EXPECT_EQ(slowdown_of("3", 5), 3.0);
+  EXPECT_EQ(slowdown_of("6:3,7:2.5", 7), 2.5);
+  EXPECT_EQ(slowdown_of("6:3,7:2.5", 6), 3.0);
+  EXPECT_EQ(slowdown_of("6:3,7:2.5", 1), 1.0);
+  EXPECT_NE(error_of("", {"slowdown=0.5"}).find("slowdown factors must be in [1, 1000], got 0.5"), std::string::npos);
+  EXPECT_NE(error_of("", {"slowdown=6:3,7"}).find("slowdown: '7' is not REPLICA:FACTOR"), std::string::npos);
+  EXPECT_NE(error_of("", {"slowdown=x:3"}).find("slowdown: 'x' is not an integer"), std::string::npos);
+  EXPECT_NE(error_of("", {"slowdown=-1:3"}).find("replica -1 is negative"), std::string::npos);
+  // A machine's own key, like threads: a joiner need not match the run's.
+  const auto& own = machine_keys();
+  EXPECT_NE(std::find(own.begin(), own.end(), "slowdown"), own.end());
+}
+
+TEST(Config, PaceBySpeedIsForOneWorkerReplicasOfDiLoCoAndNoLoCo) {
+  EXPECT_NE(error_of("", {"method=ddp", "pace=speed"}).find("pace=speed applies to diloco and noloco"),
+            std::string::npos);
+  EXPECT_NE(error_of("", {"method=noloco", "replicas=2", "stages=2", "pace=speed"}).find("pace=speed needs one worker"),
+            std::string::npos);
+  EXPECT_EQ(parse_config("", {"method=noloco", "replicas=2", "pace=speed"}).outer.pace, PaceMode::speed);
+}

@@ -38,6 +38,7 @@ class FakeTransport final : public Transport {
     for (const auto& p : request.group) last_group.push_back(p.rank);
     ExchangeResult r;
     r.received[1] = next_peer().to(dtype).contiguous().view(torch::kUInt8);
+    if (peer_trailer.defined()) r.received[1] = torch::cat({r.received[1], peer_trailer});
     return r;
   }
   void send_state(const std::string&, int, const MessageHeader&, const torch::Tensor&) override {}
@@ -53,6 +54,7 @@ class FakeTransport final : public Transport {
     return p;
   }
   torch::Tensor peer, sent, peer_bytes;
+  torch::Tensor peer_trailer;  // bytes after the peer's values (pace=speed: its PaceReport)
   std::deque<torch::Tensor> peers;
   int exchanges = 0, all_reduces = 0;
   c10::ScalarType wire_dtype = torch::kFloat32;
@@ -97,6 +99,17 @@ void load_overlap_example(Rig& rig) {
                    {"outer.start", torch::tensor({1.0f, 2.0f, -1.0f})}});
   rig.comm.peers = {torch::tensor({0.1f, 0.3f, -0.2f}), torch::tensor({0.1f, 0.1f, 0.1f})};
   rig.flat.values().copy_(torch::tensor({1.5f, 1.0f, 0.0f}));
+}
+
+torch::Tensor report_bytes(const PaceReport& r) {
+  const auto b = r.to_bytes();
+  return torch::tensor(std::vector<int64_t>(b.begin(), b.end())).to(torch::kUInt8);
+}
+
+// A replica whose steps take `seconds` trains every slot of a period of `interval`.
+void train_period(Pace& pace, int64_t first_step, int64_t interval, double seconds) {
+  for (int64_t s = first_step; s < first_step + interval; ++s)
+    if (pace.trains_at(s)) pace.step_took(seconds);
 }
 
 }  // namespace
@@ -489,4 +502,163 @@ TEST(Grouping, DrawsSinceGroupedCountsBackToTheLastDrawThatPairedThem) {
   }
   EXPECT_GE(never_met, 4);  // 3 draws meet at most 3 of the 7
   EXPECT_EQ(draws_since_grouped(5, {}, members, 2, 0, partner[0]), 0);  // no history: no separation known
+}
+
+// pace=speed: a replica three times slower than the fastest it heard of
+// trains a third of the next period's slots, spread evenly; the fastest's
+// report travels on through its partners, and ages out when not heard again.
+TEST(Pace, AReplicaThreeTimesSlowerTrainsAThirdOfThePeriodSpreadEvenly) {
+  Pace slow(12, /*rank=*/1);
+  train_period(slow, 0, 12, 0.3);
+  EXPECT_EQ(slow.report(0).steps, 12);  // nothing heard yet: every slot
+  PaceReport fast;
+  fast.steps = 12;
+  fast.step_seconds = 0.1;
+  fast.reference_rank = 0;
+  fast.reference_seconds = 0.1;
+  slow.hear(0, fast, 0);
+  EXPECT_DOUBLE_EQ(slow.reference_seconds(), 0.1);
+  std::vector<int64_t> trained;
+  for (int64_t s = 12; s < 24; ++s)
+    if (slow.trains_at(s)) trained.push_back(s % 12);
+  EXPECT_EQ(trained, (std::vector<int64_t>{2, 5, 8, 11}));
+  EXPECT_EQ(slow.period_steps(), 4);
+  EXPECT_EQ(slow.report(1).steps, 4);
+  // It passes the fastest on to replica 2, which never met replica 0.
+  const auto said = slow.report(1);
+  EXPECT_EQ(said.reference_rank, 0);
+  EXPECT_DOUBLE_EQ(said.reference_seconds, 0.1);
+  Pace other(12, 2);
+  train_period(other, 0, 12, 0.2);
+  other.hear(1, said, 1);
+  EXPECT_DOUBLE_EQ(other.reference_seconds(), 0.1);
+  // Not heard of again for more than the horizon: replica 1's own pace is the reference.
+  PaceReport quiet = fast;
+  quiet.step_seconds = 0.3;
+  quiet.reference_rank = 3;
+  quiet.reference_seconds = 0.3;
+  quiet.reference_heard_at = 1 + Pace::kReferenceHorizon + 1;
+  slow.hear(3, quiet, 1 + Pace::kReferenceHorizon + 1);
+  EXPECT_DOUBLE_EQ(slow.reference_seconds(), 0.3);
+}
+
+TEST(Pace, ReportsTravelAsFortyBytesAndAStrangersAreRefused) {
+  PaceReport r;
+  r.steps = 17;
+  r.step_seconds = 0.25;
+  r.reference_rank = 5;
+  r.reference_seconds = 0.125;
+  r.reference_heard_at = 42;
+  const auto b = r.to_bytes();
+  ASSERT_EQ(int64_t(b.size()), PaceReport::kBytes);
+  const auto back = PaceReport::from_bytes(b.data(), int64_t(b.size()));
+  EXPECT_EQ(back.steps, 17);
+  EXPECT_EQ(back.step_seconds, 0.25);
+  EXPECT_EQ(back.reference_rank, 5);
+  EXPECT_EQ(back.reference_seconds, 0.125);
+  EXPECT_EQ(back.reference_heard_at, 42);
+  EXPECT_THROW(PaceReport::from_bytes(b.data(), 39), std::runtime_error);
+  auto bad = r;
+  bad.steps = 0;
+  const auto z = bad.to_bytes();
+  EXPECT_THROW(PaceReport::from_bytes(z.data(), int64_t(z.size())), std::runtime_error);
+  bad = r;
+  bad.step_seconds = std::nan("");
+  const auto n = bad.to_bytes();
+  EXPECT_THROW(PaceReport::from_bytes(n.data(), int64_t(n.size())), std::runtime_error);
+}
+
+// A resume in the middle of a period trains in the same slots as the run that went on.
+TEST(Pace, SavedAndLoadedMidPeriodItTrainsInTheSameSlots) {
+  Pace a(10, 1);
+  train_period(a, 0, 10, 0.2);
+  PaceReport fast;
+  fast.steps = 10;
+  fast.step_seconds = 0.1;
+  a.hear(0, fast, 0);
+  for (int64_t s = 10; s < 14; ++s)
+    if (a.trains_at(s)) a.step_took(0.2);
+  TensorMap state;
+  a.save(state);
+  Pace b(10, 1);
+  b.load(state);
+  for (int64_t s = 14; s < 30; ++s) {
+    const bool ta = a.trains_at(s), tb = b.trains_at(s);
+    EXPECT_EQ(ta, tb) << s;
+    if (ta) a.step_took(0.2);
+    if (tb) b.step_took(0.2);
+  }
+  EXPECT_EQ(a.trained_steps(), b.trained_steps());
+  EXPECT_EQ(a.period_steps(), 5);
+}
+
+// pace=speed, by hand: NoLoCo's pair mean of increments weighs each by the
+// steps behind it (this replica 4 of 4, the partner 1); φ's pull stays the
+// plain mean. Its message ends in its own PaceReport.
+TEST(Outer, PacedNoLoCoWeighsEachIncrementByItsStepsByHand) {
+  auto c = outer_config("noloco", 0.5, 0.7, 0.4);
+  c.outer.pace = PaceMode::speed;
+  Rig rig(c);
+  auto& [m, flat, comm, outer] = rig;
+  ASSERT_NE(outer->pace(), nullptr);
+  outer->load({{"outer.phi", torch::tensor({1.0f, 2.0f, -1.0f})}, {"outer.momentum", torch::tensor({0.1f, -0.2f, 0.3f})}});
+  train_period(*outer->pace(), 0, 4, 0.1);
+  flat.values().copy_(torch::tensor({1.5f, 1.0f, 0.0f}));  // Δ0 = [0.5, -1, 1]
+  comm.peer = torch::tensor({0.2f, 0.6f, -0.5f, 0.0f, 4.0f, 1.0f});  // Δ1, φ1
+  PaceReport partner;
+  partner.steps = 1;
+  partner.step_seconds = 0.4;
+  partner.reference_rank = 0;
+  partner.reference_seconds = 0.1;
+  comm.peer_trailer = report_bytes(partner);
+  const auto sync = outer->after_inner_step(3, flat);
+  ASSERT_TRUE(sync.has_value());
+  EXPECT_EQ(sync->arrived, (std::vector<int>{0, 1}));
+  ASSERT_EQ(comm.sent.numel(), 6 + PaceReport::kBytes / 4);
+  const auto own = PaceReport::from_bytes(comm.sent.view(torch::kUInt8).data_ptr<uint8_t>() + 24, PaceReport::kBytes);
+  EXPECT_EQ(own.steps, 4);
+  // mean_w Δ = (4·Δ0 + 1·Δ1)/5 = [0.44, -0.68, 0.7]
+  // m = 0.5·[0.1,-0.2,0.3] + 0.7·[0.44,-0.68,0.7] + 0.4·([0.5,3,0] − [1,2,-1]) = [0.158, -0.176, 1.04]
+  expect_values(flat.values(), {1.158, 1.824, 0.04});
+  // What the partner said is heard: it is four times slower than this replica.
+  EXPECT_DOUBLE_EQ(outer->pace()->reference_seconds(), 0.1);
+}
+
+TEST(Outer, PacedNoLoCoStepsAloneOnAPartnersMessageTooShortForItsPace) {
+  auto c = outer_config("noloco", 0.5, 0.7, 0.4);
+  c.outer.pace = PaceMode::speed;
+  Rig rig(c);
+  auto& [m, flat, comm, outer] = rig;
+  train_period(*outer->pace(), 0, 4, 0.1);
+  comm.peer = torch::tensor({0.2f});  // 4 bytes, no report
+  const auto sync = outer->after_inner_step(3, flat);
+  ASSERT_TRUE(sync.has_value());
+  EXPECT_EQ(sync->arrived, (std::vector<int>{0}));
+}
+
+// pace=speed, by hand: DiLoCo's replicas gather their PaceReports first; each
+// scales its Δ by N·w/Σw (this one, 4 steps: 2·4/6; the partner, 2 steps:
+// 2·2/6), so the plain mean is the steps-weighted one.
+TEST(Outer, PacedDiLoCoScalesItsDeltaSoTheMeanIsWeighedByStepsByHand) {
+  auto c = outer_config("diloco", 0.3, 0.7, 0.7);
+  c.outer.pace = PaceMode::speed;
+  Rig rig(c);
+  auto& [m, flat, comm, outer] = rig;
+  outer->load({{"outer.phi", torch::tensor({1.0f, 2.0f, -1.0f})}, {"outer.momentum", torch::zeros({3})}});
+  train_period(*outer->pace(), 0, 4, 0.1);
+  PaceReport partner;
+  partner.steps = 2;
+  partner.step_seconds = 0.2;
+  partner.reference_rank = 0;
+  partner.reference_seconds = 0.1;
+  comm.peer_bytes = report_bytes(partner);
+  flat.values().copy_(torch::tensor({1.5f, 1.0f, 0.0f}));          // Δ0 = [0.5, -1, 1]
+  comm.peer = torch::tensor({0.1f, 0.3f, -0.2f}) * (2.0f / 3.0f);  // Δ1 as the partner sends it
+  const auto sync = outer->after_inner_step(3, flat);
+  ASSERT_TRUE(sync.has_value());
+  ASSERT_EQ(sync->partners_pace.count(1), 1u);
+  EXPECT_EQ(sync->partners_pace.at(1).steps, 2);
+  expect_values(comm.sent, {0.5 * 4 / 3, -1.0 * 4 / 3, 1.0 * 4 / 3});
+  // mean Δ = (4·Δ0 + 2·Δ1)/6 = [0.366667, -0.566667, 0.6]; m = 0.7·mean Δ
+  expect_values(flat.values(), {1.0 + 0.7 * 2.2 / 6, 2.0 - 0.7 * 3.4 / 6, -1.0 + 0.7 * 3.6 / 6});
 }

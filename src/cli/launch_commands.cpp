@@ -353,6 +353,9 @@ int bench_comm_command(const std::vector<std::string>& args) {
                                                  s["sync_seconds_per_round"].get<double>() /
                                                      s["ideal_sync_seconds"].get<double>()),
              s["idle_seconds_per_round"].get<double>(), s["median_idle_seconds_others"].get<double>());
+  if (options.compute > 0)
+    fmt::print("pace={}: the replicas did {:.1f}% of the inner steps their own speeds allow\n",
+               choice_name(cfg.outer.pace), 100 * s["work_fraction"].get<double>());
   return 0;
 }
 

@@ -33,6 +33,8 @@ enum class DilocoMean { automatic, reduce_scatter, all_gather };
 // Where what a lossy DiLoCo message left out goes: into the next message
 // (error feedback), or back into the replica's own weights.
 enum class ResidualHome { message, weights };
+// steps: every replica trains H inner steps between outer steps; speed: each at its own speed (optim/pace.h).
+enum class PaceMode { steps, speed };
 // The outer messages' compression as one choice (config/train_config.h's
 // preset): none leaves the codec keys as they are.
 enum class OuterCompression { none, sparse, topk };
@@ -106,6 +108,11 @@ struct ChoiceNames<DilocoMean> {
                                                                          {DilocoMean::automatic, ""},
                                                                          {DilocoMean::reduce_scatter, "reduce_scatter"},
                                                                          {DilocoMean::all_gather, "all_gather"}}};
+};
+template <>
+struct ChoiceNames<PaceMode> {
+  static constexpr std::array<std::pair<PaceMode, const char*>, 2> all{
+      {{PaceMode::steps, "steps"}, {PaceMode::speed, "speed"}}};
 };
 template <>
 struct ChoiceNames<ResidualHome> {

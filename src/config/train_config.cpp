@@ -86,6 +86,9 @@ void add_training_options(Options& o, TrainConfig& c) {
       .add("device", c.run.device, "cpu | cuda | cuda:N")
       .add("precision", c.run.precision, "fp32 | bf16 (CUDA autocast; weights and optimizer stay fp32)")
       .add("threads", c.run.threads, "intra-op threads per worker; 0: cores / local replicas")
+      .add("slowdown", c.run.slowdown,
+           "a slow machine on purpose (tests, demos): each inner step stretched F times by waiting; F for every "
+           "worker started, or R:F,R:F by replica")
       .add("out", c.run.out, "run directory; default runs/<method>-<date>")
       .add("checkpoint_interval", c.run.checkpoint_interval, "steps between checkpoints; 0: at every evaluation")
       .add("keep_checkpoints", c.run.keep_checkpoints, "newest checkpoints kept per worker; 0: all")
@@ -176,7 +179,12 @@ void add_outer_options(Options& o, TrainConfig& c) {
            "diloco/noloco: exchange while the next period trains; apply the result one period late")
       .add("eager", c.outer.eager,
            "with overlap: take the outer step with the replica's own delta at once; the exchange's result, a period "
-           "later, corrects it");
+           "later, corrects it")
+      .add("pace", c.outer.pace,
+           "diloco/noloco: steps (every replica trains outer_interval inner steps between outer steps, and the "
+           "slowest sets the pace) | speed (each trains as many of those steps as its speed allows against the "
+           "fastest replica's, so all reach the outer step together; increments weighed by their steps; "
+           "docs/communication.md)");
 }
 
 void add_comm_options(Options& o, TrainConfig& c) {
@@ -320,7 +328,8 @@ std::vector<std::string> outer_method_keys() {
   add_comm_options(options, c);
   std::vector<std::string> keys{"method", "seed"};
   for (const auto& o : options.all())
-    if (o.name != "restarts" && o.name != "rate") keys.push_back(o.name);  // the local launcher's
+    // restarts and rate: the local launcher's; pace: a user's loop takes every step it is given.
+    if (o.name != "restarts" && o.name != "rate" && o.name != "pace") keys.push_back(o.name);
   return keys;
 }
 
@@ -481,6 +490,11 @@ void TrainConfig::validate() const {
   if ((outer.fragments > 1 || outer.overlap) && !has_outer_steps(method))
     invalid("fragments and overlap apply to diloco and noloco");
   if (outer.eager && !outer.overlap) invalid("eager needs overlap=true (it corrects an exchange that arrives late)");
+  if (outer.pace == PaceMode::speed && !has_outer_steps(method)) invalid("pace=speed applies to diloco and noloco");
+  if (outer.pace == PaceMode::speed && (pipeline.stages > 1 || run.replica_workers > 1))
+    invalid("pace=speed needs one worker a replica (stages=1, replica_workers=1): the workers of one replica would "
+            "have to skip the same steps");
+  slowdown_of(run.slowdown, 0);
   if (outer.message_rank > 0 && method == Method::noloco && outer.message != NolocoMessage::delta_phi)
     invalid("message_rank needs noloco_message=delta_phi: theta is not low-rank, its increment is");
   if (outer.message_rank > 0 && method == Method::diloco && outer.diloco_mean != DilocoMean::all_gather)
@@ -520,6 +534,28 @@ void TrainConfig::validate_workers() const {
     if (point.mode != CrashPoint::Mode::handover && point.rank >= workers())
       invalid(fmt::format("inject_crash: there is no worker {} (workers 0..{})", point.rank, workers() - 1));
   }
+}
+
+double slowdown_of(const std::string& spec, int64_t replica) {
+  const auto factor = [&](const std::string& text) {
+    const double f = parse_real("slowdown", text);
+    if (!(f >= 1 && f <= 1000)) invalid(fmt::format("slowdown factors must be in [1, 1000], got {}", text));
+    return f;
+  };
+  if (spec.empty()) return 1;
+  if (spec.find(':') == std::string::npos) return factor(spec);
+  double found = 1;
+  std::stringstream list(spec);
+  for (std::string item; std::getline(list, item, ',');) {
+    const auto colon = item.find(':');
+    if (colon == std::string::npos)
+      invalid(fmt::format("slowdown: '{}' is not REPLICA:FACTOR (in '{}')", item, spec));
+    const int64_t r = parse_integer("slowdown", item.substr(0, colon));
+    if (r < 0) invalid(fmt::format("slowdown: replica {} is negative (in '{}')", r, spec));
+    const double f = factor(item.substr(colon + 1));
+    if (r == replica) found = f;
+  }
+  return found;
 }
 
 std::vector<CrashPoint> parse_crash_plan(const std::string& plan) {
@@ -606,7 +642,7 @@ std::string TrainConfig::to_yaml() const {
 const std::vector<std::string>& machine_keys() {
   static const std::vector<std::string> keys{
       "data",         "val_data",         "tokenizer",     "init_from",   "accept_changed_data", "device",
-      "precision",    "threads",          "out",           "checkpoint_interval", "keep_checkpoints", "resume",
+      "precision",    "threads",          "slowdown",      "out",           "checkpoint_interval", "keep_checkpoints", "resume",
       "max_local_workers", "log_interval", "sample_tokens", "sample_prompt", "bind",            "peer_timeout",
       "listen_port",  "advertise",        "live_status",
       "insecure",     "restarts",         "heartbeat_timeout", "startup_timeout", "store_outage", "rate", "uplink", "inject_crash"};

@@ -74,6 +74,7 @@ struct OuterConfig {
   int64_t fragments = 1;
   bool overlap = false;
   bool eager = false;
+  PaceMode pace = PaceMode::steps;
 };
 
 // The network: where to listen, how long to wait for whom.
@@ -140,6 +141,9 @@ struct RunConfig {
   std::string device = "cpu";      // cpu | cuda | cuda:N
   Precision precision = Precision::fp32;  // bf16: autocast, CUDA only
   int64_t threads = 0;             // intra-op threads; 0: cores / local workers
+  // A slow machine on purpose: each inner step stretched by a factor, "F" for
+  // every worker started, or "R:F,R:F" by replica (slowdown_of).
+  std::string slowdown;
   std::string out;                 // run directory; default runs/<method>-<time>
   int64_t checkpoint_interval = 0;  // 0: at every evaluation
   int64_t keep_checkpoints = 0;     // newest checkpoints kept per worker; 0: all
@@ -165,6 +169,10 @@ struct CrashPoint {
   Mode mode = Mode::kill;
   double stall_seconds = 0;  // stall: how long the worker stands still, heartbeat on
 };
+// The factor by which `replica`'s steps are stretched under `spec` (run.slowdown): 1 when none is named.
+// Throws std::invalid_argument on a malformed spec.
+double slowdown_of(const std::string& spec, int64_t replica);
+
 // Throws std::invalid_argument on a malformed plan.
 std::vector<CrashPoint> parse_crash_plan(const std::string& plan);
 

@@ -7,7 +7,7 @@
 namespace noloco {
 
 DiLoCo::DiLoCo(const OuterConfig& config, uint64_t seed, Transport& transport, FlatParams& params)
-    : SlowWeightsMethod(config, params), seed_(seed), transport_(transport), codec_(codec_spec(config)) {
+    : SlowWeightsMethod(config, params, transport.rank()), seed_(seed), transport_(transport), codec_(codec_spec(config)) {
   if (codec_.lossless() && config.message_rank == 0) return;
   const int64_t world = transport.world();
   const Feedback feedback = feedback_of(config);  // residual=weights only with all_gather (validated)
@@ -81,11 +81,27 @@ torch::Tensor DiLoCo::gathered_mean(int64_t exchange_id, Channels& channels, con
   return mean.div_(double(gathered.size())).to(delta.device());
 }
 
+double DiLoCo::share_paces(OuterSync& sync) {
+  const auto own = sync.pace->to_bytes();
+  const auto gathered =
+      transport_.all_gather(torch::tensor(std::vector<int64_t>(own.begin(), own.end())).to(torch::kUInt8));
+  double total = 0;
+  for (int r = 0; r < transport_.world(); ++r) {
+    // A malformed report stops the run, as a malformed mean would.
+    const auto report = PaceReport::from_bytes(gathered[size_t(r)].data_ptr<uint8_t>(), gathered[size_t(r)].numel());
+    total += double(report.steps);
+    if (r != transport_.rank()) sync.partners_pace[r] = report;
+  }
+  return double(transport_.world()) * double(sync.pace->steps) / total;
+}
+
 OuterTerms DiLoCo::group_means(int64_t exchange_id, const Fragment& fragment, const torch::Tensor& theta,
                                const torch::Tensor& phi, OuterSync& sync) {
-  auto delta = theta - phi;
-  torch::Tensor kept;
   const auto sent_before = transport_.stats().bytes_sent;
+  // pace=speed: the plain mean of N·w_r/Σw·Δ_r is the steps-weighted mean of the Δ_r.
+  const double weight = sync.pace ? share_paces(sync) : 1.0;
+  auto delta = weight == 1.0 ? theta - phi : (theta - phi) * weight;
+  torch::Tensor kept;
   if (channels_.empty()) {  // fp32, whole
     transport_.all_reduce_mean(delta);
   } else {

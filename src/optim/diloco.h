@@ -19,6 +19,8 @@
 // message does not reset away the local progress it could not carry; the
 // replicas' θ then differ by their leftovers while φ stays identical.
 // Either way every replica decodes the same bytes into the same mean.
+// pace=speed: the replicas first gather their PaceReports (40 bytes each)
+// and each scales its Δ by N·w_r/Σw, w_r its steps, so the mean is weighted.
 #pragma once
 #include <memory>
 #include <vector>
@@ -31,6 +33,7 @@ namespace noloco {
 class DiLoCo final : public SlowWeightsMethod {
  public:
   DiLoCo(const OuterConfig& config, uint64_t seed, Transport& transport, FlatParams& params);
+  ~DiLoCo() override { end_exchanges(); }
   void save(TensorMap& out) const override;
   void load(const TensorMap& in) override;
 
@@ -56,6 +59,9 @@ class DiLoCo final : public SlowWeightsMethod {
   // With residual=weights, `kept` receives decay·(what this replica's message left out).
   torch::Tensor gathered_mean(int64_t exchange_id, Channels& channels, const torch::Tensor& delta,
                               torch::Tensor* kept);
+  // pace=speed: every replica's PaceReport, gathered into sync.partners_pace;
+  // returns this replica's Δ factor N·w/Σw (w: its steps).
+  double share_paces(OuterSync& sync);
   // Drives stochastic rounding: distinct for every exchange and replica.
   uint64_t exchange_seed(int64_t exchange_id) const;
 

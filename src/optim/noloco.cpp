@@ -12,14 +12,40 @@ namespace noloco {
 namespace {
 
 // The mean of this replica's own values and the others' decoded ones, summed
-// in rank order from zero.
-torch::Tensor rank_ordered_mean(int me, const torch::Tensor& own, const std::map<int, torch::Tensor>& others) {
+// in rank order from zero; with `weights` (by rank, pace=speed) each value
+// weighed by its replica's steps: Σ w_r·x_r / Σ w_r.
+torch::Tensor rank_ordered_mean(int me, const torch::Tensor& own, const std::map<int, torch::Tensor>& others,
+                                const std::map<int, int64_t>* weights = nullptr) {
   std::vector<int> ranks{me};
   for (const auto& [r, t] : others) ranks.push_back(r);
   std::sort(ranks.begin(), ranks.end());
   auto sum = torch::zeros(own.sizes(), torch::kFloat32);
-  for (int r : ranks) sum.add_(r == me ? own : others.at(r));
-  return sum.div_(double(ranks.size()));
+  double total = 0;
+  for (int r : ranks) {
+    const double w = weights ? double(weights->at(r)) : 1.0;
+    sum.add_(r == me ? own : others.at(r), w);
+    total += w;
+  }
+  return sum.div_(total);
+}
+
+// pace=speed: each payload ends in its sender's PaceReport; read and cut off.
+// A payload too short for one is left whole for the decoder to refuse.
+std::map<int, PaceReport> take_pace_reports(std::map<int, torch::Tensor>& arrived) {
+  std::map<int, PaceReport> reports;
+  for (auto it = arrived.begin(); it != arrived.end();) {
+    const int64_t n = it->second.numel() - PaceReport::kBytes;
+    try {
+      if (n < 0) throw std::runtime_error("its message is shorter than a pace report");
+      reports[it->first] = PaceReport::from_bytes(it->second.data_ptr<uint8_t>() + n, PaceReport::kBytes);
+      it->second = it->second.narrow(0, 0, n);
+      ++it;
+    } catch (const std::runtime_error& e) {
+      spdlog::error("rejected the outer-step message of replica {}: {}", it->first, e.what());
+      it = arrived.erase(it);
+    }
+  }
+  return reports;
 }
 
 // A partner's increment (θ − φ, how far its weights are from this replica's
@@ -39,7 +65,7 @@ constexpr size_t kIncrementHistory = 4;
 }  // namespace
 
 NoLoCo::NoLoCo(const OuterConfig& config, uint64_t seed, ReplicaPeers links, FlatParams& params)
-    : SlowWeightsMethod(config, params),
+    : SlowWeightsMethod(config, params, links.transport->rank()),
       seed_(seed),
       transport_(*links.transport),
       membership_(links.membership),
@@ -220,7 +246,11 @@ OuterTerms NoLoCo::group_means(int64_t id, const Fragment& fragment, const torch
       farthest = std::max(farthest, separations[p.rank]);
     }
   torch::Tensor leftover;
-  const auto payload = message.encode(own, with_phi, farthest, seed, &leftover);
+  auto payload = message.encode(own, with_phi, farthest, seed, &leftover);
+  if (sync.pace) {
+    const auto report = sync.pace->to_bytes();
+    payload = torch::cat({payload, torch::tensor(std::vector<int64_t>(report.begin(), report.end())).to(torch::kUInt8)});
+  }
   // residual=weights: this replica's Δ counts as its message carries it, as
   // its partners' do (and is judged against theirs so), and what the message
   // left out stays in its weights.
@@ -229,8 +259,15 @@ OuterTerms NoLoCo::group_means(int64_t id, const Fragment& fragment, const torch
     own_first = own.first - leftover;
     kept = (leftover * config_.error_feedback_decay).to(theta.device());
   }
-  const auto arrived = send(id, group, payload, message.format_id(with_phi), sync);
+  auto arrived = send(id, group, payload, message.format_id(with_phi), sync);
+  if (sync.pace) sync.partners_pace = take_pace_reports(arrived);
   const auto decoded = decode(message, arrived, with_phi, {own_first, own.phi}, group, separations, sync);
+  std::map<int, int64_t> steps;  // pace=speed: the increments' weights
+  if (sync.pace) {
+    steps[transport_.rank()] = sync.pace->steps;
+    for (const auto& [r, parts] : decoded) steps[r] = sync.partners_pace.at(r).steps;
+  }
+  const auto* weights = sync.pace ? &steps : nullptr;
 
   // The means over this replica's values (exact, or as sent under residual=weights) and what it
   // decoded, in rank order.
@@ -239,7 +276,7 @@ OuterTerms NoLoCo::group_means(int64_t id, const Fragment& fragment, const torch
     firsts[r] = parts.first;
     if (with_phi) phis[r] = parts.phi;
   }
-  const auto mean_first = rank_ordered_mean(transport_.rank(), own_first, firsts).to(theta.device());
+  const auto mean_first = rank_ordered_mean(transport_.rank(), own_first, firsts, weights).to(theta.device());
   if (theta_message) return {mean_first - phi, {}, 0, {}};
   if (!with_phi) return {mean_first, {}, 0, kept};
   return {mean_first, rank_ordered_mean(transport_.rank(), own.phi, phis).to(theta.device()), config_.gamma, kept};

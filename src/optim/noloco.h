@@ -26,6 +26,7 @@ namespace noloco {
 class NoLoCo final : public SlowWeightsMethod {
  public:
   NoLoCo(const OuterConfig& config, uint64_t seed, ReplicaPeers links, FlatParams& params);
+  ~NoLoCo() override { end_exchanges(); }
   void save(TensorMap& out) const override;
   void load(const TensorMap& in) override;
 

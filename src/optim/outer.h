@@ -14,6 +14,7 @@
 #include "config/train_config.h"
 #include "optim/flat_params.h"
 #include "optim/inner.h"
+#include "optim/pace.h"
 
 namespace noloco {
 
@@ -39,6 +40,10 @@ struct OuterSync {
   bool diverged = false;
   // The run's store did not answer: no group could meet, so this replica went alone.
   bool store_unreachable = false;
+  // pace=speed: what this replica's message said of its pace (its steps: its
+  // increment's weight), and what its partners' said, by rank.
+  std::optional<PaceReport> pace;
+  std::map<int, PaceReport> partners_pace;
 };
 
 class OuterOptimizer {
@@ -54,6 +59,8 @@ class OuterOptimizer {
   // State that must survive a restart (slow weights, momentum, residuals).
   virtual void save(TensorMap&) const {}
   virtual void load(const TensorMap&) {}
+  // pace=speed: which inner steps this replica takes (optim/pace.h); null: every one.
+  virtual Pace* pace() { return nullptr; }
 };
 
 // Where a method's traffic goes: the transport among the replicas of this

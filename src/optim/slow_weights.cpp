@@ -111,11 +111,12 @@ void ExchangeThread::post(std::function<void()> job) {
   state_->wake.notify_one();
 }
 
-SlowWeightsMethod::SlowWeightsMethod(const OuterConfig& config, FlatParams& params)
+SlowWeightsMethod::SlowWeightsMethod(const OuterConfig& config, FlatParams& params, int rank)
     : config_(config),
       fragments_(split_fragments(params.numel(), config.fragments)),
       phi_(params.values().detach().clone()),
-      momentum_(torch::zeros_like(phi_)) {
+      momentum_(torch::zeros_like(phi_)),
+      pace_(config.pace == PaceMode::speed ? std::make_unique<Pace>(config.interval, rank) : nullptr) {
   if (config.fragments > config.interval)
     throw std::invalid_argument(fmt::format("fragments ({}) must not exceed outer_interval ({})", config.fragments,
                                             config.interval));
@@ -125,7 +126,7 @@ SlowWeightsMethod::SlowWeightsMethod(const OuterConfig& config, FlatParams& para
   thread_ = std::make_unique<ExchangeThread>();
 }
 
-SlowWeightsMethod::~SlowWeightsMethod() { thread_.reset(); }  // lets an exchange in flight end first
+SlowWeightsMethod::~SlowWeightsMethod() { end_exchanges(); }
 
 std::string SlowWeightsMethod::fragment_state(const std::string& name, const Fragment& f) const {
   return fragments_.size() == 1 ? name : fmt::format("{}.f{}", name, f.index);
@@ -152,13 +153,15 @@ std::optional<OuterSync> SlowWeightsMethod::after_inner_step(int64_t step, FlatP
   torch::NoGradGuard no_grad;
   auto theta = params.values().narrow(0, f.offset, f.numel);
   auto phi = phi_.narrow(0, f.offset, f.numel), momentum = momentum_.narrow(0, f.offset, f.numel);
+  OuterSync sync;
+  sync.outer_step = outer_step;
+  sync.fragment = f.index;
+  if (pace_) sync.pace = pace_->report(outer_step);
   if (!config_.overlap) {
-    OuterSync sync;
-    sync.outer_step = outer_step;
-    sync.fragment = f.index;
     const auto terms = group_means(id, f, theta, phi, sync);
     outer_momentum_step(phi, momentum, theta, terms, config_.momentum, config_.lr);
     keep_constraint(params);
+    hear_partners(sync);
     return sync;
   }
   // Overlap: apply the exchange of the last period, then start this period's.
@@ -167,13 +170,13 @@ std::optional<OuterSync> SlowWeightsMethod::after_inner_step(int64_t step, FlatP
   if (pending.active()) {
     const auto r = wait(pending);
     apply_late(f, r.terms, theta);
+    hear_partners(r.sync);
     applied = r.sync;
     pending = Pending{};
   }
-  pending.future = thread_->submit([this, id, f, outer_step, theta = theta.clone(), phi = phi.clone()] {
+  pending.future = thread_->submit([this, id, f, sync, theta = theta.clone(), phi = phi.clone()] {
     Result r;
-    r.sync.outer_step = outer_step;
-    r.sync.fragment = f.index;
+    r.sync = sync;
     r.terms = group_means(id, f, theta, phi, r.sync);
     return r;
   });
@@ -184,6 +187,11 @@ std::optional<OuterSync> SlowWeightsMethod::after_inner_step(int64_t step, FlatP
   keep_constraint(params);
   start_.narrow(0, f.offset, f.numel).copy_(theta);
   return applied;
+}
+
+void SlowWeightsMethod::hear_partners(const OuterSync& sync) {
+  if (!pace_) return;
+  for (const auto& [rank, report] : sync.partners_pace) pace_->hear(rank, report, sync.outer_step);
 }
 
 void SlowWeightsMethod::keep_constraint(FlatParams& params) {
@@ -203,6 +211,7 @@ std::vector<OuterSync> SlowWeightsMethod::finish(FlatParams& params) {
     const auto r = wait(pending);
     apply_late(f, r.terms, theta);
     keep_constraint(params);
+    hear_partners(r.sync);
     start_.narrow(0, f.offset, f.numel).copy_(theta);
     applied.push_back(r.sync);
     pending = Pending{};
@@ -213,6 +222,7 @@ std::vector<OuterSync> SlowWeightsMethod::finish(FlatParams& params) {
 void SlowWeightsMethod::save(TensorMap& out) const {
   out["outer.phi"] = phi_;
   out["outer.momentum"] = momentum_;
+  if (pace_) pace_->save(out);
   if (!config_.overlap) return;
   // An exchange in flight is finished and its result kept, so that a resumed
   // or rejoined replica applies it at the next boundary as this one will.
@@ -239,6 +249,7 @@ void SlowWeightsMethod::load(const TensorMap& in) {
   };
   phi_.copy_(take("outer.phi", phi_.numel()));  // copy_ converts the dtype
   momentum_.copy_(take("outer.momentum", phi_.numel()));
+  if (pace_) pace_->load(in);
   if (!config_.overlap) return;
   start_.copy_(take("outer.start", phi_.numel()));
   for (const auto& f : fragments_) {

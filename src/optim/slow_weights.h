@@ -15,6 +15,8 @@
 //    state hand-overs wait for the exchange in flight and keep its result.
 //    With eager=true each replica meanwhile trains from its own outer step
 //    θ_start = φ + α·m + β·Δ_own, which the late result replaces.
+//  - pace=speed (optim/pace.h): each replica trains only as many of a
+//    period's inner steps as its speed allows; its message carries how many.
 #pragma once
 #include <functional>
 #include <future>
@@ -72,21 +74,27 @@ class ExchangeThread {
 
 class SlowWeightsMethod : public OuterOptimizer {
  public:
-  SlowWeightsMethod(const OuterConfig& config, FlatParams& params);
+  SlowWeightsMethod(const OuterConfig& config, FlatParams& params, int rank);
   ~SlowWeightsMethod() override;
   std::optional<OuterSync> after_inner_step(int64_t step, FlatParams& params) final;
   std::vector<OuterSync> finish(FlatParams& params) final;
   void save(TensorMap& out) const override;
   void load(const TensorMap& in) override;
+  Pace* pace() override { return pace_.get(); }
 
  protected:
   // The means over this replica's group (mean Δ, and mean φ for a pull) from
   // the exchange of `fragment` (all the weights without fragments) named
   // `exchange_id` (the same on every replica), over this replica's θ and φ of
   // that fragment. With overlap it runs on the exchange thread, on copies.
+  // With pace=speed, sync.pace is this replica's report, which the means
+  // weigh by and its message carries; the partners' go to sync.partners_pace.
   virtual OuterTerms group_means(int64_t exchange_id, const Fragment& fragment, const torch::Tensor& theta,
                                  const torch::Tensor& phi, OuterSync& sync) = 0;
   const std::vector<Fragment>& fragments() const { return fragments_; }
+  // Lets an exchange in flight end. A method's destructor calls it first:
+  // the exchange uses the method's own members, gone once its body has run.
+  void end_exchanges() { thread_.reset(); }
   // State names of per-fragment state: `name`, or `name`.f<k> with fragments.
   std::string fragment_state(const std::string& name, const Fragment& f) const;
   const OuterConfig& config_;
@@ -111,12 +119,15 @@ class SlowWeightsMethod : public OuterOptimizer {
   // momentum are projected back onto it whole, since a fragment may cut a
   // constrained matrix.
   void keep_constraint(FlatParams& params);
+  // pace=speed: the partners' reports of an outer step now applied.
+  void hear_partners(const OuterSync& sync);
 
   std::vector<Fragment> fragments_;
   torch::Tensor phi_, momentum_;
   torch::Tensor start_;  // overlap: θ at the start of each fragment's current period
   mutable std::vector<Pending> pending_;
   std::unique_ptr<ExchangeThread> thread_;
+  std::unique_ptr<Pace> pace_;
 };
 
 }  // namespace noloco

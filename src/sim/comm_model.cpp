@@ -95,8 +95,8 @@ IdleResult simulate_idle(int n, int inner_steps, int outer_steps, const LogNorma
   return {diloco, *std::max_element(noloco.begin(), noloco.end())};
 }
 
-int paced_inner_steps(int inner_steps, double speed, double typical) {
-  return std::max(1, int(std::lround(double(inner_steps) * speed / typical)));
+int paced_inner_steps(int inner_steps, double speed, double fastest) {
+  return std::clamp(int(std::lround(double(inner_steps) * speed / fastest)), 1, inner_steps);
 }
 
 std::vector<double> replica_speeds(const std::string& spec, int n, uint64_t seed) {
@@ -123,12 +123,6 @@ std::vector<double> replica_speeds(const std::string& spec, int n, uint64_t seed
 }
 
 namespace {
-
-double median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  const size_t m = v.size() / 2;
-  return v.size() % 2 ? v[m] : (v[m - 1] + v[m]) / 2;
-}
 
 // Inner steps done per second over the ideal (each replica at its own pace):
 // `steps_of(i)` inner steps per outer step for replica i, `barrier`
@@ -173,11 +167,11 @@ double schedule_throughput(const std::vector<double>& speeds, const std::vector<
 
 UnequalResult simulate_unequal(const std::vector<double>& speeds, int diloco_steps, int noloco_steps, int outer_steps,
                                const LogNormal& step, double late_bound, uint64_t seed) {
-  const double typical = median(speeds);
+  const double fastest = *std::max_element(speeds.begin(), speeds.end());
   const auto same = [&](int h) { return std::vector<int>(speeds.size(), h); };
   const auto paced = [&](int h) {
     std::vector<int> out;
-    for (double s : speeds) out.push_back(paced_inner_steps(h, s, typical));
+    for (double s : speeds) out.push_back(paced_inner_steps(h, s, fastest));
     return out;
   };
   const double unbounded = std::numeric_limits<double>::infinity();

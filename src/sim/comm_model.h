@@ -54,8 +54,9 @@ IdleResult simulate_idle(int n, int inner_steps, int outer_steps, const LogNorma
 // Today's schedule gives every replica H inner steps per outer step, so a
 // pair (DiLoCo: every replica) waits for its slower member, and a replica
 // that is always slow sets its partners' pace, and theirs their partners'.
-// The paced schedule gives replica i paced_inner_steps(H, speeds[i],
-// median) steps, so that all reach each outer step together whatever their
+// The paced schedule (pace=speed, optim/pace.h) gives replica i
+// paced_inner_steps(H, speeds[i], fastest) steps, so that all reach each
+// outer step together whatever their
 // speed; a NoLoCo replica waits for its partner at most `late_bound`
 // seconds, past which both go on alone. Work is counted in inner steps; the
 // ideal is every replica at its own pace, never waiting.
@@ -67,8 +68,8 @@ struct UnequalResult {
 };
 UnequalResult simulate_unequal(const std::vector<double>& speeds, int diloco_steps, int noloco_steps, int outer_steps,
                                const LogNormal& step, double late_bound, uint64_t seed);
-// A replica's inner steps per outer step when paced: H·speed/typical, at least one.
-int paced_inner_steps(int inner_steps, double speed, double typical);
+// A replica's inner steps per outer step when paced: round(H·speed/fastest), in [1, H].
+int paced_inner_steps(int inner_steps, double speed, double fastest);
 // The speeds of `n` replicas from `spec`: "1,1,1,0.33" (repeated over the
 // replicas) or "lognormal:S" (mean 1, the log's standard deviation S).
 // Throws std::invalid_argument naming a malformed spec.

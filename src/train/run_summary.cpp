@@ -78,6 +78,8 @@ constexpr Figure kFigures[] = {
      "dropped_fraction_worst_outer_step", &RunSummary::dropped_fraction_worst_outer_step, Combine::max},
     {"outer_blocked_seconds", &WorkerSummary::outer_blocked_seconds, "outer_blocked_seconds_per_replica",
      &RunSummary::outer_blocked_seconds_per_replica, Combine::mean},
+    {"trained_steps_per_second", &WorkerSummary::trained_steps_per_second, nullptr, nullptr, Combine::mean},
+    {"trained_steps_per_outer_step", &WorkerSummary::trained_steps_per_outer_step, nullptr, nullptr, Combine::mean},
     {"peak_rss_mib", &WorkerSummary::peak_rss_mib, "worker_peak_rss_mib", &RunSummary::worker_peak_rss_mib,
      Combine::max},
     {"startup_seconds", &WorkerSummary::startup_seconds, "worker_startup_seconds", &RunSummary::worker_startup_seconds,
@@ -284,6 +286,9 @@ nlohmann::json RunSummary::to_json() const {
                       {"joined", joined_j},
                       {"final_val_loss", final_val_loss ? nlohmann::json(*final_val_loss) : nlohmann::json()},
                       {"final_val_loss_replicas", final_val_loss_replicas},
+                      {"steps_per_second_replicas", steps_per_second_replicas},
+                      {"steps_per_outer_step_replicas", steps_per_outer_step_replicas},
+                      {"outer_blocked_seconds_replicas", outer_blocked_seconds_replicas},
                       {"bytes_sent", bytes_sent},
                       {"bytes_received", bytes_received},
                       {"bytes_relayed", bytes_relayed},
@@ -346,6 +351,9 @@ RunSummary RunSummary::from_json(const nlohmann::json& j) {
   s.replicas_refused_as_diverged = j.value("replicas_refused_as_diverged", std::vector<int>{});
   s.replicas_renewed = j.value("replicas_renewed", std::vector<int>{});
   s.final_val_loss_replicas = j.value("final_val_loss_replicas", std::vector<double>{});
+  s.steps_per_second_replicas = j.value("steps_per_second_replicas", std::vector<double>{});
+  s.steps_per_outer_step_replicas = j.value("steps_per_outer_step_replicas", std::vector<double>{});
+  s.outer_blocked_seconds_replicas = j.value("outer_blocked_seconds_replicas", std::vector<double>{});
   s.bytes_sent = j.value("bytes_sent", uint64_t(0));
   s.bytes_received = j.value("bytes_received", uint64_t(0));
   s.bytes_relayed = j.value("bytes_relayed", uint64_t(0));
@@ -445,6 +453,9 @@ struct RunTally {
     if (!first) first = w;
     if (w.final_val_loss) {  // the workers that compute the loss: one per replica
       run.final_val_loss_replicas.push_back(*w.final_val_loss);
+      if (w.trained_steps_per_second) run.steps_per_second_replicas.push_back(*w.trained_steps_per_second);
+      if (w.trained_steps_per_outer_step) run.steps_per_outer_step_replicas.push_back(*w.trained_steps_per_outer_step);
+      if (w.outer_blocked_seconds) run.outer_blocked_seconds_replicas.push_back(*w.outer_blocked_seconds);
       loss_sum += *w.final_val_loss;
       run.tokens += w.tokens;
     }

@@ -53,6 +53,9 @@ struct WorkerSummary {
   std::optional<double> dropped_fraction, dropped_fraction_worst_outer_step;
   // Seconds the outer steps held up training (with overlap: waits for an exchange still in flight).
   std::optional<double> outer_blocked_seconds;
+  // Its own pace: inner steps trained a second of its training loop, and
+  // between two outer steps (pace=speed: fewer than outer_interval on a slower machine).
+  std::optional<double> trained_steps_per_second, trained_steps_per_outer_step;
   // Health of an exchanging method: the share of its outer steps with at
   // least one partner's message, the longest run of outer steps without; and
   // the state hand-overs it served to restarted or joining replicas, and
@@ -133,6 +136,8 @@ struct RunSummary {
   // none finished, of the last evaluations of the replicas that left.
   std::optional<double> final_val_loss, final_val_loss_mean_model, weight_std;
   std::vector<double> final_val_loss_replicas;
+  // Each finished replica's pace and wait, in the order of final_val_loss_replicas.
+  std::vector<double> steps_per_second_replicas, steps_per_outer_step_replicas, outer_blocked_seconds_replicas;
   std::optional<double> bits_per_param_per_outer_step;  // mean over the workers that finished
   std::optional<double> bits_per_param_per_inner_step;  // likewise
   std::optional<double> steps_per_outer_step;

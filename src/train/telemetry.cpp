@@ -113,6 +113,9 @@ void Telemetry::print(const nlohmann::json& r) const {
     if (r.contains("activation_bytes_sent"))
       line += fmt::format(" | activations {}B | pipeline idle {:.1f}s", format_count(number("activation_bytes_sent")),
                           number("pipeline_idle_seconds"));
+    if (r.contains("period_steps"))
+      line += fmt::format(" | pace {}/{} steps ({:.3f}s a step, fastest {:.3f}s)", r["period_steps"].get<int64_t>(),
+                          r["outer_interval"].get<int64_t>(), number("step_seconds"), number("reference_step_seconds"));
     if (!last_exchange_.empty()) line += " | last outer step " + last_exchange_;
   } else if (split == "val") {
     const double loss = number("loss");

@@ -161,6 +161,10 @@ struct OuterTally {
   int64_t handovers_served = 0, handovers_abandoned = 0;
   uint64_t bytes = 0;
   int64_t inner_steps = 0;  // trained by this process (after a resume: since it)
+  // The slots it trained in (all of them but with pace=speed), and the
+  // seconds from its first step to its last.
+  int64_t trained_steps = 0;
+  double loop_seconds = 0;
   int64_t values_received = 0, values_dropped = 0;  // of peers' messages
   double worst_dropped = 0;                         // the largest share of one outer step
   double blocked_seconds = 0;
@@ -241,6 +245,9 @@ WorkerSummary summarize_worker(const TrainConfig& c, const Worker& w, const Mode
   }
   if (outer.syncs > 0 && outer.inner_steps > 0)
     summary.bits_per_param_per_inner_step = bits_per_param_per_step(outer.bytes, stage_params, outer.inner_steps);
+  if (outer.loop_seconds > 0) summary.trained_steps_per_second = double(outer.trained_steps) / outer.loop_seconds;
+  if (outer.syncs > 0 && c.outer.method != Method::ddp)
+    summary.trained_steps_per_outer_step = double(outer.trained_steps) / double(outer.syncs);
   if (outer.values_received > 0) {
     summary.dropped_fraction = dropped_share(outer.values_dropped, outer.values_received);
     summary.dropped_fraction_worst_outer_step = outer.worst_dropped;
@@ -361,6 +368,7 @@ torch::Device compute_device(const TrainConfig& c, const Worker& w) {
 struct InnerStepResult {
   double lr = 0, loss = std::nan(""), grad_norm = 0;
   int64_t micro_batches = 0;
+  bool skipped = false;  // pace=speed: a slot this replica leaves to faster ones
 };
 
 // One worker's training: everything train() builds once, and the parts of
@@ -450,6 +458,8 @@ class WorkerRun {
   std::string store_gone_;                            // why it ended without the run's store
   bool outage_told_ = false;                          // a store outage under way, said
   std::optional<Throughput> throughput_;
+  Pace* const pace_;        // pace=speed: which slots this replica trains in; null: all
+  const double slowdown_;  // its steps stretched this many times (run.slowdown)
   double startup_seconds_ = 0;  // process start to the first step: data, model, restore
   StoreTraffic store_at_start_;  // what training asks of the store is counted from its first step
 };
@@ -486,7 +496,9 @@ WorkerRun::WorkerRun(const TrainConfig& c, const Worker& w)
                  [status = w.status()](const nlohmann::json& r) {
                    if (status) status->record(r);
                  }),
-      tokens_per_step_(c.inner.batch * c.inner.grad_accum * arch_.context * w.replica_workers) {
+      tokens_per_step_(c.inner.batch * c.inner.grad_accum * arch_.context * w.replica_workers),
+      pace_(outer_->pace()),
+      slowdown_(slowdown_of(c.run.slowdown, w.replica)) {
   if (lead_) announce(c, arch_, corpus_, device_, w, out_);
   if (!speaks_) checkpoints_.follow();
   set_state(life_.takes_live_state() ? record::WorkerState::joining : record::WorkerState::starting);
@@ -506,6 +518,12 @@ WorkerRun::WorkerRun(const TrainConfig& c, const Worker& w)
 InnerStepResult WorkerRun::inner_step(int64_t step) {
   InnerStepResult s;
   s.lr = learning_rate(c_.inner, step);
+  if (pace_ && !pace_->trains_at(step)) {
+    s.skipped = true;
+    throughput_->step(0, activation_bytes_sent());
+    return s;
+  }
+  const auto start = Clock::now();
   inner_.set_lr(s.lr);
   flat_.grads().zero_();
   const StepOutcome outcome = model_->train_step(step);
@@ -523,6 +541,9 @@ InnerStepResult WorkerRun::inner_step(int64_t step) {
     flat_.project_weights(flat_.values());
   }
   if (std::isfinite(s.loss)) last_loss_ = s.loss;
+  if (slowdown_ > 1) std::this_thread::sleep_for(std::chrono::duration<double>((slowdown_ - 1) * seconds_since(start)));
+  if (pace_) pace_->step_took(seconds_since(start));
+  ++tally_.trained_steps;
   throughput_->step(s.micro_batches > 0 ? tokens_per_step_ : 0, activation_bytes_sent());
   return s;
 }
@@ -674,6 +695,12 @@ void WorkerRun::log_progress(int64_t done, bool last, const InnerStepResult& s) 
     r["bits_per_param_per_inner_step"] = bits_per_param_per_step(tally_.bytes, flat_.numel(), done - first_step_);
   }
   if (std::isfinite(loss)) r["loss"] = loss;
+  if (pace_)
+    r.update({{"period_steps", pace_->period_steps()},
+              {"outer_interval", c_.outer.interval},
+              {"step_seconds", pace_->step_seconds()},
+              {"reference_step_seconds", pace_->reference_seconds()},
+              {"trained_steps", pace_->trained_steps()}});
   throughput_->report(done, r);
   telemetry_.write(r);
 }
@@ -713,9 +740,11 @@ void WorkerRun::evaluate(int64_t done, bool last, double lr) {
 nlohmann::json WorkerRun::finish() {
   if (first_step_ == c_.inner.steps && speaks_) val_loss_ = model_->evaluate(first_step_);  // resumed at the end
   tally_.inner_steps = left_at_step_.value_or(c_.inner.steps) - first_step_;
+  tally_.loop_seconds = seconds_since(start_) - startup_seconds_;
   auto summary = summarize_worker(c_, w_, arch_, *model_, flat_.numel(), seconds_since(start_), val_loss_, last_loss_,
                                   spread_, rejoined_, tally_);
   summary.device = device_.str();  // device=cuda resolved to this worker's GPU
+  if (pace_) summary.tokens = tokens_per_step_ * pace_->trained_steps();
   summary.left_at_step = left_at_step_;
   summary.store_gone = store_gone_;
   summary.store_outages = store_outage().count();
