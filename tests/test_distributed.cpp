@@ -496,6 +496,32 @@ TEST_F(Distributed, APartnerGivesUpAFrozenWorkerByItsHeartbeat) {
 // once. Replica 1 stalls 6 s (three times peer_timeout) after step 30: the
 // exchanges of steps 40 and 50 lose it; it catches up alone through the ones
 // it was left out of, and from then on no exchange fails.
+// pace=speed: a replica whose steps take four times as long (slowdown=3:4)
+// trains in about a quarter of the slots once it has heard of the others'
+// pace, its partners weigh its increments by those steps, and its pace
+// survives a resume (a checkpoint holds what it trained).
+TEST_F(Distributed, APacedReplicaFourTimesSlowerTrainsAboutAQuarterOfTheSlotsAndSaysSo) {
+  const std::string common = "method=noloco replicas=4 outer_interval=10 decay_steps=120 pace=speed slowdown=3:4 "
+                             "checkpoint_interval=60";
+  run("paced", common + " steps=60");
+  const auto paced = run("paced", common + " steps=120 resume=true");
+  bool weighed = false;
+  for (auto& rec : metrics_records(paced, "outer")) {
+    ASSERT_TRUE(rec.contains("trained_steps")) << rec.dump();
+    const int replica = rec["replica"].get<int>(), outer_step = rec["outer_step"].get<int>();
+    if (replica == 3 && outer_step >= 3) EXPECT_LE(rec["trained_steps"].get<int>(), 5) << rec.dump();
+    if (rec.contains("partners_trained_steps") && rec["partners_trained_steps"].contains("3"))
+      weighed |= rec["partners_trained_steps"]["3"].get<int>() <= 5;
+  }
+  EXPECT_TRUE(weighed) << "a partner of replica 3 took its increment with its few steps";
+  const auto slow = read_json(paced + "/summary_r3.json"), fast = read_json(paced + "/summary_r0.json");
+  EXPECT_LT(slow["tokens"].get<double>(), 0.6 * fast["tokens"].get<double>());
+  EXPECT_LT(slow["trained_steps_per_outer_step"].get<double>(), 6.0);
+  const auto summary = read_json(paced + "/summary.json");
+  EXPECT_EQ(summary["steps_per_second_replicas"].size(), 4u);
+  EXPECT_EQ(summary["final_val_loss_replicas"].size(), 4u);
+}
+
 TEST_F(Distributed, AReplicaThatFellBehindIsWaitedForAndPairsAgain) {
   // Steps long enough (batch 64) that catching up alone, without the
   // exchanges' cost, does not by itself close the gap before the first
