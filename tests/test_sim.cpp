@@ -56,22 +56,25 @@ TEST(Simulator, BarrierCostsIdleTimeOnlyWhenStepsVary) {
 // Issue 105: one replica always three times slower. Today every replica takes
 // H inner steps per outer step, and the slow one's pace spreads to all
 // (8·H steps per 3·H seconds, against 7⅓·H the machines could do); paced,
-// it takes round(H/3) and the others H, so all meet together. Without
-// jitter the figures are exact: today 8/3/(7⅓) = 0.364 of the ideal; paced,
-// a meeting of the slow replica takes 17·3 = 51 s against the others' 50, and
-// the run does (7·50 + 17) steps every 51 s: 0.981.
+// it takes H/3 = 16⅔ on average (16, 17, 17: 48, 51, 51 s) and the others H,
+// so all meet together. Without jitter the figures are exact: today
+// 8/3/(7⅓) = 0.364 of the ideal; paced, every three periods take 152 s for
+// 7·150 + 50 steps: 1100/152/(7⅓) = 0.987.
 TEST(Simulator, APacedScheduleLetsEveryReplicaWorkAtItsOwnSpeed) {
   EXPECT_EQ(paced_inner_steps(50, 1.0, 1.0), 50);
-  EXPECT_EQ(paced_inner_steps(50, 1.0 / 3, 1.0), 17);
+  EXPECT_NEAR(paced_inner_steps(50, 1.0 / 3, 1.0), 50.0 / 3, 1e-12);
   EXPECT_EQ(paced_inner_steps(50, 2.0, 1.0), 50) << "at most H: a slot holds one step";
+  EXPECT_EQ(paced_inner_steps(50, 0.95, 1.0), 50) << "within 10% of the fastest: as fast";
   EXPECT_EQ(paced_inner_steps(50, 0.001, 1.0), 1) << "at least one step";
+  EXPECT_EQ(steps_in_period(50.0 / 3, 0) + steps_in_period(50.0 / 3, 1) + steps_in_period(50.0 / 3, 2), 50);
+  EXPECT_EQ(steps_in_period(50.0 / 3, 0), 16);
   const auto speeds = replica_speeds("1,1,1,1,1,1,1,0.3333333333333333", 8, 1);
   const LogNormal exact{0.0, 0.0};
   const auto r = simulate_unequal(speeds, 50, 50, 60, exact, 12.5, 1);
   EXPECT_NEAR(r.noloco.today, 8.0 / 3 / (7 + 1.0 / 3), 0.01);
   EXPECT_NEAR(r.diloco.today, 8.0 / 3 / (7 + 1.0 / 3), 1e-9);
-  EXPECT_NEAR(r.diloco.paced, (7 * 50.0 + 17) / 51 / (7 + 1.0 / 3), 1e-9);
-  EXPECT_NEAR(r.noloco.paced, (7 * 50.0 + 17) / 51 / (7 + 1.0 / 3), 0.01);
+  EXPECT_NEAR(r.diloco.paced, 1100.0 / 152 / (7 + 1.0 / 3), 1e-9);
+  EXPECT_NEAR(r.noloco.paced, 1100.0 / 152 / (7 + 1.0 / 3), 0.01);
   const auto equal = simulate_unequal(std::vector<double>(8, 1.0), 50, 50, 20, exact, 12.5, 1);
   EXPECT_DOUBLE_EQ(equal.noloco.today, 1.0);
   EXPECT_DOUBLE_EQ(equal.noloco.paced, 1.0);

@@ -14,10 +14,6 @@ namespace {
 // Weight of the newest step in the step-time average: it follows a machine
 // that slows down within a few tens of steps, and one slow step moves it little.
 constexpr double kStepTimeSmoothing = 0.05;
-// Step times within this share of the reference count as equal: the
-// fastest of several equal machines' noisy averages is below their typical
-// one, and would otherwise have every replica skip a slot or two a period.
-constexpr double kEqualPaceBand = 0.1;
 }  // namespace
 
 std::vector<uint8_t> PaceReport::to_bytes() const {
@@ -44,7 +40,7 @@ PaceReport PaceReport::from_bytes(const uint8_t* bytes, int64_t size) {
   return r;
 }
 
-Pace::Pace(int64_t interval, int rank) : interval_(interval), rank_(rank), period_steps_(interval) {
+Pace::Pace(int64_t interval, int rank) : interval_(interval), rank_(rank) {
   if (interval < 1) throw std::invalid_argument("a pace needs an outer interval >= 1");
 }
 
@@ -63,16 +59,16 @@ double Pace::reference_seconds() const {
   return step_seconds_ > 0 ? std::min(step_seconds_, best->second.seconds) : best->second.seconds;
 }
 
+int64_t Pace::period_steps() const { return std::llround(share_ * double(interval_)); }
+
 bool Pace::trains_at(int64_t step) {
-  const int64_t slot = step % interval_;
-  if (slot == 0) {
-    const double reference = reference_seconds();
-    period_steps_ = interval_;
-    if (step_seconds_ > reference * (1 + kEqualPaceBand) && reference > 0)
-      period_steps_ = std::clamp<int64_t>(std::llround(double(interval_) * reference / step_seconds_), 1, interval_);
+  if (step % interval_ == 0) {
+    share_ = pace_share(step_seconds_, reference_seconds(), interval_);
   }
-  // Slot j trains when the even spread of period_steps_ over H slots crosses an integer there.
-  const bool trains = (slot + 1) * period_steps_ / interval_ > slot * period_steps_ / interval_;
+  // The epsilon: three thirds summed in doubles may fall a hair short of one.
+  credit_ += share_;
+  const bool trains = credit_ >= 1 - 1e-9;
+  if (trains) credit_ = std::max(0.0, credit_ - 1);
   window_.push_back(trains);
   if (int64_t(window_.size()) > interval_) window_.pop_front();
   return trains;
@@ -114,7 +110,7 @@ void Pace::save(TensorMap& out) const {
   std::vector<double> heard;
   for (const auto& [rank, h] : heard_) heard.insert(heard.end(), {double(rank), h.seconds, double(h.at)});
   out["pace.state"] = torch::tensor(
-      {double(period_steps_), step_seconds_, double(latest_outer_step_), double(trained_steps_)}, torch::kFloat64);
+      {share_, credit_, step_seconds_, double(latest_outer_step_), double(trained_steps_)}, torch::kFloat64);
   out["pace.heard"] = torch::tensor(heard, torch::kFloat64).reshape({int64_t(heard_.size()), 3});
   std::vector<int64_t> window(window_.begin(), window_.end());
   out["pace.window"] = torch::tensor(window, torch::kInt64);
@@ -124,11 +120,12 @@ void Pace::load(const TensorMap& in) {
   const auto state = in.find("pace.state");
   if (state == in.end()) return;  // saved with pace=steps: the first period starts at full pace
   const auto s = state->second.to(torch::kFloat64).reshape({-1});
-  TORCH_CHECK(s.numel() == 4, "pace.state has ", s.numel(), " values, expected 4");
-  period_steps_ = std::clamp<int64_t>(int64_t(s[0].item<double>()), 1, interval_);
-  step_seconds_ = s[1].item<double>();
-  latest_outer_step_ = int64_t(s[2].item<double>());
-  trained_steps_ = int64_t(s[3].item<double>());
+  TORCH_CHECK(s.numel() == 5, "pace.state has ", s.numel(), " values, expected 5");
+  share_ = std::clamp(s[0].item<double>(), 1.0 / double(interval_), 1.0);
+  credit_ = std::clamp(s[1].item<double>(), 0.0, 1.0);
+  step_seconds_ = s[2].item<double>();
+  latest_outer_step_ = int64_t(s[3].item<double>());
+  trained_steps_ = int64_t(s[4].item<double>());
   heard_.clear();
   if (const auto h = in.find("pace.heard"); h != in.end() && h->second.numel() > 0) {
     const auto rows = h->second.to(torch::kFloat64).reshape({-1, 3});

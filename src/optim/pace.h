@@ -20,6 +20,7 @@
 #include <map>
 #include <vector>
 
+#include "optim/pace_share.h"
 #include "util/tensor_map.h"
 
 namespace noloco {
@@ -43,9 +44,11 @@ class Pace {
   Pace(int64_t interval, int rank);
 
   // Whether this replica trains in slot `step` (0-based); asked once per
-  // slot, in order. At the start of each period it sets how many of the
-  // period's slots it trains: round(H · reference / own step time), in
-  // [1, H]; H while its step time is within 10% of the reference.
+  // slot, in order. At the start of each period it sets the share of slots
+  // it trains: reference / own step time, in [1/H, 1]; 1 while its step time
+  // is within 10% of the reference. A credit carried from slot to slot
+  // spreads them evenly and keeps the fraction over periods (a share of 0.3
+  // of 10 slots trains 3, 3, 3, then 4).
   bool trains_at(int64_t step);
   // A trained step took `seconds` (compute only, outer steps not counted).
   void step_took(double seconds);
@@ -54,7 +57,8 @@ class Pace {
   // What partner `rank` reported at outer step `outer_step`.
   void hear(int rank, const PaceReport& report, int64_t outer_step);
 
-  int64_t period_steps() const { return period_steps_; }
+  // The steps this period takes at its share (rounded).
+  int64_t period_steps() const;
   // Inner steps trained since the run began (a resume included).
   int64_t trained_steps() const { return trained_steps_; }
   double step_seconds() const { return step_seconds_; }
@@ -75,7 +79,8 @@ class Pace {
 
   int64_t interval_;
   int rank_;
-  int64_t period_steps_;
+  double share_ = 1;   // of the slots, this period
+  double credit_ = 0;  // steps owed, carried from slot to slot
   double step_seconds_ = 0;
   int64_t trained_steps_ = 0;
   int64_t latest_outer_step_ = 0;

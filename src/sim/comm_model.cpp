@@ -9,6 +9,7 @@
 #include <stdexcept>
 
 #include "optim/grouping.h"
+#include "optim/pace_share.h"
 #include "util/parse_number.h"
 
 namespace noloco::sim {
@@ -95,8 +96,13 @@ IdleResult simulate_idle(int n, int inner_steps, int outer_steps, const LogNorma
   return {diloco, *std::max_element(noloco.begin(), noloco.end())};
 }
 
-int paced_inner_steps(int inner_steps, double speed, double fastest) {
-  return std::clamp(int(std::lround(double(inner_steps) * speed / fastest)), 1, inner_steps);
+double paced_inner_steps(int inner_steps, double speed, double fastest) {
+  return double(inner_steps) * pace_share(1 / speed, 1 / fastest, inner_steps);
+}
+
+int64_t steps_in_period(double per_period, int64_t outer_step) {
+  const auto upto = [&](int64_t o) { return int64_t(std::floor(double(o) * per_period + 1e-9)); };
+  return upto(outer_step + 1) - upto(outer_step);
 }
 
 std::vector<double> replica_speeds(const std::string& spec, int n, uint64_t seed) {
@@ -125,9 +131,9 @@ std::vector<double> replica_speeds(const std::string& spec, int n, uint64_t seed
 namespace {
 
 // Inner steps done per second over the ideal (each replica at its own pace):
-// `steps_of(i)` inner steps per outer step for replica i, `barrier`
+// `steps_of(i)` inner steps per outer step for replica i (steps_in_period), `barrier`
 // whether everyone meets (DiLoCo) or pairs do (NoLoCo, waiting at most `late_bound`).
-double schedule_throughput(const std::vector<double>& speeds, const std::vector<int>& steps_of, int outer_steps,
+double schedule_throughput(const std::vector<double>& speeds, const std::vector<double>& steps_of, int outer_steps,
                            const LogNormal& step, bool barrier, double late_bound, uint64_t seed) {
   const int n = int(speeds.size());
   std::mt19937_64 rng(seed);
@@ -140,9 +146,10 @@ double schedule_throughput(const std::vector<double>& speeds, const std::vector<
   for (int o = 0; o < outer_steps; ++o) {
     for (int i = 0; i < n; ++i) {
       double work = 0;
-      for (int h = 0; h < steps_of[size_t(i)]; ++h) work += d(rng);
+      const int64_t taken = steps_in_period(steps_of[size_t(i)], o);
+      for (int64_t h = 0; h < taken; ++h) work += d(rng);
       arrival[size_t(i)] = clock[size_t(i)] + work / speeds[size_t(i)];
-      steps += steps_of[size_t(i)];
+      steps += double(taken);
     }
     if (barrier) {
       const double all = *std::max_element(arrival.begin(), arrival.end());
@@ -168,9 +175,9 @@ double schedule_throughput(const std::vector<double>& speeds, const std::vector<
 UnequalResult simulate_unequal(const std::vector<double>& speeds, int diloco_steps, int noloco_steps, int outer_steps,
                                const LogNormal& step, double late_bound, uint64_t seed) {
   const double fastest = *std::max_element(speeds.begin(), speeds.end());
-  const auto same = [&](int h) { return std::vector<int>(speeds.size(), h); };
+  const auto same = [&](int h) { return std::vector<double>(speeds.size(), double(h)); };
   const auto paced = [&](int h) {
-    std::vector<int> out;
+    std::vector<double> out;
     for (double s : speeds) out.push_back(paced_inner_steps(h, s, fastest));
     return out;
   };

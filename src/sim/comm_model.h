@@ -68,8 +68,12 @@ struct UnequalResult {
 };
 UnequalResult simulate_unequal(const std::vector<double>& speeds, int diloco_steps, int noloco_steps, int outer_steps,
                                const LogNormal& step, double late_bound, uint64_t seed);
-// A replica's inner steps per outer step when paced: round(H·speed/fastest), in [1, H].
-int paced_inner_steps(int inner_steps, double speed, double fastest);
+// A replica's inner steps per outer step when paced, on average: H·speed/fastest
+// in [1, H], H within 10% of the fastest (optim/pace_share.h).
+double paced_inner_steps(int inner_steps, double speed, double fastest);
+// The whole steps of period `outer_step` at `per_period` steps on average:
+// the fraction carried, as optim/pace.h does (16.7 a period: 16, 17, 17, ...).
+int64_t steps_in_period(double per_period, int64_t outer_step);
 // The speeds of `n` replicas from `spec`: "1,1,1,0.33" (repeated over the
 // replicas) or "lognormal:S" (mean 1, the log's standard deviation S).
 // Throws std::invalid_argument naming a malformed spec.
