@@ -77,7 +77,7 @@ TEST(CappedLinks, APairExchangeTakesAtLeastThePayloadOverTheRate) {
   std::vector<std::string> cells;
   std::stringstream s(row);
   for (std::string cell; std::getline(s, cell, ',');) cells.push_back(cell);
-  ASSERT_EQ(cells.size(), 15u) << csv;
+  ASSERT_EQ(cells.size(), 17u) << csv;
   EXPECT_EQ(cells[12], "10mbit");
   const double sync = std::stod(cells[7]), bytes = std::stod(cells[13]), ideal = std::stod(cells[14]);
   EXPECT_EQ(bytes, double(noloco::testing::sealed_message(500000)) + noloco::testing::kLinkStart / 2.0)
