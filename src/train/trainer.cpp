@@ -745,7 +745,7 @@ void WorkerRun::evaluate(int64_t done, bool last, double lr) {
 nlohmann::json WorkerRun::finish() {
   if (first_step_ == c_.inner.steps && speaks_) val_loss_ = model_->evaluate(first_step_);  // resumed at the end
   tally_.inner_steps = left_at_step_.value_or(c_.inner.steps) - first_step_;
-  tally_.loop_seconds = seconds_since(start_) - startup_seconds_;
+  tally_.loop_seconds = seconds_since_process_start() - startup_seconds_;
   auto summary = summarize_worker(c_, w_, arch_, *model_, flat_.numel(), seconds_since(start_), val_loss_, last_loss_,
                                   spread_, rejoined_, tally_);
   summary.device = device_.str();  // device=cuda resolved to this worker's GPU
