@@ -662,3 +662,13 @@ TEST(Outer, PacedDiLoCoScalesItsDeltaSoTheMeanIsWeighedByStepsByHand) {
   // mean Δ = (4·Δ0 + 2·Δ1)/6 = [0.366667, -0.566667, 0.6]; m = 0.7·mean Δ
   expect_values(flat.values(), {1.0 + 0.7 * 2.2 / 6, 2.0 - 0.7 * 3.4 / 6, -1.0 + 0.7 * 3.6 / 6});
 }
+
+TEST(Pace, ItsStateIsNamedSoAHandOverCanLeaveItOut) {
+  Pace p(10, 0);
+  train_period(p, 0, 10, 0.1);
+  TensorMap state;
+  p.save(state);
+  ASSERT_FALSE(state.empty());
+  for (const auto& [name, t] : state) EXPECT_TRUE(is_pace_state(name)) << name;
+  EXPECT_FALSE(is_pace_state("outer.phi"));
+}

@@ -411,6 +411,23 @@ void validate_pipeline(const TrainConfig& c) {
                         c.outer.quant_block));
 }
 
+// When outer steps happen and how a replica keeps its pace towards them.
+void validate_outer_schedule(const TrainConfig& c) {
+  const auto& outer = c.outer;
+  const auto method = outer.method;
+  if (outer.fragments < 1) invalid(fmt::format("fragments must be >= 1, got {}", outer.fragments));
+  if (has_outer_steps(method) && outer.fragments > outer.interval)
+    invalid(fmt::format("fragments ({}) must not exceed outer_interval ({})", outer.fragments, outer.interval));
+  if ((outer.fragments > 1 || outer.overlap) && !has_outer_steps(method))
+    invalid("fragments and overlap apply to diloco and noloco");
+  if (outer.eager && !outer.overlap) invalid("eager needs overlap=true (it corrects an exchange that arrives late)");
+  if (outer.pace == PaceMode::speed && !has_outer_steps(method)) invalid("pace=speed applies to diloco and noloco");
+  if (outer.pace == PaceMode::speed && (c.pipeline.stages > 1 || c.run.replica_workers > 1))
+    invalid("pace=speed needs one worker a replica (stages=1, replica_workers=1): the workers of one replica would "
+            "have to skip the same steps");
+  slowdown_of(c.run.slowdown, 0);
+}
+
 }  // namespace
 
 void TrainConfig::validate() const {
@@ -484,17 +501,7 @@ void TrainConfig::validate() const {
   if (!(outer.error_feedback_decay > 0 && outer.error_feedback_decay <= 1))
     invalid(fmt::format("error_feedback_decay must be in (0, 1], got {}", outer.error_feedback_decay));
   if (outer.phi_every < 0) invalid(fmt::format("phi_every must be >= 0, got {}", outer.phi_every));
-  if (outer.fragments < 1) invalid(fmt::format("fragments must be >= 1, got {}", outer.fragments));
-  if (has_outer_steps(method) && outer.fragments > outer.interval)
-    invalid(fmt::format("fragments ({}) must not exceed outer_interval ({})", outer.fragments, outer.interval));
-  if ((outer.fragments > 1 || outer.overlap) && !has_outer_steps(method))
-    invalid("fragments and overlap apply to diloco and noloco");
-  if (outer.eager && !outer.overlap) invalid("eager needs overlap=true (it corrects an exchange that arrives late)");
-  if (outer.pace == PaceMode::speed && !has_outer_steps(method)) invalid("pace=speed applies to diloco and noloco");
-  if (outer.pace == PaceMode::speed && (pipeline.stages > 1 || run.replica_workers > 1))
-    invalid("pace=speed needs one worker a replica (stages=1, replica_workers=1): the workers of one replica would "
-            "have to skip the same steps");
-  slowdown_of(run.slowdown, 0);
+  validate_outer_schedule(*this);
   if (outer.message_rank > 0 && method == Method::noloco && outer.message != NolocoMessage::delta_phi)
     invalid("message_rank needs noloco_message=delta_phi: theta is not low-rank, its increment is");
   if (outer.message_rank > 0 && method == Method::diloco && outer.diloco_mean != DilocoMean::all_gather)

@@ -138,4 +138,6 @@ void Pace::load(const TensorMap& in) {
       window_.push_back(w->second.reshape({-1})[i].item<int64_t>() != 0);
 }
 
+bool is_pace_state(const std::string& name) { return name.rfind("pace.", 0) == 0; }
+
 }  // namespace noloco

@@ -18,6 +18,7 @@
 #include <cstdint>
 #include <deque>
 #include <map>
+#include <string>
 #include <vector>
 
 #include "optim/pace_share.h"
@@ -87,5 +88,9 @@ class Pace {
   std::map<int, Heard> heard_;  // by rank: the latest step time each said of itself, or was said of it
   std::deque<bool> window_;     // the last H slots: trained or not
 };
+
+// Whether a state tensor is a machine's own pace, which its checkpoints keep
+// and a hand-over to another machine leaves out (its speed is not the donor's).
+bool is_pace_state(const std::string& name);
 
 }  // namespace noloco

@@ -5,6 +5,7 @@
 
 #include <fmt/format.h>
 
+#include "optim/pace.h"
 #include "util/error_text.h"
 #include "util/safetensors.h"
 #include "util/tensor_file.h"
@@ -52,7 +53,9 @@ int64_t restore_training_state(const TrainingState& s, const StateSnapshot& snap
 
 torch::Tensor serialize_training_state(const TrainingState& s, int64_t step) {
   auto snap = capture_training_state(s, step);
-  TensorMap all = snap.state;
+  TensorMap all;
+  for (auto& [name, t] : snap.state)
+    if (!is_pace_state(name)) all[name] = t;
   for (auto& [name, t] : snap.weights) all[name] = t;
   const auto bytes = serialize_tensors(all, {{"counters", snap.counters.dump()}});
   auto out = torch::empty({int64_t(bytes.size())}, torch::kUInt8);
