@@ -20,7 +20,7 @@ echo
 echo "NoLoCo vs DiLoCo (final val loss: the mean over each run's replicas; the runs' logs end with replica 0's):"
 build/noloco report "${runs[@]}" out="runs/demo-$stamp-report"
 echo
-echo "Sample from the NoLoCo run's mean model (the mean of its replicas' weights):"
+echo "Sample from the NoLoCo run's model (the mean of its replicas' weights where it validated best):"
 build/noloco generate "${runs[0]}" prompt="ROMEO:" tokens=200 seed=1
 echo
 echo "Took $(( ($(date +%s) - start) / 60 )) min; the runs hold $(du -shc "${runs[@]}" | tail -1 | cut -f1)."

@@ -1,6 +1,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <fstream>
 #include <map>
 #include <set>
 #include <sstream>
@@ -10,6 +11,7 @@
 #include <nlohmann/json.hpp>
 
 #include "test_util.h"
+#include "train/model_choice.h"
 #include "train/report.h"
 #include "train/run_summary.h"
 #include "util/files.h"
@@ -414,4 +416,73 @@ TEST(HumanText, OneLineJoinsTheLinesOfASampleAndCutsBetweenCharacters) {
   EXPECT_EQ(one_line("ab\xc3\xa9z", 3), "ab") << "a cut inside a two-byte character drops it";
   EXPECT_EQ(one_line("ab\xc3\xa9z", 4), "ab\xc3\xa9");
   EXPECT_EQ(one_line("a\xe2\x82\xac!", 3), "a") << "and inside a three-byte one";
+}
+
+// Issue 101: a run hands over the mean of its replicas only where its own
+// validation found the mean at least as good as its best replica.
+TEST(ModelChoice, TheMeanOnlyWhereItValidatedAtLeastAsWellAsTheBestReplica) {
+  // NoLoCo with fp32 messages: the mean beats every replica.
+  auto choice = choose_model({{{0, 1.3617}, {1, 1.3620}, {2, 1.3601}}, 1.3561});
+  EXPECT_FALSE(choice.replica);
+  EXPECT_NE(choice.why.find("1.3561"), std::string::npos) << choice.why;
+  EXPECT_NE(choice.why.find("(2) 1.3601"), std::string::npos) << choice.why;
+  // Equal counts as good (DiLoCo's identical replicas).
+  EXPECT_FALSE(choose_model({{{0, 1.5}, {1, 1.5}}, 1.5}).replica);
+  // topk: replicas drifted apart, their mean is worse than each.
+  choice = choose_model({{{0, 1.4124}, {1, 1.4102}, {2, 1.4130}}, 1.7339});
+  ASSERT_TRUE(choice.replica);
+  EXPECT_EQ(*choice.replica, 1);
+  EXPECT_NE(choice.why.find("1.7339"), std::string::npos) << choice.why;
+  // Among equals the lowest number; the mean not validated: the best replica.
+  choice = choose_model({{{3, 2.0}, {1, 2.0}, {2, 2.1}}, std::nullopt});
+  ASSERT_TRUE(choice.replica);
+  EXPECT_EQ(*choice.replica, 1);
+  // Nothing to choose between: one replica, or no validation at all.
+  EXPECT_FALSE(choose_model({{{0, 2.0}}, std::nullopt}).replica);
+  EXPECT_FALSE(choose_model({}).replica);
+}
+
+TEST(ModelChoice, ValidationIsReadByStepTheLatestRecordOfAReEvaluatedStepWinning) {
+  TempDir dir;
+  std::ofstream(dir.path() + "/metrics.jsonl")
+      << R"({"split":"train","step":10,"loss":3.0,"replica":0})" "\n"
+      << R"({"split":"val","step":10,"loss":2.5,"replica":0,"loss_mean_model":2.4})" "\n"
+      << R"({"split":"val","step":10,"loss":2.6,"replica":1})" "\n"
+      << R"({"split":"val","step":10,"loss":2.55,"replica":1})" "\n"  // a resume evaluated it again
+      << "not json, a torn line\n"
+      << R"({"split":"val","step":20,"loss":2.2,"replica":1})" "\n";
+  const auto by_step = validated_models(dir.path());
+  ASSERT_EQ(by_step.size(), 2u);
+  const auto& at10 = by_step.at(10);
+  EXPECT_EQ(at10.replica_loss, (std::map<int, double>{{0, 2.5}, {1, 2.55}}));
+  EXPECT_EQ(at10.mean_model_loss, 2.4);
+  EXPECT_FALSE(by_step.at(20).mean_model_loss);
+  EXPECT_TRUE(validated_models(dir.path() + "/nothing").empty());
+}
+
+// Both figures in summary.json, and the model export takes by them.
+TEST(RunSummary, StatesTheBestReplicaAndTheModelExportTakes) {
+  TempDir dir;
+  const auto worker = [&](int rank, double loss, double mean_loss) {
+    WorkerSummary w;
+    w.method = Method::noloco;
+    w.replicas = 3;
+    w.replica = rank;
+    w.steps = 100;
+    w.final_val_loss = loss;
+    w.final_val_loss_mean_model = mean_loss;
+    write_json_atomic(fmt::format("{}/summary_r{}.json", dir.path(), rank), w.to_json());
+    return WorkerExit{rank};
+  };
+  auto run = summarize_run(dir.path(), Method::noloco, 3, 1, "", 1,
+                           {worker(0, 1.41, 1.73), worker(1, 1.40, 1.73), worker(2, 1.42, 1.73)}, 10.0);
+  EXPECT_EQ(run.best_replica, 1);
+  EXPECT_EQ(run.final_val_loss_best_replica, 1.40);
+  EXPECT_EQ(run.handed_over, "replica 1");
+  const auto back = RunSummary::from_json(run.to_json());
+  EXPECT_EQ(back.handed_over, "replica 1");
+  EXPECT_EQ(back.final_val_loss_best_replica, 1.40);
+  run = summarize_run(dir.path(), Method::noloco, 3, 1, "", 1,
+                      {worker(0, 1.41, 1.35), worker(1, 1.40, 1.35), worker(2, 1.42, 1.35)}, 10.0);
+  EXPECT_EQ(run.handed_over, "mean");
 }

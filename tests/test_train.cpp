@@ -13,6 +13,7 @@
 #include "config/train_config.h"
 #include "train/export.h"
 #include "train/run_directory.h"
+#include "train/run_summary.h"
 #include "train/trainer.h"
 #include "util/crc32c.h"
 #include "util/files.h"
@@ -299,9 +300,11 @@ TEST_F(BadCheckpoint, AnExportThatFailsLeavesNoPartialModelAndTheEarlierExportWh
     EXPECT_EQ(entry.path().filename().string().find(".partial-"), std::string::npos) << entry.path();
 }
 
-// Issue 84: export and generate take the mean of a run's replicas by
-// default (the best model of a NoLoCo run), or the replica named.
-TEST_F(Cli, ExportAndGenerateTakeTheMeanOfTheReplicasOrTheOneNamed) {
+// Issue 84: export and generate take the mean of a run's replicas or the
+// replica named; issue 101: by default the one summary.json says the run's
+// validation found best (the mean where it validated at least as well as the
+// best replica).
+TEST_F(Cli, ExportAndGenerateTakeTheBestModelTheMeanOfTheReplicasOrTheOneNamed) {
   std::string cli = "train configs/shakespeare.yaml";
   for (auto& a : args("run", {"steps=5", "method=noloco", "replicas=2", "outer_interval=3", "batch=2"})) cli += " " + a;
   const auto trained = noloco::testing::run_cli(cli, 120);
@@ -314,14 +317,24 @@ TEST_F(Cli, ExportAndGenerateTakeTheMeanOfTheReplicasOrTheOneNamed) {
               std::string::npos) << r.output;
     exported[replica] = load_tensors(dir / ("hf_" + replica) + "/model.safetensors");
   }
-  EXPECT_EQ(noloco::testing::run_cli("export " + dir / "run" + " " + dir / "hf_default").exit_code, 0);
+  const auto default_export = noloco::testing::run_cli("export " + dir / "run" + " " + dir / "hf_default");
+  ASSERT_EQ(default_export.exit_code, 0) << default_export.output;
+  const auto summary = RunSummary::read(dir / "run");
+  ASSERT_TRUE(summary.final_val_loss_mean_model && summary.best_replica) << "nothing to choose by: the test checks nothing";
+  const bool mean_chosen = summary.handed_over == "mean";
+  EXPECT_EQ(mean_chosen, *summary.final_val_loss_mean_model <= *summary.final_val_loss_best_replica);
+  EXPECT_NE(default_export.output.find(mean_chosen ? "(the mean of its replicas: validation loss"
+                                                   : "(" + summary.handed_over + ": validation loss"),
+            std::string::npos)
+      << default_export.output;
   const auto by_default = load_tensors(dir / "hf_default/model.safetensors");
+  const auto& chosen = exported[mean_chosen ? "mean" : std::to_string(*summary.best_replica)];
   const auto r0_checkpoint = load_tensors(dir / "run/checkpoints/r0/step_00000005/model.safetensors");
   bool replicas_differ = false;
   for (const auto& [name, mean] : exported["mean"]) {
     const auto &a = exported["0"].at(name), &b = exported["1"].at(name);
     EXPECT_TRUE(torch::allclose(mean, (a + b) / 2, 1e-6, 1e-7)) << name;
-    EXPECT_TRUE(torch::equal(by_default.at(name), mean)) << name;
+    EXPECT_TRUE(torch::equal(by_default.at(name), chosen.at(name))) << name;
     EXPECT_TRUE(torch::equal(a, r0_checkpoint.at(name))) << name;
     replicas_differ = replicas_differ || !torch::equal(a, b);
   }

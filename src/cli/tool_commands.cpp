@@ -23,12 +23,12 @@ namespace noloco {
 namespace {
 
 constexpr const char* kReplicaHelp =
-    "a run directory's model: mean (the mean of its replicas' weights at their newest common checkpoint, the best "
-    "model of a NoLoCo run) or a replica's number";
+    "a run directory's model: best (the mean of its replicas' weights at their newest common checkpoint where the "
+    "run's validation found it at least as good as its best replica, else that replica), mean, or a replica's number";
 
 struct GenerateArgs {
   SamplingOptions sampling;
-  std::string prompt = "\n", device = "cpu", replica = kMeanOfReplicas;
+  std::string prompt = "\n", device = "cpu", replica = kBestModel;
 };
 
 Options generate_options(GenerateArgs& a) {
@@ -119,6 +119,9 @@ int generate_command(const std::string& checkpoint, const std::vector<std::strin
   if (o.temperature < 0 || o.top_k < 0 || o.tokens < 0 || o.tokens > kMaxTokens)
     throw std::invalid_argument(fmt::format("temperature and top_k must be >= 0, tokens in [0, {}]", kMaxTokens));
   auto trained = load_trained_model(checkpoint, a.replica);
+  // Only a choice the user may not expect is said: the text goes to stdout.
+  if (a.replica == kBestModel && trained.which.rfind("replica ", 0) == 0)
+    fmt::print(stderr, "generating with {}\n", trained.which);
   trained.model->to(torch::Device(a.device));
   const auto ids = generate(trained.model, trained.tokenizer->encode(a.prompt), o);
   std::cout << trained.tokenizer->decode(ids) << std::endl;
@@ -149,11 +152,8 @@ int export_command(const std::string& checkpoint, const std::string& hf_dir, con
   ExportArgs a;
   export_options(a).parse(args);
   a.export_options.shard_bytes = parse_byte_size("shard_size", a.shard_size);
-  export_hf(checkpoint, hf_dir, a.export_options);
-  fmt::print("exported {} ({}) to {}\n", checkpoint,
-             a.export_options.replica == kMeanOfReplicas ? "the mean of its replicas"
-                                                         : "replica " + a.export_options.replica,
-             hf_dir);
+  const auto which = export_hf(checkpoint, hf_dir, a.export_options);
+  fmt::print("exported {} ({}) to {}\n", checkpoint, which, hf_dir);
   return 0;
 }
 

@@ -15,6 +15,7 @@
 #include "data/tokenizer.h"
 #include "model/hf_directory.h"
 #include "train/checkpoint.h"
+#include "train/model_choice.h"
 #include "util/files.h"
 
 namespace noloco {
@@ -30,11 +31,18 @@ torch::ScalarType export_dtype(const std::string& name) {
   throw std::invalid_argument(fmt::format("dtype must be float32, bfloat16 or float16, got '{}'", name));
 }
 
+// The checkpoints that make a model, and what to tell the user it is.
+struct ModelCheckpoints {
+  std::vector<std::string> paths;  // one: that checkpoint; several: the mean of their weights
+  std::string which;
+};
+
 // The checkpoints of a run directory that make the model `replica` names:
 // each replica's first stage (read_whole_model joins its other stages) at
-// the newest step every replica holds, or one replica's newest. Empty when
-// the run holds no checkpoints.
-std::vector<std::string> replica_checkpoints(const fs::path& run_dir, const std::string& replica) {
+// the newest step every replica holds (the mean, or the best by the run's
+// validation at that step), or one replica's newest. No paths when the run
+// holds no checkpoints.
+ModelCheckpoints replica_checkpoints(const fs::path& run_dir, const std::string& replica) {
   std::map<int, std::pair<fs::path, std::vector<int64_t>>> replicas;
   std::error_code ec;
   for (const auto& dir : fs::directory_iterator(run_dir / "checkpoints", ec)) {
@@ -44,10 +52,7 @@ std::vector<std::string> replica_checkpoints(const fs::path& run_dir, const std:
     if (info.value("stage", 0) == 0) replicas[info.value("replica", 0)] = {dir.path(), steps};
   }
   if (replicas.empty()) return {};
-  const auto newest = [](const std::pair<fs::path, std::vector<int64_t>>& r) {
-    return checkpoint_path(r.first.string(), r.second.back());
-  };
-  if (replica != kMeanOfReplicas) {
+  if (replica != kMeanOfReplicas && replica != kBestModel) {
     int which = -1;
     try {
       which = std::stoi(replica);
@@ -56,34 +61,56 @@ std::vector<std::string> replica_checkpoints(const fs::path& run_dir, const std:
     if (!replicas.count(which)) {
       std::vector<int> held;
       for (const auto& r : replicas) held.push_back(r.first);
-      throw std::invalid_argument(fmt::format("replica={}: {} holds checkpoints of replicas {} (or say mean)", replica,
-                                              run_dir.string(), fmt::join(held, ", ")));
+      throw std::invalid_argument(fmt::format("replica={}: {} holds checkpoints of replicas {} (or say best or mean)",
+                                              replica, run_dir.string(), fmt::join(held, ", ")));
     }
-    return {newest(replicas.at(which))};
+    const auto& [dir, steps] = replicas.at(which);
+    return {{checkpoint_path(dir.string(), steps.back())}, "replica " + replica};
   }
   for (int64_t step : std::vector<int64_t>(replicas.begin()->second.second.rbegin(),
                                            replicas.begin()->second.second.rend())) {
-    std::vector<std::string> at_step;
+    std::map<int, std::string> at_step;
     for (const auto& [r, held] : replicas)
       if (std::find(held.second.begin(), held.second.end(), step) != held.second.end())
-        at_step.push_back(checkpoint_path(held.first.string(), step));
-    if (at_step.size() == replicas.size()) return at_step;
+        at_step[r] = checkpoint_path(held.first.string(), step);
+    if (at_step.size() != replicas.size()) continue;
+    ModelChoice choice{std::nullopt, "the mean of its replicas"};
+    if (replica == kBestModel) {
+      const auto validated = validated_models(run_dir.string());
+      const auto at = validated.find(step);
+      choice = choose_model(at == validated.end() ? ValidatedModels{} : at->second);
+    }
+    if (choice.replica) {
+      if (at_step.count(*choice.replica)) return {{at_step.at(*choice.replica)}, choice.why};
+      choice.why = fmt::format("the mean of its replicas: its best validated, {}, left no checkpoint of step {}",
+                               *choice.replica, step);
+    }
+    std::vector<std::string> paths;
+    for (const auto& [r, path] : at_step) paths.push_back(path);
+    return {paths, choice.why};
   }
   throw std::runtime_error(fmt::format("{}: its replicas hold no checkpoint of one common step; name one with "
                                        "replica=N",
                                        run_dir.string()));
 }
 
+struct TrainedWeights {
+  Checkpoint checkpoint;
+  std::string path;  // the checkpoint its tokenizer is read from; empty: none found
+  std::string which;
+};
+
 // The model `replica` names of `checkpoint` (a run directory, a directory of
-// checkpoints or one checkpoint), with the checkpoint its tokenizer is read from.
-std::pair<Checkpoint, std::string> read_trained_weights(const std::string& checkpoint, const std::string& replica) {
+// checkpoints or one checkpoint).
+TrainedWeights read_trained_weights(const std::string& checkpoint, const std::string& replica) {
   const fs::path given(checkpoint);
-  auto paths = fs::is_directory(given / "checkpoints") ? replica_checkpoints(given, replica) : std::vector<std::string>{};
-  if (paths.empty()) {
+  auto chosen = fs::is_directory(given / "checkpoints") ? replica_checkpoints(given, replica) : ModelCheckpoints{};
+  if (chosen.paths.empty()) {
     const auto path = find_checkpoint(checkpoint);
     if (path.empty()) return {};
-    paths = {path};
+    chosen = {{path}, "checkpoint " + path};
   }
+  const auto& paths = chosen.paths;
   auto model = read_whole_model(paths[0]);
   if (paths.size() > 1) {
     for (auto& [name, t] : model.weights) {
@@ -92,7 +119,7 @@ std::pair<Checkpoint, std::string> read_trained_weights(const std::string& check
       t = (sum / double(paths.size())).to(t.scalar_type());
     }
   }
-  return {std::move(model), paths[0]};
+  return {std::move(model), paths[0], chosen.which};
 }
 
 }  // namespace
@@ -116,10 +143,10 @@ void publish_export(const fs::path& staging, const fs::path& hf_dir) {
 
 }  // namespace
 
-void export_hf(const std::string& checkpoint, const std::string& hf_dir, const ExportOptions& options) {
+std::string export_hf(const std::string& checkpoint, const std::string& hf_dir, const ExportOptions& options) {
   const auto dtype = export_dtype(options.dtype);
   if (options.shard_bytes == 0) throw std::invalid_argument("shard_size must be positive");
-  const auto [ckpt, path] = read_trained_weights(checkpoint, options.replica);
+  const auto [ckpt, path, which] = read_trained_weights(checkpoint, options.replica);
   if (path.empty()) throw std::runtime_error(fmt::format("no checkpoint found at '{}'", checkpoint));
   const auto tokenizer = load_tokenizer(path);
   // Written beside its destination and moved there whole once complete: an
@@ -141,14 +168,16 @@ void export_hf(const std::string& checkpoint, const std::string& hf_dir, const E
     fs::remove_all(staging, ec);
     throw;
   }
+  return which;
 }
 
 TrainedModel load_trained_model(const std::string& checkpoint, const std::string& replica) {
-  const auto [ckpt, path] = read_trained_weights(checkpoint, replica);
+  const auto [ckpt, path, which] = read_trained_weights(checkpoint, replica);
   const bool hf = path.empty() && is_hf_directory(checkpoint);
   if (path.empty() && !hf)
     throw std::runtime_error(fmt::format("no checkpoint or Hugging Face directory found at '{}'", checkpoint));
   TrainedModel trained;
+  trained.which = hf ? "a Hugging Face model" : which;
   trained.tokenizer = load_tokenizer(hf ? checkpoint : path);
   if (hf) {
     trained.model = LlamaForCausalLM(read_hf_config(checkpoint));

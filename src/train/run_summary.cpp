@@ -10,6 +10,7 @@
 #include <fmt/format.h>
 
 #include "config/run_layout.h"
+#include "train/model_choice.h"
 #include "util/human.h"
 #include "util/files.h"
 
@@ -303,6 +304,9 @@ nlohmann::json RunSummary::to_json() const {
                       {"steps", steps},
                       {"params", params}};
   put(j, "weight_std", weight_std);
+  put(j, "best_replica", best_replica);
+  put(j, "final_val_loss_best_replica", final_val_loss_best_replica);
+  if (!handed_over.empty()) j["handed_over"] = handed_over;
   for (const auto& f : kFigures)
     if (f.run) put(j, f.run_key, this->*f.run);
   if (!replicas_mostly_alone.empty()) j["replicas_mostly_alone"] = replicas_mostly_alone;
@@ -345,6 +349,9 @@ RunSummary RunSummary::from_json(const nlohmann::json& j) {
                         optional_of<double>(w, "handover_seconds")});
   s.final_val_loss = optional_of<double>(j, "final_val_loss");
   s.weight_std = optional_of<double>(j, "weight_std");
+  s.best_replica = optional_of<int>(j, "best_replica");
+  s.final_val_loss_best_replica = optional_of<double>(j, "final_val_loss_best_replica");
+  s.handed_over = j.value("handed_over", "");
   for (const auto& f : kFigures)
     if (f.run) s.*f.run = optional_of<double>(j, f.run_key);
   s.replicas_mostly_alone = j.value("replicas_mostly_alone", std::vector<int>{});
@@ -453,6 +460,7 @@ struct RunTally {
     if (!first) first = w;
     if (w.final_val_loss) {  // the workers that compute the loss: one per replica
       run.final_val_loss_replicas.push_back(*w.final_val_loss);
+      validated.replica_loss[int(w.replica)] = *w.final_val_loss;
       if (w.trained_steps_per_second) run.steps_per_second_replicas.push_back(*w.trained_steps_per_second);
       if (w.trained_steps_per_outer_step) run.steps_per_outer_step_replicas.push_back(*w.trained_steps_per_outer_step);
       if (w.outer_blocked_seconds) run.outer_blocked_seconds_replicas.push_back(*w.outer_blocked_seconds);
@@ -490,6 +498,7 @@ struct RunTally {
     else if (!left_losses.empty())
       run.final_val_loss = std::accumulate(left_losses.begin(), left_losses.end(), 0.0) / double(left_losses.size());
     figures.write_to(run);
+    write_handed_over(run);
     run.comm_seconds_per_replica = run.comm_seconds / workers;
     run.wait_seconds_per_replica = run.wait_seconds / workers;
     if (const auto& measured = first ? first : furthest_left) {
@@ -507,6 +516,20 @@ struct RunTally {
     }
   }
 
+  // The model `export` takes by default, by the run's last validation.
+  void write_handed_over(RunSummary& run) const {
+    if (validated.replica_loss.empty()) return;
+    auto models = validated;
+    models.mean_model_loss = run.final_val_loss_mean_model;
+    const auto best = std::min_element(models.replica_loss.begin(), models.replica_loss.end(),
+                                       [](const auto& a, const auto& b) { return a.second < b.second; });
+    run.best_replica = best->first;
+    run.final_val_loss_best_replica = best->second;
+    const auto choice = choose_model(models);
+    run.handed_over = choice.replica ? fmt::format("replica {}", *choice.replica) : kMeanOfReplicas;
+  }
+
+  ValidatedModels validated;
   double loss_sum = 0;
   int traffic_workers = 0;
   std::optional<WorkerSummary> first, furthest_left;
@@ -594,9 +617,9 @@ RunSummary summarize_run(const std::string& run_dir, Method method, int64_t repl
 
 std::string comparison_table(const std::vector<std::string>& run_dirs) {
   std::string t =
-      "| run | method | replicas | final val loss | ppl | mean-model val loss | weight std | training bytes | "
-      "bits/param/inner step | comm s/replica | wait s/replica | collectives | wall s |\n"
-      "|---|---|---|---|---|---|---|---|---|---|---|---|---|\n";
+      "| run | method | replicas | final val loss | ppl | mean-model val loss | best replica val loss | export takes | "
+      "weight std | training bytes | bits/param/inner step | comm s/replica | wait s/replica | collectives | wall s |\n"
+      "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n";
   auto num = [](const std::optional<double>& v, const char* format) -> std::string {
     if (!v) return "–";
     return fmt::format(fmt::runtime(format), *v);
@@ -605,10 +628,13 @@ std::string comparison_table(const std::vector<std::string>& run_dirs) {
     const auto s = RunSummary::read(dir);
     const double loss = s.final_val_loss.value_or(std::nan(""));
     const bool lone = s.replicas == 1 && s.stages == 1;
-    t += fmt::format("| {} | {} | {} | {} | {:.2f} | {} | {} | {} | {} | {} | {} | {} | {:.0f} |\n",
+    const auto best = s.best_replica ? fmt::format("{} ({})", num(s.final_val_loss_best_replica, "{:.4f}"),
+                                                   *s.best_replica)
+                                     : "–";
+    t += fmt::format("| {} | {} | {} | {} | {:.2f} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {:.0f} |\n",
                      std::filesystem::path(dir).filename().string(), choice_name(s.method), s.replicas,
-                     num(s.final_val_loss, "{:.4f}"), std::exp(loss), num(s.final_val_loss_mean_model, "{:.4f}"),
-                     num(s.weight_std, "{:.2e}"), format_count(double(s.bytes_sent)),
+                     num(s.final_val_loss, "{:.4f}"), std::exp(loss), num(s.final_val_loss_mean_model, "{:.4f}"), best,
+                     s.handed_over.empty() ? "–" : s.handed_over, num(s.weight_std, "{:.2e}"), format_count(double(s.bytes_sent)),
                      num(s.bits_per_param_per_inner_step, "{:.3g}"),
                      lone ? "–" : fmt::format("{:.1f}", s.comm_seconds_per_replica),
                      lone ? "–" : fmt::format("{:.1f}", s.wait_seconds_per_replica), s.collectives, s.seconds);

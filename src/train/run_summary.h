@@ -136,6 +136,11 @@ struct RunSummary {
   // none finished, of the last evaluations of the replicas that left.
   std::optional<double> final_val_loss, final_val_loss_mean_model, weight_std;
   std::vector<double> final_val_loss_replicas;
+  // The finished replica of the lowest final validation loss, and the model
+  // `export` takes by default ("mean" or "replica N"; train/model_choice.h).
+  std::optional<int> best_replica;
+  std::optional<double> final_val_loss_best_replica;
+  std::string handed_over;
   // Each finished replica's pace and wait, in the order of final_val_loss_replicas.
   std::vector<double> steps_per_second_replicas, steps_per_outer_step_replicas, outer_blocked_seconds_replicas;
   std::optional<double> bits_per_param_per_outer_step;  // mean over the workers that finished
