@@ -62,8 +62,10 @@ TEST(LiveStatus, RecordsFoldIntoTheStatusAndThePointsACurveKeeps) {
   EXPECT_EQ(status["val_loss"], 2.25);
   EXPECT_EQ(status["mean_loss"], 2.125);
   noloco::fold_record(status, points,
-                      {{"split", "outer"}, {"step", 50}, {"outer_step", 9}, {"group", {2, 0}}, {"replica", 2}});
+                      {{"split", "outer"}, {"step", 50}, {"outer_step", 9}, {"group", {2, 0}}, {"replica", 2},
+                       {"trained_steps", 17}});
   EXPECT_EQ(status["partner"], 0);
+  EXPECT_EQ(status["period_steps"], 17) << "pace=speed: the steps it trained in the last period";
   noloco::fold_record(status, points, {{"split", "join"}, {"step", 50}, {"donor", 1}});
   ASSERT_EQ(points.size(), 3u);
   EXPECT_EQ(points[0], json({{"kind", "val"}, {"step", 50}, {"loss", 2.25}, {"bytes", 9}, {"mean_loss", 2.125}}));

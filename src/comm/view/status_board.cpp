@@ -65,6 +65,7 @@ void fold_record(nlohmann::json& status, std::vector<nlohmann::json>& points, co
     const auto route = partners.empty() ? routes.end() : routes.find(std::to_string(partners.front()));
     status["route"] = route == routes.end() ? nlohmann::json() : *route;
     status["outer_step"] = r.value("outer_step", int64_t(0));
+    copy_number(status, r, "trained_steps", "period_steps");  // pace=speed: its steps in the last period
     points.push_back({{"kind", "outer"}, {"step", step}, {"outer_step", status["outer_step"]}, {"with", partners}});
   } else if (split == "join") {
     add_event(points, step, fmt::format("joined (state from replica {})", r.value("donor", -1)));
