@@ -105,9 +105,18 @@ TEST(ByteLevelBpe, RunsAndExportsKeepTheFilesAsTheyCame) {
   std::filesystem::create_directories(dir / "run");
   std::filesystem::create_directories(dir / "export");
   t->save(dir / "run");
-  EXPECT_EQ(noloco::testing::read_text(dir / "run/hf_tokenizer.json"), json);
+  // Issue 103: a run's (and `prepare`'s) tokenizer.json is the Hugging Face file, unchanged.
+  EXPECT_EQ(noloco::testing::read_text(dir / "run/tokenizer.json"), json);
+  EXPECT_EQ(noloco::testing::read_text(dir / "run/tokenizer_config.json"), config);
+  EXPECT_FALSE(std::filesystem::exists(dir / "run/hf_tokenizer.json"));
   const auto again = load_tokenizer(dir / "run");
   for (const auto& text : kTexts) EXPECT_EQ(again->encode(text), t->encode(text)) << text;
+  // Runs of earlier versions: the file under another name, and ours naming it.
+  std::filesystem::create_directories(dir / "old_run");
+  noloco::testing::write_text(dir / "old_run/hf_tokenizer.json", json);
+  noloco::testing::write_text(dir / "old_run/tokenizer.json", R"({"type": "byte_level_bpe", "file": "hf_tokenizer.json"})");
+  const auto old = load_tokenizer(dir / "old_run");
+  for (const auto& text : kTexts) EXPECT_EQ(old->encode(text), t->encode(text)) << text;
   again->save_hf(dir / "export");
   EXPECT_EQ(noloco::testing::read_text(dir / "export/tokenizer.json"), json);
   EXPECT_EQ(noloco::testing::read_text(dir / "export/tokenizer_config.json"), config);

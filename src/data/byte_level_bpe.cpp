@@ -481,11 +481,9 @@ std::string ByteLevelBpe::decode(const std::vector<int32_t>& ids) const {
   return out;
 }
 
-void ByteLevelBpe::save(const std::string& dir) const {
-  write_file_atomic(dir + "/hf_tokenizer.json", json_);
-  if (!config_.empty()) write_file_atomic(dir + "/hf_tokenizer_config.json", config_);
-  write_json_atomic(dir + "/tokenizer.json", {{"type", "byte_level_bpe"}, {"file", "hf_tokenizer.json"}});
-}
+// Runs, checkpoints and `prepare` keep the files as a Hugging Face directory
+// holds them, so that transformers pointed at any of them reads this tokenizer.
+void ByteLevelBpe::save(const std::string& dir) const { save_hf(dir); }
 
 void ByteLevelBpe::save_hf(const std::string& dir) const {
   write_file_atomic(dir + "/tokenizer.json", json_);

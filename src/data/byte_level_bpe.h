@@ -35,9 +35,10 @@ class ByteLevelBpe final : public Tokenizer {
   std::optional<EndOfText> end_of_text() const override { return eos_; }
   std::vector<int32_t> encode(const std::string& text) const override;
   std::string decode(const std::vector<int32_t>& ids) const override;
-  // Both keep the files as they came: a run and its checkpoints as
-  // hf_tokenizer.json (+ hf_tokenizer_config.json) beside noloco's
-  // tokenizer.json naming them; an export as tokenizer.json (+ tokenizer_config.json).
+  // Both keep the files as they came, tokenizer.json (+ tokenizer_config.json),
+  // in runs, checkpoints, `prepare`'s output and exports alike. (Runs of
+  // earlier versions hold them as hf_tokenizer.json beside a tokenizer.json
+  // of noloco's naming it; load_tokenizer reads both.)
   void save(const std::string& dir) const override;
   void save_hf(const std::string& dir) const override;
 
