@@ -11,6 +11,7 @@
 #include "config/run_layout.h"
 #include "config/train_config.h"
 #include "config/worker_env.h"
+#include "optim/inner.h"
 #include "util/error_text.h"
 
 using namespace noloco;
@@ -77,7 +78,17 @@ TEST(Config, AnErrorQuotingAHugeValueIsCutToOneShortLine) {
 }
 
 TEST(Config, UnknownKey) { EXPECT_NE(error_of("", {"learning_rate=1"}).find("unknown config key 'learning_rate'"), std::string::npos); }
-TEST(Config, NegativeLearningRate) { EXPECT_NE(error_of("lr: -0.1\n", {}).find("lr must be positive"), std::string::npos); }
+TEST(Config, NegativeLearningRate) { EXPECT_NE(error_of("lr: -0.1\n", {}).find("lr must be >= 0"), std::string::npos); }
+
+// Issue 103: lr=0 is a frozen run (a model's round trip checked through
+// training), its schedule at 0 throughout.
+TEST(Config, AZeroLearningRateFreezesTheRunSchedule) {
+  const auto c = parse_config("data: x.txt\n", {"lr=0"});
+  EXPECT_EQ(c.inner.lr, 0);
+  EXPECT_EQ(c.inner.min_lr, 0);
+  for (int64_t step : {int64_t(0), int64_t(1), c.inner.warmup, c.inner.steps / 2, c.inner.steps})
+    EXPECT_EQ(learning_rate(c.inner, step), 0) << step;
+}
 TEST(Config, HeadsMustDivideHidden) { EXPECT_NE(error_of("", {"heads=5"}).find("must divide hidden"), std::string::npos); }
 TEST(Config, NotANumber) { EXPECT_NE(error_of("", {"steps=ten"}).find("steps: 'ten' is not an integer"), std::string::npos); }
 TEST(Config, TrailingGarbage) { EXPECT_NE(error_of("", {"lr=1e-3x"}).find("not a finite number"), std::string::npos); }

@@ -15,6 +15,7 @@
 #include "data/tokenizer.h"
 #include "model/hf_directory.h"
 #include "test_util.h"
+#include "data/token_file.h"
 #include "train/checkpoint.h"
 #include "train/export.h"
 #include "util/files.h"
@@ -102,6 +103,43 @@ TEST(Ecosystem, WhatTransformersSavesImportsWithItsLogits) {
                 difference, expected.abs().max().item<double>());
     EXPECT_LT(difference, 1e-4);
   }
+}
+
+// Issue 103: continuing a model transformers saved is one command, with no
+// config file and no shape key, and its export is the model it came as:
+// config.json field by field (4,096 positions though trained at 64), logits
+// the run's.
+TEST(Ecosystem, AModelTransformersSavedContinuesWithoutShapeKeysAndExportsItsOwnConfig) {
+  noloco::testing::TempDir dir;
+  const auto saved = run_ecosystem(fmt::format("save_llama {} --ids '{}' --kv-heads 2 --max-shard-size 60KB "
+                                               "--max-positions 4096", dir / "llama", kIds));
+  ASSERT_EQ(saved.exit_code, 0) << saved.output;
+  ASSERT_TRUE(fs::exists(dir / "llama/model.safetensors.index.json")) << "sharded";
+  std::vector<int32_t> train(6000), val(600);
+  for (size_t i = 0; i < train.size(); ++i) train[i] = int32_t((i * 7 + i / 13) % 97);
+  for (size_t i = 0; i < val.size(); ++i) val[i] = int32_t((i * 5 + i / 11) % 97);
+  write_token_file(dir / "train.bin", train);
+  write_token_file(dir / "val.bin", val);
+  const auto trained = noloco::testing::run_cli(
+      "train init_from=" + dir / "llama" + " data=" + dir / "train.bin" + " val_data=" + dir / "val.bin" +
+          " context=64 batch=2 steps=5 warmup=1 eval_interval=5 eval_batches=2 sample_tokens=0 out=" + dir / "run",
+      180);
+  ASSERT_EQ(trained.exit_code, 0) << trained.output;
+  const auto exported = noloco::testing::run_cli("export " + dir / "run" + " " + dir / "hf", 60);
+  ASSERT_EQ(exported.exit_code, 0) << exported.output;
+  EXPECT_NE(exported.output.find("config.json: init_from's, unchanged"), std::string::npos) << exported.output;
+  const auto theirs = read_json(dir / "llama/config.json"), ours = read_json(dir / "hf/config.json");
+  EXPECT_EQ(ours["max_position_embeddings"], 4096);
+  for (const auto& [key, value] : theirs.items()) EXPECT_EQ(ours.value(key, nlohmann::json()), value) << key;
+  EXPECT_EQ(ours.size(), theirs.size());
+  const auto logits = run_ecosystem(
+      fmt::format("logits {} --ids '{}' --out {}", dir / "hf", kIds, dir / "theirs.safetensors"));
+  ASSERT_EQ(logits.exit_code, 0) << logits.output;
+  auto run = load_trained_model(dir / "run");
+  const auto difference =
+      largest_difference(logits_of(run.model, ids_tensor()), load_tensors(dir / "theirs.safetensors").at("logits"));
+  std::printf("largest logit difference, transformers on the export against the run: %.2e\n", difference);
+  EXPECT_LT(difference, 1e-4);
 }
 
 TEST_F(TrainedRun, TransformersLoadsOurExportAndContinuesAPromptTokenForToken) {
@@ -212,4 +250,13 @@ TEST(Ecosystem, TheTokenizersLibrarysByteLevelBpeGivesOurIds) {
     EXPECT_EQ(ours->decode(ids), texts[i]) << "text " << i;
   }
   std::printf("%zu of %zu texts tokenized as the tokenizers library does\n", same, texts.size());
+  // Issue 103: what `prepare` leaves is a tokenizer.json the library reads, the file it came as.
+  const auto prepared = noloco::testing::run_cli(
+      "prepare " + dir / "corpus.txt" + " out=" + dir / "tokens" + " tokenizer=" + dir.path(), 120);
+  ASSERT_EQ(prepared.exit_code, 0) << prepared.output;
+  EXPECT_EQ(noloco::testing::read_text(dir / "tokens/tokenizer.json"), noloco::testing::read_text(dir / "tokenizer.json"));
+  const auto from_prepared = run_ecosystem(fmt::format("encode {} --texts {} --out {}", dir / "tokens/tokenizer.json",
+                                                       dir / "texts.json", dir / "prepared_ids.json"));
+  ASSERT_EQ(from_prepared.exit_code, 0) << from_prepared.output;
+  EXPECT_EQ(read_json(dir / "prepared_ids.json"), theirs);
 }

@@ -288,6 +288,22 @@ TEST_F(HfRun, ExportedRunImportsIntoGenerateAndInitFrom) {
   EXPECT_NE(error_of([&] { parse_config("", {"init_from=" + (dir / "hf"), "hidden=64"}); })
                 .find("hidden=64 disagrees with init_from"),
             std::string::npos);
+  // Issue 103: a config file written for another model continues this one:
+  // its model and tokenizer keys yield, its longer context is cut to the
+  // model's positions; the command line's still must agree.
+  const auto yaml = read_file(NOLOCO_SOURCE_DIR "/configs/shakespeare.yaml");
+  const auto continued = parse_config(yaml, {"init_from=" + (dir / "hf")});
+  EXPECT_EQ(continued.model.hidden, 32);
+  EXPECT_EQ(continued.model.layers, 2);
+  EXPECT_EQ(continued.model.context, 32) << "the YAML's 64 cut to the model's 32 positions";
+  EXPECT_EQ(continued.data.model_dir, dir / "hf") << "the model's tokenizer, not the YAML's char";
+  EXPECT_EQ(continued.inner.lr, 1e-3) << "the YAML's training keys stay";
+  EXPECT_NE(error_of([&] { parse_config(yaml, {"init_from=" + (dir / "hf"), "layers=4"}); })
+                .find("layers=4 disagrees with init_from"),
+            std::string::npos);
+  EXPECT_NE(error_of([&] { parse_config(yaml, {"init_from=" + (dir / "hf"), "model=tiny"}); })
+                .find("name two models"),
+            std::string::npos);
   EXPECT_NE(error_of([&] { parse_config("", {"init_from=" + (dir / "hf"), "context=64"}); })
                 .find("exceeds init_from"),
             std::string::npos);
@@ -479,4 +495,27 @@ TEST_F(HfRun, Llama32AndSmolLM2ShapedDirectoriesRoundTrip) {
     const auto untied = load_tensors(dir / (shape.name + "_untied_export/model.safetensors"));
     EXPECT_FALSE(torch::equal(untied.at("lm_head.weight"), untied.at("model.embed_tokens.weight")));
   }
+}
+
+// Issue 103: what goes in comes out. The export keeps the imported
+// config.json's fields and spellings; a field training changed is taken, and said.
+TEST(HfDirectory, AnExportKeepsTheImportedFieldsAndNamesWhatTrainingChanged) {
+  const auto imported = nlohmann::json::parse(R"({"architectures": ["LlamaForCausalLM"], "hidden_size": 64,
+      "max_position_embeddings": 4096, "rope_parameters": {"rope_theta": 500000.0, "rope_type": "default"},
+      "bos_token_id": 1, "eos_token_id": [2, 3], "rms_norm_eps": 1e-05, "tie_word_embeddings": true,
+      "dtype": "bfloat16", "transformers_version": "5.24.0"})");
+  auto ours = imported;
+  ours["max_position_embeddings"] = 64;  // the training context
+  ours["rms_norm_eps"] = 0.00001;        // the same number, another spelling
+  ours["rope_theta"] = 500000.0;         // a key the import does not use
+  std::vector<std::string> changed;
+  EXPECT_EQ(keep_imported_config(imported, ours, &changed), imported);
+  EXPECT_TRUE(changed.empty());
+  ours["tie_word_embeddings"] = false;  // untied for training (tie_embeddings=false)
+  ours["dtype"] = "float32";            // dtype=float32 asked
+  const auto exported = keep_imported_config(imported, ours, &changed);
+  EXPECT_EQ(exported["tie_word_embeddings"], false);
+  EXPECT_EQ(exported["max_position_embeddings"], 4096);
+  EXPECT_FALSE(exported.contains("rope_theta"));
+  EXPECT_EQ(changed, (std::vector<std::string>{"dtype \"bfloat16\" -> \"float32\"", "tie_word_embeddings true -> false"}));
 }

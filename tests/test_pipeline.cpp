@@ -670,11 +670,11 @@ TEST_F(Pipeline, ResumesBitIdenticallyAndExportsTheWholeModel) {
     ASSERT_EQ(a.size(), b.size());
     for (auto& [name, t] : a) EXPECT_TRUE(torch::equal(t, b.at(name))) << "worker " << worker << " " << name;
   }
-  // Replica 0's stages (workers 0 and 1) join into its whole model; by
-  // default the export is the mean of both replicas' whole models.
+  // Replica 0's stages (workers 0 and 1) join into its whole model; the
+  // mean is of both replicas' whole models.
   auto r = noloco::testing::run_cli("export " + straight + " " + (dir / "hf") + " replica=0", 60);
   ASSERT_EQ(r.exit_code, 0) << r.output;
-  r = noloco::testing::run_cli("export " + straight + " " + (dir / "hf_mean"), 60);
+  r = noloco::testing::run_cli("export " + straight + " " + (dir / "hf_mean") + " replica=mean", 60);
   ASSERT_EQ(r.exit_code, 0) << r.output;
   const auto exported = load_tensors(dir / "hf/model.safetensors");
   const auto mean = load_tensors(dir / "hf_mean/model.safetensors");

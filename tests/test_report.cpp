@@ -75,7 +75,7 @@ TEST(Report, TableMatchesSummariesAndPlotsAreWritten) {
     EXPECT_LT(evaluating, seconds) << method;
     ASSERT_GE(seconds, 0) << method;
     const auto cells = row_of(md, method);
-    ASSERT_EQ(cells.size(), 13u) << md;  // the comparison row; the time row comes after it
+    ASSERT_EQ(cells.size(), 15u) << md;  // the comparison row; the time row comes after it
     const auto timed = row_of(time_to_loss_table({dir / method}, 100.0), method);
     ASSERT_EQ(timed.size(), 6u);
     EXPECT_EQ(timed[2], "4");
@@ -112,15 +112,18 @@ TEST(Report, TableMatchesSummariesAndPlotsAreWritten) {
   for (auto method : {"noloco", "diloco"}) {
     const auto summary = read_json(dir / method + "/summary.json");
     const auto cells = row_of(md, method);
-    ASSERT_GE(cells.size(), 13u) << md;
+    ASSERT_GE(cells.size(), 15u) << md;
     EXPECT_EQ(cells[1], method);
     EXPECT_EQ(cells[2], "2");
     EXPECT_EQ(cells[3], fmt::format("{:.4f}", summary["final_val_loss"].get<double>()));
     EXPECT_EQ(cells[5], fmt::format("{:.4f}", summary["final_val_loss_mean_model"].get<double>()));
-    EXPECT_EQ(cells[8], fmt::format("{:.3g}", summary["bits_per_param_per_inner_step"].get<double>()));
-    EXPECT_EQ(cells[11], std::to_string(summary["collectives"].get<int64_t>()));
+    EXPECT_EQ(cells[6], fmt::format("{:.4f} ({})", summary["final_val_loss_best_replica"].get<double>(),
+                                     summary["best_replica"].get<int>()));
+    EXPECT_EQ(cells[7], summary["handed_over"].get<std::string>());
+    EXPECT_EQ(cells[10], fmt::format("{:.3g}", summary["bits_per_param_per_inner_step"].get<double>()));
+    EXPECT_EQ(cells[13], std::to_string(summary["collectives"].get<int64_t>()));
   }
-  EXPECT_EQ(row_of(md, "noloco")[11], "0");
+  EXPECT_EQ(row_of(md, "noloco")[13], "0");
   // Each run its own colour and legend name, also two runs of one method (issue 67 item 7).
   const std::vector<std::string> names = {"noloco (noloco)", "diloco (diloco)", "noloco_int8 (noloco)"};
   for (auto plot : {"val_loss_vs_step.svg", "val_loss_vs_bytes.svg", "val_loss_vs_outer_bits.svg"}) {
@@ -485,4 +488,27 @@ TEST(RunSummary, StatesTheBestReplicaAndTheModelExportTakes) {
   run = summarize_run(dir.path(), Method::noloco, 3, 1, "", 1,
                       {worker(0, 1.41, 1.35), worker(1, 1.40, 1.35), worker(2, 1.42, 1.35)}, 10.0);
   EXPECT_EQ(run.handed_over, "mean");
+}
+
+// Issue 105: users see each replica's pace; a run whose replicas all trained
+// every slot adds nothing.
+TEST(RunSummary, ThePaceTableShowsOnlyRunsWhoseReplicasTrainedUnequalSteps) {
+  TempDir dir;
+  const auto run = [&](const std::string& name, std::vector<double> per_period) {
+    RunSummary s;
+    s.method = Method::noloco;
+    s.steps_per_second_replicas = {36.7, 115.5, 91.3};
+    s.steps_per_outer_step_replicas = std::move(per_period);
+    s.outer_blocked_seconds_replicas = {0.4, 2.5, 1.0};
+    const auto path = dir.path() + "/" + name;
+    std::filesystem::create_directories(path);
+    write_json_atomic(path + "/summary.json", s.to_json());
+    return path;
+  };
+  const auto equal = run("equal", {50, 50, 50}), paced = run("paced", {12.7, 39.8, 32.2});
+  EXPECT_EQ(pace_table({equal}), "");
+  const auto table = pace_table({equal, paced});
+  EXPECT_NE(table.find("| paced | 36.7–115.5 | 12.7–39.8 | 0.4–2.5 |"), std::string::npos) << table;
+  EXPECT_EQ(table.find("| equal |"), std::string::npos) << table;
+  EXPECT_NE(comparison_table({paced}).find(table), std::string::npos);
 }

@@ -230,7 +230,7 @@ TEST(BadInput, UnknownConfigKey) {
 }
 
 TEST(BadInput, NegativeLearningRate) {
-  expect_one_line_error(noloco::testing::run_cli("train configs/shakespeare.yaml lr=-1"), "lr must be positive");
+  expect_one_line_error(noloco::testing::run_cli("train configs/shakespeare.yaml lr=-1"), "lr must be >= 0");
 }
 
 TEST(BadInput, HeadsNotDividingHidden) {

@@ -174,7 +174,11 @@ Options comm_bench_options(CommBenchOptions& o) {
 // One replica, a launched worker (RANK set: our launcher, torchrun, Slurm...),
 // or the launcher of `replicas` local workers.
 int train_command(const std::string& config_path, const std::vector<std::string>& overrides) {
-  auto cfg = load_config(config_path, overrides);
+  // `noloco train init_from=DIR data=FILE`: keys alone, no config file.
+  const bool no_file = config_path.find('=') != std::string::npos && !std::filesystem::exists(config_path);
+  auto keys = overrides;
+  if (no_file) keys.insert(keys.begin(), config_path);
+  auto cfg = load_config(no_file ? "" : config_path, keys);
   const int stages = int(cfg.pipeline.stages);
   WorkerEnv env;
   if (worker_env_from_environment(env)) {

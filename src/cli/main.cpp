@@ -63,7 +63,7 @@ struct Command {
 std::vector<Command> add_commands(CLI::App& app, Arguments& a) {
   std::vector<Command> commands;
   auto* train = app.add_subcommand("train", "train a model (CONFIG then key=value overrides)");
-  train->add_option("config", a.config_path, "YAML config, e.g. configs/shakespeare.yaml")->required();
+  train->add_option("config", a.config_path, "YAML config, e.g. configs/shakespeare.yaml, or the first key=value (no config file)")->required();
   train->add_option("overrides", a.overrides, "key=value overrides");
   train->footer(keys_help());
   commands.push_back({train, [&a] { return train_command(a.config_path, a.overrides); }});

@@ -51,7 +51,8 @@ struct ExportArgs {
 Options export_options(ExportArgs& a) {
   Options options("export");
   options.add("shard_size", a.shard_size, "largest weight file, e.g. 2GB, 500MB, 4GiB")
-      .add("dtype", a.export_options.dtype, "float32 | bfloat16 | float16")
+      .add("dtype", a.export_options.dtype,
+           "float32 | bfloat16 | float16; empty: the model's it started from (init_from), else float32")
       .add("replica", a.export_options.replica, kReplicaHelp);
   return options;
 }
@@ -123,7 +124,12 @@ int generate_command(const std::string& checkpoint, const std::vector<std::strin
   if (a.replica == kBestModel && trained.which.rfind("replica ", 0) == 0)
     fmt::print(stderr, "generating with {}\n", trained.which);
   trained.model->to(torch::Device(a.device));
-  const auto ids = generate(trained.model, trained.tokenizer->encode(a.prompt), o);
+  const auto prompt = trained.tokenizer->encode(a.prompt);
+  const auto context = trained.model->config.context;
+  if (int64_t(prompt.size()) > context)
+    fmt::print(stderr, "the prompt's {} tokens are more than the model's context ({}): it sees the last {}\n",
+               prompt.size(), context, context);
+  const auto ids = generate(trained.model, prompt, o);
   std::cout << trained.tokenizer->decode(ids) << std::endl;
   return 0;
 }
@@ -152,8 +158,9 @@ int export_command(const std::string& checkpoint, const std::string& hf_dir, con
   ExportArgs a;
   export_options(a).parse(args);
   a.export_options.shard_bytes = parse_byte_size("shard_size", a.shard_size);
-  const auto which = export_hf(checkpoint, hf_dir, a.export_options);
-  fmt::print("exported {} ({}) to {}\n", checkpoint, which, hf_dir);
+  const auto exported = export_hf(checkpoint, hf_dir, a.export_options);
+  fmt::print("exported {} ({}) to {}\n", checkpoint, exported.model, hf_dir);
+  if (!exported.config.empty()) fmt::print("{}\n", exported.config);
   return 0;
 }
 

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <map>
 #include <optional>
+#include <set>
 #include <sstream>
 #include <stdexcept>
 
@@ -244,10 +245,22 @@ Options config_options(TrainConfig& c) {
   return o;
 }
 
+// The keys that describe a model and its tokenizer. With init_from, a config
+// file's yield to the imported model (a config written for another model
+// still serves to continue this one); given on the command line they must
+// agree with it.
+bool describes_model(const std::string& key) {
+  static const std::set<std::string> keys = {"model",        "hidden",     "layers",    "heads",
+                                             "kv_heads",     "head_dim",   "intermediate", "rope_theta",
+                                             "norm_eps",     "tie_embeddings", "tokenizer", "vocab_size"};
+  return keys.count(key) > 0;
+}
+
 // The model keys of a run with init_from must describe the imported model
-// (only the context, the training window, may differ); its tokenizer is the
-// directory's unless one is named.
-void adopt_imported_model(TrainConfig& c, const ModelConfig& hf, bool tokenizer_given) {
+// (only the context, the training window, may differ: a config file's longer
+// one is cut to the model's positions, the command line's is refused); its
+// tokenizer is the directory's unless one is named on the command line.
+void adopt_imported_model(TrainConfig& c, const ModelConfig& hf, const std::set<std::string>& command_line) {
   auto same = [&](const char* key, auto ours, auto theirs) {
     if (ours != theirs)
       invalid(fmt::format("{}={} disagrees with init_from {} ({}): drop the key", key, ours, c.init_from, theirs));
@@ -263,10 +276,11 @@ void adopt_imported_model(TrainConfig& c, const ModelConfig& hf, bool tokenizer_
   same("rope_theta", c.model.rope_theta, hf.rope_theta);
   same("norm_eps", c.model.norm_eps, hf.norm_eps);
   c.model.rope_scaling = hf.rope_scaling;  // no key of ours: always the directory's
-  if (c.model.context > hf.context)
+  if (c.model.context > hf.context && command_line.count("context"))
     invalid(fmt::format("context={} exceeds init_from {}'s max_position_embeddings ({})", c.model.context,
                         c.init_from, hf.context));
-  if (tokenizer_given) return;
+  c.model.context = std::min(c.model.context, hf.context);
+  if (command_line.count("tokenizer")) return;
   c.data.model_dir = c.init_from;
   if (ends_with(c.data.path, ".bin") && c.data.vocab_size == 0) c.data.vocab_size = hf.vocab_size;
 }
@@ -335,6 +349,7 @@ std::vector<std::string> outer_method_keys() {
 
 void TrainConfig::resolve() {
   if (inner.decay_steps == 0) inner.decay_steps = inner.steps;
+  if (inner.lr == 0) inner.min_lr = 0;  // frozen throughout, not warmed up to the decay's floor
   if (outer.interval == 0) outer.interval = outer.method == Method::diloco ? 100 : 50;
   if (outer.momentum < 0) outer.momentum = outer.method == Method::diloco ? 0.3 : 0.5;
   if (outer.gamma < 0) outer.gamma = outer.lr;
@@ -450,7 +465,7 @@ void TrainConfig::validate() const {
   positive("steps", double(inner.steps));
   non_negative("warmup", double(inner.warmup));
   non_negative("decay_steps", double(inner.decay_steps));
-  positive("lr", inner.lr);
+  non_negative("lr", inner.lr);  // 0: a frozen run, e.g. to check a model's round trip
   non_negative("min_lr", inner.min_lr);
   if (inner.min_lr > inner.lr) invalid(fmt::format("min_lr ({}) must not exceed lr ({})", inner.min_lr, inner.lr));
   if (!(inner.beta1 >= 0 && inner.beta1 < 1)) invalid(fmt::format("beta1 must be in [0, 1), got {}", inner.beta1));
@@ -713,21 +728,31 @@ TrainConfig parse_config(const std::string& yaml_text, const std::vector<std::st
     if (eq == std::string::npos || eq == 0) invalid(fmt::format("override '{}' is not key=value", o));
     pairs.emplace_back(o.substr(0, eq), o.substr(eq + 1));
   }
+  std::set<std::string> command_line;
+  for (size_t i = pairs.size() - overrides.size(); i < pairs.size(); ++i) command_line.insert(pairs[i].first);
   TrainConfig c;
   auto options = config_options(c);
   std::optional<ModelConfig> imported;
-  bool tokenizer_given = false;
+  std::string imported_from;
   for (const auto& [k, v] : pairs) {
     if (!options.has(k)) invalid(fmt::format("unknown config key '{}' (see `noloco train --help`)", k));
-    if (k == "model") {
-      c.preset = v;
-      if (!imported) c.model = model_preset(v);
-    }
     if (k == "init_from" && !v.empty()) {
       imported = read_hf_config(v);
+      imported_from = v;
       c.model = *imported;
     }
-    tokenizer_given |= k == "tokenizer";
+  }
+  if (imported && command_line.count("model"))
+    invalid(fmt::format("model= and init_from={} name two models: drop one", imported_from));
+  // A config file's model keys yield to the imported model (adopt_imported_model).
+  if (imported)
+    pairs.erase(std::remove_if(pairs.begin(), pairs.end(),
+                               [&](const auto& kv) { return describes_model(kv.first) && !command_line.count(kv.first); }),
+                pairs.end());
+  for (const auto& [k, v] : pairs) {
+    if (k != "model") continue;
+    c.preset = v;
+    c.model = model_preset(v);
   }
   // The compression preset, for the method the keys name, before the keys that override it.
   for (const auto& [k, v] : pairs)
@@ -735,7 +760,7 @@ TrainConfig parse_config(const std::string& yaml_text, const std::vector<std::st
   apply_compression_preset(c.outer, c.outer.compression, c.outer.method);
   for (const auto& [k, v] : pairs)
     if (k != "model") options.set(k, v);
-  if (imported) adopt_imported_model(c, *imported, tokenizer_given);
+  if (imported) adopt_imported_model(c, *imported, command_line);
   c.resolve();
   c.validate();
   return c;

@@ -11,6 +11,10 @@
 
 namespace noloco {
 
+// A run's copy of the config.json of the model it started from (init_from),
+// beside its config.yaml: what `export` writes back.
+constexpr const char* kImportedHfConfig = "init_from_config.json";
+
 // Whether `dir` holds a config.json (and so is read as a Hugging Face directory).
 bool is_hf_directory(const std::string& dir);
 // The weights of `config`, in fp32 whatever the files hold (fp32, bf16, fp16).

@@ -143,12 +143,52 @@ void publish_export(const fs::path& staging, const fs::path& hf_dir) {
 
 }  // namespace
 
-std::string export_hf(const std::string& checkpoint, const std::string& hf_dir, const ExportOptions& options) {
-  const auto dtype = export_dtype(options.dtype);
+nlohmann::json keep_imported_config(const nlohmann::json& imported, const nlohmann::json& ours,
+                                    std::vector<std::string>* changed) {
+  auto out = imported;
+  for (const auto& [key, value] : ours.items()) {
+    const auto theirs = imported.find(key);
+    // Training at a shorter window leaves the positions the model serves as they were.
+    if (theirs == imported.end() || key == "max_position_embeddings" || *theirs == value) continue;
+    out[key] = value;
+    if (changed) changed->push_back(fmt::format("{} {} -> {}", key, theirs->dump(), value.dump()));
+  }
+  return out;
+}
+
+namespace {
+
+// The config.json of the model a run started from (init_from), which the
+// run kept beside its config.yaml; empty when it started from none.
+std::string imported_config_of(const std::string& checkpoint) {
+  fs::path dir(checkpoint);
+  for (int up = 0; up < 4 && !dir.empty(); ++up, dir = dir.parent_path())
+    if (fs::exists(dir / kImportedHfConfig)) return (dir / kImportedHfConfig).string();
+  return "";
+}
+
+// What config.json calls the weights' dtype, in the spelling it uses.
+const char* dtype_key(const nlohmann::json& config) { return config.contains("dtype") ? "dtype" : "torch_dtype"; }
+
+}  // namespace
+
+ExportSummary export_hf(const std::string& checkpoint, const std::string& hf_dir, const ExportOptions& options) {
   if (options.shard_bytes == 0) throw std::invalid_argument("shard_size must be positive");
   const auto [ckpt, path, which] = read_trained_weights(checkpoint, options.replica);
   if (path.empty()) throw std::runtime_error(fmt::format("no checkpoint found at '{}'", checkpoint));
+  const auto imported_path = imported_config_of(path);
+  const auto imported = imported_path.empty() ? nlohmann::json() : read_json(imported_path);
+  auto dtype_name = options.dtype;
+  if (dtype_name.empty()) {  // the imported model's, else fp32
+    const auto theirs = imported.is_object() ? imported.find(dtype_key(imported)) : imported.end();
+    dtype_name = imported.is_object() && theirs != imported.end() && theirs->is_string() &&
+                         (*theirs == "float32" || *theirs == "bfloat16" || *theirs == "float16")
+                     ? theirs->get<std::string>()
+                     : "float32";
+  }
+  const auto dtype = export_dtype(dtype_name);
   const auto tokenizer = load_tokenizer(path);
+  ExportSummary summary{which, ""};
   // Written beside its destination and moved there whole once complete: an
   // export that fails (a full disk) leaves no partial model behind.
   fs::path target = fs::path(hf_dir).lexically_normal();
@@ -159,7 +199,16 @@ std::string export_hf(const std::string& checkpoint, const std::string& hf_dir, 
     // Our parameter names are already LlamaForCausalLM's.
     write_hf_weights(staging.string(), ckpt.weights, options.shard_bytes, dtype);
     auto config = ckpt.model.to_hf_json();
-    config["torch_dtype"] = options.dtype;
+    config["torch_dtype"] = dtype_name;
+    if (imported.is_object()) {
+      config.erase("torch_dtype");
+      config[dtype_key(imported)] = dtype_name;
+      std::vector<std::string> changed;
+      config = keep_imported_config(imported, config, &changed);
+      summary.config = changed.empty() ? "config.json: init_from's, unchanged"
+                                       : fmt::format("config.json: init_from's, with {} as trained or asked",
+                                                     fmt::join(changed, ", "));
+    }
     write_json_atomic((staging / "config.json").string(), config);
     tokenizer->save_hf(staging.string());
     publish_export(staging, target);
@@ -168,7 +217,7 @@ std::string export_hf(const std::string& checkpoint, const std::string& hf_dir, 
     fs::remove_all(staging, ec);
     throw;
   }
-  return which;
+  return summary;
 }
 
 TrainedModel load_trained_model(const std::string& checkpoint, const std::string& replica) {

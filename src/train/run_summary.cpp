@@ -639,7 +639,30 @@ std::string comparison_table(const std::vector<std::string>& run_dirs) {
                      lone ? "–" : fmt::format("{:.1f}", s.comm_seconds_per_replica),
                      lone ? "–" : fmt::format("{:.1f}", s.wait_seconds_per_replica), s.collectives, s.seconds);
   }
-  return t;
+  return t + pace_table(run_dirs);
+}
+
+std::string pace_table(const std::vector<std::string>& run_dirs) {
+  const auto range = [](const std::vector<double>& v, const char* format) -> std::string {
+    if (v.empty()) return "–";
+    const auto [low, high] = std::minmax_element(v.begin(), v.end());
+    return fmt::format(fmt::runtime(format), *low) + "–" + fmt::format(fmt::runtime(format), *high);
+  };
+  std::string rows;
+  for (const auto& dir : run_dirs) {
+    const auto s = RunSummary::read(dir);
+    const auto& per_period = s.steps_per_outer_step_replicas;
+    if (per_period.empty() || *std::min_element(per_period.begin(), per_period.end()) ==
+                                  *std::max_element(per_period.begin(), per_period.end()))
+      continue;  // every replica trained every slot: nothing to show
+    rows += fmt::format("| {} | {} | {} | {} |\n", std::filesystem::path(dir).filename().string(),
+                        range(s.steps_per_second_replicas, "{:.1f}"), range(per_period, "{:.1f}"),
+                        range(s.outer_blocked_seconds_replicas, "{:.1f}"));
+  }
+  if (rows.empty()) return "";
+  return "\nReplicas at their own pace (pace=speed), slowest to fastest:\n\n"
+         "| run | trained steps/s | inner steps an outer step | waited at outer steps, s |\n|---|---|---|---|\n" +
+         rows;
 }
 
 }  // namespace noloco

@@ -206,7 +206,10 @@ RunSummary summarize_lone_run(const WorkerSummary& worker);
 // is NaN or there are no parameters.
 double spread_over_stages(const std::vector<std::pair<double, double>>& stages);
 
-// Markdown table comparing runs (each a run directory with summary.json).
+// Markdown table comparing runs (each a run directory with summary.json), then pace_table's.
 std::string comparison_table(const std::vector<std::string>& run_dirs);
+// Where replicas trained unequal numbers of steps (pace=speed): each run's
+// range of steps/s, inner steps an outer step and time waited. Empty where none did.
+std::string pace_table(const std::vector<std::string>& run_dirs);
 
 }  // namespace noloco

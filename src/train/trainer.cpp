@@ -20,6 +20,7 @@
 #include "optim/inner.h"
 #include "optim/outer.h"
 #include "optim/subspace_constraint.h"
+#include "model/hf_directory.h"
 #include "pipeline/stage.h"
 #include "pipeline/worker_model.h"
 #include "train/checkpoint.h"
@@ -508,6 +509,9 @@ WorkerRun::WorkerRun(const TrainConfig& c, const Worker& w)
     auto recorded = c;
     recorded.data.tokenizer = corpus_.tokenizer_source;
     write_file_atomic(out_ + "/config.yaml", recorded.to_yaml());
+    const auto imported = out_ + "/" + kImportedHfConfig;
+    if (!c.init_from.empty() && !std::filesystem::exists(imported))
+      write_file_atomic(imported, read_file(c.init_from + "/config.json"));
   }
   throughput_.emplace(first_step_, c.inner.steps);
   startup_seconds_ = seconds_since_process_start();

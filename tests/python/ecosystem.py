@@ -23,7 +23,7 @@ def save_llama(args):
                     original_max_position_embeddings=32)
     config = LlamaConfig(vocab_size=97, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
                          num_attention_heads=4, num_key_value_heads=args.kv_heads, head_dim=args.head_dim,
-                         max_position_embeddings=128, rms_norm_eps=1e-5, tie_word_embeddings=args.tied,
+                         max_position_embeddings=args.max_positions, rms_norm_eps=1e-5, tie_word_embeddings=args.tied,
                          rope_parameters=rope)
     torch.manual_seed(args.seed)
     model = LlamaForCausalLM(config).eval()
@@ -137,6 +137,7 @@ def main():
     p.add_argument("--tied", action="store_true")
     p.add_argument("--llama3-rope", action="store_true")
     p.add_argument("--max-shard-size", default="10GB")
+    p.add_argument("--max-positions", type=int, default=128)
     p.add_argument("--seed", type=int, default=0)
     p.set_defaults(run=save_llama)
     p = commands.add_parser("logits")
