@@ -13,7 +13,7 @@ with one random partner. A SIGTERM makes a replica leave the run at the end of
 its step while the others go on. A replica started again by the launcher
 (`noloco launch 4 --restarts 2 -- ...`), or a new one joining the run
 
-    build/noloco launch 4 --join-dir /tmp/gru -- python3 examples/char_gru_noloco.py
+    noloco launch 4 --join-dir /tmp/gru -- python3 examples/char_gru_noloco.py
     python3 examples/char_gru_noloco.py --join /tmp/gru     # meanwhile, elsewhere
 
 takes a live replica's weights and AdamW state at its next outer step and
