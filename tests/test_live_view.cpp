@@ -147,6 +147,24 @@ TEST(RunView, ALostMemberAJoinerAndALeaverEachShowAsSuch) {
   EXPECT_EQ(member_row(view.state(1020), 3)["state"], "training");
 }
 
+// Issue 103: a store gone after every member ended is the run's end, which
+// the page says as such; gone while one still trains, an outage.
+TEST(RunView, AStoreGoneAfterEveryMemberEndedIsTheRunsEndNotAnOutage) {
+  RunView view;
+  for (int r = 0; r < 3; ++r)
+    view.add(entry(r, {{"rank", r}, {"replica", r}, {"state", "training"}, {"step", 10}, {"incarnation", 0}}), 1000);
+  view.store_gone("cannot connect");
+  EXPECT_EQ(view.state(1001)["store"], "cannot connect");
+  view.store_back();
+  view.add(entry(0, {{"rank", 0}, {"replica", 0}, {"state", "finished"}, {"step", 20}, {"incarnation", 0}}), 1002);
+  view.add(entry(1, {{"rank", 1}, {"replica", 1}, {"state", "left"}, {"step", 15}, {"incarnation", 0}}), 1002);
+  view.store_gone("cannot connect");
+  EXPECT_EQ(view.state(1003)["store"], "cannot connect") << "member 2 still trains";
+  view.mark_lost(2, 1004);
+  EXPECT_EQ(view.state(1005)["store"], "finished");
+  EXPECT_EQ(view.state(1005)["members"].size(), 3u) << "what was read stays";
+}
+
 // However long the run, a member's curve stays within a bound on the page,
 // from its first evaluation to its newest.
 TEST(RunView, ALongRunsCurvesAreThinnedNotCut) {
@@ -401,10 +419,13 @@ TEST_F(LiveView, AFourReplicaRunWithAJoinAndAKillIsWatchedInChromium) {
 
   EXPECT_EQ(run.wait().exit_code, noloco::kFinishedWithLosses) << run.wait().output;
   EXPECT_EQ(joiner.wait().exit_code, 0) << joiner.wait().output;
-  // The run is over and its store gone; the page keeps what it read. Its
+  // The run is over and its store gone; the page keeps what it read, and
+  // says the run finished (issue 103: not that its store is down). Its
   // curves and table against metrics.jsonl: every validation point, and
   // each member's last step and losses, to 4 digits.
-  dom = rendered(url);
+  dom = render_until(url, [](const std::string& d) { return d.find("the run finished;") != std::string::npos; }, 60);
+  EXPECT_NE(dom.find("<div id=\"heading\">the run finished;"), std::string::npos) << dom;
+  EXPECT_NE(dom.find("<div id=\"gone\"></div>"), std::string::npos) << "no outage told";
   const auto curves = curves_of(dom);
   std::map<int, std::vector<std::pair<int64_t, std::string>>> logged;
   for (const auto& r : noloco::testing::metrics_records(run_dir, "val"))

@@ -106,10 +106,14 @@ void RunView::store_back() { store_gone_.clear(); }
 
 nlohmann::json RunView::state(double now) const {
   nlohmann::json members = nlohmann::json::array(), curves = nlohmann::json::object();
+  bool all_ended = !members_.empty(), any_finished = false;
   for (const auto& [rank, m] : members_) {
     nlohmann::json row = m.status;
     row["rank"] = rank;
     if (m.lost_incarnation >= 0 && m.lost_incarnation >= m.status.value("incarnation", 0)) row["state"] = "lost";
+    const auto state = row.value("state", "");
+    all_ended = all_ended && (ended(row) || state == "lost");
+    any_finished = any_finished || state == record::state_name(record::WorkerState::finished);
     row["heard_seconds_ago"] = std::max(0.0, now - m.heard);
     members.push_back(std::move(row));
     curves[std::to_string(rank)] = m.vals;
@@ -120,7 +124,8 @@ nlohmann::json RunView::state(double now) const {
           {"curves", curves},
           {"pairings", pairings_},
           {"timeline", timeline_},
-          {"store", store_gone_.empty() ? "live" : store_gone_},
+          // A store that went away after every member ended is the run's end, not an outage.
+          {"store", store_gone_.empty() ? "live" : all_ended && any_finished ? "finished" : store_gone_},
           {"store_members", store_members},
           {"refused", refused_}};
 }

@@ -38,8 +38,9 @@ class RunView {
   void set_refused(int64_t entries) { refused_ = entries; }
   // A store cluster's members, each up or down (none for a store of one member).
   void set_store_members(std::vector<StoreMemberHealth> members) { store_members_ = std::move(members); }
-  // The page's data: {"members", "curves", "pairings", "timeline", "store",
-  // "store_members" ([{endpoint, up, why}]), "refused"}.
+  // The page's data: {"members", "curves", "pairings", "timeline", "store"
+  // ("live", "finished": gone after every member ended, some finished; else
+  // why it cannot be read), "store_members" ([{endpoint, up, why}]), "refused"}.
   nlohmann::json state(double now) const;
 
  private:
