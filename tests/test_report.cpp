@@ -297,6 +297,31 @@ TEST(SvgPlot, ZerosOnALogAxisSitOnALineOfTheirOwnAndTheLabelsStayApartAndAlike) 
       << "the reference line, and its line in the legend\n" << dots;
 }
 
+// Issue 103: runs 0.15% apart filled the loss-against-bits plot from top to
+// bottom; given a least span, their dots sit close, as close as they are.
+TEST(SvgPlot, AMinimumRelativeSpanKeepsRunsThatAreCloseClose) {
+  std::vector<PlotSeries> runs;
+  for (const auto& [bits, loss] : {std::pair{0.1, 2.012}, std::pair{1.0, 2.015}}) {
+    PlotSeries run{fmt::format("run at {}", bits), series_color(runs.size()), false, {{bits, loss}}};
+    run.markers = true;
+    runs.push_back(run);
+  }
+  PlotOptions options{"loss against bits", "bits", "loss", false, /*log_x=*/true};
+  const auto dot_height = [&](const std::string& svg, const std::string& color) {
+    const auto at = svg.find("fill=\"" + color + "\"");
+    const auto cy = svg.rfind("cy=\"", at);
+    return std::stod(svg.substr(cy + 4));
+  };
+  const auto filled = line_chart_svg(runs, options);
+  const double apart = std::abs(dot_height(filled, runs[0].color) - dot_height(filled, runs[1].color));
+  options.min_relative_y_span = 0.02;
+  const auto spanned = line_chart_svg(runs, options);
+  const double close = std::abs(dot_height(spanned, runs[0].color) - dot_height(spanned, runs[1].color));
+  EXPECT_GT(apart, 200) << "without a least span the two fill the frame\n" << filled;
+  EXPECT_LT(close, 0.1 * apart) << "3e-3 of 2.0 is 7.5% of a 2% span\n" << spanned;
+  EXPECT_GT(close, 0.05 * apart) << spanned;
+}
+
 // Issue 50 item 10: the demo's own run names were clipped at the right edge
 // of the plots, and byte axes read 5.6e+07 where a person expects 56 MB.
 TEST(Report, LegendsHoldTheirNamesAndByteAxesReadInBytes) {

@@ -269,7 +269,8 @@ std::string write_report(const std::vector<std::string>& run_dirs, const std::st
                                                 })),
            {"Validation loss against the rate of outer messages",
             "bits per parameter per inner step (all a replica sent for training)",
-            "final validation loss (mean over replicas)", /*log_y=*/false, /*log_x=*/true},
+            "final validation loss (mean over replicas)", /*log_y=*/false, /*log_x=*/true, /*x_bytes=*/false,
+            /*min_relative_y_span=*/0.02},
            "final validation loss against bits per parameter per inner step", kRateAnchorsCaption);
   // A log axis for spreads that span decades; where no replicas ever differ
   // (DiLoCo, DDP) it would be an empty frame, so a linear one shows the zeros.

@@ -193,6 +193,10 @@ std::string line_chart_svg(const std::vector<PlotSeries>& series, const PlotOpti
     const double x_pad = (x1 - x0) * 0.04;
     x0 -= x_pad, x1 += x_pad;
   }
+  if (!o.log_y && any && y1 - y0 < o.min_relative_y_span * std::abs(y0 + y1) / 2) {
+    const double middle = (y0 + y1) / 2, half = o.min_relative_y_span * std::abs(middle) / 2;
+    y0 = middle - half, y1 = middle + half;
+  }
   if (y1 == y0) y1 = y0 + 1;
   const double pad = (y1 - y0) * 0.05;
   y0 -= pad, y1 += pad;

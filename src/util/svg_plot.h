@@ -22,6 +22,9 @@ struct PlotOptions {
   bool log_y = false;
   bool log_x = false;
   bool x_bytes = false;  // tick the x axis in bytes ("56 MB"), not in numbers ("5.6e+07")
+  // A linear y axis spans at least this share of its values' middle, so that
+  // runs 0.15% apart do not fill the plot as if they were far apart (0: any span).
+  double min_relative_y_span = 0;
 };
 
 // The legend sits right of the plot; the picture widens to hold its longest
