@@ -342,8 +342,8 @@ std::vector<std::string> outer_method_keys() {
   add_comm_options(options, c);
   std::vector<std::string> keys{"method", "seed"};
   for (const auto& o : options.all())
-    // restarts and rate: the local launcher's; pace: a user's loop takes every step it is given.
-    if (o.name != "restarts" && o.name != "rate" && o.name != "pace") keys.push_back(o.name);
+    // restarts and rate: the local launcher's.
+    if (o.name != "restarts" && o.name != "rate") keys.push_back(o.name);
   return keys;
 }
 

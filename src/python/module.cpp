@@ -117,6 +117,7 @@ py::dict as_dict(const UserOuterStep& s) {
   d["values_received"] = s.sync.values_received;
   d["values_dropped"] = s.sync.values_dropped;
   d["handed_over_to"] = s.handed_over_to;
+  if (s.sync.pace) d["trained_steps"] = s.sync.pace->steps;  // pace=speed: its steps in the period
   return d;
 }
 
@@ -192,6 +193,9 @@ without it a joiner's optimizer starts afresh.)")
            }),
            py::arg("params"), py::arg("method") = "noloco", py::arg("join") = py::none(),
            py::arg("inner_optimizer") = py::none())
+      .def("trains_now", &UserLoopReplica::trains_now,
+           "pace=speed: whether this replica trains in the coming slot (ask before each step(); a slow replica "
+           "trains in its share of the slots and calls step() for the others too); always True otherwise")
       .def(
           "step",
           [](UserLoopReplica& r) {

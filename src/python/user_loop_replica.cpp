@@ -9,6 +9,7 @@
 #include "comm/launch/launcher.h"
 #include "comm/store/store.h"
 #include "config/worker_env.h"
+#include "optim/pace.h"
 #include "train/run_summary.h"
 #include "train/worker_entry.h"
 #include "util/crc32c.h"
@@ -166,8 +167,24 @@ std::vector<UserOuterStep> UserLoopReplica::reported(std::vector<OuterSync> sync
   return steps;
 }
 
+bool UserLoopReplica::trains_now() {
+  Pace* const pace = outer_->pace();
+  if (!pace) return true;
+  if (asked_for_ == inner_steps_) return trains_;
+  trains_ = pace->trains_at(inner_steps_);
+  asked_for_ = inner_steps_;
+  asked_at_ = std::chrono::steady_clock::now();
+  return trains_;
+}
+
 std::vector<UserOuterStep> UserLoopReplica::step() {
   if (finished_) throw std::logic_error("step() after the replica finished or left the run");
+  if (Pace* const pace = outer_->pace()) {
+    if (asked_for_ != inner_steps_)
+      throw std::logic_error("pace=speed: ask trains_now() before each step() (whether this replica trains the slot)");
+    if (trains_)
+      pace->step_took(std::chrono::duration<double>(std::chrono::steady_clock::now() - asked_at_).count());
+  }
   auto after = life_.after_inner_step(++inner_steps_, /*last=*/false);
   auto steps = reported(std::move(after.syncs));
   if (!steps.empty()) steps.back().handed_over_to = after.handovers.served;

@@ -5,6 +5,7 @@
 // (RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT, NOLOCO_RUN_TOKEN), or one that
 // joins a running NoLoCo run: one replica of one worker, no pipeline.
 #pragma once
+#include <chrono>
 #include <memory>
 #include <optional>
 #include <string>
@@ -62,8 +63,15 @@ class UserLoopReplica {
   UserLoopReplica(const UserLoopReplica&) = delete;
   UserLoopReplica& operator=(const UserLoopReplica&) = delete;
 
-  // After each inner step: the outer step when one is due, then the state
-  // handed to replicas that asked for it. A lost peer is in `lost`, never an
+  // pace=speed: whether this replica trains in the coming slot, asked once
+  // before each step() (again: the same answer). A replica slower than the
+  // fastest trains in only its share of each period's slots and calls step()
+  // after the others too, so that all reach each outer step together
+  // (optim/pace.h). Its step time is measured from this call to step().
+  // Always true under pace=steps.
+  bool trains_now();
+  // After each inner step (or slot left out, under pace=speed): the outer
+  // step when one is due, then the state handed to replicas that asked for it. A lost peer is in `lost`, never an
   // exception. After a SIGTERM (NoLoCo) it leaves the run instead: what is in
   // flight is applied and the partners are told.
   std::vector<UserOuterStep> step();
@@ -113,6 +121,10 @@ class UserLoopReplica {
   WorkerLife life_;
   std::optional<Rejoined> rejoined_;
   int64_t inner_steps_ = 0, outer_steps_ = 0;
+  // pace=speed: the slot trains_now() answered for, its answer and when.
+  std::optional<int64_t> asked_for_;
+  bool trains_ = true;
+  std::chrono::steady_clock::time_point asked_at_;
   int64_t first_step_ = 0;  // where this process began: 0, or a loaded state's step
   uint64_t outer_bytes_ = 0;
   bool left_ = false, finished_ = false;

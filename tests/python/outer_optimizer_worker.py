@@ -127,6 +127,35 @@ def trains(args):
     dist.destroy_process_group()
 
 
+def paces(args):
+    """pace=speed under torchrun: replica 3's steps take three times as long
+    (a sleep standing in for a slower GPU). Each replica asks trains_now()
+    before each slot and trains only where told; step() for every slot."""
+    rank = int(os.environ["RANK"])
+    model = mlp(seed=0)
+    opt = noloco.OuterOptimizer(model.named_parameters(), method=args.method, pace="speed", **keys(args.keys))
+    inner = torch.optim.SGD(model.parameters(), lr=1e-3)
+    step_seconds = 0.06 if rank == 3 else 0.02
+    trained, reported_steps = 0, []
+    try:
+        opt.step()
+        refused = ""
+    except RuntimeError as e:  # a slot not asked about first
+        refused = str(e)
+    for _ in range(args.steps):
+        if opt.trains_now():
+            loss = model(torch.randn(8, 16)).pow(2).mean()
+            inner.zero_grad()
+            loss.backward()
+            inner.step()
+            time.sleep(step_seconds)
+            trained += 1
+        reported_steps += [r["trained_steps"] for r in outer_steps(opt.step())]
+    reported_steps += [r["trained_steps"] for r in outer_steps(opt.finish())]
+    emit({"rank": rank, "trained": trained, "slots": args.steps, "outer_steps": opt.outer_steps,
+          "reported_steps": reported_steps, "refused": refused})
+
+
 def homes(args):
     """The teacher fitted behind NAT on the WAN testbed, where only the outer
     optimizer's own traffic gets through (no torch.distributed): reports its
@@ -299,8 +328,8 @@ def cli_llama(args):
 
 def main():
     parser = argparse.ArgumentParser()
-    parser.add_argument("mode", choices=["paper_update", "trains", "homes", "message_bytes", "survives", "cli_llama", "resumes",
-                                           "handover"])
+    parser.add_argument("mode", choices=["paper_update", "trains", "paces", "homes", "message_bytes", "survives", "cli_llama",
+                                           "resumes", "handover"])
     parser.add_argument("--steps", type=int, default=40)
     parser.add_argument("--method", default="noloco")
     parser.add_argument("--params", type=int, default=0)

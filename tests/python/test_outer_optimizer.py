@@ -5,6 +5,9 @@ ctest runs one case a test: test_outer_optimizer.py CASE BUILD_DIR.
                  equals the paper's update computed from all replicas (1e-5)
   trains         torchrun, NoLoCo and DiLoCo with a real lr: the loss falls and
                  the replicas' spread is reported
+  paces          torchrun, pace=speed, one replica three times slower: it
+                 trains about a third of the slots, the others nearly all, and
+                 each outer step reports the steps behind its increment
   message_bytes  the bytes of each outer step equal the CLI's for the same keys
                  and parameter count
   cli_llama      the CLI's Llama trained by the CLI and by a Python loop
@@ -98,6 +101,23 @@ def trains(build):
             check(r["last_loss"] < 0.5 * r["first_loss"], "the loss did not halve")
         spread = found[0]["spread"]
         check(0 < spread < 0.05 if method == "noloco" else spread < 1e-6, f"{method}: spread {spread}")
+
+
+def paces(build):
+    for method in ("noloco", "diloco"):
+        found = torchrun(build, ["paces", "--steps", "120", "--method", method, "outer_interval=10"])
+        for r in found:
+            share = r["trained"] / r["slots"]
+            print(f"{method}: replica {r['rank']}: trained {r['trained']} of {r['slots']} slots ({share:.2f}), "
+                  f"{r['outer_steps']} outer steps, steps behind each increment {r['reported_steps']}")
+            check(r["outer_steps"] == 12, f"{r['outer_steps']} outer steps, not 12")
+            check("trains_now()" in r["refused"], f"step() before trains_now() was not refused: {r['refused']!r}")
+            check(sum(r["reported_steps"]) <= r["trained"] and r["reported_steps"][-1] >= 1,
+                  f"the reports' steps {r['reported_steps']} against {r['trained']} trained")
+            if r["rank"] == 3:
+                check(0.2 <= share <= 0.55, f"the slow replica trained {share:.2f} of the slots, not about a third")
+            else:
+                check(share >= 0.8, f"a fast replica trained {share:.2f} of the slots")
 
 
 def small_run_keys(out):
