@@ -106,6 +106,17 @@ torch::Tensor report_bytes(const PaceReport& r) {
   return torch::tensor(std::vector<int64_t>(b.begin(), b.end())).to(torch::kUInt8);
 }
 
+// A partner's report, as bytes: `steps` in its period at `seconds` a step,
+// the fastest it heard of replica 0 at 0.1 s.
+torch::Tensor partner_report(int64_t steps, double seconds) {
+  PaceReport partner;
+  partner.steps = steps;
+  partner.step_seconds = seconds;
+  partner.reference_rank = 0;
+  partner.reference_seconds = 0.1;
+  return report_bytes(partner);
+}
+
 // A replica whose steps take `seconds` trains every slot of a period of `interval`.
 void train_period(Pace& pace, int64_t first_step, int64_t interval, double seconds) {
   for (int64_t s = first_step; s < first_step + interval; ++s)
@@ -605,12 +616,7 @@ TEST(Outer, PacedNoLoCoWeighsEachIncrementByItsStepsByHand) {
   train_period(*outer->pace(), 0, 4, 0.1);
   flat.values().copy_(torch::tensor({1.5f, 1.0f, 0.0f}));  // Δ0 = [0.5, -1, 1]
   comm.peer = torch::tensor({0.2f, 0.6f, -0.5f, 0.0f, 4.0f, 1.0f});  // Δ1, φ1
-  PaceReport partner;
-  partner.steps = 1;
-  partner.step_seconds = 0.4;
-  partner.reference_rank = 0;
-  partner.reference_seconds = 0.1;
-  comm.peer_trailer = report_bytes(partner);
+  comm.peer_trailer = partner_report(1, 0.4);
   const auto sync = outer->after_inner_step(3, flat);
   ASSERT_TRUE(sync.has_value());
   EXPECT_EQ(sync->arrived, (std::vector<int>{0, 1}));
@@ -646,12 +652,7 @@ TEST(Outer, PacedDiLoCoScalesItsDeltaSoTheMeanIsWeighedByStepsByHand) {
   auto& [m, flat, comm, outer] = rig;
   outer->load({{"outer.phi", torch::tensor({1.0f, 2.0f, -1.0f})}, {"outer.momentum", torch::zeros({3})}});
   train_period(*outer->pace(), 0, 4, 0.1);
-  PaceReport partner;
-  partner.steps = 2;
-  partner.step_seconds = 0.2;
-  partner.reference_rank = 0;
-  partner.reference_seconds = 0.1;
-  comm.peer_bytes = report_bytes(partner);
+  comm.peer_bytes = partner_report(2, 0.2);
   flat.values().copy_(torch::tensor({1.5f, 1.0f, 0.0f}));          // Δ0 = [0.5, -1, 1]
   comm.peer = torch::tensor({0.1f, 0.3f, -0.2f}) * (2.0f / 3.0f);  // Δ1 as the partner sends it
   const auto sync = outer->after_inner_step(3, flat);

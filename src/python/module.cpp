@@ -149,10 +149,11 @@ std::vector<UserOuterStep> released(UserLoopReplica& r, std::vector<UserOuterSte
   return (r.*call)();
 }
 
-void bind_outer_optimizer(py::module_& m) {
-  py::class_<UserLoopReplica>(m, "OuterOptimizer", R"(Wraps a replica's parameters in an outer method.
+constexpr const char* kOuterOptimizerDoc = R"(Wraps a replica's parameters in an outer method.
 
-Call step() after every step of the inner optimizer. Started under torchrun
+Call step() after every step of the inner optimizer (pace="speed": ask
+trains_now() before each slot, train where it says so, step() for every
+slot). Started under torchrun
 (RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT; NOLOCO_RUN_TOKEN the same secret
 in every process), one process a replica. Keyword arguments are the CLI's
 outer and network keys (outer_interval, outer_lr, compression, overlap, seal,
@@ -164,7 +165,10 @@ started with); join="DIR" reads the invitation of `noloco launch --join-dir
 DIR`. A joining or restarted replica takes a live one's weights and outer
 state at its next outer step; `inner_steps` is then where its loop goes on.
 inner_optimizer=opt hands the optimizer's state (AdamW's moments) over too;
-without it a joiner's optimizer starts afresh.)")
+without it a joiner's optimizer starts afresh.)";
+
+void bind_outer_optimizer(py::module_& m) {
+  py::class_<UserLoopReplica>(m, "OuterOptimizer", kOuterOptimizerDoc)
       .def(py::init([](const py::iterable& params, const std::string& method, const py::object& join,
                        const py::object& inner_optimizer, const py::kwargs& kwargs) {
              auto named = named_tensors(params);

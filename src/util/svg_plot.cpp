@@ -154,6 +154,12 @@ std::string series_marks(const PlotSeries& s, const std::vector<std::pair<double
   return svg;
 }
 
+// [low, high] widened about its middle to at least `share` of the middle.
+void widen_to_share(double& low, double& high, double share) {
+  const double middle = (low + high) / 2, half = share * std::abs(middle) / 2;
+  if (high - low < 2 * half) low = middle - half, high = middle + half;
+}
+
 }  // namespace
 
 std::string series_color(size_t i) {
@@ -193,10 +199,7 @@ std::string line_chart_svg(const std::vector<PlotSeries>& series, const PlotOpti
     const double x_pad = (x1 - x0) * 0.04;
     x0 -= x_pad, x1 += x_pad;
   }
-  if (!o.log_y && any && y1 - y0 < o.min_relative_y_span * std::abs(y0 + y1) / 2) {
-    const double middle = (y0 + y1) / 2, half = o.min_relative_y_span * std::abs(middle) / 2;
-    y0 = middle - half, y1 = middle + half;
-  }
+  if (!o.log_y && any) widen_to_share(y0, y1, o.min_relative_y_span);
   if (y1 == y0) y1 = y0 + 1;
   const double pad = (y1 - y0) * 0.05;
   y0 -= pad, y1 += pad;
