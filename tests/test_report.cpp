@@ -454,8 +454,10 @@ TEST(ModelChoice, TheMeanOnlyWhereItValidatedAtLeastAsWellAsTheBestReplica) {
   EXPECT_FALSE(choice.replica);
   EXPECT_NE(choice.why.find("1.3561"), std::string::npos) << choice.why;
   EXPECT_NE(choice.why.find("(2) 1.3601"), std::string::npos) << choice.why;
-  // Equal counts as good (DiLoCo's identical replicas).
+  // Equal counts as good, to float rounding (DiLoCo's identical replicas).
   EXPECT_FALSE(choose_model({{{0, 1.5}, {1, 1.5}}, 1.5}).replica);
+  EXPECT_FALSE(choose_model({{{0, 2.1255}, {1, 2.1255}}, 2.1255 + 2e-7}).replica);
+  EXPECT_TRUE(choose_model({{{0, 2.0905}, {1, 2.0933}}, 2.0906}).replica) << "5e-5 worse is worse";
   // topk: replicas drifted apart, their mean is worse than each.
   choice = choose_model({{{0, 1.4124}, {1, 1.4102}, {2, 1.4130}}, 1.7339});
   ASSERT_TRUE(choice.replica);

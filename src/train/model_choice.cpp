@@ -15,7 +15,10 @@ ModelChoice choose_model(const ValidatedModels& v) {
   for (auto it = v.replica_loss.begin(); it != v.replica_loss.end(); ++it)
     if (it->second < best->second) best = it;
   const auto best_line = fmt::format("its best replica ({}) {:.4f}", best->first, best->second);
-  if (v.mean_model_loss && *v.mean_model_loss <= best->second)
+  // Within float rounding counts as equal: DiLoCo's identical replicas' mean
+  // is evaluated through another sum, and came out 1e-7 above them.
+  constexpr double kRounding = 1e-5;
+  if (v.mean_model_loss && *v.mean_model_loss <= best->second + kRounding * std::abs(best->second))
     return {std::nullopt, fmt::format("the mean of its replicas: validation loss {:.4f}, {}", *v.mean_model_loss,
                                       best_line)};
   if (v.replica_loss.size() == 1 && !v.mean_model_loss) return {std::nullopt, "its one replica"};

@@ -28,7 +28,8 @@ struct ModelChoice {
   std::string why;             // one line for the user, the figures behind the choice
 };
 
-// The mean where it validated at least as well as the best replica or where
+// The mean where it validated at least as well as the best replica (to a
+// relative 1e-5, float rounding) or where
 // there is nothing to choose between (one replica, or no validation); else
 // the replica of the lowest loss (the lowest number among equals).
 ModelChoice choose_model(const ValidatedModels& validated);
