@@ -135,7 +135,9 @@ void add_outer_options(Options& o, TrainConfig& c) {
            "diloco/noloco outer messages: none (the codec keys below as given) | sparse (int2 delta with error "
            "feedback, an outer step every 10 steps for one fragment of the weights) | topk (SparseLoCo's message: "
            "the top 64 of 4096 values as 2-bit bin means, Rice-coded positions, the rest kept in the weights; "
-           "noloco sends no phi); what each costs in bytes and loss: docs/results.md; keys given with it "
+           "noloco sends no phi); measured at 4 and 8 replicas of small models, sparse ends within 1% of fp32 "
+           "messages' loss at 0.06-0.1 bits a parameter per inner step, topk 1.5-5% above it at 0.004-0.014 bits "
+           "(its replicas drift apart: export then takes the best one); docs/results.md; keys given with it "
            "override it")
       .add("outer_interval", c.outer.interval, "H, inner steps between two synchronisations of the weights (with fragments=F, of each fragment: "
            "an outer step every H/F steps); 0: 100 diloco, 50 noloco")
