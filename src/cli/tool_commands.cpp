@@ -121,8 +121,7 @@ int generate_command(const std::string& checkpoint, const std::vector<std::strin
     throw std::invalid_argument(fmt::format("temperature and top_k must be >= 0, tokens in [0, {}]", kMaxTokens));
   auto trained = load_trained_model(checkpoint, a.replica);
   // Only a choice the user may not expect is said: the text goes to stdout.
-  if (a.replica == kBestModel && trained.which.rfind("replica ", 0) == 0)
-    fmt::print(stderr, "generating with {}\n", trained.which);
+  if (trained.replica_over_mean) fmt::print(stderr, "generating with {}\n", trained.which);
   trained.model->to(torch::Device(a.device));
   const auto prompt = trained.tokenizer->encode(a.prompt);
   const auto context = trained.model->config.context;

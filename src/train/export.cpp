@@ -35,6 +35,7 @@ torch::ScalarType export_dtype(const std::string& name) {
 struct ModelCheckpoints {
   std::vector<std::string> paths;  // one: that checkpoint; several: the mean of their weights
   std::string which;
+  bool replica_over_mean = false;  // replica=best took one replica, its mean having validated worse
 };
 
 // The checkpoints of a run directory that make the model `replica` names:
@@ -81,7 +82,7 @@ ModelCheckpoints replica_checkpoints(const fs::path& run_dir, const std::string&
       choice = choose_model(at == validated.end() ? ValidatedModels{} : at->second);
     }
     if (choice.replica) {
-      if (at_step.count(*choice.replica)) return {{at_step.at(*choice.replica)}, choice.why};
+      if (at_step.count(*choice.replica)) return {{at_step.at(*choice.replica)}, choice.why, true};
       choice.why = fmt::format("the mean of its replicas: its best validated, {}, left no checkpoint of step {}",
                                *choice.replica, step);
     }
@@ -97,7 +98,7 @@ ModelCheckpoints replica_checkpoints(const fs::path& run_dir, const std::string&
 struct TrainedWeights {
   Checkpoint checkpoint;
   std::string path;  // the checkpoint its tokenizer is read from; empty: none found
-  std::string which;
+  ModelCheckpoints chosen;
 };
 
 // The model `replica` names of `checkpoint` (a run directory, a directory of
@@ -119,7 +120,7 @@ TrainedWeights read_trained_weights(const std::string& checkpoint, const std::st
       t = (sum / double(paths.size())).to(t.scalar_type());
     }
   }
-  return {std::move(model), paths[0], chosen.which};
+  return {std::move(model), paths[0], chosen};
 }
 
 }  // namespace
@@ -174,7 +175,7 @@ const char* dtype_key(const nlohmann::json& config) { return config.contains("dt
 
 ExportSummary export_hf(const std::string& checkpoint, const std::string& hf_dir, const ExportOptions& options) {
   if (options.shard_bytes == 0) throw std::invalid_argument("shard_size must be positive");
-  const auto [ckpt, path, which] = read_trained_weights(checkpoint, options.replica);
+  const auto [ckpt, path, chosen] = read_trained_weights(checkpoint, options.replica);
   if (path.empty()) throw std::runtime_error(fmt::format("no checkpoint found at '{}'", checkpoint));
   const auto imported_path = imported_config_of(path);
   const auto imported = imported_path.empty() ? nlohmann::json() : read_json(imported_path);
@@ -188,7 +189,7 @@ ExportSummary export_hf(const std::string& checkpoint, const std::string& hf_dir
   }
   const auto dtype = export_dtype(dtype_name);
   const auto tokenizer = load_tokenizer(path);
-  ExportSummary summary{which, ""};
+  ExportSummary summary{chosen.which, ""};
   // Written beside its destination and moved there whole once complete: an
   // export that fails (a full disk) leaves no partial model behind.
   fs::path target = fs::path(hf_dir).lexically_normal();
@@ -221,12 +222,13 @@ ExportSummary export_hf(const std::string& checkpoint, const std::string& hf_dir
 }
 
 TrainedModel load_trained_model(const std::string& checkpoint, const std::string& replica) {
-  const auto [ckpt, path, which] = read_trained_weights(checkpoint, replica);
+  const auto [ckpt, path, chosen] = read_trained_weights(checkpoint, replica);
   const bool hf = path.empty() && is_hf_directory(checkpoint);
   if (path.empty() && !hf)
     throw std::runtime_error(fmt::format("no checkpoint or Hugging Face directory found at '{}'", checkpoint));
   TrainedModel trained;
-  trained.which = hf ? "a Hugging Face model" : which;
+  trained.which = hf ? "a Hugging Face model" : chosen.which;
+  trained.replica_over_mean = chosen.replica_over_mean;
   trained.tokenizer = load_tokenizer(hf ? checkpoint : path);
   if (hf) {
     trained.model = LlamaForCausalLM(read_hf_config(checkpoint));

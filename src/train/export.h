@@ -37,6 +37,7 @@ struct TrainedModel {
   LlamaForCausalLM model{nullptr};
   std::unique_ptr<Tokenizer> tokenizer;
   std::string which;  // which model of the run, in words
+  bool replica_over_mean = false;  // replica=best took one replica, the mean having validated worse
 };
 // `imported`'s fields, where `ours` (the trained model's) has another value
 // for one it holds, taking ours, each change noted "key old -> new" in

@@ -1,5 +1,6 @@
 #include "train/model_choice.h"
 
+#include <algorithm>
 #include <cmath>
 #include <filesystem>
 #include <fstream>
@@ -9,26 +10,29 @@
 
 namespace noloco {
 
+std::optional<std::pair<int, double>> best_replica(const ValidatedModels& v) {
+  const auto best = std::min_element(v.replica_loss.begin(), v.replica_loss.end(),
+                                     [](const auto& a, const auto& b) { return a.second < b.second; });
+  if (best == v.replica_loss.end()) return std::nullopt;
+  return *best;
+}
+
 ModelChoice choose_model(const ValidatedModels& v) {
-  if (v.replica_loss.empty()) return {std::nullopt, "the mean of its replicas, no validation to choose by"};
-  auto best = v.replica_loss.begin();
-  for (auto it = v.replica_loss.begin(); it != v.replica_loss.end(); ++it)
-    if (it->second < best->second) best = it;
-  const auto best_line = fmt::format("its best replica ({}) {:.4f}", best->first, best->second);
-  // Within float rounding counts as equal: DiLoCo's identical replicas' mean
-  // is evaluated through another sum, and came out 1e-7 above them.
-  constexpr double kRounding = 1e-5;
-  if (v.mean_model_loss && *v.mean_model_loss <= best->second + kRounding * std::abs(best->second))
+  const auto found = best_replica(v);
+  if (!found) return {std::nullopt, "the mean of its replicas, no validation to choose by"};
+  const auto [best, loss] = *found;
+  const auto best_line = fmt::format("its best replica ({}) {:.4f}", best, loss);
+  if (v.mean_model_loss && *v.mean_model_loss <= loss + kLossRounding * std::abs(loss))
     return {std::nullopt, fmt::format("the mean of its replicas: validation loss {:.4f}, {}", *v.mean_model_loss,
                                       best_line)};
   if (v.replica_loss.size() == 1 && !v.mean_model_loss) return {std::nullopt, "its one replica"};
   if (v.mean_model_loss)
-    return {best->first, fmt::format("replica {}: validation loss {:.4f}, the mean of its replicas {:.4f}"
-                                     "; replica=mean takes the mean all the same",
-                                     best->first, best->second, *v.mean_model_loss)};
-  return {best->first, fmt::format("replica {}: validation loss {:.4f}, the best; the mean of its replicas was not "
-                                   "validated there; replica=mean takes it all the same",
-                                   best->first, best->second)};
+    return {best, fmt::format("replica {}: validation loss {:.4f}, the mean of its replicas {:.4f}"
+                              "; replica=mean takes the mean all the same",
+                              best, loss, *v.mean_model_loss)};
+  return {best, fmt::format("replica {}: validation loss {:.4f}, the best; the mean of its replicas was not "
+                            "validated there; replica=mean takes it all the same",
+                            best, loss)};
 }
 
 std::map<int64_t, ValidatedModels> validated_models(const std::string& run_dir) {

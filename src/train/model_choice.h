@@ -8,6 +8,7 @@
 #include <map>
 #include <optional>
 #include <string>
+#include <utility>
 
 namespace noloco {
 
@@ -28,10 +29,18 @@ struct ModelChoice {
   std::string why;             // one line for the user, the figures behind the choice
 };
 
-// The mean where it validated at least as well as the best replica (to a
-// relative 1e-5, float rounding) or where
-// there is nothing to choose between (one replica, or no validation); else
-// the replica of the lowest loss (the lowest number among equals).
+// A mean within this share of the best replica's loss counts as as good:
+// float rounding (DiLoCo's identical replicas' mean is evaluated through
+// another sum, and came out 1e-7 above them).
+constexpr double kLossRounding = 1e-5;
+
+// The replica of the lowest loss (the lowest number among equals) and its
+// loss; none without validated replicas.
+std::optional<std::pair<int, double>> best_replica(const ValidatedModels& validated);
+
+// The mean where it validated at least as well as the best replica (to
+// kLossRounding) or where there is nothing to choose between (one replica,
+// or no validation); else the best replica.
 ModelChoice choose_model(const ValidatedModels& validated);
 
 // The validation records of `run_dir`'s metrics.jsonl by step (where a resume

@@ -521,10 +521,9 @@ struct RunTally {
     if (validated.replica_loss.empty()) return;
     auto models = validated;
     models.mean_model_loss = run.final_val_loss_mean_model;
-    const auto best = std::min_element(models.replica_loss.begin(), models.replica_loss.end(),
-                                       [](const auto& a, const auto& b) { return a.second < b.second; });
-    run.best_replica = best->first;
-    run.final_val_loss_best_replica = best->second;
+    const auto [best, loss] = *best_replica(models);
+    run.best_replica = best;
+    run.final_val_loss_best_replica = loss;
     const auto choice = choose_model(models);
     run.handed_over = choice.replica ? fmt::format("replica {}", *choice.replica) : kMeanOfReplicas;
   }
@@ -615,6 +614,37 @@ RunSummary summarize_run(const std::string& run_dir, Method method, int64_t repl
   return run;
 }
 
+namespace {
+
+// Each run directory's name and summary, read once for every table.
+std::vector<std::pair<std::string, RunSummary>> read_summaries(const std::vector<std::string>& run_dirs) {
+  std::vector<std::pair<std::string, RunSummary>> runs;
+  for (const auto& dir : run_dirs) runs.emplace_back(std::filesystem::path(dir).filename().string(), RunSummary::read(dir));
+  return runs;
+}
+
+std::string pace_table_of(const std::vector<std::pair<std::string, RunSummary>>& runs) {
+  const auto range = [](const std::vector<double>& v, const char* format) -> std::string {
+    if (v.empty()) return "–";
+    const auto [low, high] = std::minmax_element(v.begin(), v.end());
+    return fmt::format(fmt::runtime(format), *low) + "–" + fmt::format(fmt::runtime(format), *high);
+  };
+  std::string rows;
+  for (const auto& [name, s] : runs) {
+    const auto& per_period = s.steps_per_outer_step_replicas;
+    const auto [fewest, most] = std::minmax_element(per_period.begin(), per_period.end());
+    if (per_period.empty() || *fewest == *most) continue;  // every replica trained every slot: nothing to show
+    rows += fmt::format("| {} | {} | {} | {} |\n", name, range(s.steps_per_second_replicas, "{:.1f}"),
+                        range(per_period, "{:.1f}"), range(s.outer_blocked_seconds_replicas, "{:.1f}"));
+  }
+  if (rows.empty()) return "";
+  return "\nReplicas at their own pace (pace=speed), slowest to fastest:\n\n"
+         "| run | trained steps/s | inner steps an outer step | waited at outer steps, s |\n|---|---|---|---|\n" +
+         rows;
+}
+
+}  // namespace
+
 std::string comparison_table(const std::vector<std::string>& run_dirs) {
   std::string t =
       "| run | method | replicas | final val loss | ppl | mean-model val loss | best replica val loss | export takes | "
@@ -624,45 +654,24 @@ std::string comparison_table(const std::vector<std::string>& run_dirs) {
     if (!v) return "–";
     return fmt::format(fmt::runtime(format), *v);
   };
-  for (const auto& dir : run_dirs) {
-    const auto s = RunSummary::read(dir);
+  const auto runs = read_summaries(run_dirs);
+  for (const auto& [name, s] : runs) {
     const double loss = s.final_val_loss.value_or(std::nan(""));
     const bool lone = s.replicas == 1 && s.stages == 1;
     const auto best = s.best_replica ? fmt::format("{} ({})", num(s.final_val_loss_best_replica, "{:.4f}"),
                                                    *s.best_replica)
                                      : "–";
-    t += fmt::format("| {} | {} | {} | {} | {:.2f} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {:.0f} |\n",
-                     std::filesystem::path(dir).filename().string(), choice_name(s.method), s.replicas,
-                     num(s.final_val_loss, "{:.4f}"), std::exp(loss), num(s.final_val_loss_mean_model, "{:.4f}"), best,
-                     s.handed_over.empty() ? "–" : s.handed_over, num(s.weight_std, "{:.2e}"), format_count(double(s.bytes_sent)),
+    t += fmt::format("| {} | {} | {} | {} | {:.2f} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {:.0f} |\n", name,
+                     choice_name(s.method), s.replicas, num(s.final_val_loss, "{:.4f}"), std::exp(loss),
+                     num(s.final_val_loss_mean_model, "{:.4f}"), best, s.handed_over.empty() ? "–" : s.handed_over,
+                     num(s.weight_std, "{:.2e}"), format_count(double(s.bytes_sent)),
                      num(s.bits_per_param_per_inner_step, "{:.3g}"),
                      lone ? "–" : fmt::format("{:.1f}", s.comm_seconds_per_replica),
                      lone ? "–" : fmt::format("{:.1f}", s.wait_seconds_per_replica), s.collectives, s.seconds);
   }
-  return t + pace_table(run_dirs);
+  return t + pace_table_of(runs);
 }
 
-std::string pace_table(const std::vector<std::string>& run_dirs) {
-  const auto range = [](const std::vector<double>& v, const char* format) -> std::string {
-    if (v.empty()) return "–";
-    const auto [low, high] = std::minmax_element(v.begin(), v.end());
-    return fmt::format(fmt::runtime(format), *low) + "–" + fmt::format(fmt::runtime(format), *high);
-  };
-  std::string rows;
-  for (const auto& dir : run_dirs) {
-    const auto s = RunSummary::read(dir);
-    const auto& per_period = s.steps_per_outer_step_replicas;
-    if (per_period.empty() || *std::min_element(per_period.begin(), per_period.end()) ==
-                                  *std::max_element(per_period.begin(), per_period.end()))
-      continue;  // every replica trained every slot: nothing to show
-    rows += fmt::format("| {} | {} | {} | {} |\n", std::filesystem::path(dir).filename().string(),
-                        range(s.steps_per_second_replicas, "{:.1f}"), range(per_period, "{:.1f}"),
-                        range(s.outer_blocked_seconds_replicas, "{:.1f}"));
-  }
-  if (rows.empty()) return "";
-  return "\nReplicas at their own pace (pace=speed), slowest to fastest:\n\n"
-         "| run | trained steps/s | inner steps an outer step | waited at outer steps, s |\n|---|---|---|---|\n" +
-         rows;
-}
+std::string pace_table(const std::vector<std::string>& run_dirs) { return pace_table_of(read_summaries(run_dirs)); }
 
 }  // namespace noloco
