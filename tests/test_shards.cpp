@@ -288,6 +288,22 @@ TEST(Corpus, APreparedDirectoryBringsItsValidationShardsAndTokenizer) {
   EXPECT_EQ(corpus.tokenizer_source, dir / "tokens") << "the run's config.yaml would name another tokenizer";
   EXPECT_EQ(corpus.train.size(), r.train_tokens);
   EXPECT_EQ(corpus.val.size(), r.val_tokens);
+
+  // Prepared again with nothing held out: the earlier validation shards go, and
+  // the run takes its own val_fraction, or with 0 trains without validation.
+  o.val_fraction = 0;
+  const auto whole = prepare_corpus(o);
+  EXPECT_EQ(whole.val_tokens, 0);
+  EXPECT_EQ(whole.val_shards, 0);
+  EXPECT_FALSE(std::filesystem::exists(dir / "tokens/val_000000.bin"));
+  const auto tail = load_corpus(c.data, 64, dir / "run_tail");
+  EXPECT_TRUE(tail.validates);
+  EXPECT_EQ(tail.val.size(), int64_t(double(whole.train_tokens) * c.data.val_fraction));
+  c.data.val_fraction = 0;
+  const auto unvalidated = load_corpus(c.data, 64, dir / "run_unvalidated");
+  EXPECT_FALSE(unvalidated.validates);
+  EXPECT_EQ(unvalidated.train.size(), whole.train_tokens);
+  EXPECT_EQ(unvalidated.val.size(), 0);
 }
 
 // A lone shard whose magic is flipped used to be read as bare ids, header

@@ -347,6 +347,37 @@ TEST_F(Cli, ExportAndGenerateTakeTheBestModelTheMeanOfTheReplicasOrTheOneNamed) 
                         "holds checkpoints of replicas 0, 1");
 }
 
+TEST_F(Cli, ARunWithoutValidationTrainsAndHandsOverTheMeanOfItsReplicas) {
+  std::string cli = "train";
+  for (auto& a : args("run", {"steps=6", "method=noloco", "replicas=2", "outer_interval=3", "batch=2",
+                              "eval_interval=3", "val_fraction=0"}))
+    cli += " " + a;
+  const auto trained = noloco::testing::run_cli(cli, 120);
+  ASSERT_EQ(trained.exit_code, 0) << trained.output;
+  const auto summary = RunSummary::read(dir / "run");
+  EXPECT_FALSE(summary.final_val_loss);
+  EXPECT_FALSE(summary.final_val_loss_mean_model);
+  EXPECT_FALSE(summary.best_replica);
+  EXPECT_EQ(summary.handed_over, "mean");
+  int evaluations = 0;
+  std::istringstream metrics(noloco::testing::read_text(dir / "run/metrics.jsonl"));
+  for (std::string line; std::getline(metrics, line);) {
+    const auto r = nlohmann::json::parse(line);
+    if (r["split"] == "val") {
+      ++evaluations;
+      EXPECT_FALSE(r.contains("loss")) << line;
+      EXPECT_TRUE(r.contains("weight_std")) << "the spread is measured all the same: " << line;
+    }
+  }
+  EXPECT_EQ(evaluations, 4) << "two evaluations of each of the two replicas";
+  const auto exported = noloco::testing::run_cli("export " + dir / "run" + " " + dir / "hf");
+  ASSERT_EQ(exported.exit_code, 0) << exported.output;
+  const auto mean = load_tensors(dir / "hf/model.safetensors");
+  const auto a = load_tensors(dir / "run/checkpoints/r0/step_00000006/model.safetensors"),
+             b = load_tensors(dir / "run/checkpoints/r1/step_00000006/model.safetensors");
+  for (const auto& [name, m] : mean) EXPECT_TRUE(torch::allclose(m, (a.at(name) + b.at(name)) / 2, 1e-6, 1e-7)) << name;
+}
+
 TEST_F(Cli, GenerateFromARunDirectory) {
   train_run("run", {"steps=1"});
   auto r = noloco::testing::run_cli("generate " + dir / "run" + " prompt=ROMEO tokens=20 seed=3 temperature=1.0");

@@ -38,7 +38,7 @@ void add_data_model_options(Options& o, TrainConfig& c) {
       .add("tokenizer", c.data.tokenizer,
            "char | bpe | path to a sentencepiece .model | a directory holding one (run, checkpoint, Hugging Face)")
       .add("vocab_size", c.data.vocab_size, "BPE vocabulary to train, or vocabulary of a token file")
-      .add("val_fraction", c.data.val_fraction, "fraction of the corpus held out for validation")
+      .add("val_fraction", c.data.val_fraction, "fraction of the corpus held out for validation (0: none, the run is not validated)")
       .add("raw_tokens", c.data.raw_tokens, "token files are bare uint16 ids (nanoGPT's), without llm.c's header")
       .add("accept_changed_data", c.data.accept_changed_data,
            "resume although the data changed since the run started (no longer the run it continues)")
@@ -455,8 +455,8 @@ void TrainConfig::validate() const {
     if (v < 0) invalid(fmt::format("{} must be >= 0, got {}", key, v));
   };
   if (data.path.empty()) invalid("data must name a file");
-  if (!(data.val_fraction > 0 && data.val_fraction < 1))
-    invalid(fmt::format("val_fraction must be in (0, 1), got {}", data.val_fraction));
+  if (!(data.val_fraction >= 0 && data.val_fraction < 1))
+    invalid(fmt::format("val_fraction must be in [0, 1), got {}", data.val_fraction));
   non_negative("vocab_size", double(data.vocab_size));
   if (data.tokenizer == "bpe" && data.vocab_size < 260) invalid("tokenizer=bpe needs vocab_size >= 260");
   ModelConfig shape = model;

@@ -312,13 +312,14 @@ Corpus load_corpus(const DataConfig& c, int64_t context, const std::string& run_
     corpus.val =
         checked(TokenStream::map_files(val_files, c.raw_tokens), c.val_path.empty() ? c.path : c.val_path, vocab);
   } else {
+    corpus.validates = c.val_fraction > 0;
     const int64_t n_val = int64_t(double(all.size()) * c.val_fraction);
     corpus.train = all.slice(0, all.size() - n_val);
     corpus.val = all.slice(all.size() - n_val, all.size());
   }
   corpus.val.check_ids();
   const int64_t need = context + 1;
-  if (corpus.train.size() < need || corpus.val.size() < need)
+  if (corpus.train.size() < need || (corpus.validates && corpus.val.size() < need))
     throw std::invalid_argument(fmt::format(
         "corpus '{}' is too short: {} training and {} validation tokens, but one block needs {}", c.path,
         corpus.train.size(), corpus.val.size(), need));

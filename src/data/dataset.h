@@ -18,13 +18,15 @@ struct Corpus {
   // What the run's config.yaml names as its tokenizer: the key's value, or
   // the shards' directory whose tokenizer `prepare` left there.
   std::string tokenizer_source;
+  // False where val_fraction=0 and no validation files: the run is not validated.
+  bool validates = true;
 };
 
 // Opens `config.path` (a text file, or token files: a file, a directory or a
 // glob of llm.c shards), builds or loads the tokenizer and splits off
 // validation (`val_path`, else a directory's val shards, else the tail
-// `val_fraction` of the stream); both parts must hold a window of `context` + 1
-// tokens. If `run_dir/tokenizer.json` exists, that tokenizer is used (resume,
+// `val_fraction` of the stream, none where it is 0); each part must hold a
+// window of `context` + 1 tokens. If `run_dir/tokenizer.json` exists, that tokenizer is used (resume,
 // or a worker of a launched run); otherwise the new one is saved there. Text is
 // tokenized once per run: into `run_dir/tokens/`, which later workers and
 // resumes map. What the run trains on (token files' names, sizes and id

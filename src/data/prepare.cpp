@@ -141,8 +141,8 @@ std::unique_ptr<Tokenizer> prepare_tokenizer(const std::vector<std::string>& fil
 
 PrepareResult prepare_corpus(const PrepareOptions& o) {
   if (o.out.empty()) throw std::invalid_argument("prepare needs out=DIR");
-  if (!(o.val_fraction > 0 && o.val_fraction < 1))
-    throw std::invalid_argument(fmt::format("val_fraction must be in (0, 1), got {}", o.val_fraction));
+  if (!(o.val_fraction >= 0 && o.val_fraction < 1))
+    throw std::invalid_argument(fmt::format("val_fraction must be in [0, 1), got {}", o.val_fraction));
   if (o.chunk_bytes < 1024) throw std::invalid_argument("chunk_bytes must be >= 1024");
   if (o.text_field.empty()) throw std::invalid_argument("text_field must name a field");
   const auto start = std::chrono::steady_clock::now();
@@ -194,7 +194,7 @@ PrepareResult prepare_corpus(const PrepareOptions& o) {
   }
   encode(r.bytes);
   train.finish();
-  val.finish();
+  val.finish(/*empty_shard=*/o.val_fraction > 0);  // none held out: training splits its own, if any
   r.train_tokens = train.tokens();
   r.val_tokens = val.tokens();
   r.train_shards = train.shards();

@@ -173,9 +173,8 @@ void ShardWriter::append(const std::vector<int32_t>& ids, size_t first, size_t c
   }
 }
 
-void ShardWriter::finish() {
-  // Even an empty set has its one shard: the reader is told "no tokens", not "no files".
-  if (file_ || shards_ == 0) {
+void ShardWriter::finish(bool empty_shard) {
+  if (file_ || (shards_ == 0 && empty_shard)) {
     if (!file_) file_ = std::make_unique<TokenFileWriter>(shard_path(shards_), wide_, vocab_);
     done_ += file_->tokens(), ++shards_;
     file_->finish();

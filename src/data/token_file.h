@@ -60,12 +60,14 @@ class TokenFileWriter {
 // A set of llm.c shards written in order, PREFIX_000000.bin, PREFIX_000001.bin,
 // ..., each of at most `shard_tokens` ids (llm.c's fineweb shards hold 10^8).
 // finish() removes shards of the same prefix left by an earlier, longer run,
-// so a directory never mixes two preparations.
+// so a directory never mixes two preparations. An empty set is one empty
+// shard (a reader is told "no tokens", not "no files"), or with
+// `empty_shard = false` no shard at all (nothing was meant to be there).
 class ShardWriter {
  public:
   ShardWriter(std::string dir, std::string prefix, int64_t shard_tokens, bool wide, int64_t vocab);
   void append(const std::vector<int32_t>& ids, size_t first, size_t count);
-  void finish();
+  void finish(bool empty_shard = true);
   int64_t tokens() const { return done_ + (file_ ? file_->tokens() : 0); }
   int64_t shards() const { return shards_; }
 

@@ -1,5 +1,6 @@
 #include "python/configured_llama.h"
 
+#include <cmath>
 #include <filesystem>
 #include <stdexcept>
 
@@ -49,7 +50,9 @@ std::vector<std::pair<std::string, torch::Tensor>> ConfiguredLlama::named_parame
 
 double ConfiguredLlama::train_step(int64_t step) { return model_->train_step(step).loss; }
 
-double ConfiguredLlama::evaluate(int64_t step) { return model_->evaluate(step); }
+double ConfiguredLlama::evaluate(int64_t step) {
+  return corpus_.validates ? model_->evaluate(step) : std::nan("");
+}
 
 double ConfiguredLlama::learning_rate(int64_t step) const { return noloco::learning_rate(config_.inner, step); }
 

@@ -28,7 +28,7 @@ class ConfiguredLlama {
   // Forward and backward of the replica's batch of inner step `step`: the
   // gradients are added to the parameters' .grad; returns the mean loss.
   double train_step(int64_t step);
-  // Mean validation loss over eval_batches (the CLI's validation windows).
+  // Mean validation loss over eval_batches (the CLI's validation windows); NaN without validation (val_fraction=0).
   double evaluate(int64_t step);
   // The CLI's learning rate at inner step `step` (warmup, cosine decay).
   double learning_rate(int64_t step) const;

@@ -22,7 +22,7 @@ std::vector<Peer> spread_sample(uint64_t seed, int64_t step, const std::vector<P
 }
 
 ReplicaSpread evaluate_across_replicas(int64_t step, uint64_t seed, int64_t k, Transport& transport,
-                                       Membership& membership, FlatParams& flat, WorkerModel& model) {
+                                       Membership& membership, FlatParams& flat, WorkerModel& model, bool validates) {
   ReplicaSpread out;
   torch::NoGradGuard no_grad;
   auto& theta = flat.values();
@@ -47,7 +47,7 @@ ReplicaSpread evaluate_across_replicas(int64_t step, uint64_t seed, int64_t k, T
     out.weight_std = std::sqrt(deviation.item<double>());
     out.replicas = int(members.size());
     // The first live replica (in a pipeline: of every stage, while none is lost) evaluates the mean model.
-    if (model.evaluates_mean_model(group->rank())) {
+    if (validates && model.evaluates_mean_model(group->rank())) {
       auto own = theta.clone();
       theta.copy_(mean);
       out.mean_model_loss = model.evaluate(step);

@@ -33,8 +33,9 @@ struct ReplicaSpread {
 std::vector<Peer> spread_sample(uint64_t seed, int64_t step, const std::vector<Peer>& members, int64_t k);
 
 // After inner step `step`; `model` holds `flat`'s weights. `seed`, `k`: the
-// run's seed and eval.spread_replicas.
+// run's seed and eval.spread_replicas. Without `validates` (a run with no
+// validation data) only the spread is measured.
 ReplicaSpread evaluate_across_replicas(int64_t step, uint64_t seed, int64_t k, Transport& transport,
-                                       Membership& membership, FlatParams& flat, WorkerModel& model);
+                                       Membership& membership, FlatParams& flat, WorkerModel& model, bool validates);
 
 }  // namespace noloco

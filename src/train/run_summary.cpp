@@ -4,6 +4,7 @@
 #include <numeric>
 #include <cmath>
 #include <filesystem>
+#include <tuple>
 #include <type_traits>
 #include <variant>
 
@@ -518,12 +519,9 @@ struct RunTally {
 
   // The model `export` takes by default, by the run's last validation.
   void write_handed_over(RunSummary& run) const {
-    if (validated.replica_loss.empty()) return;
     auto models = validated;
     models.mean_model_loss = run.final_val_loss_mean_model;
-    const auto [best, loss] = *best_replica(models);
-    run.best_replica = best;
-    run.final_val_loss_best_replica = loss;
+    if (const auto best = best_replica(models)) std::tie(run.best_replica, run.final_val_loss_best_replica) = *best;
     const auto choice = choose_model(models);
     run.handed_over = choice.replica ? fmt::format("replica {}", *choice.replica) : kMeanOfReplicas;
   }

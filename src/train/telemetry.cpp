@@ -118,11 +118,12 @@ void Telemetry::print(const nlohmann::json& r) const {
                           r["outer_interval"].get<int64_t>(), number("step_seconds"), number("reference_step_seconds"));
     if (!last_exchange_.empty()) line += " | last outer step " + last_exchange_;
   } else if (split == "val") {
-    const double loss = number("loss");
-    line = fmt::format("eval step {} | val loss {:.4f} | ppl {:.2f}", r["step"].get<int64_t>(), loss, std::exp(loss));
-    if (r.contains("weight_std"))
-      line += fmt::format(" | mean-of-replicas val loss {:.4f} | weight std {:.3e}", number("loss_mean_model"),
-                          number("weight_std"));
+    if (!r.contains("loss") && !r.contains("weight_std")) return;  // a run without validation, alone
+    line = fmt::format("eval step {}", r["step"].get<int64_t>());
+    if (r.contains("loss")) line += fmt::format(" | val loss {:.4f} | ppl {:.2f}", number("loss"), std::exp(number("loss")));
+    if (r.contains("loss_mean_model"))
+      line += fmt::format(" | mean-of-replicas val loss {:.4f}", number("loss_mean_model"));
+    if (r.contains("weight_std")) line += fmt::format(" | weight std {:.3e}", number("weight_std"));
   } else {
     return;
   }

@@ -315,6 +315,9 @@ void announce(const TrainConfig& c, const ModelConfig& arch, const Corpus& corpu
                format_count(double(corpus.val.size())));
   spdlog::info("method {}, {} replica(s), device {}, {} threads, run dir {}", choice_name(c.outer.method), w.replicas, device.str(),
                torch::get_num_threads(), out);
+  if (!corpus.validates)
+    spdlog::info("val_fraction=0: no validation; the run's losses are training losses, and its model is the mean "
+                 "of its replicas");
   if (w.replica_workers > 1)
     spdlog::info("{} workers a replica: gradients averaged over them every step, {} sequences a step in all",
                  w.replica_workers, w.replica_workers * c.inner.batch * c.inner.grad_accum);
@@ -717,12 +720,12 @@ void WorkerRun::log_progress(int64_t done, bool last, const InnerStepResult& s) 
 void WorkerRun::evaluate(int64_t done, bool last, double lr) {
   if (!speaks_) return;  // its weights are its replica's first worker's
   const auto evaluation_start = Clock::now();
-  val_loss_ = model_->evaluate(done);
+  val_loss_ = corpus_.validates ? model_->evaluate(done) : std::nan("");
   spread_ = ReplicaSpread{};  // a validation without the spread logs none, not the previous one
   const bool across_replicas = w_.transport() && w_.membership() && w_.replicas > 1;
   if (across_replicas && (last || c_.eval.spread_interval == 0 || done % c_.eval.spread_interval == 0)) {
     spread_ = evaluate_across_replicas(done, c_.run.seed, c_.eval.spread_replicas, *w_.transport(), *w_.membership(),
-                                       flat_, *model_);
+                                       flat_, *model_, corpus_.validates);
     evaluation_bytes_ += spread_.bytes_sent;
   }
   evaluation_seconds_ += seconds_since(evaluation_start);
@@ -747,7 +750,8 @@ void WorkerRun::evaluate(int64_t done, bool last, double lr) {
 }
 
 nlohmann::json WorkerRun::finish() {
-  if (first_step_ == c_.inner.steps && speaks_) val_loss_ = model_->evaluate(first_step_);  // resumed at the end
+  if (first_step_ == c_.inner.steps && speaks_ && corpus_.validates)
+    val_loss_ = model_->evaluate(first_step_);  // resumed at the end
   tally_.inner_steps = left_at_step_.value_or(c_.inner.steps) - first_step_;
   tally_.loop_seconds = seconds_since_process_start() - startup_seconds_;
   auto summary = summarize_worker(c_, w_, arch_, *model_, flat_.numel(), seconds_since(start_), val_loss_, last_loss_,
@@ -780,9 +784,12 @@ nlohmann::json WorkerRun::finish() {
     spdlog::warn("the run's store did not hear this worker finish (its summary is in {}): {}", out_, e.what());
   }
   if (lead_) {
-    spdlog::info("done: final val loss {:.4f} (ppl {:.2f}) | {} steps | {} tokens | {} | {} params", val_loss_,
-                 std::exp(val_loss_), left_at_step_.value_or(c_.inner.steps), format_count(double(summary.tokens)),
-                 format_duration(summary.seconds), format_count(double(arch_.num_params())));
+    const auto loss = corpus_.validates ? fmt::format("final val loss {:.4f} (ppl {:.2f})", val_loss_,
+                                                      std::exp(val_loss_))
+                                        : fmt::format("final train loss {:.4f} (no validation)", last_loss_);
+    spdlog::info("done: {} | {} steps | {} tokens | {} | {} params", loss, left_at_step_.value_or(c_.inner.steps),
+                 format_count(double(summary.tokens)), format_duration(summary.seconds),
+                 format_count(double(arch_.num_params())));
     if (c_.eval.sample_tokens > 0)
       spdlog::info("sample:\n{}",
                    sample_text(*model_, *corpus_.tokenizer, c_.eval, c_.eval.sample_tokens,
