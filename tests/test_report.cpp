@@ -219,6 +219,20 @@ std::vector<std::tuple<double, double, std::string>> labels_of(const std::string
   return out;
 }
 
+// The labels turned upright (x, y, text), in order.
+std::vector<std::tuple<double, double, std::string>> upright_labels_of(const std::string& svg) {
+  std::vector<std::tuple<double, double, std::string>> out;
+  const std::string marker = "transform=\"rotate(-90 ";
+  for (size_t at = svg.find(marker); at != std::string::npos; at = svg.find(marker, at + 1)) {
+    const auto open = svg.rfind("<text x=\"", at);
+    const double x = std::stod(svg.substr(open + 9));
+    const double y = std::stod(svg.substr(svg.find("y=\"", open) + 3));
+    const auto from = svg.find('>', at) + 1;
+    out.emplace_back(x, y, svg.substr(from, svg.find('<', from) - from));
+  }
+  return out;
+}
+
 size_t count_of(const std::string& text, const std::string& what) {
   size_t n = 0;
   for (size_t at = text.find(what); at != std::string::npos; at = text.find(what, at + 1)) ++n;
@@ -275,18 +289,24 @@ TEST(SvgPlot, ZerosOnALogAxisSitOnALineOfTheirOwnAndTheLabelsStayApartAndAlike) 
   PlotSeries anchor{"reference", "#808080", /*dashed=*/true, {{0.1, 1.2}, {0.1, 1.8}}};
   runs.push_back(anchor);
   const auto dots = line_chart_svg(runs, {"loss against bits", "bits", "loss", false, /*log_x=*/true});
+  // Issue 103: staggered over two rows they read as one jumble; now they stand
+  // upright on one line, each clear of the next, and the axis title below them.
+  for (const auto& [x, y, text] : labels_of(dots, "middle"))
+    EXPECT_NE(y, 376.0) << "a flat x label beside upright ones: " << text << "\n" << dots;
+  const auto upright = upright_labels_of(dots);
   std::set<std::string> x_texts;
-  for (const double row : {376.0, 389.0}) {  // the tick rows under the frame
-    std::vector<std::tuple<double, double, std::string>> x_labels;
-    for (const auto& label : labels_of(dots, "middle"))
-      if (std::get<1>(label) == row) x_labels.push_back(label), x_texts.insert(std::get<2>(label));
-    for (size_t i = 1; i < x_labels.size(); ++i) {
-      const auto& [xa, ya, a] = x_labels[i - 1];
-      const auto& [xb, yb, b] = x_labels[i];
-      EXPECT_LE(xa + 3.6 * double(a.size()), xb - 3.6 * double(b.size())) << a << " runs into " << b << "\n" << dots;
-    }
+  double lowest = 0;
+  for (size_t i = 0; i < upright.size(); ++i) {
+    const auto& [x, y, text] = upright[i];
+    x_texts.insert(text);
+    EXPECT_EQ(y, std::get<1>(upright[0])) << "one line: " << text;
+    if (i > 0) EXPECT_GE(x - std::get<0>(upright[i - 1]), 13.0) << text << " touches the label before it\n" << dots;
+    lowest = std::max(lowest, y + 7.2 * double(text.size()));
   }
   EXPECT_EQ(x_texts, (std::set<std::string>{"0.1", "0.3", "0.48", "0.64", "0.7"})) << "every rate is labelled\n" << dots;
+  const auto title = dots.find(">bits (log scale)<");
+  ASSERT_NE(title, std::string::npos) << dots;
+  EXPECT_GT(std::stod(dots.substr(dots.rfind("y=\"", title) + 3)), lowest + 8) << "the axis title under the labels";
   for (size_t i = 0; i + 1 < runs.size(); ++i) {
     const auto& color = runs[i].color;
     EXPECT_EQ(count_of(dots, "stroke=\"" + color + "\""), 0u)

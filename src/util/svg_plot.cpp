@@ -79,6 +79,8 @@ std::vector<std::string> number_labels(const std::vector<double>& values, bool e
 }
 
 double text_width(const std::string& text) { return kCharWidth * double(text.size()); }
+// An upright label's width across the axis: one line of 12 px text.
+constexpr double kUprightLabelWidth = 13;
 
 std::string escape(const std::string& s) {
   std::string out;
@@ -101,27 +103,42 @@ std::vector<std::string> x_tick_texts(const std::vector<double>& ticks, const Pl
   return out;
 }
 
-// Each x tick's grid line from the top of the frame to `bottom` (ticks at
-// pixels `at`, ascending) and its label under the frame; a label that would
-// touch the one before it ("0.480.64") goes on a second row, or is left out
-// where that one is taken too.
-std::string x_tick_marks(const std::vector<double>& at, const std::vector<std::string>& texts, double bottom) {
+// The x axis under a frame whose bottom is at `bottom`: each tick's grid line
+// and label, and how far below the frame the labels reach.
+struct XAxis {
   std::string svg;
-  double free_from[2] = {-std::numeric_limits<double>::infinity(), -std::numeric_limits<double>::infinity()};
+  double label_depth = 0;
+};
+
+// Ticks at pixels `at`, ascending. The labels share one row where each keeps
+// clear of the next; otherwise all stand upright (read bottom to top), so
+// that close rates on a log axis (0.64 beside 0.7) each keep their own
+// (staggered over two rows they read as one jumble), and an upright label
+// that would touch the one before it is left out.
+XAxis x_tick_marks(const std::vector<double>& at, const std::vector<std::string>& texts, double bottom) {
+  bool one_row = true;
+  for (size_t i = 1; i < at.size(); ++i)
+    one_row = one_row && at[i] - text_width(texts[i]) / 2 >= at[i - 1] + text_width(texts[i - 1]) / 2 + 6;
+  XAxis axis;
+  double free_from = -std::numeric_limits<double>::infinity();
   for (size_t i = 0; i < at.size(); ++i) {
-    const double half = text_width(texts[i]) / 2;
-    svg += fmt::format("<line x1=\"{0:.1f}\" y1=\"{1}\" x2=\"{0:.1f}\" y2=\"{2}\" stroke=\"#ddd\"/>", at[i], kTop,
-                       bottom);
-    for (int row = 0; row < 2; ++row) {
-      if (at[i] - half < free_from[row]) continue;
-      svg += fmt::format("<text x=\"{:.1f}\" y=\"{}\" text-anchor=\"middle\">{}</text>", at[i], bottom + 16 + 13 * row,
-                         texts[i]);
-      free_from[row] = at[i] + half + 6;
-      break;
+    axis.svg += fmt::format("<line x1=\"{0:.1f}\" y1=\"{1}\" x2=\"{0:.1f}\" y2=\"{2}\" stroke=\"#ddd\"/>", at[i],
+                            kTop, bottom);
+    if (one_row) {
+      axis.svg += fmt::format("<text x=\"{:.1f}\" y=\"{}\" text-anchor=\"middle\">{}</text>", at[i], bottom + 16,
+                              texts[i]);
+      axis.label_depth = 16;
+    } else if (at[i] - kUprightLabelWidth / 2 >= free_from) {
+      const double x = at[i] + 4, y = bottom + 6;  // 4: the glyphs' middle on the tick
+      axis.svg += fmt::format("<text x=\"{0:.1f}\" y=\"{1:.1f}\" text-anchor=\"end\" transform=\"rotate(-90 {0:.1f} "
+                              "{1:.1f})\">{2}</text>",
+                              x, y, texts[i]);
+      free_from = at[i] + kUprightLabelWidth / 2 + 2;
+      axis.label_depth = std::max(axis.label_depth, 6 + text_width(texts[i]));
     }
-    svg += "\n";
+    axis.svg += "\n";
   }
-  return svg;
+  return axis;
 }
 
 // A y tick's grid line across the frame at height `at`, and its label left of it.
@@ -231,11 +248,6 @@ std::string line_chart_svg(const std::vector<PlotSeries>& series, const PlotOpti
   auto pyt = [&](double t) { return kTop + (1 - (t - y0) / (y1 - y0)) * ph; };
   auto py = [&](double y) { return pyt(drawn_y(y)); };
 
-  std::string svg = fmt::format(
-      "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"{}\" height=\"{}\" font-family=\"sans-serif\" "
-      "font-size=\"12\">\n<rect width=\"100%\" height=\"100%\" fill=\"white\"/>\n"
-      "<text x=\"{}\" y=\"22\" font-size=\"15\" text-anchor=\"middle\">{}</text>\n",
-      width, kHeight, left + pw / 2, escape(o.title));
   // On a log axis, round ticks in log space are odd numbers: tick the data's own x values instead.
   std::vector<double> x_ticks;
   if (o.log_x) {
@@ -248,12 +260,19 @@ std::string line_chart_svg(const std::vector<PlotSeries>& series, const PlotOpti
   if (x_ticks.empty()) x_ticks = nice_ticks(x0, x1);
   std::vector<double> x_at;
   for (const double t : x_ticks) x_at.push_back(pxt(t));
-  svg += x_tick_marks(x_at, x_tick_texts(x_ticks, o), kTop + ph);
+  const auto x_axis = x_tick_marks(x_at, x_tick_texts(x_ticks, o), kTop + ph);
+  const double height = std::max(kHeight, kTop + ph + x_axis.label_depth + 30);  // the axis title below the labels
+  std::string svg = fmt::format(
+      "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"{}\" height=\"{}\" font-family=\"sans-serif\" "
+      "font-size=\"12\">\n<rect width=\"100%\" height=\"100%\" fill=\"white\"/>\n"
+      "<text x=\"{}\" y=\"22\" font-size=\"15\" text-anchor=\"middle\">{}</text>\n",
+      width, height, left + pw / 2, escape(o.title));
+  svg += x_axis.svg;
   for (size_t i = 0; i < y_ticks.size(); ++i) svg += y_tick_mark(pyt(y_ticks[i]), y_texts[i], left, left + pw, "");
   if (zeros) svg += y_tick_mark(pyt(zero_at), "0", left, left + pw, " stroke-dasharray=\"2,3\"");
   svg += fmt::format("<rect x=\"{}\" y=\"{}\" width=\"{}\" height=\"{}\" fill=\"none\" stroke=\"#333\"/>\n", left, kTop,
                      pw, ph);
-  svg += fmt::format("<text x=\"{}\" y=\"{}\" text-anchor=\"middle\">{}{}</text>\n", left + pw / 2, kHeight - 10,
+  svg += fmt::format("<text x=\"{}\" y=\"{}\" text-anchor=\"middle\">{}{}</text>\n", left + pw / 2, height - 10,
                      escape(o.x_label), o.log_x ? " (log scale)" : "");
   svg += fmt::format("<text transform=\"translate(18,{}) rotate(-90)\" text-anchor=\"middle\">{}{}</text>\n",
                      kTop + ph / 2, escape(o.y_label), o.log_y ? " (log scale)" : "");
