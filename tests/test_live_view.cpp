@@ -7,7 +7,10 @@
 
 #include <array>
 #include <atomic>
+#include <cmath>
+#include <mutex>
 #include <regex>
+#include <set>
 #include <thread>
 
 #include <fmt/format.h>
@@ -360,6 +363,150 @@ TEST(LivePage, AStoreClusterMemberThatIsDownIsNamedOnThePage) {
             std::string::npos)
       << dom;
   EXPECT_EQ(dom.find("data-endpoint=\"https://10.0.0.1:29500\""), std::string::npos) << dom;
+}
+
+namespace {
+
+// A four-replica NoLoCo run made up for the page: each worker's telemetry
+// records go through the workers' own fold into status entries, which a
+// RunView takes with invented times. Losses fall as a small model's do.
+class MadeUpRun {
+ public:
+  MadeUpRun() {
+    for (int r = 0; r < kReplicas; ++r) {
+      status_[r] = {{"rank", r}, {"replica", r}, {"state", "training"}, {"incarnation", 0},
+                    {"machine", r < 2 ? "home-a" : "cloud-b"}};
+      add(r, {json{{"kind", "event"}, {"step", 0}, {"what", "started"}, {"time", kStart}}});
+    }
+  }
+  // Every replica trains on to `step`: an outer step every 50, a validation every 100.
+  void train_to(int64_t step) {
+    for (; step_ < step; ++step_) {
+      const int64_t s = step_ + 1;
+      for (int r = 0; r < kReplicas; ++r) {
+        std::vector<json> points;
+        const auto record = [&](json r) {
+          r.update({{"step", s}, {"bytes_sent", s * 180000}, {"wait_seconds", 0.02 * double(s) / 50}});
+          return r;
+        };
+        noloco::fold_record(status_[r], points,
+                            record({{"split", "train"}, {"loss", loss(s, r) + 0.04}, {"tokens_per_s", 2400.0 - 60 * r}}));
+        if (s % 50 == 0)
+          noloco::fold_record(status_[r], points,
+                              {{"split", "outer"}, {"step", s}, {"outer_step", s / 50}, {"replica", r},
+                               {"group", {r, partner(s / 50, r)}}});
+        if (s % 100 == 0) {
+          json val = record({{"split", "val"}, {"loss", loss(s, r)}});
+          if (r == 0) val["loss_mean_model"] = loss(s, r) - 0.02;
+          noloco::fold_record(status_[r], points, val);
+        }
+        if (!points.empty() || s % 10 == 0) add(r, points);
+      }
+    }
+  }
+  void finish() {
+    for (int r = 0; r < kReplicas; ++r) {
+      status_[r]["state"] = "finished";
+      add(r, {json{{"kind", "event"}, {"step", step_}, {"what", "finished"}, {"time", now()}}});
+    }
+    std::lock_guard lock(mutex_);
+    view_.store_gone("Couldn't connect to server");
+  }
+  json state() const {
+    std::lock_guard lock(mutex_);
+    return view_.state(now());
+  }
+
+ private:
+  static constexpr int kReplicas = 4;
+  static constexpr double kStart = 1796630400;  // 2026-12-07, the unix time the timeline shows
+  double now() const { return kStart + double(step_) / 10; }  // 10 steps a second
+  static double loss(int64_t step, int replica) {
+    return 1.9 + 2.3 * std::exp(-double(step) / 250) + 0.01 * replica * std::exp(-double(step) / 600);
+  }
+  // The pairs of outer step k: (0,1)(2,3), (0,2)(1,3), (0,3)(1,2) in turn.
+  static int partner(int64_t k, int r) {
+    static const int pairs[3][4] = {{1, 0, 3, 2}, {2, 3, 0, 1}, {3, 2, 1, 0}};
+    return pairs[k % 3][r];
+  }
+  void add(int r, const std::vector<json>& points) {
+    std::lock_guard lock(mutex_);
+    view_.add({r, ++numbers_[r], {{"status", status_[r]}, {"points", points}}}, now());
+  }
+  mutable std::mutex mutex_;
+  noloco::RunView view_;
+  std::map<int, json> status_;
+  std::map<int, int64_t> numbers_;
+  int64_t step_ = 0;
+};
+
+// The y axis labels Dygraph drew in the chart `id`.
+std::vector<std::string> y_labels_of(const std::string& dom, const std::string& id) {
+  const auto chart = dom.find("<div id=\"" + id + "\"");
+  const auto end = dom.find("<div id=\"", chart + 1);
+  const auto part = dom.substr(chart, end == std::string::npos ? std::string::npos : end - chart);
+  static const std::regex label(R"re(dygraph-axis-label-y[^>]*>([^<]+)<)re");
+  std::vector<std::string> out;
+  for (auto it = std::sregex_iterator(part.begin(), part.end(), label); it != std::sregex_iterator(); ++it)
+    out.push_back((*it)[1]);
+  return out;
+}
+
+void photograph(const std::string& url, const std::string& name) {
+  const auto shot = std::filesystem::path(NOLOCO_BINARY).parent_path() / "test-artifacts" / name;
+  std::filesystem::create_directories(shot.parent_path());
+  std::filesystem::remove(shot);
+  noloco::testing::run_command("chromium --headless --no-sandbox --disable-gpu --hide-scrollbars --window-size=1300,1100 "
+                               "--virtual-time-budget=2500 --screenshot=" + shot.string() + " '" + url + "'",
+                               60);
+  EXPECT_GT(std::filesystem::exists(shot) ? std::filesystem::file_size(shot) : 0, 10000u) << name;
+}
+
+}  // namespace
+
+// Issue 103: the page at four moments of a run, drawn as they are: before
+// the first evaluation it says there is none; one evaluation is a point with
+// distinct ticks; mid-run the curves and pairings; after a clean finish it
+// says the run finished, not that the store is down. Each is photographed
+// into the build's test artifacts; docs/live-view.md shows them
+// (scripts/live_view_shots.sh copies them there).
+TEST(LivePage, FourMomentsOfARunAreDrawnAsTheyAre) {
+  if (!has_chromium()) GTEST_SKIP() << "no chromium (scripts/setup.sh installs Debian's)";
+  MadeUpRun run;
+  noloco::ViewServer server("127.0.0.1", 0, noloco::view_key("token"), [&run] { return run.state(); });
+  const auto url = server.url();
+
+  run.train_to(60);
+  auto dom = rendered(url);
+  EXPECT_NE(dom.find("<div id=\"no-evaluation\">no evaluation yet"), std::string::npos) << dom;
+  EXPECT_EQ(table_of(dom).size(), 4u) << dom;
+  photograph(url, "live_view_before_evaluation.png");
+
+  run.train_to(100);
+  dom = rendered(url);
+  EXPECT_NE(dom.find("<div id=\"no-evaluation\" hidden=\"\">"), std::string::npos) << dom;
+  EXPECT_EQ(curves_of(dom).size(), 4u) << dom;
+  const auto ticks = y_labels_of(dom, "by-step");
+  EXPECT_GE(ticks.size(), 3u) << dom;
+  EXPECT_EQ(std::set<std::string>(ticks.begin(), ticks.end()).size(), ticks.size()) << "repeated y ticks";
+  photograph(url, "live_view_one_evaluation.png");
+
+  run.train_to(1200);
+  dom = rendered(url);
+  const auto curves = curves_of(dom);
+  EXPECT_EQ(curves.size(), 4u) << dom;
+  for (const auto& curve : curves.items()) EXPECT_EQ(curve.value().size(), 12u) << "replica " << curve.key();
+  EXPECT_EQ(table_of(dom).at(2).step, 1200);
+  EXPECT_NE(dom.find("<div id=\"heading\">4 members, 4 training;"), std::string::npos) << dom;
+  photograph(url, "live_view_mid_run.png");
+
+  run.train_to(2000);
+  run.finish();
+  dom = rendered(url);
+  EXPECT_NE(dom.find("<div id=\"heading\">the run finished;"), std::string::npos) << dom;
+  EXPECT_NE(dom.find("<div id=\"gone\"></div>"), std::string::npos) << "no outage told\n" << dom;
+  for (const auto& [rank, row] : table_of(dom)) EXPECT_EQ(row.state, "finished") << rank;
+  photograph(url, "live_view_finished.png");
 }
 
 // Issue 68's acceptance run: four NoLoCo replicas, worker 3 killed at step
