@@ -522,6 +522,34 @@ TEST_F(Distributed, APacedReplicaFourTimesSlowerTrainsAboutAQuarterOfTheSlotsAnd
   EXPECT_EQ(summary["final_val_loss_replicas"].size(), 4u);
 }
 
+// Issue 105: a partner alive but late past partner_wait is left behind, not
+// lost: the fast replica steps without it, never declaring it dead (it stays
+// in every later snapshot), and the slow one, coming late, steps alone, told
+// so; its work stays in its weights for its next meeting.
+TEST_F(Distributed, APartnerLatePastThePartnerWaitIsLeftBehindNotLost) {
+  const auto waited = run("partner_wait", "method=noloco replicas=2 steps=40 outer_interval=5 slowdown=1:4 "
+                                          "partner_wait=0.02");
+  int left = 0, was_left = 0;
+  for (auto& rec : metrics_records(waited, "outer")) {
+    const int replica = rec["replica"].get<int>();
+    if (rec.contains("left_behind")) {
+      EXPECT_EQ(replica, 0) << rec.dump();
+      EXPECT_EQ(rec["left_behind"], nlohmann::json({1})) << rec.dump();
+      EXPECT_EQ(rec["arrived"], nlohmann::json({0})) << rec.dump();
+      ++left;
+    }
+    if (rec.value("was_left_behind", false)) {
+      EXPECT_EQ(replica, 1) << rec.dump();
+      EXPECT_EQ(rec["arrived"], nlohmann::json({1})) << rec.dump();
+      ++was_left;
+    }
+    if (replica == 0) EXPECT_EQ(rec["members"], nlohmann::json({0, 1})) << "replica 1 was held lost: " << rec.dump();
+  }
+  EXPECT_GT(left, 0) << "the slow replica was never left behind: the test checks nothing";
+  EXPECT_GT(was_left, 0);
+  EXPECT_EQ(read_json(waited + "/summary.json")["final_val_loss_replicas"].size(), 2u);
+}
+
 TEST_F(Distributed, AReplicaThatFellBehindIsWaitedForAndPairsAgain) {
   // Steps long enough (batch 64) that catching up alone, without the
   // exchanges' cost, does not by itself close the gap before the first

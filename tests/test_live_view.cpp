@@ -396,7 +396,7 @@ class MadeUpRun {
                               {{"split", "outer"}, {"step", s}, {"outer_step", s / 50}, {"replica", r},
                                {"group", {r, partner(s / 50, r)}}});
         if (s % 100 == 0) {
-          json val = record({{"split", "val"}, {"loss", loss(s, r)}});
+          json val = record({{"split", "val"}, {"loss", loss(s, r)}, {"weight_std", spread(s)}});
           if (r == 0) val["loss_mean_model"] = loss(s, r) - 0.02;
           noloco::fold_record(status_[r], points, val);
         }
@@ -424,6 +424,11 @@ class MadeUpRun {
   static double loss(int64_t step, int replica) {
     return 1.9 + 2.3 * std::exp(-double(step) / 250) + 0.01 * replica * std::exp(-double(step) / 600);
   }
+ public:
+  // The replicas' spread at a step: it grows as they leave the common start, then settles.
+  static double spread(int64_t step) { return 1e-3 * (1 - std::exp(-double(step) / 300)) + 2e-5; }
+
+ private:
   // The pairs of outer step k: (0,1)(2,3), (0,2)(1,3), (0,3)(1,2) in turn.
   static int partner(int64_t k, int r) {
     static const int pairs[3][4] = {{1, 0, 3, 2}, {2, 3, 0, 1}, {3, 2, 1, 0}};
@@ -480,6 +485,7 @@ TEST(LivePage, FourMomentsOfARunAreDrawnAsTheyAre) {
   auto dom = rendered(url);
   EXPECT_NE(dom.find("<div id=\"no-evaluation\">no evaluation yet"), std::string::npos) << dom;
   EXPECT_EQ(table_of(dom).size(), 4u) << dom;
+  EXPECT_NE(dom.find("<div id=\"spread-box\" hidden=\"\">"), std::string::npos) << "no spread yet: hidden";
   photograph(url, "live_view_before_evaluation.png");
 
   run.train_to(100);
@@ -495,6 +501,17 @@ TEST(LivePage, FourMomentsOfARunAreDrawnAsTheyAre) {
   dom = rendered(url);
   const auto curves = curves_of(dom);
   EXPECT_EQ(curves.size(), 4u) << dom;
+  // Issue 101: the spread beside the loss, a point a validation, as the replicas logged it.
+  static const std::regex spread_points(R"re(data-spread-points="([^"]*)")re");
+  std::smatch found;
+  ASSERT_TRUE(std::regex_search(dom, found, spread_points)) << dom;
+  std::string spread_text = found[1];
+  for (size_t at; (at = spread_text.find("&quot;")) != std::string::npos;) spread_text.replace(at, 6, "\"");
+  const auto spread = json::parse(spread_text);
+  ASSERT_EQ(spread.size(), 12u) << spread_text;
+  for (const auto& p : spread)
+    EXPECT_DOUBLE_EQ(p[1].get<double>(), MadeUpRun::spread(p[0].get<int64_t>())) << "step " << p[0];
+  EXPECT_NE(dom.find("<div id=\"spread-box\">"), std::string::npos) << "shown";
   for (const auto& curve : curves.items()) EXPECT_EQ(curve.value().size(), 12u) << "replica " << curve.key();
   EXPECT_EQ(table_of(dom).at(2).step, 1200);
   EXPECT_NE(dom.find("<div id=\"heading\">4 members, 4 training;"), std::string::npos) << dom;

@@ -7,6 +7,7 @@
 
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
 
+#include "comm/store/run_record.h"
 #include "comm/transport/meeting.h"
 
 using namespace noloco;
@@ -85,6 +86,37 @@ TEST(MeetingProtocol, DecidesWhoCameWhoIsLateAndWhoDeclinedFromTheCounters) {
   EXPECT_THROW(p.decide(peers, {}), std::logic_error) << "decided once";
 }
 
+// Issue 105: a partner alive but late is left behind after the partner
+// wait, not lost; the authority's word still makes it lost; one that came
+// just before the give-up landed is present, by its own word.
+TEST(MeetingProtocol, APartnerWaitLeavesALatePeerBehindWithoutLosingIt) {
+  MeetingProtocol p({1, 2, 3}, t0, 60s, /*patient=*/true, /*partner_wait=*/200ms);
+  p.arrived(int64_t(Arrival::came));
+  const auto only_3_came = [](int r) { return r == 3; };
+  EXPECT_TRUE(p.overdue(t0 + 150ms, only_3_came, none_come()).empty());
+  EXPECT_EQ(p.overdue(t0 + 250ms, only_3_came, none_come()), (std::vector<int>{1, 2}));
+  const int64_t came = int64_t(Arrival::came), given_up = int64_t(Arrival::given_up);
+  EXPECT_FALSE(p.verdict_needed(came));
+  EXPECT_FALSE(p.verdict_needed(given_up));
+  EXPECT_TRUE(p.verdict_needed(came + given_up));
+  const std::vector<Peer> peers{{1, 0}, {2, 0}, {3, 0}};
+  const auto out = p.decide(peers,
+                            {{1, {given_up, std::nullopt}}, {2, {given_up, std::nullopt}},
+                             {3, {came + given_up, 5, /*came_first=*/true}}},
+                            [](int r) { return r == 2; });  // the authority gave 2 up: lost
+  EXPECT_EQ(out.behind, (std::vector<int>{1}));
+  EXPECT_EQ(out.late, (std::vector<int>{2}));
+  EXPECT_EQ(ranks_of(out.present), (std::vector<int>{3}));
+
+  MeetingProtocol without_wait({1}, t0, 60s, true);
+  without_wait.arrived(came);
+  EXPECT_FALSE(without_wait.verdict_needed(came + given_up));
+  EXPECT_TRUE(without_wait.overdue(t0 + 1h, none_come(), none_come()).empty()) << "patient: the authority alone";
+  EXPECT_EQ(without_wait.decide({{1, 0}}, {{1, {came + given_up, std::nullopt}}}, none_come()).late,
+            (std::vector<int>{1}))
+      << "as before the partner wait";
+}
+
 namespace {
 
 // Members of one group meeting on threads, each with connections of its own
@@ -102,10 +134,13 @@ c10::intrusive_ptr<c10d::Store> tcp_store(uint16_t port) {
 
 struct Room {
   c10::intrusive_ptr<c10d::TCPStore> server = c10::static_intrusive_pointer_cast<c10d::TCPStore>(tcp_store(0));
-  Meeting member(int self, std::chrono::milliseconds timeout) {
+  Meeting member(int self, std::chrono::milliseconds timeout,
+                 std::chrono::milliseconds partner_wait = std::chrono::milliseconds(0)) {
     return Meeting([port = uint16_t(server->getPort())] { return tcp_store(port); }, "meeting-test", "replicas", self,
-                   timeout, nullptr);
+                   timeout, nullptr, partner_wait);
   }
+  // The meeting's keys as the members see them.
+  StorePtr keys() { return run_scope(tcp_store(uint16_t(server->getPort())), "meeting-test", record::meeting("replicas")); }
 };
 
 }  // namespace
@@ -145,4 +180,34 @@ TEST(Meeting, OneThatStaysAwayIsDeclinedOneThatNeverCameIsLateAndGoesOnAloneWhen
   // Member 2, arriving late, finds it was given up: it goes on alone at once, blaming nobody.
   const auto late = room.member(2, 20s).meet("8/0,1,2", 8, {{0, 0}, {1, 0}}, {});
   EXPECT_TRUE(late.present.empty() && late.late.empty() && late.declined.empty());
+}
+
+// Issue 105: met with a partner wait, a peer not come within it is left
+// behind and, when it comes, goes on alone, told so; one that came just
+// before the give-up landed (its counter says both) meets all the same, on
+// its own word, and so do its partners.
+TEST(Meeting, APartnerWaitLeavesALatePeerBehindAndOneThatCameJustBeforeItMeets) {
+  Room room;
+  const auto start = std::chrono::steady_clock::now();
+  const auto out = room.member(0, 20s, 300ms).meet("9/0,1", 9, {{1, 0}}, {});
+  EXPECT_GE(std::chrono::steady_clock::now() - start, 300ms);
+  EXPECT_LT(std::chrono::steady_clock::now() - start, 10s) << "waited out the partner wait, not the timeout";
+  EXPECT_EQ(out.behind, (std::vector<int>{1}));
+  EXPECT_TRUE(out.late.empty() && out.present.empty());
+  const auto late = room.member(1, 20s, 300ms).meet("9/0,1", 9, {{0, 0}}, {});
+  EXPECT_TRUE(late.left_behind);
+  EXPECT_TRUE(late.present.empty() && late.late.empty() && late.behind.empty());
+
+  // Member 1 comes first; the give-up lands on its counter just after.
+  auto first = std::async(std::launch::async,
+                          [&room] { return room.member(1, 20s, 10s).meet("10/0,1", 10, {{0, 0}}, {{0, 4}}); });
+  const auto keys = room.keys();
+  while (!keys->check({record::arrival_verdict("10/0,1", 1)})) std::this_thread::sleep_for(5ms);
+  keys->add(record::arrival("10/0,1", 1), int64_t(Arrival::given_up));
+  const auto second = room.member(0, 20s, 300ms).meet("10/0,1", 10, {{1, 0}}, {{1, 3}});
+  const auto came_first = first.get();
+  EXPECT_EQ(ranks_of(second.present), (std::vector<int>{1}));
+  EXPECT_EQ(second.theirs, (std::map<int, int64_t>{{1, 4}}));
+  EXPECT_EQ(ranks_of(came_first.present), (std::vector<int>{0}));
+  EXPECT_FALSE(came_first.left_behind);
 }

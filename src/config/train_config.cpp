@@ -201,6 +201,10 @@ void add_comm_options(Options& o, TrainConfig& c) {
       .add("peer_timeout", c.comm.peer_timeout,
            "seconds a store call or a peer's message may take; a NoLoCo partner that makes no progress this long "
            "(at least 3 s) is given up")
+      .add("partner_wait", c.comm.partner_wait,
+           "NoLoCo: seconds a replica waits at an outer step for a partner that is alive but late; then it steps "
+           "without it, and the late one alone when it comes (its work goes to its next partner). 0: wait until "
+           "the partner is given up (peer_timeout)")
       .add("seal", c.comm.seal,
            "seal every payload between workers (authenticated encryption keyed from the run's token); false only to "
            "measure what sealing costs")
@@ -528,6 +532,9 @@ void TrainConfig::validate() const {
                         outer.gamma, outer.lr));
   validate_listening(comm);
   positive("peer_timeout", comm.peer_timeout);
+  if (!(comm.partner_wait >= 0)) invalid(fmt::format("partner_wait must be >= 0 seconds, got {}", comm.partner_wait));
+  if (comm.partner_wait > 0 && outer.method != Method::noloco)
+    invalid("partner_wait is NoLoCo's: DiLoCo's average and DDP's wait for every replica by their nature");
   non_negative("restarts", double(comm.restarts));
   positive("heartbeat_timeout", comm.heartbeat_timeout);
   positive("startup_timeout", comm.startup_timeout);

@@ -152,6 +152,8 @@ std::map<int, torch::Tensor> NoLoCo::send(int64_t id, const std::vector<Peer>& g
     if (membership_) membership_->go_alone(id);
   }
   sync.bytes = transport_.stats().bytes_sent - sent_before;
+  sync.behind = result.behind;
+  sync.left_behind = result.left_behind;
   return std::move(result.received);
 }
 

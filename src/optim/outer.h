@@ -40,6 +40,11 @@ struct OuterSync {
   bool diverged = false;
   // The run's store did not answer: no group could meet, so this replica went alone.
   bool store_unreachable = false;
+  // partner_wait: partners it left behind (alive, late past the wait), and
+  // whether it came late itself and was left behind. Either way the late
+  // replica's work stays in its weights, for its next meeting.
+  std::vector<int> behind;
+  bool left_behind = false;
   // pace=speed: what this replica's message said of its pace (its steps: its
   // increment's weight), and what its partners' said, by rank.
   std::optional<PaceReport> pace;

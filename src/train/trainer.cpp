@@ -673,6 +673,8 @@ void WorkerRun::record_outer_steps(int64_t done, const std::vector<OuterSync>& s
     if (sync.largest_increment_ratio > 0) r["largest_increment_ratio"] = sync.largest_increment_ratio;
     if (!sync.refused.empty()) r["refused_as_diverged"] = sync.refused;
     if (sync.store_unreachable) r["store_unreachable"] = true;
+    if (!sync.behind.empty()) r["left_behind"] = sync.behind;
+    if (sync.left_behind) r["was_left_behind"] = true;
     if (sync.pace) {  // pace=speed: the steps behind each increment of the merge
       r["trained_steps"] = sync.pace->steps;
       for (const auto& [partner, report] : sync.partners_pace)

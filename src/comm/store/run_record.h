@@ -72,6 +72,9 @@ inline std::string evaluation_snapshot(int64_t step) { return numbered("evaluati
 // An exchange's meeting, under meeting(group).
 inline std::string meeting(const std::string& group) { return in(group, "meet"); }
 inline std::string arrival(const std::string& key, int m) { return numbered(in(key, "here"), m); }
+// What member m found on arriving ("came", or "alone": left behind first), for
+// readers of a counter that says both came and left behind, in an order only m knows.
+inline std::string arrival_verdict(const std::string& key, int m) { return numbered(in(key, "found"), m); }
 inline std::string held_link(const std::string& key, int from, int to) {
   return numbered(numbered(in(key, "link"), from), to);
 }

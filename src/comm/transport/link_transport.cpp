@@ -48,7 +48,7 @@ uint8_t* bytes_ptr(const torch::Tensor& t) { return static_cast<uint8_t*>(t.data
 
 LinkTransport::LinkTransport(std::function<StorePtr()> connect, const WorkerEnv& env, std::string scope, Peer self,
                              int world, std::shared_ptr<LinkEndpoint> endpoint, std::chrono::milliseconds timeout,
-                             Liveness* liveness)
+                             Liveness* liveness, std::chrono::milliseconds partner_wait)
     : connect_(std::move(connect)),
       env_(env),
       scope_(std::move(scope)),
@@ -58,7 +58,7 @@ LinkTransport::LinkTransport(std::function<StorePtr()> connect, const WorkerEnv&
       timeout_(timeout),
       run_id_(run_id_of(env.token)),
       liveness_(liveness),
-      meeting_(connect_, env.token, scope_, self.rank, timeout, liveness),
+      meeting_(connect_, env.token, scope_, self.rank, timeout, liveness, partner_wait),
       exchanges_(connect_(), env.token, {scope_, self.rank, self.incarnation}, endpoint_),
       handovers_(connect_(), env.token, {record::handover_book(scope_), self.rank, self.incarnation}, endpoint_),
       meshes_(connect_(), env.token, {record::mesh_book(scope_), self.rank, self.incarnation}, endpoint_),
@@ -245,6 +245,8 @@ ExchangeResult LinkTransport::exchange(const ExchangeRequest& request) {
   for (const auto& p : peers) mine[p.rank] = exchanges_.held(end_of(exchanges_, p));
   const auto met = meeting_.meet(key, request.id, peers, mine);
   result.lost = met.late;
+  result.behind = met.behind;
+  result.left_behind = met.left_behind;
   const auto traded_from = Clock::now();
   auto failures = trade(request, met.present, met.theirs, std::to_string(request.id), start, &result, &cost);
   std::vector<Peer> retry;
@@ -271,6 +273,7 @@ ExchangeResult LinkTransport::exchange(const ExchangeRequest& request) {
       const auto waiting_since = Clock::now();
       const auto second = meeting_.meet(again, request.id, retry, {});
       result.lost.insert(result.lost.end(), second.late.begin(), second.late.end());
+      result.behind.insert(result.behind.end(), second.behind.begin(), second.behind.end());
       for (const auto& f :
            trade(request, second.present, second.theirs, fmt::format("{}/again", request.id), waiting_since, &result, &cost))
         result.lost.push_back(f.peer.rank);

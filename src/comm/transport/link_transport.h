@@ -37,9 +37,11 @@ class LinkTransport final : public Transport {
   // starting at `endpoint`. `connect` opens a new connection to the run's
   // store. `liveness` (may be null: peers are waited for until the timeout)
   // is asked in every wait for a peer and told of every peer given up.
+  // `partner_wait` > 0: an exchange's peer alive but not come within it is
+  // left behind (comm/transport/meeting.h).
   LinkTransport(std::function<StorePtr()> connect, const WorkerEnv& env, std::string scope, Peer self, int world,
                 std::shared_ptr<LinkEndpoint> endpoint, std::chrono::milliseconds timeout,
-                Liveness* liveness = nullptr);
+                Liveness* liveness = nullptr, std::chrono::milliseconds partner_wait = std::chrono::milliseconds(0));
   ~LinkTransport() override;
   int rank() const override { return self_.rank; }
   int world() const override { return world_; }

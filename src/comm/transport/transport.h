@@ -36,6 +36,8 @@ struct ExchangeRequest {
 struct ExchangeResult {
   std::map<int, torch::Tensor> received;  // by rank: the payloads that came and passed the header check
   std::vector<int> lost;                  // peers given up, failed or rejected
+  std::vector<int> behind;                // peers alive but late past the partner wait: left behind, not lost
+  bool left_behind = false;               // this member came after its peers had left it behind
 };
 
 class Transport {

@@ -58,6 +58,12 @@ void RunView::add(const StatusEntry& entry, double now) {
       m.vals.push_back({step, point.value("loss", 0.0), point.value("mean_loss", nlohmann::json()),
                         point.value("bytes", 0.0)});
       thin_out(m.vals, kCurvePointsKept);
+    } else if (kind == "spread") {
+      // Each replica in the sample tells the same figure: a step once.
+      if (spread_.empty() || step > spread_.back()[0].get<int64_t>()) {
+        spread_.push_back({step, point.value("weight_std", 0.0)});
+        thin_out(spread_, kCurvePointsKept);
+      }
     } else if (kind == "outer") {
       pairings_.push_back({{"outer_step", point.value("outer_step", int64_t(0))},
                            {"step", step},
@@ -122,6 +128,7 @@ nlohmann::json RunView::state(double now) const {
   for (const auto& s : store_members_) store_members.push_back({{"endpoint", s.endpoint}, {"up", s.up}, {"why", s.why}});
   return {{"members", members},
           {"curves", curves},
+          {"spread", spread_},
           {"pairings", pairings_},
           {"timeline", timeline_},
           // A store that went away after every member ended is the run's end, not an outage.

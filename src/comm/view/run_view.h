@@ -38,7 +38,7 @@ class RunView {
   void set_refused(int64_t entries) { refused_ = entries; }
   // A store cluster's members, each up or down (none for a store of one member).
   void set_store_members(std::vector<StoreMemberHealth> members) { store_members_ = std::move(members); }
-  // The page's data: {"members", "curves", "pairings", "timeline", "store"
+  // The page's data: {"members", "curves", "spread", "pairings", "timeline", "store"
   // ("live", "finished": gone after every member ended, some finished; else
   // why it cannot be read), "store_members" ([{endpoint, up, why}]), "refused"}.
   nlohmann::json state(double now) const;
@@ -54,6 +54,7 @@ class RunView {
 
   std::map<int, Member> members_;
   std::vector<nlohmann::json> pairings_;  // {outer_step, step, replica, stage, with}
+  std::vector<nlohmann::json> spread_;    // [step, weight std across replicas]: a drifting run shows here
   std::vector<nlohmann::json> timeline_;  // {time, rank, replica, stage, step, what}
   std::string store_gone_;
   std::vector<StoreMemberHealth> store_members_;

@@ -49,12 +49,17 @@ void fold_record(nlohmann::json& status, std::vector<nlohmann::json>& points, co
   if (split == "train") {
     copy_number(status, r, "loss");
     copy_number(status, r, "tokens_per_s");
-  } else if (split == "val" && r.contains("loss")) {
-    copy_number(status, r, "loss", "val_loss");
-    copy_number(status, r, "loss_mean_model", "mean_loss");
-    nlohmann::json point = {{"kind", "val"}, {"step", step}, {"loss", r["loss"]}, {"bytes", r.value("bytes_sent", 0)}};
-    copy_number(point, r, "loss_mean_model", "mean_loss");
-    points.push_back(std::move(point));
+  } else if (split == "val") {
+    if (r.contains("loss")) {
+      copy_number(status, r, "loss", "val_loss");
+      copy_number(status, r, "loss_mean_model", "mean_loss");
+      nlohmann::json point = {{"kind", "val"}, {"step", step}, {"loss", r["loss"]}, {"bytes", r.value("bytes_sent", 0)}};
+      copy_number(point, r, "loss_mean_model", "mean_loss");
+      points.push_back(std::move(point));
+    }
+    // The replicas' spread: a run's figure, the same on each replica that measured it.
+    if (r.contains("weight_std") && r["weight_std"].is_number())
+      points.push_back({{"kind", "spread"}, {"step", step}, {"weight_std", r["weight_std"]}});
   } else if (split == "outer") {
     const int replica = r.value("replica", 0);
     std::vector<int> partners;
