@@ -9,6 +9,7 @@
 #
 #   scripts/unequal_check.sh DATA STEPS [train keys...]     # build/ built
 #   scripts/unequal_check.sh data/tinyshakespeare.txt 2000
+#   METHODS=noloco scripts/unequal_check.sh data/tinyshakespeare.txt 2000 partner_wait=0.02
 set -euo pipefail
 cd "$(dirname "$0")/.."
 data=${1:?DATA} steps=${2:?STEPS}
@@ -17,7 +18,7 @@ work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 small="hidden=32 layers=2 heads=2 intermediate=64 context=32 batch=4 threads=1 eval_interval=$((steps / 10))
   eval_batches=10 log_interval=$((steps / 10)) spread_interval=$steps sample_tokens=0 data=$data"
-for method in noloco diloco; do
+for method in ${METHODS:-noloco diloco}; do
   for run in equal:pace=steps today:pace=steps paced:pace=speed; do
     name=${run%%:*} keys=${run#*:}
     slow=""

@@ -189,13 +189,15 @@ TEST(Meeting, OneThatStaysAwayIsDeclinedOneThatNeverCameIsLateAndGoesOnAloneWhen
 TEST(Meeting, APartnerWaitLeavesALatePeerBehindAndOneThatCameJustBeforeItMeets) {
   Room room;
   const auto start = std::chrono::steady_clock::now();
-  const auto out = room.member(0, 20s, 300ms).meet("9/0,1", 9, {{1, 0}}, {});
+  const std::vector<uint8_t> note = {7, 0, 9};
+  const auto out = room.member(0, 20s, 300ms).meet("9/0,1", 9, {{1, 0}}, {}, note);
   EXPECT_GE(std::chrono::steady_clock::now() - start, 300ms);
   EXPECT_LT(std::chrono::steady_clock::now() - start, 10s) << "waited out the partner wait, not the timeout";
   EXPECT_EQ(out.behind, (std::vector<int>{1}));
   EXPECT_TRUE(out.late.empty() && out.present.empty());
   const auto late = room.member(1, 20s, 300ms).meet("9/0,1", 9, {{0, 0}}, {});
   EXPECT_TRUE(late.left_behind);
+  EXPECT_EQ(late.notes, (std::map<int, std::vector<uint8_t>>{{0, note}})) << "it hears what member 0 noted";
   EXPECT_TRUE(late.present.empty() && late.late.empty() && late.behind.empty());
 
   // Member 1 comes first; the give-up lands on its counter just after.

@@ -553,6 +553,25 @@ TEST(Pace, AReplicaThreeTimesSlowerTrainsAThirdOfThePeriodSpreadEvenly) {
   EXPECT_DOUBLE_EQ(slow.reference_seconds(), 0.3);
 }
 
+// Issue 105: left behind (partner_wait) at least 0.25 s late with steps of
+// 0.1 s, a replica skips ceil(0.25 / 0.1) = 3 slots, then trains its share
+// again; however late, it skips less than a period.
+TEST(Pace, LeftBehindItSkipsTheSlotsOfItsLatenessToMeetInStepAgain) {
+  Pace pace(10, /*rank=*/0);
+  train_period(pace, 0, 10, 0.1);  // the fastest it knows: itself, every slot
+  pace.fell_behind(0.25);
+  std::vector<int64_t> trained;
+  for (int64_t s = 10; s < 20; ++s)
+    if (pace.trains_at(s)) trained.push_back(s % 10);
+  EXPECT_EQ(trained, (std::vector<int64_t>{3, 4, 5, 6, 7, 8, 9}));
+  pace.fell_behind(100);
+  trained.clear();
+  for (int64_t s = 20; s < 30; ++s)
+    if (pace.trains_at(s)) trained.push_back(s % 10);
+  EXPECT_EQ(trained, (std::vector<int64_t>{9}));
+  EXPECT_EQ(pace.report(2).steps, 1);
+}
+
 TEST(Pace, ReportsTravelAsFortyBytesAndAStrangersAreRefused) {
   PaceReport r;
   r.steps = 17;

@@ -535,6 +535,9 @@ void TrainConfig::validate() const {
   if (!(comm.partner_wait >= 0)) invalid(fmt::format("partner_wait must be >= 0 seconds, got {}", comm.partner_wait));
   if (comm.partner_wait > 0 && outer.method != Method::noloco)
     invalid("partner_wait is NoLoCo's: DiLoCo's average and DDP's wait for every replica by their nature");
+  if (comm.partner_wait > 0 && outer.pace != PaceMode::speed)
+    invalid("partner_wait needs pace=speed: a replica left behind catches up by skipping slots, which pace=steps "
+            "has not (its replicas would stay out of step and never meet again)");
   non_negative("restarts", double(comm.restarts));
   positive("heartbeat_timeout", comm.heartbeat_timeout);
   positive("startup_timeout", comm.startup_timeout);

@@ -142,6 +142,7 @@ std::map<int, torch::Tensor> NoLoCo::send(int64_t id, const std::vector<Peer>& g
   request.header.bytes = payload.numel();
   request.header.format = format;
   request.payload = payload;
+  if (sync.pace) request.note = sync.pace->to_bytes();  // read by a partner left behind: it learns its pace
   const auto sent_before = transport_.stats().bytes_sent;
   // Peers it gives up are declared dead by the transport (later snapshots leave them out).
   ExchangeResult result;
@@ -153,7 +154,13 @@ std::map<int, torch::Tensor> NoLoCo::send(int64_t id, const std::vector<Peer>& g
   }
   sync.bytes = transport_.stats().bytes_sent - sent_before;
   sync.behind = result.behind;
-  sync.left_behind = result.left_behind;
+  sync.left_behind_by = result.left_behind_by;
+  if (sync.pace)
+    for (const auto& [r, note] : result.notes) try {
+        sync.partners_pace[r] = PaceReport::from_bytes(note.data(), int64_t(note.size()));
+      } catch (const std::runtime_error& e) {
+        spdlog::warn("outer step {}: replica {}'s pace note not used: {}", sync.outer_step, r, e.what());
+      }
   return std::move(result.received);
 }
 
@@ -262,7 +269,8 @@ OuterTerms NoLoCo::group_means(int64_t id, const Fragment& fragment, const torch
     kept = (leftover * config_.error_feedback_decay).to(theta.device());
   }
   auto arrived = send(id, group, payload, message.format_id(with_phi), sync);
-  if (sync.pace) sync.partners_pace = take_pace_reports(arrived);
+  if (sync.pace)
+    for (const auto& [r, report] : take_pace_reports(arrived)) sync.partners_pace[r] = report;
   const auto decoded = decode(message, arrived, with_phi, {own_first, own.phi}, group, separations, sync);
   std::map<int, int64_t> steps;  // pace=speed: the increments' weights
   if (sync.pace) {

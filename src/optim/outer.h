@@ -44,9 +44,10 @@ struct OuterSync {
   // whether it came late itself and was left behind. Either way the late
   // replica's work stays in its weights, for its next meeting.
   std::vector<int> behind;
-  bool left_behind = false;
+  double left_behind_by = 0;  // seconds it came late at least (0: it was not left behind)
   // pace=speed: what this replica's message said of its pace (its steps: its
-  // increment's weight), and what its partners' said, by rank.
+  // increment's weight), and what its partners' said, by rank (where it was
+  // left behind, what they noted at the meeting: it learns its pace there).
   std::optional<PaceReport> pace;
   std::map<int, PaceReport> partners_pace;
 };

@@ -65,10 +65,15 @@ bool Pace::trains_at(int64_t step) {
   if (step % interval_ == 0) {
     share_ = pace_share(step_seconds_, reference_seconds(), interval_);
   }
-  // The epsilon: three thirds summed in doubles may fall a hair short of one.
-  credit_ += share_;
-  const bool trains = credit_ >= 1 - 1e-9;
-  if (trains) credit_ = std::max(0.0, credit_ - 1);
+  bool trains = false;
+  if (catching_up_ > 0) {
+    --catching_up_;
+  } else {
+    // The epsilon: three thirds summed in doubles may fall a hair short of one.
+    credit_ += share_;
+    trains = credit_ >= 1 - 1e-9;
+    if (trains) credit_ = std::max(0.0, credit_ - 1);
+  }
   window_.push_back(trains);
   if (int64_t(window_.size()) > interval_) window_.pop_front();
   return trains;
@@ -95,6 +100,12 @@ PaceReport Pace::report(int64_t outer_step) const {
     r.reference_heard_at = outer_step;
   }
   return r;
+}
+
+void Pace::fell_behind(double seconds) {
+  if (interval_ < 2) return;  // a period of one slot has none to skip
+  const double slots = step_seconds_ > 0 ? std::ceil(seconds / step_seconds_) : 1;
+  catching_up_ = std::clamp<int64_t>(int64_t(slots), 1, interval_ - 1);
 }
 
 void Pace::hear(int rank, const PaceReport& report, int64_t outer_step) {

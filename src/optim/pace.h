@@ -57,6 +57,11 @@ class Pace {
   PaceReport report(int64_t outer_step) const;
   // What partner `rank` reported at outer step `outer_step`.
   void hear(int rank, const PaceReport& report, int64_t outer_step);
+  // Left behind at an outer step (partner_wait): it came at least `seconds`
+  // after its partners, and skips that much of its next slots (at least
+  // one, less than a period) to meet them in step again; left behind again,
+  // it skips again. (Not kept by checkpoints: a resume meets anew.)
+  void fell_behind(double seconds);
 
   // The steps this period takes at its share (rounded).
   int64_t period_steps() const;
@@ -82,6 +87,7 @@ class Pace {
   int rank_;
   double share_ = 1;   // of the slots, this period
   double credit_ = 0;  // steps owed, carried from slot to slot
+  int64_t catching_up_ = 0;  // slots to skip, having been left behind
   double step_seconds_ = 0;
   int64_t trained_steps_ = 0;
   int64_t latest_outer_step_ = 0;

@@ -192,6 +192,7 @@ std::optional<OuterSync> SlowWeightsMethod::after_inner_step(int64_t step, FlatP
 void SlowWeightsMethod::hear_partners(const OuterSync& sync) {
   if (!pace_) return;
   for (const auto& [rank, report] : sync.partners_pace) pace_->hear(rank, report, sync.outer_step);
+  if (sync.left_behind_by > 0) pace_->fell_behind(sync.left_behind_by);
 }
 
 void SlowWeightsMethod::keep_constraint(FlatParams& params) {

@@ -674,11 +674,12 @@ void WorkerRun::record_outer_steps(int64_t done, const std::vector<OuterSync>& s
     if (!sync.refused.empty()) r["refused_as_diverged"] = sync.refused;
     if (sync.store_unreachable) r["store_unreachable"] = true;
     if (!sync.behind.empty()) r["left_behind"] = sync.behind;
-    if (sync.left_behind) r["was_left_behind"] = true;
+    if (sync.left_behind_by > 0) r["was_left_behind"] = true;
     if (sync.pace) {  // pace=speed: the steps behind each increment of the merge
       r["trained_steps"] = sync.pace->steps;
-      for (const auto& [partner, report] : sync.partners_pace)
-        r["partners_trained_steps"][std::to_string(partner)] = report.steps;
+      for (const auto& [partner, report] : sync.partners_pace)  // a note heard when left behind weighs nothing
+        if (std::find(sync.arrived.begin(), sync.arrived.end(), partner) != sync.arrived.end())
+          r["partners_trained_steps"][std::to_string(partner)] = report.steps;
     }
     if (w_.transport()) {
       // Each partner's link, as it went (direct, punched, relayed).

@@ -58,6 +58,7 @@ LinkTransport::LinkTransport(std::function<StorePtr()> connect, const WorkerEnv&
       timeout_(timeout),
       run_id_(run_id_of(env.token)),
       liveness_(liveness),
+      partner_wait_(partner_wait),
       meeting_(connect_, env.token, scope_, self.rank, timeout, liveness, partner_wait),
       exchanges_(connect_(), env.token, {scope_, self.rank, self.incarnation}, endpoint_),
       handovers_(connect_(), env.token, {record::handover_book(scope_), self.rank, self.incarnation}, endpoint_),
@@ -243,10 +244,11 @@ ExchangeResult LinkTransport::exchange(const ExchangeRequest& request) {
   const auto key = record::exchange(request.id, members_key(request.group));
   std::map<int, int64_t> mine;
   for (const auto& p : peers) mine[p.rank] = exchanges_.held(end_of(exchanges_, p));
-  const auto met = meeting_.meet(key, request.id, peers, mine);
+  const auto met = meeting_.meet(key, request.id, peers, mine, request.note);
   result.lost = met.late;
   result.behind = met.behind;
-  result.left_behind = met.left_behind;
+  if (met.left_behind) result.left_behind_by = std::chrono::duration<double>(partner_wait_).count();
+  result.notes = met.notes;
   const auto traded_from = Clock::now();
   auto failures = trade(request, met.present, met.theirs, std::to_string(request.id), start, &result, &cost);
   std::vector<Peer> retry;

@@ -103,6 +103,7 @@ class LinkTransport final : public Transport {
   Liveness* liveness_;
   std::atomic<bool> corrupt_next_send_{false};
   std::function<void()> before_next_trade_;
+  std::chrono::milliseconds partner_wait_;
   Meeting meeting_;
   LinkBook exchanges_;  // exchanges (one at a time, on whichever thread runs them)
   LinkBook handovers_;  // state hand-overs: a link of their own, beside a pair's exchanges

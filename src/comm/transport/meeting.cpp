@@ -16,6 +16,9 @@ using record::held_link;
 
 std::vector<uint8_t> bytes_of(const std::string& s) { return {s.begin(), s.end()}; }
 
+// What a member found on arriving, each followed by its note: the same length, so the note starts at one place.
+const std::string kCame = "came:", kAlone = "lone:";
+
 }  // namespace
 
 MeetingProtocol::MeetingProtocol(std::vector<int> peers, Clock::time_point start, std::chrono::milliseconds timeout,
@@ -87,7 +90,7 @@ Meeting::Meeting(std::function<StorePtr()> connect, const std::string& token, co
       room_(run_scope(connect_(), token_, record::meeting(scope_))) {}
 
 MeetingOutcome Meeting::meet(const std::string& key, int64_t exchange, const std::vector<Peer>& peers,
-                             const std::map<int, int64_t>& mine) {
+                             const std::map<int, int64_t>& mine, const std::vector<uint8_t>& note) {
   const auto start = Clock::now();
   std::vector<int> ranks;
   for (const auto& peer : peers) ranks.push_back(peer.rank);
@@ -99,12 +102,16 @@ MeetingOutcome Meeting::meet(const std::string& key, int64_t exchange, const std
   }
   const auto own = room_->add(here(self_), int64_t(Arrival::came));
   protocol.arrived(own);
-  if (partner_wait_.count() > 0)
-    room_->set(arrival_verdict(key, self_), bytes_of(own == int64_t(Arrival::came) ? "came" : "alone"));
+  if (partner_wait_.count() > 0) {
+    auto verdict = bytes_of(own == int64_t(Arrival::came) ? kCame : kAlone);
+    verdict.insert(verdict.end(), note.begin(), note.end());
+    room_->set(arrival_verdict(key, self_), verdict);
+  }
   // Given up by a peer before it came: it goes on alone, blaming nobody.
   if (protocol.state() == MeetingProtocol::State::alone) {
     MeetingOutcome alone;
     alone.left_behind = true;
+    if (partner_wait_.count() > 0) alone.notes = notes_of(key, peers);
     return alone;
   }
   std::vector<std::string> keys;
@@ -153,7 +160,19 @@ bool Meeting::came_first(const std::string& key, int peer) {
     return false;
   }
   const auto found = room_->get(verdict);
-  return std::string(found.begin(), found.end()) == "came";
+  return std::string(found.begin(), found.begin() + std::min(found.size(), kCame.size())) == kCame;
+}
+
+std::map<int, std::vector<uint8_t>> Meeting::notes_of(const std::string& key, const std::vector<Peer>& peers) {
+  std::map<int, std::vector<uint8_t>> notes;
+  for (const auto& peer : peers) {
+    const auto verdict = arrival_verdict(key, peer.rank);
+    if (!room_->check({verdict})) continue;  // not come either
+    const auto found = room_->get(verdict);
+    if (found.size() >= kCame.size() && std::string(found.begin(), found.begin() + kCame.size()) == kCame)
+      notes[peer.rank].assign(found.begin() + kCame.size(), found.end());
+  }
+  return notes;
 }
 
 void Meeting::stay_away(const std::string& key) { room_->add(arrival(key, self_), int64_t(Arrival::stays_away)); }

@@ -48,6 +48,7 @@ struct MeetingOutcome {
   std::vector<int> late;            // did not come in time, or given up
   std::vector<int> behind;          // alive, left behind after the partner wait: not lost
   bool left_behind = false;         // this member came after its peers had left it behind
+  std::map<int, std::vector<uint8_t>> notes;  // left behind: what the peers that had come noted
   std::vector<int> declined;        // said they stay away
   std::map<int, int64_t> theirs;    // of those present: the id of the link each holds to this member (0: none)
 };
@@ -105,15 +106,18 @@ class Meeting {
           std::chrono::milliseconds timeout, Liveness* liveness,
           std::chrono::milliseconds partner_wait = std::chrono::milliseconds(0));
   // Meets `peers` under `key`, for exchange `exchange`, announcing `mine`
-  // (by peer rank: the link this member holds to it).
+  // (by peer rank: the link this member holds to it). With a partner wait,
+  // `note` goes with what it found on arriving, for a peer left behind.
   MeetingOutcome meet(const std::string& key, int64_t exchange, const std::vector<Peer>& peers,
-                      const std::map<int, int64_t>& mine);
+                      const std::map<int, int64_t>& mine, const std::vector<uint8_t>& note = {});
   // Tells the members meeting under `key` that this one will not come.
   void stay_away(const std::string& key);
 
  private:
   // Whether `peer`, whose counter says came and left behind, came first (its own word).
   bool came_first(const std::string& key, int peer);
+  // Left behind: the notes of the peers that had come.
+  std::map<int, std::vector<uint8_t>> notes_of(const std::string& key, const std::vector<Peer>& peers);
   std::function<StorePtr()> connect_;
   std::string token_, scope_;
   int self_;
