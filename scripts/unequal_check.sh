@@ -9,7 +9,7 @@
 #
 #   scripts/unequal_check.sh DATA STEPS [train keys...]     # build/ built
 #   scripts/unequal_check.sh data/tinyshakespeare.txt 2000
-#   METHODS=noloco scripts/unequal_check.sh data/tinyshakespeare.txt 2000 partner_wait=0.02
+#   METHODS=noloco scripts/unequal_check.sh data/tinyshakespeare.txt 2000 partner_wait=0.25
 set -euo pipefail
 cd "$(dirname "$0")/.."
 data=${1:?DATA} steps=${2:?STEPS}

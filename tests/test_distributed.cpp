@@ -530,7 +530,7 @@ TEST_F(Distributed, APacedReplicaFourTimesSlowerTrainsAboutAQuarterOfTheSlotsAnd
 // comes late; from its partner's note it learns its pace all the same.
 TEST_F(Distributed, APartnerLatePastThePartnerWaitIsLeftBehindNotLost) {
   const auto waited = run("partner_wait", "method=noloco replicas=2 steps=80 outer_interval=10 pace=speed "
-                                          "slowdown=1:8 partner_wait=0.05");
+                                          "slowdown=1:8 partner_wait=0.1");
   int left = 0, was_left = 0;
   int64_t slow_last_period = -1;
   for (auto& rec : metrics_records(waited, "outer")) {

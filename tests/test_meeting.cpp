@@ -134,10 +134,9 @@ c10::intrusive_ptr<c10d::Store> tcp_store(uint16_t port) {
 
 struct Room {
   c10::intrusive_ptr<c10d::TCPStore> server = c10::static_intrusive_pointer_cast<c10d::TCPStore>(tcp_store(0));
-  Meeting member(int self, std::chrono::milliseconds timeout,
-                 std::chrono::milliseconds partner_wait = std::chrono::milliseconds(0)) {
+  Meeting member(int self, std::chrono::milliseconds timeout) {
     return Meeting([port = uint16_t(server->getPort())] { return tcp_store(port); }, "meeting-test", "replicas", self,
-                   timeout, nullptr, partner_wait);
+                   timeout, nullptr);
   }
   // The meeting's keys as the members see them.
   StorePtr keys() { return run_scope(tcp_store(uint16_t(server->getPort())), "meeting-test", record::meeting("replicas")); }
@@ -190,23 +189,23 @@ TEST(Meeting, APartnerWaitLeavesALatePeerBehindAndOneThatCameJustBeforeItMeets) 
   Room room;
   const auto start = std::chrono::steady_clock::now();
   const std::vector<uint8_t> note = {7, 0, 9};
-  const auto out = room.member(0, 20s, 300ms).meet("9/0,1", 9, {{1, 0}}, {}, note);
+  const auto out = room.member(0, 20s).meet("9/0,1", 9, {{1, 0}}, {}, note, 300ms);
   EXPECT_GE(std::chrono::steady_clock::now() - start, 300ms);
   EXPECT_LT(std::chrono::steady_clock::now() - start, 10s) << "waited out the partner wait, not the timeout";
   EXPECT_EQ(out.behind, (std::vector<int>{1}));
   EXPECT_TRUE(out.late.empty() && out.present.empty());
-  const auto late = room.member(1, 20s, 300ms).meet("9/0,1", 9, {{0, 0}}, {});
+  const auto late = room.member(1, 20s).meet("9/0,1", 9, {{0, 0}}, {}, {}, 300ms);
   EXPECT_TRUE(late.left_behind);
   EXPECT_EQ(late.notes, (std::map<int, std::vector<uint8_t>>{{0, note}})) << "it hears what member 0 noted";
   EXPECT_TRUE(late.present.empty() && late.late.empty() && late.behind.empty());
 
   // Member 1 comes first; the give-up lands on its counter just after.
   auto first = std::async(std::launch::async,
-                          [&room] { return room.member(1, 20s, 10s).meet("10/0,1", 10, {{0, 0}}, {{0, 4}}); });
+                          [&room] { return room.member(1, 20s).meet("10/0,1", 10, {{0, 0}}, {{0, 4}}, {}, 10s); });
   const auto keys = room.keys();
   while (!keys->check({record::arrival_verdict("10/0,1", 1)})) std::this_thread::sleep_for(5ms);
   keys->add(record::arrival("10/0,1", 1), int64_t(Arrival::given_up));
-  const auto second = room.member(0, 20s, 300ms).meet("10/0,1", 10, {{1, 0}}, {{1, 3}});
+  const auto second = room.member(0, 20s).meet("10/0,1", 10, {{1, 0}}, {{1, 3}}, {}, 300ms);
   const auto came_first = first.get();
   EXPECT_EQ(ranks_of(second.present), (std::vector<int>{1}));
   EXPECT_EQ(second.theirs, (std::map<int, int64_t>{{1, 4}}));

@@ -187,7 +187,12 @@ void add_outer_options(Options& o, TrainConfig& c) {
            "diloco/noloco: steps (every replica trains outer_interval inner steps between outer steps, and the "
            "slowest sets the pace) | speed (each trains as many of those steps as its speed allows against the "
            "fastest replica's, so all reach the outer step together; increments weighed by their steps; "
-           "docs/communication.md)");
+           "docs/communication.md)")
+      .add("partner_wait", c.outer.partner_wait,
+           "noloco with pace=speed: how long a replica waits at an outer step for a partner alive but late, as a "
+           "share of its own last period (0.5: half a period); then it steps without it, and the late one alone "
+           "when it comes, skipping slots to catch up (its work goes to its next partner). 0: wait until the "
+           "partner is given up (peer_timeout)");
 }
 
 void add_comm_options(Options& o, TrainConfig& c) {
@@ -201,10 +206,6 @@ void add_comm_options(Options& o, TrainConfig& c) {
       .add("peer_timeout", c.comm.peer_timeout,
            "seconds a store call or a peer's message may take; a NoLoCo partner that makes no progress this long "
            "(at least 3 s) is given up")
-      .add("partner_wait", c.comm.partner_wait,
-           "NoLoCo: seconds a replica waits at an outer step for a partner that is alive but late; then it steps "
-           "without it, and the late one alone when it comes (its work goes to its next partner). 0: wait until "
-           "the partner is given up (peer_timeout)")
       .add("seal", c.comm.seal,
            "seal every payload between workers (authenticated encryption keyed from the run's token); false only to "
            "measure what sealing costs")
@@ -446,6 +447,13 @@ void validate_outer_schedule(const TrainConfig& c) {
   if (outer.pace == PaceMode::speed && (c.pipeline.stages > 1 || c.run.replica_workers > 1))
     invalid("pace=speed needs one worker a replica (stages=1, replica_workers=1): the workers of one replica would "
             "have to skip the same steps");
+  if (!(outer.partner_wait >= 0))
+    invalid(fmt::format("partner_wait must be >= 0 (a share of a period), got {}", outer.partner_wait));
+  if (outer.partner_wait > 0 && method != Method::noloco)
+    invalid("partner_wait is NoLoCo's: DiLoCo's average and DDP's wait for every replica by their nature");
+  if (outer.partner_wait > 0 && outer.pace != PaceMode::speed)
+    invalid("partner_wait needs pace=speed: a replica left behind catches up by skipping slots, which pace=steps "
+            "has not (its replicas would stay out of step and never meet again)");
   slowdown_of(c.run.slowdown, 0);
 }
 
@@ -532,12 +540,6 @@ void TrainConfig::validate() const {
                         outer.gamma, outer.lr));
   validate_listening(comm);
   positive("peer_timeout", comm.peer_timeout);
-  if (!(comm.partner_wait >= 0)) invalid(fmt::format("partner_wait must be >= 0 seconds, got {}", comm.partner_wait));
-  if (comm.partner_wait > 0 && outer.method != Method::noloco)
-    invalid("partner_wait is NoLoCo's: DiLoCo's average and DDP's wait for every replica by their nature");
-  if (comm.partner_wait > 0 && outer.pace != PaceMode::speed)
-    invalid("partner_wait needs pace=speed: a replica left behind catches up by skipping slots, which pace=steps "
-            "has not (its replicas would stay out of step and never meet again)");
   non_negative("restarts", double(comm.restarts));
   positive("heartbeat_timeout", comm.heartbeat_timeout);
   positive("startup_timeout", comm.startup_timeout);

@@ -75,6 +75,11 @@ struct OuterConfig {
   bool overlap = false;
   bool eager = false;
   PaceMode pace = PaceMode::steps;
+  // NoLoCo with pace=speed: how long a replica waits at an outer step for a
+  // partner alive but late, as a share of its own last period's time; then
+  // it steps without it (comm/transport/meeting.h). 0: until the partner is
+  // given up (peer_timeout, or its heartbeat).
+  double partner_wait = 0;
 };
 
 // The network: where to listen, how long to wait for whom.
@@ -87,10 +92,6 @@ struct CommConfig {
   int64_t listen_port = 0;
   std::string advertise;  // HOST or HOST:PORT
   double peer_timeout = 60;
-  // NoLoCo: seconds a replica waits at an outer step for a partner that is
-  // alive but late before it steps without it (comm/transport/meeting.h);
-  // 0: until the partner is given up (peer_timeout, or its heartbeat).
-  double partner_wait = 0;
   bool seal = true;  // comm/transport/seal.h
   // Publish a small sealed status into the run's store at most once a second, for the live page (comm/view/).
   bool live_status = true;

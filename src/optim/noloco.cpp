@@ -71,7 +71,8 @@ NoLoCo::NoLoCo(const OuterConfig& config, uint64_t seed, ReplicaPeers links, Fla
       membership_(links.membership),
       codec_(codec_spec(config)),
       coset_(int(config.phi_bits), config.quant_block),
-      increments_(fragments().size()) {
+      increments_(fragments().size()),
+      period_began_(fragments().size(), std::chrono::steady_clock::now()) {
   for (const auto& f : fragments())
     messages_.emplace_back(config, codec_, coset_, f.numel,
                            [&](const std::string& name) { return fragment_state(name, f); },
@@ -142,6 +143,7 @@ std::map<int, torch::Tensor> NoLoCo::send(int64_t id, const std::vector<Peer>& g
   request.header.bytes = payload.numel();
   request.header.format = format;
   request.payload = payload;
+  request.partner_wait = partner_wait(sync.fragment);
   if (sync.pace) request.note = sync.pace->to_bytes();  // read by a partner left behind: it learns its pace
   const auto sent_before = transport_.stats().bytes_sent;
   // Peers it gives up are declared dead by the transport (later snapshots leave them out).
@@ -153,6 +155,7 @@ std::map<int, torch::Tensor> NoLoCo::send(int64_t id, const std::vector<Peer>& g
     if (membership_) membership_->go_alone(id);
   }
   sync.bytes = transport_.stats().bytes_sent - sent_before;
+  period_began_[size_t(sync.fragment)] = std::chrono::steady_clock::now();
   sync.behind = result.behind;
   sync.left_behind_by = result.left_behind_by;
   if (sync.pace)
@@ -162,6 +165,14 @@ std::map<int, torch::Tensor> NoLoCo::send(int64_t id, const std::vector<Peer>& g
         spdlog::warn("outer step {}: replica {}'s pace note not used: {}", sync.outer_step, r, e.what());
       }
   return std::move(result.received);
+}
+
+std::chrono::milliseconds NoLoCo::partner_wait(int fragment) const {
+  if (config_.partner_wait <= 0) return std::chrono::milliseconds(0);
+  const auto trained = std::chrono::steady_clock::now() - period_began_[size_t(fragment)];
+  // At least a millisecond: a wait of 0 would mean none, and the run's members must agree there is one.
+  return std::max(std::chrono::milliseconds(1),
+                  std::chrono::duration_cast<std::chrono::milliseconds>(trained * config_.partner_wait));
 }
 
 std::vector<Peer> NoLoCo::alone_without_store(int64_t id, OuterSync& sync) const {

@@ -14,6 +14,7 @@
 // (phi_coding), every phi_every-th outer step. A replica averages its own
 // exact values with what it decoded from the others (docs/method.md).
 #pragma once
+#include <chrono>
 #include <deque>
 #include <memory>
 
@@ -77,6 +78,10 @@ class NoLoCo final : public SlowWeightsMethod {
   };
   static std::string increments_key(size_t fragment);
   std::vector<std::deque<IncrementsMet>> increments_;
+  // partner_wait: when each fragment's last exchange ended (the first: when
+  // training began), so that the wait is a share of the period just trained.
+  std::vector<std::chrono::steady_clock::time_point> period_began_;
+  std::chrono::milliseconds partner_wait(int fragment) const;
 };
 
 }  // namespace noloco

@@ -177,8 +177,7 @@ WorkerConnections join_as_worker(const WorkerEnv& env, const CommConfig& comm, i
                                                     timeout, links.heartbeat.get(),
                                                     [layout, stage](int member) { return layout.speaker(member, stage); });
     links.transport = std::make_unique<LinkTransport>(connect, env, scope, links.membership->self(), replicas,
-                                                      links.endpoint, timeout, links.membership.get(),
-                                                      std::chrono::milliseconds(int64_t(comm.partner_wait * 1000)));
+                                                      links.endpoint, timeout, links.membership.get());
   }
   if (stages > 1) {
     // A connection of its own: the link's sending threads ask it too.

@@ -48,7 +48,7 @@ uint8_t* bytes_ptr(const torch::Tensor& t) { return static_cast<uint8_t*>(t.data
 
 LinkTransport::LinkTransport(std::function<StorePtr()> connect, const WorkerEnv& env, std::string scope, Peer self,
                              int world, std::shared_ptr<LinkEndpoint> endpoint, std::chrono::milliseconds timeout,
-                             Liveness* liveness, std::chrono::milliseconds partner_wait)
+                             Liveness* liveness)
     : connect_(std::move(connect)),
       env_(env),
       scope_(std::move(scope)),
@@ -58,8 +58,7 @@ LinkTransport::LinkTransport(std::function<StorePtr()> connect, const WorkerEnv&
       timeout_(timeout),
       run_id_(run_id_of(env.token)),
       liveness_(liveness),
-      partner_wait_(partner_wait),
-      meeting_(connect_, env.token, scope_, self.rank, timeout, liveness, partner_wait),
+      meeting_(connect_, env.token, scope_, self.rank, timeout, liveness),
       exchanges_(connect_(), env.token, {scope_, self.rank, self.incarnation}, endpoint_),
       handovers_(connect_(), env.token, {record::handover_book(scope_), self.rank, self.incarnation}, endpoint_),
       meshes_(connect_(), env.token, {record::mesh_book(scope_), self.rank, self.incarnation}, endpoint_),
@@ -244,10 +243,10 @@ ExchangeResult LinkTransport::exchange(const ExchangeRequest& request) {
   const auto key = record::exchange(request.id, members_key(request.group));
   std::map<int, int64_t> mine;
   for (const auto& p : peers) mine[p.rank] = exchanges_.held(end_of(exchanges_, p));
-  const auto met = meeting_.meet(key, request.id, peers, mine, request.note);
+  const auto met = meeting_.meet(key, request.id, peers, mine, request.note, request.partner_wait);
   result.lost = met.late;
   result.behind = met.behind;
-  if (met.left_behind) result.left_behind_by = std::chrono::duration<double>(partner_wait_).count();
+  if (met.left_behind) result.left_behind_by = std::chrono::duration<double>(request.partner_wait).count();
   result.notes = met.notes;
   const auto traded_from = Clock::now();
   auto failures = trade(request, met.present, met.theirs, std::to_string(request.id), start, &result, &cost);

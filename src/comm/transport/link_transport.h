@@ -37,11 +37,9 @@ class LinkTransport final : public Transport {
   // starting at `endpoint`. `connect` opens a new connection to the run's
   // store. `liveness` (may be null: peers are waited for until the timeout)
   // is asked in every wait for a peer and told of every peer given up.
-  // `partner_wait` > 0: an exchange's peer alive but not come within it is
-  // left behind (comm/transport/meeting.h).
   LinkTransport(std::function<StorePtr()> connect, const WorkerEnv& env, std::string scope, Peer self, int world,
                 std::shared_ptr<LinkEndpoint> endpoint, std::chrono::milliseconds timeout,
-                Liveness* liveness = nullptr, std::chrono::milliseconds partner_wait = std::chrono::milliseconds(0));
+                Liveness* liveness = nullptr);
   ~LinkTransport() override;
   int rank() const override { return self_.rank; }
   int world() const override { return world_; }
@@ -103,7 +101,6 @@ class LinkTransport final : public Transport {
   Liveness* liveness_;
   std::atomic<bool> corrupt_next_send_{false};
   std::function<void()> before_next_trade_;
-  std::chrono::milliseconds partner_wait_;
   Meeting meeting_;
   LinkBook exchanges_;  // exchanges (one at a time, on whichever thread runs them)
   LinkBook handovers_;  // state hand-overs: a link of their own, beside a pair's exchanges

@@ -79,22 +79,22 @@ MeetingOutcome MeetingProtocol::decide(const std::vector<Peer>& peers, const std
 }
 
 Meeting::Meeting(std::function<StorePtr()> connect, const std::string& token, const std::string& scope, int self,
-                 std::chrono::milliseconds timeout, Liveness* liveness, std::chrono::milliseconds partner_wait)
+                 std::chrono::milliseconds timeout, Liveness* liveness)
     : connect_(std::move(connect)),
       token_(token),
       scope_(scope),
       self_(self),
       timeout_(timeout),
-      partner_wait_(partner_wait),
       liveness_(liveness),
       room_(run_scope(connect_(), token_, record::meeting(scope_))) {}
 
 MeetingOutcome Meeting::meet(const std::string& key, int64_t exchange, const std::vector<Peer>& peers,
-                             const std::map<int, int64_t>& mine, const std::vector<uint8_t>& note) {
+                             const std::map<int, int64_t>& mine, const std::vector<uint8_t>& note,
+                             std::chrono::milliseconds partner_wait) {
   const auto start = Clock::now();
   std::vector<int> ranks;
   for (const auto& peer : peers) ranks.push_back(peer.rank);
-  MeetingProtocol protocol(ranks, start, timeout_, liveness_ != nullptr, partner_wait_);
+  MeetingProtocol protocol(ranks, start, timeout_, liveness_ != nullptr, partner_wait);
   auto here = [&](int r) { return arrival(key, r); };
   for (const auto& peer : peers) {
     const auto it = mine.find(peer.rank);
@@ -102,7 +102,7 @@ MeetingOutcome Meeting::meet(const std::string& key, int64_t exchange, const std
   }
   const auto own = room_->add(here(self_), int64_t(Arrival::came));
   protocol.arrived(own);
-  if (partner_wait_.count() > 0) {
+  if (partner_wait.count() > 0) {
     auto verdict = bytes_of(own == int64_t(Arrival::came) ? kCame : kAlone);
     verdict.insert(verdict.end(), note.begin(), note.end());
     room_->set(arrival_verdict(key, self_), verdict);
@@ -111,7 +111,7 @@ MeetingOutcome Meeting::meet(const std::string& key, int64_t exchange, const std
   if (protocol.state() == MeetingProtocol::State::alone) {
     MeetingOutcome alone;
     alone.left_behind = true;
-    if (partner_wait_.count() > 0) alone.notes = notes_of(key, peers);
+    if (partner_wait.count() > 0) alone.notes = notes_of(key, peers);
     return alone;
   }
   std::vector<std::string> keys;

@@ -103,13 +103,14 @@ class Meeting {
  public:
   // Member `self` of the group `scope` names, in the run `token` names.
   Meeting(std::function<StorePtr()> connect, const std::string& token, const std::string& scope, int self,
-          std::chrono::milliseconds timeout, Liveness* liveness,
-          std::chrono::milliseconds partner_wait = std::chrono::milliseconds(0));
+          std::chrono::milliseconds timeout, Liveness* liveness);
   // Meets `peers` under `key`, for exchange `exchange`, announcing `mine`
-  // (by peer rank: the link this member holds to it). With a partner wait,
-  // `note` goes with what it found on arriving, for a peer left behind.
+  // (by peer rank: the link this member holds to it). With a partner wait
+  // (> 0 on every member of the run, or on none), `note` goes with what it
+  // found on arriving, for a peer left behind.
   MeetingOutcome meet(const std::string& key, int64_t exchange, const std::vector<Peer>& peers,
-                      const std::map<int, int64_t>& mine, const std::vector<uint8_t>& note = {});
+                      const std::map<int, int64_t>& mine, const std::vector<uint8_t>& note = {},
+                      std::chrono::milliseconds partner_wait = std::chrono::milliseconds(0));
   // Tells the members meeting under `key` that this one will not come.
   void stay_away(const std::string& key);
 
@@ -121,7 +122,7 @@ class Meeting {
   std::function<StorePtr()> connect_;
   std::string token_, scope_;
   int self_;
-  std::chrono::milliseconds timeout_, partner_wait_;
+  std::chrono::milliseconds timeout_;
   Liveness* liveness_;
   StorePtr room_;   // one meeting at a time, on whichever thread runs the exchanges
   StorePtr watch_;  // the watchdog's own connection (room_ is blocked in a wait meanwhile)

@@ -31,8 +31,11 @@ struct ExchangeRequest {
   std::vector<Peer> group;
   MessageHeader header;  // header.bytes == payload.numel(); the transport stamps header.run
   torch::Tensor payload;
-  // A few bytes the peers read at the meeting even where they were left
-  // behind and receive no payload (pace=speed: the sender's PaceReport).
+  // > 0: a peer alive but not come within it is left behind, not waited for
+  // (comm/transport/meeting.h); the same sign on every member of the run.
+  std::chrono::milliseconds partner_wait{0};
+  // With a partner wait: a few bytes the peers read at the meeting even where
+  // they were left behind and receive no payload (pace=speed: the sender's PaceReport).
   std::vector<uint8_t> note;
 };
 
