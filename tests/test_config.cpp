@@ -13,6 +13,8 @@
 #include "config/worker_env.h"
 #include "optim/inner.h"
 #include "util/error_text.h"
+#include "util/parse_number.h"
+#include "test_util.h"
 
 using namespace noloco;
 
@@ -167,10 +169,28 @@ TEST(Config, ThetaMessageNeedsGammaEqualToBeta) {
 TEST(Config, BadRouting) { EXPECT_NE(error_of("", {"routing=roundrobin"}).find("routing must be random or fixed"), std::string::npos); }
 TEST(Config, AnAdvertisedAddressNeedsAPort) {
   EXPECT_NE(error_of("", {"advertise=203.0.113.5"}).find("advertise=203.0.113.5 needs a port"), std::string::npos);
-  EXPECT_NE(error_of("", {"advertise=203.0.113.5:0"}).find("not HOST:PORT"), std::string::npos);
+  EXPECT_NE(error_of("", {"advertise=203.0.113.5:0"}).find("advertise '203.0.113.5:0': no such port"), std::string::npos);
   EXPECT_NE(error_of("", {"listen_port=70000"}).find("listen_port must be in 0..65535"), std::string::npos);
   EXPECT_NO_THROW(parse_config("", {"advertise=203.0.113.5", "listen_port=29600"}));
   EXPECT_NO_THROW(parse_config("", {"advertise=203.0.113.5:40000"}));
+}
+// One reading of HOST:PORT for every address the program takes (issue 102).
+TEST(Options, HostAndPortSplitAtTheLastColonAndABadPortIsNamed) {
+  const auto both = parse_host_port("relay", "relay.example:3478");
+  EXPECT_EQ(both.host, "relay.example");
+  EXPECT_EQ(both.port, 3478);
+  const auto host = parse_host_port("advertise", "203.0.113.5");
+  EXPECT_EQ(host.host, "203.0.113.5");
+  EXPECT_FALSE(host.port);
+  EXPECT_EQ(parse_host_port("cluster entry", "10.0.0.1:65533", 65533).port, 65533);
+  for (const std::string bad : {"h:0", "h:65536", "h:", "h:80x", "h:-1", "h:+80", "h:123456"})
+    EXPECT_NE(noloco::testing::error_of([&] { parse_host_port("store", bad); }).find("store '" + bad + "': no such port"),
+              std::string::npos)
+        << bad;
+  EXPECT_NE(noloco::testing::error_of([&] { parse_host_port("cluster entry", "h:65534", 65533); }).find("a port is 1..65533"),
+            std::string::npos);
+  EXPECT_NE(noloco::testing::error_of([&] { parse_host_port("relay", ":80"); }).find("relay ':80' is not host:port"), std::string::npos);
+  EXPECT_NE(noloco::testing::error_of([&] { parse_host_port("relay", ""); }).find("is not host:port"), std::string::npos);
 }
 TEST(Config, AnUplinkIsARate) {
   EXPECT_NE(error_of("", {"uplink=fast"}).find("uplink: 'fast' is not a rate"), std::string::npos);

@@ -120,19 +120,18 @@ std::vector<ClusterEntry> cluster_of(const ServeArgs& a) {
     const size_t comma = std::min(a.cluster.find(',', start), a.cluster.size());
     const auto entry = a.cluster.substr(start, comma - start);
     start = comma + 1;
-    const auto colon = entry.rfind(':');
+    // Each member takes PORT to PORT+2.
+    const auto member = parse_host_port("serve: cluster entry", entry, 65533);
     in_addr ignored{};
-    if (colon == std::string::npos || ::inet_pton(AF_INET, entry.substr(0, colon).c_str(), &ignored) != 1)
+    if (!member.port || ::inet_pton(AF_INET, member.host.c_str(), &ignored) != 1)
       throw std::invalid_argument(fmt::format("serve: cluster entry '{}' is not IPV4_ADDRESS:PORT", entry));
-    const auto port = parse_integer("serve: a cluster entry's port", entry.substr(colon + 1));
-    if (port < 1 || port > 65533)
-      throw std::invalid_argument(fmt::format("serve: cluster entry '{}': its port must be in [1, 65533]", entry));
+    const int port = *member.port;
     for (const auto& e : entries)
-      if (e.host == entry.substr(0, colon) && std::abs(e.port - int(port)) < 3)
+      if (e.host == member.host && std::abs(e.port - port) < 3)
         throw std::invalid_argument(fmt::format("serve: cluster entries {}:{} and '{}' share ports (each takes PORT "
                                                 "to PORT+2)",
                                                 e.host, e.port, entry));
-    entries.push_back({entry.substr(0, colon), int(port)});
+    entries.push_back({member.host, port});
   }
   return entries;
 }

@@ -383,14 +383,8 @@ void validate_listening(const CommConfig& comm) {
   if (comm.listen_port < 0 || comm.listen_port > 65535)
     invalid(fmt::format("listen_port must be in 0..65535, got {}", comm.listen_port));
   if (comm.advertise.empty()) return;
-  const auto colon = comm.advertise.rfind(':');
-  if (colon == std::string::npos && comm.listen_port == 0)
+  if (!parse_host_port("advertise", comm.advertise).port && comm.listen_port == 0)
     invalid(fmt::format("advertise={} needs a port: advertise=HOST:PORT, or listen_port", comm.advertise));
-  if (colon != std::string::npos) {
-    const auto port = parse_integer("advertise's port", comm.advertise.substr(colon + 1));
-    if (colon == 0 || port < 1 || port > 65535)
-      invalid(fmt::format("advertise={} is not HOST:PORT with a port in 1..65535", comm.advertise));
-  }
 }
 
 void validate_replica_workers(const TrainConfig& c) {

@@ -39,14 +39,10 @@ void relays_from_environment(WorkerEnv& env) {
 
 void use_store(WorkerEnv& env, const std::string& store, const std::string& named) {
   if (store.rfind("tcp://", 0) == 0) {
-    const auto address = store.substr(6);
-    const auto colon = address.rfind(':');
-    if (colon == std::string::npos || colon == 0)
-      throw std::invalid_argument(fmt::format("{}='{}' is not tcp://host:port", named, store));
-    env.master_addr = address.substr(0, colon);
-    const int64_t port = parse_integer(named + "'s port", address.substr(colon + 1));
-    if (port <= 0 || port > 65535) throw std::invalid_argument(fmt::format("{}='{}': no such port", named, store));
-    env.master_port = int(port);
+    const auto address = parse_host_port(named, store.substr(6));
+    if (!address.port) throw std::invalid_argument(fmt::format("{}='{}' is not tcp://host:port", named, store));
+    env.master_addr = address.host;
+    env.master_port = *address.port;
     env.agent_store = true;
     return;
   }

@@ -87,4 +87,18 @@ std::vector<std::string> comma_separated(const std::string& text) {
   return entries;
 }
 
+HostPort parse_host_port(const std::string& what, const std::string& text, int max_port) {
+  const auto colon = text.rfind(':');
+  HostPort out{text.substr(0, colon), std::nullopt};
+  if (out.host.empty()) throw std::invalid_argument(fmt::format("{} '{}' is not host:port", what, text));
+  if (colon == std::string::npos) return out;
+  const auto digits = text.substr(colon + 1);
+  const bool number = !digits.empty() && digits.size() <= 5 && digits.find_first_not_of("0123456789") == std::string::npos;
+  const int port = number ? std::stoi(digits) : 0;
+  if (port < 1 || port > max_port)
+    throw std::invalid_argument(fmt::format("{} '{}': no such port (a port is 1..{})", what, text, max_port));
+  out.port = port;
+  return out;
+}
+
 }  // namespace noloco

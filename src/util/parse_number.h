@@ -2,6 +2,7 @@
 // must be the number, or std::invalid_argument names the key and the text.
 #pragma once
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -20,6 +21,17 @@ double parse_bit_rate(const std::string& key, const std::string& text);
 // A size in bytes as Hugging Face writes shard sizes: "2GB" (10^9), "500MB",
 // "4GiB" (2^30), "100KB", or a plain byte count; at least 1.
 uint64_t parse_byte_size(const std::string& key, const std::string& text);
+
+// "HOST:PORT", or "HOST" alone, split at the last colon: how every address
+// the program reads (advertise, a tcp:// store, relays, a serve's cluster
+// members) is taken apart.
+struct HostPort {
+  std::string host;
+  std::optional<int> port;  // none: the text has no colon
+};
+// Throws std::invalid_argument naming `what` and the text where the host is
+// empty or the port is not a whole number in [1, max_port].
+HostPort parse_host_port(const std::string& what, const std::string& text, int max_port = 65535);
 
 // The entries of a comma-separated list (store URLs, relays), empty ones left out.
 std::vector<std::string> comma_separated(const std::string& text);

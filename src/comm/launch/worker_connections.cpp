@@ -76,12 +76,12 @@ std::shared_ptr<LinkEndpoint> open_link_endpoint(const WorkerEnv& env, const Com
   options.sealed = comm.seal;
   if (!comm.uplink.empty()) options.uplink = parse_bit_rate("uplink", comm.uplink);
   options.port = comm.listen_port > 0 ? int(comm.listen_port) + env.local_rank : 0;
-  if (const auto colon = comm.advertise.rfind(':'); colon != std::string::npos) {
-    const int advertised = int(std::stol(comm.advertise.substr(colon + 1))) + env.local_rank;  // checked by validate()
-    options.advertise = fmt::format("{}:{}", comm.advertise.substr(0, colon), advertised);
-    if (options.port == 0) options.port = advertised;
-  } else {
-    options.advertise = comm.advertise;
+  options.advertise = comm.advertise;
+  if (const auto advertised = comm.advertise.empty() ? HostPort{} : parse_host_port("advertise", comm.advertise);
+      advertised.port) {
+    const int port = *advertised.port + env.local_rank;
+    options.advertise = fmt::format("{}:{}", advertised.host, port);
+    if (options.port == 0) options.port = port;
   }
   if ((comm.listen_port > 0 || !comm.advertise.empty()) && env.token.empty())
     throw std::runtime_error("listen_port and advertise need the run's token (NOLOCO_RUN_TOKEN)");

@@ -30,12 +30,10 @@ std::string text_of(const sockaddr_storage& a) {
 
 // "ip:port" as an address; false if it is not one.
 bool address_of(const std::string& text, sockaddr_storage* out) {
-  const auto colon = text.rfind(':');
-  if (colon == std::string::npos) return false;
   try {
-    const auto port = parse_integer("port", text.substr(colon + 1));
-    if (port <= 0 || port > 65535) return false;
-    *out = resolve_ipv4(text.substr(0, colon), int(port), "address");
+    const auto address = parse_host_port("address", text);
+    if (!address.port) return false;
+    *out = resolve_ipv4(address.host, *address.port, "address");
     return true;
   } catch (const std::exception&) {
     return false;
@@ -161,8 +159,9 @@ LinkEndpoint::LinkEndpoint(const LinkEndpointOptions& options, const LinkKey& li
   port_ = local_port(listen_fd_);
   addresses_.listen = fmt::format("{}:{}", options.bind, port_);
   if (!options.advertise.empty()) {
-    const auto colon = options.advertise.rfind(':');
-    addresses_.listen = colon == std::string::npos ? fmt::format("{}:{}", options.advertise, port_) : options.advertise;
+    addresses_.listen = parse_host_port("advertise", options.advertise).port
+                            ? options.advertise
+                            : fmt::format("{}:{}", options.advertise, port_);
     addresses_.reachable = true;
   }
   first_punch_ = new_punch_slot();

@@ -85,13 +85,9 @@ sockaddr_storage resolve_ipv4(const std::string& host, int port, const std::stri
 std::vector<sockaddr_storage> resolve_relays(const std::string& list) {
   std::vector<sockaddr_storage> relays;
   for (const auto& entry : comma_separated(list)) {
-    const auto colon = entry.rfind(':');
-    if (colon == std::string::npos || colon == 0)
-      throw std::invalid_argument(fmt::format("NOLOCO_RELAY entry '{}' is not host:port", entry));
-    const auto port = parse_integer("NOLOCO_RELAY's port", entry.substr(colon + 1));
-    if (port <= 0 || port > 65535)
-      throw std::invalid_argument(fmt::format("NOLOCO_RELAY entry '{}': no such port", entry));
-    relays.push_back(resolve_ipv4(entry.substr(0, colon), int(port), fmt::format("NOLOCO_RELAY entry '{}'", entry)));
+    const auto relay = parse_host_port("NOLOCO_RELAY entry", entry);
+    if (!relay.port) throw std::invalid_argument(fmt::format("NOLOCO_RELAY entry '{}' is not host:port", entry));
+    relays.push_back(resolve_ipv4(relay.host, *relay.port, fmt::format("NOLOCO_RELAY entry '{}'", entry)));
   }
   if (relays.empty()) throw std::invalid_argument("NOLOCO_RELAY is set but names no relay (host:port,...)");
   return relays;
