@@ -157,7 +157,8 @@ std::map<int, torch::Tensor> NoLoCo::send(int64_t id, const std::vector<Peer>& g
   sync.bytes = transport_.stats().bytes_sent - sent_before;
   period_began_[size_t(sync.fragment)] = std::chrono::steady_clock::now();
   sync.behind = result.behind;
-  sync.left_behind_by = result.left_behind_by;
+  // It came at least the wait after its partners.
+  if (result.left_behind) sync.left_behind_by = std::chrono::duration<double>(request.partner_wait).count();
   if (sync.pace)
     for (const auto& [r, note] : result.notes) try {
         sync.partners_pace[r] = PaceReport::from_bytes(note.data(), int64_t(note.size()));

@@ -246,7 +246,7 @@ ExchangeResult LinkTransport::exchange(const ExchangeRequest& request) {
   const auto met = meeting_.meet(key, request.id, peers, mine, request.note, request.partner_wait);
   result.lost = met.late;
   result.behind = met.behind;
-  if (met.left_behind) result.left_behind_by = std::chrono::duration<double>(request.partner_wait).count();
+  result.left_behind = met.left_behind;
   result.notes = met.notes;
   const auto traded_from = Clock::now();
   auto failures = trade(request, met.present, met.theirs, std::to_string(request.id), start, &result, &cost);

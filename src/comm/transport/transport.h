@@ -43,9 +43,7 @@ struct ExchangeResult {
   std::map<int, torch::Tensor> received;  // by rank: the payloads that came and passed the header check
   std::vector<int> lost;                  // peers given up, failed or rejected
   std::vector<int> behind;                // peers alive but late past the partner wait: left behind, not lost
-  // This member came at least this many seconds after its peers, which had
-  // left it behind (the partner wait); 0: it was not left behind.
-  double left_behind_by = 0;
+  bool left_behind = false;  // this member came after its peers had left it behind (the partner wait)
   std::map<int, std::vector<uint8_t>> notes;  // left behind: the notes of the peers that had come, by rank
 };
 
