@@ -101,6 +101,25 @@ void load_overlap_example(Rig& rig) {
   rig.flat.values().copy_(torch::tensor({1.5f, 1.0f, 0.0f}));
 }
 
+// Top-1 of three values in fp32, so the numbers of a by-hand test stay exact.
+struct TopOneOfThree {
+  WireCodec codec{[] {
+    CodecSpec spec;
+    spec.topk = 0.3;
+    return spec;
+  }()};
+  torch::Tensor code(std::vector<float> x) const {
+    auto bytes = torch::empty({int64_t(codec.encoded_bytes(x.size()))}, torch::kUInt8);
+    codec.encode(x.data(), x.size(), bytes.data_ptr<uint8_t>(), 0);
+    return bytes;
+  }
+  torch::Tensor values_of(const torch::Tensor& bytes) const {
+    auto out = torch::empty({3});
+    codec.decode(bytes.data_ptr<uint8_t>(), size_t(bytes.numel()), 3, out.data_ptr<float>());
+    return out;
+  }
+};
+
 torch::Tensor report_bytes(const PaceReport& r) {
   const auto b = r.to_bytes();
   return torch::tensor(std::vector<int64_t>(b.begin(), b.end())).to(torch::kUInt8);
@@ -219,10 +238,11 @@ TEST(Outer, DiLoCoStepByHand) {
   expect_values(flat.values(), {1.21, 1.755, -0.72});
 }
 
-// residual=weights (docs/method.md, compression=sparse), by hand: top-1 of
+// residual=weights (docs/method.md, compression=topk), by hand: top-1 of
 // three values in fp32, so the numbers stay exact. Each replica's message
-// carries its largest value; the mean of the messages drives the outer step;
-// what this replica's message left out stays in its weights.
+// carries its largest value; the mean of the messages, a value the peer did
+// not send counting as this replica's own, drives the outer step; what this
+// replica's message left out, where no peer's carried it, stays in its weights.
 TEST(Outer, SparseDiLoCoKeepsWhatItsMessageLeftOutInTheWeightsByHand) {
   auto c = outer_config("diloco", 0.3, 0.7, 0.7);
   c.outer.topk = 0.3;  // one value of the three
@@ -230,30 +250,45 @@ TEST(Outer, SparseDiLoCoKeepsWhatItsMessageLeftOutInTheWeightsByHand) {
   c.outer.residual = ResidualHome::weights;
   Rig rig(c);
   auto& [m, flat, comm, outer] = rig;
-  CodecSpec spec;
-  spec.topk = c.outer.topk;
-  const WireCodec codec(spec);
-  auto code = [&](std::vector<float> x) {
-    auto bytes = torch::empty({int64_t(codec.encoded_bytes(x.size()))}, torch::kUInt8);
-    codec.encode(x.data(), x.size(), bytes.data_ptr<uint8_t>(), 0);
-    return bytes;
-  };
-  auto values_of = [&](const torch::Tensor& bytes) {
-    auto out = torch::empty({3});
-    codec.decode(bytes.data_ptr<uint8_t>(), size_t(bytes.numel()), 3, out.data_ptr<float>());
-    return out;
-  };
+  const TopOneOfThree codec;
   outer->load({{"outer.phi", torch::tensor({1.0f, 2.0f, -1.0f})}, {"outer.momentum", torch::zeros({3})}});
   flat.values().copy_(torch::tensor({1.5f, 1.2f, 0.0f}));  // Δ0 = [0.5, -0.8, 1]
-  comm.peer_bytes = code({0.1f, 0.3f, -0.2f});             // Δ1: its message carries 0.3
+  comm.peer_bytes = codec.code({0.1f, 0.3f, -0.2f});       // Δ1: its message carries 0.3
   ASSERT_TRUE(outer->after_inner_step(3, flat).has_value());
-  expect_values(values_of(comm.sent), {0.0, 0.0, 1.0});
-  // Mean of the messages [0, 0.15, 0.5]; m = 0.7·that; φ = [1, 2.105, -0.65];
-  // θ = φ + what Δ0's message left out, [0.5, -0.8, 0].
-  expect_values(flat.values(), {1.5, 1.305, -0.65});
+  expect_values(codec.values_of(comm.sent), {0.0, 0.0, 1.0});
+  // Value 0, sent by neither: 0 as sent, 0.5 kept. Value 1, carried by the
+  // peer: the mean (-0.8 + 0.3)/2, nothing kept. Value 2, sent by this
+  // replica only: the peer's counts as this one's, 1. (As zeros they made
+  // [0, 0.15, 0.5], keeping [0.5, -0.8, 0]: each replica's own progress halved.)
+  // m = 0.7·[0, -0.25, 1]; φ = [1, 1.825, -0.3]; θ = φ + [0.5, 0, 0].
+  expect_values(flat.values(), {1.5, 1.825, -0.3});
   TensorMap state;
   outer->save(state);
-  expect_values(state.at("outer.phi"), {1.0, 2.105, -0.65});
+  expect_values(state.at("outer.phi"), {1.0, 1.825, -0.3});
+}
+
+// NoLoCo's pair under top-k with residual=weights, by hand: the same Δs and
+// the same rule as above, through NoLoCo's exchange (its own α, no φ sent).
+TEST(Outer, SparseNoLoCoCountsAValueThePartnerDidNotSendAsItsOwnByHand) {
+  auto c = outer_config("noloco", 0.5, 0.7, 0.4);
+  c.outer.topk = 0.3;
+  c.outer.residual = ResidualHome::weights;
+  c.outer.phi_every = 0;
+  Rig rig(c);
+  auto& [m, flat, comm, outer] = rig;
+  const TopOneOfThree codec;
+  outer->load({{"outer.phi", torch::tensor({1.0f, 2.0f, -1.0f})}, {"outer.momentum", torch::zeros({3})}});
+  flat.values().copy_(torch::tensor({1.5f, 1.2f, 0.0f}));  // Δ0 = [0.5, -0.8, 1]
+  comm.wire_dtype = torch::kUInt8;
+  comm.peer = codec.code({0.1f, 0.3f, -0.2f});  // Δ1: its message carries 0.3
+  ASSERT_TRUE(outer->after_inner_step(3, flat).has_value());
+  expect_values(codec.values_of(comm.sent), {0.0, 0.0, 1.0});
+  // m = 0.7·[0, -0.25, 1]; φ = [1, 1.825, -0.3]; θ = φ + [0.5, 0, 0].
+  expect_values(flat.values(), {1.5, 1.825, -0.3});
+  TensorMap state;
+  outer->save(state);
+  expect_values(state.at("outer.phi"), {1.0, 1.825, -0.3});
+  expect_values(state.at("outer.momentum"), {0.0, -0.175, 0.7});
 }
 
 TEST(Outer, DdpAveragesTheFlatGradientInOneCollective) {

@@ -135,10 +135,10 @@ void add_outer_options(Options& o, TrainConfig& c) {
            "diloco/noloco outer messages: none (the codec keys below as given) | sparse (int2 delta with error "
            "feedback, an outer step every 10 steps for one fragment of the weights) | topk (SparseLoCo's message: "
            "the top 64 of 4096 values as 2-bit bin means, Rice-coded positions, the rest kept in the weights; "
-           "noloco sends no phi); measured at 4 and 8 replicas of small models, sparse ends within 1% of fp32 "
-           "messages' loss at 0.06-0.1 bits a parameter per inner step, topk 1.5-5% above it at 0.004-0.014 bits "
-           "(its replicas drift apart: export then takes the best one); docs/results.md; keys given with it "
-           "override it")
+           "noloco sends no phi); measured at 4 to 16 replicas of small models, sparse ends within 1% of fp32 "
+           "messages' loss at 0.06-0.1 bits a parameter per inner step, topk's replicas 0-2.3% above it at "
+           "0.004-0.03 bits (their weights drift apart: export then takes the best one); docs/results.md; keys "
+           "given with it override it")
       .add("outer_interval", c.outer.interval, "H, inner steps between two synchronisations of the weights (with fragments=F, of each fragment: "
            "an outer step every H/F steps); 0: 100 diloco, 50 noloco")
       .add("outer_momentum", c.outer.momentum, "alpha; <0: 0.3 diloco, 0.5 noloco")
@@ -302,12 +302,12 @@ void adopt_imported_model(TrainConfig& c, const ModelConfig& hf, const std::set<
 // topk (issue 47): SparseLoCo's message (the top 64 of each 4096 values of Δ,
 // 2-bit bin means, positions Rice-coded), what it leaves out kept in the
 // replica's own weights (residual=weights); NoLoCo sends no slow weights
-// (phi_every=0). 0.0033 (NoLoCo) and 0.011 (DiLoCo, all-gathered: 7 messages
-// a replica at 8) bits per inner step, but at our 0.8M-parameter scale the
-// replicas then train mostly apart: +3.6% (NoLoCo) and +5.0% (DiLoCo) at 8
-// replicas over the demo budget (docs/results.md), though within 1% at 4
-// replicas × 600 steps on Shakespeare and on the Vim manual. Bin means
-// (bins2) rather than ternary int2: closer on every run measured, 2.4% more bytes.
+// (phi_every=0). 0.0041 (NoLoCo) and 0.014 (DiLoCo, all-gathered: 7 messages
+// a replica at 8) bits per inner step. The replicas' losses stay within
+// 0.1-2.3% of fp32 messages' (docs/results.md), but their weights drift
+// apart, so the run hands over its best replica rather than their mean.
+// Bin means (bins2) rather than ternary int2: closer on every run measured,
+// 2.4% more bytes.
 void apply_compression_preset(OuterConfig& outer, OuterCompression compression, Method method) {
   if (compression == OuterCompression::none) return;
   if (!has_outer_steps(method))

@@ -32,6 +32,19 @@ struct Feedback {
 };
 Feedback feedback_of(const OuterConfig& config);
 
+// The mean of a group's top-k messages under residual=weights
+// (docs/method.md, "What a top-k message left out"): a value a peer's
+// message did not carry is not zero but unknown, and counts as this
+// replica's own. Where a peer's message carried a value, this replica's own
+// counts whole (`own_whole`, its Δ; nothing of it is kept back, since the
+// mean holds it); where none did, as its own message carried it, the rest
+// staying in its weights. `sent`: the decoded messages in rank order, this
+// replica's at `own`; `weights` by the same index (each replica's steps
+// under pace=speed, else 1). Zeroes `kept` where the mean now holds it.
+torch::Tensor mean_standing_in_for_unsent(const std::vector<torch::Tensor>& sent, size_t own,
+                                          const torch::Tensor& own_whole, const std::vector<double>& weights,
+                                          torch::Tensor& kept);
+
 // An increment (the pseudo-gradient Δ) through a wire codec with error
 // feedback: what the codec could not carry this time is added to what is
 // sent next time, so compression delays information instead of losing it.

@@ -73,12 +73,25 @@ torch::Tensor DiLoCo::gathered_mean(int64_t exchange_id, Channels& channels, con
                                     torch::Tensor* kept) {
   auto own = torch::empty({channels.whole->bytes()}, torch::kUInt8);
   const auto leftover = channels.whole->encode(delta, own.data_ptr<uint8_t>(), exchange_seed(exchange_id));
-  if (leftover.defined()) *kept = (leftover * config_.error_feedback_decay).to(delta.device());
   // This replica's part decoded from its own bytes, like everyone else's.
   const auto gathered = transport_.all_gather(own);
-  auto mean = torch::zeros({delta.numel()}, torch::kFloat32);
-  for (const auto& bytes : gathered) mean.add_(channels.whole->decode(bytes.data_ptr<uint8_t>()));
-  return mean.div_(double(gathered.size())).to(delta.device());
+  std::vector<torch::Tensor> sent;
+  for (const auto& bytes : gathered) sent.push_back(channels.whole->decode(bytes.data_ptr<uint8_t>()));
+  torch::Tensor mean;
+  if (leftover.defined() && config_.topk > 0) {
+    // residual=weights under top-k: each replica stands its own in for what
+    // the others did not send, so their slow weights part (docs/method.md).
+    *kept = leftover * config_.error_feedback_decay;
+    mean = mean_standing_in_for_unsent(sent, size_t(transport_.rank()), cpu_fp32(delta),
+                                       std::vector<double>(sent.size(), 1.0), *kept);
+  } else {
+    if (leftover.defined()) *kept = leftover * config_.error_feedback_decay;
+    mean = torch::zeros({delta.numel()}, torch::kFloat32);
+    for (const auto& values : sent) mean.add_(values);
+    mean.div_(double(sent.size()));
+  }
+  if (kept->defined()) *kept = kept->to(delta.device());
+  return mean.to(delta.device());
 }
 
 double DiLoCo::share_paces(OuterSync& sync) {

@@ -274,11 +274,12 @@ OuterTerms NoLoCo::group_means(int64_t id, const Fragment& fragment, const torch
   }
   // residual=weights: this replica's Δ counts as its message carries it, as
   // its partners' do (and is judged against theirs so), and what the message
-  // left out stays in its weights.
+  // left out stays in its weights (under top-k, where no partner's message
+  // carried the value: mean_standing_in_for_unsent).
   torch::Tensor own_first = own.first, kept;
   if (leftover.defined()) {
     own_first = own.first - leftover;
-    kept = (leftover * config_.error_feedback_decay).to(theta.device());
+    kept = leftover * config_.error_feedback_decay;
   }
   auto arrived = send(id, group, payload, message.format_id(with_phi), sync);
   if (sync.pace)
@@ -298,7 +299,23 @@ OuterTerms NoLoCo::group_means(int64_t id, const Fragment& fragment, const torch
     firsts[r] = parts.first;
     if (with_phi) phis[r] = parts.phi;
   }
-  const auto mean_first = rank_ordered_mean(transport_.rank(), own_first, firsts, weights).to(theta.device());
+  torch::Tensor mean_first;
+  if (kept.defined() && config_.topk > 0) {
+    std::vector<torch::Tensor> sent;
+    std::vector<double> sent_weights;
+    size_t own_index = 0;
+    firsts[transport_.rank()] = own_first;
+    for (const auto& [r, values] : firsts) {  // in rank order
+      if (r == transport_.rank()) own_index = sent.size();
+      sent.push_back(values);
+      sent_weights.push_back(weights ? double(weights->at(r)) : 1.0);
+    }
+    mean_first = mean_standing_in_for_unsent(sent, own_index, own.first, sent_weights, kept);
+  } else {
+    mean_first = rank_ordered_mean(transport_.rank(), own_first, firsts, weights);
+  }
+  mean_first = mean_first.to(theta.device());
+  if (kept.defined()) kept = kept.to(theta.device());
   if (theta_message) return {mean_first - phi, {}, 0, {}};
   if (!with_phi) return {mean_first, {}, 0, kept};
   return {mean_first, rank_ordered_mean(transport_.rank(), own.phi, phis).to(theta.device()), config_.gamma, kept};
