@@ -10,6 +10,7 @@
 #include "config/train_config.h"
 #include "train/worker_entry.h"
 #include "util/human.h"
+#include "util/run_files.h"
 
 namespace noloco {
 
@@ -32,7 +33,7 @@ std::string join_keys_help() {
 // that replica's next outer step and trains with the others to the end (or,
 // a replica of one worker, until SIGTERM).
 int join_command(const std::string& run_dir, const std::vector<std::string>& args) {
-  JoinRequest request{"", run_dir + "/run_token", -1};
+  JoinRequest request{"", run_files::in(run_dir, run_files::kRunToken), -1};
   Options options("join");
   options.add("store", request.store, "the run's store (NOLOCO_STORE's form); default: NOLOCO_STORE, else RUN_DIR/join.json's")
       .add("token_file", request.token_file, "where the token is when NOLOCO_RUN_TOKEN is unset")

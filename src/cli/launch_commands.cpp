@@ -37,6 +37,7 @@
 #include "util/log.h"
 #include "util/parse_number.h"
 #include "util/process_runtime.h"
+#include "util/run_files.h"
 
 namespace noloco {
 
@@ -57,7 +58,7 @@ std::vector<int> workers_without_checkpoints(const std::string& run_dir, const R
   const int workers = layout.world();
   std::vector<bool> holds(static_cast<size_t>(workers)), stage_holds(static_cast<size_t>(layout.stages()));
   for (int w = 0; w < workers; ++w) {
-    holds[size_t(w)] = !complete_checkpoint_steps(fmt::format("{}/checkpoints/r{}", run_dir, w)).empty();
+    holds[size_t(w)] = !complete_checkpoint_steps(run_files::worker_checkpoints(run_dir, w)).empty();
     const auto stage = size_t(layout.stage_of(w));
     stage_holds[stage] = stage_holds[stage] || holds[size_t(w)];
   }

@@ -15,6 +15,7 @@
 #include "config/worker_env.h"
 #include "util/error_text.h"
 #include "util/stop_signal.h"
+#include "util/run_files.h"
 
 namespace noloco {
 
@@ -41,7 +42,7 @@ std::pair<std::string, std::string> run_of(std::string where, const std::string&
   }
   if (std::filesystem::is_directory(where))
     return {read_join_invitation(where, "watch").store,
-            run_token_of(token_file.empty() ? where + "/run_token" : token_file, "watch")};
+            run_token_of(token_file.empty() ? run_files::in(where, run_files::kRunToken) : token_file, "watch")};
   const char* token = std::getenv("NOLOCO_RUN_TOKEN");
   if (!token || !*token) throw std::invalid_argument("watch: set NOLOCO_RUN_TOKEN to the run's token");
   return {where, token};

@@ -20,6 +20,7 @@
 #include "util/crc32c.h"
 #include "util/files.h"
 #include "util/splitmix.h"
+#include "util/run_files.h"
 
 namespace noloco {
 
@@ -121,7 +122,7 @@ TokenStream text_tokens(const DataConfig& c, const Tokenizer& tokenizer, const s
     encode_text(c.path, tokenizer, [&](const std::vector<int32_t>& part) { ids.insert(ids.end(), part.begin(), part.end()); });
     return TokenStream::hold(std::move(ids), c.path);
   }
-  const std::string dir = run_dir + "/tokens";
+  const std::string dir = run_files::in(run_dir, run_files::kTokens);
   const auto source = text_source(c.path, tokenizer);
   if (!file_exists(dir + "/source.json") || read_json(dir + "/source.json") != source) {
     std::remove((dir + "/source.json").c_str());
@@ -140,8 +141,8 @@ TokenStream text_corpus(const DataConfig& c, const std::string& run_dir, std::un
     tokenizer = text_tokenizer(c);
     return text_tokens(c, *tokenizer, run_dir);
   }
-  const DirectoryLock lock(run_dir + "/tokens");
-  if (file_exists(run_dir + "/tokenizer.json")) {
+  const DirectoryLock lock(run_files::in(run_dir, run_files::kTokens));
+  if (file_exists(run_files::in(run_dir, run_files::kTokenizer))) {
     tokenizer = load_tokenizer(run_dir);
   } else {
     tokenizer = text_tokenizer(c);
@@ -261,7 +262,7 @@ std::string changed_files(const std::string& split, const nlohmann::json& was, c
 
 // Records what the run trains on; a resume over other data is refused.
 void check_corpus_identity(const DataConfig& c, const Corpus& corpus, const std::string& run_dir, bool resuming) {
-  const std::string path = run_dir + "/corpus.json";
+  const std::string path = run_files::in(run_dir, run_files::kCorpus);
   const auto was = file_exists(path) ? read_json(path) : nlohmann::json();
   const auto now = corpus_identity(c, corpus, was);
   if (was == now) return;
@@ -291,7 +292,7 @@ Corpus load_corpus(const DataConfig& c, int64_t context, const std::string& run_
   TokenStream all;
   if (names_token_files(c.path)) {
     all = TokenStream::map_files(token_files(c.path), c.raw_tokens);
-    if (!run_dir.empty() && file_exists(run_dir + "/tokenizer.json")) {
+    if (!run_dir.empty() && file_exists(run_files::in(run_dir, run_files::kTokenizer))) {
       corpus.tokenizer = load_tokenizer(run_dir);
     } else {
       corpus.tokenizer = token_data_tokenizer(c, all.declared_vocab());

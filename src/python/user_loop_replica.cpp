@@ -14,6 +14,7 @@
 #include "train/worker_entry.h"
 #include "util/crc32c.h"
 #include "util/log.h"
+#include "util/run_files.h"
 
 namespace noloco {
 
@@ -63,7 +64,7 @@ WorkerEnv joiner_env(const UserLoopStart& start, const TrainConfig& config) {
     const auto invitation = read_join_invitation(start.join_dir, "join");
     env.store_url = invitation.store;
     env.world = invitation.workers;
-    env.token = run_token_of(start.join_dir + "/run_token", "join");
+    env.token = run_token_of(run_files::in(start.join_dir, run_files::kRunToken), "join");
     env.agent_store = true;
   }
   pin_hosted_store_key(env);

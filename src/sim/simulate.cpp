@@ -10,6 +10,7 @@
 #include "util/files.h"
 #include "util/progress.h"
 #include "util/svg_plot.h"
+#include "util/run_files.h"
 
 namespace noloco::sim {
 
@@ -139,7 +140,7 @@ nlohmann::json run_simulation(const SimulateOptions& o) {
   write_file_atomic(o.out + "/fig5b.svg", line_chart_svg(fig5b, idle_plot));
 
   write_unequal_table(o, headline);
-  write_json_atomic(o.out + "/summary.json", headline);
+  write_json_atomic(run_files::in(o.out, run_files::kSummary), headline);
   return headline;
 }
 

@@ -17,6 +17,7 @@
 #include "util/log.h"
 #include "util/safetensors.h"
 #include "util/tensor_file.h"
+#include "util/run_files.h"
 
 namespace noloco {
 
@@ -160,7 +161,7 @@ std::string find_checkpoint(const std::string& path) {
   // file's name, which a Hugging Face directory shares.
   if (fs::exists(p / "model.safetensors") && (fs::exists(p / "state.json") || fs::exists(p / kChecksums)))
     return p.string();
-  for (const fs::path& d : {p, p / "checkpoints" / "r0"}) {
+  for (const fs::path& d : {p, fs::path(run_files::worker_checkpoints(path, 0))}) {
     const auto complete = complete_checkpoints(d);
     if (!complete.empty()) return complete.back().second.string();
     if (has_step_directories(d))

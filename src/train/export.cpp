@@ -17,6 +17,7 @@
 #include "train/checkpoint.h"
 #include "train/model_choice.h"
 #include "util/files.h"
+#include "util/run_files.h"
 
 namespace noloco {
 
@@ -46,7 +47,7 @@ struct ModelCheckpoints {
 ModelCheckpoints replica_checkpoints(const fs::path& run_dir, const std::string& replica) {
   std::map<int, std::pair<fs::path, std::vector<int64_t>>> replicas;
   std::error_code ec;
-  for (const auto& dir : fs::directory_iterator(run_dir / "checkpoints", ec)) {
+  for (const auto& dir : fs::directory_iterator(run_dir / run_files::kCheckpoints, ec)) {
     const auto steps = complete_checkpoint_steps(dir.path().string());
     if (steps.empty()) continue;
     const auto info = read_json(checkpoint_path(dir.path().string(), steps.back()) + "/state.json");
@@ -105,7 +106,7 @@ struct TrainedWeights {
 // checkpoints or one checkpoint).
 TrainedWeights read_trained_weights(const std::string& checkpoint, const std::string& replica) {
   const fs::path given(checkpoint);
-  auto chosen = fs::is_directory(given / "checkpoints") ? replica_checkpoints(given, replica) : ModelCheckpoints{};
+  auto chosen = fs::is_directory(given / run_files::kCheckpoints) ? replica_checkpoints(given, replica) : ModelCheckpoints{};
   if (chosen.paths.empty()) {
     const auto path = find_checkpoint(checkpoint);
     if (path.empty()) return {};

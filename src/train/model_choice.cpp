@@ -8,6 +8,8 @@
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
+#include "util/run_files.h"
+
 namespace noloco {
 
 std::optional<std::pair<int, double>> best_replica(const ValidatedModels& v) {
@@ -37,7 +39,7 @@ ModelChoice choose_model(const ValidatedModels& v) {
 
 std::map<int64_t, ValidatedModels> validated_models(const std::string& run_dir) {
   std::map<int64_t, ValidatedModels> by_step;
-  std::ifstream in(std::filesystem::path(run_dir) / "metrics.jsonl");
+  std::ifstream in(run_files::in(run_dir, run_files::kMetrics));
   std::string line;
   while (std::getline(in, line)) {
     if (line.find("\"val\"") == std::string::npos) continue;  // most records are training steps

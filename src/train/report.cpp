@@ -16,6 +16,7 @@
 #include "util/human.h"
 #include "util/parse_number.h"
 #include "util/svg_plot.h"
+#include "util/run_files.h"
 
 namespace noloco {
 
@@ -39,7 +40,7 @@ Curves read_curves(const std::string& run_dir) {
   std::map<int64_t, std::map<int, std::pair<double, double>>> spread;
   std::map<int, std::map<int64_t, double>> sent;  // worker -> step -> cumulative bytes
   Curves c;
-  std::istringstream in(read_file(run_dir + "/metrics.jsonl"));
+  std::istringstream in(read_file(run_files::in(run_dir, run_files::kMetrics)));
   for (std::string line; std::getline(in, line);) {
     const auto j = nlohmann::json::parse(line, nullptr, false);
     if (j.is_discarded() || !j.contains("split")) continue;

@@ -14,6 +14,7 @@
 
 #include "train/checkpoint.h"
 #include "util/files.h"
+#include "util/run_files.h"
 
 namespace noloco {
 
@@ -22,14 +23,14 @@ namespace fs = std::filesystem;
 namespace {
 
 bool holds_a_run(const fs::path& dir) {
-  for (const char* f : {"config.yaml", "metrics.jsonl", "summary.json", "checkpoints"})
+  for (const char* f : {run_files::kConfig, run_files::kMetrics, run_files::kSummary, run_files::kCheckpoints})
     if (fs::exists(dir / f)) return true;
   return false;
 }
 
 // Resuming needs the run to be the same run: same model, method and shape.
 void check_same_run(const fs::path& dir, const TrainConfig& now) {
-  const auto path = (dir / "config.yaml").string();
+  const auto path = (dir / run_files::kConfig).string();
   if (!fs::exists(path)) return;
   TrainConfig before;
   try {
@@ -58,7 +59,7 @@ void check_same_run(const fs::path& dir, const TrainConfig& now) {
   // A run resumes forwards: a checkpoint past `steps` would make every worker
   // refuse it after the run directory had been rewritten.
   std::error_code ec;
-  for (const auto& worker : fs::directory_iterator(dir / "checkpoints", ec)) {
+  for (const auto& worker : fs::directory_iterator(dir / run_files::kCheckpoints, ec)) {
     const auto steps = complete_checkpoint_steps(worker.path().string());
     if (!steps.empty() && steps.back() > now.inner.steps)
       throw std::invalid_argument(fmt::format(
@@ -88,7 +89,7 @@ RunDirectory::RunDirectory(const std::string& path, const TrainConfig& config, H
     shared_ = true;
     // The lock file stays: removed while another worker holds it, a later run would lock a new one.
     fs::create_directories(dir);
-    const auto lock = (dir / "run.lock").string();
+    const auto lock = (dir / run_files::kLock).string();
     lock_fd_ = ::open(lock.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
     if (lock_fd_ < 0) throw std::runtime_error(fmt::format("cannot open {}: {}", lock, std::strerror(errno)));
     if (::flock(lock_fd_, LOCK_SH | LOCK_NB) != 0) {
@@ -105,7 +106,7 @@ RunDirectory::RunDirectory(const std::string& path, const TrainConfig& config, H
                                             path));
   created_directory_ = !fs::exists(dir);
   fs::create_directories(dir);
-  const auto lock = (dir / "run.lock").string();
+  const auto lock = (dir / run_files::kLock).string();
   created_lock_ = !fs::exists(lock);
   lock_fd_ = ::open(lock.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
   if (lock_fd_ < 0) throw std::runtime_error(fmt::format("cannot open {}: {}", lock, std::strerror(errno)));
@@ -136,7 +137,7 @@ void RunDirectory::remove_if_unused() {
   const fs::path dir(path_);
   std::error_code ec;
   // Unlinked while still locked, so no other run can have taken it meanwhile.
-  if (created_lock_ && !holds_a_run(dir)) fs::remove(dir / "run.lock", ec);
+  if (created_lock_ && !holds_a_run(dir)) fs::remove(dir / run_files::kLock, ec);
   if (lock_fd_ >= 0 && !shared_ && ::ftruncate(lock_fd_, 0) != 0) {
     // a stale pid only misnames the holder in a refusal's message
   }

@@ -19,6 +19,7 @@
 #include "util/files.h"
 #include "util/leave_signal.h"
 #include "util/log.h"
+#include "util/run_files.h"
 
 namespace noloco {
 
@@ -57,8 +58,8 @@ bool writes_run_summary(const WorkerEnv& env) { return env.rank == 0 && !launche
 
 void save_run_summary(const TrainConfig& cfg, const RunSummary& summary) {
   // A resume that every worker refused leaves the summary of the run it resumed.
-  if (summary.finished.empty() && cfg.run.resume && file_exists(cfg.run.out + "/summary.json")) return;
-  write_json_atomic(cfg.run.out + "/summary.json", summary.to_json());
+  if (summary.finished.empty() && cfg.run.resume && file_exists(run_files::in(cfg.run.out, run_files::kSummary))) return;
+  write_json_atomic(run_files::in(cfg.run.out, run_files::kSummary), summary.to_json());
 }
 
 namespace {
@@ -78,7 +79,7 @@ void write_run_summary_without_store(const TrainConfig& cfg, const WorkerEnv& en
   } unlock{dir};
   if (::flock(dir, LOCK_EX) != 0)
     throw std::runtime_error(fmt::format("cannot lock {}: {}", cfg.run.out, std::strerror(errno)));
-  if (!writes_run_summary(env) && !file_exists(cfg.run.out + "/summary.json")) return;  // worker 0's to write
+  if (!writes_run_summary(env) && !file_exists(run_files::in(cfg.run.out, run_files::kSummary))) return;  // worker 0's to write
   const auto layout = run_layout(cfg);
   std::vector<WorkerExit> members;
   for (int stage = 0; stage < int(cfg.pipeline.stages); ++stage)

@@ -14,6 +14,7 @@
 #include "train/model_choice.h"
 #include "util/human.h"
 #include "util/files.h"
+#include "util/run_files.h"
 
 namespace noloco {
 
@@ -202,8 +203,7 @@ WorkerTraffic WorkerTraffic::from_json(const nlohmann::json& j) {
 
 std::string worker_summary_path(const std::string& run_dir, const RunLayout& layout, int rank) {
   const int replica = layout.replica_of(rank);
-  return layout.stages() > 1 ? fmt::format("{}/summary_r{}_s{}.json", run_dir, replica, layout.stage_of(rank))
-                             : fmt::format("{}/summary_r{}.json", run_dir, replica);
+  return run_files::replica_summary(run_dir, replica, layout.stages() > 1 ? layout.stage_of(rank) : -1);
 }
 
 nlohmann::json WorkerSummary::to_json() const {
@@ -390,7 +390,7 @@ RunSummary RunSummary::from_json(const nlohmann::json& j) {
 
 RunSummary RunSummary::read(const std::string& run_dir) {
   try {
-    return from_json(read_json(run_dir + "/summary.json"));
+    return from_json(read_json(run_files::in(run_dir, run_files::kSummary)));
   } catch (const nlohmann::json::exception& e) {
     throw std::runtime_error(fmt::format("{}/summary.json: {}", run_dir, e.what()));
   } catch (const std::invalid_argument& e) {

@@ -17,6 +17,7 @@
 #include "util/human.h"
 #include "util/log.h"
 #include "util/tensorboard.h"
+#include "util/run_files.h"
 
 namespace noloco {
 
@@ -61,7 +62,7 @@ const std::vector<std::pair<const char*, const char*>>& tensorboard_tags(const s
 
 Telemetry::Telemetry(const std::string& run_dir, int worker, int64_t total_steps, bool console,
                      std::function<void(const nlohmann::json&)> observer)
-    : metrics_(run_dir + "/metrics.jsonl"),
+    : metrics_(run_files::in(run_dir, run_files::kMetrics)),
       tensorboard_(std::make_unique<EventWriter>(fmt::format("{}/tensorboard/replica_{}", run_dir, worker),
                                                  fmt::format("r{}", worker))),
       total_steps_(total_steps),

@@ -38,6 +38,7 @@
 #include "util/files.h"
 #include "util/log.h"
 #include "util/process_stats.h"
+#include "util/run_files.h"
 
 namespace noloco {
 
@@ -486,7 +487,7 @@ WorkerRun::WorkerRun(const TrainConfig& c, const Worker& w)
       state_{flat_, inner_, *outer_},
       drill_(c.run.inject_crash, w.rank(), w.membership() ? w.membership()->incarnation() : int(w.from_live_state)),
       life_(c, w, flat_, *outer_, state_, drill_),
-      checkpoints_(fmt::format("{}/checkpoints/r{}", out_, w.layout().speaker_of(w.rank())),
+      checkpoints_(run_files::worker_checkpoints(out_, w.layout().speaker_of(w.rank())),
                    c.run.checkpoint_interval > 0 ? c.run.checkpoint_interval : c.eval.interval,
                    c.run.keep_checkpoints, c.inner.steps, arch_, out_,
                    {{"seed", c.run.seed},
@@ -511,7 +512,7 @@ WorkerRun::WorkerRun(const TrainConfig& c, const Worker& w)
   if (w.rank() == 0) {
     auto recorded = c;
     recorded.data.tokenizer = corpus_.tokenizer_source;
-    write_file_atomic(out_ + "/config.yaml", recorded.to_yaml());
+    write_file_atomic(run_files::in(out_, run_files::kConfig), recorded.to_yaml());
     const auto imported = out_ + "/" + kImportedHfConfig;
     if (!c.init_from.empty() && !std::filesystem::exists(imported))
       write_file_atomic(imported, read_file(c.init_from + "/config.json"));

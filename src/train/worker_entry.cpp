@@ -20,6 +20,7 @@
 #include "util/files.h"
 #include "util/human.h"
 #include "util/log.h"
+#include "util/run_files.h"
 
 namespace noloco {
 
@@ -93,7 +94,7 @@ void take_token(WorkerEnv& env, const std::string& token_file) {
 // does it need the token (take_token).
 TrainConfig joiner_config(WorkerEnv& env, const std::string& run_dir, const std::string& token_file,
                           const std::vector<std::string>& overrides) {
-  const auto path = run_dir + "/config.yaml";
+  const auto path = run_files::in(run_dir, run_files::kConfig);
   if (std::filesystem::exists(path)) return load_config(path, overrides);
   take_token(env, token_file);
   std::string published;

@@ -29,6 +29,7 @@
 #include "util/error_text.h"
 #include "util/files.h"
 #include "util/log.h"
+#include "util/run_files.h"
 
 namespace noloco {
 
@@ -438,7 +439,7 @@ class JoinInvitation {
   JoinInvitation(const LaunchPlan& plan, const std::string& endpoint, const std::string& token, bool token_made_up)
       : dir_(plan.join_dir) {
     if (dir_.empty()) return;
-    if (token_made_up) write_file_atomic(dir_ + "/run_token", token + "\n", 0600);
+    if (token_made_up) write_file_atomic(run_files::in(dir_, run_files::kRunToken), token + "\n", 0600);
     write_json_atomic(dir_ + "/join.json", {{"store", endpoint}, {"local_workers", plan.workers}});
   }
   ~JoinInvitation() {
