@@ -5,7 +5,7 @@
 # their weights' loss, the weights' spread, bits a parameter per inner step,
 # and each compressed row's replicas' mean and mean model against fp32's.
 #
-#   scripts/compression_check.sh DATA STEPS [train keys...]     # build/ built
+#   scripts/compression_check.sh DATA STEPS [train keys...]     # build/ built (or NOLOCO=binary)
 #   METHODS="noloco diloco" PRESETS="none topk sparse" REPLICAS="4 8 16" \
 #     scripts/compression_check.sh data/tinyshakespeare.txt 2000
 set -euo pipefail
@@ -22,7 +22,7 @@ for method in ${METHODS:-noloco diloco}; do
   for replicas in ${REPLICAS:-4 8 16}; do
     for preset in ${PRESETS:-none topk sparse}; do
       run="$work/$method-$replicas-$preset"
-      build/noloco train configs/shakespeare.yaml $small method=$method replicas=$replicas steps="$steps" \
+      ${NOLOCO:-build/noloco} train configs/shakespeare.yaml $small method=$method replicas=$replicas steps="$steps" \
         compression=$preset "$@" out="$run" >"$run.log" 2>&1 || { tail -5 "$run.log"; exit 1; }
       python3 - "$run" "$work/$method-$replicas-none" "$data" "$replicas x $steps" "$method" "$preset" <<'PY'
 import json, os, sys

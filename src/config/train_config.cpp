@@ -135,10 +135,10 @@ void add_outer_options(Options& o, TrainConfig& c) {
            "diloco/noloco outer messages: none (the codec keys below as given) | sparse (int2 delta with error "
            "feedback, an outer step every 10 steps for one fragment of the weights) | topk (SparseLoCo's message: "
            "the top 64 of 4096 values as 2-bit bin means, Rice-coded positions, the rest kept in the weights; "
-           "noloco sends no phi); measured at 4 to 16 replicas of small models, sparse ends within 1% of fp32 "
-           "messages' loss at 0.06-0.1 bits a parameter per inner step, topk's replicas 0-2.3% above it at "
-           "0.004-0.03 bits (their weights drift apart: export then takes the best one); docs/results.md; keys "
-           "given with it override it")
+           "noloco sends no phi); measured at 4 to 16 replicas of small models: sparse at 0.06-0.17 bits a "
+           "parameter per inner step and topk at 0.004-0.03 end within 1% of fp32 messages' loss on Shakespeare "
+           "and over 600 steps, up to 2.3% above it on a second corpus over 2000 steps; topk's replicas drift "
+           "apart, so export takes the best one; docs/results.md; keys given with it override it")
       .add("outer_interval", c.outer.interval, "H, inner steps between two synchronisations of the weights (with fragments=F, of each fragment: "
            "an outer step every H/F steps); 0: 100 diloco, 50 noloco")
       .add("outer_momentum", c.outer.momentum, "alpha; <0: 0.3 diloco, 0.5 noloco")
@@ -295,17 +295,19 @@ void adopt_imported_model(TrainConfig& c, const ModelConfig& hf, const std::set<
 // The compression presets: the keys each sets before any key given with it.
 //
 // sparse (issue 27): every value travels, coarsely, on a staggered schedule
-// (an outer step every 10 steps, each for the fragment then due): within 1%
-// of fp32 at every budget and corpus measured, 0.050 (DiLoCo) and 0.090
-// (NoLoCo) bits a parameter per inner step at 8 replicas.
+// (an outer step every 10 steps, each for the fragment then due): 0.10
+// (DiLoCo) and 0.094 (NoLoCo) bits a parameter per inner step at 8 replicas,
+// within 1% of fp32 on Shakespeare and over 600 steps, up to 2.2% off on the
+// Vim manual over 2,000 (docs/results.md).
 //
 // topk (issue 47): SparseLoCo's message (the top 64 of each 4096 values of Δ,
 // 2-bit bin means, positions Rice-coded), what it leaves out kept in the
 // replica's own weights (residual=weights); NoLoCo sends no slow weights
 // (phi_every=0). 0.0041 (NoLoCo) and 0.014 (DiLoCo, all-gathered: 7 messages
-// a replica at 8) bits per inner step. The replicas' losses stay within
-// 0.1-2.3% of fp32 messages' (docs/results.md), but their weights drift
-// apart, so the run hands over its best replica rather than their mean.
+// a replica at 8) bits per inner step. A value a peer's message did not
+// carry counts as the replica's own (optim/channels.h). The replicas' losses
+// stay within 0-2.3% of fp32 messages' (docs/results.md), but their weights
+// drift apart, so the run hands over its best replica rather than their mean.
 // Bin means (bins2) rather than ternary int2: closer on every run measured,
 // 2.4% more bytes.
 void apply_compression_preset(OuterConfig& outer, OuterCompression compression, Method method) {
