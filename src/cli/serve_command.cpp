@@ -28,6 +28,7 @@
 #include "util/files.h"
 #include "util/human.h"
 #include "util/parse_number.h"
+#include "util/run_token.h"
 #include "util/stop_signal.h"
 
 namespace noloco {
@@ -85,7 +86,7 @@ std::string kept_token_file(const ServeArgs& a) {
 // else a fresh one, kept. `kept` says whether it is this serve's to remove.
 std::string serve_token(const ServeArgs& a, bool* kept) {
   *kept = false;
-  if (const char* given = std::getenv("NOLOCO_RUN_TOKEN"); given && *given) return given;
+  if (const auto given = run_token_in_environment()) return *given;
   const auto file = kept_token_file(a);
   *kept = true;
   if (file_exists(file)) {
@@ -312,9 +313,9 @@ int serve_until_stopped(EtcdServer* store, bool in_cluster) {
 }  // namespace
 
 int store_password_command() {
-  const char* token = std::getenv("NOLOCO_RUN_TOKEN");
-  if (!token || !*token) throw std::invalid_argument("store-password: set NOLOCO_RUN_TOKEN to the run's token");
-  std::cout << store_password(token) << std::endl;
+  const auto token = run_token_in_environment();
+  if (!token) throw std::invalid_argument("store-password: set NOLOCO_RUN_TOKEN to the run's token");
+  std::cout << store_password(*token) << std::endl;
   return 0;
 }
 
@@ -324,9 +325,9 @@ int serve_command(const std::vector<std::string>& args) {
   check(a);
   const auto host = !a.advertise.empty() ? a.advertise : a.bind != "0.0.0.0" ? a.bind : first_address();
   if (host.empty()) throw std::runtime_error("serve: this machine has no IPv4 address but loopback; set advertise=");
-  if (!a.cluster.empty() && !std::getenv("NOLOCO_RUN_TOKEN"))
+  if (!a.cluster.empty() && !run_token_in_environment())
     throw std::invalid_argument("serve: a cluster's serves share one token: set NOLOCO_RUN_TOKEN, the same on each");
-  if (!a.store && !std::getenv("NOLOCO_RUN_TOKEN"))
+  if (!a.store && !run_token_in_environment())
     throw std::invalid_argument("serve: store=false relays for a run another serve holds: set NOLOCO_RUN_TOKEN to "
                                 "the token that serve printed");
   bool token_kept = false;

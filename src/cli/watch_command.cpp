@@ -16,6 +16,7 @@
 #include "util/error_text.h"
 #include "util/stop_signal.h"
 #include "util/run_files.h"
+#include "util/run_token.h"
 
 namespace noloco {
 
@@ -43,9 +44,9 @@ std::pair<std::string, std::string> run_of(std::string where, const std::string&
   if (std::filesystem::is_directory(where))
     return {read_join_invitation(where, "watch").store,
             run_token_of(token_file.empty() ? run_files::in(where, run_files::kRunToken) : token_file, "watch")};
-  const char* token = std::getenv("NOLOCO_RUN_TOKEN");
-  if (!token || !*token) throw std::invalid_argument("watch: set NOLOCO_RUN_TOKEN to the run's token");
-  return {where, token};
+  const auto token = run_token_in_environment();
+  if (!token) throw std::invalid_argument("watch: set NOLOCO_RUN_TOKEN to the run's token");
+  return {where, *token};
 }
 
 }  // namespace

@@ -6,6 +6,7 @@
 #include <fmt/format.h>
 
 #include "util/parse_number.h"
+#include "util/run_token.h"
 
 namespace noloco {
 
@@ -20,10 +21,9 @@ int env_int(const char* name, int fallback) {
 }
 
 std::string run_token_from_environment() {
-  const char* token = std::getenv("NOLOCO_RUN_TOKEN");
-  if (!token || !*token)
-    throw std::invalid_argument("NOLOCO_RUN_TOKEN is not set: give every worker of the run the same secret token");
-  return token;
+  const auto token = run_token_in_environment();
+  if (!token) throw std::invalid_argument("NOLOCO_RUN_TOKEN is not set: give every worker of the run the same secret token");
+  return *token;
 }
 
 void store_from_environment(WorkerEnv& env) {

@@ -30,6 +30,7 @@
 #include "util/files.h"
 #include "util/log.h"
 #include "util/run_files.h"
+#include "util/run_token.h"
 
 namespace noloco {
 
@@ -471,7 +472,7 @@ JoinInvitationFile read_join_invitation(const std::string& dir, const std::strin
 }
 
 std::string run_token_of(const std::string& token_file, const std::string& command) {
-  if (const char* given = std::getenv("NOLOCO_RUN_TOKEN"); given && *given) return given;
+  if (const auto given = run_token_in_environment()) return *given;
   struct stat st {};
   if (::stat(token_file.c_str(), &st) != 0)
     throw std::invalid_argument(
@@ -521,8 +522,8 @@ std::vector<WorkerExit> await_joiners(const LaunchPlan& plan, const StorePtr& st
 LaunchResult launch_local_workers(const LaunchPlan& plan, const std::vector<std::string>& worker_args) {
   const auto launched = Clock::now();
   ForwardedSignals signals(plan.workers);
-  const char* given = std::getenv("NOLOCO_RUN_TOKEN");
-  const std::string token = given && *given ? given : new_run_token();
+  const auto given = run_token_in_environment();
+  const std::string token = given ? *given : new_run_token();
   // The run's store: etcd on a unix socket only the launcher's user can
   // reach (its workers too, from their network namespaces behind capped
   // links), authenticated with the run's token.
@@ -533,7 +534,7 @@ LaunchResult launch_local_workers(const LaunchPlan& plan, const std::vector<std:
       std::min(std::chrono::milliseconds(int64_t(plan.comm.peer_timeout * 1000)), std::chrono::milliseconds(5000));
   const StorePtr store = c10::make_intrusive<EtcdStore>(etcd.endpoint(), "root", store_password(token), timeout);
   WorkerSupervisor workers(plan, worker_args, token, etcd.endpoint(), store, signals);
-  const JoinInvitation invitation(plan, etcd.endpoint(), token, !(given && *given));
+  const JoinInvitation invitation(plan, etcd.endpoint(), token, !given);
   for (const int r : plan.start_from_peers) {
     start_from_peer_on_resume(store, token, r, plan.layout());
     spdlog::info("worker {} holds no checkpoint to resume from; it will take its state from a live replica", r);
