@@ -238,57 +238,42 @@ TEST(Outer, DiLoCoStepByHand) {
   expect_values(flat.values(), {1.21, 1.755, -0.72});
 }
 
-// residual=weights (docs/method.md, compression=topk), by hand: top-1 of
-// three values in fp32, so the numbers stay exact. Each replica's message
-// carries its largest value; the mean of the messages, a value the peer did
-// not send counting as this replica's own, drives the outer step; what this
-// replica's message left out, where no peer's carried it, stays in its weights.
-TEST(Outer, SparseDiLoCoKeepsWhatItsMessageLeftOutInTheWeightsByHand) {
-  auto c = outer_config("diloco", 0.3, 0.7, 0.7);
-  c.outer.topk = 0.3;  // one value of the three
-  c.outer.diloco_mean = DilocoMean::all_gather;
-  c.outer.residual = ResidualHome::weights;
-  Rig rig(c);
-  auto& [m, flat, comm, outer] = rig;
-  const TopOneOfThree codec;
-  outer->load({{"outer.phi", torch::tensor({1.0f, 2.0f, -1.0f})}, {"outer.momentum", torch::zeros({3})}});
-  flat.values().copy_(torch::tensor({1.5f, 1.2f, 0.0f}));  // Δ0 = [0.5, -0.8, 1]
-  comm.peer_bytes = codec.code({0.1f, 0.3f, -0.2f});       // Δ1: its message carries 0.3
-  ASSERT_TRUE(outer->after_inner_step(3, flat).has_value());
-  expect_values(codec.values_of(comm.sent), {0.0, 0.0, 1.0});
-  // Value 0, sent by neither: 0 as sent, 0.5 kept. Value 1, carried by the
-  // peer: the mean (-0.8 + 0.3)/2, nothing kept. Value 2, sent by this
-  // replica only: the peer's counts as this one's, 1. (As zeros they made
-  // [0, 0.15, 0.5], keeping [0.5, -0.8, 0]: each replica's own progress halved.)
-  // m = 0.7·[0, -0.25, 1]; φ = [1, 1.825, -0.3]; θ = φ + [0.5, 0, 0].
-  expect_values(flat.values(), {1.5, 1.825, -0.3});
-  TensorMap state;
-  outer->save(state);
-  expect_values(state.at("outer.phi"), {1.0, 1.825, -0.3});
-}
-
-// NoLoCo's pair under top-k with residual=weights, by hand: the same Δs and
-// the same rule as above, through NoLoCo's exchange (its own α, no φ sent).
-TEST(Outer, SparseNoLoCoCountsAValueThePartnerDidNotSendAsItsOwnByHand) {
-  auto c = outer_config("noloco", 0.5, 0.7, 0.4);
-  c.outer.topk = 0.3;
-  c.outer.residual = ResidualHome::weights;
-  c.outer.phi_every = 0;
-  Rig rig(c);
-  auto& [m, flat, comm, outer] = rig;
-  const TopOneOfThree codec;
-  outer->load({{"outer.phi", torch::tensor({1.0f, 2.0f, -1.0f})}, {"outer.momentum", torch::zeros({3})}});
-  flat.values().copy_(torch::tensor({1.5f, 1.2f, 0.0f}));  // Δ0 = [0.5, -0.8, 1]
-  comm.wire_dtype = torch::kUInt8;
-  comm.peer = codec.code({0.1f, 0.3f, -0.2f});  // Δ1: its message carries 0.3
-  ASSERT_TRUE(outer->after_inner_step(3, flat).has_value());
-  expect_values(codec.values_of(comm.sent), {0.0, 0.0, 1.0});
-  // m = 0.7·[0, -0.25, 1]; φ = [1, 1.825, -0.3]; θ = φ + [0.5, 0, 0].
-  expect_values(flat.values(), {1.5, 1.825, -0.3});
-  TensorMap state;
-  outer->save(state);
-  expect_values(state.at("outer.phi"), {1.0, 1.825, -0.3});
-  expect_values(state.at("outer.momentum"), {0.0, -0.175, 0.7});
+// residual=weights (docs/method.md, compression=topk), by hand, DiLoCo's
+// all-gather and NoLoCo's pair alike: top-1 of three values in fp32, so the
+// numbers stay exact. Each replica's message carries its largest value; the
+// mean of the messages, a value the peer did not send counting as this
+// replica's own, drives the outer step; what this replica's message left
+// out, where no peer's carried it, stays in its weights.
+TEST(Outer, TopKMessagesCountAValueThePeerDidNotSendAsTheReplicasOwnByHand) {
+  for (const std::string method : {"diloco", "noloco"}) {
+    SCOPED_TRACE(method);
+    auto c = outer_config(method, method == "diloco" ? 0.3 : 0.5, 0.7, method == "diloco" ? 0.7 : 0.4);
+    c.outer.topk = 0.3;  // one value of the three
+    c.outer.residual = ResidualHome::weights;
+    c.outer.diloco_mean = DilocoMean::all_gather;
+    c.outer.phi_every = 0;  // NoLoCo: no φ, so only the Δ mean moves it
+    Rig rig(c);
+    auto& [m, flat, comm, outer] = rig;
+    const TopOneOfThree codec;
+    outer->load({{"outer.phi", torch::tensor({1.0f, 2.0f, -1.0f})}, {"outer.momentum", torch::zeros({3})}});
+    flat.values().copy_(torch::tensor({1.5f, 1.2f, 0.0f}));  // Δ0 = [0.5, -0.8, 1]
+    const auto peer = codec.code({0.1f, 0.3f, -0.2f});       // Δ1: its message carries 0.3
+    comm.peer_bytes = peer;                                  // DiLoCo gathers it
+    comm.peer = peer;                                        // NoLoCo's partner sends it
+    comm.wire_dtype = torch::kUInt8;
+    ASSERT_TRUE(outer->after_inner_step(3, flat).has_value());
+    expect_values(codec.values_of(comm.sent), {0.0, 0.0, 1.0});
+    // Value 0, sent by neither: 0 as sent, 0.5 kept. Value 1, carried by the
+    // peer: the mean (-0.8 + 0.3)/2, nothing kept. Value 2, sent by this
+    // replica only: the peer's counts as this one's, 1. (As zeros they made
+    // [0, 0.15, 0.5], keeping [0.5, -0.8, 0]: each replica's own progress halved.)
+    // m = 0.7·[0, -0.25, 1]; φ = [1, 1.825, -0.3]; θ = φ + [0.5, 0, 0].
+    expect_values(flat.values(), {1.5, 1.825, -0.3});
+    TensorMap state;
+    outer->save(state);
+    expect_values(state.at("outer.phi"), {1.0, 1.825, -0.3});
+    expect_values(state.at("outer.momentum"), {0.0, -0.175, 0.7});
+  }
 }
 
 TEST(Outer, DdpAveragesTheFlatGradientInOneCollective) {
