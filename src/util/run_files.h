@@ -11,6 +11,7 @@ inline constexpr const char* kSummary = "summary.json";  // the run's; each repl
 inline constexpr const char* kCheckpoints = "checkpoints";
 inline constexpr const char* kLock = "run.lock";
 inline constexpr const char* kRunToken = "run_token";  // a launcher-minted token, mode 0600
+inline constexpr const char* kJoinInvitation = "join.json";  // while a launcher runs: its store, for joiners
 inline constexpr const char* kTokens = "tokens";        // the corpus tokenized for this run
 inline constexpr const char* kCorpus = "corpus.json";   // what the tokens were made from
 inline constexpr const char* kTokenizer = "tokenizer.json";

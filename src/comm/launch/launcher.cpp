@@ -441,12 +441,12 @@ class JoinInvitation {
       : dir_(plan.join_dir) {
     if (dir_.empty()) return;
     if (token_made_up) write_file_atomic(run_files::in(dir_, run_files::kRunToken), token + "\n", 0600);
-    write_json_atomic(dir_ + "/join.json", {{"store", endpoint}, {"local_workers", plan.workers}});
+    write_json_atomic(run_files::in(dir_, run_files::kJoinInvitation), {{"store", endpoint}, {"local_workers", plan.workers}});
   }
   ~JoinInvitation() {
     if (dir_.empty()) return;
-    ::unlink((dir_ + "/join.json").c_str());
-    ::unlink((dir_ + "/run_token").c_str());
+    ::unlink(run_files::in(dir_, run_files::kJoinInvitation).c_str());
+    ::unlink(run_files::in(dir_, run_files::kRunToken).c_str());
   }
   JoinInvitation(const JoinInvitation&) = delete;
   JoinInvitation& operator=(const JoinInvitation&) = delete;
@@ -458,7 +458,7 @@ class JoinInvitation {
 }  // namespace
 
 JoinInvitationFile read_join_invitation(const std::string& dir, const std::string& command) {
-  const auto path = dir + "/join.json";
+  const auto path = run_files::in(dir, run_files::kJoinInvitation);
   if (!file_exists(path))
     throw std::invalid_argument(fmt::format(
         "{}: {} does not exist: no run is training from there on this machine; from elsewhere, name its store",
