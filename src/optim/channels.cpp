@@ -10,14 +10,15 @@ torch::Tensor cpu_fp32(const torch::Tensor& t) { return t.detach().to(torch::kCP
 torch::Tensor mean_standing_in_for_unsent(const std::vector<torch::Tensor>& sent, size_t own,
                                           const torch::Tensor& own_whole, const std::vector<double>& weights,
                                           torch::Tensor& kept) {
+  std::vector<torch::Tensor> carries(sent.size());  // by peer: the values its message carried
   auto carried = torch::zeros(sent[own].sizes(), torch::kBool);
   for (size_t i = 0; i < sent.size(); ++i)
-    if (i != own) carried.logical_or_(sent[i] != 0);
+    if (i != own) carried.logical_or_(carries[i] = sent[i] != 0);
   const auto mine = torch::where(carried, own_whole, sent[own]);
   auto sum = torch::zeros(mine.sizes(), torch::kFloat32);
   double total = 0;
   for (size_t i = 0; i < sent.size(); ++i) {
-    sum.add_(i == own ? mine : torch::where(sent[i] != 0, sent[i], mine), weights[i]);
+    sum.add_(i == own ? mine : torch::where(carries[i], sent[i], mine), weights[i]);
     total += weights[i];
   }
   kept.masked_fill_(carried, 0.0f);

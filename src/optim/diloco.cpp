@@ -77,15 +77,14 @@ torch::Tensor DiLoCo::gathered_mean(int64_t exchange_id, Channels& channels, con
   const auto gathered = transport_.all_gather(own);
   std::vector<torch::Tensor> sent;
   for (const auto& bytes : gathered) sent.push_back(channels.whole->decode(bytes.data_ptr<uint8_t>()));
+  if (leftover.defined()) *kept = leftover * config_.error_feedback_decay;
   torch::Tensor mean;
-  if (leftover.defined() && config_.topk > 0) {
+  if (kept->defined() && config_.topk > 0) {
     // residual=weights under top-k: each replica stands its own in for what
     // the others did not send, so their slow weights part (docs/method.md).
-    *kept = leftover * config_.error_feedback_decay;
     mean = mean_standing_in_for_unsent(sent, size_t(transport_.rank()), cpu_fp32(delta),
                                        std::vector<double>(sent.size(), 1.0), *kept);
   } else {
-    if (leftover.defined()) *kept = leftover * config_.error_feedback_decay;
     mean = torch::zeros({delta.numel()}, torch::kFloat32);
     for (const auto& values : sent) mean.add_(values);
     mean.div_(double(sent.size()));
