@@ -483,10 +483,12 @@ TEST(Config, SlowdownIsOneFactorOrOneAReplica) {
   EXPECT_NE(std::find(own.begin(), own.end(), "slowdown"), own.end());
 }
 
-TEST(Config, PaceBySpeedIsForOneWorkerReplicasOfDiLoCoAndNoLoCo) {
+TEST(Config, PaceBySpeedIsForDiLoCoAndNoLoCoWithoutPipelineStages) {
   EXPECT_NE(error_of("", {"method=ddp", "pace=speed"}).find("pace=speed applies to diloco and noloco"),
             std::string::npos);
-  EXPECT_NE(error_of("", {"method=noloco", "replicas=2", "stages=2", "pace=speed"}).find("pace=speed needs one worker"),
+  EXPECT_NE(error_of("", {"method=noloco", "replicas=2", "stages=2", "pace=speed"}).find("pace=speed needs stages=1"),
             std::string::npos);
   EXPECT_EQ(parse_config("", {"method=noloco", "replicas=2", "pace=speed"}).outer.pace, PaceMode::speed);
+  EXPECT_EQ(parse_config("", {"method=diloco", "replicas=2", "replica_workers=2", "pace=speed"}).outer.pace,
+            PaceMode::speed);
 }

@@ -522,6 +522,38 @@ TEST_F(Distributed, APacedReplicaFourTimesSlowerTrainsAboutAQuarterOfTheSlotsAnd
   EXPECT_EQ(summary["final_val_loss_replicas"].size(), 4u);
 }
 
+// Issue 105: a paced run stopped anywhere and resumed from an earlier
+// checkpoint comes back to where it stopped bit for bit: each replica trains
+// the slots its record holds after the checkpoint, not those its step times,
+// measured anew, would choose. Here the run's last checkpoints are lost and
+// it resumes from step 30 of 60; replica 1, four times slower, left slots out
+// after step 30, and is only twice as slow when resumed.
+TEST_F(Distributed, APacedRunResumedFromAnEarlierCheckpointReplaysItsSlotsBitIdentically) {
+  const std::string common = "method=noloco replicas=2 steps=60 outer_interval=10 decay_steps=60 pace=speed "
+                             "checkpoint_interval=30";
+  const auto paced = run("paced", common + " slowdown=1:4");
+  const auto slots = noloco::testing::read_text(paced + "/checkpoints/r1/pace_slots");
+  ASSERT_EQ(slots.size(), 60u) << slots;
+  ASSERT_NE(slots.find('0', 30), std::string::npos) << "replica 1 left slots out after step 30: " << slots;
+  std::map<int, TensorMap> first;  // each replica's state at step 60, before the resume
+  for (int r = 0; r < 2; ++r) {
+    const auto step_60 = fmt::format("{}/checkpoints/r{}/step_{:08d}", paced, r, 60);
+    first[r] = load_tensors(step_60 + "/state.safetensors");
+    std::filesystem::remove_all(step_60);
+  }
+  run("paced", common + " slowdown=1:2 resume=true");
+  EXPECT_EQ(noloco::testing::read_text(paced + "/checkpoints/r1/pace_slots"), slots);
+  for (int r = 0; r < 2; ++r) {
+    const auto again = load_tensors(find_checkpoint(fmt::format("{}/checkpoints/r{}", paced, r)) + "/state.safetensors");
+    ASSERT_EQ(again.size(), first[r].size());
+    for (const auto& [name, t] : first[r]) {
+      // The step times it measured, and the share it would take from them, are the run's own.
+      if (name == "pace.state" || name == "pace.heard") continue;
+      EXPECT_TRUE(torch::equal(t, again.at(name))) << "replica " << r << ": " << name;
+    }
+  }
+}
+
 // Issue 105: a partner alive but late past partner_wait is left behind, not
 // lost: the fast replica steps without it, never declaring it dead (it stays
 // in every later snapshot), and the slow one, coming late, steps alone, told

@@ -592,6 +592,30 @@ TEST(Pace, LeftBehindItSkipsTheSlotsOfItsLatenessToMeetInStepAgain) {
   EXPECT_EQ(pace.report(2).steps, 1);
 }
 
+// A resume replays the slots its run recorded after the checkpoint, whatever
+// its step times say now, then measures again; a left-behind replica's
+// catch-up survives the checkpoint.
+TEST(Pace, AResumeReplaysTheRecordedSlotsThenMeasuresAgain) {
+  Pace pace(10, /*rank=*/0);
+  train_period(pace, 0, 10, 0.1);
+  pace.replay(10, {false, true, true, false});
+  std::vector<int64_t> trained;
+  for (int64_t s = 10; s < 20; ++s)
+    if (pace.trains_at(s)) trained.push_back(s % 10);
+  EXPECT_EQ(trained, (std::vector<int64_t>{1, 2, 4, 5, 6, 7, 8, 9})) << "as recorded, then every slot (the fastest)";
+  EXPECT_EQ(pace.report(1).steps, 8);
+
+  pace.fell_behind(0.25);  // three slots to skip
+  TensorMap state;
+  pace.save(state);
+  Pace resumed(10, 0);
+  resumed.load(state);
+  trained.clear();
+  for (int64_t s = 20; s < 30; ++s)
+    if (resumed.trains_at(s)) trained.push_back(s % 10);
+  EXPECT_EQ(trained, (std::vector<int64_t>{3, 4, 5, 6, 7, 8, 9}));
+}
+
 TEST(Pace, ReportsTravelAsFortyBytesAndAStrangersAreRefused) {
   PaceReport r;
   r.steps = 17;

@@ -130,6 +130,32 @@ TEST_F(ReplicaWorkers, AResumedRunIsBitIdentical) {
   noloco::testing::expect_same_train_losses(whole, split, 24);
 }
 
+// Issue 105: a replica of two workers is paced as one. Replica 1, whose
+// steps take four times as long, trains about a quarter of the slots once
+// it has heard replica 0's pace: its first worker decides, and both skip the
+// same slots (else one would wait in the gradients' all-reduce and the run
+// would not finish).
+TEST_F(ReplicaWorkers, AReplicaOfTwoWorkersIsPacedAsOne) {
+  for (const std::string method : {"diloco", "noloco"}) {
+    SCOPED_TRACE(method);
+    const auto paced = run(method, "method=" + method + " replicas=2 replica_workers=2 batch=2 steps=60 "
+                                                         "outer_interval=10 pace=speed slowdown=1:4");
+    int weighed = 0;
+    for (auto& rec : metrics_records(paced, "outer")) {
+      ASSERT_TRUE(rec.contains("trained_steps")) << rec.dump();
+      if (rec["replica"] == 1 && rec["outer_step"].get<int>() >= 3) {
+        EXPECT_LE(rec["trained_steps"].get<int>(), 5) << rec.dump();
+        ++weighed;
+      }
+    }
+    EXPECT_GE(weighed, 3) << "replica 1 spoke at its outer steps 3 to 6";
+    const auto slow = read_json(paced + "/summary_r1.json"), fast = read_json(paced + "/summary_r0.json");
+    EXPECT_LT(slow["tokens"].get<double>(), 0.6 * fast["tokens"].get<double>());
+    EXPECT_EQ(read_json(paced + "/summary.json")["replicas_finished"].get<std::vector<int>>(),
+              (std::vector<int>{0, 1}));
+  }
+}
+
 // A killed worker takes its replica out (its group's collectives fail); the
 // other replica finishes, and the run ends as a NoLoCo run that lost a replica.
 TEST_F(ReplicaWorkers, AKilledWorkerTakesItsReplicaOutAndTheOtherFinishes) {

@@ -13,6 +13,7 @@
 #include "train/checkpoint.h"
 #include "config/train_config.h"
 #include "train/export.h"
+#include "train/pace_record.h"
 #include "train/run_directory.h"
 #include "train/run_summary.h"
 #include "train/trainer.h"
@@ -180,6 +181,41 @@ void expect_one_line_error(const noloco::testing::CliResult& r, const std::strin
 }
 
 }  // namespace
+
+// pace=speed: the record of the slots a replica trained, one character a
+// slot, gives a resume at step S what came after S, is rewritten from S on
+// as training goes on (a jump to a live replica's step leaves '-'), and a
+// record holding anything else is refused naming its file and slot.
+TEST(PaceRecord, AResumeGetsWhatCameAfterItsStepAndABadRecordIsRefused) {
+  TempDir dir;
+  const auto path = dir / "r0/pace_slots";
+  {
+    PaceRecord record(path, 0, 100, true);
+    EXPECT_TRUE(record.replay().empty());
+    for (int64_t s = 0; s < 6; ++s) record.note(s, s % 3 != 1);
+  }
+  EXPECT_EQ(read_file(path), "101101");
+  {
+    PaceRecord resumed(path, 2, 100, true);
+    EXPECT_EQ(resumed.replay(), (std::vector<bool>{true, true, false, true}));
+    EXPECT_EQ(read_file(path), "10") << "written again as it trains";
+    resumed.note(2, true);
+    resumed.note(5, false);  // took a live replica's state at step 5
+    EXPECT_EQ(read_file(path), "101--0");
+  }
+  write_file_atomic(path, "101101");
+  EXPECT_EQ(PaceRecord(path, 3, 4, true).replay(), (std::vector<bool>{true})) << "no further than the run's steps";
+  write_file_atomic(path, "101101");
+  EXPECT_TRUE(PaceRecord(path, 2, 100, false).replay().empty()) << "a live replica's state replays nothing";
+  EXPECT_EQ(read_file(path), "10");
+  write_file_atomic(path, "10x1");
+  try {
+    PaceRecord bad(path, 0, 100, true);
+    ADD_FAILURE() << "a record holding 'x' was read";
+  } catch (const std::runtime_error& e) {
+    EXPECT_NE(std::string(e.what()).find(path + ": slot 2 holds byte 120"), std::string::npos) << e.what();
+  }
+}
 
 TEST(BadInput, MissingDataFile) {
   expect_one_line_error(noloco::testing::run_cli("train configs/shakespeare.yaml data=/nonexistent/x.txt"),

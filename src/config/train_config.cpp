@@ -440,9 +440,9 @@ void validate_outer_schedule(const TrainConfig& c) {
     invalid("fragments and overlap apply to diloco and noloco");
   if (outer.eager && !outer.overlap) invalid("eager needs overlap=true (it corrects an exchange that arrives late)");
   if (outer.pace == PaceMode::speed && !has_outer_steps(method)) invalid("pace=speed applies to diloco and noloco");
-  if (outer.pace == PaceMode::speed && (c.pipeline.stages > 1 || c.run.replica_workers > 1))
-    invalid("pace=speed needs one worker a replica (stages=1, replica_workers=1): the workers of one replica would "
-            "have to skip the same steps");
+  if (outer.pace == PaceMode::speed && c.pipeline.stages > 1)
+    invalid("pace=speed needs stages=1: with random routing a replica's stages are not one machine's, and a slot "
+            "one stage worker leaves out would drop the micro-batches routed to it");
   if (!(outer.partner_wait >= 0))
     invalid(fmt::format("partner_wait must be >= 0 (a share of a period), got {}", outer.partner_wait));
   if (outer.partner_wait > 0 && method != Method::noloco)

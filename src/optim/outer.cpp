@@ -27,7 +27,7 @@ std::unique_ptr<OuterOptimizer> make_outer_optimizer(const OuterConfig& c, uint6
                                                      FlatParams& params) {
   auto between = between_replicas(c, seed, links, params);
   if (!links.replica) return between;
-  return std::make_unique<ReplicaOfWorkers>(*links.replica, std::move(between));
+  return std::make_unique<ReplicaOfWorkers>(*links.replica, std::move(between), c.pace == PaceMode::speed);
 }
 
 }  // namespace noloco

@@ -67,6 +67,12 @@ class OuterOptimizer {
   virtual void load(const TensorMap&) {}
   // pace=speed: which inner steps this replica takes (optim/pace.h); null: every one.
   virtual Pace* pace() { return nullptr; }
+  // Whether this worker trains in slot `step`, asked once a slot, in order:
+  // its pace's answer, or its replica's (replica_workers.h); else always.
+  virtual bool trains_at(int64_t step) {
+    Pace* const p = pace();
+    return !p || p->trains_at(step);
+  }
 };
 
 // Where a method's traffic goes: the transport among the replicas of this

@@ -66,7 +66,9 @@ bool Pace::trains_at(int64_t step) {
     share_ = pace_share(step_seconds_, reference_seconds(), interval_);
   }
   bool trains = false;
-  if (catching_up_ > 0) {
+  if (step >= replay_from_ && step - replay_from_ < int64_t(replay_.size())) {
+    trains = replay_[size_t(step - replay_from_)];
+  } else if (catching_up_ > 0) {
     --catching_up_;
   } else {
     // The epsilon: three thirds summed in doubles may fall a hair short of one.
@@ -108,6 +110,11 @@ void Pace::fell_behind(double seconds) {
   catching_up_ = std::clamp<int64_t>(int64_t(slots), 1, interval_ - 1);
 }
 
+void Pace::replay(int64_t from, std::vector<bool> slots) {
+  replay_from_ = from;
+  replay_ = std::move(slots);
+}
+
 void Pace::hear(int rank, const PaceReport& report, int64_t outer_step) {
   latest_outer_step_ = std::max(latest_outer_step_, outer_step);
   if (rank != rank_) heard_[rank] = {report.step_seconds, outer_step};
@@ -121,7 +128,8 @@ void Pace::save(TensorMap& out) const {
   std::vector<double> heard;
   for (const auto& [rank, h] : heard_) heard.insert(heard.end(), {double(rank), h.seconds, double(h.at)});
   out["pace.state"] = torch::tensor(
-      {share_, credit_, step_seconds_, double(latest_outer_step_), double(trained_steps_)}, torch::kFloat64);
+      {share_, credit_, step_seconds_, double(latest_outer_step_), double(trained_steps_), double(catching_up_)},
+      torch::kFloat64);
   out["pace.heard"] = torch::tensor(heard, torch::kFloat64).reshape({int64_t(heard_.size()), 3});
   std::vector<int64_t> window(window_.begin(), window_.end());
   out["pace.window"] = torch::tensor(window, torch::kInt64);
@@ -131,12 +139,14 @@ void Pace::load(const TensorMap& in) {
   const auto state = in.find("pace.state");
   if (state == in.end()) return;  // saved with pace=steps: the first period starts at full pace
   const auto s = state->second.to(torch::kFloat64).reshape({-1});
-  TORCH_CHECK(s.numel() == 5, "pace.state has ", s.numel(), " values, expected 5");
+  // Five values: a checkpoint that holds no catch-up count (none under way).
+  TORCH_CHECK(s.numel() == 5 || s.numel() == 6, "pace.state has ", s.numel(), " values, expected 6");
   share_ = std::clamp(s[0].item<double>(), 1.0 / double(interval_), 1.0);
   credit_ = std::clamp(s[1].item<double>(), 0.0, 1.0);
   step_seconds_ = s[2].item<double>();
   latest_outer_step_ = int64_t(s[3].item<double>());
   trained_steps_ = int64_t(s[4].item<double>());
+  catching_up_ = s.numel() == 6 ? std::clamp<int64_t>(int64_t(s[5].item<double>()), 0, interval_ - 1) : 0;
   heard_.clear();
   if (const auto h = in.find("pace.heard"); h != in.end() && h->second.numel() > 0) {
     const auto rows = h->second.to(torch::kFloat64).reshape({-1, 3});

@@ -60,8 +60,13 @@ class Pace {
   // Left behind at an outer step (partner_wait): it came at least `seconds`
   // after its partners, and skips that much of its next slots (at least
   // one, less than a period) to meet them in step again; left behind again,
-  // it skips again. (Not kept by checkpoints: a resume meets anew.)
+  // it skips again.
   void fell_behind(double seconds);
+  // A resume replays what its run did after the checkpoint: slots `from`,
+  // `from` + 1, ... are answered as `slots` says (train/pace_record.h), the
+  // rest as measured. Measured step times would not choose the same slots
+  // again, and a partner's merge weighs the steps behind each increment.
+  void replay(int64_t from, std::vector<bool> slots);
 
   // The steps this period takes at its share (rounded).
   int64_t period_steps() const;
@@ -88,6 +93,8 @@ class Pace {
   double share_ = 1;   // of the slots, this period
   double credit_ = 0;  // steps owed, carried from slot to slot
   int64_t catching_up_ = 0;  // slots to skip, having been left behind
+  int64_t replay_from_ = 0;
+  std::vector<bool> replay_;  // slots replay_from_ on, as the run recorded them
   double step_seconds_ = 0;
   int64_t trained_steps_ = 0;
   int64_t latest_outer_step_ = 0;

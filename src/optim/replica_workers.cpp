@@ -2,8 +2,15 @@
 
 namespace noloco {
 
-ReplicaOfWorkers::ReplicaOfWorkers(Transport& replica, std::unique_ptr<OuterOptimizer> between)
-    : replica_(replica), between_(std::move(between)) {}
+ReplicaOfWorkers::ReplicaOfWorkers(Transport& replica, std::unique_ptr<OuterOptimizer> between, bool paced)
+    : replica_(replica), between_(std::move(between)), paced_(paced) {}
+
+bool ReplicaOfWorkers::trains_at(int64_t step) {
+  if (!paced_) return true;
+  auto flag = torch::full({1}, replica_.rank() == 0 && between_->trains_at(step) ? 1.0f : 0.0f);
+  replica_.broadcast(flag, 0);
+  return flag.item<float>() != 0;
+}
 
 bool ReplicaOfWorkers::on_gradients(FlatParams& params) {
   replica_.all_reduce_mean(params.grads());

@@ -169,10 +169,9 @@ std::vector<UserOuterStep> UserLoopReplica::reported(std::vector<OuterSync> sync
 }
 
 bool UserLoopReplica::trains_now() {
-  Pace* const pace = outer_->pace();
-  if (!pace) return true;
+  if (!outer_->pace()) return true;
   if (asked_for_ == inner_steps_) return trains_;
-  trains_ = pace->trains_at(inner_steps_);
+  trains_ = outer_->trains_at(inner_steps_);
   asked_for_ = inner_steps_;
   asked_at_ = std::chrono::steady_clock::now();
   return trains_;

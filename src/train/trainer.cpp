@@ -27,6 +27,7 @@
 #include "train/checkpointer.h"
 #include "train/evaluation.h"
 #include "train/failure_drill.h"
+#include "train/pace_record.h"
 #include "train/rejoin.h"
 #include "train/run_summary.h"
 #include "train/telemetry.h"
@@ -463,7 +464,8 @@ class WorkerRun {
   std::string store_gone_;                            // why it ended without the run's store
   bool outage_told_ = false;                          // a store outage under way, said
   std::optional<Throughput> throughput_;
-  Pace* const pace_;        // pace=speed: which slots this replica trains in; null: all
+  Pace* const pace_;        // pace=speed: which slots this replica trains in; null: all (or its first worker decides)
+  std::optional<PaceRecord> pace_record_;  // pace=speed: the slots it trained in, for a resume to replay
   const double slowdown_;  // its steps stretched this many times (run.slowdown)
   double startup_seconds_ = 0;  // process start to the first step: data, model, restore
   StoreTraffic store_at_start_;  // what training asks of the store is counted from its first step
@@ -508,6 +510,11 @@ WorkerRun::WorkerRun(const TrainConfig& c, const Worker& w)
   if (!speaks_) checkpoints_.follow();
   set_state(life_.takes_live_state() ? record::WorkerState::joining : record::WorkerState::starting);
   first_step_ = restore(c, w, *model_, checkpoints_, state_, telemetry_, life_, lead_, rejoined_);
+  if (pace_) {  // a live replica's state starts a record of its own
+    pace_record_.emplace(run_files::in(checkpoints_.dir(), run_files::kPaceSlots), first_step_, c.inner.steps,
+                         c.run.resume && !w.from_live_state);
+    pace_->replay(first_step_, pace_record_->replay());
+  }
   // Only now: a resume refused above leaves the run's config as it was.
   if (w.rank() == 0) {
     auto recorded = c;
@@ -526,7 +533,9 @@ WorkerRun::WorkerRun(const TrainConfig& c, const Worker& w)
 InnerStepResult WorkerRun::inner_step(int64_t step) {
   InnerStepResult s;
   s.lr = learning_rate(c_.inner, step);
-  if (pace_ && !pace_->trains_at(step)) {
+  const bool trains = outer_->trains_at(step);
+  if (pace_record_) pace_record_->note(step, trains);
+  if (!trains) {
     s.skipped = true;
     throughput_->step(0, activation_bytes_sent());
     return s;
@@ -576,6 +585,7 @@ std::optional<int64_t> WorkerRun::outer_step(int64_t done, bool last) {
   tally_.handovers_abandoned += int64_t(after.handovers.abandoned.size());
   if (!after.renewed) return std::nullopt;
   const auto& renewed = *after.renewed;
+  if (pace_) pace_->replay(renewed.step, {});  // what it recorded after that step was another state's
   telemetry_.write(record(renewed.step, "rejoin", w_, *model_,
                           {{"donor", renewed.donor}, {"seconds", renewed.seconds}, {"refused_at_step", done}}));
   spdlog::info("took replica {}'s state at step {} in {:.1f}s, a partner having refused it as diverged (read at "

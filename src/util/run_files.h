@@ -16,6 +16,9 @@ inline constexpr const char* kTokens = "tokens";        // the corpus tokenized 
 inline constexpr const char* kCorpus = "corpus.json";   // what the tokens were made from
 inline constexpr const char* kTokenizer = "tokenizer.json";
 
+// Beside a replica's checkpoints: the slots it trained in (train/pace_record.h).
+inline constexpr const char* kPaceSlots = "pace_slots";
+
 inline std::string in(const std::string& run_dir, const char* name) { return run_dir + "/" + name; }
 
 // The checkpoints of the worker that speaks for replica `speaker`'s shard.
