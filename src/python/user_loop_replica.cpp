@@ -113,9 +113,9 @@ UserLoopReplica::UserLoopReplica(std::vector<std::pair<std::string, torch::Tenso
       outer_(make_outer_optimizer(config_.outer, config_.run.seed,
                                   {worker_.transport(), worker_.membership()}, flat_)),
       drill_(config_.run.inject_crash, worker_.rank(), worker_.membership()->incarnation()),
-      life_(config_, worker_, flat_, *outer_, {flat_, *inner_, *outer_}, drill_) {
-  if (life_.takes_live_state()) {
-    rejoined_ = life_.take_live_state();
+      // The user's loop owns its end: a silent store leaves it training alone.
+      life_(config_, worker_, flat_, *outer_, {flat_, *inner_, *outer_}, drill_, std::nullopt) {
+  if ((rejoined_ = life_.start())) {
     first_step_ = inner_steps_ = rejoined_->step;
     spdlog::info("replica {} took replica {}'s state at step {} in {:.1f}s", worker_.rank(), rejoined_->donor,
                  rejoined_->step, rejoined_->seconds);
@@ -193,7 +193,7 @@ std::vector<UserOuterStep> UserLoopReplica::step() {
                  worker_.rank(), after.renewed->donor, after.renewed->step, after.renewed->seconds);
     inner_steps_ = after.renewed->step;
   }
-  if (life_.leave_requested()) {
+  if (after.next == LifeAction::leave) {
     spdlog::info("replica {} leaves the run after step {} (SIGTERM)", worker_.rank(), inner_steps_);
     for (auto& s : leave()) steps.push_back(std::move(s));
     return steps;

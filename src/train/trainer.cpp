@@ -276,10 +276,9 @@ WorkerSummary summarize_worker(const TrainConfig& c, const Worker& w, const Mode
 // replica's state (not the disk); the other workers of such a replica take
 // it from their first.
 int64_t restore(const TrainConfig& c, const Worker& w, const WorkerModel& model, Checkpointer& checkpoints,
-                const TrainingState& state, Telemetry& telemetry, const WorkerLife& life, bool lead,
+                const TrainingState& state, Telemetry& telemetry, WorkerLife& life, bool lead,
                 std::optional<Rejoined>& rejoined) {
-  if (life.takes_live_state()) {
-    rejoined = life.take_live_state();
+  if ((rejoined = life.start())) {
     const bool joining = rejoined->joined;
     if (w.replica_group()) share_state_within_replica(*w.replica_group(), state, rejoined->step);
     telemetry.write(record(rejoined->step, joining ? "join" : "rejoin", w, model,
@@ -370,6 +369,18 @@ torch::Device compute_device(const TrainConfig& c, const Worker& w) {
   return torch::Device(resolved_device(c.run.device, w.env.local_rank));
 }
 
+// Says when the run's store stops and starts answering.
+void tell_store_news(StoreNews news, double store_outage_bound) {
+  const auto& outage = store_outage();
+  if (news == StoreNews::answers_again)
+    spdlog::info("the run's store answers again after {}: exchanges resume at the next outer step",
+                 format_duration(outage.last_seconds()));
+  if (news == StoreNews::went_silent)
+    spdlog::warn("the run's store does not answer ({}): training on alone and asking again each second; this worker "
+                 "ends with a checkpoint if it stays away {} (store_outage)",
+                 outage.why(), format_duration(store_outage_bound));
+}
+
 // What one inner step did, for the progress line.
 struct InnerStepResult {
   double lr = 0, loss = std::nan(""), grad_norm = 0;
@@ -384,13 +395,17 @@ class WorkerRun {
   WorkerRun(const TrainConfig& c, const Worker& w);
   int64_t first_step() const { return first_step_; }
   void before_step(int64_t step) const { life_.before_step(step); }
-  bool leave_requested() const { return life_.leave_requested(); }
   InnerStepResult inner_step(int64_t step);
+  // What the worker does after a step (its WorkerStates' answer): with
+  // renew, a partner refused this replica as diverged and it took a live
+  // replica's state, to go on from `renewed_step`.
+  struct Next {
+    LifeAction action = LifeAction::train_on;
+    int64_t renewed_step = 0;
+  };
   // After inner step `done` (1-based): the outer method's step, if one is due
   // (the last step also applies what is still in flight), then the rejoins it serves.
-  // The step to go on from, if a partner refused this replica as diverged
-  // and it took a live replica's state.
-  std::optional<int64_t> outer_step(int64_t done, bool last);
+  Next outer_step(int64_t done, bool last);
   void log_progress(int64_t done, bool last, const InnerStepResult& s);
   // The mean over the replica's workers of this worker's `loss` (its own rows of the step's batch).
   double replica_loss(double loss);
@@ -405,9 +420,6 @@ class WorkerRun {
   // for its neighbours, nothing applied to its own weights) until a roster
   // leaves it out, so that nobody loses a micro-batch or waits for it.
   void serve_listed_steps(int64_t from);
-  // Says when the run's store stops and starts answering; true once it has
-  // not answered for comm.store_outage.
-  bool store_gone();
   // Ends the run here without its store: what is in flight is applied, the
   // state saved; the summary says why.
   nlohmann::json end_without_store(int64_t done);
@@ -462,7 +474,6 @@ class WorkerRun {
   OuterTally tally_;
   std::optional<int64_t> left_at_step_;
   std::string store_gone_;                            // why it ended without the run's store
-  bool outage_told_ = false;                          // a store outage under way, said
   std::optional<Throughput> throughput_;
   Pace* const pace_;        // pace=speed: which slots this replica trains in; null: all (or its first worker decides)
   std::optional<PaceRecord> pace_record_;  // pace=speed: the slots it trained in, for a resume to replay
@@ -488,7 +499,7 @@ WorkerRun::WorkerRun(const TrainConfig& c, const Worker& w)
       outer_(make_outer_optimizer(c.outer, c.run.seed, {w.transport(), w.membership(), w.replica_group()}, flat_)),
       state_{flat_, inner_, *outer_},
       drill_(c.run.inject_crash, w.rank(), w.membership() ? w.membership()->incarnation() : int(w.from_live_state)),
-      life_(c, w, flat_, *outer_, state_, drill_),
+      life_(c, w, flat_, *outer_, state_, drill_, c.comm.store_outage),
       checkpoints_(run_files::worker_checkpoints(out_, w.layout().speaker_of(w.rank())),
                    c.run.checkpoint_interval > 0 ? c.run.checkpoint_interval : c.eval.interval,
                    c.run.keep_checkpoints, c.inner.steps, arch_, out_,
@@ -574,8 +585,9 @@ void WorkerRun::synchronise_gradients() {
   tally_.blocked_seconds += seconds_since(start);
 }
 
-std::optional<int64_t> WorkerRun::outer_step(int64_t done, bool last) {
+WorkerRun::Next WorkerRun::outer_step(int64_t done, bool last) {
   const auto after = life_.after_inner_step(done, last);
+  tell_store_news(after.store, c_.comm.store_outage);
   tally_.blocked_seconds += after.blocked_seconds;
   record_outer_steps(done, after.syncs);
   for (int to : after.handovers.served) telemetry_.write(record(done, "donate", w_, *model_, {{"to", to}}));
@@ -583,7 +595,7 @@ std::optional<int64_t> WorkerRun::outer_step(int64_t done, bool last) {
     telemetry_.write(record(done, "donate", w_, *model_, {{"to", to}, {"abandoned", true}}));
   tally_.handovers_served += int64_t(after.handovers.served.size());
   tally_.handovers_abandoned += int64_t(after.handovers.abandoned.size());
-  if (!after.renewed) return std::nullopt;
+  if (!after.renewed) return {after.next};
   const auto& renewed = *after.renewed;
   if (pace_) pace_->replay(renewed.step, {});  // what it recorded after that step was another state's
   telemetry_.write(record(renewed.step, "rejoin", w_, *model_,
@@ -592,7 +604,7 @@ std::optional<int64_t> WorkerRun::outer_step(int64_t done, bool last) {
                "step {})",
                renewed.donor, renewed.step, renewed.seconds, done);
   tally_.renewed_at_steps.push_back(renewed.step);
-  return renewed.step;
+  return {after.next, renewed.step};
 }
 
 nlohmann::json WorkerRun::leave(int64_t done) {
@@ -610,24 +622,6 @@ void WorkerRun::stop_at(int64_t done, const std::function<std::vector<OuterSync>
   record_outer_steps(done, in_flight);
   checkpoints_.save(done);
   left_at_step_ = done;
-}
-
-bool WorkerRun::store_gone() {
-  auto& outage = store_outage();
-  if (!outage.ongoing()) {
-    if (outage_told_)
-      spdlog::info("the run's store answers again after {}: exchanges resume at the next outer step",
-                   format_duration(outage.last_seconds()));
-    outage_told_ = false;
-    return false;
-  }
-  if (!outage_told_) {
-    spdlog::warn("the run's store does not answer ({}): training on alone and asking again each second; this worker "
-                 "ends with a checkpoint if it stays away {} (store_outage)",
-                 outage.why(), format_duration(c_.comm.store_outage));
-    outage_told_ = true;
-  }
-  return outage.seconds().count() > c_.comm.store_outage;
 }
 
 nlohmann::json WorkerRun::end_without_store(int64_t done) {
@@ -822,17 +816,18 @@ nlohmann::json train(const TrainConfig& c, const Worker& w) {
     const auto inner = run.inner_step(step);
     const int64_t done = step + 1;
     const bool last = done == c.inner.steps;
-    if (const auto renewed = run.outer_step(done, last)) {
-      step = *renewed - 1;  // on from the live replica's step
+    const auto next = run.outer_step(done, last);
+    if (next.action == LifeAction::renew) {
+      step = next.renewed_step - 1;  // on from the live replica's step
       // The others evaluate at that step, and their group holds this replica (issue 67 drills: they waited peer_timeout).
-      if (*renewed % c.eval.interval == 0) run.evaluate(*renewed, false, inner.lr);
+      if (next.renewed_step % c.eval.interval == 0) run.evaluate(next.renewed_step, false, inner.lr);
       continue;
     }
     run.log_progress(done, last, inner);
     if (done % c.eval.interval == 0 || last) run.evaluate(done, last, inner.lr);
     // Before the periodic checkpoint: leaving writes this step's own (after what was in flight is applied).
-    if (run.leave_requested() && !last) return run.leave(done);
-    if (run.store_gone() && !last) return run.end_without_store(done);
+    if (next.action == LifeAction::leave) return run.leave(done);
+    if (next.action == LifeAction::end_without_store) return run.end_without_store(done);
     run.checkpoint(done);
   }
   return run.finish();

@@ -9,6 +9,7 @@
 
 #include "comm/membership/membership.h"
 #include "comm/store/store.h"
+#include "comm/store/store_outage.h"
 #include "config/run_layout.h"
 #include "train/trainer.h"
 #include "util/leave_signal.h"
@@ -117,17 +118,39 @@ Worker start_worker(const TrainConfig& config, const WorkerStart& start) {
 
 void finish_worker(const Worker& worker) { outlast_store_users(worker.links); }
 
+namespace {
+
+LifeRules life_rules(const TrainConfig& config, const Worker& worker, std::optional<double> store_outage) {
+  LifeRules rules;
+  rules.takes_back = takes_back_restarted(config.outer.method, config.pipeline.routing, worker.stages);
+  // A replica of several workers cannot take a state for all of them at once mid-run.
+  rules.renews = rules.takes_back && worker.replica_workers == 1;
+  rules.store_outage = store_outage;
+  return rules;
+}
+
+}  // namespace
+
 WorkerLife::WorkerLife(const TrainConfig& config, const Worker& worker, FlatParams& flat, OuterOptimizer& outer,
-                       const TrainingState& state, const FailureDrill& drill)
-    : config_(config), worker_(worker), flat_(flat), outer_(outer), state_(state), drill_(drill) {}
+                       const TrainingState& state, const FailureDrill& drill, std::optional<double> store_outage)
+    : config_(config),
+      worker_(worker),
+      flat_(flat),
+      outer_(outer),
+      state_(state),
+      drill_(drill),
+      states_(life_rules(config, worker, store_outage)) {}
 
 bool WorkerLife::takes_live_state() const {
   return worker_.membership() && (worker_.membership()->incarnation() > 0 || worker_.membership()->joining());
 }
 
-Rejoined WorkerLife::take_live_state() const {
+std::optional<Rejoined> WorkerLife::start() {
+  const bool from_live_state = takes_live_state();
+  const auto action = states_.start(from_live_state);
+  if (!from_live_state) return std::nullopt;
   const bool joining = worker_.membership()->joining();
-  if (!takes_back_restarted(config_.outer.method, config_.pipeline.routing, worker_.stages))
+  if (action == LifeAction::refuse)
     throw std::runtime_error(fmt::format("worker {} was {}, but only a noloco run can take it {}", worker_.rank(),
                                          joining ? "started to join" : "restarted", joining ? "in" : "back"));
   spdlog::info("worker {} {}: waiting for a live replica's state at its next outer step", worker_.rank(),
@@ -135,6 +158,7 @@ Rejoined WorkerLife::take_live_state() const {
   auto rejoined =
       rejoin_from_peer(*worker_.membership(), *worker_.transport(), state_, rejoin_timeout(config_.comm), drill_);
   rejoined.joined = joining;
+  states_.state_taken();
   return rejoined;
 }
 
@@ -158,10 +182,19 @@ AfterStep WorkerLife::after_inner_step(int64_t done, bool last) {
     for (auto& sync : outer_.finish(flat_)) after.syncs.push_back(std::move(sync));
   const auto diverged =
       std::find_if(after.syncs.begin(), after.syncs.end(), [](const OuterSync& s) { return s.diverged; });
-  const bool renews = takes_back_restarted(config_.outer.method, config_.pipeline.routing, worker_.stages) &&
-                      worker_.replica_workers == 1;
-  if (diverged != after.syncs.end() && !last && renews)
+  StepFacts facts;
+  facts.done = done;
+  facts.last = last;
+  facts.diverged = diverged != after.syncs.end();
+  facts.leave_asked = worker_.leave_requested && worker_.leave_requested();
+  facts.store_silent_for = store_outage().seconds().count();
+  const auto verdict = states_.after_step(std::chrono::duration<double>(Clock::now() - born_).count(), facts);
+  after.next = verdict.action;
+  after.store = verdict.store;
+  if (verdict.action == LifeAction::renew) {
     after.renewed = renew(diverged->outer_step, done);
+    states_.state_taken();
+  }
   after.blocked_seconds = std::chrono::duration<double>(Clock::now() - start).count();
   if (!after.syncs.empty() && worker_.membership() && !last && !after.renewed)
     after.handovers = serve_rejoins(*worker_.membership(), *worker_.transport(), state_, done);
@@ -176,8 +209,6 @@ Rejoined WorkerLife::renew(int64_t outer_step, int64_t step) {
   worker_.membership()->renew(outer_step, step);
   return rejoin_from_peer(*worker_.membership(), *worker_.transport(), state_, rejoin_timeout(config_.comm), drill_);
 }
-
-bool WorkerLife::leave_requested() const { return worker_.leave_requested && worker_.leave_requested(); }
 
 std::vector<OuterSync> WorkerLife::leave() {
   if (worker_.membership()) worker_.membership()->begin_leaving();

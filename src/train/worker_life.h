@@ -7,6 +7,7 @@
 // Python module's UserLoopReplica) call these and nothing below them.
 #pragma once
 #include <algorithm>
+#include <chrono>
 #include <functional>
 #include <optional>
 #include <string>
@@ -21,6 +22,7 @@
 #include "train/failure_drill.h"
 #include "train/rejoin.h"
 #include "train/training_state.h"
+#include "train/worker_states.h"
 
 namespace noloco {
 
@@ -97,8 +99,10 @@ Worker start_worker(const TrainConfig& config, const WorkerStart& start);
 std::string published_run_config(const StorePtr& store, const std::string& token);
 void finish_worker(const Worker& worker);
 
-// What happened after one inner step.
+// What happened after one inner step, and what the worker does next.
 struct AfterStep {
+  LifeAction next = LifeAction::train_on;  // renew is done already (`renewed`)
+  StoreNews store = StoreNews::none;       // to say: the store went silent, or answers again
   std::vector<OuterSync> syncs;  // the outer steps it took (several at the end, with overlap)
   HandOvers handovers;           // the restarted or joining workers given this worker's state
   double blocked_seconds = 0;    // how long the outer step held up training
@@ -107,33 +111,33 @@ struct AfterStep {
   std::optional<Rejoined> renewed;
 };
 
-// A worker's life around its inner steps: the same for every loop. It holds
-// references only; the loop owns the weights, the optimizers and the drill.
+// A worker's life around its inner steps: the same for every loop. What it
+// does next is its WorkerStates' answer (train/worker_states.h); this class
+// gathers the facts and carries the answer out. It holds references only;
+// the loop owns the weights, the optimizers and the drill.
 class WorkerLife {
  public:
+  // `store_outage`: how long the store may stay silent before the worker
+  // ends with its checkpoint (unset: it trains on alone).
   WorkerLife(const TrainConfig& config, const Worker& worker, FlatParams& flat, OuterOptimizer& outer,
-             const TrainingState& state, const FailureDrill& drill);
+             const TrainingState& state, const FailureDrill& drill, std::optional<double> store_outage);
 
   // Whether this worker starts from a live replica's state: restarted, or joining.
   bool takes_live_state() const;
-  // A restarted or joining worker waits for a live replica's state at that
-  // replica's next outer step and takes it; refused in one line for a run
-  // that cannot take workers back.
-  Rejoined take_live_state() const;
+  // At start: a restarted or joining worker waits for a live replica's state
+  // at that replica's next outer step and takes it (refused in one line for
+  // a run that cannot take workers back); any other starts as it is (nullopt).
+  std::optional<Rejoined> start();
   // Before inner step `step` (0-based): from now on SIGTERM asks a worker
   // that can leave to; the failure drill's kill, freeze, stall or
   // corruption, if one is due.
   void before_step(int64_t step) const;
   // After inner step `done` (1-based): the outer step, if one is due (the last
-  // step also applies what is still in flight), then the state handed to the
-  // workers that asked for it (not after the last: they would only join the
-  // end late).
+  // step also applies what is still in flight), then what the worker does
+  // next: a replica a partner refused as diverged takes a live replica's
+  // state here; otherwise the state is handed to the workers that asked for
+  // it (not after the last: they would only join the end late).
   AfterStep after_inner_step(int64_t done, bool last);
-  // After an outer step a partner refused as diverged: drops what is in
-  // flight and takes a live replica's state, as a restarted replica does.
-  Rejoined renew(int64_t outer_step, int64_t step);
-  // A SIGTERM asked this worker to leave.
-  bool leave_requested() const;
   // Leaves before the end: what is in flight is applied, the partners are
   // told not to wait for this worker.
   std::vector<OuterSync> leave();
@@ -143,12 +147,18 @@ class WorkerLife {
   void end_membership(const std::string& summary) const;
 
  private:
+  // After an outer step a partner refused as diverged: drops what is in
+  // flight and takes a live replica's state, as a restarted replica does.
+  Rejoined renew(int64_t outer_step, int64_t step);
+
   const TrainConfig& config_;
   const Worker& worker_;
   FlatParams& flat_;
   OuterOptimizer& outer_;
   TrainingState state_;
   const FailureDrill& drill_;
+  WorkerStates states_;
+  const std::chrono::steady_clock::time_point born_ = std::chrono::steady_clock::now();
 };
 
 }  // namespace noloco
