@@ -25,6 +25,7 @@
 #include <nlohmann/json.hpp>
 
 #include "comm/link/link.h"
+#include "comm/store/etcd_server.h"
 #include "wire/message.h"
 
 namespace noloco::testing {
@@ -82,18 +83,7 @@ inline std::string shakespeare(size_t bytes) {
 }
 
 // A loopback TCP port that was free a moment ago (the kernel's choice).
-inline int free_port() {
-  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  addr.sin_port = 0;
-  socklen_t len = sizeof addr;
-  ::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr);
-  ::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len);
-  ::close(fd);
-  return ntohs(addr.sin_port);
-}
+inline int free_port() { return noloco::free_port("127.0.0.1"); }
 
 // A TCP connection to 127.0.0.1:port (its receives bounded at 5 s), or -1.
 inline int connect_to_loopback(int port) {

@@ -61,13 +61,6 @@ int shared_socket(const std::string& bind, int port) {
   return fd;
 }
 
-int local_port(int fd) {
-  sockaddr_storage a{};
-  socklen_t n = sizeof(a);
-  ::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &n);
-  return ntohs(reinterpret_cast<sockaddr_in&>(a).sin_port);
-}
-
 // A connection begun from `fd` to `to` (non-blocking); false if it failed at once.
 bool begin_connect(int fd, const sockaddr_storage& to) {
   return ::connect(fd, reinterpret_cast<const sockaddr*>(&to), sizeof(sockaddr_in)) == 0 || errno == EINPROGRESS;
@@ -146,16 +139,7 @@ LinkEndpoint::LinkEndpoint(const LinkEndpointOptions& options, const LinkKey& li
     if (!address_of(r, &a)) throw std::invalid_argument(fmt::format("relay '{}' is not ip:port", r));
     relays_.push_back(a);
   }
-  listen_fd_ = tcp_socket();
-  const int one = 1;
-  ::setsockopt(listen_fd_, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
-  const auto at = resolve_ipv4(options.bind, options.port, "bind");
-  if (::bind(listen_fd_, reinterpret_cast<const sockaddr*>(&at), sizeof(sockaddr_in)) != 0 ||
-      ::listen(listen_fd_, 256) != 0) {
-    const auto why = std::strerror(errno);
-    ::close(listen_fd_);
-    throw std::runtime_error(fmt::format("links: cannot listen on {}:{}: {}", options.bind, options.port, why));
-  }
+  listen_fd_ = listen_socket(options.bind, options.port, 256, "links");
   port_ = local_port(listen_fd_);
   addresses_.listen = fmt::format("{}:{}", options.bind, port_);
   if (!options.advertise.empty()) {

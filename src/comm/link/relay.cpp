@@ -69,19 +69,6 @@ bool send_all(int fd, const uint8_t* data, size_t n) {
 
 }  // namespace
 
-sockaddr_storage resolve_ipv4(const std::string& host, int port, const std::string& named_by) {
-  addrinfo hints{}, *found = nullptr;
-  hints.ai_family = AF_INET;
-  hints.ai_socktype = SOCK_STREAM;
-  if (::getaddrinfo(host.c_str(), nullptr, &hints, &found) != 0 || !found)
-    throw std::invalid_argument(fmt::format("{}: no IPv4 address for {}", named_by, host));
-  sockaddr_storage address{};
-  std::memcpy(&address, found->ai_addr, found->ai_addrlen);
-  ::freeaddrinfo(found);
-  reinterpret_cast<sockaddr_in*>(&address)->sin_port = htons(uint16_t(port));
-  return address;
-}
-
 std::vector<sockaddr_storage> resolve_relays(const std::string& list) {
   std::vector<sockaddr_storage> relays;
   for (const auto& entry : comma_separated(list)) {
@@ -140,22 +127,8 @@ struct RelayServer::Connection {
 RelayServer::RelayServer(const std::string& bind, int port, const RelayKey& key)
     : key_(key), carried_(std::make_shared<Carried>()) {
   if (sodium_init() < 0) throw std::runtime_error("relay: libsodium did not initialise");
-  sockaddr_in address{};
-  address.sin_family = AF_INET;
-  address.sin_port = htons(uint16_t(port));
-  if (::inet_pton(AF_INET, bind.c_str(), &address.sin_addr) != 1)
-    throw std::runtime_error(fmt::format("relay: bind={} is not an IPv4 address", bind));
-  listen_fd_ = tcp_socket();
-  const int one = 1;
-  ::setsockopt(listen_fd_, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
-  socklen_t length = sizeof(address);
-  if (listen_fd_ < 0 || ::bind(listen_fd_, reinterpret_cast<sockaddr*>(&address), sizeof(address)) != 0 ||
-      ::listen(listen_fd_, 1024) != 0 || ::getsockname(listen_fd_, reinterpret_cast<sockaddr*>(&address), &length) != 0) {
-    const auto why = std::strerror(errno);
-    if (listen_fd_ >= 0) ::close(listen_fd_);
-    throw std::runtime_error(fmt::format("relay: cannot listen on {}:{}: {}", bind, port, why));
-  }
-  port_ = ntohs(address.sin_port);
+  listen_fd_ = listen_socket(bind, port, 1024, "relay");
+  port_ = local_port(listen_fd_);
   if (rlimit files{}; ::getrlimit(RLIMIT_NOFILE, &files) == 0 && files.rlim_cur != RLIM_INFINITY)
     most_strangers_ = std::min(kMostStrangers, std::max<size_t>(16, size_t(files.rlim_cur) / 2));
   wake_fd_ = ::eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);

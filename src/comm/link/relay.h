@@ -62,10 +62,6 @@ std::array<uint8_t, kProofBytes> reflection_proof(const RelayKey& key, const uin
                                                   const uint8_t* challenge);
 }  // namespace relay_wire
 
-// `host`'s IPv4 address with `port`; throws std::invalid_argument starting
-// with `named_by` when it has none.
-sockaddr_storage resolve_ipv4(const std::string& host, int port, const std::string& named_by);
-
 // "host:port[,host:port...]" (NOLOCO_RELAY) resolved to IPv4 addresses;
 // throws std::invalid_argument naming an entry that is not one.
 std::vector<sockaddr_storage> resolve_relays(const std::string& list);

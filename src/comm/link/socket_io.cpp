@@ -1,12 +1,18 @@
 #include "comm/link/socket_io.h"
 
+#include <netdb.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <poll.h>
 #include <sys/socket.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <cerrno>
+#include <cstring>
+#include <stdexcept>
+
+#include <fmt/format.h>
 
 namespace noloco {
 
@@ -74,6 +80,40 @@ int tcp_socket() {
   static const char kCubic[] = "cubic";
   if (fd >= 0) ::setsockopt(fd, IPPROTO_TCP, TCP_CONGESTION, kCubic, sizeof(kCubic) - 1);  // else the default stays
   return fd;
+}
+
+sockaddr_storage resolve_ipv4(const std::string& host, int port, const std::string& named_by) {
+  addrinfo hints{}, *found = nullptr;
+  hints.ai_family = AF_INET;
+  hints.ai_socktype = SOCK_STREAM;
+  if (::getaddrinfo(host.c_str(), nullptr, &hints, &found) != 0 || !found)
+    throw std::invalid_argument(fmt::format("{}: no IPv4 address for {}", named_by, host));
+  sockaddr_storage address{};
+  std::memcpy(&address, found->ai_addr, found->ai_addrlen);
+  ::freeaddrinfo(found);
+  reinterpret_cast<sockaddr_in*>(&address)->sin_port = htons(uint16_t(port));
+  return address;
+}
+
+int listen_socket(const std::string& bind, int port, int backlog, const std::string& who) {
+  const auto at = resolve_ipv4(bind, port, who + ": bind");
+  const int fd = tcp_socket();
+  const int one = 1;
+  if (fd >= 0) ::setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
+  if (fd < 0 || ::bind(fd, reinterpret_cast<const sockaddr*>(&at), sizeof(sockaddr_in)) != 0 ||
+      ::listen(fd, backlog) != 0) {
+    const auto why = std::strerror(errno);
+    if (fd >= 0) ::close(fd);
+    throw std::runtime_error(fmt::format("{}: cannot listen on {}:{}: {}", who, bind, port, why));
+  }
+  return fd;
+}
+
+int local_port(int fd) {
+  sockaddr_storage a{};
+  socklen_t n = sizeof(a);
+  ::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &n);
+  return ntohs(reinterpret_cast<sockaddr_in&>(a).sin_port);
 }
 
 bool local_network_address(uint32_t ipv4) {

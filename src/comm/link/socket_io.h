@@ -1,9 +1,13 @@
-// Bounded waits on sockets, for links and their hand-shakes, the relay and
-// admission: each returns false with errno set (ETIMEDOUT at `deadline`).
+// The sockets of links and the relay: made, listening, and bounded waits on
+// them for links and their hand-shakes, the relay and admission (each wait
+// returns false with errno set, ETIMEDOUT at `deadline`).
 #pragma once
+#include <sys/socket.h>
+
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
+#include <string>
 
 namespace noloco {
 
@@ -29,6 +33,15 @@ void set_nodelay(int fd);
 // from the round trip its last exchange saw through full queues, so after an
 // idle pause it restarted at a few hundred kB/s for a third of a second.
 int tcp_socket();
+// `host`'s IPv4 address with `port`; throws std::invalid_argument starting
+// with `named_by` when it has none.
+sockaddr_storage resolve_ipv4(const std::string& host, int port, const std::string& named_by);
+// The one listener of links and relays: a tcp_socket() (its connections
+// inherit its CUBIC) bound to `bind`:`port` (0: the kernel picks) and
+// listening. Throws std::runtime_error "WHO: cannot listen on BIND:PORT: WHY".
+int listen_socket(const std::string& bind, int port, int backlog, const std::string& who);
+// The port a bound socket holds.
+int local_port(int fd);
 // Whether an IPv4 address (host byte order) is on a local network: loopback,
 // a private range (RFC 1918) or link-local. Traffic to one stays off the
 // internet uplink; carrier-grade NAT's 100.64/10 does not.

@@ -35,7 +35,8 @@ namespace {
 
 const char* kDirPrefix = "noloco-etcd-";  // noloco-etcd-<launcher pid>-XXXXXX
 
-// A port on `bind` that the kernel just found free.
+}  // namespace
+
 int free_port(const std::string& bind) {
   const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
   sockaddr_in addr{};
@@ -55,6 +56,8 @@ int free_port(const std::string& bind) {
   ::close(fd);
   return ntohs(addr.sin_port);
 }
+
+namespace {
 
 void remove_leftovers(const std::string& root) {
   std::error_code ec;

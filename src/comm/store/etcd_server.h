@@ -25,6 +25,11 @@
 
 namespace noloco {
 
+// A port on IPv4 address `bind` that the kernel found free a moment ago, for
+// a program of another's (etcd, a test's server) to listen on; throws
+// std::runtime_error naming `bind` where it cannot be bound.
+int free_port(const std::string& bind);
+
 // This machine's place in a store cluster that several `noloco serve`s host
 // (no one machine holds the run): etcd members that reach each other over
 // TLS on their peer ports, each presenting the token-derived key's
