@@ -180,7 +180,6 @@ TEST(Cuda, NcclGroupOfOneKeepsTensorsWhereTheyAre) {
   EXPECT_EQ(flag.item<float>(), 1.0f);
   EXPECT_EQ(group->stats().collectives, 2);
   EXPECT_EQ(group->stats().bytes_sent, 0u);
-  EXPECT_THROW(group->all_gather(flag), std::logic_error);
 }
 
 // device=cuda is the GPU of the worker's local rank: every worker of a run

@@ -43,7 +43,7 @@ class FakeTransport final : public Transport {
   }
   void send_state(const std::string&, int, const MessageHeader&, const torch::Tensor&) override {}
   torch::Tensor receive_state(const std::string&, int, const MessageHeader&, int64_t) override { return {}; }
-  std::unique_ptr<Transport> subgroup(const std::string&, const std::vector<Peer>&) override { return nullptr; }
+  std::unique_ptr<Collectives> subgroup(const std::string&, const std::vector<Peer>&) override { return nullptr; }
   // The peer's contribution: the next of `peers` while any are left, else `peer`.
   // Exchanges may run on the overlap thread; the test only sets these up front.
   torch::Tensor next_peer() {

@@ -83,7 +83,7 @@ class OuterOptimizer {
 struct ReplicaPeers {
   Transport* transport = nullptr;
   Membership* membership = nullptr;
-  Transport* replica = nullptr;
+  Collectives* replica = nullptr;
 };
 
 std::unique_ptr<OuterOptimizer> make_outer_optimizer(const OuterConfig& config, uint64_t seed, ReplicaPeers links,

@@ -2,7 +2,7 @@
 
 namespace noloco {
 
-ReplicaOfWorkers::ReplicaOfWorkers(Transport& replica, std::unique_ptr<OuterOptimizer> between, bool paced)
+ReplicaOfWorkers::ReplicaOfWorkers(Collectives& replica, std::unique_ptr<OuterOptimizer> between, bool paced)
     : replica_(replica), between_(std::move(between)), paced_(paced) {}
 
 bool ReplicaOfWorkers::trains_at(int64_t step) {

@@ -19,7 +19,7 @@ class ReplicaOfWorkers final : public OuterOptimizer {
   // `replica`: the replica's group (its member 0 leads); `between`: the outer
   // method on the leader, a method-less OuterOptimizer on the others;
   // `paced`: pace=speed.
-  ReplicaOfWorkers(Transport& replica, std::unique_ptr<OuterOptimizer> between, bool paced);
+  ReplicaOfWorkers(Collectives& replica, std::unique_ptr<OuterOptimizer> between, bool paced);
   bool on_gradients(FlatParams& params) override;
   std::optional<OuterSync> after_inner_step(int64_t step, FlatParams& params) override;
   std::vector<OuterSync> finish(FlatParams& params) override;
@@ -35,7 +35,7 @@ class ReplicaOfWorkers final : public OuterOptimizer {
   // The leader says whether its outer method changed the weights; if so, they go to the others.
   void share_weights(FlatParams& params, bool changed);
 
-  Transport& replica_;
+  Collectives& replica_;
   std::unique_ptr<OuterOptimizer> between_;
   const bool paced_;
 };

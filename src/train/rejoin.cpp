@@ -44,7 +44,7 @@ Rejoined rejoin_from_peer(Membership& membership, Transport& transport, const Tr
   return r;
 }
 
-int64_t share_state_within_replica(Transport& replica, const TrainingState& state, int64_t step) {
+int64_t share_state_within_replica(Collectives& replica, const TrainingState& state, int64_t step) {
   const bool first = replica.rank() == 0;
   auto bytes = first ? serialize_training_state(state, step) : torch::Tensor();
   // The others size their buffer from the first's. Their own state is the

@@ -31,7 +31,7 @@ Rejoined rejoin_from_peer(Membership& membership, Transport& transport, const Tr
 // A replica of several workers, restarted or joining: its first worker,
 // which took a live replica's state (`step` its inner steps), hands it to the
 // others over the replica's own group; each returns that step.
-int64_t share_state_within_replica(Transport& replica, const TrainingState& state, int64_t step);
+int64_t share_state_within_replica(Collectives& replica, const TrainingState& state, int64_t step);
 // The requests a live replica won: those it handed its state to, and those
 // whose receiver was gone before it had the state (declared dead).
 struct HandOvers {

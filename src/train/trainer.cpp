@@ -188,7 +188,7 @@ double dropped_share(int64_t dropped, int64_t received) {
 // The figures of every worker of a replica, into the summary its first worker
 // writes: they all finish together, and each adds its row over the
 // replica's group (a mean, times the workers).
-void gather_replica_workers(Transport& replica, const Worker& w, const torch::Device& device,
+void gather_replica_workers(Collectives& replica, const Worker& w, const torch::Device& device,
                             WorkerSummary& summary) {
   auto rows = torch::zeros({int64_t(w.replica_workers), 5}, torch::kFloat64);
   rows[w.replica_worker].copy_(torch::tensor({double(w.rank()), double(int(device.type())), double(device.index()),

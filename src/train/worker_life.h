@@ -78,7 +78,7 @@ struct Worker {
   PipelineRoster* rosters() const { return links.rosters.get(); }
   PeerLink* stage_link() const { return links.stage_link.get(); }
   // The replica's own group (null for a one-worker replica).
-  Transport* replica_group() const { return links.replica_group.get(); }
+  Collectives* replica_group() const { return links.replica_group.get(); }
   // Where the replica's first worker publishes its live status (null: nowhere; comm/view/status_board.h).
   StatusPublisher* status() const { return links.status.get(); }
 };

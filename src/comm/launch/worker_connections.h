@@ -36,7 +36,7 @@ struct WorkerConnections {
   std::unique_ptr<PeerLink> stage_link;
   // The replica's own group, with several workers a replica; only its first
   // worker (member 0) has the membership and transport between replicas.
-  std::unique_ptr<Transport> replica_group;
+  std::unique_ptr<Collectives> replica_group;
   // Hosting the store: where the run's status goes, so that watchers read
   // its last entries before the store goes (outlast_store_users).
   StorePtr hosted_status;

@@ -36,7 +36,7 @@ int tcp_socket();
 // `host`'s IPv4 address with `port`; throws std::invalid_argument starting
 // with `named_by` when it has none.
 sockaddr_storage resolve_ipv4(const std::string& host, int port, const std::string& named_by);
-// The one listener of links and relays: a tcp_socket() (its connections
+// The one TCP listener (links, relays, the live page): a tcp_socket() (its connections
 // inherit its CUBIC) bound to `bind`:`port` (0: the kernel picks) and
 // listening. Throws std::runtime_error "WHO: cannot listen on BIND:PORT: WHY".
 int listen_socket(const std::string& bind, int port, int backlog, const std::string& who);

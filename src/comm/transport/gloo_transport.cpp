@@ -202,18 +202,4 @@ void GlooTransport::broadcast(torch::Tensor& t, int root) {
   charge(broadcast_over(group(), t, root, world_, timeout_, sealing_));
 }
 
-std::vector<torch::Tensor> GlooTransport::all_gather(const torch::Tensor& bytes) {
-  CommStats cost;
-  auto out = all_gather_over(group(), bytes, world_, timeout_, cost, sealing_);
-  charge(cost);
-  return out;
-}
-
-std::vector<torch::Tensor> GlooTransport::all_to_all(const torch::Tensor& bytes) {
-  CommStats cost;
-  auto out = all_to_all_over(group(), bytes, world_, timeout_, cost, sealing_);
-  charge(cost);
-  return out;
-}
-
 }  // namespace noloco

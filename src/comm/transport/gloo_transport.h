@@ -26,7 +26,7 @@ struct CollectiveSeal {
   std::vector<uint8_t> context(int64_t kind, int64_t number, int from, int to) const;
 };
 
-class GlooTransport final : public CollectivesOnly {
+class GlooTransport final : public Collectives {
  public:
   // Member `self` of `world` in `scope` ("replica0/workers/0"). `connect`
   // opens a new connection to the run's store. The group is formed at the
@@ -38,8 +38,6 @@ class GlooTransport final : public CollectivesOnly {
   int rank() const override { return self_; }
   int world() const override { return world_; }
   void all_reduce_mean(torch::Tensor& t) override;
-  std::vector<torch::Tensor> all_gather(const torch::Tensor& bytes) override;
-  std::vector<torch::Tensor> all_to_all(const torch::Tensor& bytes) override;
   void broadcast(torch::Tensor& t, int root) override;
 
  private:

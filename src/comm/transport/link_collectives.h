@@ -14,15 +14,16 @@
 
 namespace noloco {
 
-class LinkCollectives final : public CollectivesOnly {
+class LinkCollectives final : public Collectives {
  public:
   // Member `rank` of `links.size()`, links[r] reaching member r (null at `rank`).
   LinkCollectives(std::vector<LinkPtr> links, int rank, int64_t run_id, std::chrono::milliseconds timeout);
   int rank() const override { return rank_; }
   int world() const override { return int(links_.size()); }
   void all_reduce_mean(torch::Tensor& t) override;
-  std::vector<torch::Tensor> all_gather(const torch::Tensor& bytes) override;
-  std::vector<torch::Tensor> all_to_all(const torch::Tensor& bytes) override;
+  // The run's mesh offers these to the outer methods (Transport); a subgroup does not.
+  std::vector<torch::Tensor> all_gather(const torch::Tensor& bytes);
+  std::vector<torch::Tensor> all_to_all(const torch::Tensor& bytes);
   void broadcast(torch::Tensor& t, int root) override;
   // Whether every link still works (one that broke fails every later collective).
   bool intact() const;

@@ -225,7 +225,7 @@ void LinkTransport::broadcast(torch::Tensor& t, int root) {
   on_run_mesh([&](LinkCollectives& m) { m.broadcast(t, root); });
 }
 
-std::unique_ptr<Transport> LinkTransport::subgroup(const std::string& name, const std::vector<Peer>& members) {
+std::unique_ptr<Collectives> LinkTransport::subgroup(const std::string& name, const std::vector<Peer>& members) {
   return form_mesh(groups_, members, name);
 }
 

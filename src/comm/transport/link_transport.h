@@ -55,7 +55,7 @@ class LinkTransport final : public Transport {
                   const torch::Tensor& bytes) override;
   torch::Tensor receive_state(const std::string& channel, int donor, const MessageHeader& expected,
                               int64_t max_bytes) override;
-  std::unique_ptr<Transport> subgroup(const std::string& name, const std::vector<Peer>& members) override;
+  std::unique_ptr<Collectives> subgroup(const std::string& name, const std::vector<Peer>& members) override;
   void corrupt_next_message() override { corrupt_next_send_ = true; }
   // A test's slow machine: `hook` runs once, on the trading thread, after the
   // next exchange's links opened and before its messages go.

@@ -17,7 +17,7 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
-class NcclCollectives final : public Transport {
+class NcclCollectives final : public Collectives {
  public:
   NcclCollectives(c10::intrusive_ptr<c10d::ProcessGroupNCCL> pg, torch::Device device,
                   std::chrono::milliseconds timeout)
@@ -49,23 +49,7 @@ class NcclCollectives final : public Transport {
     charge(cost(start, sending ? t.nbytes() * uint64_t(world() - 1) : 0, sending ? 0 : t.nbytes()));
   }
 
-  std::vector<torch::Tensor> all_gather(const torch::Tensor&) override { throw unsupported("an all-gather"); }
-  std::vector<torch::Tensor> all_to_all(const torch::Tensor&) override { throw unsupported("an all-to-all"); }
-  ExchangeResult exchange(const ExchangeRequest&) override { throw unsupported("an exchange"); }
-  void send_state(const std::string&, int, const MessageHeader&, const torch::Tensor&) override {
-    throw unsupported("a hand-over");
-  }
-  torch::Tensor receive_state(const std::string&, int, const MessageHeader&, int64_t) override {
-    throw unsupported("a hand-over");
-  }
-  std::unique_ptr<Transport> subgroup(const std::string&, const std::vector<Peer>&) override {
-    throw unsupported("a subgroup");
-  }
-
  private:
-  static std::logic_error unsupported(const std::string& what) {
-    return std::logic_error(what + " over a replica's NCCL group, which carries its all-reduce and broadcast only");
-  }
   // NCCL runs on its own stream: the time is the host's, up to the enqueue
   // where nothing on the host waits for the result.
   static CommStats cost(Clock::time_point start, uint64_t sent, uint64_t received) {
@@ -86,7 +70,7 @@ class NcclCollectives final : public Transport {
 
 bool nccl_built() { return true; }
 
-std::unique_ptr<Transport> join_nccl_group(const StorePtr& store, const std::string& name, int rank, int world,
+std::unique_ptr<Collectives> join_nccl_group(const StorePtr& store, const std::string& name, int rank, int world,
                                            const std::string& device, std::chrono::milliseconds timeout) {
   const torch::Device gpu(device);
   if (!gpu.is_cuda()) throw std::invalid_argument(fmt::format("an NCCL group needs a CUDA device, not {}", device));
@@ -101,7 +85,7 @@ std::unique_ptr<Transport> join_nccl_group(const StorePtr& store, const std::str
 
 bool nccl_built() { return false; }
 
-std::unique_ptr<Transport> join_nccl_group(const StorePtr&, const std::string& name, int, int, const std::string&,
+std::unique_ptr<Collectives> join_nccl_group(const StorePtr&, const std::string& name, int, int, const std::string&,
                                            std::chrono::milliseconds) {
   throw std::logic_error(fmt::format("group {}: this build has no NCCL (it needs a CUDA LibTorch)", name));
 }

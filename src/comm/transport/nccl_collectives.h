@@ -19,7 +19,7 @@ bool nccl_built();
 
 // Member `rank` of the `world` members of group `name` in `store`, on `device`
 // (cuda:N, its own GPU). A collective waits for the others up to `timeout`.
-std::unique_ptr<Transport> join_nccl_group(const StorePtr& store, const std::string& name, int rank, int world,
+std::unique_ptr<Collectives> join_nccl_group(const StorePtr& store, const std::string& name, int rank, int world,
                                            const std::string& device, std::chrono::milliseconds timeout);
 
 }  // namespace noloco

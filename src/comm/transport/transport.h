@@ -47,47 +47,18 @@ struct ExchangeResult {
   std::map<int, std::vector<uint8_t>> notes;  // left behind: the notes of the peers that had come, by rank
 };
 
-class Transport {
+// The collectives every group of ours has: the replicas of a stage (under
+// Transport, below), a replica's own workers (Gloo, or NCCL on a node's
+// GPUs), an evaluation's live replicas (Transport::subgroup).
+class Collectives {
  public:
-  virtual ~Transport() = default;
+  virtual ~Collectives() = default;
   virtual int rank() const = 0;
   virtual int world() const = 0;
   // In-place mean over all members: one collective.
   virtual void all_reduce_mean(torch::Tensor& t) = 0;
-  // Every member's `bytes` (uint8, the same size everywhere), in rank order: one collective.
-  virtual std::vector<torch::Tensor> all_gather(const torch::Tensor& bytes) = 0;
-  // `bytes` (uint8) cut into world() equal chunks, chunk r going to member r;
-  // returns the chunks addressed to this member, in rank order: one collective.
-  virtual std::vector<torch::Tensor> all_to_all(const torch::Tensor& bytes) = 0;
   // `t` (any device) from member `root` to every member, in place: one collective.
   virtual void broadcast(torch::Tensor& t, int root) = 0;
-  // Point-to-point only; never throws for a peer's failure (it is `lost`,
-  // and declared dead to the transport's liveness authority, if it has one).
-  // With one, peers are waited for until it gives them up (it tells a stuck
-  // peer from one that is behind); without, for the transport's timeout.
-  virtual ExchangeResult exchange(const ExchangeRequest& request) = 0;
-  // The hand-over of a training state on `channel` (named identically by both
-  // ends): the donor sends to member `receiver`, the restarted member
-  // receives from member `donor` a payload of at most `max_bytes` after
-  // checking its header (the transport stamps `run`; the size is the
-  // header's). Throw on failure, at once when the liveness authority gives
-  // the other end up.
-  virtual void send_state(const std::string& channel, int receiver, const MessageHeader& header,
-                          const torch::Tensor& bytes) = 0;
-  virtual torch::Tensor receive_state(const std::string& channel, int donor, const MessageHeader& expected,
-                                      int64_t max_bytes) = 0;
-  // Collectives among just `members` (sorted; this member included), for
-  // evaluations across the live replicas; its traffic is its own. Forming
-  // it throws at once when the liveness authority gives a member up.
-  virtual std::unique_ptr<Transport> subgroup(const std::string& name, const std::vector<Peer>& members) = 0;
-  // A failure drill (inject_crash=RANK:STEP:corrupt): one byte of this
-  // member's next exchange message is flipped on the wire.
-  virtual void corrupt_next_message() {}
-
-  // The relays (host:port) its links went through so far.
-  virtual std::vector<std::string> relays_used() const { return {}; }
-  // The route of the link to each peer it exchanged with (by rank), as last opened.
-  virtual std::map<int, LinkRoute> routes() const { return {}; }
 
   // What its traffic cost so far. Exchanges may run on a background thread
   // (overlap=true) while the training thread reads this.
@@ -107,25 +78,42 @@ class Transport {
   CommStats stats_;
 };
 
-// Collectives alone (a replica's own workers, an evaluation's group): no
-// point-to-point exchanges, hand-overs or subgroups; asking for one is a bug.
-class CollectivesOnly : public Transport {
+// Among the replicas of one stage: the outer methods' collectives and
+// exchanges, and the hand-over of a replica's state.
+class Transport : public Collectives {
  public:
-  ExchangeResult exchange(const ExchangeRequest&) override { throw unsupported("point-to-point exchanges"); }
-  void send_state(const std::string&, int, const MessageHeader&, const torch::Tensor&) override {
-    throw unsupported("hand-overs");
-  }
-  torch::Tensor receive_state(const std::string&, int, const MessageHeader&, int64_t) override {
-    throw unsupported("hand-overs");
-  }
-  std::unique_ptr<Transport> subgroup(const std::string&, const std::vector<Peer>&) override {
-    throw unsupported("subgroups");
-  }
+  // Every member's `bytes` (uint8, the same size everywhere), in rank order: one collective.
+  virtual std::vector<torch::Tensor> all_gather(const torch::Tensor& bytes) = 0;
+  // `bytes` (uint8) cut into world() equal chunks, chunk r going to member r;
+  // returns the chunks addressed to this member, in rank order: one collective.
+  virtual std::vector<torch::Tensor> all_to_all(const torch::Tensor& bytes) = 0;
+  // Point-to-point only; never throws for a peer's failure (it is `lost`,
+  // and declared dead to the transport's liveness authority, if it has one).
+  // With one, peers are waited for until it gives them up (it tells a stuck
+  // peer from one that is behind); without, for the transport's timeout.
+  virtual ExchangeResult exchange(const ExchangeRequest& request) = 0;
+  // The hand-over of a training state on `channel` (named identically by both
+  // ends): the donor sends to member `receiver`, the restarted member
+  // receives from member `donor` a payload of at most `max_bytes` after
+  // checking its header (the transport stamps `run`; the size is the
+  // header's). Throw on failure, at once when the liveness authority gives
+  // the other end up.
+  virtual void send_state(const std::string& channel, int receiver, const MessageHeader& header,
+                          const torch::Tensor& bytes) = 0;
+  virtual torch::Tensor receive_state(const std::string& channel, int donor, const MessageHeader& expected,
+                                      int64_t max_bytes) = 0;
+  // Collectives among just `members` (sorted; this member included), for
+  // evaluations across the live replicas; its traffic is its own. Forming
+  // it throws at once when the liveness authority gives a member up.
+  virtual std::unique_ptr<Collectives> subgroup(const std::string& name, const std::vector<Peer>& members) = 0;
+  // A failure drill (inject_crash=RANK:STEP:corrupt): one byte of this
+  // member's next exchange message is flipped on the wire.
+  virtual void corrupt_next_message() {}
 
- private:
-  static std::logic_error unsupported(const std::string& what) {
-    return std::logic_error("a group of collectives alone has no " + what);
-  }
+  // The relays (host:port) its links went through so far.
+  virtual std::vector<std::string> relays_used() const { return {}; }
+  // The route of the link to each peer it exchanged with (by rank), as last opened.
+  virtual std::map<int, LinkRoute> routes() const { return {}; }
 };
 
 }  // namespace noloco

@@ -18,6 +18,7 @@
 #include <fmt/format.h>
 #include <spdlog/spdlog.h>
 
+#include "comm/link/socket_io.h"
 #include "comm/membership/membership.h"
 #include "comm/store/run_keys.h"
 #include "comm/view/view_assets.h"
@@ -198,21 +199,8 @@ bool announces_body(const std::string& head) {
 
 ViewServer::ViewServer(const std::string& bind, int port, std::string key, std::function<nlohmann::json()> state)
     : bind_(bind), key_(std::move(key)), state_(std::move(state)) {
-  listen_fd_ = ::socket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
-  const int one = 1;
-  ::setsockopt(listen_fd_, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
-  sockaddr_in at{};
-  at.sin_family = AF_INET;
-  at.sin_port = htons(uint16_t(port));
-  if (listen_fd_ < 0 || ::inet_pton(AF_INET, bind.c_str(), &at.sin_addr) != 1 ||
-      ::bind(listen_fd_, reinterpret_cast<const sockaddr*>(&at), sizeof(at)) != 0 || ::listen(listen_fd_, 128) != 0) {
-    if (listen_fd_ >= 0) ::close(listen_fd_);
-    throw std::runtime_error(fmt::format("the live page cannot listen on {}:{} (in use, or not this machine's)", bind,
-                                         port));
-  }
-  socklen_t size = sizeof(at);
-  ::getsockname(listen_fd_, reinterpret_cast<sockaddr*>(&at), &size);
-  port_ = ntohs(at.sin_port);
+  listen_fd_ = listen_socket(bind, port, 128, "the live page");
+  port_ = local_port(listen_fd_);
   wake_fd_ = ::eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
   thread_ = std::thread([this] { serve(); });
 }
