@@ -174,21 +174,22 @@ Options comm_bench_options(CommBenchOptions& o) {
 
 // One replica, a launched worker (RANK set: our launcher, torchrun, Slurm...),
 // or the launcher of `replicas` local workers.
-int train_command(const std::string& config_path, const std::vector<std::string>& overrides) {
-  // `noloco train init_from=DIR data=FILE`: keys alone, no config file.
-  const bool no_file = config_path.find('=') != std::string::npos && !std::filesystem::exists(config_path);
-  auto keys = overrides;
-  if (no_file) keys.insert(keys.begin(), config_path);
-  auto cfg = load_config(no_file ? "" : config_path, keys);
+namespace {
+
+// The environment places this process in a run (our launcher's worker,
+// torchrun's, a script's): it trains as that worker.
+int train_as_worker(TrainConfig& cfg, const WorkerEnv& env) {
+  reexecute_for_runtime_settings();
+  // Our launcher holds its workers' directory; the workers of a run started otherwise hold it together.
+  std::optional<RunDirectory> held;
+  if (!launched_by_noloco(env) && !cfg.run.out.empty()) held.emplace(cfg.run.out, cfg, RunDirectory::Hold::worker);
+  return run_worker(cfg, env);
+}
+
+// Our launcher: the config's workers on this machine (a world of one trains
+// here), supervised, and the run's summary from how each ended.
+int launch_training(TrainConfig& cfg, const std::string& config_path, const std::vector<std::string>& overrides) {
   const int stages = int(cfg.pipeline.stages);
-  WorkerEnv env;
-  if (worker_env_from_environment(env)) {
-    reexecute_for_runtime_settings();
-    // Our launcher holds its workers' directory; the workers of a run started otherwise hold it together.
-    std::optional<RunDirectory> held;
-    if (!launched_by_noloco(env) && !cfg.run.out.empty()) held.emplace(cfg.run.out, cfg, RunDirectory::Hold::worker);
-    return run_worker(cfg, env);
-  }
   cfg.validate_workers();
   const bool trains_here = cfg.outer.method == Method::none && cfg.workers() == 1;
   if (trains_here) reexecute_for_runtime_settings();
@@ -261,6 +262,19 @@ int train_command(const std::string& config_path, const std::vector<std::string>
                  return s;
                }());
   return kFinishedWithLosses;
+}
+
+}  // namespace
+
+int train_command(const std::string& config_path, const std::vector<std::string>& overrides) {
+  // `noloco train init_from=DIR data=FILE`: keys alone, no config file.
+  const bool no_file = config_path.find('=') != std::string::npos && !std::filesystem::exists(config_path);
+  auto keys = overrides;
+  if (no_file) keys.insert(keys.begin(), config_path);
+  auto cfg = load_config(no_file ? "" : config_path, keys);
+  WorkerEnv env;
+  if (worker_env_from_environment(env)) return train_as_worker(cfg, env);
+  return launch_training(cfg, config_path, overrides);
 }
 
 // `launch N COMMAND...`: N processes of a program of the user's (a PyTorch
