@@ -372,7 +372,8 @@ namespace {
 // RunView takes with invented times. Losses fall as a small model's do.
 class MadeUpRun {
  public:
-  MadeUpRun() {
+  // `validates`: its evaluations give a validation loss (else only the spread: val_fraction=0).
+  explicit MadeUpRun(bool validates = true) : validates_(validates) {
     for (int r = 0; r < kReplicas; ++r) {
       status_[r] = {{"rank", r}, {"replica", r}, {"state", "training"}, {"incarnation", 0},
                     {"machine", r < 2 ? "home-a" : "cloud-b"}};
@@ -396,8 +397,9 @@ class MadeUpRun {
                               {{"split", "outer"}, {"step", s}, {"outer_step", s / 50}, {"replica", r},
                                {"group", {r, partner(s / 50, r)}}});
         if (s % 100 == 0) {
-          json val = record({{"split", "val"}, {"loss", loss(s, r)}, {"weight_std", spread(s)}});
-          if (r == 0) val["loss_mean_model"] = loss(s, r) - 0.02;
+          json val = record({{"split", "val"}, {"weight_std", spread(s)}});
+          if (validates_) val["loss"] = loss(s, r);
+          if (validates_ && r == 0) val["loss_mean_model"] = loss(s, r) - 0.02;
           noloco::fold_record(status_[r], points, val);
         }
         if (!points.empty() || s % 10 == 0) add(r, points);
@@ -419,6 +421,7 @@ class MadeUpRun {
 
  private:
   static constexpr int kReplicas = 4;
+  const bool validates_;
   static constexpr double kStart = 1796630400;  // 2026-12-07, the unix time the timeline shows
   double now() const { return kStart + double(step_) / 10; }  // 10 steps a second
   static double loss(int64_t step, int replica) {
@@ -468,6 +471,25 @@ void photograph(const std::string& url, const std::string& name) {
 }
 
 }  // namespace
+
+// A run without validation data (val_fraction=0): before its first
+// evaluation the page says there is none yet; after it, that the run has no
+// validation loss, beside the spread its evaluations give.
+TEST(LivePage, ARunWithoutValidationSaysSoOnceItsFirstEvaluationCame) {
+  if (!has_chromium()) GTEST_SKIP() << "no chromium (scripts/setup.sh installs Debian's)";
+  MadeUpRun run(/*validates=*/false);
+  noloco::ViewServer server("127.0.0.1", 0, noloco::view_key("token"), [&run] { return run.state(); });
+  run.train_to(60);
+  auto dom = rendered(server.url());
+  EXPECT_NE(dom.find("<div id=\"no-evaluation\">no evaluation yet"), std::string::npos) << dom;
+  run.train_to(200);
+  dom = rendered(server.url());
+  EXPECT_NE(dom.find("<div id=\"no-evaluation\">no validation loss: this run has no validation data"),
+            std::string::npos)
+      << dom;
+  EXPECT_NE(dom.find("<div id=\"spread-box\">"), std::string::npos) << "the spread is drawn: " << dom;
+  EXPECT_TRUE(curves_of(dom).empty()) << dom;
+}
 
 // Issue 103: the page at four moments of a run, drawn as they are: before
 // the first evaluation it says there is none; one evaluation is a point with
