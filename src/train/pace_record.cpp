@@ -12,8 +12,10 @@ namespace noloco {
 
 PaceRecord::PaceRecord(std::string path, int64_t from, int64_t last_step, bool replays) : path_(std::move(path)) {
   if (std::filesystem::exists(path_)) {
+    // No further than the run's steps: a longer file is not read, nor held.
+    const auto size = std::min<uintmax_t>(std::filesystem::file_size(path_), uintmax_t(std::max<int64_t>(0, last_step)));
     std::ifstream in(path_, std::ios::binary);
-    slots_.resize(size_t(std::max<int64_t>(0, last_step)));
+    slots_.resize(size_t(size));
     in.read(slots_.data(), std::streamsize(slots_.size()));
     slots_.resize(size_t(in.gcount()));
     const auto bad = slots_.find_first_not_of("01-");

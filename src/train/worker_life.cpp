@@ -183,7 +183,6 @@ AfterStep WorkerLife::after_inner_step(int64_t done, bool last) {
   const auto diverged =
       std::find_if(after.syncs.begin(), after.syncs.end(), [](const OuterSync& s) { return s.diverged; });
   StepFacts facts;
-  facts.done = done;
   facts.last = last;
   facts.diverged = diverged != after.syncs.end();
   facts.leave_asked = worker_.leave_requested && worker_.leave_requested();

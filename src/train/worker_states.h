@@ -37,7 +37,6 @@ struct LifeRules {
 
 // What happened by the end of one inner step (and its outer step, if one was due).
 struct StepFacts {
-  int64_t done = 0;          // 1-based
   bool last = false;         // the run's last step
   bool diverged = false;     // a partner refused this replica's message as diverged
   bool leave_asked = false;  // SIGTERM, where a worker may leave
